@@ -1,0 +1,80 @@
+// gpupool's configuration: every GPUPOOL_* variable, parsed once.
+//
+// The variables are listed in one table, config/options.def, which drives the
+// parser, `gpupool env` and README's table (a test checks README against it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpupool::config {
+
+// A byte count, or a fraction of the memory it applies to ("25%").
+struct SizeSpec {
+  bool unlimited = true;
+  bool percent = false;
+  double fraction = 0;      // percent / 100 when percent
+  std::uint64_t bytes = 0;  // when !percent && !unlimited
+  // Bytes for memory of `capacity` bytes; SIZE_MAX when unlimited.
+  std::size_t resolve(std::size_t capacity) const;
+};
+
+enum class Reuse { safe, immediate };
+enum class StatsFormat { text, json };
+enum class LogLevel { trace, debug, info, warn, error, off };
+
+struct Config {
+  bool disable = false;
+  bool cuda = true;
+  bool cuda_host = true;
+  bool opencl = true;
+  bool hold = true;
+  unsigned leading_bits = 4;
+  SizeSpec max_held;              // default unlimited
+  SizeSpec max_pooled;            // default: measured, see options.def
+  std::uint64_t release_after_ns = 0;
+  Reuse reuse = Reuse::safe;
+  bool probe = true;
+
+  LogLevel log_level = LogLevel::warn;
+  std::string log_file;
+
+  std::string stats_file;         // "%p" expanded by the writer
+  bool stats_at_exit = false;
+  std::uint64_t stats_interval_ns = 0;
+  StatsFormat stats_format = StatsFormat::text;
+  std::string prometheus_file;
+  std::string trace_file;
+
+  int signal_stats = 0;           // 0: none
+  int signal_free_held = 0;
+  int signal_stop_holding = 0;
+};
+
+// One problem found while parsing, already worded for the log.
+struct Diagnostic {
+  std::string variable;
+  std::string message;
+};
+
+// Parse from an environ-style array ("NAME=value", NULL-terminated).
+// Never fails: bad values keep their defaults and add a diagnostic.
+Config parse(const char* const* envp, std::vector<Diagnostic>* diagnostics);
+
+// The process's configuration, parsed on first use (thread-safe). Reads no
+// environment at all in a secure-execution (AT_SECURE) process. Diagnostics
+// are logged once, through the gpupool logger.
+const Config& get();
+
+// One row of the table, for `gpupool env` and the README check.
+struct OptionInfo {
+  const char* name;
+  const char* type;
+  const char* default_value;
+  const char* doc;
+};
+const std::vector<OptionInfo>& options();
+
+}  // namespace gpupool::config

@@ -1,0 +1,42 @@
+// What the pool needs from a memory source (a CUDA context's device memory,
+// pinned host memory of one flag set, an OpenCL context's buffers of one flag
+// set): allocate, release, and optional fences for blocks the device may
+// still be using after the program freed them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gpupool {
+
+// A backend's name for one allocation (CUdeviceptr, host pointer, cl_mem).
+using Handle = std::uintptr_t;
+
+enum class BackendStatus { ok, out_of_memory, error };
+
+struct BackendResult {
+  BackendStatus status = BackendStatus::error;
+  Handle handle = 0;
+  int error = 0;  // the API's own error code when status != ok
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Ask the API for `bytes`. Out-of-memory makes the pool release held
+  // blocks and retry; any other error goes back to the program unchanged.
+  virtual BackendResult allocate(std::size_t bytes) = 0;
+  virtual void release(Handle handle, std::size_t bytes) = 0;
+
+  // Fences. A block the program frees is stamped with fence(); it is not
+  // handed out again until passed(fence) is true. 0 means "reusable at once".
+  // passed() is on the hit path: it must be cheap (an atomic load).
+  virtual std::uint64_t fence() { return 0; }
+  virtual bool passed(std::uint64_t fence) { return fence == 0; }
+  // Bulk: when it returns, every fence taken before the call has passed.
+  // Called without pool locks held, only when a pending block is needed.
+  virtual void wait_all() {}
+};
+
+}  // namespace gpupool

@@ -1,0 +1,138 @@
+// The binned pool that every backend plugs into.
+//
+// An Arena is one set of interchangeable blocks: one backend instance (a CUDA
+// context's device memory, pinned memory of one flag set, one OpenCL context +
+// flags + properties). Arenas that draw on the same memory share a group: the
+// held-byte cap and out-of-memory release look at the group first.
+//
+// Hit path: each arena is split into shards, one per thread slot, each with
+// its own lock, bins and counters, so threads that allocate and free the same
+// sizes do not share a lock or a written cache line.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/bins.hpp"
+#include "core/stats.hpp"
+
+namespace gpupool {
+
+class Arena;
+
+// One allocation handed out by the pool. The pool owns it; the backend's
+// handle stays valid while the block is active.
+struct Block {
+  Handle handle = 0;
+  std::size_t size = 0;       // what the backend allocated
+  std::size_t requested = 0;  // what the program asked for (while active)
+  Arena* arena = nullptr;
+  bool pooled = true;         // false: released at free (too large, exact-size fallback)
+  // Pool-internal.
+  std::uint32_t bin = 0;
+  std::uint32_t shard = 0;
+  std::uint64_t fence = 0;
+  std::uint64_t freed_at_ns = 0;
+};
+
+struct PoolOptions {
+  unsigned leading_bits = 4;
+  bool hold = true;                     // false: start with holding stopped
+  std::uint64_t release_after_ns = 0;   // 0: keep held blocks however long
+  unsigned shards = 0;                  // 0: one per hardware thread (max 64)
+};
+
+struct ArenaOptions {
+  std::string name;
+  std::string group;
+  std::string kind;
+  std::size_t max_block = SIZE_MAX;   // largest size the backend can allocate (bin clamp)
+  std::size_t max_pooled = SIZE_MAX;  // larger requests are allocated exactly and released at free
+  std::size_t max_held = SIZE_MAX;    // cap on held bytes of the whole group (first arena's value wins)
+};
+
+struct AllocResult {
+  Block* block = nullptr;
+  BackendStatus status = BackendStatus::error;
+  int error = 0;
+  bool hit = false;
+};
+
+// Sees every allocation and free (the trace file). Called outside pool locks.
+class PoolObserver {
+ public:
+  virtual ~PoolObserver() = default;
+  virtual void on_allocate(const Arena& arena, const Block& block, bool hit) = 0;
+  virtual void on_free(const Arena& arena, const Block& block) = 0;
+};
+
+class Pool {
+ public:
+  explicit Pool(PoolOptions options = {});
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  const BinScheme& bins() const { return bins_; }
+
+  Arena* add_arena(std::unique_ptr<Backend> backend, ArenaOptions options);
+
+  AllocResult allocate(Arena* arena, std::size_t size);
+  void free(Block* block);
+
+  // The driver already freed the arena's memory (context destroyed): drop its
+  // held blocks without releasing them; later frees of its active blocks are
+  // dropped too (forget()). The arena stays listed as retired.
+  void retire_arena(Arena* arena);
+  // Drop one active block of a retired arena without releasing it.
+  void forget(Block* block);
+  // Release the held blocks of one arena (e.g. its context is going away).
+  void release_held(Arena* arena);
+
+  // PyOpenCL's controls.
+  void free_held();
+  void stop_holding();
+  bool holding() const { return holding_.load(std::memory_order_relaxed); }
+
+  // Release blocks held unused for longer than release_after; returns how many.
+  std::size_t trim_idle(std::uint64_t now_ns);
+  std::uint64_t release_after_ns() const { return options_.release_after_ns; }
+
+  Stats totals() const;
+  std::vector<ArenaSnapshot> snapshot(std::size_t max_bins_per_arena = 8) const;
+
+  void set_observer(PoolObserver* observer) { observer_.store(observer, std::memory_order_release); }
+
+  // fork(): take every lock before, release in the parent, reset in the child,
+  // so a child never inherits a lock held by a thread that does not exist there.
+  void fork_prepare();
+  void fork_parent();
+  void fork_child();
+
+  static std::uint64_t now_ns();
+
+ private:
+  struct Group;
+  friend class Arena;
+
+  bool release_for_oom(Arena* arena, std::size_t wanted);
+  void enforce_cap(Group& group);
+  std::vector<Arena*> arenas_copy() const;
+
+  PoolOptions options_;
+  BinScheme bins_;
+  unsigned shard_count_;
+  std::atomic<bool> holding_;
+  std::atomic<PoolObserver*> observer_{nullptr};
+  mutable std::mutex arenas_mu_;
+  std::vector<std::unique_ptr<Arena>> arenas_;
+  std::vector<std::unique_ptr<Group>> groups_;
+};
+
+}  // namespace gpupool
