@@ -72,6 +72,33 @@ class PoolObserver {
   virtual void on_free(const Arena& arena, const Block& block) = 0;
 };
 
+// One backend instance's blocks. Created by Pool::add_arena, owned by the
+// pool, never destroyed before it (retired arenas stay listed).
+class Arena {
+ public:
+  ~Arena();
+  const ArenaOptions& options() const { return options_; }
+  Backend& backend() const { return *backend_; }
+  bool retired() const { return retired_.load(std::memory_order_acquire); }
+  Stats stats() const;
+
+ private:
+  friend class Pool;
+  struct Shard;
+  struct Group;
+  Arena(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards, Group* group);
+
+  std::unique_ptr<Backend> backend_;
+  ArenaOptions options_;
+  Group* group_;
+  unsigned shard_count_;
+  std::unique_ptr<Shard[]> shards_;
+  std::atomic<bool> retired_{false};
+  // Slow-path counters (backend calls), under slow_mu_.
+  mutable std::mutex slow_mu_;
+  Stats slow_;
+};
+
 class Pool {
  public:
   explicit Pool(PoolOptions options = {});
@@ -118,11 +145,13 @@ class Pool {
   static std::uint64_t now_ns();
 
  private:
-  struct Group;
-  friend class Arena;
+  using Group = Arena::Group;
 
-  bool release_for_oom(Arena* arena, std::size_t wanted);
-  void enforce_cap(Group& group);
+  BackendResult backend_allocate(Arena& arena, std::size_t bytes, std::size_t exact, bool* used_exact);
+  bool release_for_oom(Arena& arena, std::size_t wanted);
+  void enforce_cap(Arena& arena);
+  void release_block(Block* block);
+  void drop_block(Block* block);
   std::vector<Arena*> arenas_copy() const;
 
   PoolOptions options_;

@@ -14,7 +14,6 @@ struct Stats {
   std::uint64_t held_bytes = 0;     // allocation sizes of held blocks
   std::uint64_t active_bytes = 0;   // sizes the program asked for
   std::uint64_t managed_bytes = 0;  // allocation sizes of active + held blocks
-  std::uint64_t pending_blocks = 0; // held blocks whose fence had not passed when freed
 
   std::uint64_t peak_held_blocks = 0;
   std::uint64_t peak_active_blocks = 0;
@@ -28,7 +27,8 @@ struct Stats {
   std::uint64_t backend_frees = 0;   // backend releases
   std::uint64_t oom_retries = 0;     // backend allocations retried after releasing held blocks
   std::uint64_t trims = 0;           // held blocks released for the cap or for idleness
-  std::uint64_t fence_waits = 0;     // bulk waits for pending blocks
+  std::uint64_t pending_frees = 0;   // frees whose block the device might still use (fenced)
+  std::uint64_t fence_waits = 0;     // bulk waits because only pending blocks could serve a request
 
   Stats& operator+=(const Stats& o);
   bool operator==(const Stats&) const = default;

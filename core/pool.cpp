@@ -1,0 +1,575 @@
+#include "core/pool.hpp"
+
+#include <algorithm>
+#include <ctime>
+#include <thread>
+
+namespace gpupool {
+
+Stats& Stats::operator+=(const Stats& o) {
+  held_blocks += o.held_blocks;
+  active_blocks += o.active_blocks;
+  held_bytes += o.held_bytes;
+  active_bytes += o.active_bytes;
+  managed_bytes += o.managed_bytes;
+  peak_held_blocks += o.peak_held_blocks;
+  peak_active_blocks += o.peak_active_blocks;
+  peak_held_bytes += o.peak_held_bytes;
+  peak_active_bytes += o.peak_active_bytes;
+  peak_managed_bytes += o.peak_managed_bytes;
+  hits += o.hits;
+  misses += o.misses;
+  backend_allocs += o.backend_allocs;
+  backend_frees += o.backend_frees;
+  oom_retries += o.oom_retries;
+  trims += o.trims;
+  pending_frees += o.pending_frees;
+  fence_waits += o.fence_waits;
+  return *this;
+}
+
+// Held and active counts live in the shard a block belongs to, so the hit
+// path writes only its own shard. Peaks are per shard: exact when one thread
+// allocates, the sum of per-shard peaks (an upper bound) when several do.
+struct Arena::Shard {
+  std::mutex mu;
+  std::vector<std::vector<Block*>> bins;  // by bin number; back = most recently freed
+  Stats c;
+
+  void note_peaks() {
+    c.peak_active_blocks = std::max(c.peak_active_blocks, c.active_blocks);
+    c.peak_active_bytes = std::max(c.peak_active_bytes, c.active_bytes);
+    c.peak_held_blocks = std::max(c.peak_held_blocks, c.held_blocks);
+    c.peak_held_bytes = std::max(c.peak_held_bytes, c.held_bytes);
+  }
+  void add_active(const Block* b) {
+    ++c.active_blocks;
+    c.active_bytes += b->requested;
+    note_peaks();
+  }
+  void remove_active(const Block* b) {
+    --c.active_blocks;
+    c.active_bytes -= b->requested;
+  }
+  void push_held(Block* b) {
+    if (bins.size() <= b->bin) bins.resize(b->bin + 1);
+    bins[b->bin].push_back(b);
+    ++c.held_blocks;
+    c.held_bytes += b->size;
+    note_peaks();
+  }
+  void unheld(const Block* b) {
+    --c.held_blocks;
+    c.held_bytes -= b->size;
+  }
+  // A ready block of `bin`, or nullptr; *pending is set when the bin only has
+  // blocks whose fence has not passed. Fences grow with push order, so the
+  // oldest block (front) is the most likely to be ready.
+  Block* take(std::size_t bin, Backend& backend, bool* pending) {
+    if (bin >= bins.size() || bins[bin].empty()) return nullptr;
+    auto& v = bins[bin];
+    Block* b = v.back();
+    if (b->fence == 0 || backend.passed(b->fence)) {
+      v.pop_back();
+    } else if (backend.passed(v.front()->fence)) {
+      b = v.front();
+      v.erase(v.begin());
+    } else {
+      *pending = true;
+      return nullptr;
+    }
+    unheld(b);
+    return b;
+  }
+  std::vector<Block*> take_all() {
+    std::vector<Block*> out;
+    for (auto& v : bins) {
+      out.insert(out.end(), v.begin(), v.end());
+      v.clear();
+    }
+    c.held_blocks = 0;
+    c.held_bytes = 0;
+    return out;
+  }
+};
+
+// Arenas drawing on the same memory. The cap counter is kept only when a cap
+// is set, so an uncapped pool has no shared write on its hit path.
+struct Arena::Group {
+  std::string name;
+  std::size_t max_held = SIZE_MAX;
+  std::atomic<std::uint64_t> held_bytes{0};
+  std::vector<Arena*> arenas;  // under Pool::arenas_mu_
+  bool capped() const { return max_held != SIZE_MAX; }
+};
+
+Arena::Arena(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards, Group* group)
+    : backend_(std::move(backend)),
+      options_(std::move(options)),
+      group_(group),
+      shard_count_(shards),
+      shards_(new Shard[shards]) {}
+
+Arena::~Arena() = default;
+
+Stats Arena::stats() const {
+  Stats s;
+  for (unsigned i = 0; i < shard_count_; ++i) {
+    std::lock_guard lock(shards_[i].mu);
+    s += shards_[i].c;
+  }
+  std::lock_guard lock(slow_mu_);
+  s += slow_;
+  return s;
+}
+
+namespace {
+
+std::atomic<unsigned> g_next_thread_slot{0};
+
+unsigned thread_slot() {
+  thread_local unsigned slot = g_next_thread_slot.fetch_add(1, std::memory_order_relaxed);
+  return slot;
+}
+
+unsigned default_shards() {
+  unsigned n = std::thread::hardware_concurrency();
+  return std::clamp(n, 1u, 64u);
+}
+
+}  // namespace
+
+std::uint64_t Pool::now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
+}
+
+Pool::Pool(PoolOptions options)
+    : options_(options),
+      bins_(std::clamp(options.leading_bits, 1u, BinScheme::kMaxLeadingBits)),
+      shard_count_(options.shards ? options.shards : default_shards()),
+      holding_(options.hold) {}
+
+Pool::~Pool() {
+  // The pool is destroyed only in tests; a preloaded runtime is never
+  // destroyed. Give held memory back, leave active blocks to their owners.
+  free_held();
+  for (auto& a : arenas_)
+    for (unsigned i = 0; i < a->shard_count_; ++i)
+      for (auto& v : a->shards_[i].bins) v.clear();
+}
+
+Arena* Pool::add_arena(std::unique_ptr<Backend> backend, ArenaOptions options) {
+  std::lock_guard lock(arenas_mu_);
+  Group* group = nullptr;
+  for (auto& g : groups_)
+    if (g->name == options.group) group = g.get();
+  if (!group) {
+    groups_.push_back(std::make_unique<Group>());
+    group = groups_.back().get();
+    group->name = options.group;
+    group->max_held = options.max_held;
+  }
+  arenas_.push_back(std::unique_ptr<Arena>(
+      new Arena(std::move(backend), std::move(options), shard_count_, group)));
+  group->arenas.push_back(arenas_.back().get());
+  return arenas_.back().get();
+}
+
+std::vector<Arena*> Pool::arenas_copy() const {
+  std::lock_guard lock(arenas_mu_);
+  std::vector<Arena*> out;
+  for (auto& a : arenas_) out.push_back(a.get());
+  return out;
+}
+
+AllocResult Pool::allocate(Arena* arena, std::size_t size) {
+  Arena& a = *arena;
+  Backend& backend = *a.backend_;
+  const unsigned my = thread_slot() % a.shard_count_;
+  Arena::Shard& mine = a.shards_[my];
+  const bool pooled = size <= a.options_.max_pooled && size <= a.options_.max_block;
+  const std::size_t bin = bins_.bin_number(size);
+
+  Block* b = nullptr;
+  if (pooled) {
+    for (int attempt = 0; attempt < 2 && !b; ++attempt) {
+      bool pending = false;
+      {
+        std::lock_guard lock(mine.mu);
+        b = mine.take(bin, backend, &pending);
+        if (b) {
+          b->requested = size;
+          ++mine.c.hits;
+          mine.add_active(b);
+        }
+      }
+      // Another thread may hold the block this one needs.
+      for (unsigned i = 1; i < a.shard_count_ && !b; ++i) {
+        Arena::Shard& other = a.shards_[(my + i) % a.shard_count_];
+        std::lock_guard lock(other.mu);
+        b = other.take(bin, backend, &pending);
+      }
+      if (b && b->shard != my) {
+        b->shard = my;
+        b->requested = size;
+        std::lock_guard lock(mine.mu);
+        ++mine.c.hits;
+        mine.add_active(b);
+      }
+      if (b && a.group_->capped())
+        a.group_->held_bytes.fetch_sub(b->size, std::memory_order_relaxed);
+      if (b || !pending) break;
+      // Only blocks the device may still use: one bulk wait frees them all.
+      backend.wait_all();
+      std::lock_guard lock(a.slow_mu_);
+      ++a.slow_.fence_waits;
+    }
+  }
+
+  if (b) {
+    if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *b, true);
+    return {b, BackendStatus::ok, 0, true};
+  }
+
+  const std::size_t want = pooled ? bins_.rounded(size, a.options_.max_block) : size;
+  bool exact = false;
+  BackendResult r = backend_allocate(a, want, size, &exact);
+  if (r.status != BackendStatus::ok) {
+    std::lock_guard lock(mine.mu);
+    ++mine.c.misses;
+    return {nullptr, r.status, r.error, false};
+  }
+  b = new Block;
+  b->handle = r.handle;
+  // An exact-size fallback block does not fit its bin: released at free.
+  b->size = exact ? size : want;
+  b->pooled = pooled && !exact;
+  b->requested = size;
+  b->arena = arena;
+  b->bin = static_cast<std::uint32_t>(bin);
+  b->shard = my;
+  {
+    std::lock_guard lock(mine.mu);
+    ++mine.c.misses;
+    mine.add_active(b);
+  }
+  {
+    std::lock_guard lock(a.slow_mu_);
+    ++a.slow_.backend_allocs;
+    a.slow_.managed_bytes += b->size;
+    a.slow_.peak_managed_bytes = std::max(a.slow_.peak_managed_bytes, a.slow_.managed_bytes);
+  }
+  if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *b, false);
+  return {b, BackendStatus::ok, 0, false};
+}
+
+// Allocate `bytes` from the backend, releasing held blocks on out-of-memory
+// (largest first, this arena's group before others) and retrying; if the
+// rounded size still does not fit, try the exact size (*used_exact).
+BackendResult Pool::backend_allocate(Arena& a, std::size_t bytes, std::size_t exact,
+                                     bool* used_exact) {
+  BackendResult r = a.backend_->allocate(bytes);
+  while (r.status == BackendStatus::out_of_memory && release_for_oom(a, bytes)) {
+    {
+      std::lock_guard lock(a.slow_mu_);
+      ++a.slow_.oom_retries;
+    }
+    r = a.backend_->allocate(bytes);
+  }
+  if (r.status == BackendStatus::out_of_memory && exact < bytes) {
+    r = a.backend_->allocate(exact);
+    *used_exact = r.status == BackendStatus::ok;
+  }
+  return r;
+}
+
+bool Pool::release_for_oom(Arena& arena, std::size_t wanted) {
+  // Tiers: this arena, its group, everything else.
+  std::vector<Arena*> all = arenas_copy();
+  std::vector<std::vector<Arena*>> tiers(3);
+  for (Arena* x : all) {
+    if (x->retired()) continue;
+    tiers[x == &arena ? 0 : x->group_ == arena.group_ ? 1 : 2].push_back(x);
+  }
+  std::size_t released = 0;
+  for (auto& tier : tiers) {
+    while (released < wanted) {
+      // Find the largest held block of the tier.
+      Arena* best_arena = nullptr;
+      unsigned best_shard = 0;
+      std::size_t best_bin = 0, best_size = 0;
+      for (Arena* x : tier)
+        for (unsigned i = 0; i < x->shard_count_; ++i) {
+          Arena::Shard& s = x->shards_[i];
+          std::lock_guard lock(s.mu);
+          for (std::size_t bin = s.bins.size(); bin-- > 0;)
+            if (!s.bins[bin].empty()) {
+              if (s.bins[bin].back()->size > best_size) {
+                best_arena = x, best_shard = i, best_bin = bin;
+                best_size = s.bins[bin].back()->size;
+              }
+              break;
+            }
+        }
+      if (!best_arena) break;
+      Block* victim = nullptr;
+      {
+        Arena::Shard& s = best_arena->shards_[best_shard];
+        std::lock_guard lock(s.mu);
+        if (best_bin < s.bins.size() && !s.bins[best_bin].empty()) {
+          victim = s.bins[best_bin].front();  // oldest: least likely still pending
+          s.bins[best_bin].erase(s.bins[best_bin].begin());
+          s.unheld(victim);
+        }
+      }
+      if (!victim) continue;  // raced with a hit; look again
+      if (best_arena->group_->capped())
+        best_arena->group_->held_bytes.fetch_sub(victim->size, std::memory_order_relaxed);
+      released += victim->size;
+      release_block(victim);
+    }
+    if (released >= wanted) break;
+  }
+  return released > 0;
+}
+
+void Pool::release_block(Block* b) {
+  Arena& a = *b->arena;
+  a.backend_->release(b->handle, b->size);
+  {
+    std::lock_guard lock(a.slow_mu_);
+    ++a.slow_.backend_frees;
+    a.slow_.managed_bytes -= b->size;
+  }
+  delete b;
+}
+
+void Pool::drop_block(Block* b) {
+  Arena& a = *b->arena;
+  {
+    std::lock_guard lock(a.slow_mu_);
+    a.slow_.managed_bytes -= b->size;
+  }
+  delete b;
+}
+
+void Pool::free(Block* b) {
+  Arena& a = *b->arena;
+  if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, *b);
+  if (a.retired()) return forget(b);
+
+  Backend& backend = *a.backend_;
+  Arena::Shard& s = a.shards_[b->shard];
+  bool held = false;
+  if (b->pooled) {
+    b->fence = backend.fence();
+    b->freed_at_ns = now_ns();
+  }
+  {
+    std::lock_guard lock(s.mu);
+    s.remove_active(b);
+    // Checked under the shard lock so that a concurrent stop_holding(), whose
+    // free_held() takes this lock after clearing the flag, never misses it.
+    if (b->pooled && holding_.load(std::memory_order_acquire)) {
+      s.push_held(b);
+      if (b->fence != 0) ++s.c.pending_frees;
+      held = true;
+    }
+  }
+  if (!held) return release_block(b);
+  if (a.group_->capped() &&
+      a.group_->held_bytes.fetch_add(b->size, std::memory_order_relaxed) + b->size >
+          a.group_->max_held)
+    enforce_cap(a);
+}
+
+// Release the group's oldest held blocks until it is back under its cap.
+void Pool::enforce_cap(Arena& arena) {
+  Group& g = *arena.group_;
+  std::vector<Arena*> members;
+  {
+    std::lock_guard lock(arenas_mu_);
+    members = g.arenas;
+  }
+  while (g.held_bytes.load(std::memory_order_relaxed) > g.max_held) {
+    Arena* oa = nullptr;
+    unsigned oshard = 0;
+    std::size_t obin = 0;
+    std::uint64_t oldest = UINT64_MAX;
+    for (Arena* x : members) {
+      if (x->retired()) continue;
+      for (unsigned i = 0; i < x->shard_count_; ++i) {
+        Arena::Shard& s = x->shards_[i];
+        std::lock_guard lock(s.mu);
+        for (std::size_t bin = 0; bin < s.bins.size(); ++bin)
+          if (!s.bins[bin].empty() && s.bins[bin].front()->freed_at_ns < oldest) {
+            oldest = s.bins[bin].front()->freed_at_ns;
+            oa = x, oshard = i, obin = bin;
+          }
+      }
+    }
+    if (!oa) return;
+    Block* victim = nullptr;
+    {
+      Arena::Shard& s = oa->shards_[oshard];
+      std::lock_guard lock(s.mu);
+      if (obin < s.bins.size() && !s.bins[obin].empty()) {
+        victim = s.bins[obin].front();
+        s.bins[obin].erase(s.bins[obin].begin());
+        s.unheld(victim);
+      }
+    }
+    if (!victim) continue;
+    g.held_bytes.fetch_sub(victim->size, std::memory_order_relaxed);
+    {
+      std::lock_guard lock(oa->slow_mu_);
+      ++oa->slow_.trims;
+    }
+    release_block(victim);
+  }
+}
+
+void Pool::forget(Block* b) {
+  Arena& a = *b->arena;
+  {
+    Arena::Shard& s = a.shards_[b->shard];
+    std::lock_guard lock(s.mu);
+    s.remove_active(b);
+  }
+  drop_block(b);
+}
+
+void Pool::retire_arena(Arena* arena) {
+  arena->retired_.store(true, std::memory_order_release);
+  for (unsigned i = 0; i < arena->shard_count_; ++i) {
+    std::vector<Block*> blocks;
+    {
+      std::lock_guard lock(arena->shards_[i].mu);
+      blocks = arena->shards_[i].take_all();
+    }
+    for (Block* b : blocks) {
+      if (arena->group_->capped())
+        arena->group_->held_bytes.fetch_sub(b->size, std::memory_order_relaxed);
+      drop_block(b);
+    }
+  }
+}
+
+void Pool::release_held(Arena* arena) {
+  if (arena->retired()) return;
+  for (unsigned i = 0; i < arena->shard_count_; ++i) {
+    std::vector<Block*> blocks;
+    {
+      std::lock_guard lock(arena->shards_[i].mu);
+      blocks = arena->shards_[i].take_all();
+    }
+    for (Block* b : blocks) {
+      if (arena->group_->capped())
+        arena->group_->held_bytes.fetch_sub(b->size, std::memory_order_relaxed);
+      release_block(b);
+    }
+  }
+}
+
+void Pool::free_held() {
+  for (Arena* a : arenas_copy()) release_held(a);
+}
+
+void Pool::stop_holding() {
+  holding_.store(false, std::memory_order_seq_cst);
+  free_held();
+}
+
+std::size_t Pool::trim_idle(std::uint64_t now) {
+  if (options_.release_after_ns == 0) return 0;
+  std::size_t n = 0;
+  for (Arena* a : arenas_copy()) {
+    if (a->retired()) continue;
+    for (unsigned i = 0; i < a->shard_count_; ++i) {
+      std::vector<Block*> old;
+      {
+        Arena::Shard& s = a->shards_[i];
+        std::lock_guard lock(s.mu);
+        for (auto& v : s.bins) {
+          auto end = v.begin();
+          while (end != v.end() && (*end)->freed_at_ns + options_.release_after_ns <= now) ++end;
+          for (auto it = v.begin(); it != end; ++it) {
+            s.unheld(*it);
+            old.push_back(*it);
+          }
+          v.erase(v.begin(), end);
+        }
+      }
+      for (Block* b : old) {
+        if (a->group_->capped())
+          a->group_->held_bytes.fetch_sub(b->size, std::memory_order_relaxed);
+        {
+          std::lock_guard lock(a->slow_mu_);
+          ++a->slow_.trims;
+        }
+        release_block(b);
+        ++n;
+      }
+    }
+  }
+  return n;
+}
+
+Stats Pool::totals() const {
+  Stats t;
+  for (Arena* a : arenas_copy()) t += a->stats();
+  return t;
+}
+
+std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
+  std::vector<ArenaSnapshot> out;
+  for (Arena* a : arenas_copy()) {
+    ArenaSnapshot snap;
+    snap.name = a->options_.name;
+    snap.group = a->options_.group;
+    snap.kind = a->options_.kind;
+    snap.retired = a->retired();
+    snap.stats = a->stats();
+    std::vector<BinSnapshot> bins;
+    for (unsigned i = 0; i < a->shard_count_; ++i) {
+      Arena::Shard& s = a->shards_[i];
+      std::lock_guard lock(s.mu);
+      if (bins.size() < s.bins.size()) bins.resize(s.bins.size());
+      for (std::size_t bin = 0; bin < s.bins.size(); ++bin)
+        for (Block* b : s.bins[bin]) {
+          bins[bin].alloc_size = b->size;
+          ++bins[bin].held_blocks;
+          bins[bin].held_bytes += b->size;
+        }
+    }
+    std::erase_if(bins, [](const BinSnapshot& b) { return b.held_blocks == 0; });
+    std::sort(bins.begin(), bins.end(),
+              [](const BinSnapshot& x, const BinSnapshot& y) { return x.held_bytes > y.held_bytes; });
+    if (bins.size() > max_bins) bins.resize(max_bins);
+    snap.bins = std::move(bins);
+    out.push_back(std::move(snap));
+  }
+  return out;
+}
+
+void Pool::fork_prepare() {
+  arenas_mu_.lock();
+  for (auto& a : arenas_) {
+    a->slow_mu_.lock();
+    for (unsigned i = 0; i < a->shard_count_; ++i) a->shards_[i].mu.lock();
+  }
+}
+
+void Pool::fork_parent() {
+  for (auto& a : arenas_) {
+    for (unsigned i = 0; i < a->shard_count_; ++i) a->shards_[i].mu.unlock();
+    a->slow_mu_.unlock();
+  }
+  arenas_mu_.unlock();
+}
+
+void Pool::fork_child() { fork_parent(); }
+
+}  // namespace gpupool
