@@ -57,11 +57,16 @@ struct Config {
 struct Diagnostic {
   std::string variable;
   std::string message;
+  LogLevel level = LogLevel::warn;  // added: debug for "secure process, env ignored"
 };
 
 // Parse from an environ-style array ("NAME=value", NULL-terminated).
 // Never fails: bad values keep their defaults and add a diagnostic.
 Config parse(const char* const* envp, std::vector<Diagnostic>* diagnostics);
+
+// What get() parses: parse(envp) unless `secure` (AT_SECURE), in which case
+// the environment is not looked at and the defaults are returned.
+Config load(const char* const* envp, bool secure, std::vector<Diagnostic>* diagnostics);
 
 // The process's configuration, parsed on first use (thread-safe). Reads no
 // environment at all in a secure-execution (AT_SECURE) process. Diagnostics
@@ -76,5 +81,19 @@ struct OptionInfo {
   const char* doc;
 };
 const std::vector<OptionInfo>& options();
+
+// The markdown table of options() that README.md carries between
+// <!-- options-table:begin --> and <!-- options-table:end -->.
+std::string options_markdown();
+
+// A value of `config` as text in the form its variable accepts (for
+// `gpupool env`); empty for an unknown name.
+std::string value_text(const Config& config, const std::string& name);
+
+// Signal parsing, exposed for the launcher and tests. Returns the signal
+// number (0 for none/off/0) or -1 with *why set.
+int parse_signal(const std::string& text, std::string* why);
+// "USR1", "RTMIN+3", "none" for 0.
+std::string signal_name(int signo);
 
 }  // namespace gpupool::config

@@ -1,12 +1,23 @@
 // The "gpupool" logger (spdlog), configured from GPUPOOL_LOG / GPUPOOL_LOG_FILE.
 #pragma once
 
+#include <memory>
+#include <string>
+
 #include <spdlog/spdlog.h>
+
+#include "config/config.hpp"
 
 namespace gpupool {
 
 // Never null. Configured on first use from config::get(); until then (and if
 // the log file cannot be opened) it writes to stderr with a "gpupool" prefix.
 spdlog::logger& log();
+
+// A logger as log() builds it, for `config`: named "gpupool", pattern
+// "gpupool[PID]: LEVEL: message", writing to config.log_file (appended) or
+// stderr, never registered with spdlog, no thread. If the file cannot be
+// opened it writes to stderr and *problem says why. (Exposed for tests.)
+std::shared_ptr<spdlog::logger> make_logger(const config::Config& config, std::string* problem);
 
 }  // namespace gpupool
