@@ -271,7 +271,14 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
 BackendResult Pool::backend_allocate(Arena& a, std::size_t bytes, std::size_t exact,
                                      bool* used_exact) {
   BackendResult r = a.backend_->allocate(bytes);
-  while (r.status == BackendStatus::out_of_memory && release_for_oom(a, bytes)) {
+  // We cannot know how much is missing: release the largest held block
+  // first, then at least as much again each round, so a large request needs
+  // few retries and at most twice the missing memory is given back.
+  std::size_t released = 0;
+  while (r.status == BackendStatus::out_of_memory) {
+    const std::size_t now_released = release_for_oom(a, std::max<std::size_t>(released, 1));
+    if (now_released == 0) break;
+    released += now_released;
     {
       std::lock_guard lock(a.slow_mu_);
       ++a.slow_.oom_retries;
@@ -285,7 +292,7 @@ BackendResult Pool::backend_allocate(Arena& a, std::size_t bytes, std::size_t ex
   return r;
 }
 
-bool Pool::release_for_oom(Arena& arena, std::size_t wanted) {
+std::size_t Pool::release_for_oom(Arena& arena, std::size_t wanted) {
   // Tiers: this arena, its group, everything else.
   std::vector<Arena*> all = arenas_copy();
   std::vector<std::vector<Arena*>> tiers(3);
@@ -332,7 +339,7 @@ bool Pool::release_for_oom(Arena& arena, std::size_t wanted) {
     }
     if (released >= wanted) break;
   }
-  return released > 0;
+  return released;
 }
 
 void Pool::release_block(Block* b) {
@@ -363,9 +370,11 @@ void Pool::free(Block* b) {
   Backend& backend = *a.backend_;
   Arena::Shard& s = a.shards_[b->shard];
   bool held = false;
+  // A block larger than the whole cap would only push everything else out.
+  if (b->pooled && a.group_->capped() && b->size > a.group_->max_held) b->pooled = false;
   if (b->pooled) {
     b->fence = backend.fence();
-    b->freed_at_ns = now_ns();
+    b->freed_at_ns = now();
   }
   {
     std::lock_guard lock(s.mu);

@@ -46,6 +46,7 @@ struct PoolOptions {
   bool hold = true;                     // false: start with holding stopped
   std::uint64_t release_after_ns = 0;   // 0: keep held blocks however long
   unsigned shards = 0;                  // 0: one per hardware thread (max 64)
+  std::uint64_t (*clock)() = nullptr;   // monotonic ns for held-block ages; tests inject one
 };
 
 struct ArenaOptions {
@@ -142,13 +143,15 @@ class Pool {
   void fork_parent();
   void fork_child();
 
+  // CLOCK_MONOTONIC_COARSE: block ages need milliseconds, not a syscall.
   static std::uint64_t now_ns();
+  std::uint64_t now() const { return options_.clock ? options_.clock() : now_ns(); }
 
  private:
   using Group = Arena::Group;
 
   BackendResult backend_allocate(Arena& arena, std::size_t bytes, std::size_t exact, bool* used_exact);
-  bool release_for_oom(Arena& arena, std::size_t wanted);
+  std::size_t release_for_oom(Arena& arena, std::size_t wanted);  // bytes released
   void enforce_cap(Arena& arena);
   void release_block(Block* block);
   void drop_block(Block* block);

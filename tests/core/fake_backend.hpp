@@ -1,0 +1,76 @@
+// A backend for core tests: a device of fixed capacity shared by the arenas
+// of one group, call counters, injectable errors, and fences driven by the
+// test ("the device finished everything issued so far").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <memory>
+#include <stdexcept>
+
+#include "core/backend.hpp"
+
+namespace gpupool::testing {
+
+struct FakeDevice {
+  std::size_t capacity = SIZE_MAX;
+  std::size_t used = 0;
+  std::uint64_t next_handle = 0x1000;
+  std::map<Handle, std::size_t> live;  // handle -> bytes
+  std::uint64_t allocs = 0, alloc_failures = 0, releases = 0;
+  int inject_error = 0;  // next allocate fails with this non-OOM error
+  std::mutex mu;         // for multi-threaded tests
+
+  // Fences: fence() hands out increasing numbers; the device has finished
+  // everything up to `completed`.
+  bool fences = false;
+  std::uint64_t issued = 0, completed = 0, waits = 0;
+};
+
+class FakeBackend : public Backend {
+ public:
+  explicit FakeBackend(std::shared_ptr<FakeDevice> dev) : dev_(std::move(dev)) {}
+
+  BackendResult allocate(std::size_t bytes) override {
+    FakeDevice& d = *dev_;
+    std::lock_guard lock(d.mu);
+    if (d.inject_error) {
+      int e = d.inject_error;
+      d.inject_error = 0;
+      ++d.alloc_failures;
+      return {BackendStatus::error, 0, e};
+    }
+    if (bytes > d.capacity || d.used > d.capacity - bytes) {
+      ++d.alloc_failures;
+      return {BackendStatus::out_of_memory, 0, 2};
+    }
+    d.used += bytes;
+    ++d.allocs;
+    Handle h = d.next_handle;
+    d.next_handle += 0x1000;
+    d.live[h] = bytes;
+    return {BackendStatus::ok, h, 0};
+  }
+  void release(Handle h, std::size_t bytes) override {
+    FakeDevice& d = *dev_;
+    std::lock_guard lock(d.mu);
+    auto it = d.live.find(h);
+    if (it == d.live.end()) throw std::logic_error("release of a handle not live");
+    if (it->second != bytes) throw std::logic_error("release with the wrong size");
+    d.used -= bytes;
+    d.live.erase(it);
+    ++d.releases;
+  }
+  std::uint64_t fence() override { return dev_->fences ? ++dev_->issued : 0; }
+  bool passed(std::uint64_t f) override { return f <= dev_->completed; }
+  void wait_all() override {
+    ++dev_->waits;
+    dev_->completed = dev_->issued;
+  }
+
+ private:
+  std::shared_ptr<FakeDevice> dev_;
+};
+
+}  // namespace gpupool::testing

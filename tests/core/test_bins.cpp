@@ -1,0 +1,78 @@
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "core/bins.hpp"
+
+using gpupool::BinScheme;
+
+// Values measured with PyOpenCL 2022.3.1's MemoryPool (research notes 1.1):
+// gpupool must bin exactly like the pool it generalises.
+TEST(Bins, MatchesPyOpenCL) {
+  BinScheme b(4);
+  EXPECT_EQ(b.bin_number(0), 0u);
+  EXPECT_EQ(b.alloc_size(b.bin_number(0)), 1u);
+  EXPECT_EQ(b.alloc_size(b.bin_number(1)), 1u);
+  EXPECT_EQ(b.alloc_size(b.bin_number(15)), 15u);
+  EXPECT_EQ(b.alloc_size(b.bin_number(16)), 16u);
+  EXPECT_EQ(b.alloc_size(b.bin_number(1000)), 1023u);
+  EXPECT_EQ(b.alloc_size(b.bin_number(4096)), 4351u);
+  EXPECT_EQ(b.alloc_size(b.bin_number(1u << 30)), 1140850687u);
+  EXPECT_EQ(b.alloc_size(b.bin_number((1u << 30) - 1)), (1u << 30) - 1);
+  EXPECT_EQ(BinScheme(2).alloc_size(BinScheme(2).bin_number(1u << 24)), 20971519u);
+}
+
+TEST(Bins, EveryBinBoundaryForSeveralBitCounts) {
+  for (unsigned lb : {1u, 2u, 3u, 4u, 6u, 8u}) {
+    BinScheme b(lb);
+    std::size_t prev_top = 0;
+    std::size_t prev_bin = 0;
+    bool first = true;
+    // Walk the bins in size order: each bin's largest size maps to it, the
+    // next size starts the next bin, and the waste stays under 1/2^lb.
+    for (std::size_t size = 1; size != 0;) {
+      const std::size_t bin = b.bin_number(size);
+      const std::size_t top = b.alloc_size(bin);
+      ASSERT_EQ(b.bin_number(top), bin) << "lb=" << lb << " size=" << size;
+      ASSERT_GE(top, size);
+      if (!first) {
+        ASSERT_GT(bin, prev_bin);
+        ASSERT_EQ(size, prev_top + 1);
+      }
+      if (size >= (std::size_t{1} << lb)) {
+        // Rounding waste below 1/2^lb of the request, for the smallest request of the bin.
+        ASSERT_LT(static_cast<long double>(top - size),
+                  static_cast<long double>(size) / (std::size_t{1} << lb))
+            << "lb=" << lb << " size=" << size;
+      } else {
+        ASSERT_EQ(top, size) << "small sizes get exact bins";
+      }
+      ASSERT_LT(bin, b.bin_count());
+      first = false;
+      prev_bin = bin;
+      prev_top = top;
+      size = top + 1;  // wraps to 0 after SIZE_MAX
+    }
+    EXPECT_EQ(prev_top, SIZE_MAX) << "the last bin ends at SIZE_MAX";
+  }
+}
+
+TEST(Bins, SizeMax) {
+  BinScheme b(4);
+  EXPECT_EQ(b.alloc_size(b.bin_number(SIZE_MAX)), SIZE_MAX);
+  EXPECT_EQ(b.rounded(SIZE_MAX), SIZE_MAX);
+  EXPECT_EQ(b.rounded(SIZE_MAX - 1), SIZE_MAX);
+}
+
+TEST(Bins, ClampNeverRoundsPastTheMaximum) {
+  BinScheme b(4);
+  const std::size_t max = std::size_t{1} << 30;  // PoCL's CL_DEVICE_MAX_MEM_ALLOC_SIZE
+  EXPECT_EQ(b.rounded(max, max), max) << "a request of exactly the maximum stays legal";
+  EXPECT_EQ(b.rounded(max - 1, max), max - 1) << "2^30-1 is the top of its own bin";
+  // Every request in the clamped bin gets the same size, so its blocks stay interchangeable.
+  const std::size_t odd_max = 1000000;
+  const std::size_t bin = b.bin_number(odd_max);
+  for (std::size_t s = b.alloc_size(bin - 1) + 1; s <= odd_max; s += 97)
+    EXPECT_EQ(b.rounded(s, odd_max), odd_max);
+  EXPECT_EQ(b.rounded(4096, odd_max), 4351u) << "bins below the clamp are unaffected";
+}

@@ -1,0 +1,265 @@
+// The pool's behaviours one at a time, as a backend author relies on them.
+#include <gtest/gtest.h>
+
+#include "core/pool.hpp"
+#include "fake_backend.hpp"
+
+using namespace gpupool;
+using gpupool::testing::FakeBackend;
+using gpupool::testing::FakeDevice;
+
+namespace {
+
+struct Fixture {
+  std::shared_ptr<FakeDevice> dev = std::make_shared<FakeDevice>();
+  Pool pool;
+  Arena* arena;
+  explicit Fixture(PoolOptions po = {}, ArenaOptions ao = {}) : pool(po) {
+    if (ao.group.empty()) ao.group = "dev";
+    arena = pool.add_arena(std::make_unique<FakeBackend>(dev), ao);
+  }
+  Block* alloc(std::size_t n) {
+    AllocResult r = pool.allocate(arena, n);
+    EXPECT_EQ(r.status, BackendStatus::ok);
+    return r.block;
+  }
+};
+
+}  // namespace
+
+TEST(Pool, FreedBlockIsHeldAndHandedOutAgain) {
+  Fixture f;
+  Block* a = f.alloc(1000);
+  EXPECT_EQ(a->size, 1023u);
+  const Handle h = a->handle;
+  f.pool.free(a);
+  Stats s = f.arena->stats();
+  EXPECT_EQ(s.held_blocks, 1u);
+  EXPECT_EQ(s.held_bytes, 1023u);
+  EXPECT_EQ(s.active_blocks, 0u);
+  // Any size of the same bin gets the held block back.
+  AllocResult r = f.pool.allocate(f.arena, 1010);
+  EXPECT_TRUE(r.hit);
+  EXPECT_EQ(r.block->handle, h);
+  s = f.arena->stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 1u);
+  EXPECT_EQ(s.active_bytes, 1010u);
+  EXPECT_EQ(s.managed_bytes, 1023u);
+  EXPECT_EQ(f.dev->allocs, 1u);
+  f.pool.free(r.block);
+}
+
+TEST(Pool, OtherBinsAreNotServedFromTheHeldBlock) {
+  Fixture f;
+  f.pool.free(f.alloc(1000));
+  Block* b = f.alloc(2000);
+  EXPECT_EQ(f.dev->allocs, 2u);
+  f.pool.free(b);
+}
+
+TEST(Pool, OutOfMemoryReleasesLargestHeldFirstThenRetries) {
+  Fixture f;
+  f.dev->capacity = 10000;
+  Block* small = f.alloc(100);   // 100
+  Block* mid = f.alloc(1000);    // 1023
+  Block* big = f.alloc(4096);    // 4351
+  Handle mid_h = mid->handle;
+  f.pool.free(small);
+  f.pool.free(mid);
+  f.pool.free(big);
+  // 5474 held; 6000 rounds to 6143 and needs 4351 released: only the largest goes.
+  Block* b = f.alloc(6000);
+  ASSERT_NE(b, nullptr);
+  Stats s = f.arena->stats();
+  EXPECT_EQ(s.oom_retries, 1u);
+  EXPECT_EQ(s.held_blocks, 2u);
+  EXPECT_EQ(s.backend_frees, 1u);
+  EXPECT_TRUE(f.dev->live.count(mid_h)) << "smaller held blocks stay";
+  f.pool.free(b);
+}
+
+TEST(Pool, OutOfMemoryLooksAtOwnArenaThenItsGroupThenOthers) {
+  auto dev = std::make_shared<FakeDevice>();
+  auto other_dev = std::make_shared<FakeDevice>();
+  dev->capacity = 5000;
+  Pool pool;
+  ArenaOptions a0{.name = "a0", .group = "g"}, a1{.name = "a1", .group = "g"}, b0{.name = "b0", .group = "h"};
+  Arena* x = pool.add_arena(std::make_unique<FakeBackend>(dev), a0);
+  Arena* y = pool.add_arena(std::make_unique<FakeBackend>(dev), a1);
+  Arena* z = pool.add_arena(std::make_unique<FakeBackend>(other_dev), b0);
+  pool.free(pool.allocate(z, 8000).block);  // larger, but on another device
+  pool.free(pool.allocate(y, 2000).block);  // 2047 in the same group
+  pool.free(pool.allocate(x, 1000).block);  // 1023 in the arena itself
+  ASSERT_EQ(dev->used, 3070u);
+  AllocResult r = pool.allocate(x, 3000);  // rounds to 3071: the arena alone is not enough
+  ASSERT_EQ(r.status, BackendStatus::ok);
+  EXPECT_EQ(x->stats().held_blocks, 0u) << "own arena released first";
+  EXPECT_EQ(y->stats().held_blocks, 0u) << "then the group";
+  EXPECT_EQ(z->stats().held_blocks, 1u) << "other groups untouched while the group sufficed";
+  pool.free(r.block);
+}
+
+TEST(Pool, ExactSizeIsTriedWhenTheRoundedSizeCannotFit) {
+  Fixture f;
+  f.dev->capacity = 4200;
+  AllocResult r = f.pool.allocate(f.arena, 4096);  // rounds to 4351 > capacity
+  ASSERT_EQ(r.status, BackendStatus::ok);
+  EXPECT_EQ(r.block->size, 4096u);
+  EXPECT_FALSE(r.block->pooled);
+  f.pool.free(r.block);
+  EXPECT_EQ(f.arena->stats().held_blocks, 0u) << "an exact block does not fit its bin: released";
+  EXPECT_EQ(f.dev->used, 0u);
+}
+
+TEST(Pool, OutOfMemoryIsReportedWhenNothingHelps) {
+  Fixture f;
+  f.dev->capacity = 1000;
+  AllocResult r = f.pool.allocate(f.arena, 5000);
+  EXPECT_EQ(r.status, BackendStatus::out_of_memory);
+  EXPECT_EQ(r.block, nullptr);
+}
+
+TEST(Pool, OtherBackendErrorsPassThroughWithoutRetry) {
+  Fixture f;
+  f.pool.free(f.alloc(64));
+  f.dev->inject_error = -61;
+  AllocResult r = f.pool.allocate(f.arena, 5000);
+  EXPECT_EQ(r.status, BackendStatus::error);
+  EXPECT_EQ(r.error, -61);
+  EXPECT_EQ(f.arena->stats().held_blocks, 1u) << "held memory kept: not an out-of-memory";
+}
+
+TEST(Pool, RequestsAboveMaxPooledAreExactAndReleasedAtFree) {
+  Fixture f({}, {.group = "dev", .max_pooled = 1 << 20});
+  Block* b = f.alloc((1 << 20) + 1);
+  EXPECT_EQ(b->size, (1u << 20) + 1);
+  f.pool.free(b);
+  EXPECT_EQ(f.arena->stats().held_blocks, 0u);
+  EXPECT_EQ(f.dev->releases, 1u);
+}
+
+TEST(Pool, StopHoldingReleasesHeldAndEveryLaterFree) {
+  Fixture f;
+  Block* a = f.alloc(100);
+  f.pool.free(f.alloc(200));
+  f.pool.stop_holding();
+  EXPECT_FALSE(f.pool.holding());
+  EXPECT_EQ(f.arena->stats().held_blocks, 0u);
+  f.pool.free(a);
+  EXPECT_EQ(f.arena->stats().held_blocks, 0u);
+  EXPECT_EQ(f.dev->used, 0u);
+}
+
+TEST(Pool, FreeHeldKeepsHolding) {
+  Fixture f;
+  f.pool.free(f.alloc(100));
+  f.pool.free_held();
+  EXPECT_EQ(f.dev->used, 0u);
+  f.pool.free(f.alloc(100));
+  EXPECT_EQ(f.arena->stats().held_blocks, 1u);
+}
+
+TEST(Pool, HoldDisabledAtStart) {
+  Fixture f({.hold = false});
+  f.pool.free(f.alloc(100));
+  EXPECT_EQ(f.arena->stats().held_blocks, 0u);
+}
+
+TEST(Pool, CapReleasesTheOldestHeldBlocks) {
+  static std::uint64_t t = 0;
+  Fixture f({.clock = [] { return ++t; }}, {.group = "dev", .max_held = 3000});
+  Block* a = f.alloc(1000);
+  Block* b = f.alloc(1000);
+  Block* c = f.alloc(1000);
+  Handle ha = a->handle, hc = c->handle;
+  f.pool.free(a);
+  f.pool.free(b);
+  f.pool.free(c);  // 3 x 1023 = 3069 > 3000: the oldest (a) goes
+  EXPECT_EQ(f.arena->stats().held_blocks, 2u);
+  EXPECT_EQ(f.arena->stats().trims, 1u);
+  EXPECT_FALSE(f.dev->live.count(ha));
+  EXPECT_TRUE(f.dev->live.count(hc));
+  Block* huge = f.alloc(5000);
+  f.pool.free(huge);  // larger than the cap by itself: not kept
+  EXPECT_EQ(f.arena->stats().held_bytes, 2046u);
+}
+
+TEST(Pool, IdleBlocksAreReleasedAfterTheirTime) {
+  static std::uint64_t t = 0;
+  Fixture f({.release_after_ns = 100, .clock = [] { return t; }});
+  t = 1000;
+  f.pool.free(f.alloc(100));
+  t = 1050;
+  f.pool.free(f.alloc(2000));
+  EXPECT_EQ(f.pool.trim_idle(1099), 0u);
+  EXPECT_EQ(f.pool.trim_idle(1100), 1u);
+  EXPECT_EQ(f.arena->stats().held_blocks, 1u);
+  EXPECT_EQ(f.pool.trim_idle(1150), 1u);
+  EXPECT_EQ(f.arena->stats().trims, 2u);
+}
+
+TEST(Pool, PendingBlocksWaitForTheirFenceAndOneBulkWaitClearsThem) {
+  Fixture f;
+  f.dev->fences = true;
+  Block* a = f.alloc(100);
+  Block* b = f.alloc(100);
+  Handle ha = a->handle;
+  f.pool.free(a);  // fence 1
+  f.dev->completed = 1;
+  f.pool.free(b);  // fence 2, still running
+  // The newest block is pending, the older one is ready: the ready one is used, no wait.
+  AllocResult r1 = f.pool.allocate(f.arena, 100);
+  EXPECT_EQ(r1.block->handle, ha);
+  EXPECT_EQ(f.dev->waits, 0u);
+  // Only a pending block left: one bulk wait, then it is reused.
+  AllocResult r2 = f.pool.allocate(f.arena, 100);
+  EXPECT_TRUE(r2.hit);
+  EXPECT_EQ(f.dev->waits, 1u);
+  EXPECT_EQ(f.arena->stats().fence_waits, 1u);
+  EXPECT_EQ(f.arena->stats().pending_frees, 2u);
+  f.pool.free(r1.block);
+  f.pool.free(r2.block);
+}
+
+TEST(Pool, RetiredArenaForgetsBlocksWithoutReleasingThem) {
+  Fixture f;
+  Block* a = f.alloc(100);
+  f.pool.free(f.alloc(300));
+  f.pool.retire_arena(f.arena);
+  EXPECT_TRUE(f.arena->retired());
+  EXPECT_EQ(f.dev->releases, 0u) << "the driver already freed the context's memory";
+  f.pool.free(a);  // the program frees after the context died: nothing reaches the backend
+  EXPECT_EQ(f.dev->releases, 0u);
+  Stats s = f.arena->stats();
+  EXPECT_EQ(s.held_blocks + s.active_blocks, 0u);
+  EXPECT_EQ(s.managed_bytes, 0u);
+}
+
+TEST(Pool, ReleaseHeldOfOneArena) {
+  auto dev = std::make_shared<FakeDevice>();
+  Pool pool;
+  Arena* x = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
+  Arena* y = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
+  pool.free(pool.allocate(x, 10).block);
+  pool.free(pool.allocate(y, 10).block);
+  pool.release_held(x);
+  EXPECT_EQ(x->stats().held_blocks, 0u);
+  EXPECT_EQ(y->stats().held_blocks, 1u);
+}
+
+TEST(Pool, SnapshotListsBinsHoldingMostMemoryFirst) {
+  Fixture f({}, {.name = "dev0", .group = "dev", .kind = "fake"});
+  std::vector<Block*> bs;
+  for (int i = 0; i < 3; ++i) bs.push_back(f.alloc(100));
+  bs.push_back(f.alloc(5000));
+  for (Block* b : bs) f.pool.free(b);
+  auto snap = f.pool.snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_EQ(snap[0].name, "dev0");
+  EXPECT_EQ(snap[0].kind, "fake");
+  ASSERT_EQ(snap[0].bins.size(), 2u);
+  EXPECT_EQ(snap[0].bins[0].alloc_size, 5119u);
+  EXPECT_EQ(snap[0].bins[1].held_blocks, 3u);
+  EXPECT_EQ(f.pool.totals().held_blocks, 4u);
+}

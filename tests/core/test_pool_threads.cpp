@@ -1,0 +1,95 @@
+// Many threads allocating and freeing the same sizes: no block is ever handed
+// to two owners, frees from other threads are fine, and the counters add up.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/pool.hpp"
+#include "fake_backend.hpp"
+
+using namespace gpupool;
+using gpupool::testing::FakeBackend;
+using gpupool::testing::FakeDevice;
+
+TEST(PoolThreads, StressNoBlockHasTwoOwners) {
+  auto dev = std::make_shared<FakeDevice>();
+  dev->capacity = 1 << 22;  // small enough to hit out-of-memory now and then
+  Pool pool({.shards = 4});
+  ArenaOptions ao{.name = "a", .group = "g", .max_held = 1 << 21};
+  Arena* arenas[2] = {pool.add_arena(std::make_unique<FakeBackend>(dev), ao),
+                      pool.add_arena(std::make_unique<FakeBackend>(dev), ao)};
+  std::mutex owners_mu;
+  std::map<Handle, int> owners;
+  std::atomic<bool> bad{false};
+  constexpr int kThreads = 6;
+  std::vector<std::thread> ts;
+  // A block freed by one thread is often taken by another: pass half of each
+  // thread's blocks to its neighbour through a shared queue.
+  std::mutex handoff_mu;
+  std::vector<Block*> handoff;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      std::vector<Block*> mine;
+      for (int i = 0; i < 20000; ++i) {
+        if (mine.size() < 16 && rng() % 2) {
+          AllocResult r = pool.allocate(arenas[rng() % 2], 64 << (rng() % 10));
+          if (r.status != BackendStatus::ok) continue;
+          std::lock_guard lock(owners_mu);
+          if (!owners.emplace(r.block->handle, t).second) bad = true;
+          mine.push_back(r.block);
+        } else if (!mine.empty()) {
+          Block* b = mine.back();
+          mine.pop_back();
+          if (rng() % 4 == 0) {
+            std::lock_guard lock(handoff_mu);
+            handoff.push_back(b);
+            continue;
+          }
+          {
+            std::lock_guard lock(owners_mu);
+            owners.erase(b->handle);
+          }
+          pool.free(b);
+        }
+        if (i % 1000 == 0) {
+          if (t == 0) pool.free_held();
+          std::vector<Block*> take;
+          {
+            std::lock_guard lock(handoff_mu);
+            take.swap(handoff);
+          }
+          for (Block* b : take) {
+            {
+              std::lock_guard lock(owners_mu);
+              owners.erase(b->handle);
+            }
+            pool.free(b);
+          }
+        }
+      }
+      for (Block* b : mine) {
+        {
+          std::lock_guard lock(owners_mu);
+          owners.erase(b->handle);
+        }
+        pool.free(b);
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (Block* b : handoff) pool.free(b);
+  EXPECT_FALSE(bad) << "a block was handed to two owners";
+  Stats s = pool.totals();
+  EXPECT_EQ(s.active_blocks, 0u);
+  EXPECT_EQ(s.active_bytes, 0u);
+  EXPECT_EQ(s.managed_bytes, s.held_bytes);
+  EXPECT_EQ(dev->used, s.held_bytes) << "the backend holds exactly what the pool says it holds";
+  EXPECT_EQ(s.backend_allocs - s.backend_frees, s.held_blocks);
+  EXPECT_LE(s.held_bytes, std::uint64_t{1} << 21) << "the cap holds with concurrent frees";
+  pool.free_held();
+  EXPECT_EQ(dev->used, 0u);
+}
