@@ -31,7 +31,7 @@ Stats& Stats::operator+=(const Stats& o) {
 // Held and active counts live in the shard a block belongs to, so the hit
 // path writes only its own shard. Peaks are per shard: exact when one thread
 // allocates, the sum of per-shard peaks (an upper bound) when several do.
-struct Arena::Shard {
+struct alignas(64) Arena::Shard {
   std::mutex mu;
   std::vector<std::vector<Block*>> bins;  // by bin number; back = most recently freed
   Stats c;
