@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build gpupool and run its tests. README's test command.
+#   scripts/test.sh                 release build in build/, all tests
+#   scripts/test.sh --sanitizers    also ASan+UBSan and TSan builds (CI)
+#   scripts/test.sh --fuzz          also a 30-second fuzz run of the config parser (CI; clang)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+sanitizers=0 fuzz=0
+for a in "$@"; do
+  case "$a" in
+    --sanitizers) sanitizers=1 ;;
+    --fuzz) fuzz=1 ;;
+    --all) sanitizers=1 fuzz=1 ;;
+    *) echo "usage: $0 [--sanitizers] [--fuzz] [--all]" >&2; exit 2 ;;
+  esac
+done
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "build (build/)"
+cmake -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$jobs"
+step "tests"
+ctest --test-dir build --output-on-failure -j"$jobs" --timeout 300
+
+if [ "$sanitizers" = 1 ]; then
+  step "AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
+  cmake -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGPUPOOL_SANITIZE=address,undefined \
+    -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build build-asan -j"$jobs"
+  # Python's own allocations are not ours to judge; leak checks stay on for our programs.
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 600 -LE python
+
+  step "ThreadSanitizer (build-tsan/)"
+  cmake -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPUPOOL_SANITIZE=thread \
+    -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build build-tsan -j"$jobs"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir build-tsan --output-on-failure -j"$jobs" --timeout 600 -LE python
+fi
+
+if [ "$fuzz" = 1 ]; then
+  step "fuzz smoke run (build-fuzz/)"
+  CC=clang CXX=clang++ cmake -B build-fuzz -DGPUPOOL_FUZZ=ON -DGPUPOOL_BUILD_TESTS=ON \
+    -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build build-fuzz -j"$jobs" --target config_fuzz
+  mkdir -p build-fuzz/corpus
+  build-fuzz/tests/fuzz/config_fuzz -max_total_time=30 -print_final_stats=1 build-fuzz/corpus
+fi
