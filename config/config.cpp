@@ -117,7 +117,7 @@ constexpr const char* kSizeOrPercentAccepted =
     "bytes with optional K/M/G/T[i][B] suffix, binary (1K = 1024), or N% of the "
     "device's memory, or unlimited";
 
-bool parse_size(std::string_view text, bool allow_percent, SizeSpec* out, std::string* reason) {
+bool size_from(std::string_view text, bool allow_percent, SizeSpec* out, std::string* reason) {
   const std::string_view v = trim(text);
   if (v.empty()) { *reason = "is empty"; return false; }
   if (lower(v) == "unlimited") { *out = SizeSpec{}; return true; }
@@ -202,7 +202,7 @@ struct Size {
   static constexpr const char* type = "size";
   static constexpr const char* accepted = kSizeAccepted;
   static bool parse(std::string_view text, T* out, std::string* reason) {
-    return parse_size(text, false, out, reason);
+    return size_from(text, false, out, reason);
   }
   static std::string show(const T& v) { return show_size(v); }
 };
@@ -212,7 +212,7 @@ struct SizeOrPercent {
   static constexpr const char* type = "size or %";
   static constexpr const char* accepted = kSizeOrPercentAccepted;
   static bool parse(std::string_view text, T* out, std::string* reason) {
-    return parse_size(text, true, out, reason);
+    return size_from(text, true, out, reason);
   }
   static std::string show(const T& v) { return show_size(v); }
 };
@@ -381,11 +381,11 @@ const Option* find(std::string_view name) {
   return nullptr;
 }
 
-// The value as shown in a message: quotes and control bytes escaped, long
-// values cut, so a hostile environment cannot forge log lines.
-std::string quote(std::string_view v) {
+// Text from the environment as shown in a message: quotes and control bytes
+// escaped, long values cut, so a hostile environment cannot forge log lines.
+std::string clean(std::string_view v) {
   constexpr std::size_t kMax = 80;
-  std::string r = "\"";
+  std::string r;
   for (std::size_t i = 0; i < v.size() && i < kMax; ++i) {
     const unsigned char c = static_cast<unsigned char>(v[i]);
     if (c == '"' || c == '\\') { r += '\\'; r += static_cast<char>(c); }
@@ -396,8 +396,13 @@ std::string quote(std::string_view v) {
       r += hex[c & 15];
     } else r += static_cast<char>(c);
   }
-  r += '"';
   if (v.size() > kMax) r += "...";
+  return r;
+}
+
+std::string quote(std::string_view v) {
+  std::string r = "\"" + clean(v.substr(0, 80)) + "\"";
+  if (v.size() > 80) r += "...";
   return r;
 }
 
@@ -432,6 +437,13 @@ std::string closest(std::string_view name) {
   }
   const std::size_t suffix = u.size() > kPrefix.size() ? u.size() - kPrefix.size() : 0;
   if (best_d <= std::max<std::size_t>(2, suffix / 3)) return best;
+  // "GPUPOOL_LOG_LEVEL": the longest known name it extends.
+  best.clear();
+  for (const Option& o : table()) {
+    const std::string known = std::string(o.info.name) + "_";
+    if (u.rfind(known, 0) == 0 && known.size() > best.size() + 1) best = o.info.name;
+  }
+  if (!best.empty()) return best;
   // "GPUPOOL_STATS": a known name it starts.
   if (suffix >= 3)
     for (const Option& o : table())
@@ -583,6 +595,22 @@ int parse_signal(const std::string& text, std::string* why) {
   return signo;
 }
 
+bool parse_size(const std::string& text, bool allow_percent, SizeSpec* out, std::string* why) {
+  std::string scratch;
+  SizeSpec s;
+  if (!size_from(text, allow_percent, &s, why ? why : &scratch)) return false;
+  if (out) *out = s;
+  return true;
+}
+
+bool parse_duration(const std::string& text, std::uint64_t* ns, std::string* why) {
+  std::string scratch;
+  std::uint64_t v = 0;
+  if (!Duration::parse(text, &v, why ? why : &scratch)) return false;
+  if (ns) *ns = v;
+  return true;
+}
+
 std::string signal_name(int signo) {
   if (signo == 0) return "none";
   for (const SignalName& s : kSignals)
@@ -618,7 +646,7 @@ Config parse(const char* const* envp, std::vector<Diagnostic>* diagnostics) {
     if (index == t.size()) {
       const std::string near = closest(name);
       diag(diagnostics, std::string(name),
-           std::string(name) + " is not a gpupool variable and is ignored" +
+           clean(name) + " is not a gpupool variable and is ignored" +
                (near.empty() ? std::string(" (`gpupool env` lists them)")
                              : "; did you mean " + near + "?"));
       continue;

@@ -96,4 +96,9 @@ int parse_signal(const std::string& text, std::string* why);
 // "USR1", "RTMIN+3", "none" for 0.
 std::string signal_name(int signo);
 
+// The value parsers, exposed for the launcher's option checks and tests:
+// true and *out set, or false and *why set to a phrase ("is not a size").
+bool parse_size(const std::string& text, bool allow_percent, SizeSpec* out, std::string* why);
+bool parse_duration(const std::string& text, std::uint64_t* ns, std::string* why);
+
 }  // namespace gpupool::config
