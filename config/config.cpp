@@ -407,19 +407,22 @@ std::string quote(std::string_view v) {
 }
 
 // Optimal string alignment distance (a transposition counts as one edit).
+// Names are at most 64 bytes here (closest() checks), so the table is small.
 std::size_t distance(std::string_view a, std::string_view b) {
-  const std::size_t n = a.size(), m = b.size();
-  std::vector<std::vector<std::size_t>> d(n + 1, std::vector<std::size_t>(m + 1));
-  for (std::size_t i = 0; i <= n; ++i) d[i][0] = i;
-  for (std::size_t j = 0; j <= m; ++j) d[0][j] = j;
+  const std::size_t n = a.size(), m = b.size(), w = m + 1;
+  std::vector<std::size_t> d((n + 1) * w);
+  for (std::size_t i = 0; i <= n; ++i) d[i * w] = i;
+  for (std::size_t j = 0; j <= m; ++j) d[j] = j;
   for (std::size_t i = 1; i <= n; ++i)
     for (std::size_t j = 1; j <= m; ++j) {
       const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      std::size_t v = std::min({d[(i - 1) * w + j] + 1, d[i * w + j - 1] + 1,
+                                d[(i - 1) * w + j - 1] + cost});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        v = std::min(v, d[(i - 2) * w + j - 2] + 1);
+      d[i * w + j] = v;
     }
-  return d[n][m];
+  return d[n * w + m];
 }
 
 constexpr std::string_view kPrefix = "GPUPOOL_";
@@ -456,14 +459,18 @@ void diag(std::vector<Diagnostic>* out, std::string variable, std::string messag
   if (out) out->push_back(Diagnostic{std::move(variable), std::move(message), level});
 }
 
-Config defaults() {
-  Config c;
-  for (const Option& o : table()) {
-    std::string reason;
-    // The table's defaults parse (a unit test checks it); this only guards
-    // against a bad edit of options.def.
-    (void)o.apply(c, o.info.default_value, &reason);
-  }
+// Config{} with the table's defaults applied.
+const Config& defaults() {
+  static const Config c = [] {
+    Config r;
+    for (const Option& o : table()) {
+      std::string reason;
+      // The table's defaults parse (a unit test checks it); this only guards
+      // against a bad edit of options.def.
+      (void)o.apply(r, o.info.default_value, &reason);
+    }
+    return r;
+  }();
   return c;
 }
 
@@ -473,7 +480,7 @@ Config defaults() {
 void resolve_signal_clashes(Config& c, const bool explicit_set[3],
                             std::vector<Diagnostic>* diags) {
   struct Slot { const char* name; int Config::*field; int def; };
-  const Config d = defaults();
+  const Config& d = defaults();
   const Slot slots[3] = {
       {"GPUPOOL_SIGNAL_STATS", &Config::signal_stats, d.signal_stats},
       {"GPUPOOL_SIGNAL_FREE_HELD", &Config::signal_free_held, d.signal_free_held},
