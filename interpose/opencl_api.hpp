@@ -1,0 +1,71 @@
+// OpenCL interposition: the table of real entry points and the hooks.
+//
+// gpupool reaches OpenCL programs two ways, and uses exactly one at a time:
+//  - as an ICD layer (OPENCL_LAYERS; clInitLayer*): the loader hands us the
+//    next dispatch table and routes every call of every loading pattern
+//    (linked, dlopen+dlsym, Python's RTLD_LOCAL extensions) through our table;
+//  - as preloaded exports (clCreateBuffer...): used only while no layer is
+//    initialised; once the layer is, the exports just forward to the loader,
+//    which calls the layer, so nothing is pooled twice.
+// Either way the hooks below call the "next" table: the loader's exports in
+// export mode, the layer's target dispatch in layer mode.
+#pragma once
+
+#include <CL/cl.h>
+
+namespace gpupool::ocl {
+
+// Functions gpupool intercepts (X) and only calls (Y).
+#define GPUPOOL_CL_HOOKED(X)                    \
+  X(clCreateContext)                            \
+  X(clCreateContextFromType)                    \
+  X(clRetainContext)                            \
+  X(clReleaseContext)                           \
+  X(clCreateCommandQueue)                       \
+  X(clCreateCommandQueueWithProperties)         \
+  X(clRetainCommandQueue)                       \
+  X(clReleaseCommandQueue)                      \
+  X(clFinish)                                   \
+  X(clCreateBuffer)                             \
+  X(clCreateBufferWithProperties)               \
+  X(clRetainMemObject)                          \
+  X(clReleaseMemObject)                         \
+  X(clGetMemObjectInfo)                         \
+  X(clCreateSubBuffer)                          \
+  X(clSetMemObjectDestructorCallback)           \
+  X(clEnqueueReadBuffer)                        \
+  X(clEnqueueWriteBuffer)                       \
+  X(clEnqueueCopyBuffer)                        \
+  X(clEnqueueFillBuffer)                        \
+  X(clEnqueueMapBuffer)
+
+#define GPUPOOL_CL_USED(Y)                      \
+  Y(clGetPlatformIDs)                           \
+  Y(clGetContextInfo)                           \
+  Y(clGetDeviceInfo)                            \
+  Y(clFlush)                                    \
+  Y(clEnqueueMarkerWithWaitList)                \
+  Y(clEnqueueMigrateMemObjects)                 \
+  Y(clGetEventInfo)                             \
+  Y(clWaitForEvents)                            \
+  Y(clReleaseEvent)
+
+struct Api {
+#define GPUPOOL_CL_FIELD(name) decltype(&::name) name = nullptr;
+  GPUPOOL_CL_HOOKED(GPUPOOL_CL_FIELD)
+  GPUPOOL_CL_USED(GPUPOOL_CL_FIELD)
+#undef GPUPOOL_CL_FIELD
+};
+
+// The table the hooks call (never null once a hook runs; entries may be null
+// when the implementation lacks them).
+const Api& next();
+
+// The hooks (the pooling logic), with the API's signatures.
+namespace hook {
+#define GPUPOOL_CL_DECLARE(name) extern decltype(&::name) const name;
+GPUPOOL_CL_HOOKED(GPUPOOL_CL_DECLARE)
+#undef GPUPOOL_CL_DECLARE
+}  // namespace hook
+
+}  // namespace gpupool::ocl

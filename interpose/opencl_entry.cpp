@@ -1,0 +1,378 @@
+// How gpupool gets into OpenCL programs: preloaded exports, the ICD layer
+// entry points, and the resolution of the real functions.
+#include <dlfcn.h>
+#include <sys/auxv.h>
+
+#include <CL/cl_layer.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "config/config.hpp"
+#include "config/log.hpp"
+#include "interpose/opencl_api.hpp"
+#include "interpose/runtime.hpp"
+
+namespace gpupool::ocl {
+namespace {
+
+Api g_loader;
+std::once_flag g_loader_once;
+
+Api g_target;                            // the layer's next dispatch, as an Api
+std::atomic<const Api*> g_next{nullptr};  // &g_target once the layer is initialised
+std::atomic<bool> g_layer{false};
+std::atomic<bool> g_deinit{false};
+
+// The loader's own exports, for export mode and for forwarding.
+void resolve_loader() {
+  void* h = RTLD_NEXT;
+  // A Python extension loads the loader RTLD_LOCAL: RTLD_NEXT does not see
+  // it (calling through a null pointer crashed, measured). Open it by name.
+  if (!dlsym(RTLD_NEXT, "clGetPlatformIDs")) {
+    h = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!h) h = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      log().error("OpenCL: no libOpenCL.so.1 found; OpenCL calls will fail");
+      return;
+    }
+  }
+#define GPUPOOL_CL_RESOLVE(name) \
+  g_loader.name = reinterpret_cast<decltype(g_loader.name)>(dlsym(h, #name));
+  GPUPOOL_CL_HOOKED(GPUPOOL_CL_RESOLVE)
+  GPUPOOL_CL_USED(GPUPOOL_CL_RESOLVE)
+#undef GPUPOOL_CL_RESOLVE
+  Dl_info info;
+  if (g_loader.clCreateBuffer &&
+      dladdr(reinterpret_cast<void*>(g_loader.clCreateBuffer), &info) && info.dli_fname)
+    log().debug("OpenCL: real functions from {}", info.dli_fname);
+}
+
+const Api& loader() {
+  std::call_once(g_loader_once, resolve_loader);
+  return g_loader;
+}
+
+bool layer_active() { return g_layer.load(std::memory_order_acquire); }
+
+template <class T>
+T fail_ptr(cl_int* errcode_ret) {
+  if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
+  return nullptr;
+}
+
+}  // namespace
+
+const Api& next() {
+  const Api* p = g_next.load(std::memory_order_acquire);
+  return p ? *p : loader();
+}
+
+}  // namespace gpupool::ocl
+
+using namespace gpupool::ocl;
+
+// ---------------------------------------------------------------------------
+// Preloaded exports. With the layer initialised they only forward to the
+// loader (which calls the layer); otherwise they run the hooks.
+
+#define GPUPOOL_FORWARD_INT(name, ...)                         \
+  do {                                                         \
+    if (layer_active()) {                                      \
+      auto fn = loader().name;                                 \
+      return fn ? fn(__VA_ARGS__) : CL_INVALID_OPERATION;      \
+    }                                                          \
+    return hook::name(__VA_ARGS__);                            \
+  } while (0)
+
+#define GPUPOOL_FORWARD_PTR(name, err, ...)                              \
+  do {                                                                   \
+    if (layer_active()) {                                                \
+      auto fn = loader().name;                                           \
+      return fn ? fn(__VA_ARGS__) : fail_ptr<decltype(fn(__VA_ARGS__))>(err); \
+    }                                                                    \
+    return hook::name(__VA_ARGS__);                                      \
+  } while (0)
+
+GPUPOOL_EXPORT cl_context CL_API_CALL clCreateContext(
+    const cl_context_properties* properties, cl_uint num_devices, const cl_device_id* devices,
+    void(CL_CALLBACK* pfn_notify)(const char*, const void*, size_t, void*), void* user_data,
+    cl_int* errcode_ret) {
+  GPUPOOL_FORWARD_PTR(clCreateContext, errcode_ret, properties, num_devices, devices, pfn_notify,
+                      user_data, errcode_ret);
+}
+
+GPUPOOL_EXPORT cl_context CL_API_CALL clCreateContextFromType(
+    const cl_context_properties* properties, cl_device_type device_type,
+    void(CL_CALLBACK* pfn_notify)(const char*, const void*, size_t, void*), void* user_data,
+    cl_int* errcode_ret) {
+  GPUPOOL_FORWARD_PTR(clCreateContextFromType, errcode_ret, properties, device_type, pfn_notify,
+                      user_data, errcode_ret);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clRetainContext(cl_context context) {
+  GPUPOOL_FORWARD_INT(clRetainContext, context);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseContext(cl_context context) {
+  GPUPOOL_FORWARD_INT(clReleaseContext, context);
+}
+
+GPUPOOL_EXPORT cl_command_queue CL_API_CALL clCreateCommandQueue(
+    cl_context context, cl_device_id device, cl_command_queue_properties properties,
+    cl_int* errcode_ret) {
+  GPUPOOL_FORWARD_PTR(clCreateCommandQueue, errcode_ret, context, device, properties, errcode_ret);
+}
+
+GPUPOOL_EXPORT cl_command_queue CL_API_CALL clCreateCommandQueueWithProperties(
+    cl_context context, cl_device_id device, const cl_queue_properties* properties,
+    cl_int* errcode_ret) {
+  GPUPOOL_FORWARD_PTR(clCreateCommandQueueWithProperties, errcode_ret, context, device, properties,
+                      errcode_ret);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clRetainCommandQueue(cl_command_queue queue) {
+  GPUPOOL_FORWARD_INT(clRetainCommandQueue, queue);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseCommandQueue(cl_command_queue queue) {
+  GPUPOOL_FORWARD_INT(clReleaseCommandQueue, queue);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clFinish(cl_command_queue queue) {
+  GPUPOOL_FORWARD_INT(clFinish, queue);
+}
+
+GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateBuffer(cl_context context, cl_mem_flags flags,
+                                                 size_t size, void* host_ptr,
+                                                 cl_int* errcode_ret) {
+  GPUPOOL_FORWARD_PTR(clCreateBuffer, errcode_ret, context, flags, size, host_ptr, errcode_ret);
+}
+
+GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateBufferWithProperties(
+    cl_context context, const cl_mem_properties* properties, cl_mem_flags flags, size_t size,
+    void* host_ptr, cl_int* errcode_ret) {
+  GPUPOOL_FORWARD_PTR(clCreateBufferWithProperties, errcode_ret, context, properties, flags, size,
+                      host_ptr, errcode_ret);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clRetainMemObject(cl_mem memobj) {
+  GPUPOOL_FORWARD_INT(clRetainMemObject, memobj);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseMemObject(cl_mem memobj) {
+  GPUPOOL_FORWARD_INT(clReleaseMemObject, memobj);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clGetMemObjectInfo(cl_mem memobj, cl_mem_info param_name,
+                                                     size_t param_value_size, void* param_value,
+                                                     size_t* param_value_size_ret) {
+  GPUPOOL_FORWARD_INT(clGetMemObjectInfo, memobj, param_name, param_value_size, param_value,
+                      param_value_size_ret);
+}
+
+GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateSubBuffer(cl_mem buffer, cl_mem_flags flags,
+                                                    cl_buffer_create_type buffer_create_type,
+                                                    const void* buffer_create_info,
+                                                    cl_int* errcode_ret) {
+  GPUPOOL_FORWARD_PTR(clCreateSubBuffer, errcode_ret, buffer, flags, buffer_create_type,
+                      buffer_create_info, errcode_ret);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clSetMemObjectDestructorCallback(
+    cl_mem memobj, void(CL_CALLBACK* pfn_notify)(cl_mem, void*), void* user_data) {
+  GPUPOOL_FORWARD_INT(clSetMemObjectDestructorCallback, memobj, pfn_notify, user_data);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueReadBuffer(cl_command_queue q, cl_mem buffer,
+                                                      cl_bool blocking, size_t offset, size_t size,
+                                                      void* ptr, cl_uint n, const cl_event* wait,
+                                                      cl_event* event) {
+  GPUPOOL_FORWARD_INT(clEnqueueReadBuffer, q, buffer, blocking, offset, size, ptr, n, wait, event);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueWriteBuffer(cl_command_queue q, cl_mem buffer,
+                                                       cl_bool blocking, size_t offset, size_t size,
+                                                       const void* ptr, cl_uint n,
+                                                       const cl_event* wait, cl_event* event) {
+  GPUPOOL_FORWARD_INT(clEnqueueWriteBuffer, q, buffer, blocking, offset, size, ptr, n, wait, event);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst,
+                                                      size_t src_offset, size_t dst_offset,
+                                                      size_t size, cl_uint n, const cl_event* wait,
+                                                      cl_event* event) {
+  GPUPOOL_FORWARD_INT(clEnqueueCopyBuffer, q, src, dst, src_offset, dst_offset, size, n, wait,
+                      event);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueFillBuffer(cl_command_queue q, cl_mem buffer,
+                                                      const void* pattern, size_t pattern_size,
+                                                      size_t offset, size_t size, cl_uint n,
+                                                      const cl_event* wait, cl_event* event) {
+  GPUPOOL_FORWARD_INT(clEnqueueFillBuffer, q, buffer, pattern, pattern_size, offset, size, n, wait,
+                      event);
+}
+
+GPUPOOL_EXPORT void* CL_API_CALL clEnqueueMapBuffer(cl_command_queue q, cl_mem buffer,
+                                                    cl_bool blocking, cl_map_flags map_flags,
+                                                    size_t offset, size_t size, cl_uint n,
+                                                    const cl_event* wait, cl_event* event,
+                                                    cl_int* errcode_ret) {
+  GPUPOOL_FORWARD_PTR(clEnqueueMapBuffer, errcode_ret, q, buffer, blocking, map_flags, offset, size,
+                      n, wait, event, errcode_ret);
+}
+
+// ---------------------------------------------------------------------------
+// ICD layer entry points (cl_loader_layers). ocl-icd 2.3.x calls
+// clGetLayerInfo + clInitLayer; the newest Khronos loader only
+// clInitLayerWithProperties (+ clDeinitLayer).
+
+namespace {
+
+using cl_layer_props = cl_ulong;  // cl_layer_properties in newer headers
+
+cl_int init_layer(cl_uint num_entries, const cl_icd_dispatch* target, cl_uint* num_entries_ret,
+                  const cl_icd_dispatch** layer_dispatch_ret) {
+  if (!target || !num_entries_ret || !layer_dispatch_ret) return CL_INVALID_VALUE;
+  static std::mutex mu;
+  static int inits = 0;
+  std::lock_guard lock(mu);
+  constexpr cl_uint mine = sizeof(cl_icd_dispatch) / sizeof(void*);
+  const cl_uint use = num_entries < mine ? num_entries : mine;
+  // Never freed: the loader keeps the pointer for the life of the process.
+  auto* table = new cl_icd_dispatch();
+  std::memcpy(static_cast<void*>(table), target, use * sizeof(void*));
+  const gpupool::config::Config& cfg = gpupool::config::get();
+  // A second loader in the process (a bundled one) gets a plain pass-through
+  // table: one set of hooks, one next table.
+  if (inits++ == 0 && !cfg.disable && cfg.opencl) {
+#define GPUPOOL_CL_FROM_TARGET(name)                                          \
+  if (offsetof(cl_icd_dispatch, name) / sizeof(void*) < use)                  \
+    g_target.name = reinterpret_cast<decltype(g_target.name)>(target->name);
+    GPUPOOL_CL_HOOKED(GPUPOOL_CL_FROM_TARGET)
+    GPUPOOL_CL_USED(GPUPOOL_CL_FROM_TARGET)
+#undef GPUPOOL_CL_FROM_TARGET
+#define GPUPOOL_CL_INSTALL(name)                                              \
+  if (offsetof(cl_icd_dispatch, name) / sizeof(void*) < use && target->name)  \
+    table->name = reinterpret_cast<decltype(table->name)>(hook::name);
+    GPUPOOL_CL_HOOKED(GPUPOOL_CL_INSTALL)
+#undef GPUPOOL_CL_INSTALL
+    g_next.store(&g_target, std::memory_order_release);
+    g_layer.store(true, std::memory_order_release);
+    gpupool::log().debug("OpenCL: initialised as an ICD layer ({} entries)", use);
+  }
+  *num_entries_ret = use;
+  *layer_dispatch_ret = table;
+  return CL_SUCCESS;
+}
+
+}  // namespace
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clGetLayerInfo(cl_layer_info param_name, size_t param_value_size,
+                                                 void* param_value, size_t* param_value_size_ret) {
+  const void* src = nullptr;
+  size_t n = 0;
+  static const cl_layer_api_version version = CL_LAYER_API_VERSION_100;
+  static const char name[] = "gpupool";
+  switch (param_name) {
+    case CL_LAYER_API_VERSION: src = &version, n = sizeof version; break;
+    case CL_LAYER_NAME: src = name, n = sizeof name; break;
+    default: return CL_INVALID_VALUE;
+  }
+  if (param_value) {
+    if (param_value_size < n) return CL_INVALID_VALUE;
+    std::memcpy(param_value, src, n);
+  }
+  if (param_value_size_ret) *param_value_size_ret = n;
+  return CL_SUCCESS;
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clInitLayer(cl_uint num_entries,
+                                              const cl_icd_dispatch* target_dispatch,
+                                              cl_uint* num_entries_ret,
+                                              const cl_icd_dispatch** layer_dispatch_ret) {
+  return init_layer(num_entries, target_dispatch, num_entries_ret, layer_dispatch_ret);
+}
+
+GPUPOOL_EXPORT cl_int CL_API_CALL clInitLayerWithProperties(
+    cl_uint num_entries, const cl_icd_dispatch* target_dispatch, cl_uint* num_entries_ret,
+    const cl_icd_dispatch** layer_dispatch_ret, const cl_layer_props* /*properties*/) {
+  return init_layer(num_entries, target_dispatch, num_entries_ret, layer_dispatch_ret);
+}
+
+// The loader is shutting down: from now on the hooks make no OpenCL call of
+// their own (see opencl_pool.cpp, cl_gone()).
+GPUPOOL_EXPORT cl_int CL_API_CALL clDeinitLayer(void) {
+  g_deinit.store(true, std::memory_order_release);
+  return CL_SUCCESS;
+}
+
+namespace gpupool::ocl {
+bool loader_gone() { return g_deinit.load(std::memory_order_acquire); }
+}  // namespace gpupool::ocl
+
+// ---------------------------------------------------------------------------
+// Plain LD_PRELOAD also activates the layer path: before the loader reads
+// OPENCL_LAYERS (it does so lazily, at the first OpenCL call; measured with
+// ocl-icd 2.3.1), add this library to it, so programs that dlopen libOpenCL
+// or load it RTLD_LOCAL are pooled too. Only getenv/setenv/realpath: no
+// measurable cost, no thread. Only when preloaded (a layer-loaded copy finds
+// itself in the list already), never in secure-execution processes, and not
+// when GPUPOOL_DISABLE / GPUPOOL_OPENCL / GPUPOOL_OPENCL_LAYER say no.
+
+namespace {
+
+bool env_false(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return false;
+  return !std::strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
+         !strcasecmp(v, "off");
+}
+
+bool env_true(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return false;
+  return !env_false(name);
+}
+
+bool list_has(const char* list, const std::string& item) {
+  std::string s(list);
+  std::size_t pos = 0;
+  while (pos <= s.size()) {
+    std::size_t end = s.find(':', pos);
+    if (end == std::string::npos) end = s.size();
+    if (s.compare(pos, end - pos, item) == 0) return true;
+    pos = end + 1;
+  }
+  return false;
+}
+
+__attribute__((constructor)) void add_self_to_opencl_layers() {
+  if (getauxval(AT_SECURE)) return;
+  const char* preload = std::getenv("LD_PRELOAD");
+  if (!preload || !std::strstr(preload, "gpupool")) return;
+  if (env_true("GPUPOOL_DISABLE") || env_false("GPUPOOL_OPENCL") ||
+      env_false("GPUPOOL_OPENCL_LAYER"))
+    return;
+  Dl_info info;
+  if (!dladdr(reinterpret_cast<void*>(&add_self_to_opencl_layers), &info) || !info.dli_fname)
+    return;
+  char* real = realpath(info.dli_fname, nullptr);
+  if (!real) return;
+  std::string self(real);
+  std::free(real);
+  const char* cur = std::getenv("OPENCL_LAYERS");
+  if (cur && *cur) {
+    if (list_has(cur, self)) return;
+    setenv("OPENCL_LAYERS", (std::string(cur) + ":" + self).c_str(), 1);
+  } else {
+    setenv("OPENCL_LAYERS", self.c_str(), 1);
+  }
+}
+
+}  // namespace
