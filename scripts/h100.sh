@@ -1,0 +1,325 @@
+#!/usr/bin/env bash
+# The one call on the GPU machine (H100, CUDA 13, driver 580): builds gpupool,
+# runs every check and benchmark that can run there, and writes the results
+# under $OUT (at most 6 files):
+#   summary.md   date, machine, each check PASS/FAIL, benchmark tables, ratios
+#   build.log    environment found, dependency set-up, cmake, build, ctest
+#   cuda.log     driver-API checks (raw, gpupool, GPUPOOL_REUSE=immediate), benchmarks
+#   python.log   PyTorch and CuPy runs
+#   opencl.log   NVIDIA OpenCL checks and benchmarks
+#   bench.json   every benchmark result, one JSON object per line
+# and prints a compact summary last on stdout.
+#
+# Usage: bash scripts/h100.sh        (OUT defaults to ./h100-out; build/ is rebuilt
+#        from scratch: H100_BUILD=dir elsewhere, H100_KEEP_BUILD=1 to keep it)
+# Missing pieces (spdlog, GoogleTest, OpenCL headers or loader, PyTorch, CuPy)
+# are detected and the steps needing them skipped with a message. Debian .debs
+# in .debs/ (scripts/debs.sh fetches them) are unpacked into a private prefix
+# and used where the machine lacks a package. Every step runs under `timeout`,
+# and steps are skipped once the time budget (H100_DEADLINE seconds, default
+# 480) runs low, so the script always finishes.
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+OUT=${OUT:-$ROOT/h100-out}
+WORK=${H100_WORK:-/tmp/gpupool-h100}
+DEADLINE=${H100_DEADLINE:-480}
+BUILD=${H100_BUILD:-$ROOT/build}  # wiped first unless H100_KEEP_BUILD=1
+LIB=$BUILD/libgpupool.so
+GPUBIN=$BUILD/gpu
+PY=${PYTHON:-python3}
+JOBS=$(nproc 2>/dev/null || echo 4)
+T_START=$SECONDS
+
+mkdir -p "$OUT"
+rm -f "$OUT"/summary.md "$OUT"/build.log "$OUT"/cuda.log "$OUT"/python.log "$OUT"/opencl.log \
+  "$OUT"/bench.json
+rm -rf "$WORK"
+mkdir -p "$WORK"/out "$WORK"/stats "$WORK"/gplog "$WORK"/lib "$WORK"/vendors
+touch "$OUT"/bench.json
+STEPS=$WORK/steps.tsv   # name status rc seconds log note
+ENVF=$WORK/env.tsv      # key value
+: >"$STEPS"
+: >"$ENVF"
+
+# Keep NVLink multicast off (the machine's rule) and Python unbuffered.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+say() { printf '[%3ds] %s\n' $((SECONDS - T_START)) "$*"; }
+note() { printf '%s\t%s\n' "$1" "$2" >>"$ENVF"; printf '%-22s %s\n' "$1" "$2" >>"$OUT/build.log"; }
+record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "${6:-}" >>"$STEPS"; }
+left() { echo $((DEADLINE - (SECONDS - T_START))); }
+
+# step NAME LOG TIMEOUT CMD...: runs CMD under timeout (shortened to what the
+# budget leaves), output to $WORK/out/NAME.out and appended to $OUT/LOG.
+step() {
+  local name=$1 log=$2 t=$3
+  shift 3
+  local budget=$(($(left) - 25))
+  if ((budget < 10)); then
+    record "$name" skip - 0 "$log" "out of time"
+    printf '\n===== %s: SKIPPED (out of time)\n' "$name" >>"$OUT/$log"
+    say "$name: SKIPPED (out of time)"
+    return 99
+  fi
+  ((t > budget)) && t=$budget
+  local t0=$SECONDS rc status
+  printf '\n===== %s (%s, timeout %ss)\n$ %s\n' "$name" "$(date -u +%T)" "$t" "$*" >>"$OUT/$log"
+  timeout -k 5 "$t" "$@" >"$WORK/out/$name.out" 2>&1 </dev/null
+  rc=$?
+  cat "$WORK/out/$name.out" >>"$OUT/$log"
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status=timeout ;;
+    *) status=fail ;;
+  esac
+  record "$name" "$status" "$rc" $((SECONDS - t0)) "$log"
+  printf -- '----- %s: %s (rc %s, %ss)\n' "$name" "$status" "$rc" $((SECONDS - t0)) >>"$OUT/$log"
+  say "$name: $status (rc $rc, $((SECONDS - t0))s)"
+  return $rc
+}
+
+skip() {  # skip NAME LOG REASON
+  record "$1" skip - 0 "$2" "$3"
+  printf '\n===== %s: SKIPPED: %s\n' "$1" "$3" >>"$OUT/$2"
+  say "$1: SKIPPED: $3"
+}
+
+# step_gp NAME LOG TIMEOUT CMD...: the same under gpupool, with JSON stats at
+# exit and gpupool's log kept; both are appended to the log afterwards.
+step_gp() {
+  local name=$1 log=$2 t=$3
+  shift 3
+  if [[ ! -f $LIB ]]; then
+    skip "$name" "$log" "build/libgpupool.so was not built"
+    return 99
+  fi
+  step "$name" "$log" "$t" env LD_PRELOAD="$LIB" GPUPOOL_STATS_AT_EXIT=1 GPUPOOL_STATS_FORMAT=json \
+    GPUPOOL_STATS_FILE="$WORK/stats/$name.%p.json" GPUPOOL_LOG_FILE="$WORK/gplog/$name.log" "$@"
+  local rc=$?
+  {
+    for f in "$WORK/stats/$name".*.json; do
+      [[ -f $f ]] && { echo "--- gpupool stats ($f):"; head -c 20000 "$f"; echo; }
+    done
+    [[ -s $WORK/gplog/$name.log ]] && { echo "--- gpupool log (last 40 lines):"; tail -n 40 "$WORK/gplog/$name.log"; }
+  } >>"$OUT/$log" 2>/dev/null
+  return $rc
+}
+
+first_file() { for f in "$@"; do [[ -e $f ]] && { echo "$f"; return 0; }; done; return 1; }
+ldfind() { ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n { print $NF; exit }'; }
+
+# ---------------------------------------------------------------------------
+say "gpupool H100 run: $ROOT -> $OUT (budget ${DEADLINE}s)"
+{
+  echo "# environment"
+} >>"$OUT/build.log"
+note date "$(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+note commit "$(git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null || echo '?')"
+note dirty "$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed/untracked paths"
+note host "$(hostname) / $(uname -r) / $JOBS cores"
+note gpu "$(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | head -n 2 | tr '\n' ';')"
+note glibc "$(ldd --version 2>&1 | head -n 1)"
+note cmake "$(cmake --version 2>/dev/null | head -n 1 || echo missing)"
+note cxx "$(c++ --version 2>/dev/null | head -n 1 || echo missing)"
+NVCC=$(command -v nvcc || first_file /usr/local/cuda/bin/nvcc || true)
+note nvcc "${NVCC:-missing} $([[ -n $NVCC ]] && "$NVCC" --version | tail -n 2 | head -n 1)"
+note python "$($PY --version 2>&1) at $(command -v $PY)"
+note torch "$(timeout 60 $PY -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n 1)"
+note cupy "$(timeout 60 $PY -c 'import cupy;print(cupy.__version__)' 2>&1 | tail -n 1)"
+note pyopencl "$(timeout 30 $PY -c 'import pyopencl;print(pyopencl.VERSION_TEXT)' 2>&1 | tail -n 1)"
+timeout 20 nvidia-smi >>"$OUT/build.log" 2>&1
+
+# ---------------------------------------------------------------------------
+# Dependencies: Debian .debs carried in .debs/ go to a private prefix.
+DEPS=$WORK/deps
+ARCHLIB=lib/x86_64-linux-gnu
+if compgen -G "$ROOT/.debs/*.deb" >/dev/null; then
+  mkdir -p "$DEPS"
+  n=0
+  for f in "$ROOT"/.debs/*.deb; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$f" "$DEPS" && n=$((n + 1))
+    else  # no dpkg: a .deb is an ar archive holding data.tar.*
+      (t=$(mktemp -d) && cd "$t" && ar x "$f" && tar -xf data.tar.* -C "$DEPS" && rm -rf "$t") && n=$((n + 1))
+    fi
+  done
+  note debs "$n of $(ls "$ROOT"/.debs/*.deb | wc -l) .debs unpacked into $DEPS"
+else
+  note debs "none carried (.debs/ absent)"
+fi
+
+SPDLOG_H=$(first_file /usr/include/spdlog/spdlog.h /usr/local/include/spdlog/spdlog.h "$DEPS/usr/include/spdlog/spdlog.h")
+CL_H=$(first_file /usr/include/CL/cl.h /usr/local/include/CL/cl.h /usr/local/cuda/include/CL/cl.h "$DEPS/usr/include/CL/cl.h")
+GTEST_CFG=$(first_file /usr/$ARCHLIB/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake \
+  /usr/local/lib/cmake/GTest/GTestConfig.cmake /usr/local/$ARCHLIB/cmake/GTest/GTestConfig.cmake \
+  "$DEPS/usr/$ARCHLIB/cmake/GTest/GTestConfig.cmake")
+OCL_LOADER=$(ldfind libOpenCL.so.1)
+[[ -z $OCL_LOADER ]] && OCL_LOADER=$(first_file "$DEPS/usr/$ARCHLIB/libOpenCL.so.1" \
+  /usr/local/cuda/lib64/libOpenCL.so.1 /usr/local/cuda/targets/x86_64-linux/lib/libOpenCL.so.1)
+NV_OCL=$(ldfind libnvidia-opencl.so.1)
+[[ -z $NV_OCL ]] && NV_OCL=$(first_file /usr/$ARCHLIB/libnvidia-opencl.so.1 /usr/lib64/libnvidia-opencl.so.1 \
+  /usr/local/nvidia/lib64/libnvidia-opencl.so.1 /usr/local/nvidia/lib/libnvidia-opencl.so.1 /usr/lib/libnvidia-opencl.so.1)
+CUDA_STUBS=$(first_file /usr/local/cuda/lib64/stubs /usr/local/cuda/targets/x86_64-linux/lib/stubs)
+note spdlog "${SPDLOG_H:-MISSING (libspdlog-dev + libfmt-dev .debs needed: the library cannot build)}"
+note opencl-headers "${CL_H:-MISSING (opencl-c-headers .deb needed: the library cannot build)}"
+note gtest "${GTEST_CFG:-MISSING (libgtest-dev + libgmock-dev .debs needed: ctest tests not built)}"
+note opencl-loader "${OCL_LOADER:-MISSING (ocl-icd-libopencl1 .deb needed: OpenCL steps skipped)}"
+note nvidia-opencl "${NV_OCL:-MISSING (NVIDIA OpenCL driver library not found: OpenCL steps skipped)}"
+note cuda-stubs "${CUDA_STUBS:-missing}"
+
+# Linkable name for the OpenCL loader (only libOpenCL.so.1 may exist).
+[[ -n $OCL_LOADER ]] && ln -sf "$OCL_LOADER" "$WORK/lib/libOpenCL.so"
+# The NVIDIA OpenCL implementation as the only vendor.
+OCL_ENV=()
+if [[ -n $NV_OCL && -n $OCL_LOADER ]]; then
+  echo "$NV_OCL" >"$WORK/vendors/nvidia.icd"
+  OCL_LD=$(dirname "$OCL_LOADER")
+  OCL_ENV=(OCL_ICD_VENDORS="$WORK/vendors" OCL_ICD_FILENAMES="$NV_OCL"
+    LD_LIBRARY_PATH="$OCL_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+fi
+
+# ---------------------------------------------------------------------------
+# Build (Release) into build/, fresh: a build/ that travelled from elsewhere
+# names other paths.
+[[ ${H100_KEEP_BUILD:-0} == 1 ]] || rm -rf "$BUILD"
+CM=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release)
+command -v ninja >/dev/null && [[ ! -f $BUILD/CMakeCache.txt ]] && CM+=(-G Ninja)
+if [[ -d $DEPS/usr ]]; then
+  CM+=("-DCMAKE_PREFIX_PATH=$DEPS/usr" "-DCMAKE_INCLUDE_PATH=$DEPS/usr/include"
+    "-DCMAKE_LIBRARY_PATH=$WORK/lib;$DEPS/usr/$ARCHLIB")
+else
+  CM+=("-DCMAKE_LIBRARY_PATH=$WORK/lib")
+fi
+[[ -z $GTEST_CFG ]] && CM+=(-DGPUPOOL_BUILD_TESTS=OFF)
+
+configured=0
+if [[ -n $SPDLOG_H && -n $CL_H ]]; then
+  attempt=0
+  for extra in "" "-DGPUPOOL_BUILD_BENCHMARKS=OFF" "-DGPUPOOL_BUILD_TESTS=OFF -DGPUPOOL_BUILD_BENCHMARKS=OFF"; do
+    attempt=$((attempt + 1))
+    # shellcheck disable=SC2086
+    if step configure-$attempt build.log 90 cmake "${CM[@]}" $extra; then
+      configured=1
+      note configure "ok ${extra:-(tests and benchmarks on)}"
+      break
+    fi
+    rm -rf "$BUILD"
+  done
+else
+  skip configure build.log "spdlog or OpenCL headers missing: carry the .debs (scripts/debs.sh)"
+fi
+
+# The GPU programs do not need the library: compile them while it builds.
+compile_gpu() {
+  mkdir -p "$GPUBIN"
+  local cc
+  cc=$(timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')
+  [[ $cc =~ ^[0-9]+$ ]] || cc=90
+  if [[ -n $NVCC && -n $CUDA_STUBS ]]; then
+    step compile-cuda-check cuda.log 180 "$NVCC" -O2 -std=c++17 -arch=sm_$cc -o "$GPUBIN/cuda_driver_check" \
+      tests/gpu/cuda_driver_check.cu -L"$CUDA_STUBS" -lcuda
+    step compile-bench cuda.log 120 c++ -O2 -std=c++20 -I/usr/local/cuda/include -o "$GPUBIN/bench_alloc" \
+      tests/gpu/bench_alloc.cpp -L"$CUDA_STUBS" -lcuda -lpthread
+  else
+    skip compile-cuda-check cuda.log "nvcc or the CUDA driver stubs missing"
+  fi
+  if [[ -n $CL_H && -n $OCL_LOADER ]]; then
+    step compile-opencl-check opencl.log 60 cc -O2 -std=c11 -I"$(dirname "$(dirname "$CL_H")")" \
+      -o "$GPUBIN/opencl_gpu_check" tests/gpu/opencl_gpu_check.c -L"$WORK/lib" -lOpenCL -lpthread \
+      -Wl,-rpath,"$(dirname "$OCL_LOADER")"
+  else
+    skip compile-opencl-check opencl.log "OpenCL headers or loader missing"
+  fi
+}
+compile_gpu &
+COMPILE_PID=$!
+
+# The library first; the tests are built after the GPU steps, so that a slow
+# test build cannot eat the time the GPU results need.
+((configured)) && step build-lib build.log 180 cmake --build "$BUILD" --target gpupool -j "$JOBS"
+wait "$COMPILE_PID"
+note library "$([[ -f $LIB ]] && ls -l "$LIB" | awk '{print $5" bytes"}' || echo 'NOT BUILT: gpupool runs skipped')"
+
+# ---------------------------------------------------------------------------
+# CUDA driver API: checks, then benchmarks.
+CHK=$GPUBIN/cuda_driver_check
+if [[ -x $CHK ]]; then
+  step cuda-check-raw cuda.log 90 "$CHK"
+  step_gp cuda-check-gpupool cuda.log 90 "$CHK"
+  step_gp cuda-check-immediate cuda.log 60 env GPUPOOL_REUSE=immediate "$CHK" --report-hazard --no-oom
+else
+  skip cuda-check cuda.log "cuda_driver_check not compiled"
+fi
+BENCH=$GPUBIN/bench_alloc
+if [[ -x $BENCH ]]; then
+  step bench-raw cuda.log 120 "$BENCH" --label raw --async
+  grep -h '^{' "$WORK/out/bench-raw.out" >>"$OUT/bench.json" 2>/dev/null
+  step_gp bench-gpupool cuda.log 90 "$BENCH" --label gpupool
+  grep -h '^{' "$WORK/out/bench-gpupool.out" >>"$OUT/bench.json" 2>/dev/null
+else
+  skip bench cuda.log "bench_alloc not compiled"
+fi
+
+# ---------------------------------------------------------------------------
+# PyTorch: caching allocator / no caching / no caching under gpupool.
+if grep -q 'available True' <(awk -F'\t' '$1=="torch"{print $2}' "$ENVF"); then
+  T=scripts/gpu_torch.py
+  step torch-caching python.log 100 $PY $T --tag caching
+  step torch-nocache python.log 120 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 $PY $T --tag nocache
+  step_gp torch-nocache-gpupool python.log 100 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 $PY $T --tag nocache+gpupool
+else
+  skip torch python.log "PyTorch with CUDA not importable"
+fi
+if grep -q '^cupy	[0-9]' "$ENVF"; then
+  C=scripts/gpu_cupy.py
+  step cupy-none python.log 90 $PY $C --pool none --tag none
+  step_gp cupy-none-gpupool python.log 90 $PY $C --pool none --tag none+gpupool
+  step cupy-pool python.log 90 $PY $C --pool cupy --tag cupy-pool
+else
+  skip cupy python.log "CuPy not importable"
+fi
+
+# ---------------------------------------------------------------------------
+# OpenCL on NVIDIA.
+CLC=$GPUBIN/opencl_gpu_check
+if ((${#OCL_ENV[@]})) && [[ -x $CLC ]]; then
+  step opencl-check-raw opencl.log 60 env "${OCL_ENV[@]}" "$CLC" check
+  step_gp opencl-check-gpupool opencl.log 60 env "${OCL_ENV[@]}" "$CLC" check
+  step opencl-bench-raw opencl.log 60 env "${OCL_ENV[@]}" "$CLC" bench --label raw
+  step_gp opencl-bench-gpupool opencl.log 60 env "${OCL_ENV[@]}" "$CLC" bench --label gpupool
+  step_gp opencl-bench-gpupool-probe0 opencl.log 60 env "${OCL_ENV[@]}" GPUPOOL_PROBE=0 "$CLC" bench --label gpupool-probe0
+  for s in opencl-bench-raw opencl-bench-gpupool opencl-bench-gpupool-probe0; do
+    grep -h '^{' "$WORK/out/$s.out" >>"$OUT/bench.json" 2>/dev/null
+  done
+else
+  skip opencl opencl.log "no NVIDIA OpenCL set-up (loader ${OCL_LOADER:-missing}, driver ${NV_OCL:-missing}) or check not compiled"
+fi
+
+# ---------------------------------------------------------------------------
+# The CI test suite (stand-in CUDA driver, OpenCL C tests now on NVIDIA's
+# OpenCL, Python tests only where pyopencl imports).
+((configured)) && step build-tests build.log 240 cmake --build "$BUILD" -j "$JOBS"
+if [[ -f $BUILD/CTestTestfile.cmake ]]; then
+  CT=(ctest --test-dir "$BUILD" -j 8 --timeout 90 --output-on-failure)
+  grep -q '^pyopencl	[0-9]' "$ENVF" || { CT+=(-LE python); note ctest-python "skipped: pyopencl not importable"; }
+  step ctest build.log 180 env "${OCL_ENV[@]}" "${CT[@]}"
+else
+  skip ctest build.log "no CTest tree (tests not configured)"
+fi
+
+# The default PyTorch allocator under the shim: must be unaffected.
+if grep -q 'available True' <(awk -F'\t' '$1=="torch"{print $2}' "$ENVF"); then
+  step_gp torch-caching-gpupool python.log 100 $PY scripts/gpu_torch.py --tag caching+gpupool
+fi
+
+# ---------------------------------------------------------------------------
+say "summary"
+timeout 60 $PY "$ROOT/scripts/h100_summary.py" "$WORK" "$OUT" || {
+  echo "summary script failed; raw step table:"
+  column -t -s $'\t' "$STEPS" 2>/dev/null || cat "$STEPS"
+}
+say "done in $((SECONDS - T_START))s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+exit 0

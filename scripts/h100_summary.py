@@ -1,0 +1,508 @@
+#!/usr/bin/env python3
+"""Summary of a scripts/h100.sh run: reads the work folder (steps.tsv,
+env.tsv, out/<step>.out, stats/<step>.<pid>.json) and OUT/bench.json, writes
+OUT/summary.md and prints a compact version.
+
+Usage: h100_summary.py WORK OUT
+Standard library only (runs with whatever python3 the GPU machine has).
+"""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+# Acceptance targets (issue 3).
+DEVICE_RATIO = 300.0
+PINNED_RATIO = 1000.0
+TORCH_SPEEDUP = 3.0
+TORCH_VS_CACHING = 1.25
+MiB = 1 << 20
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def human(n):
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def ns(v):
+    if v is None:
+        return "-"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} ms"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f} µs"
+    return f"{v:.0f} ns"
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def fx(v, digits=1):
+    return "-" if v is None else f"{v:.{digits}f}×"
+
+
+class Summary:
+    def __init__(self, work, out):
+        self.work, self.out = work, out
+        self.md = []       # summary.md lines
+        self.header_len = 0
+        self.short = []    # stdout lines
+        self.accept = []   # (name, ok or None, detail)
+        self.steps = {}
+        for line in read(os.path.join(work, "steps.tsv")).splitlines():
+            parts = line.split("\t")
+            if len(parts) >= 5:
+                self.steps[parts[0]] = {"status": parts[1], "rc": parts[2], "secs": parts[3],
+                                        "log": parts[4], "note": parts[5] if len(parts) > 5 else ""}
+        self.env = []
+        for line in read(os.path.join(work, "env.tsv")).splitlines():
+            k, _, v = line.partition("\t")
+            self.env.append((k, v))
+        self.bench = []
+        for line in read(os.path.join(out, "bench.json")).splitlines():
+            try:
+                self.bench.append(json.loads(line))
+            except ValueError:
+                pass
+
+    def output(self, step):
+        return read(os.path.join(self.work, "out", step + ".out"))
+
+    def ran(self, step):
+        return step in self.steps and self.steps[step]["status"] not in ("skip",)
+
+    def acc(self, name, ok, detail):
+        self.accept.append((name, ok, detail))
+
+    # -- gpupool stats ------------------------------------------------------
+    def stats(self, step):
+        """Totals summed over the processes of one step (last dump of each)."""
+        files = sorted(glob.glob(os.path.join(self.work, "stats", step + ".*.json")))
+        if not files:
+            return None
+        total = {}
+        for f in files:
+            last = None
+            text = read(f)
+            for line in text.splitlines():
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    last = json.loads(line)
+                except ValueError:
+                    continue
+            if last is None:
+                try:
+                    last = json.loads(text)
+                except ValueError:
+                    # Not JSON as expected: pull "name":number pairs of the totals.
+                    m = re.search(r'"totals"\s*:\s*\{([^}]*)\}', text)
+                    last = {"totals": {k: int(v) for k, v in re.findall(r'"(\w+)"\s*:\s*(\d+)', m.group(1))}} if m else {}
+            tot = last.get("totals") if isinstance(last, dict) else None
+            if not isinstance(tot, dict):
+                tot = find_dict_with(last, "hits") or {}
+            for k, v in tot.items():
+                if isinstance(v, (int, float)):
+                    total[k] = total.get(k, 0) + v
+        return total
+
+    def stats_text(self, step):
+        s = self.stats(step)
+        if s is None:
+            return "no stats file"
+        keys = ("hits", "misses", "backend_allocs", "backend_frees", "oom_retries", "fence_waits",
+                "peak_managed_bytes")
+        parts = []
+        for k in keys:
+            if k in s:
+                parts.append(f"{k} {human(s[k]) if k.endswith('bytes') else int(s[k])}")
+        return ", ".join(parts) or "stats without totals"
+
+    # -- sections -------------------------------------------------------------
+    def header(self):
+        env = dict(self.env)
+        self.md += ["# gpupool on the GPU machine", "",
+                    f"- date: {env.get('date', '?')}",
+                    f"- GPU (nvidia-smi name, driver, memory, compute cap): {env.get('gpu', '?')}",
+                    f"- host: {env.get('host', '?')}; {env.get('glibc', '')}",
+                    f"- commit: {env.get('commit', '?')} ({env.get('dirty', '')})", ""]
+        self.short.append(f"date {env.get('date', '?')}; GPU {env.get('gpu', '?')}")
+        self.header_len = len(self.md)
+
+    def environment(self):
+        self.md += ["## Environment and dependencies", "", "| item | found |", "|---|---|"]
+        for k, v in self.env:
+            if k in ("date", "gpu", "host", "glibc", "commit", "dirty"):
+                continue
+            self.md.append(f"| {k} | {v.replace('|', '/')} |")
+        self.md.append("")
+
+    def steps_table(self):
+        self.md += ["## Steps", "", "| step | status | rc | s | log | note |", "|---|---|---|---|---|---|"]
+        bad = []
+        for name, s in self.steps.items():
+            self.md.append(f"| {name} | {s['status']} | {s['rc']} | {s['secs']} | {s['log']} | {s['note']} |")
+            if s["status"] not in ("ok",):
+                bad.append(f"{name}={s['status']}")
+        self.md.append("")
+        if bad:
+            self.short.append("steps not ok: " + ", ".join(bad))
+
+    def checks(self, title, runs, key):
+        """PASS/FAIL/SAME lines of several runs of one check program."""
+        parsed = {}
+        for run in runs:
+            if not self.ran(run):
+                continue
+            rows = {}
+            for line in self.output(run).splitlines():
+                m = re.match(r"^(PASS|FAIL|SAME|INFO) ([^:]+): ?(.*)$", line)
+                if m:
+                    rows.setdefault(m.group(2), (m.group(1), m.group(3)))
+            parsed[run] = rows
+        for run in runs:
+            if run in parsed and not parsed[run]:
+                tail = " / ".join(self.output(run).strip().splitlines()[-3:])
+                self.short.append(f"{key} {run}: no check output ({self.steps[run]['status']}): {tail[:300]}")
+        parsed = {k: v for k, v in parsed.items() if v}
+        if not parsed:
+            self.md += [f"## {title}", "", "not run or no output (see the log)", ""]
+            self.short.append(f"{title}: not run")
+            return parsed
+        names = []
+        for rows in parsed.values():
+            for n in rows:
+                if n not in names:
+                    names.append(n)
+        cols = list(parsed)
+        self.md += [f"## {title}", "", "| check | " + " | ".join(cols) + " |",
+                    "|---|" + "---|" * len(cols)]
+        for n in names:
+            cells = []
+            for c in cols:
+                kind, detail = parsed[c].get(n, ("", ""))
+                if kind in ("PASS", "FAIL"):
+                    cells.append(f"**{kind}** {detail}" if kind == "FAIL" else f"PASS {detail}")
+                elif kind == "SAME":
+                    cells.append(f"= {detail}")
+                elif kind == "INFO":
+                    cells.append(f"({detail})")
+                else:
+                    cells.append("")
+            self.md.append(f"| {n} | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+        self.md.append("")
+        for c in cols:
+            fails = [n for n, (k, _) in parsed[c].items() if k == "FAIL"]
+            passes = sum(1 for k, _ in parsed[c].values() if k == "PASS")
+            done = "DONE" in self.output(c)
+            self.short.append(f"{key} {c}: {passes} pass, {len(fails)} fail"
+                              + ("" if done else " (did not finish: " + self.steps[c]["status"] + ")")
+                              + (": " + ", ".join(fails[:8]) if fails else ""))
+        # SAME lines must agree with the raw run.
+        base = cols[0]
+        diffs = []
+        for c in cols[1:]:
+            for n, (k, v) in parsed[c].items():
+                if k == "SAME" and n in parsed[base] and parsed[base][n][1] != v:
+                    diffs.append(f"{n}: {base} {parsed[base][n][1]} vs {c} {v}")
+        if diffs:
+            self.md += ["Differences from the run without gpupool:", ""] + [f"- {d}" for d in diffs] + [""]
+            self.short.append(f"{key}: differs from raw: " + "; ".join(diffs))
+        return parsed
+
+    def cuda_checks(self):
+        parsed = self.checks("CUDA driver-API checks", ["cuda-check-raw", "cuda-check-gpupool",
+                                                         "cuda-check-immediate"], "cuda")
+        gp = parsed.get("cuda-check-gpupool", {})
+        for name in ("xstream.device", "xstream.pinned"):
+            if name in gp:
+                self.acc(f"cross-stream test, default policy ({name})", gp[name][0] == "PASS", gp[name][1])
+        if "cuda-check-gpupool" in parsed:
+            self.acc("driver-API checks under gpupool",
+                     self.steps["cuda-check-gpupool"]["status"] == "ok" and
+                     not any(k == "FAIL" for k, _ in gp.values()),
+                     self.stats_text("cuda-check-gpupool"))
+        imm = parsed.get("cuda-check-immediate", {})
+        shown = [n for n, (k, d) in imm.items() if "HAZARD SHOWN" in d]
+        if imm:
+            self.md += [f"GPUPOOL_REUSE=immediate: hazard {'shown in ' + ', '.join(shown) if shown else 'not shown'}"
+                        " (expected: shown; this run only reports).", ""]
+            self.short.append(f"cuda immediate-reuse hazard: {'shown (' + ', '.join(shown) + ')' if shown else 'not shown'}")
+        for step in ("cuda-check-gpupool", "cuda-check-immediate"):
+            if self.ran(step):
+                self.md.append(f"- stats {step}: {self.stats_text(step)}")
+        self.md.append("")
+
+    def bench_get(self, bench, label, size, threads=1, **kw):
+        for b in self.bench:
+            if (b.get("bench") == bench and b.get("label") == label and b.get("size") == size
+                    and b.get("threads", 1) == threads and all(b.get(k) == v for k, v in kw.items())):
+                return b
+        return None
+
+    def cuda_bench(self):
+        sizes = sorted({b["size"] for b in self.bench if b.get("bench") == "device_pair"})
+        if not sizes:
+            self.md += ["## CUDA allocation benchmarks", "", "no results", ""]
+            return
+        g = lambda *a, **k: (self.bench_get(*a, **k) or {}).get("ns")  # noqa: E731
+        self.md += ["## CUDA allocation benchmarks (median ns per alloc+free pair, warm)", "",
+                    "async = cuMemAllocAsync+cuMemFreeAsync on one stream, default pool with release "
+                    "threshold at max; 'batch': one stream sync per timed batch, 'each': a sync after every pair.", "",
+                    "| size | device raw | device gpupool | raw/gpupool | async batch | async each | async batch/gpupool "
+                    "| pinned raw | pinned gpupool | raw/gpupool |",
+                    "|---|---|---|---|---|---|---|---|---|---|"]
+        dev_ratios, pin_ratios, vs_async = [], [], []
+        for s in sizes:
+            dr, dg = g("device_pair", "raw", s), g("device_pair", "gpupool", s)
+            ab, ae = g("async_pair", "raw", s, policy="batch"), g("async_pair", "raw", s, policy="each")
+            pr, pg = g("pinned_pair", "raw", s), g("pinned_pair", "gpupool", s)
+            r1, r2, r3 = ratio(dr, dg), ratio(ab, dg), ratio(pr, pg)
+            if r1:
+                dev_ratios.append((r1, s))
+            if r2:
+                vs_async.append((r2, s))
+            if r3:
+                pin_ratios.append((r3, s))
+            self.md.append(f"| {human(s)} | {ns(dr)} | {ns(dg)} | {fx(r1, 0)} | {ns(ab)} | {ns(ae)} | {fx(r2)} "
+                           f"| {ns(pr)} | {ns(pg)} | {fx(r3, 0)} |")
+        self.md.append("")
+        if dev_ratios:
+            worst = min(dev_ratios)
+            med = statistics.median(r for r, _ in dev_ratios)
+            self.acc(f"warm device pair >= {DEVICE_RATIO:.0f}x faster than raw", worst[0] >= DEVICE_RATIO,
+                     f"min {worst[0]:.0f}x (at {human(worst[1])}), median {med:.0f}x over {len(dev_ratios)} sizes")
+        if vs_async:
+            worst = min(vs_async)
+            self.acc("warm device pair faster than cuMemAllocAsync+cuMemFreeAsync (batch sync)", worst[0] > 1.0,
+                     f"async/gpupool min {worst[0]:.1f}x (at {human(worst[1])})")
+        if pin_ratios:
+            worst = min(pin_ratios)
+            med = statistics.median(r for r, _ in pin_ratios)
+            self.acc(f"warm pinned pair >= {PINNED_RATIO:.0f}x faster than raw", worst[0] >= PINNED_RATIO,
+                     f"min {worst[0]:.0f}x (at {human(worst[1])}), median {med:.0f}x")
+
+        # Threads.
+        tsizes = sorted({b["size"] for b in self.bench if b.get("bench") == "device_pair" and b.get("threads", 1) > 1})
+        if tsizes:
+            self.md += ["### Threads (warm device pairs; ns = wall time per pair per thread; rate = all threads)", "",
+                        "| size | threads | raw ns | raw pairs/s | gpupool ns | gpupool pairs/s | raw/gpupool |",
+                        "|---|---|---|---|---|---|---|"]
+            for s in tsizes:
+                for t in (1, 2, 4, 8, 16):
+                    r = self.bench_get("device_pair", "raw", s, threads=t) if t > 1 else None
+                    p = self.bench_get("device_pair", "gpupool", s, threads=t) if t > 1 else None
+                    if t == 1:  # the threads run's own 1-thread rows carry pairs_per_s
+                        r = next((b for b in self.bench if b.get("bench") == "device_pair" and b.get("label") == "raw"
+                                  and b.get("size") == s and "pairs_per_s" in b and b.get("threads") == 1), None)
+                        p = next((b for b in self.bench if b.get("bench") == "device_pair" and b.get("label") == "gpupool"
+                                  and b.get("size") == s and "pairs_per_s" in b and b.get("threads") == 1), None)
+                    if not r and not p:
+                        continue
+                    rn, pn = (r or {}).get("ns"), (p or {}).get("ns")
+                    self.md.append(f"| {human(s)} | {t} | {ns(rn)} | {(r or {}).get('pairs_per_s', '-')} | {ns(pn)} "
+                                   f"| {(p or {}).get('pairs_per_s', '-')} | {fx(ratio(rn, pn), 0)} |")
+            self.md.append("")
+
+        # Raw costs, for GPUPOOL_MAX_POOLED.
+        self.md += ["### Raw driver cost by size (for GPUPOOL_MAX_POOLED)", "",
+                    "Pooling saves the pair cost on every reuse; the memset column is the time to write the memory "
+                    "once, a floor on what any use of the buffer costs. Where the pair costs little against one pass "
+                    "over the memory, pooling saves little and holds much.", "",
+                    "| size | cuMemAlloc | cuMemFree | pair | memset once | pair / memset | gpupool pair |",
+                    "|---|---|---|---|---|---|---|"]
+        for s in sizes:
+            sp = self.bench_get("device_split", "raw", s) or {}
+            pr, ms, gp = g("device_pair", "raw", s), g("memset", "raw", s), g("device_pair", "gpupool", s)
+            self.md.append(f"| {human(s)} | {ns(sp.get('alloc_ns'))} | {ns(sp.get('free_ns'))} | {ns(pr)} | {ns(ms)} "
+                           f"| {fx(ratio(pr, ms), 2)} | {ns(gp)} |")
+        self.md.append("")
+        if self.ran("bench-gpupool"):
+            self.md += [f"- stats bench-gpupool: {self.stats_text('bench-gpupool')}", ""]
+
+    def results(self, step):
+        for line in self.output(step).splitlines():
+            if line.startswith("RESULT "):
+                try:
+                    return json.loads(line[7:])
+                except ValueError:
+                    return None
+        return None
+
+    def torch(self):
+        runs = ["torch-caching", "torch-nocache", "torch-nocache-gpupool", "torch-caching-gpupool"]
+        res = {r: self.results(r) for r in runs}
+        self.md += ["## PyTorch training loop and inference", "",
+                    "| run | status | step ms (median) | train s | inference ms | losses == nocache | params == nocache "
+                    "| inference == nocache | gpupool stats |", "|---|---|---|---|---|---|---|---|---|"]
+        base = res.get("torch-nocache")
+        for r in runs:
+            if r not in self.steps:
+                continue
+            x = res[r]
+            if not x:
+                self.md.append(f"| {r} | {self.steps[r]['status']} | | | | | | | |")
+                continue
+            eq = lambda k: "-" if not base or r == "torch-nocache" else ("yes" if x.get(k) == base.get(k) else "**NO**")  # noqa: E731
+            st = self.stats_text(r) if "gpupool" in r else ""
+            self.md.append(f"| {r} | {self.steps[r]['status']} | {x['step_ms_median']:.3f} | {x['train_s']:.2f} | "
+                           f"{x['infer_ms_median']:.3f} | {eq('losses')} | {eq('params_sha256')} | {eq('infer_sha256')} | {st} |")
+        self.md.append("")
+        a, b, c = res.get("torch-caching"), base, res.get("torch-nocache-gpupool")
+        if b and c:
+            same = b["losses"] == c["losses"] and b["params_sha256"] == c["params_sha256"]
+            self.acc("PyTorch losses identical, caching off vs off under gpupool", same,
+                     f"{len(c['losses'])} losses, last {c['losses'][-1]}" if same else
+                     f"first difference at step {next((i for i, (p, q) in enumerate(zip(b['losses'], c['losses'])) if p != q), '?')}")
+            sp = b["step_ms_median"] / c["step_ms_median"]
+            self.acc(f"PyTorch caching off: gpupool >= {TORCH_SPEEDUP:.0f}x faster", sp >= TORCH_SPEEDUP,
+                     f"{b['step_ms_median']:.3f} -> {c['step_ms_median']:.3f} ms/step = {sp:.2f}x")
+            st = self.stats("torch-nocache-gpupool") or {}
+            self.acc("PyTorch under gpupool: pool hits", (st.get("hits") or 0) > 0, self.stats_text("torch-nocache-gpupool"))
+        if a and c:
+            rel = c["step_ms_median"] / a["step_ms_median"]
+            self.acc(f"PyTorch: gpupool within {TORCH_VS_CACHING}x of the caching allocator", rel <= TORCH_VS_CACHING,
+                     f"{c['step_ms_median']:.3f} vs {a['step_ms_median']:.3f} ms/step = {rel:.2f}x")
+        if a and b:
+            self.md += [f"Caching allocator vs caching off, same losses: {'yes' if a['losses'] == b['losses'] else 'NO (the run is not deterministic across allocators; compare with care)'}", ""]
+        d = res.get("torch-caching-gpupool")
+        if a and d:
+            self.md += [f"Default caching allocator under gpupool: losses {'identical' if a['losses'] == d['losses'] else 'DIFFERENT'}, "
+                        f"{d['step_ms_median']:.3f} vs {a['step_ms_median']:.3f} ms/step.", ""]
+
+    def cupy(self):
+        runs = ["cupy-none", "cupy-none-gpupool", "cupy-pool"]
+        res = {r: self.results(r) for r in runs}
+        self.md += ["## CuPy array workload", "",
+                    "| run | status | iteration ms (median) | total s | result == none | gpupool stats |",
+                    "|---|---|---|---|---|---|"]
+        base = res.get("cupy-none")
+        for r in runs:
+            if r not in self.steps:
+                continue
+            x = res[r]
+            if not x:
+                self.md.append(f"| {r} | {self.steps[r]['status']} | | | | |")
+                continue
+            eq = "-" if not base or r == "cupy-none" else ("yes" if (x["checksum"], x["sums_sha256"]) == (base["checksum"], base["sums_sha256"]) else "**NO**")
+            self.md.append(f"| {r} | {self.steps[r]['status']} | {x['iter_ms_median']:.3f} | {x['total_s']:.2f} | {eq} | "
+                           f"{self.stats_text(r) if 'gpupool' in r else ''} |")
+        self.md.append("")
+        b, c, p = base, res.get("cupy-none-gpupool"), res.get("cupy-pool")
+        if b and c:
+            self.acc("CuPy results identical with and without gpupool",
+                     (b["checksum"], b["sums_sha256"]) == (c["checksum"], c["sums_sha256"]), f"last sum {c['last_sum']}")
+            st = self.stats("cupy-none-gpupool") or {}
+            self.acc("CuPy under gpupool: pool hits", (st.get("hits") or 0) > 0, self.stats_text("cupy-none-gpupool"))
+            self.md += [f"CuPy speed: no pool {b['iter_ms_median']:.3f} ms/iter, under gpupool {c['iter_ms_median']:.3f} "
+                        f"({b['iter_ms_median'] / c['iter_ms_median']:.2f}x)"
+                        + (f", CuPy's own pools {p['iter_ms_median']:.3f} (gpupool/CuPy {c['iter_ms_median'] / p['iter_ms_median']:.2f}x)" if p else "")
+                        + ".", ""]
+
+    def opencl(self):
+        parsed = self.checks("OpenCL on NVIDIA", ["opencl-check-raw", "opencl-check-gpupool"], "opencl")
+        gp = parsed.get("opencl-check-gpupool", {})
+        if gp:
+            self.acc("OpenCL checks under gpupool (NVIDIA)",
+                     self.steps["opencl-check-gpupool"]["status"] == "ok" and not any(k == "FAIL" for k, _ in gp.values()),
+                     self.stats_text("opencl-check-gpupool"))
+            self.md += [f"- stats opencl-check-gpupool: {self.stats_text('opencl-check-gpupool')}", ""]
+        sizes = sorted({b["size"] for b in self.bench if b.get("bench", "").startswith("cl_")})
+        if sizes:
+            self.md += ["### clCreateBuffer+clReleaseMemObject pairs (median ns)", "",
+                        "'use': the buffer also gets a 4-byte fill and clFinish before release (NVIDIA allocates at first use).", "",
+                        "| size | raw | gpupool | gpupool probe=0 | raw use | gpupool use | gpupool use probe=0 | use raw/gpupool |",
+                        "|---|---|---|---|---|---|---|---|"]
+            for s in sizes:
+                v = lambda bn, lb: (self.bench_get(bn, lb, s) or {}).get("ns")  # noqa: E731
+                self.md.append(f"| {human(s)} | {ns(v('cl_pair', 'raw'))} | {ns(v('cl_pair', 'gpupool'))} | "
+                               f"{ns(v('cl_pair', 'gpupool-probe0'))} | {ns(v('cl_pair_use', 'raw'))} | "
+                               f"{ns(v('cl_pair_use', 'gpupool'))} | {ns(v('cl_pair_use', 'gpupool-probe0'))} | "
+                               f"{fx(ratio(v('cl_pair_use', 'raw'), v('cl_pair_use', 'gpupool')))} |")
+            self.md.append("")
+
+    def ctest(self):
+        if "ctest" not in self.steps:
+            return
+        text = self.output("ctest")
+        m = re.search(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", text)
+        failed = re.findall(r"^\s*\d+ - (\S+) \(([^)]*)\)", text.split("The following tests FAILED:")[-1], re.M) \
+            if "The following tests FAILED:" in text else []
+        self.md += ["## CTest (CI suite on this machine; OpenCL tests on NVIDIA's OpenCL)", ""]
+        if m:
+            line = f"{m.group(3)} tests, {m.group(2)} failed"
+            self.md.append(line + ".")
+            self.short.append("ctest: " + line + (": " + ", ".join(n for n, _ in failed[:10]) if failed else ""))
+        else:
+            self.md.append(f"status {self.steps['ctest']['status']}; no summary line found (see build.log).")
+            self.short.append(f"ctest: {self.steps['ctest']['status']}")
+        for n, why in failed:
+            self.md.append(f"- FAILED {n} ({why})")
+        self.md.append("")
+
+    def acceptance(self):
+        lines = ["## Acceptance", "", "| target | result | measured |", "|---|---|---|"]
+        for name, ok, detail in self.accept:
+            lines.append(f"| {name} | {'PASS' if ok else '**FAIL**'} | {detail} |")
+            self.short.append(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+        if not self.accept:
+            lines.append("| (nothing measured) | | |")
+        lines.append("")
+        # Acceptance goes first, after the header.
+        self.md[self.header_len:self.header_len] = lines
+
+
+def find_dict_with(obj, key):
+    if isinstance(obj, dict):
+        if key in obj and isinstance(obj[key], (int, float)):
+            return obj
+        for v in obj.values():
+            r = find_dict_with(v, key)
+            if r:
+                return r
+    elif isinstance(obj, list):
+        for v in obj:
+            r = find_dict_with(v, key)
+            if r:
+                return r
+    return None
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    s = Summary(sys.argv[1], sys.argv[2])
+    s.header()
+    for section in (s.cuda_checks, s.cuda_bench, s.torch, s.cupy, s.opencl, s.ctest, s.environment, s.steps_table):
+        try:
+            section()
+        except Exception as e:  # one broken section must not lose the others
+            s.md += [f"(section {section.__name__} failed: {e!r})", ""]
+            s.short.append(f"summary section {section.__name__} failed: {e!r}")
+    s.acceptance()
+    with open(os.path.join(sys.argv[2], "summary.md"), "w") as f:
+        f.write("\n".join(s.md) + "\n")
+    print("=" * 72)
+    print("\n".join(s.short))
+    print("=" * 72)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+// Allocation benchmarks on a real GPU, driver API only. scripts/h100.sh runs
+// the same binary twice: without the shim (--label raw) and under
+// LD_PRELOAD=libgpupool.so (--label gpupool), and compares.
+//
+// One JSON object per line on stdout:
+//   {"bench":"device_pair","label":"raw","size":1024,"threads":1,"ns":123.4,...}
+// benches:
+//   device_pair   cuMemAlloc + cuMemFree, warm (one pair done first)
+//   pinned_pair   cuMemHostAlloc(flags 0) + cuMemFreeHost, warm
+//   device_split  the same pair, alloc and free timed separately ("alloc_ns",
+//                 "free_ns"), for choosing GPUPOOL_MAX_POOLED
+//   async_pair    cuMemAllocAsync + cuMemFreeAsync on one stream, the
+//                 device's default memory pool with its release threshold
+//                 raised to the maximum (so it keeps its memory: the best case
+//                 for it); policy "batch": one cuStreamSynchronize per timed
+//                 batch of pairs; policy "each": one after every pair
+//   memset        cuMemsetD8 of the whole size + cuCtxSynchronize: the cost of
+//                 touching the memory once, to put the pair cost in proportion
+//   device_pair with "threads" N: N threads each doing pairs on the shared
+//                 context; "ns" is wall time per pair per thread and
+//                 "pairs_per_s" the aggregate rate
+// "ns" is the median over repeats of (batch time / pairs in batch).
+//
+// Plain timing loops rather than Google Benchmark, which the GPU machine may
+// not have.
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since_ns(Clock::time_point t0) {
+  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+}
+
+#define REQUIRE(call)                                                           \
+  do {                                                                          \
+    CUresult rc_ = (call);                                                      \
+    if (rc_ != CUDA_SUCCESS) {                                                  \
+      std::fprintf(stderr, "bench_alloc: %s -> %d at line %d\n", #call, int(rc_), \
+                   __LINE__);                                                   \
+      std::exit(1);                                                             \
+    }                                                                           \
+  } while (0)
+
+std::string g_label = "raw";
+double g_budget_ms = 150;  // per measurement, after calibration
+CUcontext g_ctx;
+CUdevice g_dev;
+
+struct Result {
+  double ns = 0;    // median ns per pair
+  int reps = 0;
+  long iters = 0;   // pairs per timed batch
+  double cold_ns = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Times batch(k) (which does k pairs): one cold call, then calibrates k so a
+// batch takes >= 1 ms, then repeats within the time budget (3..25 repeats).
+Result measure(const std::function<void(long)>& batch) {
+  Result r;
+  auto t = Clock::now();
+  batch(1);
+  r.cold_ns = since_ns(t);
+  long k = 1;
+  double one = 0;
+  for (;;) {
+    t = Clock::now();
+    batch(k);
+    one = since_ns(t);
+    if (one >= 1e6 || k >= (1L << 22)) break;
+    k = one < 1e4 ? k * 16 : k * 2;
+  }
+  std::vector<double> per;
+  per.push_back(one / k);
+  auto start = Clock::now();
+  while (per.size() < 25 && (per.size() < 3 || since_ns(start) < g_budget_ms * 1e6)) {
+    t = Clock::now();
+    batch(k);
+    per.push_back(since_ns(t) / k);
+  }
+  r.ns = median(per);
+  r.reps = int(per.size());
+  r.iters = k;
+  return r;
+}
+
+void emit(const char* bench, std::size_t size, const Result& r, const std::string& extra = "") {
+  std::printf(
+      "{\"bench\":\"%s\",\"label\":\"%s\",\"size\":%zu,\"threads\":1,\"ns\":%.1f,"
+      "\"cold_ns\":%.1f,\"reps\":%d,\"iters\":%ld%s}\n",
+      bench, g_label.c_str(), size, r.ns, r.cold_ns, r.reps, r.iters, extra.c_str());
+  std::fflush(stdout);
+}
+
+void bench_device_pair(std::size_t size) {
+  Result r = measure([&](long k) {
+    for (long i = 0; i < k; ++i) {
+      CUdeviceptr p = 0;
+      REQUIRE(cuMemAlloc(&p, size));
+      REQUIRE(cuMemFree(p));
+    }
+  });
+  emit("device_pair", size, r);
+}
+
+void bench_pinned_pair(std::size_t size) {
+  Result r = measure([&](long k) {
+    for (long i = 0; i < k; ++i) {
+      void* p = nullptr;
+      REQUIRE(cuMemHostAlloc(&p, size, 0));
+      REQUIRE(cuMemFreeHost(p));
+    }
+  });
+  emit("pinned_pair", size, r);
+}
+
+void bench_device_split(std::size_t size) {
+  // Per-call timestamps cost ~20-40 ns, negligible against the driver's calls
+  // (this is for the raw costs), not against a pool hit.
+  std::vector<double> a, f;
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, size));
+  REQUIRE(cuMemFree(p));
+  auto start = Clock::now();
+  while (a.size() < 2000 && (a.size() < 5 || since_ns(start) < g_budget_ms * 1e6)) {
+    auto t0 = Clock::now();
+    REQUIRE(cuMemAlloc(&p, size));
+    auto t1 = Clock::now();
+    REQUIRE(cuMemFree(p));
+    auto t2 = Clock::now();
+    a.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    f.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count());
+  }
+  std::printf(
+      "{\"bench\":\"device_split\",\"label\":\"%s\",\"size\":%zu,\"threads\":1,"
+      "\"alloc_ns\":%.1f,\"free_ns\":%.1f,\"reps\":%zu}\n",
+      g_label.c_str(), size, median(a), median(f), a.size());
+  std::fflush(stdout);
+}
+
+void bench_async(std::size_t size, bool sync_each) {
+  CUstream s = nullptr;
+  REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  Result r = measure([&](long k) {
+    for (long i = 0; i < k; ++i) {
+      CUdeviceptr p = 0;
+      REQUIRE(cuMemAllocAsync(&p, size, s));
+      REQUIRE(cuMemFreeAsync(p, s));
+      if (sync_each) REQUIRE(cuStreamSynchronize(s));
+    }
+    if (!sync_each) REQUIRE(cuStreamSynchronize(s));
+  });
+  emit("async_pair", size, r, sync_each ? ",\"policy\":\"each\"" : ",\"policy\":\"batch\"");
+  REQUIRE(cuStreamDestroy(s));
+}
+
+void bench_memset(std::size_t size) {
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, size));
+  Result r = measure([&](long k) {
+    for (long i = 0; i < k; ++i) REQUIRE(cuMemsetD8Async(p, 0x5a, size, nullptr));
+    REQUIRE(cuCtxSynchronize());
+  });
+  emit("memset", size, r);
+  REQUIRE(cuMemFree(p));
+}
+
+// N threads doing warm device pairs at once.
+void bench_threads(std::size_t size, int n) {
+  // Calibrate pairs per thread from one thread so a batch takes ~5 ms there.
+  long k = 1;
+  for (;;) {
+    auto t = Clock::now();
+    for (long i = 0; i < k; ++i) {
+      CUdeviceptr p = 0;
+      REQUIRE(cuMemAlloc(&p, size));
+      REQUIRE(cuMemFree(p));
+    }
+    if (since_ns(t) >= 5e6 || k >= (1L << 22)) break;
+    k *= 2;
+  }
+  const int reps = 5;
+  std::vector<double> walls;
+  std::barrier sync(n + 1);
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> ts;
+  for (int id = 0; id < n; ++id) {
+    ts.emplace_back([&] {
+      if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) failed = true;
+      CUdeviceptr w = 0;  // warm this thread's shard
+      if (cuMemAlloc(&w, size) || cuMemFree(w)) failed = true;
+      for (int r = 0; r < reps; ++r) {
+        sync.arrive_and_wait();  // start
+        for (long i = 0; i < k && !failed; ++i) {
+          CUdeviceptr p = 0;
+          if (cuMemAlloc(&p, size) || cuMemFree(p)) failed = true;
+        }
+        sync.arrive_and_wait();  // done
+      }
+    });
+  }
+  for (int r = 0; r < reps; ++r) {
+    sync.arrive_and_wait();
+    auto t = Clock::now();
+    sync.arrive_and_wait();
+    walls.push_back(since_ns(t));
+  }
+  for (auto& t : ts) t.join();
+  if (failed) {
+    std::fprintf(stderr, "bench_alloc: threads=%d size=%zu: a call failed\n", n, size);
+    return;
+  }
+  double wall = median(walls);
+  std::printf(
+      "{\"bench\":\"device_pair\",\"label\":\"%s\",\"size\":%zu,\"threads\":%d,\"ns\":%.1f,"
+      "\"pairs_per_s\":%.0f,\"reps\":%d,\"iters\":%ld}\n",
+      g_label.c_str(), size, n, wall / k, double(k) * n / (wall / 1e9), reps, k);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool async = false, quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--label") && i + 1 < argc) g_label = argv[++i];
+    else if (!std::strcmp(argv[i], "--async")) async = true;  // also time cuMemAllocAsync
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;  // smaller budget
+    else {
+      std::fprintf(stderr, "usage: %s [--label NAME] [--async] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (quick) g_budget_ms = 40;
+  REQUIRE(cuInit(0));
+  REQUIRE(cuDeviceGet(&g_dev, 0));
+  REQUIRE(cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
+  REQUIRE(cuCtxSetCurrent(g_ctx));
+  if (async) {
+    CUmemoryPool pool = nullptr;
+    REQUIRE(cuDeviceGetDefaultMemPool(&pool, g_dev));
+    cuuint64_t keep = UINT64_MAX;
+    REQUIRE(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+  }
+
+  std::vector<std::size_t> sizes;
+  for (std::size_t s = 256; s <= (std::size_t(256) << 20); s *= 4) sizes.push_back(s);
+
+  for (std::size_t s : sizes) {
+    bench_device_pair(s);
+    bench_pinned_pair(s);
+    bench_device_split(s);
+    if (async) {
+      bench_async(s, false);
+      bench_async(s, true);
+      bench_memset(s);
+    }
+  }
+  for (std::size_t s : {std::size_t(64) << 10, std::size_t(4) << 20})
+    for (int n : {1, 2, 4, 8, 16}) bench_threads(s, n);
+  return 0;
+}

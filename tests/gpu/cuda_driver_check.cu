@@ -1,0 +1,713 @@
+// Driver-API checks for gpupool on a real NVIDIA GPU (run by scripts/h100.sh,
+// once without the shim and once under LD_PRELOAD=libgpupool.so).
+//
+// Every line of output is one of
+//   PASS <name>: <detail>   a check against what the driver itself does
+//   FAIL <name>: <detail>   (error codes: the table measured on the H100,
+//                           driver 580, in shared/research/cuda-interposition.md)
+//   SAME <name>: <value>    a value that must not change under gpupool; the
+//                           script compares these lines between the two runs
+//   INFO <name>: <detail>   for the report only
+// and the exit status is 1 when any check failed.
+//
+// --report-hazard: the cross-stream checks report corruption as INFO instead
+// of failing (for the GPUPOOL_REUSE=immediate run, which is meant to show that
+// the hazard the default policy prevents is real).
+//
+// Allocation goes through the driver API (linked with -lcuda, so the shim's
+// exported cu* symbols take it); kernels are launched through the runtime on
+// the same primary context (cudart reaches the driver through
+// cuGetProcAddress, the path PyTorch and CuPy use).
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdarg>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int g_failures = 0;
+bool g_report_hazard = false;
+
+void pass(const std::string& name, const std::string& detail) {
+  std::printf("PASS %s: %s\n", name.c_str(), detail.c_str());
+  std::fflush(stdout);
+}
+void fail(const std::string& name, const std::string& detail) {
+  std::printf("FAIL %s: %s\n", name.c_str(), detail.c_str());
+  std::fflush(stdout);
+  ++g_failures;
+}
+void info(const std::string& name, const std::string& detail) {
+  std::printf("INFO %s: %s\n", name.c_str(), detail.c_str());
+  std::fflush(stdout);
+}
+void same(const std::string& name, const std::string& value) {
+  std::printf("SAME %s: %s\n", name.c_str(), value.c_str());
+  std::fflush(stdout);
+}
+void check(bool ok, const std::string& name, const std::string& detail) {
+  ok ? pass(name, detail) : fail(name, detail);
+}
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+void expect_rc(CUresult got, CUresult want, const std::string& name) {
+  check(got == want, name, fmt("rc=%d (driver gives %d)", int(got), int(want)));
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Setup failures are not gpupool's to judge: report and stop.
+#define REQUIRE(call)                                                    \
+  do {                                                                   \
+    CUresult rc_ = (call);                                               \
+    if (rc_ != CUDA_SUCCESS) {                                           \
+      const char* s_ = nullptr;                                          \
+      cuGetErrorString(rc_, &s_);                                        \
+      std::printf("FAIL setup: %s -> %d (%s) at line %d\n", #call,       \
+                  int(rc_), s_ ? s_ : "?", __LINE__);                    \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (0)
+
+constexpr std::size_t MiB = std::size_t(1) << 20;
+constexpr std::size_t GiB = std::size_t(1) << 30;
+
+CUdevice g_dev;
+CUcontext g_ctx;  // the device's primary context, current on the main thread
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Waits delay_ns, then counts the words of src that are not `expect`. Small
+// grid (all blocks resident at once) so every block waits the full delay and
+// other streams still find the SMs free.
+__global__ void delayed_check(const unsigned* src, size_t words,
+                              unsigned long long delay_ns, unsigned expect,
+                              unsigned long long* bad) {
+  unsigned long long t0 = global_ns();
+  while (global_ns() - t0 < delay_ns) __nanosleep(1000);
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words;
+       i += size_t(gridDim.x) * blockDim.x)
+    local += src[i] != expect;
+  if (local) atomicAdd(bad, local);
+}
+
+__global__ void spin(unsigned long long delay_ns) {
+  unsigned long long t0 = global_ns();
+  while (global_ns() - t0 < delay_ns) __nanosleep(1000);
+}
+
+// ---------------------------------------------------------------------------
+// Error codes (the measured table).
+
+void check_error_codes() {
+  CUdeviceptr p = 0xdead;
+  expect_rc(cuMemAlloc(&p, 0), CUDA_ERROR_INVALID_VALUE, "err.alloc-size0");
+  check(p == 0, "err.alloc-size0-out", fmt("*p=0x%llx after size 0 (driver writes 0)",
+                                           (unsigned long long)p));
+  expect_rc(cuMemAlloc(nullptr, 16), CUDA_ERROR_INVALID_VALUE, "err.alloc-null-out");
+  expect_rc(cuMemAlloc(&p, std::size_t(1) << 50), CUDA_ERROR_OUT_OF_MEMORY, "err.alloc-2^50");
+  expect_rc(cuMemAlloc(&p, SIZE_MAX), CUDA_ERROR_OUT_OF_MEMORY, "err.alloc-SIZE_MAX");
+  expect_rc(cuMemAlloc(&p, SIZE_MAX - 4095), CUDA_ERROR_OUT_OF_MEMORY, "err.alloc-SIZE_MAX-4095");
+  expect_rc(cuMemFree(0), CUDA_SUCCESS, "err.free-0");
+  expect_rc(cuMemFree(CUdeviceptr(0x7f0000001000ull)), CUDA_ERROR_INVALID_VALUE,
+            "err.free-never-allocated");
+
+  // Interior and double free, on a block that has been through the pool once
+  // (freed, then handed out again) and on a fresh one.
+  CUdeviceptr a = 0;
+  REQUIRE(cuMemAlloc(&a, 4096));
+  REQUIRE(cuMemFree(a));
+  REQUIRE(cuMemAlloc(&a, 4096));
+  expect_rc(cuMemFree(a + 256), CUDA_ERROR_INVALID_VALUE, "err.free-interior");
+  expect_rc(cuMemFree(a), CUDA_SUCCESS, "err.free-valid");
+  expect_rc(cuMemFree(a), CUDA_ERROR_INVALID_VALUE, "err.free-double");
+  CUdeviceptr b = 0;
+  REQUIRE(cuMemAlloc(&b, 3 * MiB + 5));
+  expect_rc(cuMemFree(b + 3 * MiB), CUDA_ERROR_INVALID_VALUE, "err.free-interior-large");
+  expect_rc(cuMemFree(b), CUDA_SUCCESS, "err.free-valid-large");
+  expect_rc(cuMemFree(b), CUDA_ERROR_INVALID_VALUE, "err.free-double-large");
+
+  // Pinned host memory.
+  void* h = reinterpret_cast<void*>(0xdead);
+  expect_rc(cuMemAllocHost(&h, 0), CUDA_SUCCESS, "err.allochost-size0");
+  check(h == nullptr, "err.allochost-size0-out", fmt("*h=%p (driver writes NULL)", h));
+  h = reinterpret_cast<void*>(0xdead);
+  expect_rc(cuMemHostAlloc(&h, 0, 0), CUDA_SUCCESS, "err.hostalloc-size0");
+  check(h == nullptr, "err.hostalloc-size0-out", fmt("*h=%p (driver writes NULL)", h));
+  expect_rc(cuMemHostAlloc(&h, 4096, 0x80), CUDA_ERROR_INVALID_VALUE, "err.hostalloc-bad-flags");
+  expect_rc(cuMemHostAlloc(&h, std::size_t(1) << 50, 0), CUDA_ERROR_OUT_OF_MEMORY,
+            "err.hostalloc-2^50");
+  expect_rc(cuMemFreeHost(nullptr), CUDA_SUCCESS, "err.freehost-null");
+  void* m = std::malloc(4096);
+  expect_rc(cuMemFreeHost(m), CUDA_ERROR_INVALID_VALUE, "err.freehost-malloc");
+  std::free(m);
+  void* ph = nullptr;
+  REQUIRE(cuMemHostAlloc(&ph, 8192, 0));
+  REQUIRE(cuMemFreeHost(ph));
+  REQUIRE(cuMemHostAlloc(&ph, 8192, 0));
+  expect_rc(cuMemFreeHost(static_cast<char*>(ph) + 64), CUDA_ERROR_INVALID_VALUE,
+            "err.freehost-interior");
+  expect_rc(cuMemFree(CUdeviceptr(ph)), CUDA_ERROR_INVALID_VALUE, "err.free-of-pinned");
+  expect_rc(cuMemFreeHost(ph), CUDA_SUCCESS, "err.freehost-valid");
+  expect_rc(cuMemFreeHost(ph), CUDA_ERROR_INVALID_VALUE, "err.freehost-double");
+  CUdeviceptr d = 0;
+  REQUIRE(cuMemAlloc(&d, 8192));
+  expect_rc(cuMemFreeHost(reinterpret_cast<void*>(d)), CUDA_ERROR_INVALID_VALUE,
+            "err.freehost-of-device");
+  REQUIRE(cuMemFree(d));
+}
+
+// With no current context: allocation and cuMemGetInfo answer 201, and a valid
+// pointer can still be freed.
+void check_no_context() {
+  CUdeviceptr keep = 0;
+  REQUIRE(cuMemAlloc(&keep, 1 * MiB));
+  REQUIRE(cuCtxSetCurrent(nullptr));
+  CUdeviceptr p = 0;
+  void* h = nullptr;
+  std::size_t fr = 0, tot = 0;
+  expect_rc(cuMemAlloc(&p, 4096), CUDA_ERROR_INVALID_CONTEXT, "noctx.alloc");
+  expect_rc(cuMemHostAlloc(&h, 4096, 0), CUDA_ERROR_INVALID_CONTEXT, "noctx.hostalloc");
+  expect_rc(cuMemAllocHost(&h, 4096), CUDA_ERROR_INVALID_CONTEXT, "noctx.allochost");
+  expect_rc(cuMemGetInfo(&fr, &tot), CUDA_ERROR_INVALID_CONTEXT, "noctx.getinfo");
+  expect_rc(cuMemFree(keep), CUDA_SUCCESS, "noctx.free-valid");
+  REQUIRE(cuCtxSetCurrent(g_ctx));
+  // The block freed without a context is usable again afterwards.
+  REQUIRE(cuMemAlloc(&p, 1 * MiB));
+  expect_rc(cuMemsetD8(p, 0x5a, 1 * MiB), CUDA_SUCCESS, "noctx.realloc-usable");
+  REQUIRE(cuMemFree(p));
+}
+
+// ---------------------------------------------------------------------------
+// Pointer queries on blocks that came back from the pool.
+
+void check_pointer_queries() {
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 1000));
+  unsigned long long bid0 = 0;
+  REQUIRE(cuPointerGetAttribute(&bid0, CU_POINTER_ATTRIBUTE_BUFFER_ID, p));
+  REQUIRE(cuMemFree(p));
+  CUdeviceptr q = 0;
+  REQUIRE(cuMemAlloc(&q, 1000));  // a pool hit under gpupool
+  info("ptr.reuse-1000", q == p ? "same address" : "different address");
+  check(q % 256 == 0, "ptr.align", fmt("0x%llx is %s256-byte aligned",
+                                       (unsigned long long)q, q % 256 ? "NOT " : ""));
+
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  CUresult rc = cuMemGetAddressRange(&base, &size, q + 100);
+  check(rc == CUDA_SUCCESS && base == q && size == 1000, "ptr.range-interior",
+        fmt("rc=%d base=+%lld size=%zu (driver: base=q, size=1000)", int(rc),
+            (long long)(base - q), size));
+  size = 0;
+  rc = cuMemGetAddressRange(nullptr, &size, q);
+  check(rc == CUDA_SUCCESS && size == 1000, "ptr.range-null-base",
+        fmt("rc=%d size=%zu", int(rc), size));
+  rc = cuMemGetAddressRange(&base, &size, q + 1000);
+  check(rc == CUDA_ERROR_NOT_FOUND, "ptr.range-one-past-end",
+        fmt("rc=%d (driver: %d NOT_FOUND)", int(rc), int(CUDA_ERROR_NOT_FOUND)));
+
+  CUdeviceptr start = 0;
+  std::size_t rsize = 0;
+  unsigned mtype = 0;
+  CUcontext pctx = nullptr;
+  int ordinal = -1;
+  unsigned long long bid1 = 0;
+  CUresult r1 = cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, q + 999);
+  CUresult r2 = cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, q + 999);
+  CUresult r3 = cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, q);
+  CUresult r4 = cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, q);
+  CUresult r5 = cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, q);
+  CUresult r6 = cuPointerGetAttribute(&bid1, CU_POINTER_ATTRIBUTE_BUFFER_ID, q);
+  check(r1 == CUDA_SUCCESS && start == q, "ptr.attr-range-start",
+        fmt("rc=%d start=+%lld", int(r1), (long long)(start - q)));
+  check(r2 == CUDA_SUCCESS && rsize == 1000, "ptr.attr-range-size",
+        fmt("rc=%d size=%zu (driver: 1000)", int(r2), rsize));
+  check(r3 == CUDA_SUCCESS && mtype == CU_MEMORYTYPE_DEVICE, "ptr.attr-memory-type",
+        fmt("rc=%d type=%u", int(r3), mtype));
+  check(r4 == CUDA_SUCCESS && pctx == g_ctx, "ptr.attr-context",
+        fmt("rc=%d %s", int(r4), pctx == g_ctx ? "owning context" : "WRONG context"));
+  check(r5 == CUDA_SUCCESS && ordinal == 0, "ptr.attr-device-ordinal",
+        fmt("rc=%d ordinal=%d", int(r5), ordinal));
+  // The driver gives every allocation a new id; registration caches (NCCL,
+  // UCX) rely on it to notice that memory was freed and allocated again.
+  same("ptr.buffer-id-new-after-realloc", r6 == CUDA_SUCCESS && bid1 != bid0 ? "yes" : "no");
+
+  CUpointer_attribute attrs[4] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                  CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  CU_POINTER_ATTRIBUTE_CONTEXT};
+  CUdeviceptr s2 = 0;
+  std::size_t z2 = 0;
+  unsigned t2 = 0;
+  CUcontext c2 = nullptr;
+  void* data[4] = {&s2, &z2, &t2, &c2};
+  rc = cuPointerGetAttributes(4, attrs, data, q + 500);
+  check(rc == CUDA_SUCCESS && s2 == q && z2 == 1000 && t2 == CU_MEMORYTYPE_DEVICE && c2 == g_ctx,
+        "ptr.attrs-batch", fmt("rc=%d start=+%lld size=%zu type=%u", int(rc),
+                               (long long)(s2 - q), z2, t2));
+
+  // A second live allocation gets another buffer id, as from the driver.
+  CUdeviceptr q2 = 0;
+  REQUIRE(cuMemAlloc(&q2, 1000));
+  unsigned long long bid2 = 0;
+  cuPointerGetAttribute(&bid2, CU_POINTER_ATTRIBUTE_BUFFER_ID, q2);
+  check(r6 == CUDA_SUCCESS && bid1 != bid2, "ptr.attr-buffer-id-distinct",
+        fmt("ids %llu / %llu", bid1, bid2));
+
+  // A smaller request that may land in the same block reports its own size.
+  REQUIRE(cuMemFree(q));
+  CUdeviceptr r = 0;
+  REQUIRE(cuMemAlloc(&r, 990));
+  rc = cuMemGetAddressRange(&base, &size, r + 10);
+  check(rc == CUDA_SUCCESS && base == r && size == 990, "ptr.range-reused-smaller",
+        fmt("rc=%d size=%zu (driver: 990)", int(rc), size));
+
+  // Freed (held) and unknown pointers look unallocated, as from the driver.
+  REQUIRE(cuMemFree(r));
+  rc = cuMemGetAddressRange(&base, &size, r);
+  check(rc == CUDA_ERROR_NOT_FOUND, "ptr.range-after-free",
+        fmt("rc=%d (driver: %d)", int(rc), int(CUDA_ERROR_NOT_FOUND)));
+  rc = cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, r);
+  check(rc == CUDA_ERROR_INVALID_VALUE, "ptr.attr-after-free",
+        fmt("rc=%d (driver: %d)", int(rc), int(CUDA_ERROR_INVALID_VALUE)));
+  rc = cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                             CUdeviceptr(0x7f0000001000ull));
+  check(rc == CUDA_ERROR_INVALID_VALUE, "ptr.attr-unknown", fmt("rc=%d", int(rc)));
+  REQUIRE(cuMemFree(q2));
+
+  // Pinned: flags survive reuse (DEVICEMAP is always reported, measured).
+  struct Case {
+    unsigned flags;
+    unsigned want;
+  } cases[] = {{0, 0x2}, {1, 0x3}, {4, 0x6}, {2, 0x2}, {1, 0x3}, {0, 0x2}, {5, 0x7}, {4, 0x6}};
+  int ci = 0;
+  for (const Case& c : cases) {
+    ++ci;
+    void* h = nullptr;
+    REQUIRE(cuMemHostAlloc(&h, 100000, c.flags));
+    unsigned got = 0;
+    rc = cuMemHostGetFlags(&got, h);
+    check(rc == CUDA_SUCCESS && got == c.want, fmt("pinned.flags-%d-%u", ci, c.flags),
+          fmt("rc=%d flags=0x%x (driver: 0x%x)", int(rc), got, c.want));
+    CUdeviceptr dp = 0;
+    rc = cuMemHostGetDevicePointer(&dp, h, 0);
+    check(rc == CUDA_SUCCESS && dp == CUdeviceptr(h), fmt("pinned.devptr-%d-%u", ci, c.flags),
+          fmt("rc=%d devptr %s host ptr", int(rc), dp == CUdeviceptr(h) ? "==" : "!="));
+    unsigned mt = 0;
+    rc = cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CUdeviceptr(h));
+    check(rc == CUDA_SUCCESS && mt == CU_MEMORYTYPE_HOST, fmt("pinned.memtype-%d-%u", ci, c.flags),
+          fmt("rc=%d type=%u", int(rc), mt));
+    std::memset(h, int(c.flags), 100000);
+    REQUIRE(cuMemFreeHost(h));  // held: the next case may reuse it
+  }
+  void* ah = nullptr;
+  REQUIRE(cuMemAllocHost(&ah, 100000));
+  unsigned af = 0;
+  rc = cuMemHostGetFlags(&af, ah);
+  check(rc == CUDA_SUCCESS && af == 0x2, "pinned.allochost-flags",
+        fmt("rc=%d flags=0x%x (driver: 0x2)", int(rc), af));
+  REQUIRE(cuMemFreeHost(ah));
+  unsigned ff = 0;
+  rc = cuMemHostGetFlags(&ff, ah);
+  same("pinned.flags-after-free-rc", fmt("%d", int(rc)));
+}
+
+// cuMemGetInfo: held bytes count as free, so a program sees what it would see
+// without gpupool.
+void check_mem_info() {
+  std::size_t free0 = 0, total = 0, free1 = 0, free2 = 0;
+  REQUIRE(cuMemGetInfo(&free0, &total));
+  std::vector<CUdeviceptr> v(8);
+  for (auto& p : v) REQUIRE(cuMemAlloc(&p, 64 * MiB));
+  REQUIRE(cuMemGetInfo(&free1, &total));
+  for (auto p : v) REQUIRE(cuMemFree(p));
+  REQUIRE(cuMemGetInfo(&free2, &total));
+  long long d1 = (long long)free0 - (long long)free1;
+  long long d2 = (long long)free2 - (long long)free0;
+  check(d1 >= (long long)(448 * MiB), "meminfo.active-counts-used",
+        fmt("free dropped by %lld MiB for 512 MiB allocated", d1 / (long long)MiB));
+  check(std::llabs(d2) <= (long long)(64 * MiB) && free2 <= total, "meminfo.held-counts-free",
+        fmt("free after freeing differs by %lld MiB from before; free %zu <= total %zu", d2 / (long long)MiB,
+            free2, total));
+}
+
+// ---------------------------------------------------------------------------
+// The cross-stream hazard: a kernel on a non-blocking stream still reading a
+// freed buffer while it is reallocated and overwritten on another stream.
+
+void check_cross_stream_device() {
+  const std::size_t bytes = 64 * MiB, words = bytes / 4;
+  const unsigned P1 = 0x11111111u, P2 = 0x22222222u;
+  const unsigned long long delay_ns = 300ull * 1000 * 1000;
+  CUstream a = nullptr, b = nullptr;
+  REQUIRE(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  REQUIRE(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr bad = 0;
+  REQUIRE(cuMemAlloc(&bad, sizeof(unsigned long long)));
+  REQUIRE(cuMemsetD8(bad, 0, sizeof(unsigned long long)));
+
+  // The buffer has been through the pool once, so that a hit is possible.
+  CUdeviceptr buf = 0;
+  REQUIRE(cuMemAlloc(&buf, bytes));
+  REQUIRE(cuMemFree(buf));
+  REQUIRE(cuMemAlloc(&buf, bytes));
+  REQUIRE(cuMemsetD32(buf, P1, words));
+  REQUIRE(cuCtxSynchronize());
+
+  delayed_check<<<132, 256, 0, reinterpret_cast<cudaStream_t>(a)>>>(
+      reinterpret_cast<const unsigned*>(buf), words, delay_ns, P1,
+      reinterpret_cast<unsigned long long*>(bad));
+  cudaError_t le = cudaGetLastError();
+  if (le != cudaSuccess) {
+    fail("xstream.device", fmt("kernel launch failed: %s", cudaGetErrorString(le)));
+    return;
+  }
+  double t0 = now_ms();
+  CUresult rf = cuMemFree(buf);
+  double t1 = now_ms();
+  CUdeviceptr buf2 = 0;
+  CUresult ra = cuMemAlloc(&buf2, bytes);
+  double t2 = now_ms();
+  CUresult rm = ra == CUDA_SUCCESS ? cuMemsetD32Async(buf2, P2, words, b) : ra;
+  CUresult rs = cuStreamSynchronize(b);
+  double t3 = now_ms();
+  REQUIRE(cuStreamSynchronize(a));
+  double t4 = now_ms();
+  unsigned long long nbad = 0;
+  REQUIRE(cuMemcpyDtoH(&nbad, bad, sizeof nbad));
+  if (rf || ra || rm || rs) {
+    fail("xstream.device", fmt("free/alloc/memset/sync rc=%d/%d/%d/%d", int(rf), int(ra),
+                               int(rm), int(rs)));
+    return;
+  }
+  std::string detail = fmt(
+      "%s block; free %.1f ms, realloc %.1f ms, overwrite done at %.1f ms, "
+      "reader done at %.1f ms (reader waits %.0f ms); %llu of %zu words corrupted",
+      buf2 == buf ? "same" : "different", t1 - t0, t2 - t1, t3 - t0, t4 - t0,
+      delay_ns / 1e6, nbad, words);
+  if (nbad == 0)
+    pass("xstream.device", detail);
+  else if (g_report_hazard)
+    info("xstream.device-hazard", "HAZARD SHOWN: " + detail);
+  else
+    fail("xstream.device", detail);
+  info("xstream.device-timing", fmt("free_ms=%.2f alloc_ms=%.2f same_block=%d", t1 - t0,
+                                    t2 - t1, int(buf2 == buf)));
+  REQUIRE(cuMemFree(buf2));
+  REQUIRE(cuMemFree(bad));
+  REQUIRE(cuStreamDestroy(a));
+  REQUIRE(cuStreamDestroy(b));
+}
+
+// Same for pinned memory: an async host-to-device copy queued behind a slow
+// kernel reads a pinned buffer that the program frees, allocates again and
+// overwrites from the CPU.
+void check_cross_stream_pinned() {
+  const std::size_t bytes = 16 * MiB;
+  const unsigned long long delay_ns = 300ull * 1000 * 1000;
+  CUstream a = nullptr;
+  REQUIRE(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr dst = 0;
+  REQUIRE(cuMemAlloc(&dst, bytes));
+  void* h = nullptr;
+  REQUIRE(cuMemHostAlloc(&h, bytes, 0));
+  REQUIRE(cuMemFreeHost(h));
+  REQUIRE(cuMemHostAlloc(&h, bytes, 0));
+  std::memset(h, 0x11, bytes);
+
+  spin<<<1, 32, 0, reinterpret_cast<cudaStream_t>(a)>>>(delay_ns);
+  if (cudaGetLastError() != cudaSuccess) {
+    fail("xstream.pinned", "kernel launch failed");
+    return;
+  }
+  REQUIRE(cuMemcpyHtoDAsync(dst, h, bytes, a));
+  double t0 = now_ms();
+  CUresult rf = cuMemFreeHost(h);
+  double t1 = now_ms();
+  void* h2 = nullptr;
+  CUresult ra = cuMemHostAlloc(&h2, bytes, 0);
+  double t2 = now_ms();
+  if (rf || ra) {
+    fail("xstream.pinned", fmt("free/alloc rc=%d/%d", int(rf), int(ra)));
+    return;
+  }
+  std::memset(h2, 0x22, bytes);
+  REQUIRE(cuStreamSynchronize(a));
+  std::vector<unsigned char> back(bytes);
+  REQUIRE(cuMemcpyDtoH(back.data(), dst, bytes));
+  std::size_t nbad = 0;
+  for (unsigned char c : back) nbad += c != 0x11;
+  std::string detail = fmt("%s block; free %.1f ms, realloc %.1f ms; %zu of %zu bytes corrupted",
+                           h2 == h ? "same" : "different", t1 - t0, t2 - t1, nbad, bytes);
+  if (nbad == 0)
+    pass("xstream.pinned", detail);
+  else if (g_report_hazard)
+    info("xstream.pinned-hazard", "HAZARD SHOWN: " + detail);
+  else
+    fail("xstream.pinned", detail);
+  REQUIRE(cuMemFreeHost(h2));
+  REQUIRE(cuMemFree(dst));
+  REQUIRE(cuStreamDestroy(a));
+}
+
+// ---------------------------------------------------------------------------
+// Several threads allocating, filling and checking blocks: live blocks never
+// overlap and nobody's data is overwritten.
+
+void check_threads() {
+  const int nthreads = 8, iters = 1500;
+  const std::size_t sizes[] = {256, 4096, 65536, 1 * MiB, 3 * MiB + 512};
+  std::mutex mu;
+  std::map<CUdeviceptr, std::size_t> live;  // start -> size, all threads
+  std::atomic<int> overlaps{0}, corrupt{0}, errors{0};
+
+  auto worker = [&](int id) {
+    if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) {
+      ++errors;
+      return;
+    }
+    CUstream s = nullptr;
+    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+      ++errors;
+      return;
+    }
+    std::mt19937 rng(1234 + id);
+    struct Live {
+      CUdeviceptr p;
+      std::size_t n;
+      unsigned pat;
+    };
+    std::vector<Live> mine;
+    auto verify_free = [&](const Live& l) {
+      unsigned first = 0, last = 0;
+      if (cuMemcpyDtoH(&first, l.p, 4) || cuMemcpyDtoH(&last, l.p + (l.n / 4 - 1) * 4, 4))
+        ++errors;
+      if (first != l.pat || last != l.pat) ++corrupt;
+      {
+        std::lock_guard<std::mutex> g(mu);
+        live.erase(l.p);
+      }
+      if (cuMemFree(l.p) != CUDA_SUCCESS) ++errors;
+    };
+    for (int i = 0; i < iters; ++i) {
+      if (mine.size() >= 8 || (!mine.empty() && rng() % 3 == 0)) {
+        std::size_t k = rng() % mine.size();
+        verify_free(mine[k]);
+        mine.erase(mine.begin() + k);
+        continue;
+      }
+      std::size_t n = sizes[rng() % 5];
+      CUdeviceptr p = 0;
+      if (cuMemAlloc(&p, n) != CUDA_SUCCESS) {
+        ++errors;
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> g(mu);
+        auto it = live.lower_bound(p);
+        if (it != live.end() && it->first < p + n) ++overlaps;
+        if (it != live.begin() && std::prev(it)->first + std::prev(it)->second > p) ++overlaps;
+        live[p] = n;
+      }
+      unsigned pat = 0x01000000u * unsigned(id + 1) + unsigned(i);
+      if (cuMemsetD32Async(p, pat, n / 4, s) || cuStreamSynchronize(s)) ++errors;
+      mine.push_back({p, n, pat});
+    }
+    for (const Live& l : mine) verify_free(l);
+    cuStreamDestroy(s);
+  };
+  std::vector<std::thread> ts;
+  for (int i = 0; i < nthreads; ++i) ts.emplace_back(worker, i);
+  for (auto& t : ts) t.join();
+  check(overlaps == 0 && corrupt == 0 && errors == 0, "threads.no-overlap",
+        fmt("%d threads x %d ops: %d overlaps, %d corrupted, %d errors", nthreads, iters,
+            overlaps.load(), corrupt.load(), errors.load()));
+}
+
+// ---------------------------------------------------------------------------
+// Out of memory with held blocks: fill the device with one size, free it all
+// (gpupool holds it), then fill it with another size. Without release-and-
+// retry the second fill would fail at once.
+
+void check_oom_retry() {
+  const std::size_t s1 = 512 * MiB, s2 = 768 * MiB;
+  std::vector<CUdeviceptr> v;
+  CUresult last = CUDA_SUCCESS;
+  double t0 = now_ms();
+  for (int i = 0; i < 1000; ++i) {
+    CUdeviceptr p = 0;
+    last = cuMemAlloc(&p, s1);
+    if (last != CUDA_SUCCESS) break;
+    v.push_back(p);
+  }
+  std::size_t n1 = v.size();
+  check(last == CUDA_ERROR_OUT_OF_MEMORY, "oom.first-fill",
+        fmt("%zu x 512 MiB, then rc=%d (driver: 2)", n1, int(last)));
+  for (auto p : v) REQUIRE(cuMemFree(p));
+  v.clear();
+  std::size_t fr = 0, tot = 0;
+  REQUIRE(cuMemGetInfo(&fr, &tot));
+  info("oom.free-after-release", fmt("%zu MiB free of %zu MiB after freeing the fill", fr / MiB,
+                                     tot / MiB));
+  for (int i = 0; i < 1000; ++i) {
+    CUdeviceptr p = 0;
+    last = cuMemAlloc(&p, s2);
+    if (last != CUDA_SUCCESS) break;
+    v.push_back(p);
+  }
+  std::size_t n2 = v.size();
+  double bytes1 = double(n1 * s1), bytes2 = double(n2 * s2);
+  check(last == CUDA_ERROR_OUT_OF_MEMORY && bytes2 >= bytes1 - 2.0 * GiB, "oom.refill-other-size",
+        fmt("%zu x 768 MiB = %.1f GiB after %.1f GiB of 512 MiB blocks, then rc=%d", n2,
+            bytes2 / GiB, bytes1 / GiB, int(last)));
+  for (auto p : v) REQUIRE(cuMemFree(p));
+  info("oom.time", fmt("%.0f ms", now_ms() - t0));
+}
+
+// ---------------------------------------------------------------------------
+// Context teardown: the driver frees a destroyed context's memory, held blocks
+// included; gpupool must drop them without touching them again.
+
+void check_context_destroy() {
+  std::size_t free0 = 0, free1 = 0, tot = 0;
+  REQUIRE(cuMemGetInfo(&free0, &tot));
+  CUcontext c2 = nullptr;
+  REQUIRE(cuCtxCreate(&c2, nullptr, 0, g_dev));
+  CUdeviceptr held[2] = {0, 0}, active[2] = {0, 0};
+  for (auto& p : held) REQUIRE(cuMemAlloc(&p, 256 * MiB));
+  for (auto& p : active) REQUIRE(cuMemAlloc(&p, 256 * MiB));
+  for (auto p : held) REQUIRE(cuMemFree(p));
+  void* ph = nullptr;
+  REQUIRE(cuMemHostAlloc(&ph, 4 * MiB, 0));
+  REQUIRE(cuMemFreeHost(ph));
+  CUresult rd = cuCtxDestroy(c2);
+  expect_rc(rd, CUDA_SUCCESS, "ctx.destroy");
+  REQUIRE(cuCtxSetCurrent(g_ctx));
+  REQUIRE(cuMemGetInfo(&free1, &tot));
+  long long diff = (long long)free0 - (long long)free1;
+  check(std::llabs(diff) <= (long long)(64 * MiB), "ctx.destroy-memory-returned",
+        fmt("free differs by %lld MiB from before the context (1 GiB was allocated in it)",
+            diff / (long long)MiB));
+  same("ctx.free-stale-active-rc", fmt("%d", int(cuMemFree(active[0]))));
+
+  // A new context allocating the same sizes gets working memory (no stale
+  // block of the dead context).
+  CUcontext c3 = nullptr;
+  REQUIRE(cuCtxCreate(&c3, nullptr, 0, g_dev));
+  CUdeviceptr p = 0;
+  CUresult ra = cuMemAlloc(&p, 256 * MiB);
+  CUresult rm = ra ? ra : cuMemsetD32(p, 0xabcdef01u, 256 * MiB / 4);
+  unsigned w = 0;
+  CUresult rc = rm ? rm : cuMemcpyDtoH(&w, p + 100 * MiB, 4);
+  check(ra == CUDA_SUCCESS && rm == CUDA_SUCCESS && rc == CUDA_SUCCESS && w == 0xabcdef01u,
+        "ctx.new-context-alloc", fmt("alloc/memset/copy rc=%d/%d/%d word=0x%x", int(ra), int(rm),
+                                     int(rc), w));
+  void* h2 = nullptr;
+  CUresult rh = cuMemHostAlloc(&h2, 4 * MiB, 0);
+  check(rh == CUDA_SUCCESS && h2 != nullptr, "ctx.new-context-hostalloc", fmt("rc=%d", int(rh)));
+  if (h2) {
+    std::memset(h2, 1, 4 * MiB);
+    cuMemFreeHost(h2);
+  }
+  if (!ra) cuMemFree(p);
+  REQUIRE(cuCtxDestroy(c3));
+  REQUIRE(cuCtxSetCurrent(g_ctx));
+}
+
+// Last: primary context reset drops everything the pool held for it.
+void check_primary_reset() {
+  std::size_t free0 = 0, free1 = 0, tot = 0;
+  REQUIRE(cuMemGetInfo(&free0, &tot));
+  CUdeviceptr p[4];
+  for (auto& x : p) REQUIRE(cuMemAlloc(&x, 128 * MiB));
+  for (auto x : p) REQUIRE(cuMemFree(x));
+  CUresult rr = cuDevicePrimaryCtxReset(g_dev);
+  expect_rc(rr, CUDA_SUCCESS, "primary.reset");
+  REQUIRE(cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
+  REQUIRE(cuCtxSetCurrent(g_ctx));
+  REQUIRE(cuMemGetInfo(&free1, &tot));
+  check((long long)free1 >= (long long)free0 - (long long)(64 * MiB), "primary.reset-memory-returned",
+        fmt("free %zu MiB before, %zu MiB after reset", free0 / MiB, free1 / MiB));
+  CUdeviceptr q = 0;
+  CUresult ra = cuMemAlloc(&q, 128 * MiB);
+  CUresult rm = ra ? ra : cuMemsetD8(q, 7, 128 * MiB);
+  check(ra == CUDA_SUCCESS && rm == CUDA_SUCCESS, "primary.alloc-after-reset",
+        fmt("alloc/memset rc=%d/%d", int(ra), int(rm)));
+  if (!ra) REQUIRE(cuMemFree(q));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool oom = true;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--report-hazard")) g_report_hazard = true;
+    else if (!std::strcmp(argv[i], "--no-oom")) oom = false;
+    else {
+      std::fprintf(stderr, "usage: %s [--report-hazard] [--no-oom]\n", argv[0]);
+      return 2;
+    }
+  }
+  const char* pre = std::getenv("LD_PRELOAD");
+  info("env", fmt("LD_PRELOAD=%s GPUPOOL_REUSE=%s", pre ? pre : "",
+                  std::getenv("GPUPOOL_REUSE") ? std::getenv("GPUPOOL_REUSE") : ""));
+  REQUIRE(cuInit(0));
+  REQUIRE(cuDeviceGet(&g_dev, 0));
+  char name[128] = {};
+  cuDeviceGetName(name, sizeof name, g_dev);
+  info("device", name);
+  REQUIRE(cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
+  REQUIRE(cuCtxSetCurrent(g_ctx));
+  // Make cudart adopt the same (primary) context before the first launch.
+  if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
+    std::printf("FAIL setup: cudart init\n");
+    return 1;
+  }
+
+  double t0 = now_ms();
+  check_error_codes();
+  check_no_context();
+  check_pointer_queries();
+  check_mem_info();
+  check_cross_stream_device();
+  check_cross_stream_pinned();
+  check_threads();
+  if (oom) check_oom_retry();
+  check_context_destroy();
+  check_primary_reset();
+  info("elapsed", fmt("%.0f ms", now_ms() - t0));
+  std::printf("DONE %d failure(s)\n", g_failures);
+  std::fflush(stdout);
+  return g_failures ? 1 : 0;
+}
