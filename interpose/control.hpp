@@ -2,13 +2,32 @@
 // stats dumps, the trace file and the per-process control socket.
 #pragma once
 
+#include <string>
+
+#include "interpose/stats_format.hpp"
+
 namespace gpupool {
 struct Runtime;
 namespace control {
 
 // Called once, right after the runtime is created (first intercepted call).
-// Installs signal handlers and starts the control thread as configured.
+// Installs signal handlers, registers the at-exit dump, opens the trace file
+// and starts the control thread as configured.
 void start(Runtime& runtime);
+
+// A report of the pool now. `reason` ends up in the dump ("signal", ...).
+stats::Report report(Runtime& runtime, const char* reason);
+// The report rendered as the text table or one JSON object (with newline).
+std::string render(Runtime& runtime, bool json, const char* reason);
+
+// Write a dump to the configured destination (and the Prometheus file).
+// Serialized with every other control action. False if nothing was written.
+bool dump(Runtime& runtime, const char* reason);
+
+// The pool actions, serialized with dumps; refused (false) once exit began,
+// since they call into drivers that may be torn down.
+bool free_held(Runtime& runtime);
+bool stop_holding(Runtime& runtime);
 
 }  // namespace control
 }  // namespace gpupool

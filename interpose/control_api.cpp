@@ -1,0 +1,86 @@
+// The gpupool_* C API (docs/c-api.md). A program (or a test) finds these
+// with dlsym(RTLD_DEFAULT, "gpupool_stats_json") and so runs unchanged
+// without gpupool. Every function starts gpupool's runtime if no GPU call
+// has yet, and none of them may crash the caller: all exceptions stop here.
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include "interpose/control.hpp"
+#include "interpose/runtime.hpp"
+
+#ifndef GPUPOOL_VERSION
+#define GPUPOOL_VERSION "unknown"
+#endif
+
+namespace {
+
+std::size_t copy_out(const std::string& s, char* buf, std::size_t len) {
+  if (buf && len) {
+    const std::size_t n = s.size() < len - 1 ? s.size() : len - 1;
+    std::memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  }
+  return s.size();
+}
+
+std::size_t render(char* buf, std::size_t len, bool json) noexcept {
+  try {
+    gpupool::Runtime* rt = gpupool::runtime();
+    if (!rt) {
+      if (buf && len) buf[0] = '\0';
+      return 0;
+    }
+    return copy_out(gpupool::control::render(*rt, json, "api"), buf, len);
+  } catch (...) {
+    if (buf && len) buf[0] = '\0';
+    return 0;
+  }
+}
+
+}  // namespace
+
+GPUPOOL_EXPORT std::size_t gpupool_stats_json(char* buf, std::size_t len) {
+  return render(buf, len, true);
+}
+
+GPUPOOL_EXPORT std::size_t gpupool_stats_text(char* buf, std::size_t len) {
+  return render(buf, len, false);
+}
+
+GPUPOOL_EXPORT int gpupool_dump_stats(void) {
+  try {
+    gpupool::Runtime* rt = gpupool::runtime();
+    return rt && gpupool::control::dump(*rt, "api") ? 0 : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+GPUPOOL_EXPORT int gpupool_free_held(void) {
+  try {
+    gpupool::Runtime* rt = gpupool::runtime();
+    return rt && gpupool::control::free_held(*rt) ? 0 : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+GPUPOOL_EXPORT int gpupool_stop_holding(void) {
+  try {
+    gpupool::Runtime* rt = gpupool::runtime();
+    return rt && gpupool::control::stop_holding(*rt) ? 0 : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+GPUPOOL_EXPORT int gpupool_active(void) {
+  try {
+    return gpupool::runtime() != nullptr ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+GPUPOOL_EXPORT const char* gpupool_version(void) { return GPUPOOL_VERSION; }

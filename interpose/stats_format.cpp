@@ -1,0 +1,273 @@
+#include "interpose/stats_format.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdarg>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+namespace gpupool::stats {
+
+const std::vector<Field>& fields() {
+  // Never destroyed: the at-exit dump runs after static destructors of
+  // objects created after it was registered.
+  static const std::vector<Field>& f = *new std::vector<Field>{
+      {"held_blocks", &Stats::held_blocks, false, false},
+      {"active_blocks", &Stats::active_blocks, false, false},
+      {"held_bytes", &Stats::held_bytes, true, false},
+      {"active_bytes", &Stats::active_bytes, true, false},
+      {"managed_bytes", &Stats::managed_bytes, true, false},
+      {"peak_held_blocks", &Stats::peak_held_blocks, false, false},
+      {"peak_active_blocks", &Stats::peak_active_blocks, false, false},
+      {"peak_held_bytes", &Stats::peak_held_bytes, true, false},
+      {"peak_active_bytes", &Stats::peak_active_bytes, true, false},
+      {"peak_managed_bytes", &Stats::peak_managed_bytes, true, false},
+      {"hits", &Stats::hits, false, true},
+      {"misses", &Stats::misses, false, true},
+      {"backend_allocs", &Stats::backend_allocs, false, true},
+      {"backend_frees", &Stats::backend_frees, false, true},
+      {"oom_retries", &Stats::oom_retries, false, true},
+      {"trims", &Stats::trims, false, true},
+      {"pending_frees", &Stats::pending_frees, false, true},
+      {"fence_waits", &Stats::fence_waits, false, true},
+  };
+  return f;
+}
+
+namespace {
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n < 0) return {};
+  if (static_cast<std::size_t>(n) < sizeof buf) return std::string(buf, n);
+  std::string s(n + 1, '\0');
+  va_start(ap, fmt);
+  vsnprintf(s.data(), s.size(), fmt, ap);
+  va_end(ap);
+  s.resize(n);
+  return s;
+}
+
+std::string iso_time(double t) {
+  std::time_t secs = static_cast<std::time_t>(t);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  int ms = static_cast<int>((t - std::floor(t)) * 1000);
+  return format("%s.%03dZ", buf, ms);
+}
+
+std::string pad(std::string s, std::size_t width, bool right = false) {
+  if (s.size() > width) {
+    // Keep the end of long names: it carries the distinguishing part
+    // (device, flags).
+    s = "..." + s.substr(s.size() - (width - 3));
+  }
+  std::string spaces(width - s.size(), ' ');
+  return right ? spaces + s : s + spaces;
+}
+
+std::string blocks_bytes(std::uint64_t blocks, std::uint64_t bytes) {
+  return format("%" PRIu64 " / %s", blocks, human_bytes(bytes).c_str());
+}
+
+std::string hit_rate(const Stats& s) {
+  const std::uint64_t n = s.hits + s.misses;
+  if (n == 0) return "-";
+  return format("%.1f%%", 100.0 * static_cast<double>(s.hits) / static_cast<double>(n));
+}
+
+void json_stats(std::string& out, const Stats& s) {
+  out += '{';
+  bool first = true;
+  for (const Field& f : fields()) {
+    if (!first) out += ',';
+    first = false;
+    out += format("\"%s\":%" PRIu64, f.name, s.*f.member);
+  }
+  out += '}';
+}
+
+std::string prom_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string human_bytes(std::uint64_t bytes) {
+  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return format("%" PRIu64 " B", bytes);
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  return format(v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+std::string signal_name(int signo) {
+  if (signo <= 0) return "none";
+  static const struct {
+    int n;
+    const char* name;
+  } names[] = {{SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"},
+               {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"}, {SIGPIPE, "SIGPIPE"},
+               {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
+               {SIGCONT, "SIGCONT"}, {SIGTSTP, "SIGTSTP"}, {SIGTTIN, "SIGTTIN"},
+               {SIGTTOU, "SIGTTOU"}, {SIGURG, "SIGURG"},   {SIGXCPU, "SIGXCPU"},
+               {SIGXFSZ, "SIGXFSZ"}, {SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"},
+               {SIGWINCH, "SIGWINCH"}, {SIGIO, "SIGIO"}, {SIGPWR, "SIGPWR"},
+               {SIGSYS, "SIGSYS"}};
+  for (const auto& n : names)
+    if (n.n == signo) return n.name;
+  if (signo >= SIGRTMIN && signo <= SIGRTMAX)
+    return signo == SIGRTMIN ? "SIGRTMIN" : format("SIGRTMIN+%d", signo - SIGRTMIN);
+  return format("signal %d", signo);
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) out += format("\\u%04x", c);
+        else out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string to_text(const Report& r) {
+  std::string out = format("gpupool %s stats: pid %ld, %s, %s, holding %s\n", r.version.c_str(),
+                           r.pid, iso_time(r.time).c_str(), r.reason.c_str(),
+                           r.holding ? "on" : "off (stop_holding)");
+  std::size_t name_w = 24;
+  for (const auto& b : r.backends) name_w = std::max(name_w, b.name.size() + (b.retired ? 10 : 0));
+  name_w = std::min<std::size_t>(name_w, 48);
+
+  out += pad("backend", name_w) + "  " + pad("kind", 9) + "  " + pad("active", 18, true) + "  " +
+         pad("held", 18, true) + "  " + pad("managed", 10, true) + "  " +
+         pad("peak mgd", 10, true) + "  " + pad("hits", 10, true) + "  " +
+         pad("misses", 8, true) + "  " + pad("hit%", 6, true) + "\n";
+  auto row = [&](const std::string& name, const std::string& kind, const Stats& s) {
+    out += pad(name, name_w) + "  " + pad(kind, 9) + "  " +
+           pad(blocks_bytes(s.active_blocks, s.active_bytes), 18, true) + "  " +
+           pad(blocks_bytes(s.held_blocks, s.held_bytes), 18, true) + "  " +
+           pad(human_bytes(s.managed_bytes), 10, true) + "  " +
+           pad(human_bytes(s.peak_managed_bytes), 10, true) + "  " +
+           pad(format("%" PRIu64, s.hits), 10, true) + "  " +
+           pad(format("%" PRIu64, s.misses), 8, true) + "  " + pad(hit_rate(s), 6, true) + "\n";
+  };
+  for (const auto& b : r.backends) row(b.retired ? b.name + " (retired)" : b.name, b.kind, b.stats);
+  row(format("total (%zu backend%s)", r.backends.size(), r.backends.size() == 1 ? "" : "s"), "",
+      r.totals);
+
+  for (const auto& b : r.backends) {
+    const Stats& s = b.stats;
+    out += format("  %s [%s]: backend allocs %" PRIu64 ", frees %" PRIu64 "; oom retries %" PRIu64
+                  ", trims %" PRIu64 ", pending frees %" PRIu64 ", fence waits %" PRIu64
+                  "; peak active %" PRIu64 " / %s, peak held %" PRIu64 " / %s\n",
+                  b.name.c_str(), b.group.c_str(), s.backend_allocs, s.backend_frees,
+                  s.oom_retries, s.trims, s.pending_frees, s.fence_waits, s.peak_active_blocks,
+                  human_bytes(s.peak_active_bytes).c_str(), s.peak_held_blocks,
+                  human_bytes(s.peak_held_bytes).c_str());
+    if (!b.bins.empty()) {
+      out += "    bins holding most:";
+      bool first = true;
+      for (const auto& bin : b.bins) {
+        out += format("%s %s x %" PRIu64 " = %s", first ? "" : ",",
+                      human_bytes(bin.alloc_size).c_str(), bin.held_blocks,
+                      human_bytes(bin.held_bytes).c_str());
+        first = false;
+      }
+      out += "\n";
+    }
+  }
+  for (const auto& w : r.warnings) out += "  warning: " + w + "\n";
+  return out;
+}
+
+std::string to_json(const Report& r) {
+  std::string out;
+  out += format("{\"version\":%d,\"gpupool\":\"%s\",\"pid\":%ld,\"time\":%.3f,\"reason\":\"%s\","
+                "\"holding\":%s,\"totals\":",
+                kSchemaVersion, json_escape(r.version).c_str(), r.pid, r.time,
+                json_escape(r.reason).c_str(), r.holding ? "true" : "false");
+  json_stats(out, r.totals);
+  out += ",\"backends\":[";
+  for (std::size_t i = 0; i < r.backends.size(); ++i) {
+    const auto& b = r.backends[i];
+    if (i) out += ',';
+    out += format("{\"name\":\"%s\",\"kind\":\"%s\",\"group\":\"%s\",\"retired\":%s,\"stats\":",
+                  json_escape(b.name).c_str(), json_escape(b.kind).c_str(),
+                  json_escape(b.group).c_str(), b.retired ? "true" : "false");
+    json_stats(out, b.stats);
+    out += ",\"bins\":[";
+    for (std::size_t j = 0; j < b.bins.size(); ++j) {
+      if (j) out += ',';
+      out += format("{\"alloc_size\":%zu,\"held_blocks\":%" PRIu64 ",\"held_bytes\":%" PRIu64 "}",
+                    b.bins[j].alloc_size, b.bins[j].held_blocks, b.bins[j].held_bytes);
+    }
+    out += "]}";
+  }
+  out += "],\"signals\":[";
+  for (std::size_t i = 0; i < r.signals.size(); ++i) {
+    const auto& s = r.signals[i];
+    if (i) out += ',';
+    out += format("{\"action\":\"%s\",\"signal\":\"%s\",\"installed\":%s}",
+                  json_escape(s.action).c_str(), signal_name(s.signo).c_str(),
+                  s.installed ? "true" : "false");
+  }
+  out += "],\"warnings\":[";
+  for (std::size_t i = 0; i < r.warnings.size(); ++i) {
+    if (i) out += ',';
+    out += "\"" + json_escape(r.warnings[i]) + "\"";
+  }
+  out += "]}";
+  return out;
+}
+
+std::string to_prometheus(const Report& r) {
+  std::string out;
+  out += "# HELP gpupool_info gpupool version and process.\n# TYPE gpupool_info gauge\n";
+  out += format("gpupool_info{version=\"%s\",pid=\"%ld\"} 1\n", prom_escape(r.version).c_str(), r.pid);
+  out += "# HELP gpupool_holding 1 while freed blocks are held for reuse, 0 after stop_holding.\n"
+         "# TYPE gpupool_holding gauge\n";
+  out += format("gpupool_holding %d\n", r.holding ? 1 : 0);
+  for (const Field& f : fields()) {
+    const std::string metric =
+        std::string("gpupool_") + f.name + (f.counter ? "_total" : "");
+    out += format("# HELP %s gpupool %s per backend (see docs/stats.md).\n# TYPE %s %s\n",
+                  metric.c_str(), f.name, metric.c_str(), f.counter ? "counter" : "gauge");
+    for (const auto& b : r.backends)
+      out += format("%s{kind=\"%s\",group=\"%s\",name=\"%s\"} %" PRIu64 "\n", metric.c_str(),
+                    prom_escape(b.kind).c_str(), prom_escape(b.group).c_str(),
+                    prom_escape(b.name).c_str(), b.stats.*f.member);
+  }
+  return out;
+}
+
+}  // namespace gpupool::stats

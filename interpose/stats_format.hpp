@@ -1,0 +1,57 @@
+// Stats reports: what one dump contains, and its three renderings (a human
+// table, one JSON object following docs/stats-schema.json, Prometheus text).
+// Pure functions of a Report, so tests can check them without a pool.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/stats.hpp"
+
+namespace gpupool::stats {
+
+// Bumped whenever a field is removed or changes meaning (adding one is not a
+// break); docs/stats.md keeps the history.
+constexpr int kSchemaVersion = 1;
+
+struct SignalInfo {
+  std::string action;  // "stats", "free_held", "stop_holding"
+  int signo = 0;       // 0: none configured
+  bool installed = false;  // false once the program replaced our handler
+};
+
+struct Report {
+  std::string version;     // gpupool's version
+  long pid = 0;
+  double time = 0;         // Unix time, seconds
+  std::string reason;      // "signal", "interval", "exit", "request", "api"
+  bool holding = true;
+  Stats totals;
+  std::vector<ArenaSnapshot> backends;
+  std::vector<SignalInfo> signals;
+  std::vector<std::string> warnings;
+};
+
+// Every Stats field with its name, in schema order; the renderers and the
+// schema test iterate over it, so a field added to Stats must be added here
+// (a test compares the count with sizeof(Stats)).
+struct Field {
+  const char* name;
+  std::uint64_t Stats::*member;
+  bool bytes;    // a byte count (rendered in readable units in the table)
+  bool counter;  // monotonic (Prometheus counter) rather than a gauge
+};
+const std::vector<Field>& fields();
+
+std::string to_text(const Report& report);
+std::string to_json(const Report& report);  // one line, no trailing newline
+std::string to_prometheus(const Report& report);
+
+// 1536 -> "1.5 KiB"; below 1024 -> "512 B".
+std::string human_bytes(std::uint64_t bytes);
+// "SIGUSR1", "SIGRTMIN+3", "none".
+std::string signal_name(int signo);
+std::string json_escape(const std::string& s);
+
+}  // namespace gpupool::stats

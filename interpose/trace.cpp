@@ -1,0 +1,193 @@
+#include "interpose/trace.hpp"
+
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <mutex>
+#include <vector>
+
+#include "interpose/stats_output.hpp"
+
+namespace gpupool::trace {
+namespace {
+
+struct Rec {
+  std::uint64_t t;
+  const Arena* arena;
+  std::uint64_t handle;
+  std::uint64_t requested;
+  std::uint64_t size;
+  std::uint32_t tid;
+  char op;   // 'a' or 'f'
+  char hit;  // 'h', 'm', or 0 for frees
+};
+
+constexpr std::size_t kRing = 1024;
+
+// Single producer (the owning thread), consumers serialized by drain_mu.
+struct ThreadBuf {
+  std::atomic<std::uint64_t> head{0};
+  std::atomic<std::uint64_t> tail{0};
+  std::mutex drain_mu;
+  std::atomic<bool> in_use{true};
+  ThreadBuf* next = nullptr;
+  Rec recs[kRing];
+};
+
+std::uint64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
+}
+
+std::string no_space(std::string s) {
+  for (char& c : s)
+    if (c == ' ' || c == '\t' || c == '\n') c = '_';
+  return s.empty() ? "-" : s;
+}
+
+}  // namespace
+
+struct Tracer::Impl {
+  int fd = -1;
+  std::uint64_t t0 = 0;
+  std::atomic<ThreadBuf*> bufs{nullptr};
+  pthread_key_t key{};
+  std::mutex write_mu;  // the file and the arena ids
+  std::vector<const Arena*> arena_ids;
+  std::atomic<std::uint64_t> written{0};
+
+  ThreadBuf* mine();
+  void push(Rec r);
+  void drain(ThreadBuf* b);
+  std::size_t arena_id(const Arena* a, std::string& out);
+};
+
+namespace {
+struct ThreadSlot {
+  Tracer::Impl* owner = nullptr;
+  ThreadBuf* buf = nullptr;
+  std::uint32_t tid = 0;
+};
+thread_local ThreadSlot tl_slot;
+
+void release_buf(void* p) {
+  // The thread is gone: its buffer (and any records still in it, which the
+  // next flush writes) can serve a new thread.
+  static_cast<ThreadBuf*>(p)->in_use.store(false, std::memory_order_release);
+}
+}  // namespace
+
+ThreadBuf* Tracer::Impl::mine() {
+  if (tl_slot.owner == this) return tl_slot.buf;
+  ThreadBuf* b = nullptr;
+  for (ThreadBuf* x = bufs.load(std::memory_order_acquire); x; x = x->next) {
+    bool expected = false;
+    if (!x->in_use.load(std::memory_order_relaxed) &&
+        x->in_use.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
+      b = x;
+      break;
+    }
+  }
+  if (!b) {
+    b = new ThreadBuf;
+    ThreadBuf* old = bufs.load(std::memory_order_relaxed);
+    do b->next = old;
+    while (!bufs.compare_exchange_weak(old, b, std::memory_order_release, std::memory_order_relaxed));
+  }
+  pthread_setspecific(key, b);
+  tl_slot.owner = this;
+  tl_slot.buf = b;
+  tl_slot.tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
+  return b;
+}
+
+void Tracer::Impl::push(Rec r) {
+  ThreadBuf* b = mine();
+  r.tid = tl_slot.tid;
+  const std::uint64_t h = b->head.load(std::memory_order_relaxed);
+  if (h - b->tail.load(std::memory_order_acquire) == kRing) drain(b);
+  b->recs[h % kRing] = r;
+  b->head.store(h + 1, std::memory_order_release);
+}
+
+std::size_t Tracer::Impl::arena_id(const Arena* a, std::string& out) {
+  for (std::size_t i = 0; i < arena_ids.size(); ++i)
+    if (arena_ids[i] == a) return i;
+  arena_ids.push_back(a);
+  const ArenaOptions& o = a->options();
+  out += "arena " + std::to_string(arena_ids.size() - 1) + " " + no_space(o.kind) + " " +
+         no_space(o.group) + " " + o.name + "\n";
+  return arena_ids.size() - 1;
+}
+
+void Tracer::Impl::drain(ThreadBuf* b) {
+  std::lock_guard drain_lock(b->drain_mu);
+  const std::uint64_t t = b->tail.load(std::memory_order_relaxed);
+  const std::uint64_t h = b->head.load(std::memory_order_acquire);
+  if (t == h) return;
+  std::lock_guard write_lock(write_mu);
+  std::string out;
+  out.reserve((h - t) * 48);
+  char line[160];
+  for (std::uint64_t i = t; i != h; ++i) {
+    const Rec& r = b->recs[i % kRing];
+    const std::size_t id = arena_id(r.arena, out);
+    int n;
+    if (r.op == 'a')
+      n = snprintf(line, sizeof line, "a %" PRIu64 " %u %zu %" PRIx64 " %" PRIu64 " %" PRIu64 " %c\n",
+                   r.t, r.tid, id, r.handle, r.requested, r.size, r.hit);
+    else
+      n = snprintf(line, sizeof line, "f %" PRIu64 " %u %zu %" PRIx64 " %" PRIu64 " %" PRIu64 "\n",
+                   r.t, r.tid, id, r.handle, r.requested, r.size);
+    out.append(line, static_cast<std::size_t>(n));
+  }
+  // Slots are free for the producer only once copied out.
+  b->tail.store(h, std::memory_order_release);
+  stats::write_all(fd, out);
+  written.fetch_add(h - t, std::memory_order_relaxed);
+}
+
+Tracer::Tracer(int fd) : impl_(new Impl) {
+  impl_->fd = fd;
+  impl_->t0 = mono_ns();
+  pthread_key_create(&impl_->key, release_buf);
+}
+
+Tracer* Tracer::open(const std::string& path, std::string* why) {
+  int fd = stats::open_output(path, false, why);
+  if (fd < 0) return nullptr;
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  char header[256];
+  snprintf(header, sizeof header,
+           "# gpupool trace 1\n# pid %ld start_unix_ns %" PRIu64 "\n"
+           "# a t_ns tid arena handle requested size h|m / f t_ns tid arena handle requested size\n",
+           static_cast<long>(getpid()),
+           std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec));
+  stats::write_all(fd, header);
+  return new Tracer(fd);  // never destroyed: threads may trace during exit
+}
+
+void Tracer::on_allocate(const Arena& arena, const Block& block, bool hit) {
+  impl_->push(Rec{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0, 'a', hit ? 'h' : 'm'});
+}
+
+void Tracer::on_free(const Arena& arena, const Block& block) {
+  impl_->push(Rec{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0, 'f', 0});
+}
+
+void Tracer::flush() {
+  for (ThreadBuf* b = impl_->bufs.load(std::memory_order_acquire); b; b = b->next) impl_->drain(b);
+}
+
+std::uint64_t Tracer::records_written() const {
+  return impl_->written.load(std::memory_order_relaxed);
+}
+
+}  // namespace gpupool::trace

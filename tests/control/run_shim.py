@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Signals against a real OpenCL program (cl_workload on PoCL) running with
+the preloaded library (GPUPOOL_TEST_PRELOAD).
+
+usage: run_shim.py CL_WORKLOAD SCHEMA storm THREADS SECONDS | signals
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpupool_check  # noqa: E402
+
+workload, schema_path, scenario, *args = sys.argv[1:]
+with open(schema_path) as f:
+    SCHEMA = json.load(f)
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print("FAILED:", msg, file=sys.stderr)
+
+
+def start(argv, env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["LD_PRELOAD"] = os.environ["GPUPOOL_TEST_PRELOAD"]
+    env.update(env_extra)
+    p = subprocess.Popen([workload] + argv, env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line.startswith("ready"):
+        out, err = p.communicate(timeout=120)
+        sys.exit(f"FAILED: workload did not start: {line}{out}{err}")
+    return p
+
+
+def dumps(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [line for line in f if line.strip()]
+
+
+def wait_dump(path, count):
+    """Waits (generously: only a hang fails) for the count-th dump."""
+    for _ in range(6000):
+        lines = dumps(path)
+        if len(lines) >= count:
+            doc, errors = gpupool_check.validate_dump(lines[count - 1], SCHEMA)
+            for e in errors:
+                fail(e)
+            return doc
+        time.sleep(0.01)
+    fail(f"dump {count} never came")
+    return None
+
+
+def opencl(doc):
+    t = {"held_blocks": 0, "held_bytes": 0, "active_blocks": 0, "hits": 0, "misses": 0}
+    for b in doc["backends"]:
+        if b["kind"] == "opencl":
+            for k in t:
+                t[k] += b["stats"][k]
+    return t
+
+
+def final_stats(out):
+    for line in out.splitlines():
+        if line.startswith("stats: {"):
+            doc, errors = gpupool_check.validate_dump(line[len("stats: "):], SCHEMA)
+            for e in errors:
+                fail(e)
+            return doc
+    fail("the program printed no gpupool stats (is gpupool loaded?)")
+    return None
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    stats = os.path.join(tmp, "stats.json")
+    env = {"GPUPOOL_STATS_FILE": stats, "GPUPOOL_STATS_FORMAT": "json"}
+
+    if scenario == "storm":
+        threads, seconds = args
+        p = start(["storm", threads, seconds], env)
+        sent = 0
+        while p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGUSR2 if sent % 2 else signal.SIGUSR1)
+            except ProcessLookupError:
+                break
+            sent += 1
+            time.sleep(0.001)
+        out, err = p.communicate(timeout=300)
+        sys.stderr.write(err)
+        if p.returncode != 0:
+            fail(f"workload exited {p.returncode} after {sent} signals")
+        doc = final_stats(out)
+        if doc:
+            t = opencl(doc)
+            print(f"storm: {sent} signals, {out.splitlines()[-2]}, OpenCL: {t}")
+            if t["active_blocks"] != 0:
+                fail(f"active blocks left: {t}")
+            if t["hits"] + t["misses"] == 0:
+                fail("no OpenCL allocation went through the pool")
+        n = len(dumps(stats))
+        for i in range(n):
+            wait_dump(stats, i + 1)
+        if n < 2:
+            fail(f"only {n} dumps after {sent} signals")
+        print(f"storm: {n} dumps validated")
+
+    elif scenario == "signals":
+        env["GPUPOOL_SIGNAL_STOP_HOLDING"] = "SIGRTMIN+3"
+        p = start(["serve"], env)
+        os.kill(p.pid, signal.SIGUSR1)
+        d = wait_dump(stats, 1)
+        if d and opencl(d)["held_blocks"] != 7:
+            fail(f"expected 7 held buffers before free_held: {opencl(d)}")
+        os.kill(p.pid, signal.SIGUSR2)
+        os.kill(p.pid, signal.SIGUSR1)
+        d = wait_dump(stats, 2)
+        if d and (opencl(d)["held_blocks"] != 0 or not d["holding"]):
+            fail(f"after SIGUSR2: {opencl(d)}, holding {d['holding']}")
+        os.kill(p.pid, signal.SIGRTMIN + 3)
+        os.kill(p.pid, signal.SIGUSR1)
+        d = wait_dump(stats, 3)
+        if d and d["holding"]:
+            fail("after the stop_holding signal the pool still holds")
+        out, err = p.communicate(input="", timeout=120)
+        sys.stderr.write(err)
+        if p.returncode != 0:
+            fail(f"workload exited {p.returncode}")
+        d = final_stats(out)
+        if d:
+            t = opencl(d)
+            # Holding stopped: the 3 buffers released at the end were not kept.
+            if t["held_blocks"] != 0 or t["active_blocks"] != 0:
+                fail(f"at the end: {t}")
+    else:
+        fail(f"unknown scenario {scenario}")
+
+sys.exit(1 if failures else 0)
