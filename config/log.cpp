@@ -95,11 +95,9 @@ spdlog::logger& log() {
   static std::string problem;
   // Never destroyed: the shim may log from atexit handlers and other threads
   // while the process exits.
-  static spdlog::logger* const logger = [] {
-    auto* holder = new std::shared_ptr<spdlog::logger>(
-        make_logger(config::detail::parsed_config(), &problem));
-    return holder->get();
-  }();
+  static const std::shared_ptr<spdlog::logger>* const holder =
+      new std::shared_ptr<spdlog::logger>(make_logger(config::detail::parsed_config(), &problem));
+  spdlog::logger* const logger = holder->get();
   static std::atomic<bool> emitted{false};
   if (!emitted.load(std::memory_order_acquire) && !emitted.exchange(true)) {
     if (!problem.empty()) logger->warn("{}", problem);

@@ -160,7 +160,7 @@ TEST(Process, SecureExecutionReadsNoEnvironment) {
   const std::string log = d.path + "/log";
   const std::vector<std::string> env = {"GPUPOOL_LEADING_BITS=7", "GPUPOOL_DISABLE=1",
                                         "GPUPOOL_LOG_FILE=" + log, "GPUPOOL_MAX_HELD=12Q"};
-  const Result secure = run(d, copy, {}, env);
+  const Result secure = run(d, copy, {"--quick-exit"}, env);
   ASSERT_EQ(secure.status, 0) << secure.err;
   if (secure.value("AT_SECURE") != "1") GTEST_SKIP() << "setuid not honoured here (nosuid mount?)";
   EXPECT_EQ(secure.value("GPUPOOL_LEADING_BITS"), "4");
@@ -170,7 +170,7 @@ TEST(Process, SecureExecutionReadsNoEnvironment) {
   EXPECT_NE(access(log.c_str(), F_OK), 0);
   // The same binary without setuid reads them.
   ASSERT_EQ(chmod(copy.c_str(), 0755), 0);
-  const Result plain = run(d, copy, {}, env);
+  const Result plain = run(d, copy, {"--quick-exit"}, env);
   EXPECT_EQ(plain.value("AT_SECURE"), "0");
   EXPECT_EQ(plain.value("GPUPOOL_LEADING_BITS"), "7");
   EXPECT_EQ(plain.value("GPUPOOL_DISABLE"), "1");
