@@ -23,7 +23,7 @@ static void fill_pattern(unsigned char* p, size_t n, unsigned seed) {
 static void test_reuse(void) {
   const size_t sizes[] = {1000, 4096, 100000};
   unsigned char src[100000], dst[100000];
-  long c0 = cltest_count("create");
+  long c0 = cltest_count("create"), m0 = cltest_count("migrate");
   int calls = 0;
   for (int it = 0; it < 50; it++) {
     cl_mem a[3], b[3];
@@ -54,6 +54,17 @@ static void test_reuse(void) {
       CHECK(made == calls, "expected %d driver creates, got %ld", calls, made);
   }
   if (pool) CHECK(cltest_stat("hits") >= calls - 6, "hits %ld", cltest_stat("hits"));
+  /* The availability probe: one migrate per fresh driver buffer, so that
+     out-of-memory shows at create; none with GPUPOOL_PROBE=0. */
+  long migrates = cltest_count("migrate") - m0;
+  const char* probe = getenv("GPUPOOL_PROBE");
+  if (made >= 0 && pool) {
+    if (probe && !strcmp(probe, "0"))
+      CHECK(migrates == 0, "%ld probes with GPUPOOL_PROBE=0", migrates);
+    else
+      CHECK(migrates == made, "%ld probes for %ld fresh buffers", migrates, made);
+  }
+  if (made >= 0 && !pool) CHECK(migrates == 0, "%ld migrates without gpupool", migrates);
   printf("R reuse ok\n");
 }
 
