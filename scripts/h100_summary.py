@@ -51,6 +51,10 @@ def ratio(a, b):
     return a / b if a and b else None
 
 
+def fnum(v):
+    return "-" if v is None else f"{v:,.0f}"
+
+
 def fx(v, digits=1):
     return "-" if v is None else f"{v:.{digits}f}×"
 
@@ -113,6 +117,11 @@ class Summary:
                     # Not JSON as expected: pull "name":number pairs of the totals.
                     m = re.search(r'"totals"\s*:\s*\{([^}]*)\}', text)
                     last = {"totals": {k: int(v) for k, v in re.findall(r'"(\w+)"\s*:\s*(\d+)', m.group(1))}} if m else {}
+            if isinstance(last, dict):
+                for b in last.get("backends") or []:
+                    if isinstance(b, dict) and isinstance(b.get("stats"), dict):
+                        k = "hits[" + str(b.get("kind", "?")) + "]"
+                        total[k] = total.get(k, 0) + (b["stats"].get("hits") or 0)
             tot = last.get("totals") if isinstance(last, dict) else None
             if not isinstance(tot, dict):
                 tot = find_dict_with(last, "hits") or {}
@@ -131,6 +140,7 @@ class Summary:
         for k in keys:
             if k in s:
                 parts.append(f"{k} {human(s[k]) if k.endswith('bytes') else int(s[k])}")
+        parts += [f"{k} {int(v)}" for k, v in sorted(s.items()) if k.startswith("hits[")]
         return ", ".join(parts) or "stats without totals"
 
     # -- sections -------------------------------------------------------------
@@ -315,8 +325,8 @@ class Summary:
                     if not r and not p:
                         continue
                     rn, pn = (r or {}).get("ns"), (p or {}).get("ns")
-                    self.md.append(f"| {human(s)} | {t} | {ns(rn)} | {(r or {}).get('pairs_per_s', '-')} | {ns(pn)} "
-                                   f"| {(p or {}).get('pairs_per_s', '-')} | {fx(ratio(rn, pn), 0)} |")
+                    self.md.append(f"| {human(s)} | {t} | {ns(rn)} | {fnum((r or {}).get('pairs_per_s'))} | {ns(pn)} "
+                                   f"| {fnum((p or {}).get('pairs_per_s'))} | {fx(ratio(rn, pn), 0)} |")
             self.md.append("")
 
         # Raw costs, for GPUPOOL_MAX_POOLED.
@@ -437,20 +447,25 @@ class Summary:
             self.md.append("")
 
     def ctest(self):
-        if "ctest" not in self.steps:
+        for step, title in (("ctest", "CTest: the CI suite on this machine (OpenCL tests apart)"),
+                            ("ctest-opencl", "CTest: the OpenCL tests on NVIDIA's OpenCL")):
+            self.ctest_one(step, title)
+
+    def ctest_one(self, step, title):
+        if step not in self.steps:
             return
-        text = self.output("ctest")
+        text = self.output(step)
         m = re.search(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", text)
         failed = re.findall(r"^\s*\d+ - (\S+) \(([^)]*)\)", text.split("The following tests FAILED:")[-1], re.M) \
             if "The following tests FAILED:" in text else []
-        self.md += ["## CTest (CI suite on this machine; OpenCL tests on NVIDIA's OpenCL)", ""]
+        self.md += [f"## {title}", ""]
         if m:
             line = f"{m.group(3)} tests, {m.group(2)} failed"
             self.md.append(line + ".")
-            self.short.append("ctest: " + line + (": " + ", ".join(n for n, _ in failed[:10]) if failed else ""))
+            self.short.append(f"{step}: " + line + (": " + ", ".join(n for n, _ in failed[:10]) if failed else ""))
         else:
-            self.md.append(f"status {self.steps['ctest']['status']}; no summary line found (see build.log).")
-            self.short.append(f"ctest: {self.steps['ctest']['status']}")
+            self.md.append(f"status {self.steps[step]['status']}; no summary line found (see {self.steps[step]['log']}).")
+            self.short.append(f"{step}: {self.steps[step]['status']}")
         for n, why in failed:
             self.md.append(f"- FAILED {n} ({why})")
         self.md.append("")

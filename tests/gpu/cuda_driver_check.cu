@@ -659,12 +659,29 @@ void check_primary_reset() {
   REQUIRE(cuMemGetInfo(&free1, &tot));
   check((long long)free1 >= (long long)free0 - (long long)(64 * MiB), "primary.reset-memory-returned",
         fmt("free %zu MiB before, %zu MiB after reset", free0 / MiB, free1 / MiB));
-  CUdeviceptr q = 0;
-  CUresult ra = cuMemAlloc(&q, 128 * MiB);
-  CUresult rm = ra ? ra : cuMemsetD8(q, 7, 128 * MiB);
-  check(ra == CUDA_SUCCESS && rm == CUDA_SUCCESS, "primary.alloc-after-reset",
-        fmt("alloc/memset rc=%d/%d", int(ra), int(rm)));
-  if (!ra) REQUIRE(cuMemFree(q));
+  // The sizes held before the reset (here and in the cross-stream checks):
+  // a block of the old context handed out again would fault or fail here.
+  for (std::size_t n : {128 * MiB, 64 * MiB, std::size_t(1000)}) {
+    CUdeviceptr q = 0;
+    CUresult ra = cuMemAlloc(&q, n);
+    CUresult rm = ra ? ra : cuMemsetD8(q, 7, n);
+    unsigned char c = 0;
+    CUresult rc = rm ? rm : cuMemcpyDtoH(&c, q + n - 1, 1);
+    check(ra == CUDA_SUCCESS && rm == CUDA_SUCCESS && rc == CUDA_SUCCESS && c == 7,
+          fmt("primary.alloc-after-reset-%zu", n),
+          fmt("alloc/memset/copy rc=%d/%d/%d byte=%d", int(ra), int(rm), int(rc), c));
+    if (!ra) REQUIRE(cuMemFree(q));
+  }
+  // Pinned blocks belong to a context too (16 MiB was held from the
+  // cross-stream check): writing one of the old context would fault.
+  void* h = nullptr;
+  CUresult rh = cuMemHostAlloc(&h, 16 * MiB, 0);
+  unsigned flags = 0;
+  CUresult rf = rh ? rh : cuMemHostGetFlags(&flags, h);
+  if (rh == CUDA_SUCCESS) std::memset(h, 3, 16 * MiB);
+  check(rh == CUDA_SUCCESS && rf == CUDA_SUCCESS, "primary.hostalloc-after-reset",
+        fmt("alloc/getflags rc=%d/%d", int(rh), int(rf)));
+  if (!rh) REQUIRE(cuMemFreeHost(h));
 }
 
 }  // namespace
