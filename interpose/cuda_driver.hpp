@@ -1,0 +1,127 @@
+// The real CUDA driver, found at run time (the shim never links libcuda), and
+// the table that maps the driver's own entry points to gpupool's hooks.
+//
+// Substitution is by address: whatever path handed a program a driver
+// function (dlsym on a libcuda handle, cuGetProcAddress with any ABI version
+// or per-thread flag), if that address is one of the exports we hook, the
+// program gets our hook for exactly that export; every other address is
+// left alone.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+
+namespace gpupool::cuda {
+
+// Signatures of exports that cuda.h hides behind its _v2 macros.
+using PFN_cuGetProcAddress_v1 = CUresult (*)(const char*, void**, int, cuuint64_t);
+using PFN_cuGetProcAddress_v2 = CUresult (*)(const char*, void**, int, cuuint64_t,
+                                             CUdriverProcAddressQueryResult*);
+using PFN_dev = CUresult (*)(CUdevice);
+using PFN_ctx = CUresult (*)(CUcontext);
+
+// Every export we hook: X(export name, Driver field). The hook for export N
+// is the hidden function gpupool_hook_N (cuda_hooks.cpp), exported as N.
+#define GPUPOOL_CUDA_HOOKS(X)                                  \
+  X(cuMemAlloc_v2, mem_alloc)                                  \
+  X(cuMemFree_v2, mem_free)                                    \
+  X(cuMemAllocHost_v2, mem_alloc_host)                         \
+  X(cuMemHostAlloc, mem_host_alloc)                            \
+  X(cuMemFreeHost, mem_free_host)                              \
+  X(cuMemGetInfo_v2, mem_get_info)                             \
+  X(cuMemGetAddressRange_v2, mem_get_address_range)            \
+  X(cuPointerGetAttribute, pointer_get_attribute)              \
+  X(cuPointerGetAttributes, pointer_get_attributes)            \
+  X(cuMemHostGetFlags, mem_host_get_flags)                     \
+  X(cuIpcGetMemHandle, ipc_get_mem_handle)                     \
+  X(cuCtxDestroy, ctx_destroy_v1)                              \
+  X(cuCtxDestroy_v2, ctx_destroy)                              \
+  X(cuDevicePrimaryCtxRelease, primary_release_v1)             \
+  X(cuDevicePrimaryCtxRelease_v2, primary_release)             \
+  X(cuDevicePrimaryCtxReset, primary_reset_v1)                 \
+  X(cuDevicePrimaryCtxReset_v2, primary_reset)                 \
+  X(cuDevicePrimaryCtxRetain, primary_retain)                  \
+  X(cuCtxSynchronize, ctx_synchronize)                         \
+  X(cuCtxSynchronize_v2, ctx_synchronize_v2)                   \
+  X(cuGetProcAddress, get_proc_address_v1)                     \
+  X(cuGetProcAddress_v2, get_proc_address)
+
+// Exports we call but do not hook.
+#define GPUPOOL_CUDA_USED(X)                                   \
+  X(cuCtxGetCurrent, ctx_get_current)                          \
+  X(cuCtxGetDevice, ctx_get_device)                            \
+  X(cuCtxPushCurrent_v2, ctx_push)                             \
+  X(cuCtxPopCurrent_v2, ctx_pop)                               \
+  X(cuDeviceTotalMem_v2, device_total_mem)                     \
+  X(cuDevicePrimaryCtxGetState, primary_get_state)
+
+// Real driver entry points. Any of them may be null (an older driver).
+struct Driver {
+  void* handle = nullptr;
+
+  // Hooked exports.
+  decltype(&::cuMemAlloc_v2) mem_alloc = nullptr;
+  decltype(&::cuMemFree_v2) mem_free = nullptr;
+  decltype(&::cuMemAllocHost_v2) mem_alloc_host = nullptr;
+  decltype(&::cuMemHostAlloc) mem_host_alloc = nullptr;
+  decltype(&::cuMemFreeHost) mem_free_host = nullptr;
+  decltype(&::cuMemGetInfo_v2) mem_get_info = nullptr;
+  decltype(&::cuMemGetAddressRange_v2) mem_get_address_range = nullptr;
+  decltype(&::cuPointerGetAttribute) pointer_get_attribute = nullptr;
+  decltype(&::cuPointerGetAttributes) pointer_get_attributes = nullptr;
+  decltype(&::cuMemHostGetFlags) mem_host_get_flags = nullptr;
+  decltype(&::cuIpcGetMemHandle) ipc_get_mem_handle = nullptr;
+  PFN_ctx ctx_destroy_v1 = nullptr;
+  PFN_ctx ctx_destroy = nullptr;  // _v2
+  PFN_dev primary_release_v1 = nullptr;
+  PFN_dev primary_release = nullptr;  // _v2
+  PFN_dev primary_reset_v1 = nullptr;
+  PFN_dev primary_reset = nullptr;  // _v2
+  decltype(&::cuDevicePrimaryCtxRetain) primary_retain = nullptr;
+  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
+  decltype(&::cuCtxSynchronize_v2) ctx_synchronize_v2 = nullptr;
+  PFN_cuGetProcAddress_v1 get_proc_address_v1 = nullptr;
+  PFN_cuGetProcAddress_v2 get_proc_address = nullptr;  // _v2
+
+  // Used, not hooked.
+  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
+  decltype(&::cuCtxGetDevice) ctx_get_device = nullptr;
+  decltype(&::cuCtxPushCurrent_v2) ctx_push = nullptr;
+  decltype(&::cuCtxPopCurrent_v2) ctx_pop = nullptr;
+  decltype(&::cuDeviceTotalMem_v2) device_total_mem = nullptr;
+  decltype(&::cuDevicePrimaryCtxGetState) primary_get_state = nullptr;
+};
+
+// The driver, resolved once: libcuda.so.1 as already loaded by the program
+// (also when it was loaded RTLD_LOCAL), else loaded privately. nullptr when
+// there is no libcuda at all. Loads and resolves symbols only: never
+// initialises CUDA.
+const Driver* driver();
+
+// Like driver(), but never loads libcuda: for the dlsym hook, which must not
+// drag the driver into a process that only asked about some other library.
+const Driver* driver_if_loaded();
+
+// Our hook for a real driver function address, or nullptr if we do not hook
+// it. Cheap (a short linear scan); safe inside the dlsym hook.
+void* hook_for(void* real_function);
+
+// Our hooks, in GPUPOOL_CUDA_HOOKS order (cuda_hooks.cpp).
+extern const void* const kHookAddresses[];
+
+// The real libc dlsym (dlsym.cpp).
+using DlsymFn = void* (*)(void*, const char*);
+DlsymFn real_dlsym();
+
+// For the stand-in tests and the log: how many addresses hook_for() replaced.
+std::size_t substitutions();
+
+}  // namespace gpupool::cuda
+
+namespace gpupool::cuda {
+// fork(): the resolution lock, taken around fork like every other lock.
+void driver_fork_prepare();
+void driver_fork_parent();
+void driver_fork_child();
+}  // namespace gpupool::cuda

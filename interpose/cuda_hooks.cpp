@@ -1,0 +1,374 @@
+// The CUDA driver entry points gpupool replaces.
+//
+// Each hook is a hidden function gpupool_hook_<export>, exported under the
+// export's own name (for programs linked with -lcuda) and handed out in
+// place of the real function by the dlsym hook and the cuGetProcAddress
+// wrappers. Whatever is not a pooled block goes to the real driver
+// unchanged, so the program gets the driver's own error codes.
+#include <algorithm>
+
+#include "config/log.hpp"
+#include "interpose/cuda_driver.hpp"
+#include "interpose/cuda_state.hpp"
+#include "interpose/runtime.hpp"
+
+using namespace gpupool;
+using namespace gpupool::cuda;
+
+namespace {
+
+// No driver at all (cannot normally happen: the program reached us through
+// libcuda). The driver's own answer before a successful cuInit.
+constexpr CUresult kNoDriver = CUDA_ERROR_NOT_INITIALIZED;
+
+// The runtime when pooling of this kind is on, else nullptr.
+Runtime* pooling(bool host) {
+  Runtime* rt = runtime();
+  if (!rt || !(host ? rt->config.cuda_host : rt->config.cuda)) return nullptr;
+  ensure_fork_handlers();
+  return rt;
+}
+
+// The block containing p, in whichever map has it.
+PtrInfo find_any(CUdeviceptr p, bool* host = nullptr) {
+  PtrInfo i = device_map().find(p);
+  if (host) *host = false;
+  if (!i.found) {
+    i = host_map().find(p);
+    if (host) *host = i.found;
+  }
+  return i;
+}
+
+// True when p is free memory from the program's point of view although the
+// driver still has it: a held block, or the rounding padding after the
+// requested size.
+bool unallocated_for_program(const PtrInfo& i, CUdeviceptr p) {
+  return i.found && (!i.active || p - i.base >= i.requested);
+}
+
+// Attributes whose answer pooling changes.
+void patch_attribute(CUpointer_attribute attr, void* data, const PtrInfo& i) {
+  if (!data) return;
+  if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = i.requested;
+  if (attr == CU_POINTER_ATTRIBUTE_BUFFER_ID)
+    *static_cast<unsigned long long*>(data) = i.buffer_id;
+}
+
+CUresult host_alloc(const Driver& d, void** pp, size_t bytes, unsigned flags, bool v2_alloc_host) {
+  auto pass = [&] {
+    return v2_alloc_host ? d.mem_alloc_host(pp, bytes) : d.mem_host_alloc(pp, bytes, flags);
+  };
+  // NULL out-pointer, size 0 (SUCCESS with NULL) and unknown flags
+  // (INVALID_VALUE) are the driver's to answer.
+  if (!pp || bytes == 0 || (flags & ~7u) || !d.mem_host_alloc) return pass();
+  Runtime* rt = pooling(true);
+  if (!rt) return pass();
+  CtxState* st = current_state(d, *rt, true);
+  if (!st) return pass();  // no current context: the driver says 201
+  Arena* arena = host_arena(st, *rt, flags);
+  if (!arena) return pass();
+  set_host_flags(flags);
+  const AllocResult a = rt->pool.allocate(arena, bytes);
+  if (!a.block) {
+    *pp = nullptr;
+    return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  host_map().activate(a.block);
+  *pp = reinterpret_cast<void*>(a.block->handle);
+  return CUDA_SUCCESS;
+}
+
+CUresult ctx_destroy(CUcontext ctx, PFN_ctx real) {
+  Runtime* rt = runtime();
+  CtxState* st = rt && ctx ? find_state(ctx) : nullptr;
+  if (!st) return real(ctx);
+  // Exclusive: no backend call frees this context's memory meanwhile.
+  std::unique_lock lock(st->teardown_mu);
+  const CUresult r = real(ctx);
+  if (r == CUDA_SUCCESS) retire_locked(st, *rt);
+  return r;
+}
+
+CUresult primary_release(CUdevice dev, PFN_dev real) {
+  Runtime* rt = runtime();
+  CtxState* st = rt ? primary_state(dev) : nullptr;
+  if (!st) return real(dev);
+  std::unique_lock lock(st->teardown_mu);
+  const CUresult r = real(dev);
+  if (r != CUDA_SUCCESS) return r;
+  // Only the last release destroys the primary context.
+  const Driver* d = driver();
+  unsigned flags = 0;
+  int active = 1;
+  if (d->primary_get_state && d->primary_get_state(dev, &flags, &active) == CUDA_SUCCESS &&
+      !active)
+    retire_locked(st, *rt);
+  return r;
+}
+
+CUresult primary_reset(CUdevice dev, PFN_dev real) {
+  Runtime* rt = runtime();
+  CtxState* st = rt ? primary_state(dev) : nullptr;
+  if (!st) return real(dev);
+  std::unique_lock lock(st->teardown_mu);
+  const CUresult r = real(dev);
+  if (r == CUDA_SUCCESS) retire_locked(st, *rt);
+  return r;
+}
+
+}  // namespace
+
+extern "C" {
+
+#define GPUPOOL_HIDDEN __attribute__((visibility("hidden")))
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
+  const Driver* d = driver();
+  if (!d || !d->mem_alloc) return kNoDriver;
+  // NULL out-pointer and size 0 get the driver's INVALID_VALUE (and *dptr = 0).
+  if (!dptr || bytes == 0) return d->mem_alloc(dptr, bytes);
+  Runtime* rt = pooling(false);
+  if (!rt) return d->mem_alloc(dptr, bytes);
+  CtxState* st = current_state(*d, *rt, true);
+  if (!st) return d->mem_alloc(dptr, bytes);  // no usable context: 201, 709, 3 ...
+  const AllocResult a = rt->pool.allocate(st->device_arena, bytes);
+  if (!a.block) {
+    *dptr = 0;
+    return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  device_map().activate(a.block);
+  *dptr = a.block->handle;
+  return CUDA_SUCCESS;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) {
+  const Driver* d = driver();
+  if (!d || !d->mem_free) return kNoDriver;
+  Runtime* rt = p ? runtime() : nullptr;
+  if (!rt) return d->mem_free(p);
+  bool known = false;
+  Block* b = device_map().deactivate(p, &known);
+  if (!known) return d->mem_free(p);  // not ours: 0, bad, interior pointers
+  if (!b) return CUDA_ERROR_INVALID_VALUE;  // ours and already free: a double free
+  rt->pool.free(b);
+  return CUDA_SUCCESS;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocHost_v2(void** pp, size_t bytes) {
+  const Driver* d = driver();
+  if (!d || !d->mem_alloc_host) return kNoDriver;
+  return host_alloc(*d, pp, bytes, 0, true);
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
+  const Driver* d = driver();
+  if (!d || !d->mem_host_alloc) return kNoDriver;
+  return host_alloc(*d, pp, bytes, flags, false);
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeHost(void* p) {
+  const Driver* d = driver();
+  if (!d || !d->mem_free_host) return kNoDriver;
+  Runtime* rt = p ? runtime() : nullptr;
+  if (!rt) return d->mem_free_host(p);
+  bool known = false;
+  Block* b = host_map().deactivate(reinterpret_cast<Handle>(p), &known);
+  if (!known) return d->mem_free_host(p);
+  if (!b) return CUDA_ERROR_INVALID_VALUE;
+  rt->pool.free(b);
+  return CUDA_SUCCESS;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total) {
+  const Driver* d = driver();
+  if (!d || !d->mem_get_info) return kNoDriver;
+  const CUresult r = d->mem_get_info(free, total);
+  Runtime* rt = runtime();
+  if (r != CUDA_SUCCESS || !rt || !free || !total || !d->ctx_get_device) return r;
+  // Held blocks are free memory as far as the program is concerned.
+  CUdevice dev = 0;
+  if (d->ctx_get_device(&dev) == CUDA_SUCCESS) {
+    const std::size_t held = held_device_bytes(dev);
+    *free = *free + held > *total ? *total : *free + held;
+  }
+  return r;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
+                                                             CUdeviceptr dptr) {
+  const Driver* d = driver();
+  if (!d || !d->mem_get_address_range) return kNoDriver;
+  const PtrInfo i = runtime() ? device_map().find(dptr) : PtrInfo{};
+  if (!i.found) return d->mem_get_address_range(pbase, psize, dptr);
+  if (unallocated_for_program(i, dptr))
+    return d->mem_get_address_range(pbase, psize, unallocated_address());
+  const CUresult r = d->mem_get_address_range(pbase, psize, dptr);
+  if (r == CUDA_SUCCESS && psize) *psize = i.requested;
+  return r;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttribute(void* data, CUpointer_attribute attr,
+                                                           CUdeviceptr ptr) {
+  const Driver* d = driver();
+  if (!d || !d->pointer_get_attribute) return kNoDriver;
+  const PtrInfo i = runtime() ? find_any(ptr) : PtrInfo{};
+  if (!i.found) return d->pointer_get_attribute(data, attr, ptr);
+  if (unallocated_for_program(i, ptr))
+    return d->pointer_get_attribute(data, attr, unallocated_address());
+  const CUresult r = d->pointer_get_attribute(data, attr, ptr);
+  if (r == CUDA_SUCCESS) patch_attribute(attr, data, i);
+  return r;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttributes(unsigned int n,
+                                                            CUpointer_attribute* attrs,
+                                                            void** data, CUdeviceptr ptr) {
+  const Driver* d = driver();
+  if (!d || !d->pointer_get_attributes) return kNoDriver;
+  const PtrInfo i = runtime() ? find_any(ptr) : PtrInfo{};
+  if (!i.found) return d->pointer_get_attributes(n, attrs, data, ptr);
+  // The driver fills in its defaults for memory it does not know.
+  if (unallocated_for_program(i, ptr))
+    return d->pointer_get_attributes(n, attrs, data, unallocated_address());
+  const CUresult r = d->pointer_get_attributes(n, attrs, data, ptr);
+  if (r == CUDA_SUCCESS && attrs && data)
+    for (unsigned k = 0; k < n; ++k) patch_attribute(attrs[k], data[k], i);
+  return r;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, void* p) {
+  const Driver* d = driver();
+  if (!d || !d->mem_host_get_flags) return kNoDriver;
+  const CUdeviceptr q = reinterpret_cast<CUdeviceptr>(p);
+  const PtrInfo i = runtime() ? host_map().find(q) : PtrInfo{};
+  if (unallocated_for_program(i, q))
+    return d->mem_host_get_flags(pflags, reinterpret_cast<void*>(unallocated_address()));
+  return d->mem_host_get_flags(pflags, p);
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  const Driver* d = driver();
+  if (!d || !d->ipc_get_mem_handle) return kNoDriver;
+  const PtrInfo i = runtime() ? device_map().find(dptr) : PtrInfo{};
+  if (unallocated_for_program(i, dptr))
+    return d->ipc_get_mem_handle(handle, unallocated_address());
+  const CUresult r = d->ipc_get_mem_handle(handle, dptr);
+  // Another process may map this block: it must never be handed out again
+  // here, and its free must reach the driver.
+  if (r == CUDA_SUCCESS && i.found) device_map().mark_no_reuse(dptr);
+  return r;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy(CUcontext ctx) {
+  const Driver* d = driver();
+  if (!d || !d->ctx_destroy_v1) return kNoDriver;
+  return ctx_destroy(ctx, d->ctx_destroy_v1);
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy_v2(CUcontext ctx) {
+  const Driver* d = driver();
+  if (!d || !d->ctx_destroy) return kNoDriver;
+  return ctx_destroy(ctx, d->ctx_destroy);
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease(CUdevice dev) {
+  const Driver* d = driver();
+  if (!d || !d->primary_release_v1) return kNoDriver;
+  return primary_release(dev, d->primary_release_v1);
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  const Driver* d = driver();
+  if (!d || !d->primary_release) return kNoDriver;
+  return primary_release(dev, d->primary_release);
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset(CUdevice dev) {
+  const Driver* d = driver();
+  if (!d || !d->primary_reset_v1) return kNoDriver;
+  return primary_reset(dev, d->primary_reset_v1);
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  const Driver* d = driver();
+  if (!d || !d->primary_reset) return kNoDriver;
+  return primary_reset(dev, d->primary_reset);
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  const Driver* d = driver();
+  if (!d || !d->primary_retain) return kNoDriver;
+  const CUresult r = d->primary_retain(pctx, dev);
+  // Remember which context is the device's primary one, so its reset or
+  // last release can drop its blocks.
+  if (r == CUDA_SUCCESS && pctx && *pctx) note_primary(*pctx, dev);
+  return r;
+}
+
+// A synchronization of the whole context the program makes itself (what
+// cudaDeviceSynchronize calls) completes every fence taken before it.
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize() {
+  const Driver* d = driver();
+  if (!d || !d->ctx_synchronize) return kNoDriver;
+  Runtime* rt = runtime();
+  CtxState* st = rt ? current_state(*d, *rt, false) : nullptr;
+  const std::uint64_t s = st ? st->epoch_next.fetch_add(1, std::memory_order_seq_cst) : 0;
+  const CUresult r = d->ctx_synchronize();
+  if (st && r == CUDA_SUCCESS) epoch_completed(st, s);
+  return r;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) {
+  const Driver* d = driver();
+  if (!d || !d->ctx_synchronize_v2) return kNoDriver;
+  Runtime* rt = runtime();
+  CtxState* st = !rt ? nullptr : ctx ? find_state(ctx) : current_state(*d, *rt, false);
+  const std::uint64_t s = st ? st->epoch_next.fetch_add(1, std::memory_order_seq_cst) : 0;
+  const CUresult r = d->ctx_synchronize_v2(ctx);
+  if (st && r == CUDA_SUCCESS) epoch_completed(st, s);
+  return r;
+}
+
+// cudart gets every entry point here (ask old ABI versions, per-thread
+// variants, and cuGetProcAddress itself). Call the real one, then replace the
+// answer only if it is exactly an export we hook. symbolStatus is the
+// driver's to write (cudart passes NULL).
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress_v2(const char* symbol, void** pfn,
+                                                         int version, cuuint64_t flags,
+                                                         CUdriverProcAddressQueryResult* status) {
+  const Driver* d = driver();
+  if (!d || !d->get_proc_address) return kNoDriver;
+  const CUresult r = d->get_proc_address(symbol, pfn, version, flags, status);
+  if (r == CUDA_SUCCESS && pfn && *pfn)
+    if (void* h = hook_for(*pfn)) *pfn = h;
+  return r;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress(const char* symbol, void** pfn, int version,
+                                                      cuuint64_t flags) {
+  const Driver* d = driver();
+  if (!d || !d->get_proc_address_v1) return kNoDriver;
+  const CUresult r = d->get_proc_address_v1(symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS && pfn && *pfn)
+    if (void* h = hook_for(*pfn)) *pfn = h;
+  return r;
+}
+
+// The exported names. Aliases, so that the address hook_for() hands out is
+// our own function even if another preloaded library exports the same name.
+#define GPUPOOL_EXPORT_AS(name, field)                                   \
+  decltype(gpupool_hook_##name) gpupool_export_##name __asm__(#name)      \
+      __attribute__((visibility("default"), alias("gpupool_hook_" #name)));
+GPUPOOL_CUDA_HOOKS(GPUPOOL_EXPORT_AS)
+#undef GPUPOOL_EXPORT_AS
+
+}  // extern "C"
+
+namespace gpupool::cuda {
+
+#define GPUPOOL_HOOK_ADDRESS(name, field) reinterpret_cast<const void*>(&gpupool_hook_##name),
+const void* const kHookAddresses[] = {GPUPOOL_CUDA_HOOKS(GPUPOOL_HOOK_ADDRESS)};
+#undef GPUPOOL_HOOK_ADDRESS
+
+}  // namespace gpupool::cuda

@@ -1,0 +1,493 @@
+#include "interpose/cuda_state.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <new>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "config/log.hpp"
+#include "interpose/runtime.hpp"
+
+namespace gpupool::cuda {
+namespace {
+
+// ---- the pointer maps -----------------------------------------------------
+
+// Process-wide buffer ids for pooled allocations. The driver's own ids are
+// small counters; ours live far above them, so the two never collide, and a
+// block handed out again gets a new one (as a new allocation would).
+std::atomic<std::uint64_t> g_next_buffer_id{std::uint64_t{1} << 62};
+
+// ---- contexts -------------------------------------------------------------
+
+// All states ever created (never freed) and the live ones by context.
+// Lock order: a state's teardown_mu, then g_reg_mu, then pointer-map locks.
+std::mutex g_reg_mu;
+std::vector<CtxState*> g_all;        // append-only
+std::vector<CtxState*> g_live;       // not retired
+struct Primary { CUdevice dev; CUcontext ctx; };
+std::vector<Primary> g_primaries;
+// Bumped whenever a state is retired: thread caches compare it.
+std::atomic<std::uint64_t> g_generation{1};
+
+struct ThreadCache {
+  CUcontext ctx = nullptr;
+  std::uint64_t generation = 0;
+  CtxState* st = nullptr;
+};
+thread_local ThreadCache t_cache;
+
+// Pinned allocations take the flags of the call being served (the first
+// block of a normalised family is allocated with exactly what the program
+// asked for). Set around Pool::allocate, which calls the backend on this
+// thread.
+thread_local unsigned t_host_flags = 0;
+
+char g_unallocated[64];
+
+std::size_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : SIZE_MAX;
+}
+
+class DeviceBackend final : public Backend {
+ public:
+  DeviceBackend(CtxState* st, bool fenced) : st_(st), fenced_(fenced) {}
+
+  BackendResult allocate(std::size_t bytes) override {
+    const Driver* d = driver();
+    CUdeviceptr p = 0;
+    const CUresult r = d->mem_alloc(&p, bytes);
+    if (r != CUDA_SUCCESS)
+      return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error,
+              0, static_cast<int>(r)};
+    device_map().insert(p, bytes, st_);
+    return {BackendStatus::ok, p, 0};
+  }
+
+  void release(Handle h, std::size_t) override {
+    device_map().erase(h);
+    // At exit the driver may be torn down already: leave the memory to it.
+    if (exiting()) return;
+    std::shared_lock lock(st_->teardown_mu);
+    if (st_->retired.load(std::memory_order_acquire)) return;
+    driver()->mem_free(h);  // works with any (or no) current context
+  }
+
+  std::uint64_t fence() override {
+    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
+  }
+  bool passed(std::uint64_t f) override {
+    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
+  }
+  void wait_all() override { synchronize_context(st_); }
+
+ private:
+  CtxState* st_;
+  bool fenced_;
+};
+
+class HostBackend final : public Backend {
+ public:
+  HostBackend(CtxState* st, bool fenced) : st_(st), fenced_(fenced) {}
+
+  BackendResult allocate(std::size_t bytes) override {
+    void* p = nullptr;
+    const CUresult r = driver()->mem_host_alloc(&p, bytes, t_host_flags);
+    if (r != CUDA_SUCCESS)
+      return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error,
+              0, static_cast<int>(r)};
+    host_map().insert(reinterpret_cast<Handle>(p), bytes, st_);
+    return {BackendStatus::ok, reinterpret_cast<Handle>(p), 0};
+  }
+
+  void release(Handle h, std::size_t) override {
+    host_map().erase(h);
+    if (exiting()) return;
+    std::shared_lock lock(st_->teardown_mu);
+    if (st_->retired.load(std::memory_order_acquire)) return;
+    driver()->mem_free_host(reinterpret_cast<void*>(h));
+  }
+
+  // Pinned memory is fenced by its context's work, like device memory:
+  // cuMemFreeHost waits for that context too (measured).
+  std::uint64_t fence() override {
+    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
+  }
+  bool passed(std::uint64_t f) override {
+    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
+  }
+  void wait_all() override { synchronize_context(st_); }
+
+ private:
+  CtxState* st_;
+  bool fenced_;
+};
+
+CtxState* find_live_locked(CUcontext ctx) {
+  for (CtxState* st : g_live)
+    if (st->ctx == ctx) return st;
+  return nullptr;
+}
+
+CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
+  CUdevice dev = 0;
+  // Fails for a destroyed context: the caller passes the call through and
+  // the driver reports it.
+  if (!d.ctx_get_device || d.ctx_get_device(&dev) != CUDA_SUCCESS) return nullptr;
+  std::size_t total = 0;
+  if (!d.device_total_mem || d.device_total_mem(&total, dev) != CUDA_SUCCESS || total == 0)
+    return nullptr;
+  auto* st = new CtxState;
+  st->ctx = ctx;
+  st->dev = dev;
+  st->device_total = total;
+  for (const Primary& p : g_primaries)
+    if (p.dev == dev && p.ctx == ctx) st->primary = true;
+  ArenaOptions o;
+  o.name = fmt::format("cuda dev {} ctx {}", int(dev), static_cast<void*>(ctx));
+  o.group = fmt::format("cuda:{}", int(dev));
+  o.kind = "cuda";
+  o.max_block = total;
+  o.max_pooled = rt.config.max_pooled.resolve(total);
+  o.max_held = rt.config.max_held.resolve(total);
+  const bool fenced = rt.config.reuse == config::Reuse::safe;
+  st->device_arena = rt.pool.add_arena(std::make_unique<DeviceBackend>(st, fenced), std::move(o));
+  g_all.push_back(st);
+  g_live.push_back(st);
+  log().debug("cuda: context {} on device {} ({} bytes): pooling", static_cast<void*>(ctx),
+              int(dev), total);
+  return st;
+}
+
+}  // namespace
+
+// ---- fences ---------------------------------------------------------------
+
+void epoch_completed(CtxState* st, std::uint64_t s) {
+  std::uint64_t cur = st->epoch_done.load(std::memory_order_relaxed);
+  while (cur < s &&
+         !st->epoch_done.compare_exchange_weak(cur, s, std::memory_order_release,
+                                               std::memory_order_relaxed)) {
+  }
+}
+
+void synchronize_context(CtxState* st) {
+  const Driver* d = driver();
+  if (!d || !d->ctx_get_current || st->retired.load(std::memory_order_acquire)) return;
+  const std::uint64_t s = st->epoch_next.fetch_add(1, std::memory_order_seq_cst);
+  CUcontext cur = nullptr;
+  d->ctx_get_current(&cur);
+  CUresult r = CUDA_ERROR_INVALID_CONTEXT;
+  if (cur == st->ctx && d->ctx_synchronize) {
+    r = d->ctx_synchronize();
+  } else if (d->ctx_synchronize_v2) {
+    r = d->ctx_synchronize_v2(st->ctx);
+  } else if (d->ctx_push && d->ctx_pop && d->ctx_synchronize &&
+             d->ctx_push(st->ctx) == CUDA_SUCCESS) {
+    r = d->ctx_synchronize();
+    CUcontext popped = nullptr;
+    d->ctx_pop(&popped);
+  }
+  // On failure (a sticky error, a context being torn down) the blocks stay
+  // pending and the pool allocates fresh memory instead.
+  if (r == CUDA_SUCCESS) epoch_completed(st, s);
+  else log().debug("cuda: fence synchronize of context {} failed: {}", static_cast<void*>(st->ctx), int(r));
+}
+
+// ---- contexts -------------------------------------------------------------
+
+CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
+  CUcontext ctx = nullptr;
+  if (!d.ctx_get_current || d.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
+  const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
+  if (t_cache.ctx == ctx && t_cache.generation == gen) return t_cache.st;
+  CtxState* st;
+  {
+    std::lock_guard lock(g_reg_mu);
+    st = find_live_locked(ctx);
+    if (!st && create) st = create_state(d, rt, ctx);
+  }
+  if (st) t_cache = {ctx, gen, st};
+  return st;
+}
+
+Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
+  const unsigned key = (flags | CU_MEMHOSTALLOC_DEVICEMAP) & 7u;
+  if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
+  std::lock_guard lock(g_reg_mu);
+  if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
+  if (st->retired.load(std::memory_order_acquire)) return nullptr;
+  static const std::size_t host_total = host_memory_bytes();
+  ArenaOptions o;
+  o.name = fmt::format("cuda-host flags {:#x} ctx {}", key, static_cast<void*>(st->ctx));
+  o.group = "cuda-host";
+  o.kind = "cuda-host";
+  o.max_block = host_total;
+  o.max_pooled = rt.config.max_pooled.resolve(host_total);
+  o.max_held = rt.config.max_held.resolve(host_total);
+  const bool fenced = rt.config.reuse == config::Reuse::safe;
+  Arena* a = rt.pool.add_arena(std::make_unique<HostBackend>(st, fenced), std::move(o));
+  st->host_arenas[key].store(a, std::memory_order_release);
+  return a;
+}
+
+void set_host_flags(unsigned flags) { t_host_flags = flags; }
+
+void note_primary(CUcontext ctx, CUdevice dev) {
+  std::lock_guard lock(g_reg_mu);
+  bool known = false;
+  for (Primary& p : g_primaries)
+    if (p.dev == dev) p.ctx = ctx, known = true;
+  if (!known) g_primaries.push_back({dev, ctx});
+  if (CtxState* st = find_live_locked(ctx)) st->primary = true;
+}
+
+CtxState* primary_state(CUdevice dev) {
+  std::lock_guard lock(g_reg_mu);
+  for (CtxState* st : g_live)
+    if (st->primary && st->dev == dev) return st;
+  return nullptr;
+}
+
+CtxState* find_state(CUcontext ctx) {
+  std::lock_guard lock(g_reg_mu);
+  return find_live_locked(ctx);
+}
+
+void retire_locked(CtxState* st, Runtime& rt) {
+  if (st->retired.exchange(true, std::memory_order_acq_rel)) return;
+  {
+    std::lock_guard lock(g_reg_mu);
+    std::erase(g_live, st);
+    g_generation.fetch_add(1, std::memory_order_acq_rel);
+  }
+  rt.pool.retire_arena(st->device_arena);
+  for (auto& h : st->host_arenas)
+    if (Arena* a = h.load(std::memory_order_acquire)) rt.pool.retire_arena(a);
+  // Blocks the program still owns: the driver freed them; a later free of
+  // one is not ours any more and goes to the driver, which reports it.
+  for (Block* b : device_map().erase_context(st)) rt.pool.forget(b);
+  for (Block* b : host_map().erase_context(st)) rt.pool.forget(b);
+  log().debug("cuda: context {} torn down: its blocks were dropped from the pool",
+              static_cast<void*>(st->ctx));
+}
+
+std::size_t held_device_bytes(CUdevice dev) {
+  std::vector<Arena*> arenas;
+  {
+    std::lock_guard lock(g_reg_mu);
+    for (CtxState* st : g_live)
+      if (st->dev == dev) arenas.push_back(st->device_arena);
+  }
+  std::size_t held = 0;
+  for (Arena* a : arenas) held += a->stats().held_bytes;
+  return held;
+}
+
+// ---- pointer maps ---------------------------------------------------------
+
+void PtrMap::insert(Handle h, std::size_t size, CtxState* st) {
+  auto* e = new Entry{h, size, st, nullptr, 0};
+  std::lock_guard rl(ranges_mu_);
+  Shard& s = shard(h);
+  std::lock_guard sl(s.mu);
+  // A stale entry at this address (its context was torn down under us) is
+  // replaced: the driver just handed the address out again.
+  if (auto it = s.map.find(h); it != s.map.end()) {
+    delete it->second;
+    s.map.erase(it);
+    ranges_.erase(h);
+  }
+  s.map.emplace(h, e);
+  ranges_.emplace(h, e);
+}
+
+void PtrMap::erase(Handle h) {
+  Entry* e = nullptr;
+  {
+    std::lock_guard rl(ranges_mu_);
+    Shard& s = shard(h);
+    std::lock_guard sl(s.mu);
+    if (auto it = s.map.find(h); it != s.map.end()) {
+      e = it->second;
+      s.map.erase(it);
+      ranges_.erase(h);
+    }
+  }
+  delete e;
+}
+
+void PtrMap::activate(Block* b) {
+  const std::uint64_t id = g_next_buffer_id.fetch_add(1, std::memory_order_relaxed);
+  Shard& s = shard(b->handle);
+  std::lock_guard sl(s.mu);
+  if (auto it = s.map.find(b->handle); it != s.map.end()) {
+    it->second->block = b;
+    it->second->buffer_id = id;
+  }
+}
+
+Block* PtrMap::deactivate(Handle h, bool* known) {
+  Shard& s = shard(h);
+  std::lock_guard sl(s.mu);
+  auto it = s.map.find(h);
+  if (it == s.map.end()) {
+    *known = false;
+    return nullptr;
+  }
+  *known = true;
+  Block* b = it->second->block;
+  it->second->block = nullptr;
+  return b;
+}
+
+PtrInfo PtrMap::find(Handle p) {
+  PtrInfo info;
+  std::lock_guard rl(ranges_mu_);
+  auto it = ranges_.upper_bound(p);
+  if (it == ranges_.begin()) return info;
+  --it;
+  Entry* e = it->second;
+  if (p - e->handle >= e->size) return info;
+  Shard& s = shard(e->handle);
+  std::lock_guard sl(s.mu);
+  info.found = true;
+  info.base = e->handle;
+  info.size = e->size;
+  info.active = e->block != nullptr;
+  info.requested = e->block ? e->block->requested : 0;
+  info.buffer_id = e->buffer_id;
+  return info;
+}
+
+bool PtrMap::mark_no_reuse(Handle p) {
+  std::lock_guard rl(ranges_mu_);
+  auto it = ranges_.upper_bound(p);
+  if (it == ranges_.begin()) return false;
+  --it;
+  Entry* e = it->second;
+  if (p - e->handle >= e->size) return false;
+  Shard& s = shard(e->handle);
+  std::lock_guard sl(s.mu);
+  if (!e->block) return false;
+  // Released to the driver when the program frees it: another process may
+  // have it mapped, and the driver must see the free.
+  e->block->pooled = false;
+  return true;
+}
+
+std::vector<Block*> PtrMap::erase_context(CtxState* st) {
+  std::vector<Block*> active;
+  std::vector<Entry*> dead;
+  {
+    std::lock_guard rl(ranges_mu_);
+    for (auto it = ranges_.begin(); it != ranges_.end();) {
+      Entry* e = it->second;
+      if (e->st != st) {
+        ++it;
+        continue;
+      }
+      Shard& s = shard(e->handle);
+      std::lock_guard sl(s.mu);
+      if (e->block) active.push_back(e->block);
+      s.map.erase(e->handle);
+      dead.push_back(e);
+      it = ranges_.erase(it);
+    }
+  }
+  for (Entry* e : dead) delete e;
+  return active;
+}
+
+void PtrMap::fork_prepare() {
+  ranges_mu_.lock();
+  for (Shard& s : shards_) s.mu.lock();
+}
+
+void PtrMap::fork_parent() {
+  for (Shard& s : shards_) s.mu.unlock();
+  ranges_mu_.unlock();
+}
+
+// Never destroyed: hooks run from atexit handlers and other threads during
+// exit, after static destructors.
+PtrMap& device_map() {
+  static PtrMap* m = new PtrMap;
+  return *m;
+}
+
+PtrMap& host_map() {
+  static PtrMap* m = new PtrMap;
+  return *m;
+}
+
+CUdeviceptr unallocated_address() { return reinterpret_cast<CUdeviceptr>(&g_unallocated[0]); }
+
+// ---- fork -----------------------------------------------------------------
+
+namespace {
+
+std::vector<CtxState*> g_fork_locked;
+
+void prepare() {
+  // Teardown locks first (they come first in the lock order), then the
+  // registry, then the maps. A state created between the snapshot and the
+  // registry lock is locked in the next round.
+  for (;;) {
+    std::vector<CtxState*> all;
+    {
+      std::lock_guard lock(g_reg_mu);
+      all = g_all;
+    }
+    for (std::size_t i = g_fork_locked.size(); i < all.size(); ++i) {
+      all[i]->teardown_mu.lock();
+      g_fork_locked.push_back(all[i]);
+    }
+    g_reg_mu.lock();
+    if (g_all.size() == g_fork_locked.size()) break;
+    g_reg_mu.unlock();
+  }
+  driver_fork_prepare();
+  device_map().fork_prepare();
+  host_map().fork_prepare();
+}
+
+void parent() {
+  host_map().fork_parent();
+  device_map().fork_parent();
+  driver_fork_parent();
+  g_reg_mu.unlock();
+  for (CtxState* st : g_fork_locked) st->teardown_mu.unlock();
+  g_fork_locked.clear();
+}
+
+// The child's only thread is the one that forked, which holds every lock:
+// unlocking the mutexes is enough. A write-locked rwlock remembers the
+// parent's thread id, which the child does not have: make those new.
+void child() {
+  host_map().fork_parent();
+  device_map().fork_parent();
+  driver_fork_child();
+  g_reg_mu.unlock();
+  for (CtxState* st : g_fork_locked) new (&st->teardown_mu) std::shared_mutex;
+  g_fork_locked.clear();
+  t_cache = {};
+}
+
+}  // namespace
+
+void ensure_fork_handlers() {
+  static std::atomic<bool> done{false};
+  if (done.load(std::memory_order_acquire)) return;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork(prepare, parent, child);
+    done.store(true, std::memory_order_release);
+  });
+}
+
+}  // namespace gpupool::cuda

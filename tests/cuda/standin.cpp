@@ -1,0 +1,869 @@
+// A stand-in libcuda.so.1 for CI machines without a GPU.
+//
+// It implements the part of the driver API that gpupool and the test clients
+// use, on host memory, with the real driver's error codes (the measured table
+// in shared/research/cuda-interposition.md), a capacity, contexts that can be
+// destroyed (and whose addresses are handed out again, as the real driver
+// may), primary contexts with reference counts, asynchronous work that runs
+// only at a synchronization, cuGetProcAddress answering by name + version +
+// per-thread flag like the real one, call counters and failure injection.
+//
+// Exports are defined under their real names with asm labels so that cuda.h's
+// _v2 macros do not get in the way; the library is linked -Bsymbolic so that
+// standin_own() reports its own addresses.
+#include "standin.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr std::uint32_t kCtxMagic = 0x43545831;  // "CTX1"
+
+struct Op {
+  std::uintptr_t dst;
+  std::size_t n;
+  unsigned char value;
+};
+
+struct Ctx {
+  std::uint32_t magic = kCtxMagic;
+  int dev = 0;
+  bool alive = true;
+  bool primary = false;
+  unsigned refcount = 0;  // primary contexts
+  std::vector<Op> pending;
+};
+
+struct Alloc {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  Ctx* ctx = nullptr;
+  bool host = false;
+  unsigned flags = 0;
+  std::uint64_t buffer_id = 0;
+};
+
+struct Fail {
+  std::string function;
+  int count = 0;
+  CUresult error = CUDA_SUCCESS;
+};
+
+// Containers are never destroyed: threads of the test programs may still
+// call in while the process exits (as they may into the real driver).
+std::mutex& g_mu = *new std::mutex;
+bool g_initialized = false;
+bool g_torn_down = false;
+int g_devices = 2;
+std::size_t g_capacity = std::size_t{1} << 30;
+std::size_t g_host_capacity = std::size_t{1} << 30;
+std::size_t g_used[8] = {};
+std::size_t g_host_used = 0;
+std::uint64_t g_next_buffer_id = 1;
+std::map<std::uintptr_t, Alloc>& g_live = *new std::map<std::uintptr_t, Alloc>;  // by base
+std::map<std::uintptr_t, Alloc>& g_dead = *new std::map<std::uintptr_t, Alloc>;  // freed by a context teardown
+std::vector<Ctx*>& g_free_ctx = *new std::vector<Ctx*>;  // destroyed, addresses to hand out again
+std::vector<Ctx*>& g_all_ctx = *new std::vector<Ctx*>;
+Ctx* g_primary[8] = {};
+std::vector<Fail>& g_fail = *new std::vector<Fail>;
+StandinCounters g_counters;
+
+// Plain data: thread_local objects with destructors are destroyed before
+// atexit handlers run, and those may still call the driver.
+struct CtxStack {
+  Ctx* items[32];
+  int depth;
+  bool empty() const { return depth == 0; }
+  Ctx*& back() { return items[depth - 1]; }
+  void pop_back() { --depth; }
+  void push_back(Ctx* c) {
+    if (depth < 32) items[depth++] = c;
+  }
+};
+thread_local CtxStack t_stack;
+
+std::size_t env_size(const char* name, std::size_t def) {
+  const char* v = getenv(name);
+  if (!v || !*v) return def;
+  return static_cast<std::size_t>(strtoull(v, nullptr, 0));
+}
+
+__attribute__((constructor)) void standin_load() {
+  g_capacity = env_size("STANDIN_CAPACITY", g_capacity);
+  g_host_capacity = env_size("STANDIN_HOST_CAPACITY", g_host_capacity);
+  g_devices = static_cast<int>(std::min<std::size_t>(env_size("STANDIN_DEVICES", 2), 8));
+  // A thread of the test program may hold the lock when another forks.
+  pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
+}
+
+// The real driver is torn down at exit; calls after that get DEINITIALIZED.
+__attribute__((destructor)) void standin_unload() {
+  std::lock_guard lock(g_mu);
+  g_torn_down = true;
+}
+
+bool should_fail(const char* function, CUresult* error) {
+  for (Fail& f : g_fail)
+    if (f.count > 0 && f.function == function) {
+      --f.count;
+      *error = f.error;
+      return true;
+    }
+  return false;
+}
+
+CUresult state_error() {
+  if (g_torn_down) return CUDA_ERROR_DEINITIALIZED;
+  if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  return CUDA_SUCCESS;
+}
+
+Ctx* current() { return t_stack.empty() ? nullptr : t_stack.back(); }
+
+bool valid_ctx(CUcontext c) {
+  if (!c) return false;
+  const Ctx* x = reinterpret_cast<Ctx*>(c);
+  // Contexts are never freed, so reading a stale one is safe.
+  return x->magic == kCtxMagic;
+}
+
+// The current context for an allocation: 201 without one, 709 if destroyed.
+CUresult usable_current(Ctx** out) {
+  Ctx* c = current();
+  if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *out = c;
+  return CUDA_SUCCESS;
+}
+
+const Alloc* containing(const std::map<std::uintptr_t, Alloc>& m, std::uintptr_t p) {
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return nullptr;
+  --it;
+  return p - it->second.base < it->second.size ? &it->second : nullptr;
+}
+
+void note_dead(std::uintptr_t p) {
+  if (containing(g_dead, p)) ++g_counters.dead_ptr_calls;
+}
+
+void run_pending(Ctx* c) {
+  for (const Op& op : c->pending) {
+    memset(reinterpret_cast<void*>(op.dst), op.value, op.n);
+    ++g_counters.ops_executed;
+  }
+  c->pending.clear();
+}
+
+std::uintptr_t new_memory(std::size_t size, std::size_t align) {
+  const std::size_t rounded = (size + align - 1) / align * align;
+  void* p = aligned_alloc(align, rounded);
+  if (!p) return 0;
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  // The address is live again: forget any teardown record overlapping it.
+  for (auto it = g_dead.begin(); it != g_dead.end();)
+    if (it->second.base < base + size && base < it->second.base + it->second.size)
+      it = g_dead.erase(it);
+    else
+      ++it;
+  return base;
+}
+
+std::size_t charge(std::size_t size) { return (size + 511) / 512 * 512; }
+
+void release_memory(const Alloc& a) {
+  if (a.host) g_host_used -= charge(a.size);
+  else g_used[a.ctx->dev] -= charge(a.size);
+  free(reinterpret_cast<void*>(a.base));
+}
+
+// Context teardown: pending work is dropped, memory freed by the driver.
+void teardown(Ctx* c) {
+  c->pending.clear();
+  for (auto it = g_live.begin(); it != g_live.end();) {
+    if (it->second.ctx == c) {
+      g_dead[it->first] = it->second;
+      release_memory(it->second);
+      it = g_live.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  c->alive = false;
+}
+
+CUresult alloc_host(void** pp, std::size_t size, unsigned flags) {
+  if (CUresult e = state_error()) return e;
+  ++g_counters.host_alloc_calls;
+  if (!pp) return CUDA_ERROR_INVALID_VALUE;
+  if (flags & ~7u) return CUDA_ERROR_INVALID_VALUE;
+  if (size == 0) {
+    *pp = nullptr;
+    return CUDA_SUCCESS;
+  }
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  CUresult injected;
+  if (should_fail("cuMemHostAlloc", &injected)) return injected;
+  if (size > g_host_capacity || g_host_used + charge(size) > g_host_capacity)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  const std::uintptr_t p = new_memory(size, 4096);
+  if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+  g_host_used += charge(size);
+  // The real driver reports DEVICEMAP for every pinned allocation (UVA).
+  g_live[p] = Alloc{p, size, c, true, flags | CU_MEMHOSTALLOC_DEVICEMAP, g_next_buffer_id++};
+  ++g_counters.host_alloc;
+  *pp = reinterpret_cast<void*>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult ctx_destroy(CUcontext ctx) {
+  if (CUresult e = state_error()) return e;
+  if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_VALUE;
+  Ctx* c = reinterpret_cast<Ctx*>(ctx);
+  if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (c->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  teardown(c);
+  if (!t_stack.empty() && t_stack.back() == c) t_stack.pop_back();
+  g_free_ctx.push_back(c);
+  return CUDA_SUCCESS;
+}
+
+CUresult primary_release(CUdevice dev) {
+  if (CUresult e = state_error()) return e;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  Ctx* c = g_primary[dev];
+  if (!c || c->refcount == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--c->refcount == 0) teardown(c);
+  return CUDA_SUCCESS;
+}
+
+CUresult primary_reset(CUdevice dev) {
+  if (CUresult e = state_error()) return e;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  Ctx* c = g_primary[dev];
+  if (c && c->alive) teardown(c);
+  if (c) c->refcount = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult attribute(void* data, CUpointer_attribute attr, const Alloc& a, std::uintptr_t p) {
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(a.ctx);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = a.host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      *static_cast<CUdeviceptr*>(data) = p;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (!a.host) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<void**>(data) = reinterpret_cast<void*>(p);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      *static_cast<unsigned long long*>(data) = a.buffer_id;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<int*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = a.ctx->dev;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = a.base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = a.size;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// Default values for memory the driver does not know (cuPointerGetAttributes).
+void attribute_default(void* data, CUpointer_attribute attr) {
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = nullptr; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = 0; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = 0; break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER: *static_cast<void**>(data) = nullptr; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *static_cast<unsigned long long*>(data) = 0; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = -2; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = 0; break;
+    default: *static_cast<int*>(data) = 0; break;
+  }
+}
+
+}  // namespace
+
+#define SI(ret, name, params) extern "C" __attribute__((visibility("default"))) ret si_##name params __asm__(#name); \
+  extern "C" ret si_##name params
+
+// ---- initialisation, devices ---------------------------------------------
+
+SI(CUresult, cuInit, (unsigned int flags)) {
+  std::lock_guard lock(g_mu);
+  if (g_torn_down) return CUDA_ERROR_DEINITIALIZED;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  g_initialized = true;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDriverGetVersion, (int* v)) {
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
+  *v = CUDA_VERSION;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDeviceGetCount, (int* n)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!n) return CUDA_ERROR_INVALID_VALUE;
+  *n = g_devices;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDeviceGet, (CUdevice* d, int ordinal)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!d) return CUDA_ERROR_INVALID_VALUE;
+  if (ordinal < 0 || ordinal >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDeviceTotalMem_v2, (size_t* bytes, CUdevice dev)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = g_capacity;
+  return CUDA_SUCCESS;
+}
+
+// ---- contexts --------------------------------------------------------------
+
+static CUresult ctx_create(CUcontext* pctx, CUdevice dev) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  Ctx* c;
+  // Hand out a destroyed context's address again, as a real driver may.
+  if (!g_free_ctx.empty()) {
+    c = g_free_ctx.back();
+    g_free_ctx.pop_back();
+    *c = Ctx{};
+  } else {
+    c = new Ctx;
+    g_all_ctx.push_back(c);
+  }
+  c->dev = dev;
+  t_stack.push_back(c);
+  *pctx = reinterpret_cast<CUcontext>(c);
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev)) {
+  (void)flags;
+  return ctx_create(pctx, dev);
+}
+
+SI(CUresult, cuCtxCreate_v4, (CUcontext * pctx, CUctxCreateParams* params, unsigned int flags, CUdevice dev)) {
+  (void)params;
+  (void)flags;
+  return ctx_create(pctx, dev);
+}
+
+SI(CUresult, cuCtxDestroy, (CUcontext ctx)) {
+  std::lock_guard lock(g_mu);
+  return ctx_destroy(ctx);
+}
+
+SI(CUresult, cuCtxDestroy_v2, (CUcontext ctx)) {
+  std::lock_guard lock(g_mu);
+  return ctx_destroy(ctx);
+}
+
+SI(CUresult, cuCtxGetCurrent, (CUcontext * pctx)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = reinterpret_cast<CUcontext>(current());
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuCtxSetCurrent, (CUcontext ctx)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!ctx) {
+    if (!t_stack.empty()) t_stack.pop_back();
+    return CUDA_SUCCESS;
+  }
+  if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_stack.empty()) t_stack.push_back(reinterpret_cast<Ctx*>(ctx));
+  else t_stack.back() = reinterpret_cast<Ctx*>(ctx);
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuCtxPushCurrent_v2, (CUcontext ctx)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  t_stack.push_back(reinterpret_cast<Ctx*>(ctx));
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuCtxPopCurrent_v2, (CUcontext * pctx)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (t_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx) *pctx = reinterpret_cast<CUcontext>(t_stack.back());
+  t_stack.pop_back();
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuCtxGetDevice, (CUdevice * dev)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!dev) return CUDA_ERROR_INVALID_VALUE;
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  *dev = c->dev;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuCtxSynchronize, (void)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  run_pending(c);
+  ++g_counters.ctx_sync;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuCtxSynchronize_v2, (CUcontext ctx)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Ctx* c = ctx ? reinterpret_cast<Ctx*>(ctx) : current();
+  if (!c || !valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  run_pending(c);
+  ++g_counters.ctx_sync;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  // One handle per device for the life of the process, as on the real
+  // driver: after a reset the same handle comes back to life.
+  if (!g_primary[dev]) {
+    g_primary[dev] = new Ctx;
+    g_primary[dev]->dev = dev;
+    g_primary[dev]->primary = true;
+    g_primary[dev]->alive = false;
+    g_all_ctx.push_back(g_primary[dev]);
+  }
+  Ctx* c = g_primary[dev];
+  if (c->refcount++ == 0) c->alive = true;
+  *pctx = reinterpret_cast<CUcontext>(c);
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDevicePrimaryCtxRelease, (CUdevice dev)) {
+  std::lock_guard lock(g_mu);
+  return primary_release(dev);
+}
+
+SI(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev)) {
+  std::lock_guard lock(g_mu);
+  return primary_release(dev);
+}
+
+SI(CUresult, cuDevicePrimaryCtxReset, (CUdevice dev)) {
+  std::lock_guard lock(g_mu);
+  return primary_reset(dev);
+}
+
+SI(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice dev)) {
+  std::lock_guard lock(g_mu);
+  return primary_reset(dev);
+}
+
+SI(CUresult, cuDevicePrimaryCtxGetState, (CUdevice dev, unsigned int* flags, int* active)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = g_primary[dev] && g_primary[dev]->alive ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+// ---- memory ----------------------------------------------------------------
+
+SI(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t size)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  ++g_counters.mem_alloc_calls;
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  if (size == 0) {
+    *dptr = 0;
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  CUresult injected;
+  if (should_fail("cuMemAlloc_v2", &injected)) return injected;
+  // A failed allocation leaves *dptr = 0, as a size-0 one does (measured);
+  // assumed for out-of-memory.
+  if (size > g_capacity || g_used[c->dev] + charge(size) > g_capacity) {
+    *dptr = 0;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const std::uintptr_t p = new_memory(size, 512);
+  if (!p) {
+    *dptr = 0;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  g_used[c->dev] += charge(size);
+  g_live[p] = Alloc{p, size, c, false, 0, g_next_buffer_id++};
+  ++g_counters.mem_alloc;
+  g_counters.last_alloc_size = size;
+  *dptr = p;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemFree_v2, (CUdeviceptr p)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (p == 0) return CUDA_SUCCESS;
+  auto it = g_live.find(p);
+  if (it == g_live.end() || it->second.host) {
+    if (containing(g_dead, p)) {
+      ++g_counters.dead_ptr_calls;
+      Ctx* c = current();
+      return c && !c->alive ? CUDA_ERROR_CONTEXT_IS_DESTROYED : CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // The real cuMemFree waits for all work of the context.
+  run_pending(it->second.ctx);
+  release_memory(it->second);
+  g_live.erase(it);
+  ++g_counters.mem_free;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemAllocHost_v2, (void** pp, size_t size)) {
+  std::lock_guard lock(g_mu);
+  return alloc_host(pp, size, 0);
+}
+
+SI(CUresult, cuMemHostAlloc, (void** pp, size_t size, unsigned int flags)) {
+  std::lock_guard lock(g_mu);
+  return alloc_host(pp, size, flags);
+}
+
+SI(CUresult, cuMemFreeHost, (void* p)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!p) return CUDA_SUCCESS;
+  auto it = g_live.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == g_live.end() || !it->second.host) {
+    note_dead(reinterpret_cast<std::uintptr_t>(p));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  run_pending(it->second.ctx);
+  release_memory(it->second);
+  g_live.erase(it);
+  ++g_counters.host_free;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemGetInfo_v2, (size_t * free_bytes, size_t* total)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+  *total = g_capacity;
+  *free_bytes = g_capacity - g_used[c->dev];
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemGetAddressRange_v2, (CUdeviceptr * pbase, size_t* psize, CUdeviceptr p)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  const Alloc* a = containing(g_live, p);
+  if (!a || a->host) {
+    note_dead(p);
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  if (pbase) *pbase = a->base;
+  if (psize) *psize = a->size;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuPointerGetAttribute, (void* data, CUpointer_attribute attr, CUdeviceptr p)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  const Alloc* a = containing(g_live, p);
+  if (!a) {
+    note_dead(p);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!data) return CUDA_ERROR_INVALID_VALUE;
+  return attribute(data, attr, *a, p);
+}
+
+SI(CUresult, cuPointerGetAttributes, (unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr p)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (n == 0 || !attrs || !data) return CUDA_ERROR_INVALID_VALUE;
+  const Alloc* a = containing(g_live, p);
+  if (!a) note_dead(p);
+  for (unsigned k = 0; k < n; ++k) {
+    if (!data[k]) return CUDA_ERROR_INVALID_VALUE;
+    if (!a) {
+      attribute_default(data[k], attrs[k]);
+    } else if (CUresult e = attribute(data[k], attrs[k], *a, p)) {
+      if (attrs[k] == CU_POINTER_ATTRIBUTE_HOST_POINTER) *static_cast<void**>(data[k]) = nullptr;
+      else return e;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemHostGetFlags, (unsigned int* flags, void* p)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  const Alloc* a = containing(g_live, reinterpret_cast<std::uintptr_t>(p));
+  if (!a || !a->host) {
+    note_dead(reinterpret_cast<std::uintptr_t>(p));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!flags) return CUDA_ERROR_INVALID_VALUE;
+  *flags = a->flags;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr p)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  auto it = g_live.find(p);
+  if (!handle || it == g_live.end() || it->second.host) {
+    note_dead(p);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  memset(handle, 0, sizeof *handle);
+  memcpy(handle->reserved, &it->second.buffer_id, sizeof it->second.buffer_id);
+  ++g_counters.ipc_handles;
+  return CUDA_SUCCESS;
+}
+
+// Asynchronous work: queued on the current context, run at its next
+// synchronization (or a free there). Writing a block after the program
+// reused it is the corruption the fence tests look for.
+static CUresult memset_async(CUdeviceptr dst, unsigned char value, size_t n) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  const Alloc* a = containing(g_live, dst);
+  if (!a || dst + n > a->base + a->size) {
+    note_dead(dst);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  c->pending.push_back(Op{dst, n, value});
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t n, CUstream s)) {
+  (void)s;
+  return memset_async(dst, value, n);
+}
+
+SI(CUresult, cuMemsetD8Async_ptsz, (CUdeviceptr dst, unsigned char value, size_t n, CUstream s)) {
+  (void)s;
+  return memset_async(dst, value, n);
+}
+
+SI(CUresult, cuGetExportTable, (const void** table, const CUuuid* id)) {
+  (void)id;
+  if (table) *table = nullptr;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// ---- cuGetProcAddress ------------------------------------------------------
+
+namespace {
+CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                CUdriverProcAddressQueryResult* status);
+}  // namespace
+
+SI(CUresult, cuGetProcAddress_v2, (const char* symbol, void** pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult* status)) {
+  return lookup(symbol, pfn, version, flags, status);
+}
+
+SI(CUresult, cuGetProcAddress, (const char* symbol, void** pfn, int version, cuuint64_t flags)) {
+  return lookup(symbol, pfn, version, flags, nullptr);
+}
+
+namespace {
+
+struct Export {
+  const char* name;
+  void* address;
+};
+
+#define E(n) {#n, reinterpret_cast<void*>(&si_##n)}
+const Export kExports[] = {
+    E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceTotalMem_v2),
+    E(cuCtxCreate_v2), E(cuCtxCreate_v4), E(cuCtxDestroy), E(cuCtxDestroy_v2), E(cuCtxGetCurrent),
+    E(cuCtxSetCurrent), E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2), E(cuCtxGetDevice),
+    E(cuCtxSynchronize), E(cuCtxSynchronize_v2), E(cuDevicePrimaryCtxRetain),
+    E(cuDevicePrimaryCtxRelease), E(cuDevicePrimaryCtxRelease_v2), E(cuDevicePrimaryCtxReset),
+    E(cuDevicePrimaryCtxReset_v2), E(cuDevicePrimaryCtxGetState), E(cuMemAlloc_v2), E(cuMemFree_v2),
+    E(cuMemAllocHost_v2), E(cuMemHostAlloc), E(cuMemFreeHost), E(cuMemGetInfo_v2),
+    E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes),
+    E(cuMemHostGetFlags), E(cuIpcGetMemHandle), E(cuMemsetD8Async), E(cuMemsetD8Async_ptsz),
+    E(cuGetExportTable), E(cuGetProcAddress), E(cuGetProcAddress_v2),
+};
+
+// Base name, the CUDA version that introduced this ABI, the export serving it.
+struct Version {
+  const char* base;
+  int since;
+  const char* name;
+};
+const Version kVersions[] = {
+    {"cuInit", 2000, "cuInit"},
+    {"cuDriverGetVersion", 2020, "cuDriverGetVersion"},
+    {"cuDeviceGetCount", 2000, "cuDeviceGetCount"},
+    {"cuDeviceGet", 2000, "cuDeviceGet"},
+    {"cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"},
+    {"cuCtxCreate", 3020, "cuCtxCreate_v2"},
+    {"cuCtxCreate", 12050, "cuCtxCreate_v4"},
+    {"cuCtxDestroy", 2000, "cuCtxDestroy"},
+    {"cuCtxDestroy", 4000, "cuCtxDestroy_v2"},
+    {"cuCtxGetCurrent", 4000, "cuCtxGetCurrent"},
+    {"cuCtxSetCurrent", 4000, "cuCtxSetCurrent"},
+    {"cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"},
+    {"cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"},
+    {"cuCtxGetDevice", 2000, "cuCtxGetDevice"},
+    {"cuCtxSynchronize", 2000, "cuCtxSynchronize"},
+    {"cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain"},
+    {"cuDevicePrimaryCtxRelease", 7000, "cuDevicePrimaryCtxRelease"},
+    {"cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2"},
+    {"cuDevicePrimaryCtxReset", 7000, "cuDevicePrimaryCtxReset"},
+    {"cuDevicePrimaryCtxReset", 11000, "cuDevicePrimaryCtxReset_v2"},
+    {"cuDevicePrimaryCtxGetState", 7000, "cuDevicePrimaryCtxGetState"},
+    {"cuMemAlloc", 3020, "cuMemAlloc_v2"},
+    {"cuMemFree", 3020, "cuMemFree_v2"},
+    {"cuMemAllocHost", 3020, "cuMemAllocHost_v2"},
+    {"cuMemHostAlloc", 2020, "cuMemHostAlloc"},
+    {"cuMemFreeHost", 2000, "cuMemFreeHost"},
+    {"cuMemGetInfo", 3020, "cuMemGetInfo_v2"},
+    {"cuMemGetAddressRange", 3020, "cuMemGetAddressRange_v2"},
+    {"cuPointerGetAttribute", 4000, "cuPointerGetAttribute"},
+    {"cuPointerGetAttributes", 7000, "cuPointerGetAttributes"},
+    {"cuMemHostGetFlags", 2030, "cuMemHostGetFlags"},
+    {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle"},
+    {"cuMemsetD8Async", 3020, "cuMemsetD8Async"},
+    {"cuGetExportTable", 3000, "cuGetExportTable"},
+    {"cuGetProcAddress", 11030, "cuGetProcAddress"},
+    {"cuGetProcAddress", 12000, "cuGetProcAddress_v2"},
+};
+
+void* own(const char* name) {
+  for (const Export& e : kExports)
+    if (strcmp(e.name, name) == 0) return e.address;
+  return nullptr;
+}
+
+CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                CUdriverProcAddressQueryResult* status) {
+  {
+    std::lock_guard lock(g_mu);
+    ++g_counters.get_proc_address;
+  }
+  if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = nullptr;
+  const Version* best = nullptr;
+  bool exists = false;
+  for (const Version& v : kVersions)
+    if (strcmp(v.base, symbol) == 0) {
+      exists = true;
+      if (v.since <= version && (!best || v.since > best->since)) best = &v;
+    }
+  if (!best) {
+    if (status)
+      *status = exists ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                       : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  std::string name = best->name;
+  // Per-thread default stream variants, where the entry point has one.
+  if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+    if (own((name + "_ptsz").c_str())) name += "_ptsz";
+  *pfn = own(name.c_str());
+  if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// ---- the test interface ----------------------------------------------------
+
+extern "C" __attribute__((visibility("default"))) StandinCounters* standin_counters(void) {
+  return &g_counters;
+}
+
+extern "C" __attribute__((visibility("default"))) void standin_fail_next(const char* function, int count,
+                                                                         CUresult error) {
+  std::lock_guard lock(g_mu);
+  g_fail.push_back(Fail{function, count, error});
+}
+
+extern "C" __attribute__((visibility("default"))) void standin_set_capacity(size_t bytes) {
+  std::lock_guard lock(g_mu);
+  g_capacity = bytes;
+}
+
+extern "C" __attribute__((visibility("default"))) size_t standin_used(int dev) {
+  std::lock_guard lock(g_mu);
+  return dev >= 0 && dev < 8 ? g_used[dev] : 0;
+}
+
+extern "C" __attribute__((visibility("default"))) void* standin_own(const char* name) { return own(name); }
+
+extern "C" __attribute__((visibility("default"))) int standin_pending_ops(CUdeviceptr p, size_t n) {
+  std::lock_guard lock(g_mu);
+  int count = 0;
+  auto scan = [&](Ctx* c) {
+    if (!c) return;
+    for (const Op& op : c->pending)
+      if (op.dst < p + n && p < op.dst + op.n) ++count;
+  };
+  for (Ctx* c : g_all_ctx) scan(c);
+  return count;
+}

@@ -1,0 +1,52 @@
+/* The stand-in libcuda.so.1's test interface: what it counts, what it can be
+   told to fail. The driver entry points themselves are cuda.h's. */
+#pragma once
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct StandinCounters {
+  uint64_t mem_alloc;        /* successful cuMemAlloc_v2 */
+  uint64_t mem_alloc_calls;  /* all cuMemAlloc_v2 calls */
+  uint64_t mem_free;         /* successful cuMemFree_v2 */
+  uint64_t host_alloc;       /* successful cuMemHostAlloc / cuMemAllocHost_v2 */
+  uint64_t host_alloc_calls;
+  uint64_t host_free;        /* successful cuMemFreeHost */
+  uint64_t ctx_sync;         /* cuCtxSynchronize / _v2 calls that succeeded */
+  uint64_t get_proc_address; /* cuGetProcAddress / _v2 calls */
+  uint64_t dead_ptr_calls;   /* calls naming memory freed by a context teardown */
+  uint64_t ipc_handles;
+  uint64_t last_alloc_size;  /* size of the last successful cuMemAlloc_v2 */
+  uint64_t ops_executed;     /* async operations run at a synchronization */
+} StandinCounters;
+
+/* Live counters (the struct is updated in place). */
+StandinCounters* standin_counters(void);
+
+/* The next `count` calls of `function` ("cuMemAlloc_v2", "cuMemHostAlloc")
+   fail with `error` (CUDA_ERROR_OUT_OF_MEMORY gives a real OOM). */
+void standin_fail_next(const char* function, int count, CUresult error);
+
+/* Device memory capacity per device (bytes); also STANDIN_CAPACITY. */
+void standin_set_capacity(size_t bytes);
+
+/* Bytes of device memory in use on `dev` (driver allocations). */
+size_t standin_used(int dev);
+
+/* The stand-in's own address of an export, to tell it from a hook. */
+void* standin_own(const char* name);
+
+/* Asynchronous operations (cuMemsetD8Async) not yet run that write
+   [p, p + n). They run at the next synchronization of their context (or a
+   cuMemFree/cuMemFreeHost there, which waits for the context like the real
+   driver). */
+int standin_pending_ops(CUdeviceptr p, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
