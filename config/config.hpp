@@ -30,6 +30,7 @@ struct Config {
   bool cuda = true;
   bool cuda_host = true;
   bool opencl = true;
+  bool opencl_layer = true;       // also enter through OPENCL_LAYERS (read by opencl_entry at load)
   bool hold = true;
   unsigned leading_bits = 4;
   SizeSpec max_held;              // default unlimited

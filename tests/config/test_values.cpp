@@ -7,7 +7,7 @@ namespace gpupool::config::test {
 namespace {
 
 const char* const kBools[] = {"GPUPOOL_DISABLE", "GPUPOOL_CUDA", "GPUPOOL_CUDA_HOST",
-                              "GPUPOOL_OPENCL", "GPUPOOL_HOLD", "GPUPOOL_PROBE",
+                              "GPUPOOL_OPENCL", "GPUPOOL_OPENCL_LAYER", "GPUPOOL_HOLD", "GPUPOOL_PROBE",
                               "GPUPOOL_STATS_AT_EXIT"};
 
 TEST(Values, Defaults) {
@@ -15,7 +15,7 @@ TEST(Values, Defaults) {
   const Config c = parse(nullptr, &d);
   EXPECT_TRUE(d.empty());
   EXPECT_FALSE(c.disable);
-  EXPECT_TRUE(c.cuda && c.cuda_host && c.opencl && c.hold && c.probe);
+  EXPECT_TRUE(c.cuda && c.cuda_host && c.opencl && c.opencl_layer && c.hold && c.probe);
   EXPECT_EQ(c.leading_bits, 4u);
   EXPECT_TRUE(c.max_held.unlimited);
   EXPECT_EQ(c.max_held.resolve(1000), SIZE_MAX);
