@@ -45,6 +45,8 @@ namespace gpupool::ocl {
   Y(clGetDeviceInfo)                            \
   Y(clFlush)                                    \
   Y(clEnqueueMarkerWithWaitList)                \
+  Y(clEnqueueBarrierWithWaitList)               \
+  Y(clSetEventCallback)                         \
   Y(clEnqueueMigrateMemObjects)                 \
   Y(clGetEventInfo)                             \
   Y(clWaitForEvents)                            \

@@ -106,6 +106,21 @@ struct Ctx {
   };
   bool closing = false;
   Close close;
+
+  // One in-order queue: while the program has had exactly one queue, and it
+  // executes in order, any command it enqueues on a reused block runs after
+  // every older command on that block, so freed blocks are reusable at once
+  // (the common PyOpenCL case; waiting for markers there would only grow the
+  // pool while the queue is busy). Sticky off once a second queue appears or
+  // the solo queue is released.
+  std::atomic<bool> solo{false};
+  cl_command_queue solo_q = nullptr;  // under mu
+  int queues_ever = 0;                // under mu
+  // Highest fence of a block reused by the solo rule: if the queue's work on
+  // it may still be pending when solo mode ends, later queues first wait for
+  // that work (hazard marker), so they cannot touch the block too early.
+  std::atomic<std::uint64_t> solo_lent{0};
+  cl_event hazard = nullptr;  // under mu
 };
 
 // A pooled buffer (one per block, kept while the pool has the block) or a
@@ -389,7 +404,14 @@ class ClBackend final : public Backend {
     return immediate_ ? 0 : ctx_->epoch.load(std::memory_order_seq_cst);
   }
   bool passed(std::uint64_t f) override {
-    return f == 0 || ctx_->completed.load(std::memory_order_acquire) >= f;
+    if (f == 0 || ctx_->completed.load(std::memory_order_acquire) >= f) return true;
+    if (!ctx_->solo.load(std::memory_order_relaxed)) return false;
+    // Record the loan before confirming solo mode (seq_cst both sides): the
+    // thread that ends solo mode then sees it (end_solo()).
+    std::uint64_t lent = ctx_->solo_lent.load(std::memory_order_relaxed);
+    while (lent < f && !ctx_->solo_lent.compare_exchange_weak(lent, f)) {
+    }
+    return ctx_->solo.load(std::memory_order_seq_cst);
   }
   void wait_all() override { advance(*ctx_); }
 
@@ -465,6 +487,17 @@ void finish_ctx(Runtime& rt, Ctx& ctx) {
   }
   for (Arena* a : arenas) rt.pool.release_held(a);
   for (Arena* a : arenas) rt.pool.retire_arena(a);
+  std::vector<cl_event> evs;
+  {
+    std::lock_guard lock(ctx.mu);
+    evs.swap(ctx.departed);
+    evs.insert(evs.end(), ctx.close.events.begin(), ctx.close.events.end());
+    ctx.close.events.clear();
+    ctx.closing = false;
+    if (ctx.hazard) evs.push_back(ctx.hazard);
+    ctx.hazard = nullptr;
+  }
+  for (cl_event e : evs) next().clReleaseEvent(e);
 }
 
 // The program let go of a pooled buffer for good (no reference, no
@@ -505,6 +538,51 @@ void drop_hold(Rec* r) {
 }
 
 // ---------------------------------------------------------------------------
+
+void CL_CALLBACK free_host_copy(cl_event, cl_int, void* p) { std::free(p); }
+
+// COPY_HOST_PTR: the host data must be in the buffer's contents when create
+// returns (host_ptr may be reused at once). A block whose fence passed is
+// idle: a blocking write on gpupool's queue. A block reused by the solo rule
+// (or GPUPOOL_REUSE=immediate) may still be read by older commands of the
+// program's queue: the write goes on that queue, behind them, from a copy
+// of the data, so it neither races them nor blocks on them.
+cl_int write_initial(Ctx& ctx, const AllocResult& res, cl_mem m, size_t size, const void* host) {
+  const Api& api = next();
+  const Block& b = *res.block;
+  const bool maybe_busy = res.hit && (b.fence == 0 || ctx.completed.load() < b.fence);
+  if (maybe_busy) {
+    cl_command_queue q = nullptr;
+    {
+      std::lock_guard lock(ctx.mu);
+      q = ctx.solo_q ? ctx.solo_q : ctx.queues.size() == 1 ? ctx.queues[0]->q : nullptr;
+      if (q) api.clRetainCommandQueue(q);
+    }
+    if (q) {
+      cl_int err = CL_OUT_OF_HOST_MEMORY;
+      if (void* copy = std::malloc(size)) {
+        std::memcpy(copy, host, size);
+        cl_event ev = nullptr;
+        err = api.clEnqueueWriteBuffer(q, m, CL_FALSE, 0, size, copy, 0, nullptr, &ev);
+        if (err == CL_SUCCESS && ev &&
+            api.clSetEventCallback && api.clSetEventCallback(ev, CL_COMPLETE, free_host_copy, copy) ==
+                CL_SUCCESS) {
+          copy = nullptr;
+        } else if (err == CL_SUCCESS && ev) {
+          api.clWaitForEvents(1, &ev);
+        }
+        if (ev) api.clReleaseEvent(ev);
+        std::free(copy);
+        if (api.clFlush) api.clFlush(q);
+      }
+      api.clReleaseCommandQueue(q);
+      return err;
+    }
+  }
+  cl_command_queue q = internal_queue(ctx);
+  if (!q) return CL_OUT_OF_RESOURCES;
+  return api.clEnqueueWriteBuffer(q, m, CL_TRUE, 0, size, host, 0, nullptr, nullptr);
+}
 
 bool parse_props(const cl_mem_properties* p, Props* out) {
   out->clear();
@@ -563,12 +641,7 @@ cl_mem create_buffer(cl_context context, const cl_mem_properties* properties, bo
   r->requested = size;
   ctx->active.fetch_add(1);
   if (copy) {
-    // The host data must be in place when create returns (host_ptr may be
-    // reused at once). A reused block is idle (its fence passed; in
-    // immediate mode the program's single queue is assumed done with it).
-    cl_command_queue q = internal_queue(*ctx);
-    cl_int err = q ? api.clEnqueueWriteBuffer(q, m, CL_TRUE, 0, size, host_ptr, 0, nullptr, nullptr)
-                   : CL_OUT_OF_RESOURCES;
+    cl_int err = write_initial(*ctx, res, m, size, host_ptr);
     if (err != CL_SUCCESS) {
       r->holds.store(1);
       drop_hold(r);
@@ -583,6 +656,7 @@ cl_mem create_buffer(cl_context context, const cl_mem_properties* properties, bo
 }
 
 // A pooled, live buffer (nullptr for anything else).
+
 Rec* live_pooled(cl_mem m) {
   Rec* r = mems().find(m);
   return r && !r->sub && r->holds.load(std::memory_order_acquire) > 0 ? r : nullptr;
@@ -601,7 +675,25 @@ cl_int put_info(void* value, size_t value_size, size_t* size_ret, const void* sr
   return CL_SUCCESS;
 }
 
-void track_queue(cl_context c, cl_command_queue q) {
+// Solo mode ends (under ctx.mu). If a block was reused while the solo
+// queue's older work on it may still be running, every queue created from
+// now on first waits for that work.
+void end_solo(Ctx& ctx) {
+  if (!ctx.solo.load()) return;
+  ctx.solo.store(false, std::memory_order_seq_cst);
+  const Api& api = next();
+  if (ctx.solo_lent.load(std::memory_order_seq_cst) > ctx.completed.load() && ctx.solo_q &&
+      !ctx.hazard && api.clEnqueueMarkerWithWaitList) {
+    cl_event ev = nullptr;
+    if (api.clEnqueueMarkerWithWaitList(ctx.solo_q, 0, nullptr, &ev) == CL_SUCCESS) {
+      ctx.hazard = ev;
+      if (api.clFlush) api.clFlush(ctx.solo_q);
+    }
+  }
+  ctx.solo_q = nullptr;
+}
+
+void track_queue(cl_context c, cl_command_queue q, bool in_order) {
   std::shared_ptr<Ctx> ctx = find_ctx(c);
   if (!ctx) ctx = ctx_for_buffer(c);
   if (!ctx) return;
@@ -615,6 +707,21 @@ void track_queue(cl_context c, cl_command_queue q) {
   {
     std::lock_guard lock(ctx->mu);
     ctx->queues.push_back(qi);
+    if (++ctx->queues_ever == 1 && in_order && !cl_gone()) {
+      ctx->solo_q = q;
+      ctx->solo.store(true, std::memory_order_seq_cst);
+    } else {
+      end_solo(*ctx);
+    }
+    if (ctx->hazard) {
+      const Api& api = next();
+      std::vector<cl_event> one{ctx->hazard};
+      if (events_done(api, one)) {
+        ctx->hazard = nullptr;
+      } else if (api.clEnqueueBarrierWithWaitList) {
+        api.clEnqueueBarrierWithWaitList(q, 1, &ctx->hazard, nullptr);
+      }
+    }
   }
   queues().put(q, qi);
 }
@@ -687,6 +794,10 @@ cl_int CL_API_CALL h_release_context(cl_context c) {
         evs.insert(evs.end(), ctx->close.events.begin(), ctx->close.events.end());
         ctx->close.events.clear();
         ctx->closing = false;
+        if (ctx->hazard) evs.push_back(ctx->hazard);
+        ctx->hazard = nullptr;
+        ctx->solo.store(false);
+        ctx->solo_q = nullptr;
       }
       for (Arena* a : arenas) rt->pool.release_held(a);
       if (ctx->active.load() == 0) finish_ctx(*rt, *ctx);
@@ -706,7 +817,7 @@ cl_command_queue CL_API_CALL h_create_queue(cl_context c, cl_device_id d,
     return nullptr;
   }
   cl_command_queue q = api.clCreateCommandQueue(c, d, props, err);
-  if (q && active_runtime()) track_queue(c, q);
+  if (q && active_runtime()) track_queue(c, q, !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
 }
 
@@ -718,7 +829,13 @@ cl_command_queue CL_API_CALL h_create_queue_props(cl_context c, cl_device_id d,
     return nullptr;
   }
   cl_command_queue q = api.clCreateCommandQueueWithProperties(c, d, props, err);
-  if (q && active_runtime()) track_queue(c, q);
+  cl_command_queue_properties qp = 0;
+  for (int i = 0; props && props[i] && i < 64; i += 2)
+    if (props[i] == CL_QUEUE_PROPERTIES) qp = props[i + 1];
+  // Device-side queues take no host commands: their work completes with the
+  // host-enqueued parent kernel, which the host queues cover.
+  if (q && active_runtime() && !(qp & CL_QUEUE_ON_DEVICE))
+    track_queue(c, q, !(qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
 }
 
@@ -738,10 +855,13 @@ cl_int CL_API_CALL h_release_queue(cl_command_queue q) {
     {
       std::lock_guard lock(ctx.mu);
       std::erase(ctx.queues, qi);
+      if (ctx.solo_q == q) end_solo(ctx);
       // Its commands may still use freed blocks: a marker stands in for it
       // at the next close.
+      // (Not once the program released the context: nothing is pooled for
+      // it any more, and the marker would keep it alive.)
       cl_event ev = nullptr;
-      if (!cl_gone() && api.clEnqueueMarkerWithWaitList &&
+      if (!cl_gone() && !ctx.closed.load() && api.clEnqueueMarkerWithWaitList &&
           api.clEnqueueMarkerWithWaitList(q, 0, nullptr, &ev) == CL_SUCCESS && ev)
         ctx.departed.push_back(ev);
     }
