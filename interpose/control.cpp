@@ -155,13 +155,22 @@ void install_handlers(const config::Config& cfg) {
                   strerror(errno));
       continue;
     }
-    s.old = old;
-    s.old_ready.store(true, std::memory_order_release);
+    const bool has_handler = (old.sa_flags & SA_SIGINFO)
+                                 ? old.sa_sigaction != nullptr
+                                 : (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
+    // A one-shot (SA_RESETHAND) handler is a "fatal signal" cleanup that
+    // re-raises to terminate (LLVM, loaded by PoCL, puts one on SIGUSR2):
+    // chaining it would turn every free_held request into a kill.
+    if (has_handler && (old.sa_flags & SA_RESETHAND)) {
+      log().info("{}: not chaining the earlier one-shot handler, which would terminate the program",
+                 stats::signal_name(s.signo));
+    } else {
+      s.old = old;
+      s.old_ready.store(true, std::memory_order_release);
+    }
     s.installed.store(true, std::memory_order_release);
-    const bool chained = (old.sa_flags & SA_SIGINFO) ? old.sa_sigaction != nullptr
-                                                     : (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
     log().debug("{} handler installed{}", stats::signal_name(s.signo),
-                chained ? " (chaining the program's handler)" : "");
+                has_handler && s.old_ready.load() ? " (chaining the program's handler)" : "");
   }
 }
 
@@ -259,14 +268,9 @@ void serve_client(Runtime& rt, int lfd) {
   timeval tv{1, 0};
   setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
-    send_all(c, "error denied gpupool answers only its own user (uid " + std::to_string(geteuid()) + ")\n");
-    log().info("control socket: refused a request from uid {}", cred.uid);
-    ::close(c);
-    return;
-  }
+  // The request is read before anything is answered, refusals included:
+  // closing with unread data would reset the connection before the client
+  // reads the refusal.
   std::string req;
   char buf[256];
   while (req.size() < 512 && req.find('\n') == std::string::npos) {
@@ -274,6 +278,14 @@ void serve_client(Runtime& rt, int lfd) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     req.append(buf, static_cast<std::size_t>(n));
+  }
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
+    send_all(c, "error denied gpupool answers only its own user (uid " + std::to_string(geteuid()) + ")\n");
+    log().info("control socket: refused a request from uid {}", cred.uid);
+    ::close(c);
+    return;
   }
   if (!req.empty()) {
     req = req.substr(0, req.find('\n'));
@@ -301,7 +313,6 @@ void* control_thread(void* arg) {
   Runtime& rt = *static_cast<Runtime*>(arg);
   State& st = *g_state;
   const config::Config& cfg = rt.config;
-  st.listen_fd = open_listen_socket();
 
   const std::uint64_t interval = cfg.stats_interval_ns;
   const std::uint64_t release_after = rt.pool.release_after_ns();
@@ -511,6 +522,9 @@ void start(Runtime& rt) {
   std::atexit(at_exit);
   pthread_atfork(nullptr, nullptr, at_fork_child);
   install_handlers(cfg);
+  // Bound before the first intercepted call returns: from then on `gpupool
+  // stats PID` reaches the process (queued until the thread runs).
+  st->listen_fd = open_listen_socket();
 
   // The thread inherits a full signal mask: program signals always land on
   // program threads, whose handlers only poke the pipe.

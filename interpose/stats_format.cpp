@@ -68,9 +68,10 @@ std::string iso_time(double t) {
 
 std::string pad(std::string s, std::size_t width, bool right = false) {
   if (s.size() > width) {
-    // Keep the end of long names: it carries the distinguishing part
-    // (device, flags).
-    s = "..." + s.substr(s.size() - (width - 3));
+    // Cut the middle of long names: the start says what it is, the end
+    // (device, flags) which one.
+    const std::size_t head = (width - 3) / 2;
+    s = s.substr(0, head) + "..." + s.substr(s.size() - (width - 3 - head));
   }
   std::string spaces(width - s.size(), ' ');
   return right ? spaces + s : s + spaces;

@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""The gpupool launcher end to end: every command, bad argument and error exit.
+
+Run as: test_launcher.py [unittest args], with LAUNCHER, HARNESS, CL_WORKLOAD
+(optional), SCHEMA, BUILD_DIR and GPUPOOL_TEST_PRELOAD in the environment.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "control"))
+import gpupool_check  # noqa: E402
+
+LAUNCHER = os.environ["LAUNCHER"]
+HARNESS = os.environ["HARNESS"]
+CL_WORKLOAD = os.environ.get("CL_WORKLOAD", "")
+SCHEMA = json.load(open(os.environ["SCHEMA"]))
+BUILD_DIR = os.environ["BUILD_DIR"]
+TEST_PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
+# Sanitizer runtimes that must stay first in LD_PRELOAD (sanitizer builds).
+SANITIZER_PRELOAD = ":".join(p for p in TEST_PRELOAD.split(":") if "libgpupool" not in p)
+
+OK, FAILED, USAGE, NO_PROCESS, NOT_GPUPOOL, IDLE, DENIED, TIMEOUT = range(8)
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.pop("LD_PRELOAD", None)
+    if SANITIZER_PRELOAD:
+        env["LD_PRELOAD"] = SANITIZER_PRELOAD
+    env.update(extra)
+    return env
+
+
+def gp(*args, env=None, timeout=120, **kw):
+    return subprocess.run([LAUNCHER, *args], env=env or clean_env(), capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+class Serving:
+    """A process serving the control socket until closed."""
+
+    def __init__(self, argv, env, user=None):
+        if user is not None:
+            argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+        self.p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        if not line.startswith("ready"):
+            out, err = self.p.communicate(timeout=60)
+            raise AssertionError(f"did not start: {line}{out}{err}")
+        self.pid = int(line.split()[1])
+
+    def close(self):
+        if self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGCONT)
+            out, err = self.p.communicate(input="", timeout=120)
+            return self.p.returncode, out, err
+        return self.p.returncode, "", ""
+
+
+class Usage(unittest.TestCase):
+    def bad(self, *args, contains):
+        r = gp(*args)
+        self.assertEqual(r.returncode, USAGE, f"{args}: {r.stdout}{r.stderr}")
+        self.assertIn(contains, r.stderr, args)
+        self.assertEqual(r.stdout, "", args)
+
+    def test_version_and_help(self):
+        r = gp("--version")
+        self.assertEqual(r.returncode, OK)
+        self.assertRegex(r.stdout, r"^gpupool \d+\.\d+\.\d+\n$")
+        self.assertEqual(gp("-V").stdout, r.stdout)
+        for args in (["--help"], ["-h"], ["help"]):
+            r = gp(*args)
+            self.assertEqual(r.returncode, OK)
+            self.assertIn("Usage: gpupool COMMAND", r.stdout)
+            self.assertIn("5 gpupool loaded but idle", r.stdout)
+        for cmd in ("run", "stats", "free-held", "stop-holding", "env"):
+            r = gp("help", cmd)
+            self.assertEqual(r.returncode, OK)
+            self.assertIn(f"Usage: gpupool {cmd}", r.stdout)
+            self.assertEqual(gp(cmd, "--help").stdout, r.stdout)
+
+    def test_bad_arguments(self):
+        r = gp()
+        self.assertEqual(r.returncode, USAGE)
+        self.assertIn("Usage:", r.stderr)
+        self.bad("frobnicate", contains="unknown command 'frobnicate'")
+        self.bad("--frob", contains="unknown option '--frob'")
+        self.bad("help", "frob", contains="unknown command 'frob'")
+        self.bad("run", contains="no program given")
+        self.bad("run", "--", contains="no program given")
+        self.bad("run", "--max-held", contains="--max-held needs a value")
+        self.bad("run", "--max-held", "2X", "--", "true", contains="GPUPOOL_MAX_HELD")
+        self.bad("run", "--max-held=", "true", contains="needs a non-empty value")
+        self.bad("run", "--release-after", "soon", "true", contains="GPUPOOL_RELEASE_AFTER")
+        self.bad("run", "--reuse", "fast", "true", contains="GPUPOOL_REUSE")
+        self.bad("run", "--leading-bits", "99", "true", contains="GPUPOOL_LEADING_BITS")
+        self.bad("run", "--log", "loud", "true", contains="GPUPOOL_LOG")
+        self.bad("run", "--stats-interval", "-1", "true", contains="GPUPOOL_STATS_INTERVAL")
+        self.bad("run", "--disable", "vulkan", "true", contains="unknown backend 'vulkan'")
+        self.bad("run", "--disable", ",", "true", contains="unknown backend ''")
+        self.bad("run", "--set", "FROB=1", "true", contains="GPUPOOL_FROB is not a gpupool variable")
+        self.bad("run", "--set", "nonsense", "true", contains="--set needs NAME=VALUE")
+        self.bad("run", "--set", "SIGNAL_STATS=KILL", "true", contains="GPUPOOL_SIGNAL_STATS")
+        self.bad("run", "--stats=1", "true", contains="--stats takes no value")
+        self.bad("run", "--bogus", "true", contains="unknown option '--bogus'")
+        for cmd in ("stats", "free-held", "stop-holding"):
+            self.bad(cmd, contains="no PID given")
+            self.bad(cmd, "abc", contains="'abc' is not a process id")
+            self.bad(cmd, "0", contains="'0' is not a process id")
+            self.bad(cmd, "-5", contains="unknown option '-5'")
+            self.bad(cmd, "1", "2", contains="more than one PID")
+            self.bad(cmd, "1", "--timeout", contains="--timeout needs a value")
+            self.bad(cmd, "1", "--timeout", "0", contains="is not a number of seconds")
+            self.bad(cmd, "1", "--timeout=x", contains="is not a number of seconds")
+        self.bad("free-held", "1", "--json", contains="unknown option '--json'")
+        self.bad("env", "extra", contains="unexpected argument 'extra'")
+
+    def test_env(self):
+        r = gp("env", env=clean_env(GPUPOOL_MAX_HELD="2G"))
+        self.assertEqual(r.returncode, OK)
+        lines = r.stdout.splitlines()
+        self.assertTrue(lines[0].startswith("VARIABLE"))
+        row = next(line for line in lines if line.startswith("GPUPOOL_MAX_HELD "))
+        self.assertIn(" 2G ", row)
+        self.assertIn("unlimited", row)  # the default
+        self.assertIn("GPUPOOL_SIGNAL_FREE_HELD", r.stdout)
+        self.assertNotIn("Problems", r.stdout)
+        r = gp("env", env=clean_env(GPUPOOL_MAX_HELD="lots", GPUPOOL_MAX_HLED="1"))
+        self.assertEqual(r.returncode, OK)
+        self.assertIn("Problems:", r.stdout)
+        self.assertIn("GPUPOOL_MAX_HELD=", r.stdout.split("Problems:")[1])
+        self.assertIn("did you mean GPUPOOL_MAX_HELD", r.stdout)
+
+
+class Run(unittest.TestCase):
+    def test_exit_status_and_signals_pass_through(self):
+        self.assertEqual(gp("run", "--", "sh", "-c", "exit 7").returncode, 7)
+        self.assertEqual(gp("run", "true").returncode, 0)
+        r = gp("run", "--", "sh", "-c", "kill -TERM $$")
+        self.assertEqual(r.returncode, -signal.SIGTERM)
+
+    def test_program_not_found_or_not_executable(self):
+        r = gp("run", "--", "/nonexistent/program")
+        self.assertEqual(r.returncode, 127)
+        self.assertIn("command not found", r.stderr)
+        with tempfile.NamedTemporaryFile(suffix=".sh") as f:
+            os.chmod(f.name, 0o644)
+            r = gp("run", f.name)
+            self.assertEqual(r.returncode, 126)
+            self.assertIn("Permission denied", r.stderr)
+
+    def test_sets_variables_and_preload(self):
+        libm = "/lib/x86_64-linux-gnu/libm.so.6"
+        env = clean_env()
+        env["LD_PRELOAD"] = ":".join(p for p in (SANITIZER_PRELOAD, libm) if p)
+        with tempfile.TemporaryDirectory() as tmp:
+            r = gp("run", "--max-held", "2G", "--max-pooled=64M", "--release-after", "10s",
+                   "--reuse", "immediate", "--no-probe", "--no-hold", "--stats",
+                   "--stats-file", "s.%p", "--json", "--trace", "t.txt", "--log", "info",
+                   "--disable", "cuda,opencl", "--set", "LEADING_BITS=3", "--",
+                   "sh", "-c", "env", env=env, cwd=tmp)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            got = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+            expect = {
+                "GPUPOOL_MAX_HELD": "2G", "GPUPOOL_MAX_POOLED": "64M",
+                "GPUPOOL_RELEASE_AFTER": "10s", "GPUPOOL_REUSE": "immediate",
+                "GPUPOOL_PROBE": "0", "GPUPOOL_HOLD": "0", "GPUPOOL_STATS_AT_EXIT": "1",
+                "GPUPOOL_STATS_FORMAT": "json", "GPUPOOL_LOG": "info",
+                "GPUPOOL_CUDA": "0", "GPUPOOL_OPENCL": "0", "GPUPOOL_LEADING_BITS": "3",
+                # Files are made absolute: the program may change directory.
+                "GPUPOOL_STATS_FILE": os.path.join(os.path.realpath(tmp), "s.%p"),
+                "GPUPOOL_TRACE_FILE": os.path.join(os.path.realpath(tmp), "t.txt"),
+            }
+            for k, v in expect.items():
+                self.assertEqual(got.get(k, "").replace(tmp, os.path.realpath(tmp)), v, k)
+            preload = got["LD_PRELOAD"].split(":")
+            lib = os.path.realpath(os.path.join(BUILD_DIR, "libgpupool.so"))
+            sanitizers = [p for p in SANITIZER_PRELOAD.split(":") if p]
+            self.assertEqual(preload, sanitizers + [lib, libm])
+        # Already preloaded: left alone, not added twice.
+        env["LD_PRELOAD"] = TEST_PRELOAD
+        r = gp("run", "--", "sh", "-c", "echo $LD_PRELOAD", env=env)
+        self.assertEqual(r.stdout.strip(), TEST_PRELOAD)
+
+    @unittest.skipUnless(CL_WORKLOAD, "OpenCL hooks not built")
+    def test_stats_at_exit_of_an_unmodified_opencl_program(self):
+        r = gp("run", "--stats", "--", CL_WORKLOAD, "once")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("gpupool ", r.stderr)
+        self.assertIn(", exit, holding on", r.stderr)
+        self.assertRegex(r.stderr, r"\nopencl ctx .* opencl +0 / 0 B")  # the OpenCL arena's row
+        self.assertIn("total (", r.stderr)
+        r = gp("run", "--stats", "--json", "--", CL_WORKLOAD, "once")
+        doc, errors = gpupool_check.validate_dump(r.stderr.strip().splitlines()[-1], SCHEMA)
+        self.assertEqual(errors, [])
+        self.assertEqual(doc["reason"], "exit")
+        self.assertGreaterEqual(sum(b["stats"]["hits"] for b in doc["backends"]), 3)
+
+
+class Pid(unittest.TestCase):
+    def check_pid_commands(self, server):
+        try:
+            r = gp("stats", str(server.pid))
+            self.assertEqual(r.returncode, OK, r.stderr)
+            self.assertIn(f"pid {server.pid}", r.stdout)
+            self.assertIn("request, holding on", r.stdout)
+            r = gp("stats", str(server.pid), "--json")
+            self.assertEqual(r.returncode, OK, r.stderr)
+            doc, errors = gpupool_check.validate_dump(r.stdout, SCHEMA)
+            self.assertEqual(errors, [])
+            self.assertEqual(doc["pid"], server.pid)
+            self.assertEqual(doc["totals"]["held_blocks"], 7)
+            self.assertEqual(doc["totals"]["active_blocks"], 3)
+            r = gp("free-held", str(server.pid))
+            self.assertEqual(r.returncode, OK, r.stderr)
+            self.assertIn("released 7 held blocks", r.stdout)
+            doc = json.loads(gp("stats", str(server.pid), "--json").stdout)
+            self.assertEqual(doc["totals"]["held_blocks"], 0)
+            self.assertTrue(doc["holding"])
+            r = gp("stop-holding", str(server.pid), "--timeout", "30")
+            self.assertEqual(r.returncode, OK, r.stderr)
+            self.assertIn("holding stopped", r.stdout)
+            doc = json.loads(gp("stats", str(server.pid), "--json").stdout)
+            self.assertFalse(doc["holding"])
+            self.assertEqual(doc["totals"]["active_blocks"], 3)
+        finally:
+            rc, out, err = server.close()
+        self.assertEqual(rc, 0, err)
+        return out
+
+    def test_commands_on_a_running_program(self):
+        self.check_pid_commands(Serving([HARNESS, "serve"], clean_env()))
+
+    @unittest.skipUnless(CL_WORKLOAD, "OpenCL hooks not built")
+    def test_commands_on_an_opencl_program_with_plain_ld_preload(self):
+        env = clean_env(LD_PRELOAD=TEST_PRELOAD)
+        out = self.check_pid_commands(Serving([CL_WORKLOAD, "serve"], env))
+        # Holding stopped: the 3 buffers released at the end went back at once.
+        doc = json.loads(out.split("stats: ", 1)[1])
+        self.assertEqual(doc["totals"]["held_blocks"], 0)
+
+    def test_no_such_process(self):
+        for cmd in ("stats", "free-held", "stop-holding"):
+            r = gp(cmd, "999999999")
+            self.assertEqual(r.returncode, NO_PROCESS, r.stderr)
+            self.assertIn("no such process: 999999999", r.stderr)
+
+    def test_not_running_gpupool(self):
+        p = subprocess.Popen(["sleep", "60"], env=clean_env())
+        try:
+            r = gp("stats", str(p.pid))
+            self.assertEqual(r.returncode, NOT_GPUPOOL, r.stderr)
+            self.assertIn("not running gpupool", r.stderr)
+        finally:
+            p.kill()
+            p.wait()
+
+    def test_loaded_but_idle(self):
+        # Preloaded, but no GPU call: gpupool never started there.
+        p = subprocess.Popen([LAUNCHER, "run", "--", "sleep", "60"], env=clean_env())
+        try:
+            for _ in range(6000):  # until exec has happened and the library is mapped
+                try:
+                    if "libgpupool" in open(f"/proc/{p.pid}/maps").read():
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.01)
+            r = gp("free-held", str(p.pid))
+            self.assertEqual(r.returncode, IDLE, r.stderr)
+            self.assertIn("gpupool loaded but idle", r.stderr)
+        finally:
+            p.kill()
+            p.wait()
+
+    def test_no_answer_in_time(self):
+        server = Serving([HARNESS, "serve"], clean_env())
+        try:
+            os.kill(server.pid, signal.SIGSTOP)
+            r = gp("stats", str(server.pid), "--timeout", "0.5")
+            self.assertEqual(r.returncode, TIMEOUT, r.stderr)
+            self.assertIn("no answer", r.stderr)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+            server.close()
+
+    @unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"), "needs root and setpriv")
+    def test_other_users_process(self):
+        server = Serving([HARNESS, "serve"], clean_env(), user=65534)
+        try:
+            r = gp("stats", str(server.pid))
+            self.assertEqual(r.returncode, DENIED, r.stderr)
+            self.assertIn("permission denied", r.stderr)
+            # The process itself refuses another user too (SO_PEERCRED), even
+            # when a client skips the launcher's own check.
+            import socket
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(f"\0gpupool.65534.{server.pid}")
+            s.sendall(b"free-held\n")
+            reply = s.makefile().read()
+            self.assertTrue(reply.startswith("error denied"), reply)
+            doc = None
+        finally:
+            rc, out, err = server.close()
+        self.assertEqual(rc, 0, err)
+
+
+class Install(unittest.TestCase):
+    def test_install_prefix(self):
+        with tempfile.TemporaryDirectory() as prefix:
+            r = subprocess.run(["cmake", "--install", BUILD_DIR, "--prefix", prefix],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            launcher = os.path.join(prefix, "bin", "gpupool")
+            self.assertTrue(os.access(launcher, os.X_OK))
+            r = subprocess.run([launcher, "run", "--", "sh", "-c", "echo $LD_PRELOAD"],
+                               env=clean_env(), capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            lib = r.stdout.strip().split(":")[-1]
+            self.assertTrue(lib.startswith(os.path.realpath(prefix)), lib)
+            self.assertTrue(lib.endswith("/libgpupool.so"), lib)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
