@@ -69,7 +69,7 @@ step() {
   printf '\n===== %s (%s, timeout %ss)\n$ %s\n' "$name" "$(date -u +%T)" "$t" "$*" >>"$OUT/$log"
   timeout -k 5 "$t" "$@" >"$WORK/out/$name.out" 2>&1 </dev/null
   rc=$?
-  cat "$WORK/out/$name.out" >>"$OUT/$log"
+  head -c 4000000 "$WORK/out/$name.out" >>"$OUT/$log"  # a runaway program's output stays bounded
   case $rc in
     0) status=ok ;;
     124 | 137) status=timeout ;;
@@ -156,10 +156,15 @@ CL_H=$(first_file /usr/include/CL/cl.h /usr/local/include/CL/cl.h /usr/local/cud
 GTEST_CFG=$(first_file /usr/$ARCHLIB/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake \
   /usr/local/lib/cmake/GTest/GTestConfig.cmake /usr/local/$ARCHLIB/cmake/GTest/GTestConfig.cmake \
   "$DEPS/usr/$ARCHLIB/cmake/GTest/GTestConfig.cmake")
-OCL_LOADER=$(ldfind libOpenCL.so.1)
-[[ -z $OCL_LOADER ]] && OCL_LOADER=$(first_file "$DEPS/usr/$ARCHLIB/libOpenCL.so.1" \
-  /usr/local/cuda/lib64/libOpenCL.so.1 /usr/local/cuda/targets/x86_64-linux/lib/libOpenCL.so.1)
-NV_OCL=$(ldfind libnvidia-opencl.so.1)
+# The OpenCL ICD loader: a carried ocl-icd first (the loader gpupool's layer
+# path was measured with), then the system's, then the CUDA toolkit's.
+OCL_LOADER=$(first_file "$DEPS/usr/$ARCHLIB/libOpenCL.so.1")
+[[ -z $OCL_LOADER ]] && OCL_LOADER=$(ldfind libOpenCL.so.1)
+[[ -z $OCL_LOADER ]] && OCL_LOADER=$(first_file /usr/local/cuda/lib64/libOpenCL.so.1 \
+  /usr/local/cuda/targets/x86_64-linux/lib/libOpenCL.so.1)
+# H100_OPENCL_ICD names another implementation (e.g. PoCL, to try this
+# script on a machine without a GPU).
+NV_OCL=${H100_OPENCL_ICD:-$(ldfind libnvidia-opencl.so.1)}
 [[ -z $NV_OCL ]] && NV_OCL=$(first_file /usr/$ARCHLIB/libnvidia-opencl.so.1 /usr/lib64/libnvidia-opencl.so.1 \
   /usr/local/nvidia/lib64/libnvidia-opencl.so.1 /usr/local/nvidia/lib/libnvidia-opencl.so.1 /usr/lib/libnvidia-opencl.so.1)
 CUDA_STUBS=$(first_file /usr/local/cuda/lib64/stubs /usr/local/cuda/targets/x86_64-linux/lib/stubs)

@@ -16,6 +16,8 @@
 //                 batch of pairs; policy "each": one after every pair
 //   memset        cuMemsetD8 of the whole size + cuCtxSynchronize: the cost of
 //                 touching the memory once, to put the pair cost in proportion
+// Sizes: 256 B to 256 MiB by powers of 4 (all benches), then 1, 4 and 16 GiB
+// (device pair, split and memset only) for choosing GPUPOOL_MAX_POOLED.
 //   device_pair with "threads" N: N threads each doing pairs on the shared
 //                 context; "ns" is wall time per pair per thread and
 //                 "pairs_per_s" the aggregate rate
@@ -275,6 +277,13 @@ int main(int argc, char** argv) {
       bench_async(s, true);
       bench_memset(s);
     }
+  }
+  // Beyond the pooled range (GPUPOOL_MAX_POOLED defaults to 1 GiB): what the
+  // driver charges for the largest blocks, against one pass over them.
+  for (std::size_t s : {std::size_t(1) << 30, std::size_t(4) << 30, std::size_t(16) << 30}) {
+    bench_device_pair(s);
+    bench_device_split(s);
+    if (async) bench_memset(s);
   }
   for (std::size_t s : {std::size_t(64) << 10, std::size_t(4) << 20})
     for (int n : {1, 2, 4, 8, 16}) bench_threads(s, n);
