@@ -129,7 +129,6 @@ note nvcc "${NVCC:-missing} $([[ -n $NVCC ]] && "$NVCC" --version | tail -n 2 | 
 note python "$($PY --version 2>&1) at $(command -v $PY)"
 note torch "$(timeout 60 $PY -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n 1)"
 note cupy "$(timeout 60 $PY -c 'import cupy;print(cupy.__version__)' 2>&1 | tail -n 1)"
-note pyopencl "$(timeout 30 $PY -c 'import pyopencl;print(pyopencl.VERSION_TEXT)' 2>&1 | tail -n 1)"
 timeout 20 nvidia-smi >>"$OUT/build.log" 2>&1
 
 # ---------------------------------------------------------------------------
@@ -150,6 +149,20 @@ if compgen -G "$ROOT/.debs/*.deb" >/dev/null; then
 else
   note debs "none carried (.debs/ absent)"
 fi
+
+# Python wheels carried in .whl/ (PyOpenCL) go to a private folder, used
+# through PYTHONPATH by the PyOpenCL steps only.
+PYX_ENV=()
+if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
+  if timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$WORK/site" "$ROOT"/.whl/*.whl >>"$OUT/build.log" 2>&1; then
+    PYX_ENV=(PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}")
+    note wheels "$(ls "$ROOT"/.whl/*.whl | wc -l) installed into $WORK/site"
+  else
+    note wheels "pip install of .whl/ failed (see above)"
+  fi
+fi
+note pyopencl "$(env "${PYX_ENV[@]}" timeout 30 "$PY" -c 'import pyopencl;print(pyopencl.VERSION_TEXT)' 2>&1 | tail -n 1)"
 
 SPDLOG_H=$(first_file /usr/include/spdlog/spdlog.h /usr/local/include/spdlog/spdlog.h "$DEPS/usr/include/spdlog/spdlog.h")
 CL_H=$(first_file /usr/include/CL/cl.h /usr/local/include/CL/cl.h /usr/local/cuda/include/CL/cl.h "$DEPS/usr/include/CL/cl.h")
@@ -278,6 +291,15 @@ if ((HAVE_CL)); then
 else
   skip opencl opencl.log "no NVIDIA OpenCL set-up (loader ${OCL_LOADER:-missing}, driver ${NV_OCL:-missing}) or check not compiled"
 fi
+HAVE_PYCL=0
+grep -q '^pyopencl	[0-9]' "$ENVF" && ((${#OCL_ENV[@]})) && HAVE_PYCL=1
+if ((HAVE_PYCL)) && [[ -f $LIB ]]; then
+  # The OpenCL engineer's PyOpenCL test: same results with and without gpupool.
+  step pyopencl-compare opencl.log 120 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" \
+    sh tests/opencl/compare.sh "$LIB" "$PY" tests/opencl/test_pyopencl.py
+elif ((!HAVE_PYCL)); then
+  skip pyopencl opencl.log "PyOpenCL not importable by $PY (carry .whl/, see scripts/debs.sh) or no OpenCL set-up"
+fi
 if [[ -n $TESTS_PID ]]; then
   say "waiting for the test build before the benchmarks"
   wait "$TESTS_PID"
@@ -316,6 +338,13 @@ if ((HAVE_CL)); then
   for s in opencl-bench-raw opencl-bench-gpupool opencl-bench-gpupool-probe0; do
     grep -h '^{' "$WORK/out/$s.out" >>"$OUT/bench.json" 2>/dev/null
   done
+fi
+
+if ((HAVE_PYCL)); then
+  P=scripts/gpu_pyopencl.py
+  step pyopencl-none opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "$PY" $P --alloc none --tag none
+  step_gp pyopencl-none-gpupool opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "$PY" $P --alloc none --tag none+gpupool
+  step pyopencl-pool opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "$PY" $P --alloc pool --tag memorypool
 fi
 
 # --- The CI suite (stand-in CUDA driver; OpenCL C tests now on NVIDIA's

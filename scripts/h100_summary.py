@@ -425,6 +425,43 @@ class Summary:
                         + (f", CuPy's own pools {p['iter_ms_median']:.3f} (gpupool/CuPy {c['iter_ms_median'] / p['iter_ms_median']:.2f}x)" if p else "")
                         + ".", ""]
 
+    def pyopencl(self):
+        runs = ["pyopencl-none", "pyopencl-none-gpupool", "pyopencl-pool"]
+        if not any(r in self.steps for r in runs + ["pyopencl-compare"]):
+            return
+        res = {r: self.results(r) for r in runs}
+        self.md += ["## PyOpenCL array workload (NVIDIA)", "",
+                    "| run | status | iteration ms (median) | total s | result == none | gpupool stats |",
+                    "|---|---|---|---|---|---|"]
+        base = res.get("pyopencl-none")
+        key = lambda x: (x["checksum"], x["sums_sha256"])  # noqa: E731
+        for r in runs:
+            if r not in self.steps:
+                continue
+            x = res[r]
+            if not x:
+                self.md.append(f"| {r} | {self.steps[r]['status']} | | | | |")
+                continue
+            eq = "-" if not base or r == "pyopencl-none" else ("yes" if key(x) == key(base) else "**NO**")
+            self.md.append(f"| {r} | {self.steps[r]['status']} | {x['iter_ms_median']:.3f} | {x['total_s']:.2f} | {eq} | "
+                           f"{self.stats_text(r) if 'gpupool' in r else ''} |")
+        self.md.append("")
+        if "pyopencl-compare" in self.steps:
+            st = self.steps["pyopencl-compare"]["status"]
+            self.acc("PyOpenCL test (tests/opencl) same results with and without gpupool", st == "ok",
+                     f"compare.sh: {st}")
+        b, c, p = base, res.get("pyopencl-none-gpupool"), res.get("pyopencl-pool")
+        if b and c:
+            self.acc("PyOpenCL workload results identical under gpupool", key(b) == key(c), f"last sum {c['last_sum']}")
+            st = self.stats("pyopencl-none-gpupool") or {}
+            self.acc("PyOpenCL under gpupool: pool hits", (st.get("hits") or 0) > 0, self.stats_text("pyopencl-none-gpupool"))
+            self.acc("PyOpenCL workload: gpupool faster than no pool", c["iter_ms_median"] < b["iter_ms_median"],
+                     f"{b['iter_ms_median']:.3f} -> {c['iter_ms_median']:.3f} ms/iter")
+        if c and p:
+            rel = c["iter_ms_median"] / p["iter_ms_median"]
+            self.acc("PyOpenCL workload: gpupool within 1.1x of PyOpenCL's MemoryPool", rel <= 1.1,
+                     f"{c['iter_ms_median']:.3f} vs {p['iter_ms_median']:.3f} ms/iter = {rel:.2f}x")
+
     def opencl(self):
         parsed = self.checks("OpenCL on NVIDIA", ["opencl-check-raw", "opencl-check-gpupool"], "opencl")
         gp = parsed.get("opencl-check-gpupool", {})
@@ -505,7 +542,7 @@ def main():
         return 2
     s = Summary(sys.argv[1], sys.argv[2])
     s.header()
-    for section in (s.cuda_checks, s.cuda_bench, s.torch, s.cupy, s.opencl, s.ctest, s.environment, s.steps_table):
+    for section in (s.cuda_checks, s.cuda_bench, s.torch, s.cupy, s.opencl, s.pyopencl, s.ctest, s.environment, s.steps_table):
         try:
             section()
         except Exception as e:  # one broken section must not lose the others
