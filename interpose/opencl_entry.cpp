@@ -244,8 +244,11 @@ cl_int init_layer(cl_uint num_entries, const cl_icd_dispatch* target, cl_uint* n
   std::lock_guard lock(mu);
   constexpr cl_uint mine = sizeof(cl_icd_dispatch) / sizeof(void*);
   const cl_uint use = num_entries < mine ? num_entries : mine;
-  // Never freed: the loader keeps the pointer for the life of the process.
-  auto* table = new cl_icd_dispatch();
+  // One per loader, never freed: the loader keeps the pointer for the life
+  // of the process (kept reachable here, too, for leak checkers).
+  static cl_icd_dispatch tables[4];
+  if (inits >= 4) return CL_INVALID_OPERATION;  // four loaders in one process: not supported
+  cl_icd_dispatch* table = &tables[inits];
   std::memcpy(static_cast<void*>(table), target, use * sizeof(void*));
   const gpupool::config::Config& cfg = gpupool::config::get();
   // A second loader in the process (a bundled one) gets a plain pass-through

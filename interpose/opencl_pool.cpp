@@ -969,7 +969,27 @@ cl_int CL_API_CALL h_get_mem_info(cl_mem m, cl_mem_info what, size_t size, void*
 cl_mem CL_API_CALL h_create_sub(cl_mem b, cl_mem_flags flags, cl_buffer_create_type type,
                                 const void* info, cl_int* errcode_ret) {
   Rec* parent = mems().find(b);
-  if (!parent || parent->sub) return next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
+  if (!parent) return next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
+  if (parent->sub) {
+    // A sub-buffer of a sub-buffer: the implementation decides (PoCL refuses,
+    // NVIDIA 580 accepts); one it makes keeps the pooled block active too.
+    Rec* root = parent->parent;
+    root->holds.fetch_add(1);
+    cl_mem s = next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
+    if (!s) {
+      drop_hold(root);
+      return nullptr;
+    }
+    auto* r = new Rec;
+    r->sub = true;
+    r->mem = s;
+    r->ctx = root->ctx;
+    r->parent = root;
+    r->refs.store(1);
+    r->holds.store(1);
+    mems().put(s, r);
+    return s;
+  }
   if (parent->refs.load() <= 0) {
     if (errcode_ret) *errcode_ret = CL_INVALID_MEM_OBJECT;
     return nullptr;
