@@ -108,6 +108,27 @@ step_gp() {
   return $rc
 }
 
+# check_resumable raw|gp NAME LOG TIMEOUT CMD...: a check program that
+# announces "INFO section: X"; if it dies or hangs before DONE, the sections
+# after the last one announced run again in a new process (--after X), at
+# most three times, as NAME-after-X.
+check_resumable() {
+  local how=$1 name=$2 log=$3 t=$4
+  shift 4
+  local runner=step
+  [[ $how == gp ]] && runner=step_gp
+  $runner "$name" "$log" "$t" "$@"
+  local out=$WORK/out/$name.out n=0 last prev=
+  while [[ -f $out ]] && ! grep -q '^DONE' "$out" && ((n < 3)); do
+    last=$(grep '^INFO section:' "$out" | tail -n 1 | awk '{print $3}')
+    [[ -z $last || $last == "$prev" ]] && break
+    n=$((n + 1))
+    prev=$last
+    $runner "$name-after-$last" "$log" "$t" "$@" --after "$last"
+    out=$WORK/out/$name-after-$last.out
+  done
+}
+
 first_file() { for f in "$@"; do [[ -e $f ]] && { echo "$f"; return 0; }; done; return 1; }
 ldfind() { ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n { print $NF; exit }'; }
 
@@ -279,9 +300,9 @@ HAVE_CL=0
 
 # --- Correctness -------------------------------------------------------------
 if [[ -x $CHK ]]; then
-  step cuda-check-raw cuda.log 90 "$CHK"
-  step_gp cuda-check-gpupool cuda.log 90 "$CHK"
-  step_gp cuda-check-immediate cuda.log 60 env GPUPOOL_REUSE=immediate "$CHK" --report-hazard --no-oom
+  check_resumable raw cuda-check-raw cuda.log 90 "$CHK"
+  check_resumable gp cuda-check-gpupool cuda.log 90 "$CHK"
+  check_resumable gp cuda-check-immediate cuda.log 60 env GPUPOOL_REUSE=immediate "$CHK" --report-hazard --no-oom
 else
   skip cuda-check cuda.log "cuda_driver_check not compiled"
 fi

@@ -175,15 +175,25 @@ class Summary:
 
     def checks(self, title, runs, key):
         """PASS/FAIL/SAME lines of several runs of one check program."""
-        parsed = {}
+        parsed, chains = {}, {}
         for run in runs:
             if not self.ran(run):
                 continue
+            # A run resumed after a crash or hang (h100.sh check_resumable):
+            # RUN, then RUN-after-SECTION..., rows merged, the last decides DONE.
+            chain = [run] + [n for n in self.steps if n.startswith(run + "-after-")]
+            chains[run] = chain
             rows = {}
-            for line in self.output(run).splitlines():
-                m = re.match(r"^(PASS|FAIL|SAME|INFO) ([^:]+): ?(.*)$", line)
-                if m:
-                    rows.setdefault(m.group(2), (m.group(1), m.group(3)))
+            for part in chain:
+                for line in self.output(part).splitlines():
+                    m = re.match(r"^(PASS|FAIL|SAME|INFO) ([^:]+): ?(.*)$", line)
+                    if m and m.group(2) != "section":
+                        rows.setdefault(m.group(2), (m.group(1), m.group(3)))
+                if part != chain[-1]:
+                    st = self.steps[part]
+                    secs = re.findall(r"^INFO section: (\S+)", self.output(part), re.M)
+                    rows.setdefault(f"(process {part})", ("FAIL", f"ended in section {secs[-1] if secs else '?'} without DONE: "
+                                                                  f"{st['status']} rc {st['rc']}"))
             parsed[run] = rows
         for run in runs:
             if run in parsed and not parsed[run]:
@@ -219,9 +229,11 @@ class Summary:
         for c in cols:
             fails = [n for n, (k, _) in parsed[c].items() if k == "FAIL"]
             passes = sum(1 for k, _ in parsed[c].values() if k == "PASS")
-            done = "DONE" in self.output(c)
+            last = chains[c][-1]
+            done = "DONE" in self.output(last)
             self.short.append(f"{key} {c}: {passes} pass, {len(fails)} fail"
-                              + ("" if done else " (did not finish: " + self.steps[c]["status"] + ")")
+                              + (f" (resumed {len(chains[c]) - 1}x after a crash/hang)" if len(chains[c]) > 1 else "")
+                              + ("" if done else " (did not finish: " + self.steps[last]["status"] + ")")
                               + (": " + ", ".join(fails[:8]) if fails else ""))
         # SAME lines must agree with the raw run.
         base = cols[0]

@@ -645,7 +645,7 @@ void check_context_destroy() {
   REQUIRE(cuCtxSetCurrent(g_ctx));
 }
 
-// Last: primary context reset drops everything the pool held for it.
+// Primary context reset drops everything the pool held for it.
 void check_primary_reset() {
   std::size_t free0 = 0, free1 = 0, tot = 0;
   REQUIRE(cuMemGetInfo(&free0, &tot));
@@ -687,12 +687,32 @@ void check_primary_reset() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Sections in order of importance; each announces itself, so that after a
+  // crash or hang the script can run the rest with --after NAME.
+  struct Section {
+    const char* name;
+    void (*run)();
+  } sections[] = {
+      {"xstream-device", check_cross_stream_device},
+      {"xstream-pinned", check_cross_stream_pinned},
+      {"errors", check_error_codes},
+      {"no-context", check_no_context},
+      {"pointers", check_pointer_queries},
+      {"meminfo", check_mem_info},
+      {"threads", check_threads},
+      {"ctx-destroy", check_context_destroy},
+      {"primary-reset", check_primary_reset},
+      // Last: it leaves the device's memory held by gpupool.
+      {"oom", check_oom_retry},
+  };
   bool oom = true;
+  const char* after = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--report-hazard")) g_report_hazard = true;
     else if (!std::strcmp(argv[i], "--no-oom")) oom = false;
+    else if (!std::strcmp(argv[i], "--after") && i + 1 < argc) after = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--report-hazard] [--no-oom]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--report-hazard] [--no-oom] [--after SECTION]\n", argv[0]);
       return 2;
     }
   }
@@ -713,16 +733,19 @@ int main(int argc, char** argv) {
   }
 
   double t0 = now_ms();
-  check_error_codes();
-  check_no_context();
-  check_pointer_queries();
-  check_mem_info();
-  check_cross_stream_device();
-  check_cross_stream_pinned();
-  check_threads();
-  if (oom) check_oom_retry();
-  check_context_destroy();
-  check_primary_reset();
+  bool skipping = after != nullptr;
+  for (const Section& sec : sections) {
+    if (skipping) {
+      if (!std::strcmp(sec.name, after)) skipping = false;
+      continue;
+    }
+    if (!oom && !std::strcmp(sec.name, "oom")) continue;
+    std::printf("INFO section: %s\n", sec.name);
+    std::fflush(stdout);
+    double ts = now_ms();
+    sec.run();
+    info(std::string("time.") + sec.name, fmt("%.0f ms", now_ms() - ts));
+  }
   info("elapsed", fmt("%.0f ms", now_ms() - t0));
   std::printf("DONE %d failure(s)\n", g_failures);
   std::fflush(stdout);
