@@ -252,6 +252,8 @@ else
 fi
 
 # The GPU programs do not need the library: compile them while it builds.
+CXX_BIN=$(command -v "${CXX:-c++}" || command -v g++ || echo c++)
+CC_BIN=$(command -v "${CC:-cc}" || command -v gcc || echo cc)
 compile_gpu() {
   mkdir -p "$GPUBIN"
   local cc
@@ -260,13 +262,13 @@ compile_gpu() {
   if [[ -n $NVCC && -n $CUDA_STUBS ]]; then
     step compile-cuda-check cuda.log 180 "$NVCC" -O2 -std=c++17 -arch=sm_$cc -o "$GPUBIN/cuda_driver_check" \
       tests/gpu/cuda_driver_check.cu -L"$CUDA_STUBS" -lcuda
-    step compile-bench cuda.log 120 c++ -O2 -std=c++20 -I/usr/local/cuda/include -o "$GPUBIN/bench_alloc" \
+    step compile-bench cuda.log 120 "$CXX_BIN" -O2 -std=c++20 -I/usr/local/cuda/include -o "$GPUBIN/bench_alloc" \
       tests/gpu/bench_alloc.cpp -L"$CUDA_STUBS" -lcuda -lpthread
   else
     skip compile-cuda-check cuda.log "nvcc or the CUDA driver stubs missing"
   fi
   if [[ -n $CL_H && -n $OCL_LOADER ]]; then
-    step compile-opencl-check opencl.log 60 cc -O2 -std=c11 -I"$(dirname "$(dirname "$CL_H")")" \
+    step compile-opencl-check opencl.log 60 "$CC_BIN" -O2 -std=c11 -I"$(dirname "$(dirname "$CL_H")")" \
       -o "$GPUBIN/opencl_gpu_check" tests/gpu/opencl_gpu_check.c -L"$WORK/lib" -lOpenCL -lpthread \
       -Wl,-rpath,"$(dirname "$OCL_LOADER")"
   else
