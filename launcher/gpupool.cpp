@@ -149,7 +149,7 @@ std::string find_library() {
       dir + "/../" GPUPOOL_INSTALL_LIBDIR "/libgpupool.so",
 #endif
       dir + "/../lib/libgpupool.so", dir + "/../lib64/libgpupool.so",
-      dir + "/libgpupool.so",  // the build directory
+      dir + "/../libgpupool.so",  // the build directory (build/bin/gpupool)
   };
   for (const auto& c : candidates) {
     char real[PATH_MAX];
@@ -316,7 +316,7 @@ int cmd_run(int argc, char** argv) {
   }
   const std::string lib = find_library();
   if (lib.empty()) {
-    std::fprintf(stderr, "%s: run: cannot find libgpupool.so next to %s (looked in ../lib and .)\n",
+    std::fprintf(stderr, "%s: run: cannot find libgpupool.so next to %s (looked in ../lib and ..)\n",
                  kProg, self_dir().c_str());
     return kFailed;
   }
