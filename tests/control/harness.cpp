@@ -344,6 +344,23 @@ int workload(std::uint64_t ops) {
   return g_failures.load() ? 1 : 0;
 }
 
+// Periodic work of the control thread: blocks held past
+// GPUPOOL_RELEASE_AFTER are released, GPUPOOL_STATS_INTERVAL dumps come.
+int periodic() {
+  gpupool::Runtime& rt = start_runtime();
+  std::vector<gpupool::Block*> keep;
+  for (int i = 0; i < 5; ++i) keep.push_back(take(rt, 5000));
+  for (auto* b : keep) give(rt, b);
+  CHECK(rt.pool.totals().held_blocks == 5);
+  CHECK(wait_for([&] { return rt.pool.totals().held_blocks == 0; }));
+  CHECK(rt.pool.totals().trims == 5);
+  CHECK(g_backend->live_bytes() == 0);
+  const std::string file = stats_path();
+  const std::size_t now = count_lines(file);
+  CHECK(wait_for([&] { return count_lines(file) >= now + 2; }));
+  return g_failures.load() ? 1 : 0;
+}
+
 int serve() {
   gpupool::Runtime& rt = start_runtime();
   std::vector<gpupool::Block*> keep;
@@ -367,6 +384,7 @@ int main(int argc, char** argv) {
   if (mode == "symlink") return symlink_refused();
   if (mode == "workload" && argc == 3) return workload(std::strtoull(argv[2], nullptr, 10));
   if (mode == "serve") return serve();
+  if (mode == "periodic") return periodic();
   std::fprintf(stderr, "usage: control_harness storm THREADS SECONDS | exit-race N | chain | "
                        "symlink | workload OPS | serve\n");
   return 2;

@@ -117,6 +117,31 @@ with tempfile.TemporaryDirectory() as tmp:
             if counts["active"] != t["active_blocks"] or counts["active"] != 1:
                 fail(f"trace leaves {counts['active']} active, stats say {t['active_blocks']} (expected 1)")
             print(f"trace: {counts}")
+    elif scenario == "periodic":
+        prom = os.path.join(tmp, "gpupool.prom")
+        env = dict(json_env, GPUPOOL_STATS_INTERVAL="100ms", GPUPOOL_RELEASE_AFTER="200ms",
+                   GPUPOOL_PROMETHEUS_FILE=prom)
+        p = run(["periodic"], env)
+        if p.returncode != 0:
+            fail(f"periodic exited {p.returncode}")
+        files = [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith("stats.")]
+        docs = check_dumps(files[0], 2) if len(files) == 1 else fail(f"stats files: {files}")
+        if docs and not any(d["reason"] == "interval" for d in docs):
+            fail("no interval dump")
+        # The Prometheus file: whole (atomic replace), and showing the trims.
+        with open(prom) as f:
+            text = f.read()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        key = 'gpupool_trims_total{kind="checking",group="checking:0",name="checking backend 0"}'
+        if samples.get(key) != 5:
+            fail(f"Prometheus {key} = {samples.get(key)}")
+        leftovers = [n for n in os.listdir(tmp) if n.startswith("gpupool.prom.")]
+        if leftovers:
+            fail(f"temporary files left: {leftovers}")
     else:
         fail(f"unknown scenario {scenario}")
 
