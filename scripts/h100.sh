@@ -201,13 +201,16 @@ OCL_LOADER=$(first_file "$DEPS/usr/$ARCHLIB/libOpenCL.so.1")
 NV_OCL=${H100_OPENCL_ICD:-$(ldfind libnvidia-opencl.so.1)}
 [[ -z $NV_OCL ]] && NV_OCL=$(first_file /usr/$ARCHLIB/libnvidia-opencl.so.1 /usr/lib64/libnvidia-opencl.so.1 \
   /usr/local/nvidia/lib64/libnvidia-opencl.so.1 /usr/local/nvidia/lib/libnvidia-opencl.so.1 /usr/lib/libnvidia-opencl.so.1)
-CUDA_STUBS=$(first_file /usr/local/cuda/lib64/stubs /usr/local/cuda/targets/x86_64-linux/lib/stubs)
+CUDA_HOME=${CUDA_HOME:-$( [[ -n $NVCC ]] && dirname "$(dirname "$(readlink -f "$NVCC")")" || echo /usr/local/cuda)}
+CUDA_STUBS=$(first_file "$CUDA_HOME/lib64/stubs" "$CUDA_HOME/targets/x86_64-linux/lib/stubs" \
+  /usr/local/cuda/lib64/stubs /usr/local/cuda/targets/x86_64-linux/lib/stubs)
+CUDA_INC=$(dirname "$(first_file "$CUDA_HOME/include/cuda.h" /usr/local/cuda/include/cuda.h /usr/include/cuda.h)" 2>/dev/null)
 note spdlog "${SPDLOG_H:-MISSING (libspdlog-dev + libfmt-dev .debs needed: the library cannot build)}"
 note opencl-headers "${CL_H:-MISSING (opencl-c-headers .deb needed: the library cannot build)}"
 note gtest "${GTEST_CFG:-MISSING (libgtest-dev + libgmock-dev .debs needed: ctest tests not built)}"
 note opencl-loader "${OCL_LOADER:-MISSING (ocl-icd-libopencl1 .deb needed: OpenCL steps skipped)}"
 note nvidia-opencl "${NV_OCL:-MISSING (NVIDIA OpenCL driver library not found: OpenCL steps skipped)}"
-note cuda-stubs "${CUDA_STUBS:-missing}"
+note cuda-stubs "${CUDA_STUBS:-missing} (headers ${CUDA_INC:-missing})"
 
 # Linkable name for the OpenCL loader (only libOpenCL.so.1 may exist).
 [[ -n $OCL_LOADER ]] && ln -sf "$OCL_LOADER" "$WORK/lib/libOpenCL.so"
@@ -262,7 +265,7 @@ compile_gpu() {
   if [[ -n $NVCC && -n $CUDA_STUBS ]]; then
     step compile-cuda-check cuda.log 180 "$NVCC" -O2 -std=c++17 -arch=sm_$cc -o "$GPUBIN/cuda_driver_check" \
       tests/gpu/cuda_driver_check.cu -L"$CUDA_STUBS" -lcuda
-    step compile-bench cuda.log 120 "$CXX_BIN" -O2 -std=c++20 -I/usr/local/cuda/include -o "$GPUBIN/bench_alloc" \
+    step compile-bench cuda.log 120 "$CXX_BIN" -O2 -std=c++20 -I"$CUDA_INC" -o "$GPUBIN/bench_alloc" \
       tests/gpu/bench_alloc.cpp -L"$CUDA_STUBS" -lcuda -lpthread
   else
     skip compile-cuda-check cuda.log "nvcc or the CUDA driver stubs missing"
