@@ -5,14 +5,14 @@
 # without a GPU), once plainly and once under gpupool with its stats printed
 # at exit, and show how long each run took.
 #
-#   scripts/demo.sh [STEPS] [ELEMENTS]      (default 300 steps of 1M floats)
+#   scripts/demo.sh [STEPS] [ELEMENTS]      (default 150 steps of 1M floats)
 #   BUILD_DIR=dir scripts/demo.sh           (build somewhere else than build/)
 #
 # Needs: cmake, a C/C++ compiler, libspdlog-dev, ocl-icd-opencl-dev,
 # opencl-headers, pocl-opencl-icd (see README).
 set -eu
 cd "$(dirname "$0")/.."
-steps=${1:-300}
+steps=${1:-150}
 elements=${2:-1048576}
 b=${BUILD_DIR:-build}
 
