@@ -496,6 +496,19 @@ void scenario_errors() {
   size_t fr = 0, tot = 0;
   CHECK_EQ(api.get_info(&fr, &tot), CUDA_ERROR_INVALID_CONTEXT);
   OK(api.ctx_push(ctx));
+  // Freeing a valid pointer needs no current context (measured).
+  CUdeviceptr keep = 0;
+  void* keep_host = nullptr;
+  OK(api.mem_alloc(&keep, 6000));
+  OK(api.host_alloc(&keep_host, 6000, 0));
+  OK(api.ctx_pop(&popped));
+  OK(api.mem_free(keep));
+  OK(api.free_host(keep_host));
+  OK(api.ctx_push(ctx));
+  OK(api.ctx_sync());
+  OK(api.mem_alloc(&keep, 6000));  // and the block is usable again
+  fill(keep, 6000, 1);
+  OK(api.mem_free(keep));
 
   // Any other driver error comes back unchanged.
   api.fail_next("cuMemAlloc_v2", 1, CUDA_ERROR_UNKNOWN);
