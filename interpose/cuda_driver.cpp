@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <atomic>
-#include <mutex>
 
 namespace gpupool::cuda {
 namespace {
@@ -19,13 +18,16 @@ struct Substitute {
 constexpr std::size_t kHookCount = 0 GPUPOOL_CUDA_HOOKS(GPUPOOL_COUNT);
 #undef GPUPOOL_COUNT
 
-// Written once under g_init_mu, then published through g_driver; never freed
-// (hooks run during exit).
-Driver g_storage;
-Substitute g_table[kHookCount];
-std::size_t g_table_size = 0;
-std::atomic<const Driver*> g_driver{nullptr};
-std::mutex g_init_mu;
+// Resolved once and published with one atomic store; never freed (hooks run
+// during exit). No lock: resolution runs dlopen/dlsym, which take the
+// loader's lock, and may itself run inside a dlsym hook call or a library
+// constructor; two threads racing both resolve and the first to publish wins.
+struct Resolved {
+  Driver driver;
+  Substitute table[kHookCount];
+  std::size_t size = 0;
+};
+std::atomic<Resolved*> g_resolved{nullptr};
 std::atomic<std::size_t> g_substitutions{0};
 
 // dlopen failures leave a message that the program's next dlerror() would
@@ -38,14 +40,13 @@ void* open_libcuda(bool may_load) {
 }
 
 const Driver* init(bool may_load) {
-  if (const Driver* d = g_driver.load(std::memory_order_acquire)) return d;
+  if (Resolved* r = g_resolved.load(std::memory_order_acquire)) return &r->driver;
   DlsymFn sym = real_dlsym();
   if (!sym) return nullptr;
-  std::lock_guard lock(g_init_mu);
-  if (const Driver* d = g_driver.load(std::memory_order_acquire)) return d;
   void* h = open_libcuda(may_load);
   if (!h) return nullptr;
-  Driver& d = g_storage;
+  auto* r = new Resolved;
+  Driver& d = r->driver;
   d.handle = h;
   auto get = [&](const char* name) {
     void* p = sym(h, name);
@@ -58,9 +59,9 @@ const Driver* init(bool may_load) {
   if (d.field) {                                                                \
     bool dup = false; /* aliases: the first export of an address wins */        \
     for (std::size_t k = 0; k < n; ++k)                                         \
-      if (g_table[k].real == reinterpret_cast<void*>(d.field)) dup = true;      \
-    if (!dup) g_table[n++] = {reinterpret_cast<void*>(d.field),                 \
-                              const_cast<void*>(kHookAddresses[i])};            \
+      if (r->table[k].real == reinterpret_cast<void*>(d.field)) dup = true;     \
+    if (!dup) r->table[n++] = {reinterpret_cast<void*>(d.field),                \
+                               const_cast<void*>(kHookAddresses[i])};           \
   }                                                                             \
   ++i;
   GPUPOOL_CUDA_HOOKS(GPUPOOL_RESOLVE_HOOK)
@@ -68,9 +69,13 @@ const Driver* init(bool may_load) {
 #define GPUPOOL_RESOLVE_USED(name, field) d.field = reinterpret_cast<decltype(d.field)>(get(#name));
   GPUPOOL_CUDA_USED(GPUPOOL_RESOLVE_USED)
 #undef GPUPOOL_RESOLVE_USED
-  g_table_size = n;
-  g_driver.store(&d, std::memory_order_release);
-  return &d;
+  r->size = n;
+  Resolved* expected = nullptr;
+  if (!g_resolved.compare_exchange_strong(expected, r, std::memory_order_acq_rel)) {
+    delete r;
+    return &expected->driver;
+  }
+  return &r->driver;
 }
 
 }  // namespace
@@ -79,12 +84,12 @@ const Driver* driver() { return init(true); }
 const Driver* driver_if_loaded() { return init(false); }
 
 void* hook_for(void* real_function) {
-  if (!real_function) return nullptr;
-  if (!g_driver.load(std::memory_order_acquire)) return nullptr;
-  for (std::size_t k = 0; k < g_table_size; ++k)
-    if (g_table[k].real == real_function) {
+  const Resolved* r = g_resolved.load(std::memory_order_acquire);
+  if (!real_function || !r) return nullptr;
+  for (std::size_t k = 0; k < r->size; ++k)
+    if (r->table[k].real == real_function) {
       g_substitutions.fetch_add(1, std::memory_order_relaxed);
-      return g_table[k].hook;
+      return r->table[k].hook;
     }
   return nullptr;
 }
@@ -93,8 +98,3 @@ std::size_t substitutions() { return g_substitutions.load(std::memory_order_rela
 
 }  // namespace gpupool::cuda
 
-namespace gpupool::cuda {
-void driver_fork_prepare() { g_init_mu.lock(); }
-void driver_fork_parent() { g_init_mu.unlock(); }
-void driver_fork_child() { g_init_mu.unlock(); }
-}  // namespace gpupool::cuda

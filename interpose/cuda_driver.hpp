@@ -119,9 +119,3 @@ std::size_t substitutions();
 
 }  // namespace gpupool::cuda
 
-namespace gpupool::cuda {
-// fork(): the resolution lock, taken around fork like every other lock.
-void driver_fork_prepare();
-void driver_fork_parent();
-void driver_fork_child();
-}  // namespace gpupool::cuda

@@ -199,7 +199,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase,
                                                              CUdeviceptr dptr) {
   const Driver* d = driver();
   if (!d || !d->mem_get_address_range) return kNoDriver;
-  const PtrInfo i = runtime() ? device_map().find(dptr) : PtrInfo{};
+  const PtrInfo i = runtime() ? find_any(dptr) : PtrInfo{};
   if (!i.found) return d->mem_get_address_range(pbase, psize, dptr);
   if (unallocated_for_program(i, dptr))
     return d->mem_get_address_range(pbase, psize, unallocated_address());

@@ -451,7 +451,6 @@ void prepare() {
     if (g_all.size() == g_fork_locked.size()) break;
     g_reg_mu.unlock();
   }
-  driver_fork_prepare();
   device_map().fork_prepare();
   host_map().fork_prepare();
 }
@@ -459,7 +458,6 @@ void prepare() {
 void parent() {
   host_map().fork_parent();
   device_map().fork_parent();
-  driver_fork_parent();
   g_reg_mu.unlock();
   for (CtxState* st : g_fork_locked) st->teardown_mu.unlock();
   g_fork_locked.clear();
@@ -471,7 +469,6 @@ void parent() {
 void child() {
   host_map().fork_parent();
   device_map().fork_parent();
-  driver_fork_child();
   g_reg_mu.unlock();
   for (CtxState* st : g_fork_locked) new (&st->teardown_mu) std::shared_mutex;
   g_fork_locked.clear();
