@@ -24,12 +24,24 @@ std::atomic<std::uint64_t> g_next_buffer_id{std::uint64_t{1} << 62};
 // ---- contexts -------------------------------------------------------------
 
 // All states ever created (never freed) and the live ones by context.
-// Lock order: a state's teardown_mu, then g_reg_mu, then pointer-map locks.
-std::mutex g_reg_mu;
-std::vector<CtxState*> g_all;        // append-only
-std::vector<CtxState*> g_live;       // not retired
+// Lock order: a state's teardown_mu, then reg().mu, then pointer-map locks.
+// Created on first use and never destroyed: hooks may run before this
+// library's static constructors (from another library's constructor) and
+// while static destructors run at exit (other threads, atexit handlers).
+template <class T>
+T& leaked() {
+  static T* const p = new T;
+  return *p;
+}
 struct Primary { CUdevice dev; CUcontext ctx; };
-std::vector<Primary> g_primaries;
+struct Registry {
+  std::mutex mu;
+  std::vector<CtxState*> all;   // append-only
+  std::vector<CtxState*> live;  // not retired
+  std::vector<Primary> primaries;
+  std::vector<CtxState*> fork_locked;
+};
+Registry& reg() { return leaked<Registry>(); }
 // Bumped whenever a state is retired: thread caches compare it.
 std::atomic<std::uint64_t> g_generation{1};
 
@@ -128,7 +140,7 @@ class HostBackend final : public Backend {
 };
 
 CtxState* find_live_locked(CUcontext ctx) {
-  for (CtxState* st : g_live)
+  for (CtxState* st : reg().live)
     if (st->ctx == ctx) return st;
   return nullptr;
 }
@@ -145,7 +157,7 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
   st->ctx = ctx;
   st->dev = dev;
   st->device_total = total;
-  for (const Primary& p : g_primaries)
+  for (const Primary& p : reg().primaries)
     if (p.dev == dev && p.ctx == ctx) st->primary = true;
   ArenaOptions o;
   o.name = fmt::format("cuda dev {} ctx {}", int(dev), static_cast<void*>(ctx));
@@ -156,8 +168,8 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
   o.max_held = rt.config.max_held.resolve(total);
   const bool fenced = rt.config.reuse == config::Reuse::safe;
   st->device_arena = rt.pool.add_arena(std::make_unique<DeviceBackend>(st, fenced), std::move(o));
-  g_all.push_back(st);
-  g_live.push_back(st);
+  reg().all.push_back(st);
+  reg().live.push_back(st);
   log().debug("cuda: context {} on device {} ({} bytes): pooling", static_cast<void*>(ctx),
               int(dev), total);
   return st;
@@ -207,7 +219,7 @@ CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
   if (t_cache.ctx == ctx && t_cache.generation == gen) return t_cache.st;
   CtxState* st;
   {
-    std::lock_guard lock(g_reg_mu);
+    std::lock_guard lock(reg().mu);
     st = find_live_locked(ctx);
     if (!st && create) st = create_state(d, rt, ctx);
   }
@@ -218,7 +230,7 @@ CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
 Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   const unsigned key = (flags | CU_MEMHOSTALLOC_DEVICEMAP) & 7u;
   if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
-  std::lock_guard lock(g_reg_mu);
+  std::lock_guard lock(reg().mu);
   if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
   if (st->retired.load(std::memory_order_acquire)) return nullptr;
   static const std::size_t host_total = host_memory_bytes();
@@ -238,31 +250,31 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
 void set_host_flags(unsigned flags) { t_host_flags = flags; }
 
 void note_primary(CUcontext ctx, CUdevice dev) {
-  std::lock_guard lock(g_reg_mu);
+  std::lock_guard lock(reg().mu);
   bool known = false;
-  for (Primary& p : g_primaries)
+  for (Primary& p : reg().primaries)
     if (p.dev == dev) p.ctx = ctx, known = true;
-  if (!known) g_primaries.push_back({dev, ctx});
+  if (!known) reg().primaries.push_back({dev, ctx});
   if (CtxState* st = find_live_locked(ctx)) st->primary = true;
 }
 
 CtxState* primary_state(CUdevice dev) {
-  std::lock_guard lock(g_reg_mu);
-  for (CtxState* st : g_live)
+  std::lock_guard lock(reg().mu);
+  for (CtxState* st : reg().live)
     if (st->primary && st->dev == dev) return st;
   return nullptr;
 }
 
 CtxState* find_state(CUcontext ctx) {
-  std::lock_guard lock(g_reg_mu);
+  std::lock_guard lock(reg().mu);
   return find_live_locked(ctx);
 }
 
 void retire_locked(CtxState* st, Runtime& rt) {
   if (st->retired.exchange(true, std::memory_order_acq_rel)) return;
   {
-    std::lock_guard lock(g_reg_mu);
-    std::erase(g_live, st);
+    std::lock_guard lock(reg().mu);
+    std::erase(reg().live, st);
     g_generation.fetch_add(1, std::memory_order_acq_rel);
   }
   rt.pool.retire_arena(st->device_arena);
@@ -279,8 +291,8 @@ void retire_locked(CtxState* st, Runtime& rt) {
 std::size_t held_device_bytes(CUdevice dev) {
   std::vector<Arena*> arenas;
   {
-    std::lock_guard lock(g_reg_mu);
-    for (CtxState* st : g_live)
+    std::lock_guard lock(reg().mu);
+    for (CtxState* st : reg().live)
       if (st->dev == dev) arenas.push_back(st->device_arena);
   }
   std::size_t held = 0;
@@ -431,7 +443,6 @@ CUdeviceptr unallocated_address() { return reinterpret_cast<CUdeviceptr>(&g_unal
 
 namespace {
 
-std::vector<CtxState*> g_fork_locked;
 
 void prepare() {
   // Teardown locks first (they come first in the lock order), then the
@@ -440,16 +451,16 @@ void prepare() {
   for (;;) {
     std::vector<CtxState*> all;
     {
-      std::lock_guard lock(g_reg_mu);
-      all = g_all;
+      std::lock_guard lock(reg().mu);
+      all = reg().all;
     }
-    for (std::size_t i = g_fork_locked.size(); i < all.size(); ++i) {
+    for (std::size_t i = reg().fork_locked.size(); i < all.size(); ++i) {
       all[i]->teardown_mu.lock();
-      g_fork_locked.push_back(all[i]);
+      reg().fork_locked.push_back(all[i]);
     }
-    g_reg_mu.lock();
-    if (g_all.size() == g_fork_locked.size()) break;
-    g_reg_mu.unlock();
+    reg().mu.lock();
+    if (reg().all.size() == reg().fork_locked.size()) break;
+    reg().mu.unlock();
   }
   device_map().fork_prepare();
   host_map().fork_prepare();
@@ -458,9 +469,9 @@ void prepare() {
 void parent() {
   host_map().fork_parent();
   device_map().fork_parent();
-  g_reg_mu.unlock();
-  for (CtxState* st : g_fork_locked) st->teardown_mu.unlock();
-  g_fork_locked.clear();
+  reg().mu.unlock();
+  for (CtxState* st : reg().fork_locked) st->teardown_mu.unlock();
+  reg().fork_locked.clear();
 }
 
 // The child's only thread is the one that forked, which holds every lock:
@@ -469,9 +480,9 @@ void parent() {
 void child() {
   host_map().fork_parent();
   device_map().fork_parent();
-  g_reg_mu.unlock();
-  for (CtxState* st : g_fork_locked) new (&st->teardown_mu) std::shared_mutex;
-  g_fork_locked.clear();
+  reg().mu.unlock();
+  for (CtxState* st : reg().fork_locked) new (&st->teardown_mu) std::shared_mutex;
+  reg().fork_locked.clear();
   t_cache = {};
 }
 

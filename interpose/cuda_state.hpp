@@ -5,6 +5,8 @@
 
 #include <cuda.h>
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -93,6 +95,24 @@ struct PtrInfo {
   std::uint64_t buffer_id = 0;
 };
 
+// A lock for the pointer-map shards: held for a hash lookup or insert only.
+// Cheaper than a mutex when uncontended, and fork_prepare() takes all 64 of
+// a map's at once (more mutexes than ThreadSanitizer can track per thread).
+class SpinLock {
+ public:
+  void lock() {
+    for (unsigned spins = 0; flag_.exchange(true, std::memory_order_acquire); ++spins) {
+      while (flag_.load(std::memory_order_relaxed)) {
+        if (++spins > 64) sched_yield();
+      }
+    }
+  }
+  void unlock() { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
 class PtrMap {
  public:
   // Backend side (slow path): the driver allocated / is about to free it.
@@ -122,7 +142,7 @@ class PtrMap {
     std::uint64_t buffer_id = 0;
   };
   struct alignas(64) Shard {
-    std::mutex mu;
+    SpinLock mu;
     std::unordered_map<Handle, Entry*> map;
   };
   static constexpr unsigned kShards = 64;

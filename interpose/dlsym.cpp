@@ -27,7 +27,12 @@ thread_local bool t_inside = false;
 
 }  // namespace
 
-void* gpupool_resolve_real_dlsym() {
+// Not instrumented: sanitizer runtimes look up their interceptors' targets
+// with dlsym(RTLD_NEXT, ...) while they initialise, which lands here before
+// instrumented code may run.
+#define GPUPOOL_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
+
+GPUPOOL_NO_SANITIZE void* gpupool_resolve_real_dlsym() {
   void* p = __atomic_load_n(&gpupool_real_dlsym_ptr, __ATOMIC_ACQUIRE);
   if (p) return p;
   // RTLD_NEXT from here is the object after us: libc (glibc >= 2.34) or
