@@ -47,5 +47,6 @@ if [ "$fuzz" = 1 ]; then
     -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build build-fuzz -j"$jobs" --target config_fuzz
   mkdir -p build-fuzz/corpus
-  build-fuzz/tests/fuzz/config_fuzz -max_total_time=30 -print_final_stats=1 build-fuzz/corpus
+  build-fuzz/tests/fuzz/config_fuzz -max_total_time=30 -print_final_stats=1 \
+    -dict=tests/fuzz/config.dict build-fuzz/corpus tests/fuzz/corpus
 fi
