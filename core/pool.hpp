@@ -28,7 +28,8 @@ class Arena;
 
 // One allocation handed out by the pool. The pool owns it; the backend's
 // handle stays valid while the block is active.
-struct Block {
+// Cache-line aligned: blocks of different threads must not share a line.
+struct alignas(64) Block {
   Handle handle = 0;
   std::size_t size = 0;       // what the backend allocated
   std::size_t requested = 0;  // what the program asked for (while active)
