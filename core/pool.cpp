@@ -101,6 +101,9 @@ struct Arena::Group {
   std::atomic<std::uint64_t> held_bytes{0};
   std::vector<Arena*> arenas;  // under Pool::arenas_mu_
   bool capped() const { return max_held != SIZE_MAX; }
+  void unhold(std::size_t bytes) {
+    if (capped()) held_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  }
 };
 
 Arena::Arena(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards, Group* group)
@@ -218,8 +221,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
         ++mine.c.hits;
         mine.add_active(b);
       }
-      if (b && a.group_->capped())
-        a.group_->held_bytes.fetch_sub(b->size, std::memory_order_relaxed);
+      if (b) a.group_->unhold(b->size);
       if (b || !pending) break;
       // Only blocks the device may still use: one bulk wait frees them all.
       backend.wait_all();
@@ -332,8 +334,7 @@ std::size_t Pool::release_for_oom(Arena& arena, std::size_t wanted) {
         }
       }
       if (!victim) continue;  // raced with a hit; look again
-      if (best_arena->group_->capped())
-        best_arena->group_->held_bytes.fetch_sub(victim->size, std::memory_order_relaxed);
+      best_arena->group_->unhold(victim->size);
       released += victim->size;
       release_block(victim);
     }
@@ -450,8 +451,9 @@ void Pool::forget(Block* b) {
   drop_block(b);
 }
 
-void Pool::retire_arena(Arena* arena) {
-  arena->retired_.store(true, std::memory_order_release);
+// Take every held block of the arena out of its shards and hand each to
+// `dispose` (release to the backend, or drop when the driver already freed it).
+void Pool::empty_held(Arena* arena, void (Pool::*dispose)(Block*)) {
   for (unsigned i = 0; i < arena->shard_count_; ++i) {
     std::vector<Block*> blocks;
     {
@@ -459,27 +461,19 @@ void Pool::retire_arena(Arena* arena) {
       blocks = arena->shards_[i].take_all();
     }
     for (Block* b : blocks) {
-      if (arena->group_->capped())
-        arena->group_->held_bytes.fetch_sub(b->size, std::memory_order_relaxed);
-      drop_block(b);
+      arena->group_->unhold(b->size);
+      (this->*dispose)(b);
     }
   }
 }
 
+void Pool::retire_arena(Arena* arena) {
+  arena->retired_.store(true, std::memory_order_release);
+  empty_held(arena, &Pool::drop_block);
+}
+
 void Pool::release_held(Arena* arena) {
-  if (arena->retired()) return;
-  for (unsigned i = 0; i < arena->shard_count_; ++i) {
-    std::vector<Block*> blocks;
-    {
-      std::lock_guard lock(arena->shards_[i].mu);
-      blocks = arena->shards_[i].take_all();
-    }
-    for (Block* b : blocks) {
-      if (arena->group_->capped())
-        arena->group_->held_bytes.fetch_sub(b->size, std::memory_order_relaxed);
-      release_block(b);
-    }
-  }
+  if (!arena->retired()) empty_held(arena, &Pool::release_block);
 }
 
 void Pool::free_held() {
@@ -512,8 +506,7 @@ std::size_t Pool::trim_idle(std::uint64_t now) {
         }
       }
       for (Block* b : old) {
-        if (a->group_->capped())
-          a->group_->held_bytes.fetch_sub(b->size, std::memory_order_relaxed);
+        a->group_->unhold(b->size);
         {
           std::lock_guard lock(a->slow_mu_);
           ++a->slow_.trims;

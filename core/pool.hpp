@@ -156,6 +156,7 @@ class Pool {
   void enforce_cap(Arena& arena);
   void release_block(Block* block);
   void drop_block(Block* block);
+  void empty_held(Arena* arena, void (Pool::*dispose)(Block*));
   std::vector<Arena*> arenas_copy() const;
 
   PoolOptions options_;
