@@ -370,7 +370,7 @@ void Pool::free(Block* b) {
 
   Backend& backend = *a.backend_;
   Arena::Shard& s = a.shards_[b->shard];
-  bool held = false;
+  bool held = false, over_cap = false;
   // A block larger than the whole cap would only push everything else out.
   if (b->pooled && a.group_->capped() && b->size > a.group_->max_held) b->pooled = false;
   if (b->pooled) {
@@ -383,16 +383,19 @@ void Pool::free(Block* b) {
     // Checked under the shard lock so that a concurrent stop_holding(), whose
     // free_held() takes this lock after clearing the flag, never misses it.
     if (b->pooled && holding_.load(std::memory_order_acquire)) {
-      s.push_held(b);
+      // Counted before the block is published: once in the bin, another
+      // thread may take it (and subtract) or release it (and delete it).
+      if (a.group_->capped())
+        over_cap = a.group_->held_bytes.fetch_add(b->size, std::memory_order_relaxed) + b->size >
+                   a.group_->max_held;
       if (b->fence != 0) ++s.c.pending_frees;
+      s.push_held(b);
       held = true;
     }
   }
+  // From here on `b` may belong to another thread.
   if (!held) return release_block(b);
-  if (a.group_->capped() &&
-      a.group_->held_bytes.fetch_add(b->size, std::memory_order_relaxed) + b->size >
-          a.group_->max_held)
-    enforce_cap(a);
+  if (over_cap) enforce_cap(a);
 }
 
 // Release the group's oldest held blocks until it is back under its cap.
