@@ -244,7 +244,12 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, voi
   const PtrInfo i = runtime() ? host_map().find(q) : PtrInfo{};
   if (unallocated_for_program(i, q))
     return d->mem_host_get_flags(pflags, reinterpret_cast<void*>(unallocated_address()));
-  return d->mem_host_get_flags(pflags, p);
+  const CUresult r = d->mem_host_get_flags(pflags, p);
+  // The driver answers for the pinned chunk the block lives in, which other
+  // blocks of other flags may share while gpupool holds them: report what
+  // the program asked for, normalised as the driver does (DEVICEMAP set).
+  if (r == CUDA_SUCCESS && pflags && i.found) *pflags = i.host_flags;
+  return r;
 }
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {

@@ -104,7 +104,7 @@ class DeviceBackend final : public Backend {
 
 class HostBackend final : public Backend {
  public:
-  HostBackend(CtxState* st, bool fenced) : st_(st), fenced_(fenced) {}
+  HostBackend(CtxState* st, bool fenced, unsigned flags) : st_(st), fenced_(fenced), flags_(flags) {}
 
   BackendResult allocate(std::size_t bytes) override {
     void* p = nullptr;
@@ -112,7 +112,7 @@ class HostBackend final : public Backend {
     if (r != CUDA_SUCCESS)
       return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error,
               0, static_cast<int>(r)};
-    host_map().insert(reinterpret_cast<Handle>(p), bytes, st_);
+    host_map().insert(reinterpret_cast<Handle>(p), bytes, st_, flags_);
     return {BackendStatus::ok, reinterpret_cast<Handle>(p), 0};
   }
 
@@ -137,6 +137,7 @@ class HostBackend final : public Backend {
  private:
   CtxState* st_;
   bool fenced_;
+  unsigned flags_;  // the arena's normalised flags (DEVICEMAP set)
 };
 
 CtxState* find_live_locked(CUcontext ctx) {
@@ -242,7 +243,7 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   o.max_pooled = rt.config.max_pooled.resolve(host_total);
   o.max_held = rt.config.max_held.resolve(host_total);
   const bool fenced = rt.config.reuse == config::Reuse::safe;
-  Arena* a = rt.pool.add_arena(std::make_unique<HostBackend>(st, fenced), std::move(o));
+  Arena* a = rt.pool.add_arena(std::make_unique<HostBackend>(st, fenced, key), std::move(o));
   st->host_arenas[key].store(a, std::memory_order_release);
   return a;
 }
@@ -302,8 +303,8 @@ std::size_t held_device_bytes(CUdevice dev) {
 
 // ---- pointer maps ---------------------------------------------------------
 
-void PtrMap::insert(Handle h, std::size_t size, CtxState* st) {
-  auto* e = new Entry{h, size, st, nullptr, 0};
+void PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags) {
+  auto* e = new Entry{h, size, st, nullptr, 0, host_flags};
   std::lock_guard rl(ranges_mu_);
   Shard& s = shard(h);
   std::lock_guard sl(s.mu);
@@ -373,6 +374,7 @@ PtrInfo PtrMap::find(Handle p) {
   info.active = e->block != nullptr;
   info.requested = e->block ? e->block->requested : 0;
   info.buffer_id = e->buffer_id;
+  info.host_flags = e->host_flags;
   return info;
 }
 

@@ -93,6 +93,7 @@ struct PtrInfo {
   std::size_t size = 0;     // the driver allocation's size
   std::size_t requested = 0;
   std::uint64_t buffer_id = 0;
+  unsigned host_flags = 0;  // pinned: the normalised flags the block was allocated for
 };
 
 // A lock for the pointer-map shards: held for a hash lookup or insert only.
@@ -116,7 +117,7 @@ class SpinLock {
 class PtrMap {
  public:
   // Backend side (slow path): the driver allocated / is about to free it.
-  void insert(Handle h, std::size_t size, CtxState* st);
+  void insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags = 0);
   void erase(Handle h);
   // Hit path. activate: the pool handed `b` out. deactivate: the program
   // frees h; *known = false if h is not ours; returns nullptr for a block
@@ -140,6 +141,7 @@ class PtrMap {
     CtxState* st = nullptr;
     Block* block = nullptr;  // non-null while the program owns it
     std::uint64_t buffer_id = 0;
+    unsigned host_flags = 0;
   };
   struct alignas(64) Shard {
     SpinLock mu;
