@@ -336,6 +336,22 @@ void check_pointer_queries() {
     std::memset(h, int(c.flags), 100000);
     REQUIRE(cuMemFreeHost(h));  // held: the next case may reuse it
   }
+  // Does the driver report another live block's flags? A flags-0 block kept
+  // alive beside a PORTABLE one of the same size (as when gpupool holds it).
+  {
+    void* keep = nullptr;
+    void* port = nullptr;
+    REQUIRE(cuMemHostAlloc(&keep, 100000, 0));
+    REQUIRE(cuMemHostAlloc(&port, 100000, CU_MEMHOSTALLOC_PORTABLE));
+    unsigned kf = 0, pf = 0;
+    cuMemHostGetFlags(&kf, keep);
+    cuMemHostGetFlags(&pf, port);
+    // Measured (driver 580): raw reports 0x2 for the PORTABLE block here;
+    // gpupool reports what the program asked for, 0x3.
+    info("pinned.flags-coexisting", fmt("kept 0x%x, portable 0x%x (alone: 0x2, 0x3)", kf, pf));
+    REQUIRE(cuMemFreeHost(port));
+    REQUIRE(cuMemFreeHost(keep));
+  }
   void* ah = nullptr;
   REQUIRE(cuMemAllocHost(&ah, 100000));
   unsigned af = 0;
@@ -595,7 +611,12 @@ void check_oom_retry() {
   }
   std::size_t n2 = v.size();
   double bytes1 = double(n1 * s1), bytes2 = double(n2 * s2);
-  check(last == CUDA_ERROR_OUT_OF_MEMORY && bytes2 >= bytes1 - 1.0 * GiB, "oom.refill-other-size",
+  // Requested bytes: gpupool serves each request with its bin's allocation
+  // size (48 MiB takes 50 MiB, 32 MiB takes 34 MiB; waste under 1/16 with
+  // the default GPUPOOL_LEADING_BITS=4), so the second fill may reach up to
+  // 1/16 less than the first even when every held block was given back.
+  check(last == CUDA_ERROR_OUT_OF_MEMORY && bytes2 >= bytes1 * (1 - 1.0 / 16) - 1.0 * GiB,
+        "oom.refill-other-size",
         fmt("%zu x 32 MiB = %.1f GiB after %.1f GiB of 48 MiB blocks, then rc=%d", n2,
             bytes2 / GiB, bytes1 / GiB, int(last)));
   for (auto p : v) REQUIRE(cuMemFree(p));
