@@ -36,6 +36,6 @@ rm -rf .whl
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 -d .whl pyopencl pytools platformdirs siphash24
+  --platform manylinux2014_x86_64 -d .whl pyopencl pytools platformdirs siphash24 mako markupsafe
 ls -l .whl
 echo "wheels: $(du -sh .whl | cut -f1) in $(ls .whl/*.whl | wc -l) files"

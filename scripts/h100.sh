@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The one call on the GPU machine (H100, CUDA 13, driver 580): builds gpupool,
 # runs every check and benchmark that can run there, and writes the results
-# under $OUT (at most 6 files):
+# under $OUT (at most 7 files):
 #   summary.md   date, machine, each check PASS/FAIL, benchmark tables, ratios
 #   build.log    environment found, dependency set-up, cmake, build, ctest
 #   cuda.log     driver-API checks (raw, gpupool, GPUPOOL_REUSE=immediate), benchmarks
 #   python.log   PyTorch and CuPy runs
 #   opencl.log   NVIDIA OpenCL checks and benchmarks
 #   bench.json   every benchmark result, one JSON object per line
+#   bench_pool.txt  the pool's own warm-pair benchmark, 1..16 threads (Google Benchmark)
 # and prints a compact summary last on stdout.
 #
 # Usage: bash scripts/h100.sh        (OUT defaults to ./h100-out; build/ is rebuilt
@@ -34,7 +35,7 @@ T_START=$SECONDS
 
 mkdir -p "$OUT"
 rm -f "$OUT"/summary.md "$OUT"/build.log "$OUT"/cuda.log "$OUT"/python.log "$OUT"/opencl.log \
-  "$OUT"/bench.json
+  "$OUT"/bench.json "$OUT"/bench_pool.txt
 rm -rf "$WORK"
 mkdir -p "$WORK"/out "$WORK"/stats "$WORK"/gplog "$WORK"/lib "$WORK"/vendors
 touch "$OUT"/bench.json
@@ -332,11 +333,23 @@ if [[ -n $TESTS_PID ]]; then
 fi
 
 # --- Benchmarks and the frameworks (timed) ------------------------------------
+# The pool alone (no GPU API): warm pairs on 1..16 threads of this host.
+if [[ -x $BUILD/tests/bench/bench_pool ]]; then
+  step bench-pool cuda.log 90 "$BUILD/tests/bench/bench_pool" --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true
+  grep -E '_median|^Run on' "$WORK/out/bench-pool.out" >"$OUT/bench_pool.txt" 2>/dev/null
+else
+  skip bench-pool cuda.log "tests/bench/bench_pool was not built (Google Benchmark missing)"
+fi
 if [[ -x $BENCH ]]; then
   step bench-raw cuda.log 120 "$BENCH" --label raw --async
   grep -h '^{' "$WORK/out/bench-raw.out" >>"$OUT/bench.json" 2>/dev/null
   step_gp bench-gpupool cuda.log 90 "$BENCH" --label gpupool
   grep -h '^{' "$WORK/out/bench-gpupool.out" >>"$OUT/bench.json" 2>/dev/null
+  # The safe default synchronizes once per pair here (the block freed is the
+  # one needed next); immediate reuse shows the pool's own cost.
+  step_gp bench-gpupool-immediate cuda.log 90 env GPUPOOL_REUSE=immediate "$BENCH" --label gpupool-immediate
+  grep -h '^{' "$WORK/out/bench-gpupool-immediate.out" >>"$OUT/bench.json" 2>/dev/null
 else
   skip bench cuda.log "bench_alloc not compiled"
 fi
