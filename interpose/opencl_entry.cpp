@@ -25,7 +25,6 @@ std::once_flag g_loader_once;
 
 Api g_target;                            // the layer's next dispatch, as an Api
 std::atomic<const Api*> g_next{nullptr};  // &g_target once the layer is initialised
-std::atomic<bool> g_layer{false};
 std::atomic<bool> g_deinit{false};
 
 // The loader's own exports, for export mode and for forwarding.
@@ -57,14 +56,6 @@ const Api& loader() {
   return g_loader;
 }
 
-bool layer_active() { return g_layer.load(std::memory_order_acquire); }
-
-template <class T>
-T fail_ptr(cl_int* errcode_ret) {
-  if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
-  return nullptr;
-}
-
 }  // namespace
 
 const Api& next() {
@@ -77,32 +68,18 @@ const Api& next() {
 using namespace gpupool::ocl;
 
 // ---------------------------------------------------------------------------
-// Preloaded exports. With the layer initialised they only forward to the
-// loader (which calls the layer); otherwise they run the hooks.
-
-#define GPUPOOL_FORWARD_INT(name, ...)                         \
-  do {                                                         \
-    if (layer_active()) {                                      \
-      auto fn = loader().name;                                 \
-      return fn ? fn(__VA_ARGS__) : CL_INVALID_OPERATION;      \
-    }                                                          \
-    return hook::name(__VA_ARGS__);                            \
-  } while (0)
-
-#define GPUPOOL_FORWARD_PTR(name, err, ...)                              \
-  do {                                                                   \
-    if (layer_active()) {                                                \
-      auto fn = loader().name;                                           \
-      return fn ? fn(__VA_ARGS__) : fail_ptr<decltype(fn(__VA_ARGS__))>(err); \
-    }                                                                    \
-    return hook::name(__VA_ARGS__);                                      \
-  } while (0)
+// Preloaded exports: a call that bound to one of these never went through a
+// loader, so it runs the hook, which calls next(): the dispatch of the
+// loader that initialised the layer, or the loader found by name before
+// that. Forwarding to a loader found by name instead missed the pool when
+// the program's loader was a private copy (PyOpenCL's wheel; see
+// tests/opencl/test_private_loader.c).
 
 GPUPOOL_EXPORT cl_context CL_API_CALL clCreateContext(
     const cl_context_properties* properties, cl_uint num_devices, const cl_device_id* devices,
     void(CL_CALLBACK* pfn_notify)(const char*, const void*, size_t, void*), void* user_data,
     cl_int* errcode_ret) {
-  GPUPOOL_FORWARD_PTR(clCreateContext, errcode_ret, properties, num_devices, devices, pfn_notify,
+  return hook::clCreateContext(properties, num_devices, devices, pfn_notify,
                       user_data, errcode_ret);
 }
 
@@ -110,68 +87,68 @@ GPUPOOL_EXPORT cl_context CL_API_CALL clCreateContextFromType(
     const cl_context_properties* properties, cl_device_type device_type,
     void(CL_CALLBACK* pfn_notify)(const char*, const void*, size_t, void*), void* user_data,
     cl_int* errcode_ret) {
-  GPUPOOL_FORWARD_PTR(clCreateContextFromType, errcode_ret, properties, device_type, pfn_notify,
+  return hook::clCreateContextFromType(properties, device_type, pfn_notify,
                       user_data, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clRetainContext(cl_context context) {
-  GPUPOOL_FORWARD_INT(clRetainContext, context);
+  return hook::clRetainContext(context);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseContext(cl_context context) {
-  GPUPOOL_FORWARD_INT(clReleaseContext, context);
+  return hook::clReleaseContext(context);
 }
 
 GPUPOOL_EXPORT cl_command_queue CL_API_CALL clCreateCommandQueue(
     cl_context context, cl_device_id device, cl_command_queue_properties properties,
     cl_int* errcode_ret) {
-  GPUPOOL_FORWARD_PTR(clCreateCommandQueue, errcode_ret, context, device, properties, errcode_ret);
+  return hook::clCreateCommandQueue(context, device, properties, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_command_queue CL_API_CALL clCreateCommandQueueWithProperties(
     cl_context context, cl_device_id device, const cl_queue_properties* properties,
     cl_int* errcode_ret) {
-  GPUPOOL_FORWARD_PTR(clCreateCommandQueueWithProperties, errcode_ret, context, device, properties,
+  return hook::clCreateCommandQueueWithProperties(context, device, properties,
                       errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clRetainCommandQueue(cl_command_queue queue) {
-  GPUPOOL_FORWARD_INT(clRetainCommandQueue, queue);
+  return hook::clRetainCommandQueue(queue);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseCommandQueue(cl_command_queue queue) {
-  GPUPOOL_FORWARD_INT(clReleaseCommandQueue, queue);
+  return hook::clReleaseCommandQueue(queue);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clFinish(cl_command_queue queue) {
-  GPUPOOL_FORWARD_INT(clFinish, queue);
+  return hook::clFinish(queue);
 }
 
 GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateBuffer(cl_context context, cl_mem_flags flags,
                                                  size_t size, void* host_ptr,
                                                  cl_int* errcode_ret) {
-  GPUPOOL_FORWARD_PTR(clCreateBuffer, errcode_ret, context, flags, size, host_ptr, errcode_ret);
+  return hook::clCreateBuffer(context, flags, size, host_ptr, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateBufferWithProperties(
     cl_context context, const cl_mem_properties* properties, cl_mem_flags flags, size_t size,
     void* host_ptr, cl_int* errcode_ret) {
-  GPUPOOL_FORWARD_PTR(clCreateBufferWithProperties, errcode_ret, context, properties, flags, size,
+  return hook::clCreateBufferWithProperties(context, properties, flags, size,
                       host_ptr, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clRetainMemObject(cl_mem memobj) {
-  GPUPOOL_FORWARD_INT(clRetainMemObject, memobj);
+  return hook::clRetainMemObject(memobj);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseMemObject(cl_mem memobj) {
-  GPUPOOL_FORWARD_INT(clReleaseMemObject, memobj);
+  return hook::clReleaseMemObject(memobj);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clGetMemObjectInfo(cl_mem memobj, cl_mem_info param_name,
                                                      size_t param_value_size, void* param_value,
                                                      size_t* param_value_size_ret) {
-  GPUPOOL_FORWARD_INT(clGetMemObjectInfo, memobj, param_name, param_value_size, param_value,
+  return hook::clGetMemObjectInfo(memobj, param_name, param_value_size, param_value,
                       param_value_size_ret);
 }
 
@@ -179,34 +156,34 @@ GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateSubBuffer(cl_mem buffer, cl_mem_flags 
                                                     cl_buffer_create_type buffer_create_type,
                                                     const void* buffer_create_info,
                                                     cl_int* errcode_ret) {
-  GPUPOOL_FORWARD_PTR(clCreateSubBuffer, errcode_ret, buffer, flags, buffer_create_type,
+  return hook::clCreateSubBuffer(buffer, flags, buffer_create_type,
                       buffer_create_info, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clSetMemObjectDestructorCallback(
     cl_mem memobj, void(CL_CALLBACK* pfn_notify)(cl_mem, void*), void* user_data) {
-  GPUPOOL_FORWARD_INT(clSetMemObjectDestructorCallback, memobj, pfn_notify, user_data);
+  return hook::clSetMemObjectDestructorCallback(memobj, pfn_notify, user_data);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueReadBuffer(cl_command_queue q, cl_mem buffer,
                                                       cl_bool blocking, size_t offset, size_t size,
                                                       void* ptr, cl_uint n, const cl_event* wait,
                                                       cl_event* event) {
-  GPUPOOL_FORWARD_INT(clEnqueueReadBuffer, q, buffer, blocking, offset, size, ptr, n, wait, event);
+  return hook::clEnqueueReadBuffer(q, buffer, blocking, offset, size, ptr, n, wait, event);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueWriteBuffer(cl_command_queue q, cl_mem buffer,
                                                        cl_bool blocking, size_t offset, size_t size,
                                                        const void* ptr, cl_uint n,
                                                        const cl_event* wait, cl_event* event) {
-  GPUPOOL_FORWARD_INT(clEnqueueWriteBuffer, q, buffer, blocking, offset, size, ptr, n, wait, event);
+  return hook::clEnqueueWriteBuffer(q, buffer, blocking, offset, size, ptr, n, wait, event);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst,
                                                       size_t src_offset, size_t dst_offset,
                                                       size_t size, cl_uint n, const cl_event* wait,
                                                       cl_event* event) {
-  GPUPOOL_FORWARD_INT(clEnqueueCopyBuffer, q, src, dst, src_offset, dst_offset, size, n, wait,
+  return hook::clEnqueueCopyBuffer(q, src, dst, src_offset, dst_offset, size, n, wait,
                       event);
 }
 
@@ -214,7 +191,7 @@ GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueFillBuffer(cl_command_queue q, cl_mem
                                                       const void* pattern, size_t pattern_size,
                                                       size_t offset, size_t size, cl_uint n,
                                                       const cl_event* wait, cl_event* event) {
-  GPUPOOL_FORWARD_INT(clEnqueueFillBuffer, q, buffer, pattern, pattern_size, offset, size, n, wait,
+  return hook::clEnqueueFillBuffer(q, buffer, pattern, pattern_size, offset, size, n, wait,
                       event);
 }
 
@@ -223,7 +200,7 @@ GPUPOOL_EXPORT void* CL_API_CALL clEnqueueMapBuffer(cl_command_queue q, cl_mem b
                                                     size_t offset, size_t size, cl_uint n,
                                                     const cl_event* wait, cl_event* event,
                                                     cl_int* errcode_ret) {
-  GPUPOOL_FORWARD_PTR(clEnqueueMapBuffer, errcode_ret, q, buffer, blocking, map_flags, offset, size,
+  return hook::clEnqueueMapBuffer(q, buffer, blocking, map_flags, offset, size,
                       n, wait, event, errcode_ret);
 }
 
@@ -266,7 +243,6 @@ cl_int init_layer(cl_uint num_entries, const cl_icd_dispatch* target, cl_uint* n
     GPUPOOL_CL_HOOKED(GPUPOOL_CL_INSTALL)
 #undef GPUPOOL_CL_INSTALL
     g_next.store(&g_target, std::memory_order_release);
-    g_layer.store(true, std::memory_order_release);
     gpupool::log().debug("OpenCL: initialised as an ICD layer ({} entries)", use);
   }
   *num_entries_ret = use;

@@ -10,7 +10,7 @@ $sudo_ apt-get update -qq
 $sudo_ apt-get install -y -qq --no-install-recommends \
   build-essential cmake clang libclang-rt-14-dev \
   libspdlog-dev libfmt-dev googletest libgtest-dev libbenchmark-dev \
-  pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo \
+  pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
   python3-pyopencl python3-numpy >/dev/null
 if [ ! -f /usr/local/cuda/include/cuda.h ] && [ -z "${CUDA_HOME:-}" ]; then
   echo "deps.sh: CUDA Toolkit headers not found (/usr/local/cuda/include/cuda.h); set CUDA_HOME" >&2
