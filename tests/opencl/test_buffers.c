@@ -228,12 +228,12 @@ static void test_sub_buffers(void) {
   cl_buffer_region bad = {0, size + 1};
   cl_mem s = clCreateSubBuffer(parent, 0, CL_BUFFER_CREATE_TYPE_REGION, &bad, &err);
   SPEC_CHECK(!s, "out-of-range sub-buffer created");
-  printf("R sub out of range %d\n", err);
+  SPEC_RESULT("sub out of range %d\n", err);
   SPEC_CHECK(err == CL_INVALID_VALUE, "error %d, expected %d", err, CL_INVALID_VALUE);
   if (s) clReleaseMemObject(s);
   cl_buffer_region bad2 = {3 * align, align + 1};
   s = clCreateSubBuffer(parent, 0, CL_BUFFER_CREATE_TYPE_REGION, &bad2, &err);
-  printf("R sub tail out of range %d\n", err);
+  SPEC_RESULT("sub tail out of range %d\n", err);
   SPEC_CHECK(err == CL_INVALID_VALUE, "error %d, expected %d", err, CL_INVALID_VALUE);
   if (s) clReleaseMemObject(s);
   cl_buffer_region reg = {align, 2 * align};
