@@ -1,6 +1,7 @@
 #include "core/pool.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <ctime>
 #include <thread>
 
@@ -128,11 +129,41 @@ Stats Arena::stats() const {
 
 namespace {
 
-std::atomic<unsigned> g_next_thread_slot{0};
+// A thread's slot picks its shard (slot % shards). A new thread takes the
+// lowest free slot and gives it back when it exits, so threads alive at the
+// same time land on different shards however many came and went before (a
+// counter put every other new thread on the main thread's shard with two
+// shards). Lock-free, so fork() cannot leave the table locked; threads past
+// the table's size share slots, as they would share shards anyway.
+constexpr unsigned kSlotWords = 4;
+std::atomic<std::uint64_t> g_slots_used[kSlotWords];
+
+unsigned take_slot() {
+  for (unsigned w = 0; w < kSlotWords; ++w) {
+    std::uint64_t used = g_slots_used[w].load(std::memory_order_relaxed);
+    while (~used) {
+      const unsigned bit = static_cast<unsigned>(std::countr_one(used));
+      if (g_slots_used[w].compare_exchange_weak(used, used | (std::uint64_t{1} << bit),
+                                                std::memory_order_acq_rel))
+        return w * 64 + bit;
+    }
+  }
+  static std::atomic<unsigned> overflow{0};
+  return overflow.fetch_add(1, std::memory_order_relaxed);
+}
+
+struct ThreadSlot {
+  unsigned value = take_slot();
+  ~ThreadSlot() {
+    if (value < kSlotWords * 64)
+      g_slots_used[value / 64].fetch_and(~(std::uint64_t{1} << (value % 64)),
+                                         std::memory_order_release);
+  }
+};
 
 unsigned thread_slot() {
-  thread_local unsigned slot = g_next_thread_slot.fetch_add(1, std::memory_order_relaxed);
-  return slot;
+  thread_local ThreadSlot slot;
+  return slot.value;
 }
 
 unsigned default_shards() {
