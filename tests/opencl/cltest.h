@@ -45,7 +45,7 @@ static cl_device_id cltest_device;
 
 /* The first platform with a device, or the one whose name contains
    $CLTEST_PLATFORM. Exits 77 (skip) when there is none. */
-static void cltest_pick_device(void) {
+static inline void cltest_pick_device(void) {
   cl_platform_id ps[16];
   cl_uint np = 0;
   if (clGetPlatformIDs(16, ps, &np) != CL_SUCCESS || np == 0) {
@@ -69,21 +69,21 @@ static void cltest_pick_device(void) {
   exit(77);
 }
 
-static cl_context cltest_context(void) {
+static inline cl_context cltest_context(void) {
   cl_int err;
   cl_context c = clCreateContext(NULL, 1, &cltest_device, NULL, NULL, &err);
   REQUIRE(c, "clCreateContext: %d", err);
   return c;
 }
 
-static cl_command_queue cltest_queue(cl_context c) {
+static inline cl_command_queue cltest_queue(cl_context c) {
   cl_int err;
   cl_command_queue q = clCreateCommandQueue(c, cltest_device, 0, &err);
   REQUIRE(q, "clCreateCommandQueue: %d", err);
   return q;
 }
 
-static cl_ulong cltest_device_ulong(cl_device_info what) {
+static inline cl_ulong cltest_device_ulong(cl_device_info what) {
   cl_ulong v = 0;
   clGetDeviceInfo(cltest_device, what, sizeof v, &v, NULL);
   return v;
@@ -94,7 +94,7 @@ static cl_ulong cltest_device_ulong(cl_device_info what) {
    sub-buffers past their parent's end are created). SPEC_CHECK enforces them
    on PoCL, which follows them; elsewhere the "R" lines beside them, which
    compare.sh holds equal with and without gpupool, are what counts. */
-static int cltest_spec_platform(void) {
+static inline int cltest_spec_platform(void) {
   char name[256] = "";
   clGetPlatformInfo(cltest_platform, CL_PLATFORM_NAME, sizeof name, name, NULL);
   return strstr(name, "Portable Computing Language") != NULL;
@@ -113,7 +113,7 @@ static int cltest_spec_platform(void) {
     printf(__VA_ARGS__);                                  \
   } while (0)
 /* Is gpupool pooling OpenCL buffers in this process? */
-static int cltest_pooling(void) {
+static inline int cltest_pooling(void) {
   int (*active)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "gpupool_active");
   if (!active || !active()) return 0;
   const char* v = getenv("GPUPOOL_OPENCL");
@@ -123,7 +123,7 @@ static int cltest_pooling(void) {
 /* Counters of the test ICD layer (count_layer.c), placed between gpupool and
    the driver: what the implementation was really asked for. -1 when the
    layer is not loaded; when $COUNT_LAYER names it, it must be. */
-static long cltest_count(const char* what) {
+static inline long cltest_count(const char* what) {
   static long (*get)(const char*);
   static int looked;
   if (!looked) {
@@ -138,7 +138,7 @@ static long cltest_count(const char* what) {
   return get ? get(what) : -1;
 }
 
-static long cltest_stat(const char* key) {
+static inline long cltest_stat(const char* key) {
   /* A total from gpupool's JSON stats ("key": N, first occurrence). */
   size_t (*json)(char*, size_t) = (size_t(*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
   if (!json) return -1;
@@ -150,7 +150,7 @@ static long cltest_stat(const char* key) {
   return p ? strtol(p + strlen(pat), NULL, 10) : -1;
 }
 
-static int cltest_finish(const char* name) {
+static inline int cltest_finish(const char* name) {
   if (cltest_failures) {
     fprintf(stderr, "FAIL %s: %d check(s) failed\n", name, cltest_failures);
     return 1;
