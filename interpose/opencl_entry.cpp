@@ -27,7 +27,7 @@ Api g_target;                            // the layer's next dispatch, as an Api
 std::atomic<const Api*> g_next{nullptr};  // &g_target once the layer is initialised
 std::atomic<bool> g_deinit{false};
 
-// The loader's own exports, for export mode and for forwarding.
+// The loader's own exports: next() until a loader initialises the layer.
 void resolve_loader() {
   void* h = RTLD_NEXT;
   // A Python extension loads the loader RTLD_LOCAL: RTLD_NEXT does not see
@@ -56,6 +56,12 @@ const Api& loader() {
   return g_loader;
 }
 
+template <class T>
+T fail_ptr(cl_int* errcode_ret) {
+  if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
+  return nullptr;
+}
+
 }  // namespace
 
 const Api& next() {
@@ -75,11 +81,25 @@ using namespace gpupool::ocl;
 // the program's loader was a private copy (PyOpenCL's wheel; see
 // tests/opencl/test_private_loader.c).
 
+// A dispatch table without the entry (a loader older than the function)
+// gets the loaders' answer for a function they lack, not a null call.
+#define GPUPOOL_RUN_HOOK_INT(name, ...)                 \
+  do {                                                  \
+    if (!next().name) return CL_INVALID_OPERATION;      \
+    return hook::name(__VA_ARGS__);                     \
+  } while (0)
+
+#define GPUPOOL_RUN_HOOK_PTR(name, err, ...)                                       \
+  do {                                                                             \
+    if (!next().name) return fail_ptr<decltype(hook::name(__VA_ARGS__))>(err);     \
+    return hook::name(__VA_ARGS__);                                                \
+  } while (0)
+
 GPUPOOL_EXPORT cl_context CL_API_CALL clCreateContext(
     const cl_context_properties* properties, cl_uint num_devices, const cl_device_id* devices,
     void(CL_CALLBACK* pfn_notify)(const char*, const void*, size_t, void*), void* user_data,
     cl_int* errcode_ret) {
-  return hook::clCreateContext(properties, num_devices, devices, pfn_notify,
+  GPUPOOL_RUN_HOOK_PTR(clCreateContext, errcode_ret, properties, num_devices, devices, pfn_notify,
                       user_data, errcode_ret);
 }
 
@@ -87,68 +107,68 @@ GPUPOOL_EXPORT cl_context CL_API_CALL clCreateContextFromType(
     const cl_context_properties* properties, cl_device_type device_type,
     void(CL_CALLBACK* pfn_notify)(const char*, const void*, size_t, void*), void* user_data,
     cl_int* errcode_ret) {
-  return hook::clCreateContextFromType(properties, device_type, pfn_notify,
+  GPUPOOL_RUN_HOOK_PTR(clCreateContextFromType, errcode_ret, properties, device_type, pfn_notify,
                       user_data, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clRetainContext(cl_context context) {
-  return hook::clRetainContext(context);
+  GPUPOOL_RUN_HOOK_INT(clRetainContext, context);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseContext(cl_context context) {
-  return hook::clReleaseContext(context);
+  GPUPOOL_RUN_HOOK_INT(clReleaseContext, context);
 }
 
 GPUPOOL_EXPORT cl_command_queue CL_API_CALL clCreateCommandQueue(
     cl_context context, cl_device_id device, cl_command_queue_properties properties,
     cl_int* errcode_ret) {
-  return hook::clCreateCommandQueue(context, device, properties, errcode_ret);
+  GPUPOOL_RUN_HOOK_PTR(clCreateCommandQueue, errcode_ret, context, device, properties, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_command_queue CL_API_CALL clCreateCommandQueueWithProperties(
     cl_context context, cl_device_id device, const cl_queue_properties* properties,
     cl_int* errcode_ret) {
-  return hook::clCreateCommandQueueWithProperties(context, device, properties,
+  GPUPOOL_RUN_HOOK_PTR(clCreateCommandQueueWithProperties, errcode_ret, context, device, properties,
                       errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clRetainCommandQueue(cl_command_queue queue) {
-  return hook::clRetainCommandQueue(queue);
+  GPUPOOL_RUN_HOOK_INT(clRetainCommandQueue, queue);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseCommandQueue(cl_command_queue queue) {
-  return hook::clReleaseCommandQueue(queue);
+  GPUPOOL_RUN_HOOK_INT(clReleaseCommandQueue, queue);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clFinish(cl_command_queue queue) {
-  return hook::clFinish(queue);
+  GPUPOOL_RUN_HOOK_INT(clFinish, queue);
 }
 
 GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateBuffer(cl_context context, cl_mem_flags flags,
                                                  size_t size, void* host_ptr,
                                                  cl_int* errcode_ret) {
-  return hook::clCreateBuffer(context, flags, size, host_ptr, errcode_ret);
+  GPUPOOL_RUN_HOOK_PTR(clCreateBuffer, errcode_ret, context, flags, size, host_ptr, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateBufferWithProperties(
     cl_context context, const cl_mem_properties* properties, cl_mem_flags flags, size_t size,
     void* host_ptr, cl_int* errcode_ret) {
-  return hook::clCreateBufferWithProperties(context, properties, flags, size,
+  GPUPOOL_RUN_HOOK_PTR(clCreateBufferWithProperties, errcode_ret, context, properties, flags, size,
                       host_ptr, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clRetainMemObject(cl_mem memobj) {
-  return hook::clRetainMemObject(memobj);
+  GPUPOOL_RUN_HOOK_INT(clRetainMemObject, memobj);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseMemObject(cl_mem memobj) {
-  return hook::clReleaseMemObject(memobj);
+  GPUPOOL_RUN_HOOK_INT(clReleaseMemObject, memobj);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clGetMemObjectInfo(cl_mem memobj, cl_mem_info param_name,
                                                      size_t param_value_size, void* param_value,
                                                      size_t* param_value_size_ret) {
-  return hook::clGetMemObjectInfo(memobj, param_name, param_value_size, param_value,
+  GPUPOOL_RUN_HOOK_INT(clGetMemObjectInfo, memobj, param_name, param_value_size, param_value,
                       param_value_size_ret);
 }
 
@@ -156,34 +176,34 @@ GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateSubBuffer(cl_mem buffer, cl_mem_flags 
                                                     cl_buffer_create_type buffer_create_type,
                                                     const void* buffer_create_info,
                                                     cl_int* errcode_ret) {
-  return hook::clCreateSubBuffer(buffer, flags, buffer_create_type,
+  GPUPOOL_RUN_HOOK_PTR(clCreateSubBuffer, errcode_ret, buffer, flags, buffer_create_type,
                       buffer_create_info, errcode_ret);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clSetMemObjectDestructorCallback(
     cl_mem memobj, void(CL_CALLBACK* pfn_notify)(cl_mem, void*), void* user_data) {
-  return hook::clSetMemObjectDestructorCallback(memobj, pfn_notify, user_data);
+  GPUPOOL_RUN_HOOK_INT(clSetMemObjectDestructorCallback, memobj, pfn_notify, user_data);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueReadBuffer(cl_command_queue q, cl_mem buffer,
                                                       cl_bool blocking, size_t offset, size_t size,
                                                       void* ptr, cl_uint n, const cl_event* wait,
                                                       cl_event* event) {
-  return hook::clEnqueueReadBuffer(q, buffer, blocking, offset, size, ptr, n, wait, event);
+  GPUPOOL_RUN_HOOK_INT(clEnqueueReadBuffer, q, buffer, blocking, offset, size, ptr, n, wait, event);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueWriteBuffer(cl_command_queue q, cl_mem buffer,
                                                        cl_bool blocking, size_t offset, size_t size,
                                                        const void* ptr, cl_uint n,
                                                        const cl_event* wait, cl_event* event) {
-  return hook::clEnqueueWriteBuffer(q, buffer, blocking, offset, size, ptr, n, wait, event);
+  GPUPOOL_RUN_HOOK_INT(clEnqueueWriteBuffer, q, buffer, blocking, offset, size, ptr, n, wait, event);
 }
 
 GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst,
                                                       size_t src_offset, size_t dst_offset,
                                                       size_t size, cl_uint n, const cl_event* wait,
                                                       cl_event* event) {
-  return hook::clEnqueueCopyBuffer(q, src, dst, src_offset, dst_offset, size, n, wait,
+  GPUPOOL_RUN_HOOK_INT(clEnqueueCopyBuffer, q, src, dst, src_offset, dst_offset, size, n, wait,
                       event);
 }
 
@@ -191,7 +211,7 @@ GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueFillBuffer(cl_command_queue q, cl_mem
                                                       const void* pattern, size_t pattern_size,
                                                       size_t offset, size_t size, cl_uint n,
                                                       const cl_event* wait, cl_event* event) {
-  return hook::clEnqueueFillBuffer(q, buffer, pattern, pattern_size, offset, size, n, wait,
+  GPUPOOL_RUN_HOOK_INT(clEnqueueFillBuffer, q, buffer, pattern, pattern_size, offset, size, n, wait,
                       event);
 }
 
@@ -200,7 +220,7 @@ GPUPOOL_EXPORT void* CL_API_CALL clEnqueueMapBuffer(cl_command_queue q, cl_mem b
                                                     size_t offset, size_t size, cl_uint n,
                                                     const cl_event* wait, cl_event* event,
                                                     cl_int* errcode_ret) {
-  return hook::clEnqueueMapBuffer(q, buffer, blocking, map_flags, offset, size,
+  GPUPOOL_RUN_HOOK_PTR(clEnqueueMapBuffer, errcode_ret, q, buffer, blocking, map_flags, offset, size,
                       n, wait, event, errcode_ret);
 }
 
