@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <ctime>
+#include <optional>
 #include <thread>
 
 namespace gpupool {
@@ -64,9 +65,11 @@ struct alignas(64) Arena::Shard {
     c.held_bytes -= b->size;
   }
   // A ready block of `bin`, or nullptr; *pending is set when the bin only has
-  // blocks whose fence has not passed. Fences grow with push order, so the
-  // oldest block (front) is the most likely to be ready.
-  Block* take(std::size_t bin, Backend& backend, bool* pending) {
+  // blocks whose fence has not passed, and their bytes added to
+  // *pending_bytes. Fences grow with push order, so the oldest block (front)
+  // is the most likely to be ready.
+  Block* take(std::size_t bin, Backend& backend, bool* pending, std::size_t* pending_blocks,
+              std::size_t* pending_bytes) {
     if (bin >= bins.size() || bins[bin].empty()) return nullptr;
     auto& v = bins[bin];
     Block* b = v.back();
@@ -77,6 +80,8 @@ struct alignas(64) Arena::Shard {
       v.erase(v.begin());
     } else {
       *pending = true;
+      *pending_blocks += v.size();
+      *pending_bytes += v.size() * b->size;
       return nullptr;
     }
     unheld(b);
@@ -173,6 +178,11 @@ unsigned default_shards() {
 
 }  // namespace
 
+// A bin grows by fresh blocks while fewer than this many wait for the device:
+// one wait then frees them all, so a loop that frees and at once reuses a
+// size pays a wait every this many pairs, for this many - 1 allocations once.
+constexpr std::size_t kMaxPendingBlocks = 8;
+
 std::uint64_t Pool::now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
@@ -225,14 +235,17 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
   Arena::Shard& mine = a.shards_[my];
   const bool pooled = size <= a.options_.max_pooled && size <= a.options_.max_block;
   const std::size_t bin = bins_.bin_number(size);
+  const std::size_t want = pooled ? bins_.rounded(size, a.options_.max_block) : size;
 
   Block* b = nullptr;
+  std::optional<BackendResult> fresh;  // a block allocated instead of waiting
   if (pooled) {
     for (int attempt = 0; attempt < 2 && !b; ++attempt) {
       bool pending = false;
+      std::size_t pending_blocks = 0, pending_bytes = 0;
       {
         std::lock_guard lock(mine.mu);
-        b = mine.take(bin, backend, &pending);
+        b = mine.take(bin, backend, &pending, &pending_blocks, &pending_bytes);
         if (b) {
           b->requested = size;
           ++mine.c.hits;
@@ -243,7 +256,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
       for (unsigned i = 1; i < a.shard_count_ && !b; ++i) {
         Arena::Shard& other = a.shards_[(my + i) % a.shard_count_];
         std::lock_guard lock(other.mu);
-        b = other.take(bin, backend, &pending);
+        b = other.take(bin, backend, &pending, &pending_blocks, &pending_bytes);
       }
       if (b && b->shard != my) {
         b->shard = my;
@@ -254,7 +267,19 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
       }
       if (b) a.group_->unhold(b->size);
       if (b || !pending) break;
-      // Only blocks the device may still use: one bulk wait frees them all.
+      // Only blocks the device may still use. While they are few, a fresh
+      // block costs less than stalling until the device is done; past the
+      // budget one bulk wait frees them all, and the more blocks it frees,
+      // the fewer waits follow. A fresh block never makes the pool give
+      // held memory back: without room, it waits.
+      if (attempt == 0 && pending_blocks < kMaxPendingBlocks &&
+          pending_bytes + want <= a.options_.pending_growth) {
+        BackendResult r = backend.allocate(want);
+        if (r.status == BackendStatus::ok) {
+          fresh = r;
+          break;
+        }
+      }
       backend.wait_all();
       std::lock_guard lock(a.slow_mu_);
       ++a.slow_.fence_waits;
@@ -266,9 +291,8 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
     return {b, BackendStatus::ok, 0, true};
   }
 
-  const std::size_t want = pooled ? bins_.rounded(size, a.options_.max_block) : size;
   bool exact = false;
-  BackendResult r = backend_allocate(a, want, size, &exact);
+  BackendResult r = fresh ? *fresh : backend_allocate(a, want, size, &exact);
   if (r.status != BackendStatus::ok) {
     std::lock_guard lock(mine.mu);
     ++mine.c.misses;

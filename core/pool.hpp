@@ -57,6 +57,10 @@ struct ArenaOptions {
   std::size_t max_block = SIZE_MAX;   // largest size the backend can allocate (bin clamp)
   std::size_t max_pooled = SIZE_MAX;  // larger requests are allocated exactly and released at free
   std::size_t max_held = SIZE_MAX;    // cap on held bytes of the whole group (first arena's value wins)
+  // When a bin holds only blocks whose fence has not passed, allocate a fresh
+  // block instead of waiting while those blocks and it fit in this many bytes
+  // and fewer than 8 blocks wait (pool.cpp, kMaxPendingBlocks).
+  std::size_t pending_growth = 0;
 };
 
 struct AllocResult {

@@ -222,6 +222,57 @@ TEST(Pool, PendingBlocksWaitForTheirFenceAndOneBulkWaitClearsThem) {
   f.pool.free(r2.block);
 }
 
+// A loop that frees and at once reallocates one size, the device never
+// idle: while the pending blocks fit the growth budget the pool allocates
+// fresh ones instead of waiting; then one wait frees them all, and that many
+// pairs follow without a wait.
+TEST(Pool, PendingBlocksGrowWithinTheBudgetThenOneWaitFreesThemAll) {
+  const std::size_t block = BinScheme(4).rounded(100);
+  Fixture f({}, {.pending_growth = 3 * block});
+  f.dev->fences = true;
+  auto pair = [&] { f.pool.free(f.alloc(100)); };
+  pair();  // the first block
+  pair();  // its block pending: a second one
+  pair();  // both pending: a third
+  EXPECT_EQ(f.dev->allocs, 3u);
+  EXPECT_EQ(f.dev->waits, 0u);
+  pair();  // three pending, no room for a fourth: one wait
+  EXPECT_EQ(f.dev->allocs, 3u);
+  EXPECT_EQ(f.dev->waits, 1u);
+  pair();  // the wait freed the other two as well
+  pair();
+  EXPECT_EQ(f.dev->waits, 1u);
+  pair();  // all three pending again
+  EXPECT_EQ(f.dev->waits, 2u);
+  EXPECT_EQ(f.dev->allocs, 3u);
+  EXPECT_EQ(f.arena->stats().fence_waits, 2u);
+  EXPECT_EQ(f.arena->stats().held_bytes, 3 * block);
+}
+
+// However small the blocks, at most 8 wait for the device: a wait is cheaper
+// than many driver allocations.
+TEST(Pool, AtMostEightPendingBlocksOfASize) {
+  Fixture f({}, {.pending_growth = std::size_t{1} << 30});
+  f.dev->fences = true;
+  for (int i = 0; i < 9; ++i) f.pool.free(f.alloc(100));
+  EXPECT_EQ(f.dev->allocs, 8u);
+  EXPECT_EQ(f.dev->waits, 1u);
+}
+
+// Growing never makes the pool give held memory back: without room, it waits.
+TEST(Pool, GrowthThatDoesNotFitWaitsInsteadOfReleasing) {
+  const std::size_t block = BinScheme(4).rounded(100);
+  Fixture f({}, {.pending_growth = 8 * block});
+  f.dev->fences = true;
+  f.dev->capacity = block;  // room for one block only
+  f.pool.free(f.alloc(100));
+  Block* b = f.alloc(100);  // pending; a fresh one does not fit
+  EXPECT_EQ(f.dev->waits, 1u);
+  EXPECT_EQ(f.dev->releases, 0u);
+  EXPECT_EQ(f.arena->stats().oom_retries, 0u);
+  f.pool.free(b);
+}
+
 TEST(Pool, RetiredArenaForgetsBlocksWithoutReleasingThem) {
   Fixture f;
   Block* a = f.alloc(100);

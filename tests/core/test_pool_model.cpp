@@ -26,6 +26,8 @@ std::uint64_t g_clock = 0;
 // Advanced once per step, so the pool and the model stamp a free alike.
 std::uint64_t fake_clock() { return g_clock; }
 
+std::uint64_t g_grown = 0;  // fresh blocks the model allocated instead of waiting, all seeds
+
 // The model: the pool's documented behaviour, written as plainly as possible.
 struct Model {
   struct MBlock {
@@ -36,7 +38,7 @@ struct Model {
   };
   struct MArena {
     int group;
-    std::size_t max_pooled, max_block;
+    std::size_t max_pooled, max_block, pending_growth;
     std::map<std::size_t, std::deque<MBlock>> bins;  // back = newest
     Stats s;
   };
@@ -106,6 +108,10 @@ struct Model {
     FakeDevice& dev = *devices[a.group];
     const bool pooled = size <= a.max_pooled && size <= a.max_block;
     const std::size_t bin = scheme.bin_number(size);
+    const std::size_t want = pooled ? scheme.rounded(size, a.max_block) : size;
+    FakeBackend be(devices[a.group]);
+    bool grown = false;
+    BackendResult r;
     if (pooled && a.bins.count(bin) && !a.bins[bin].empty()) {
       auto& q = a.bins[bin];
       auto ready = [&](const MBlock& b) { return b.fence == 0 || b.fence <= dev.completed; };
@@ -116,6 +122,10 @@ struct Model {
       } else if (ready(q.front())) {
         b = q.front();
         q.pop_front();
+      } else if (q.size() < 8 && q.size() * q.back().size + want <= a.pending_growth &&
+                 (r = be.allocate(want)).status == BackendStatus::ok) {
+        grown = true;  // a fresh block instead of waiting; no held memory released for it
+        ++g_grown;
       } else {
         ++dev.waits;
         dev.completed = dev.issued;
@@ -123,27 +133,11 @@ struct Model {
         b = q.back();
         q.pop_back();
       }
-      unheld(a, b);
-      b.requested = size;
-      ++a.s.hits;
-      ++a.s.active_blocks;
-      a.s.active_bytes += size;
-      note(a.s);
-      return {BackendStatus::ok, b};
+      if (!grown) return hit(a, b, size);
     }
-    const std::size_t want = pooled ? scheme.rounded(size, a.max_block) : size;
-    FakeBackend be(devices[a.group]);
-    BackendResult r = be.allocate(want);
-    std::size_t released = 0;
-    while (r.status == BackendStatus::out_of_memory) {
-      std::size_t n = release_for_oom(ai, std::max<std::size_t>(released, 1));
-      if (!n) break;
-      released += n;
-      ++a.s.oom_retries;
-      r = be.allocate(want);
-    }
+    if (!grown) r = miss_allocate(ai, want);
     bool exact = false;
-    if (r.status == BackendStatus::out_of_memory && size < want) {
+    if (!grown && r.status == BackendStatus::out_of_memory && size < want) {
       r = be.allocate(size);
       exact = r.status == BackendStatus::ok;
     }
@@ -156,6 +150,32 @@ struct Model {
     a.s.active_bytes += size;
     note(a.s);
     return {BackendStatus::ok, b};
+  }
+
+  std::pair<BackendStatus, MBlock> hit(MArena& a, MBlock b, std::size_t size) {
+    unheld(a, b);
+    b.requested = size;
+    ++a.s.hits;
+    ++a.s.active_blocks;
+    a.s.active_bytes += size;
+    note(a.s);
+    return {BackendStatus::ok, b};
+  }
+
+  // The driver, with release of held blocks (largest first) on out-of-memory.
+  BackendResult miss_allocate(int ai, std::size_t want) {
+    MArena& a = arenas[ai];
+    FakeBackend be(devices[a.group]);
+    BackendResult r = be.allocate(want);
+    std::size_t released = 0;
+    while (r.status == BackendStatus::out_of_memory) {
+      std::size_t n = release_for_oom(ai, std::max<std::size_t>(released, 1));
+      if (!n) break;
+      released += n;
+      ++a.s.oom_retries;
+      r = be.allocate(want);
+    }
+    return r;
   }
 
   void free(int ai, MBlock b) {
@@ -243,6 +263,14 @@ void run_seed(int seed) {
   const std::uint64_t release_after = pick(3) == 0 ? 5 + pick(50) : 0;
   const std::size_t max_pooled = pick(4) == 0 ? 1 << (8 + pick(6)) : SIZE_MAX;
   const std::size_t max_block = pick(4) == 0 ? 3000 + pick(30000) : SIZE_MAX;
+  // Growth budgets: none, a power of two, or whole blocks of one bin (so
+  // that "pending blocks and the new one fit exactly" happens).
+  const std::size_t block_sizes[] = {100, 4096, 10000, 65536};
+  const std::size_t growth_draw = pick(3);
+  const std::size_t pending_growth =
+      growth_draw == 0   ? 0
+      : growth_draw == 1 ? std::size_t{1} << (8 + pick(14))
+                         : BinScheme(4).rounded(block_sizes[pick(4)]) * (1 + pick(4));
 
   g_clock = 0;
   PoolOptions po;
@@ -272,8 +300,9 @@ void run_seed(int seed) {
     ao.max_pooled = max_pooled;
     ao.max_block = max_block;
     ao.max_held = groups[i] == 0 ? cap : SIZE_MAX;
+    ao.pending_growth = pending_growth;
     arenas.push_back(pool.add_arena(std::make_unique<FakeBackend>(real_dev[groups[i]]), ao));
-    m.arenas.push_back({groups[i], max_pooled, max_block, {}, {}});
+    m.arenas.push_back({groups[i], max_pooled, max_block, pending_growth, {}, {}});
   }
 
   struct Live {
@@ -366,4 +395,5 @@ TEST(PoolModel, RandomSequencesAgreeWithTheModel) {
   EXPECT_GT(g_seen.trims, 100u);
   EXPECT_GT(g_seen.fence_waits, 100u);
   EXPECT_GT(g_seen.pending_frees, 1000u);
+  EXPECT_GT(g_grown, 1000u);
 }
