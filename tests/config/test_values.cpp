@@ -23,6 +23,8 @@ TEST(Values, Defaults) {
   EXPECT_EQ(c.max_pooled.resolve(SIZE_MAX), std::size_t{1} << 30);
   EXPECT_EQ(c.release_after_ns, 0u);
   EXPECT_EQ(c.reuse, Reuse::safe);
+  EXPECT_TRUE(c.pending_growth.percent);
+  EXPECT_EQ(c.pending_growth.resolve(std::size_t{100} << 30), std::size_t{1} << 30);
   EXPECT_EQ(c.log_level, LogLevel::warn);
   EXPECT_EQ(c.log_file, "");
   EXPECT_EQ(c.stats_file, "");
@@ -76,17 +78,23 @@ TEST(Values, LeadingBits) {
   EXPECT_NE(bad("GPUPOOL_LEADING_BITS", "50%").find("is not an integer"), std::string::npos);
 }
 
+const SizeSpec& size_field(const Config& c, const std::string& name) {
+  return name == "GPUPOOL_MAX_HELD"      ? c.max_held
+         : name == "GPUPOOL_MAX_POOLED" ? c.max_pooled
+                                        : c.pending_growth;
+}
+
 std::uint64_t bytes_of(const std::string& name, const std::string& value) {
   const Parsed p = parse_env({name + "=" + value});
   EXPECT_TRUE(p.diags.empty()) << name << "=" << value;
-  const SizeSpec& s = name == "GPUPOOL_MAX_HELD" ? p.config.max_held : p.config.max_pooled;
+  const SizeSpec& s = size_field(p.config, name);
   EXPECT_FALSE(s.unlimited || s.percent) << value;
   return s.bytes;
 }
 
 TEST(Values, Sizes) {
   constexpr std::uint64_t K = 1024, M = K * K, G = M * K, T = G * K;
-  for (const char* name : {"GPUPOOL_MAX_HELD", "GPUPOOL_MAX_POOLED"}) {
+  for (const char* name : {"GPUPOOL_MAX_HELD", "GPUPOOL_MAX_POOLED", "GPUPOOL_PENDING_GROWTH"}) {
     const std::pair<const char*, std::uint64_t> cases[] = {
         {"0", 0},          {"1", 1},          {"4096", 4096},     {"4096B", 4096},
         {"4096b", 4096},   {"64K", 64 * K},   {"64k", 64 * K},    {"64KiB", 64 * K},
@@ -118,15 +126,14 @@ TEST(Values, Sizes) {
 }
 
 TEST(Values, Percentages) {
-  for (const char* name : {"GPUPOOL_MAX_HELD", "GPUPOOL_MAX_POOLED"}) {
+  for (const char* name : {"GPUPOOL_MAX_HELD", "GPUPOOL_MAX_POOLED", "GPUPOOL_PENDING_GROWTH"}) {
     const std::pair<const char*, double> cases[] = {
         {"25%", 0.25}, {" 25 % ", 0.25}, {"12.5%", 0.125}, {"100%", 1.0},
         {"0%", 0.0},   {"0.5%", 0.005},  {"007%", 0.07}};
     for (const auto& [text, want] : cases) {
       const Parsed p = parse_env({std::string(name) + "=" + text});
       EXPECT_TRUE(p.diags.empty()) << text;
-      const SizeSpec& s = std::string(name) == "GPUPOOL_MAX_HELD" ? p.config.max_held
-                                                                   : p.config.max_pooled;
+      const SizeSpec& s = size_field(p.config, name);
       EXPECT_TRUE(s.percent && !s.unlimited) << text;
       EXPECT_DOUBLE_EQ(s.fraction, want) << text;
     }
