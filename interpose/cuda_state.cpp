@@ -167,6 +167,7 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
   o.max_block = total;
   o.max_pooled = rt.config.max_pooled.resolve(total);
   o.max_held = rt.config.max_held.resolve(total);
+  o.pending_growth = rt.config.pending_growth.resolve(total);
   const bool fenced = rt.config.reuse == config::Reuse::safe;
   st->device_arena = rt.pool.add_arena(std::make_unique<DeviceBackend>(st, fenced), std::move(o));
   reg().all.push_back(st);
@@ -242,6 +243,7 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   o.max_block = host_total;
   o.max_pooled = rt.config.max_pooled.resolve(host_total);
   o.max_held = rt.config.max_held.resolve(host_total);
+  o.pending_growth = rt.config.pending_growth.resolve(host_total);
   const bool fenced = rt.config.reuse == config::Reuse::safe;
   Arena* a = rt.pool.add_arena(std::make_unique<HostBackend>(st, fenced, key), std::move(o));
   st->host_arenas[key].store(a, std::memory_order_release);

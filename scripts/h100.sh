@@ -308,6 +308,8 @@ HAVE_CL=0
 if [[ -x $CHK ]]; then
   check_resumable raw cuda-check-raw cuda.log 90 "$CHK"
   check_resumable gp cuda-check-gpupool cuda.log 90 "$CHK"
+  # The safe default without growth: a busy block is waited for, not replaced.
+  check_resumable gp cuda-check-nogrowth cuda.log 60 env GPUPOOL_PENDING_GROWTH=0 "$CHK" --no-oom
   check_resumable gp cuda-check-immediate cuda.log 60 env GPUPOOL_REUSE=immediate "$CHK" --report-hazard --no-oom
 else
   skip cuda-check cuda.log "cuda_driver_check not compiled"

@@ -249,11 +249,14 @@ class Summary:
 
     def cuda_checks(self):
         parsed = self.checks("CUDA driver-API checks", ["cuda-check-raw", "cuda-check-gpupool",
-                                                         "cuda-check-immediate"], "cuda")
+                                                         "cuda-check-nogrowth", "cuda-check-immediate"], "cuda")
         gp = parsed.get("cuda-check-gpupool", {})
-        for name in ("xstream.device", "xstream.pinned"):
-            if name in gp:
-                self.acc(f"cross-stream test, default policy ({name})", gp[name][0] == "PASS", gp[name][1])
+        for run, policy in (("cuda-check-gpupool", "default policy"),
+                            ("cuda-check-nogrowth", "default policy, GPUPOOL_PENDING_GROWTH=0")):
+            for name in ("xstream.device", "xstream.pinned"):
+                if name in parsed.get(run, {}):
+                    kind, detail = parsed[run][name]
+                    self.acc(f"cross-stream test, {policy} ({name})", kind == "PASS", detail)
         if "cuda-check-gpupool" in parsed:
             self.acc("driver-API checks under gpupool",
                      self.steps["cuda-check-gpupool"]["status"] == "ok" and
@@ -265,7 +268,7 @@ class Summary:
             self.md += [f"GPUPOOL_REUSE=immediate: hazard {'shown in ' + ', '.join(shown) if shown else 'not shown'}"
                         " (expected: shown; this run only reports).", ""]
             self.short.append(f"cuda immediate-reuse hazard: {'shown (' + ', '.join(shown) + ')' if shown else 'not shown'}")
-        for step in ("cuda-check-gpupool", "cuda-check-immediate"):
+        for step in ("cuda-check-gpupool", "cuda-check-nogrowth", "cuda-check-immediate"):
             if self.ran(step):
                 self.md.append(f"- stats {step}: {self.stats_text(step)}")
         self.md.append("")

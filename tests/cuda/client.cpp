@@ -97,6 +97,8 @@ Api api;
 std::string g_mode;
 bool g_pooled = false;
 bool g_immediate = false;
+// Safe reuse may allocate fresh blocks instead of waiting (GPUPOOL_PENDING_GROWTH).
+bool g_growth = false;
 void* g_handle = nullptr;  // dlopen'ed libcuda (dl modes)
 
 StandinCounters snap() { return *api.counters(); }
@@ -290,15 +292,17 @@ void scenario_reuse() {
   CHECK_EQ(c1.ctx_sync - c0.ctx_sync, 100u);
 
   // Without the program's synchronizations: safe mode waits once per reuse
-  // of a block freed since the last synchronization, immediate never.
+  // of a block freed since the last synchronization, immediate never. With
+  // growth, the pool allocates fresh blocks while fewer than 8 are pending,
+  // then one wait frees all 8: the first wait at pair 9, then every 8 pairs.
   for (int i = 0; i < 50; ++i) {
     CUdeviceptr p = 0;
     OK(api.mem_alloc(&p, 3000));
     OK(api.mem_free(p));
   }
   StandinCounters c2 = snap();
-  CHECK_EQ(c2.mem_alloc - c1.mem_alloc, g_pooled ? 1u : 50u);
-  CHECK_EQ(c2.ctx_sync - c1.ctx_sync, g_pooled && !g_immediate ? 49u : 0u);
+  CHECK_EQ(c2.mem_alloc - c1.mem_alloc, !g_pooled ? 50u : g_growth ? 8u : 1u);
+  CHECK_EQ(c2.ctx_sync - c1.ctx_sync, !g_pooled || g_immediate ? 0u : g_growth ? 6u : 49u);
 
   // Pinned memory: flags 0, cuMemAllocHost and DEVICEMAP are one family (the
   // driver reports DEVICEMAP for all of them); PORTABLE is another.
@@ -320,7 +324,10 @@ void scenario_reuse() {
   OK(api.ctx_sync());
   OK(api.free_host(h));
   StandinCounters c3 = snap();
-  CHECK_EQ(c3.host_alloc - c2.host_alloc, g_pooled ? 1u : 22u);
+  // Each block is freed after the program's synchronization, so it is
+  // pending at the next allocation: growth takes a second block, and the
+  // two then alternate (each synchronization frees the other one).
+  CHECK_EQ(c3.host_alloc - c2.host_alloc, !g_pooled ? 22u : g_growth ? 2u : 1u);
   OK(api.host_alloc(&h, 5000, CU_MEMHOSTALLOC_PORTABLE));
   OK(api.host_get_flags(&flags, h));
   CHECK_EQ(flags, 3u);
@@ -701,7 +708,11 @@ void scenario_fence() {
   } else {
     CHECK_EQ(pending, 0);
     CHECK(!corrupted);
-    if (g_pooled) {
+    if (g_growth) {
+      CHECK(q != p);  // a fresh block rather than a wait for the busy one
+      CHECK_EQ(c1.ctx_sync - c0.ctx_sync, 0u);
+      CHECK_EQ(c1.mem_alloc - c0.mem_alloc, 1u);
+    } else if (g_pooled) {
       CHECK_EQ(q, p);
       CHECK_EQ(c1.ctx_sync - c0.ctx_sync, 1u);  // one wait covered it
       CHECK_EQ(c1.mem_alloc - c0.mem_alloc, 0u);
@@ -975,6 +986,8 @@ int main(int argc, char** argv) {
   g_pooled = pooled && atoi(pooled) != 0;
   const char* reuse = getenv("GPUPOOL_REUSE");
   g_immediate = reuse && strcmp(reuse, "immediate") == 0;
+  const char* growth = getenv("GPUPOOL_PENDING_GROWTH");
+  g_growth = g_pooled && !g_immediate && !(growth && strcmp(growth, "0") == 0);
   load_api();
   const std::string s = argv[2];
   if (s == "reuse") scenario_reuse();
