@@ -243,7 +243,8 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   o.max_block = host_total;
   o.max_pooled = rt.config.max_pooled.resolve(host_total);
   o.max_held = rt.config.max_held.resolve(host_total);
-  o.pending_growth = rt.config.pending_growth.resolve(host_total);
+  // Pinned blocks never grow: a fresh one costs 0.65 ms to 190 ms (H100
+  // host, 256 B to 256 MiB), a wait about 1 us when the device is idle.
   const bool fenced = rt.config.reuse == config::Reuse::safe;
   Arena* a = rt.pool.add_arena(std::make_unique<HostBackend>(st, fenced, key), std::move(o));
   st->host_arenas[key].store(a, std::memory_order_release);
