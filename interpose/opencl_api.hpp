@@ -1,14 +1,15 @@
 // OpenCL interposition: the table of real entry points and the hooks.
 //
-// gpupool reaches OpenCL programs two ways, and uses exactly one at a time:
+// gpupool reaches OpenCL programs two ways, and each call through one only:
 //  - as an ICD layer (OPENCL_LAYERS; clInitLayer*): the loader hands us the
 //    next dispatch table and routes every call of every loading pattern
 //    (linked, dlopen+dlsym, Python's RTLD_LOCAL extensions) through our table;
-//  - as preloaded exports (clCreateBuffer...): used only while no layer is
-//    initialised; once the layer is, the exports just forward to the loader,
-//    which calls the layer, so nothing is pooled twice.
-// Either way the hooks below call the "next" table: the loader's exports in
-// export mode, the layer's target dispatch in layer mode.
+//  - as preloaded exports (clCreateBuffer...): a call that bound to one never
+//    passed through a loader, so it runs the hook itself.
+// Either way the hooks call the "next" table: the dispatch of the loader that
+// initialised the layer, or, before any did, the loader's exports found by
+// name. (Forwarding exports to a loader found by name missed the pool when
+// the program's loader was a private copy, as in PyOpenCL's wheels.)
 #pragma once
 
 #include <CL/cl.h>
