@@ -65,11 +65,10 @@ struct alignas(64) Arena::Shard {
     c.held_bytes -= b->size;
   }
   // A ready block of `bin`, or nullptr; *pending is set when the bin only has
-  // blocks whose fence has not passed, and their bytes added to
-  // *pending_bytes. Fences grow with push order, so the oldest block (front)
+  // blocks whose fence has not passed, and their number added to
+  // *pending_blocks. Fences grow with push order, so the oldest block (front)
   // is the most likely to be ready.
-  Block* take(std::size_t bin, Backend& backend, bool* pending, std::size_t* pending_blocks,
-              std::size_t* pending_bytes) {
+  Block* take(std::size_t bin, Backend& backend, bool* pending, std::size_t* pending_blocks) {
     if (bin >= bins.size() || bins[bin].empty()) return nullptr;
     auto& v = bins[bin];
     Block* b = v.back();
@@ -81,7 +80,6 @@ struct alignas(64) Arena::Shard {
     } else {
       *pending = true;
       *pending_blocks += v.size();
-      *pending_bytes += v.size() * b->size;
       return nullptr;
     }
     unheld(b);
@@ -242,10 +240,10 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
   if (pooled) {
     for (int attempt = 0; attempt < 2 && !b; ++attempt) {
       bool pending = false;
-      std::size_t pending_blocks = 0, pending_bytes = 0;
+      std::size_t pending_blocks = 0;
       {
         std::lock_guard lock(mine.mu);
-        b = mine.take(bin, backend, &pending, &pending_blocks, &pending_bytes);
+        b = mine.take(bin, backend, &pending, &pending_blocks);
         if (b) {
           b->requested = size;
           ++mine.c.hits;
@@ -256,7 +254,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
       for (unsigned i = 1; i < a.shard_count_ && !b; ++i) {
         Arena::Shard& other = a.shards_[(my + i) % a.shard_count_];
         std::lock_guard lock(other.mu);
-        b = other.take(bin, backend, &pending, &pending_blocks, &pending_bytes);
+        b = other.take(bin, backend, &pending, &pending_blocks);
       }
       if (b && b->shard != my) {
         b->shard = my;
@@ -271,9 +269,10 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
       // block costs less than stalling until the device is done; past the
       // budget one bulk wait frees them all, and the more blocks it frees,
       // the fewer waits follow. A fresh block never makes the pool give
-      // held memory back: without room, it waits.
+      // held memory back: without room, it waits. (Every pooled block of a
+      // bin is `want` bytes: the pending ones and a fresh one must fit.)
       if (attempt == 0 && pending_blocks < kMaxPendingBlocks &&
-          pending_bytes + want <= a.options_.pending_growth) {
+          want <= a.options_.pending_growth / (pending_blocks + 1)) {
         BackendResult r = backend.allocate(want);
         if (r.status == BackendStatus::ok) {
           fresh = r;
