@@ -46,9 +46,9 @@ def dumps(path):
         return [line for line in f if line.strip()]
 
 
-def wait_dump(path, count):
-    """Waits (generously: only a hang fails) for the count-th dump."""
-    for _ in range(6000):
+def wait_dump(path, count, seconds=60, must_come=True):
+    """Waits (generously by default: only a hang fails) for the count-th dump."""
+    for _ in range(int(seconds * 100)):
         lines = dumps(path)
         if len(lines) >= count:
             doc, errors = gpupool_check.validate_dump(lines[count - 1], SCHEMA)
@@ -56,7 +56,8 @@ def wait_dump(path, count):
                 fail(e)
             return doc
         time.sleep(0.01)
-    fail(f"dump {count} never came")
+    if must_come:
+        fail(f"dump {count} never came")
     return None
 
 
@@ -125,22 +126,19 @@ with tempfile.TemporaryDirectory() as tmp:
         seen = 0
 
         def ask(action, done, what):
-            """Sends `action` (or nothing), then SIGUSR1; returns the dump."""
+            """Sends `action` (or nothing), then SIGUSR1; returns the newest
+            dump once it shows the request done."""
             global seen
+            d = None
             for _ in range(30 if tsan else 1):
                 if action:
                     os.kill(p.pid, action)
                 os.kill(p.pid, signal.SIGUSR1)
-                if tsan:
-                    for _ in range(100):
-                        if len(dumps(stats)) > seen:
-                            break
-                        time.sleep(0.01)
-                    if len(dumps(stats)) == seen:
-                        continue
-                seen = max(seen + 1, len(dumps(stats)) if tsan else 0)
+                if not wait_dump(stats, seen + 1, seconds=1 if tsan else 60, must_come=not tsan):
+                    continue  # TSan lost the signal
+                seen = len(dumps(stats))  # a late signal may have added another
                 d = wait_dump(stats, seen)
-                if d is None or done(d):
+                if done(d):
                     return d
             fail(f"{what}: last dump {opencl(d) if d else None}, holding {d and d['holding']}")
             return None
