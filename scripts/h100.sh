@@ -348,8 +348,9 @@ if [[ -x $BENCH ]]; then
   grep -h '^{' "$WORK/out/bench-raw.out" >>"$OUT/bench.json" 2>/dev/null
   step_gp bench-gpupool cuda.log 90 "$BENCH" --label gpupool
   grep -h '^{' "$WORK/out/bench-gpupool.out" >>"$OUT/bench.json" 2>/dev/null
-  # The safe default synchronizes once per pair here (the block freed is the
-  # one needed next); immediate reuse shows the pool's own cost.
+  # Here the block just freed is the one needed next: the safe default grows
+  # to 8 device blocks and synchronizes once per 8 pairs (pinned: every
+  # pair); immediate reuse shows the pool's own cost.
   step_gp bench-gpupool-immediate cuda.log 90 env GPUPOOL_REUSE=immediate "$BENCH" --label gpupool-immediate
   grep -h '^{' "$WORK/out/bench-gpupool-immediate.out" >>"$OUT/bench.json" 2>/dev/null
 else

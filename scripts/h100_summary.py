@@ -290,9 +290,9 @@ class Summary:
         self.md += ["## CUDA allocation benchmarks (median ns per alloc+free pair, warm)", "",
                     "async = cuMemAllocAsync+cuMemFreeAsync on one stream, default pool with release "
                     "threshold at max; 'batch': one stream sync per timed batch, 'each': a sync after every pair.", "",
-                    "'imm.': under GPUPOOL_REUSE=immediate (no synchronization before reuse); the default "
-                    "(safe) synchronizes the context once per pair here, since the block just freed is the one "
-                    "needed next.", "",
+                    "'imm.': under GPUPOOL_REUSE=immediate (no synchronization before reuse). Here the block just "
+                    "freed is the one needed next: the default (safe) grows to 8 device blocks and synchronizes "
+                    "the context once per 8 pairs, pinned blocks once per pair.", "",
                     "| size | device raw | device gpupool | raw/gpupool | device imm. | raw/imm. | async batch "
                     "| async each | async batch/gpupool | async batch/imm. | pinned raw | pinned gpupool | raw/gpupool "
                     "| pinned imm. | raw/imm. |",
