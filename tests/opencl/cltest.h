@@ -103,6 +103,8 @@ static inline int cltest_spec_platform(void) {
   do {                                                 \
     if (cltest_spec_platform()) CHECK(cond, __VA_ARGS__); \
   } while (0)
+#define SPEC_CHECK_ERR(e, want) \
+  SPEC_CHECK((e) == (want), "error %d, expected %d", (int)(e), (int)(want))
 /* The result of such a rule: an "R" line where the platform follows the
    spec, an "N" line (not compared) elsewhere, where gpupool still answers as
    the spec says: it knows the size the program asked for, which the driver,
