@@ -176,14 +176,28 @@ unsigned default_shards() {
 
 }  // namespace
 
-// A bin grows by fresh blocks while fewer than this many wait for the device:
-// one wait then frees them all, so a loop that frees and at once reuses a
-// size pays a wait every this many pairs, for this many - 1 allocations once.
-constexpr std::size_t kMaxPendingBlocks = 8;
+// Growth of a bin whose blocks all wait for the device. One wait frees every
+// pending block, so a loop that frees and at once reuses a size pays one wait
+// per (blocks in the bin) pairs: more blocks, fewer waits. But a fresh block
+// costs a driver allocation (H100: ~40 us device, 0.65-190 ms pinned) and a
+// wait may cost ~1 us (idle device) or a whole queue (busy one). Ski rental:
+// a bin grows at once the first time, then again only when the waits it
+// caused since have taken as long as that growth did (growth_debt_), so it
+// never spends more than about twice what the better of the two would have.
+// Bounded in bytes by pending_growth and in count by this:
+constexpr std::size_t kMaxPendingBlocks = 64;
+constexpr std::uint64_t kGrowing = UINT64_MAX;
 
 std::uint64_t Pool::now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
+}
+
+std::uint64_t Pool::cost_now() const {
+  if (options_.cost_clock) return options_.cost_clock();
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
   return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
 }
 
@@ -265,23 +279,10 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
       }
       if (b) a.group_->unhold(b->size);
       if (b || !pending) break;
-      // Only blocks the device may still use. While they are few, a fresh
-      // block costs less than stalling until the device is done; past the
-      // budget one bulk wait frees them all, and the more blocks it frees,
-      // the fewer waits follow. A fresh block never makes the pool give
-      // held memory back: without room, it waits. (Every pooled block of a
-      // bin is `want` bytes: the pending ones and a fresh one must fit.)
-      if (attempt == 0 && pending_blocks < kMaxPendingBlocks &&
-          want <= a.options_.pending_growth / (pending_blocks + 1)) {
-        BackendResult r = backend.allocate(want);
-        if (r.status == BackendStatus::ok) {
-          fresh = r;
-          break;
-        }
-      }
-      backend.wait_all();
-      std::lock_guard lock(a.slow_mu_);
-      ++a.slow_.fence_waits;
+      // Only blocks the device may still use: grow the bin, or wait for
+      // them all (see kMaxPendingBlocks).
+      if (attempt == 0 && (fresh = grow(a, bin, want, pending_blocks))) break;
+      wait_for_pending(a, bin);
     }
   }
 
@@ -319,6 +320,41 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
   }
   if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *b, false);
   return {b, BackendStatus::ok, 0, false};
+}
+
+// A fresh block for a bin whose `pending_blocks` blocks all wait, if the
+// growth rule allows one. Never makes the pool give held memory back: without
+// room, the caller waits. (Every pooled block of a bin is `bytes` long: the
+// pending ones and the fresh one must fit the budget together.)
+std::optional<BackendResult> Pool::grow(Arena& a, std::size_t bin, std::size_t bytes,
+                                        std::size_t pending_blocks) {
+  if (pending_blocks >= kMaxPendingBlocks ||
+      bytes > a.options_.pending_growth / (pending_blocks + 1))
+    return std::nullopt;
+  {
+    std::lock_guard lock(a.slow_mu_);
+    if (a.growth_debt_.size() <= bin) a.growth_debt_.resize(bin + 1, 0);
+    if (a.growth_debt_[bin] != 0) return std::nullopt;
+    a.growth_debt_[bin] = kGrowing;
+  }
+  const std::uint64_t t0 = cost_now();
+  BackendResult r = a.backend_->allocate(bytes);
+  const std::uint64_t took = r.status == BackendStatus::ok ? cost_now() - t0 : 0;
+  std::lock_guard lock(a.slow_mu_);
+  a.growth_debt_[bin] = took;
+  if (r.status != BackendStatus::ok) return std::nullopt;
+  return r;
+}
+
+// One bulk wait; its time pays off the bin's growth debt.
+void Pool::wait_for_pending(Arena& a, std::size_t bin) {
+  const std::uint64_t t0 = cost_now();
+  a.backend_->wait_all();
+  const std::uint64_t took = cost_now() - t0;
+  std::lock_guard lock(a.slow_mu_);
+  ++a.slow_.fence_waits;
+  if (bin < a.growth_debt_.size() && a.growth_debt_[bin] != kGrowing)
+    a.growth_debt_[bin] -= std::min(a.growth_debt_[bin], took);
 }
 
 // Allocate `bytes` from the backend, releasing held blocks on out-of-memory

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,9 @@ struct PoolOptions {
   std::uint64_t release_after_ns = 0;   // 0: keep held blocks however long
   unsigned shards = 0;                  // 0: one per hardware thread (max 64)
   std::uint64_t (*clock)() = nullptr;   // monotonic ns for held-block ages; tests inject one
+  // Precise monotonic ns for what backend calls cost (the growth rule below);
+  // CLOCK_MONOTONIC by default, tests inject one.
+  std::uint64_t (*cost_clock)() = nullptr;
 };
 
 struct ArenaOptions {
@@ -57,9 +61,10 @@ struct ArenaOptions {
   std::size_t max_block = SIZE_MAX;   // largest size the backend can allocate (bin clamp)
   std::size_t max_pooled = SIZE_MAX;  // larger requests are allocated exactly and released at free
   std::size_t max_held = SIZE_MAX;    // cap on held bytes of the whole group (first arena's value wins)
-  // When a bin holds only blocks whose fence has not passed, allocate a fresh
-  // block instead of waiting while those blocks and it fit in this many bytes
-  // and fewer than 8 blocks wait (pool.cpp, kMaxPendingBlocks).
+  // When a bin holds only blocks whose fence has not passed, it may grow by a
+  // fresh block instead of waiting: while those blocks and the new one fit in
+  // this many bytes, fewer than 64 wait (pool.cpp, kMaxPendingBlocks), and
+  // the waits since the bin last grew took as long as growing it did.
   std::size_t pending_growth = 0;
 };
 
@@ -103,6 +108,9 @@ class Arena {
   // Slow-path counters (backend calls), under slow_mu_.
   mutable std::mutex slow_mu_;
   Stats slow_;
+  // Per bin, under slow_mu_: ns of the bin's last growth not yet matched by
+  // waits (kGrowing while a thread grows it). Grows only at 0.
+  std::vector<std::uint64_t> growth_debt_;
 };
 
 class Pool {
@@ -151,11 +159,15 @@ class Pool {
   // CLOCK_MONOTONIC_COARSE: block ages need milliseconds, not a syscall.
   static std::uint64_t now_ns();
   std::uint64_t now() const { return options_.clock ? options_.clock() : now_ns(); }
+  std::uint64_t cost_now() const;
 
  private:
   using Group = Arena::Group;
 
   BackendResult backend_allocate(Arena& arena, std::size_t bytes, std::size_t exact, bool* used_exact);
+  std::optional<BackendResult> grow(Arena& arena, std::size_t bin, std::size_t bytes,
+                                    std::size_t pending_blocks);
+  void wait_for_pending(Arena& arena, std::size_t bin);
   std::size_t release_for_oom(Arena& arena, std::size_t wanted);  // bytes released
   void enforce_cap(Arena& arena);
   void release_block(Block* block);

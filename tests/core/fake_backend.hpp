@@ -3,6 +3,7 @@
 // test ("the device finished everything issued so far").
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -26,7 +27,15 @@ struct FakeDevice {
   // everything up to `completed`.
   bool fences = false;
   std::uint64_t issued = 0, completed = 0, waits = 0;
+
+  // What a successful allocation and a wait take on the test's cost clock.
+  std::uint64_t alloc_cost = 0, wait_cost = 0;
 };
+
+// The pool's cost clock in core tests (PoolOptions::cost_clock): it moves
+// only when a fake backend call takes time, so growth is deterministic.
+inline std::atomic<std::uint64_t> g_cost_ns{0};
+inline std::uint64_t fake_cost_clock() { return g_cost_ns.load(); }
 
 class FakeBackend : public Backend {
  public:
@@ -47,6 +56,7 @@ class FakeBackend : public Backend {
     }
     d.used += bytes;
     ++d.allocs;
+    g_cost_ns += d.alloc_cost;
     Handle h = d.next_handle;
     d.next_handle += 0x1000;
     d.live[h] = bytes;
@@ -67,6 +77,7 @@ class FakeBackend : public Backend {
   void wait_all() override {
     ++dev_->waits;
     dev_->completed = dev_->issued;
+    g_cost_ns += dev_->wait_cost;
   }
 
  private:

@@ -14,9 +14,13 @@ struct Fixture {
   std::shared_ptr<FakeDevice> dev = std::make_shared<FakeDevice>();
   Pool pool;
   Arena* arena;
-  explicit Fixture(PoolOptions po = {}, ArenaOptions ao = {}) : pool(po) {
+  explicit Fixture(PoolOptions po = {}, ArenaOptions ao = {}) : pool(with_cost_clock(po)) {
     if (ao.group.empty()) ao.group = "dev";
     arena = pool.add_arena(std::make_unique<FakeBackend>(dev), ao);
+  }
+  static PoolOptions with_cost_clock(PoolOptions po) {
+    if (!po.cost_clock) po.cost_clock = gpupool::testing::fake_cost_clock;
+    return po;
   }
   Block* alloc(std::size_t n) {
     AllocResult r = pool.allocate(arena, n);
@@ -249,14 +253,58 @@ TEST(Pool, PendingBlocksGrowWithinTheBudgetThenOneWaitFreesThemAll) {
   EXPECT_EQ(f.arena->stats().held_bytes, 3 * block);
 }
 
-// However small the blocks, at most 8 wait for the device: a wait is cheaper
-// than many driver allocations.
-TEST(Pool, AtMostEightPendingBlocksOfASize) {
+// However small the blocks, at most 64 wait for the device.
+TEST(Pool, AtMostSixtyFourPendingBlocksOfASize) {
   Fixture f({}, {.pending_growth = std::size_t{1} << 30});
   f.dev->fences = true;
-  for (int i = 0; i < 9; ++i) f.pool.free(f.alloc(100));
-  EXPECT_EQ(f.dev->allocs, 8u);
+  for (int i = 0; i < 65; ++i) f.pool.free(f.alloc(100));
+  EXPECT_EQ(f.dev->allocs, 64u);
   EXPECT_EQ(f.dev->waits, 1u);
+}
+
+// Ski rental: a bin grows at once the first time; after that only when the
+// waits it caused since its last growth took as long as that growth did. A
+// cheap wait (an idle device) buys few blocks, a long one (a busy queue) more.
+TEST(Pool, GrowthIsPaidForByTheWaitsItSaves) {
+  Fixture f({}, {.pending_growth = std::size_t{1} << 30});
+  f.dev->fences = true;
+  f.dev->alloc_cost = 100;
+  f.dev->wait_cost = 40;
+  auto pair = [&] { f.pool.free(f.alloc(100)); };
+  pair();  // the bin's first block: a miss, not a growth
+  pair();  // pending: grows at once (debt 100)
+  EXPECT_EQ(f.dev->allocs, 2u);
+  EXPECT_EQ(f.dev->waits, 0u);
+  // Two blocks, both pending: waits of 40 pay the debt off after three.
+  for (int i = 0; i < 6; ++i) pair();
+  EXPECT_EQ(f.dev->allocs, 2u);
+  EXPECT_EQ(f.dev->waits, 3u);
+  pair();  // paid off: the third block
+  EXPECT_EQ(f.dev->allocs, 3u);
+  EXPECT_EQ(f.dev->waits, 3u);
+  // A wait longer than a growth (the device was busy) pays at once.
+  f.dev->wait_cost = 1000;
+  pair();  // all three pending, debt 100: one wait
+  EXPECT_EQ(f.dev->waits, 4u);
+  pair(), pair();  // the wait readied the other two
+  pair();          // all pending again, debt paid: a fourth block
+  EXPECT_EQ(f.dev->allocs, 4u);
+  EXPECT_EQ(f.dev->waits, 4u);
+  EXPECT_EQ(f.arena->stats().held_blocks, 4u);
+}
+
+// Each bin keeps its own account: one bin's debt does not stop another's growth.
+TEST(Pool, GrowthDebtIsPerBin) {
+  Fixture f({}, {.pending_growth = std::size_t{1} << 30});
+  f.dev->fences = true;
+  f.dev->alloc_cost = 100;
+  f.dev->wait_cost = 1;
+  f.pool.free(f.alloc(100));
+  f.pool.free(f.alloc(100));  // bin of 100 grows (debt 100)
+  f.pool.free(f.alloc(5000));
+  f.pool.free(f.alloc(5000));  // bin of 5000 grows too
+  EXPECT_EQ(f.dev->allocs, 4u);
+  EXPECT_EQ(f.dev->waits, 0u);
 }
 
 // Growing never makes the pool give held memory back: without room, it waits.

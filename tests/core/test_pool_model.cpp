@@ -19,6 +19,7 @@
 using namespace gpupool;
 using gpupool::testing::FakeBackend;
 using gpupool::testing::FakeDevice;
+using gpupool::testing::fake_cost_clock;
 
 namespace {
 
@@ -27,6 +28,7 @@ std::uint64_t g_clock = 0;
 std::uint64_t fake_clock() { return g_clock; }
 
 std::uint64_t g_grown = 0;  // fresh blocks the model allocated instead of waiting, all seeds
+std::uint64_t g_unpaid = 0;  // waits because growth was not yet paid for, all seeds
 
 // The model: the pool's documented behaviour, written as plainly as possible.
 struct Model {
@@ -41,12 +43,14 @@ struct Model {
     std::size_t max_pooled, max_block, pending_growth;
     std::map<std::size_t, std::deque<MBlock>> bins;  // back = newest
     Stats s;
+    std::map<std::size_t, std::uint64_t> debt;  // growth not yet paid for by waits, per bin
   };
   BinScheme scheme{4};
   bool holding = true;
   std::uint64_t release_after = 0;
   std::vector<MArena> arenas;
   std::vector<std::size_t> group_cap;
+  std::uint64_t alloc_cost = 0, wait_cost = 0;  // what the pool's cost clock sees
   std::vector<std::shared_ptr<FakeDevice>> devices;  // the model's own devices, per group
 
   void note(Stats& s) {
@@ -122,14 +126,17 @@ struct Model {
       } else if (ready(q.front())) {
         b = q.front();
         q.pop_front();
-      } else if (q.size() < 8 && q.size() * q.back().size + want <= a.pending_growth &&
-                 (r = be.allocate(want)).status == BackendStatus::ok) {
+      } else if (q.size() < 64 && q.size() * q.back().size + want <= a.pending_growth &&
+                 a.debt[bin] == 0 && (r = be.allocate(want)).status == BackendStatus::ok) {
         grown = true;  // a fresh block instead of waiting; no held memory released for it
+        a.debt[bin] = alloc_cost;
         ++g_grown;
       } else {
+        if (a.debt[bin] != 0) ++g_unpaid;
         ++dev.waits;
         dev.completed = dev.issued;
         ++a.s.fence_waits;
+        a.debt[bin] -= std::min(a.debt[bin], wait_cost);
         b = q.back();
         q.pop_back();
       }
@@ -272,22 +279,31 @@ void run_seed(int seed) {
       : growth_draw == 1 ? std::size_t{1} << (8 + pick(14))
                          : BinScheme(4).rounded(block_sizes[pick(4)]) * (1 + pick(4));
 
+  // What a growth and a wait cost: growth once per bin (no wait pays it), or
+  // after one or more waits.
+  const std::uint64_t alloc_cost = pick(4), wait_cost = pick(3);
+
   g_clock = 0;
   PoolOptions po;
   po.shards = 1 + pick(4);
   po.clock = fake_clock;
+  po.cost_clock = fake_cost_clock;
   po.release_after_ns = release_after;
   Pool pool(po);
 
   Model m;
   m.release_after = release_after;
   m.group_cap = {cap, SIZE_MAX};
+  m.alloc_cost = alloc_cost;
+  m.wait_cost = wait_cost;
   std::vector<std::shared_ptr<FakeDevice>> real_dev, model_dev;
   for (int g = 0; g < 2; ++g) {
     for (auto* v : {&real_dev, &model_dev}) {
       v->push_back(std::make_shared<FakeDevice>());
       v->back()->capacity = capacity;
       v->back()->fences = fences;
+      v->back()->alloc_cost = alloc_cost;
+      v->back()->wait_cost = wait_cost;
     }
   }
   m.devices = model_dev;
@@ -302,7 +318,7 @@ void run_seed(int seed) {
     ao.max_held = groups[i] == 0 ? cap : SIZE_MAX;
     ao.pending_growth = pending_growth;
     arenas.push_back(pool.add_arena(std::make_unique<FakeBackend>(real_dev[groups[i]]), ao));
-    m.arenas.push_back({groups[i], max_pooled, max_block, pending_growth, {}, {}});
+    m.arenas.push_back({groups[i], max_pooled, max_block, pending_growth, {}, {}, {}});
   }
 
   struct Live {
@@ -396,4 +412,5 @@ TEST(PoolModel, RandomSequencesAgreeWithTheModel) {
   EXPECT_GT(g_seen.fence_waits, 100u);
   EXPECT_GT(g_seen.pending_frees, 1000u);
   EXPECT_GT(g_grown, 1000u);
+  EXPECT_GT(g_unpaid, 100u);
 }
