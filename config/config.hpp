@@ -37,7 +37,7 @@ struct Config {
   SizeSpec max_pooled;            // default: measured, see options.def
   std::uint64_t release_after_ns = 0;
   Reuse reuse = Reuse::safe;
-  SizeSpec pending_growth;        // default 1%, see options.def
+  SizeSpec pending_growth;        // default 2%, see options.def
   bool probe = true;
 
   LogLevel log_level = LogLevel::warn;

@@ -243,8 +243,10 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   o.max_block = host_total;
   o.max_pooled = rt.config.max_pooled.resolve(host_total);
   o.max_held = rt.config.max_held.resolve(host_total);
-  // Pinned blocks never grow: a fresh one costs 0.65 ms to 190 ms (H100
-  // host, 256 B to 256 MiB), a wait about 1 us when the device is idle.
+  // A fresh pinned block costs 0.65 ms to 190 ms (H100 host, 256 B to
+  // 256 MiB), so after its first growth a bin grows again only after
+  // hundreds of idle-device waits (pool.cpp); the budget is host memory's.
+  o.pending_growth = rt.config.pending_growth.resolve(host_total);
   const bool fenced = rt.config.reuse == config::Reuse::safe;
   Arena* a = rt.pool.add_arena(std::make_unique<HostBackend>(st, fenced, key), std::move(o));
   st->host_arenas[key].store(a, std::memory_order_release);

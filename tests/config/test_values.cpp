@@ -24,7 +24,7 @@ TEST(Values, Defaults) {
   EXPECT_EQ(c.release_after_ns, 0u);
   EXPECT_EQ(c.reuse, Reuse::safe);
   EXPECT_TRUE(c.pending_growth.percent);
-  EXPECT_EQ(c.pending_growth.resolve(std::size_t{100} << 30), std::size_t{1} << 30);
+  EXPECT_EQ(c.pending_growth.resolve(std::size_t{100} << 30), std::size_t{2} << 30);
   EXPECT_EQ(c.log_level, LogLevel::warn);
   EXPECT_EQ(c.log_file, "");
   EXPECT_EQ(c.stats_file, "");

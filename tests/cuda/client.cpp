@@ -291,18 +291,27 @@ void scenario_reuse() {
   // The program synchronized before every reuse: no fence wait of our own.
   CHECK_EQ(c1.ctx_sync - c0.ctx_sync, 100u);
 
-  // Without the program's synchronizations: safe mode waits once per reuse
-  // of a block freed since the last synchronization, immediate never. With
-  // growth, the pool allocates fresh blocks while fewer than 8 are pending,
-  // then one wait frees all 8: the first wait at pair 9, then every 8 pairs.
+  // Without the program's synchronizations (and a new size): safe mode
+  // waits once per reuse of a block freed since the last synchronization,
+  // immediate never. With growth, the first pair that finds its block
+  // pending gets a fresh one; each later growth must first be paid for by
+  // waits as long as the last growth took (timing-dependent), so growths
+  // never outnumber waits + 1, and every wait frees all the bin's blocks.
   for (int i = 0; i < 50; ++i) {
     CUdeviceptr p = 0;
     OK(api.mem_alloc(&p, 3000));
     OK(api.mem_free(p));
   }
   StandinCounters c2 = snap();
-  CHECK_EQ(c2.mem_alloc - c1.mem_alloc, !g_pooled ? 50u : g_growth ? 8u : 1u);
-  CHECK_EQ(c2.ctx_sync - c1.ctx_sync, !g_pooled || g_immediate ? 0u : g_growth ? 6u : 49u);
+  const unsigned long long grown = c2.mem_alloc - c1.mem_alloc, waits = c2.ctx_sync - c1.ctx_sync;
+  fprintf(stderr, "50 pairs: %llu allocations, %llu waits\n", grown, waits);
+  if (g_growth) {
+    CHECK(grown >= 2 && grown - 1 <= waits + 1);  // the first is the size's miss
+    CHECK(waits <= 25);
+  } else {
+    CHECK_EQ(grown, (!g_pooled ? 50u : 1u));
+    CHECK_EQ(waits, (!g_pooled || g_immediate ? 0u : 49u));
+  }
 
   // Pinned memory: flags 0, cuMemAllocHost and DEVICEMAP are one family (the
   // driver reports DEVICEMAP for all of them); PORTABLE is another.
@@ -325,9 +334,13 @@ void scenario_reuse() {
   OK(api.free_host(h));
   StandinCounters c3 = snap();
   // Each block is freed after the program's synchronization, so it is
-  // pending at the next allocation: pinned blocks never grow (a fresh one
-  // costs milliseconds), so the pool waits and reuses the one block.
-  CHECK_EQ(c3.host_alloc - c2.host_alloc, g_pooled ? 1u : 22u);
+  // pending at the next allocation: the family grows once at once, then
+  // only as its waits pay for it (timing-dependent, as above).
+  const unsigned long long host_allocs = c3.host_alloc - c2.host_alloc;
+  const unsigned long long host_waits = c3.ctx_sync - c2.ctx_sync - 22;  // less the program's
+  fprintf(stderr, "22 pinned pairs: %llu allocations, %llu waits\n", host_allocs, host_waits);
+  if (g_growth) CHECK(host_allocs >= 2 && host_allocs <= host_waits + 2);
+  else CHECK_EQ(host_allocs, (g_pooled ? 1u : 22u));
   OK(api.host_alloc(&h, 5000, CU_MEMHOSTALLOC_PORTABLE));
   OK(api.host_get_flags(&flags, h));
   CHECK_EQ(flags, 3u);
