@@ -9,8 +9,10 @@ Results must be bitwise identical between runs; step times are compared.
 
 Prints per-step lines and one final line
   RESULT {"tag": ..., "losses": [...repr...], "step_ms_median": ..., ...}
-The model is a small CNN on synthetic data (fixed seeds), deterministic
-algorithms asked for, TF32 off so the losses are plain float32 arithmetic.
+The model (--model) is a small CNN, or an MLP whose steps are shorter, so
+allocation is a larger part of them; synthetic data (fixed seeds),
+deterministic algorithms asked for, TF32 off so the losses are plain float32
+arithmetic.
 """
 import argparse
 import hashlib
@@ -27,7 +29,15 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 
-def build_model():
+def build_model(kind):
+    if kind == "mlp":
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(3 * 32 * 32, 512), nn.ReLU(),
+            nn.Linear(512, 512), nn.ReLU(),
+            nn.Linear(512, 256), nn.ReLU(),
+            nn.Linear(256, 10),
+        )
     return nn.Sequential(
         nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -41,6 +51,7 @@ def build_model():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="run")
+    ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
     ap.add_argument("--batch", type=int, default=64)
@@ -64,7 +75,7 @@ def main():
     xs = [torch.randn(args.batch, 3, 32, 32, generator=g).pin_memory() for _ in range(n_batches)]
     ys = [torch.randint(0, 10, (args.batch,), generator=g).pin_memory() for _ in range(n_batches)]
 
-    model = build_model().to(dev)
+    model = build_model(args.model).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
 
     def loss_fn(out, y):
@@ -109,6 +120,7 @@ def main():
     timed = step_ms[args.warmup:]
     res = {
         "tag": args.tag,
+        "model": args.model,
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0),
         "env": {k: os.environ.get(k, "") for k in

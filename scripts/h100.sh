@@ -348,9 +348,9 @@ if [[ -x $BENCH ]]; then
   grep -h '^{' "$WORK/out/bench-raw.out" >>"$OUT/bench.json" 2>/dev/null
   step_gp bench-gpupool cuda.log 90 "$BENCH" --label gpupool
   grep -h '^{' "$WORK/out/bench-gpupool.out" >>"$OUT/bench.json" 2>/dev/null
-  # Here the block just freed is the one needed next: the safe default grows
-  # to 8 device blocks and synchronizes once per 8 pairs (pinned: every
-  # pair); immediate reuse shows the pool's own cost.
+  # Here the block just freed is the one needed next: the safe default
+  # synchronizes when all blocks of the size are pending and grows the size
+  # as those waits pay for it; immediate reuse shows the pool's own cost.
   step_gp bench-gpupool-immediate cuda.log 90 env GPUPOOL_REUSE=immediate "$BENCH" --label gpupool-immediate
   grep -h '^{' "$WORK/out/bench-gpupool-immediate.out" >>"$OUT/bench.json" 2>/dev/null
 else
@@ -362,6 +362,11 @@ if ((HAVE_TORCH)); then
   step torch-caching python.log 100 "$PY" $T --tag caching
   step torch-nocache python.log 120 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --tag nocache
   step_gp torch-nocache-gpupool python.log 100 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --tag nocache+gpupool
+  # A model whose steps are shorter: allocation is more of each step.
+  step torch-mlp-caching python.log 60 "$PY" $T --model mlp --tag mlp-caching
+  step torch-mlp-nocache python.log 60 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --model mlp --tag mlp-nocache
+  step_gp torch-mlp-nocache-gpupool python.log 60 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --model mlp \
+    --tag mlp-nocache+gpupool
 else
   skip torch python.log "PyTorch with CUDA not importable"
 fi

@@ -291,8 +291,10 @@ class Summary:
                     "async = cuMemAllocAsync+cuMemFreeAsync on one stream, default pool with release "
                     "threshold at max; 'batch': one stream sync per timed batch, 'each': a sync after every pair.", "",
                     "'imm.': under GPUPOOL_REUSE=immediate (no synchronization before reuse). Here the block just "
-                    "freed is the one needed next: the default (safe) grows to 8 device blocks and synchronizes "
-                    "the context once per 8 pairs, pinned blocks once per pair.", "",
+                    "freed is the one needed next: the default (safe) synchronizes the context when all of a size's "
+                    "blocks are pending, and adds a block each time those synchronizations have cost as much as "
+                    "the last block did (up to 64), so the figure is that of a loop some 10^5 pairs long "
+                    "(see the bench-gpupool stats for the blocks held per size).", "",
                     "| size | device raw | device gpupool | raw/gpupool | device imm. | raw/imm. | async batch "
                     "| async each | async batch/gpupool | async batch/imm. | pinned raw | pinned gpupool | raw/gpupool "
                     "| pinned imm. | raw/imm. |",
@@ -379,12 +381,19 @@ class Summary:
         return None
 
     def torch(self):
-        runs = ["torch-caching", "torch-nocache", "torch-nocache-gpupool", "torch-caching-gpupool"]
+        for prefix, model in (("torch", "small CNN"), ("torch-mlp", "MLP")):
+            self.torch_model(prefix, model)
+
+    def torch_model(self, prefix, model):
+        runs = [f"{prefix}-{r}" for r in ("caching", "nocache", "nocache-gpupool", "caching-gpupool")]
+        if not any(r in self.steps for r in runs):
+            return
         res = {r: self.results(r) for r in runs}
-        self.md += ["## PyTorch training loop and inference", "",
+        caching, nocache, gp, caching_gp = runs
+        self.md += [f"## PyTorch training loop and inference ({model})", "",
                     "| run | status | step ms (median) | train s | inference ms | losses == nocache | params == nocache "
                     "| inference == nocache | gpupool stats |", "|---|---|---|---|---|---|---|---|---|"]
-        base = res.get("torch-nocache")
+        base = res.get(nocache)
         for r in runs:
             if r not in self.steps:
                 continue
@@ -392,29 +401,30 @@ class Summary:
             if not x:
                 self.md.append(f"| {r} | {self.steps[r]['status']} | | | | | | | |")
                 continue
-            eq = lambda k: "-" if not base or r == "torch-nocache" else ("yes" if x.get(k) == base.get(k) else "**NO**")  # noqa: E731
+            eq = lambda k: "-" if not base or r == nocache else ("yes" if x.get(k) == base.get(k) else "**NO**")  # noqa: E731
             st = self.stats_text(r) if "gpupool" in r else ""
             self.md.append(f"| {r} | {self.steps[r]['status']} | {x['step_ms_median']:.3f} | {x['train_s']:.2f} | "
                            f"{x['infer_ms_median']:.3f} | {eq('losses')} | {eq('params_sha256')} | {eq('infer_sha256')} | {st} |")
         self.md.append("")
-        a, b, c = res.get("torch-caching"), base, res.get("torch-nocache-gpupool")
+        a, b, c = res.get(caching), base, res.get(gp)
         if b and c:
             same = b["losses"] == c["losses"] and b["params_sha256"] == c["params_sha256"]
-            self.acc("PyTorch losses identical, caching off vs off under gpupool", same,
+            self.acc(f"PyTorch ({model}) losses identical, caching off vs off under gpupool", same,
                      f"{len(c['losses'])} losses, last {c['losses'][-1]}" if same else
                      f"first difference at step {next((i for i, (p, q) in enumerate(zip(b['losses'], c['losses'])) if p != q), '?')}")
             sp = b["step_ms_median"] / c["step_ms_median"]
-            self.acc(f"PyTorch caching off: gpupool >= {TORCH_SPEEDUP:.0f}x faster", sp >= TORCH_SPEEDUP,
-                     f"{b['step_ms_median']:.3f} -> {c['step_ms_median']:.3f} ms/step = {sp:.2f}x")
-            st = self.stats("torch-nocache-gpupool") or {}
-            self.acc("PyTorch under gpupool: pool hits", (st.get("hits") or 0) > 0, self.stats_text("torch-nocache-gpupool"))
+            ceiling = f"; the caching allocator itself: {b['step_ms_median'] / a['step_ms_median']:.2f}x" if a else ""
+            self.acc(f"PyTorch ({model}) caching off: gpupool >= {TORCH_SPEEDUP:.0f}x faster", sp >= TORCH_SPEEDUP,
+                     f"{b['step_ms_median']:.3f} -> {c['step_ms_median']:.3f} ms/step = {sp:.2f}x{ceiling}")
+            self.acc(f"PyTorch ({model}) under gpupool: pool hits", ((self.stats(gp) or {}).get("hits") or 0) > 0,
+                     self.stats_text(gp))
         if a and c:
             rel = c["step_ms_median"] / a["step_ms_median"]
-            self.acc(f"PyTorch: gpupool within {TORCH_VS_CACHING}x of the caching allocator", rel <= TORCH_VS_CACHING,
+            self.acc(f"PyTorch ({model}): gpupool within {TORCH_VS_CACHING}x of the caching allocator", rel <= TORCH_VS_CACHING,
                      f"{c['step_ms_median']:.3f} vs {a['step_ms_median']:.3f} ms/step = {rel:.2f}x")
         if a and b:
             self.md += [f"Caching allocator vs caching off, same losses: {'yes' if a['losses'] == b['losses'] else 'NO (the run is not deterministic across allocators; compare with care)'}", ""]
-        d = res.get("torch-caching-gpupool")
+        d = res.get(caching_gp)
         if a and d:
             self.md += [f"Default caching allocator under gpupool: losses {'identical' if a['losses'] == d['losses'] else 'DIFFERENT'}, "
                         f"{d['step_ms_median']:.3f} vs {a['step_ms_median']:.3f} ms/step.", ""]
