@@ -181,12 +181,11 @@ unsigned default_shards() {
 // per (blocks in the bin) pairs: more blocks, fewer waits. But a fresh block
 // costs a driver allocation (H100: ~40 us device, 0.65-190 ms pinned) and a
 // wait may cost ~1 us (idle device) or a whole queue (busy one). Ski rental:
-// a bin grows at once the first time, then again only when the waits it
-// caused since have taken as long as that growth did (growth_debt_), so it
-// never spends more than about twice what the better of the two would have.
+// a bin grows only while the time its waits took covers the time its growths
+// took (the first growth is free), so growing never costs more than about
+// what waiting did: fast when waits are stalls, slowly when they are cheap.
 // Bounded in bytes by pending_growth and in count by this:
 constexpr std::size_t kMaxPendingBlocks = 64;
-constexpr std::uint64_t kGrowing = UINT64_MAX;
 
 std::uint64_t Pool::now_ns() {
   timespec ts;
@@ -333,28 +332,31 @@ std::optional<BackendResult> Pool::grow(Arena& a, std::size_t bin, std::size_t b
     return std::nullopt;
   {
     std::lock_guard lock(a.slow_mu_);
-    if (a.growth_debt_.size() <= bin) a.growth_debt_.resize(bin + 1, 0);
-    if (a.growth_debt_[bin] != 0) return std::nullopt;
-    a.growth_debt_[bin] = kGrowing;
+    if (a.growth_.size() <= bin) a.growth_.resize(bin + 1);
+    Arena::BinGrowth& g = a.growth_[bin];
+    if (g.growing || g.credit_ns < 0) return std::nullopt;
+    g.growing = true;
   }
   const std::uint64_t t0 = cost_now();
   BackendResult r = a.backend_->allocate(bytes);
-  const std::uint64_t took = r.status == BackendStatus::ok ? cost_now() - t0 : 0;
+  const std::uint64_t took = cost_now() - t0;
   std::lock_guard lock(a.slow_mu_);
-  a.growth_debt_[bin] = took;
+  Arena::BinGrowth& g = a.growth_[bin];
+  g.growing = false;
   if (r.status != BackendStatus::ok) return std::nullopt;
+  g.credit_ns -= static_cast<std::int64_t>(took);
   return r;
 }
 
-// One bulk wait; its time pays off the bin's growth debt.
+// One bulk wait; its time is credited to the bin that needed it.
 void Pool::wait_for_pending(Arena& a, std::size_t bin) {
   const std::uint64_t t0 = cost_now();
   a.backend_->wait_all();
   const std::uint64_t took = cost_now() - t0;
   std::lock_guard lock(a.slow_mu_);
   ++a.slow_.fence_waits;
-  if (bin < a.growth_debt_.size() && a.growth_debt_[bin] != kGrowing)
-    a.growth_debt_[bin] -= std::min(a.growth_debt_[bin], took);
+  if (a.growth_.size() <= bin) a.growth_.resize(bin + 1);
+  a.growth_[bin].credit_ns += static_cast<std::int64_t>(took);
 }
 
 // Allocate `bytes` from the backend, releasing held blocks on out-of-memory
@@ -665,6 +667,11 @@ void Pool::fork_parent() {
   arenas_mu_.unlock();
 }
 
-void Pool::fork_child() { fork_parent(); }
+void Pool::fork_child() {
+  // A growth in flight belonged to a thread the child does not have.
+  for (auto& a : arenas_)
+    for (auto& g : a->growth_) g.growing = false;
+  fork_parent();
+}
 
 }  // namespace gpupool

@@ -64,7 +64,7 @@ struct ArenaOptions {
   // When a bin holds only blocks whose fence has not passed, it may grow by a
   // fresh block instead of waiting: while those blocks and the new one fit in
   // this many bytes, fewer than 64 wait (pool.cpp, kMaxPendingBlocks), and
-  // the waits since the bin last grew took as long as growing it did.
+  // the bin's waits so far took at least as long as its growths.
   std::size_t pending_growth = 0;
 };
 
@@ -108,9 +108,13 @@ class Arena {
   // Slow-path counters (backend calls), under slow_mu_.
   mutable std::mutex slow_mu_;
   Stats slow_;
-  // Per bin, under slow_mu_: ns of the bin's last growth not yet matched by
-  // waits (kGrowing while a thread grows it). Grows only at 0.
-  std::vector<std::uint64_t> growth_debt_;
+  // Per bin, under slow_mu_: ns the bin's waits took less ns its growths
+  // took. The bin grows only while this is >= 0, one thread at a time.
+  struct BinGrowth {
+    std::int64_t credit_ns = 0;
+    bool growing = false;
+  };
+  std::vector<BinGrowth> growth_;
 };
 
 class Pool {

@@ -262,9 +262,9 @@ TEST(Pool, AtMostSixtyFourPendingBlocksOfASize) {
   EXPECT_EQ(f.dev->waits, 1u);
 }
 
-// Ski rental: a bin grows at once the first time; after that only when the
-// waits it caused since its last growth took as long as that growth did. A
-// cheap wait (an idle device) buys few blocks, a long one (a busy queue) more.
+// Ski rental: a bin grows while the time its waits took covers the time its
+// growths took (the first is free). Cheap waits (an idle device) buy blocks
+// slowly, a long one (a busy queue) buys several.
 TEST(Pool, GrowthIsPaidForByTheWaitsItSaves) {
   Fixture f({}, {.pending_growth = std::size_t{1} << 30});
   f.dev->fences = true;
@@ -272,35 +272,39 @@ TEST(Pool, GrowthIsPaidForByTheWaitsItSaves) {
   f.dev->wait_cost = 40;
   auto pair = [&] { f.pool.free(f.alloc(100)); };
   pair();  // the bin's first block: a miss, not a growth
-  pair();  // pending: grows at once (debt 100)
+  pair();  // pending: grows at once (credit -100)
   EXPECT_EQ(f.dev->allocs, 2u);
   EXPECT_EQ(f.dev->waits, 0u);
-  // Two blocks, both pending: waits of 40 pay the debt off after three.
+  // Two blocks, both pending: three waits of 40 bring the credit back to 20.
   for (int i = 0; i < 6; ++i) pair();
   EXPECT_EQ(f.dev->allocs, 2u);
   EXPECT_EQ(f.dev->waits, 3u);
-  pair();  // paid off: the third block
+  pair();  // the third block (credit -80)
   EXPECT_EQ(f.dev->allocs, 3u);
   EXPECT_EQ(f.dev->waits, 3u);
   // A wait longer than a growth (the device was busy) pays at once.
   f.dev->wait_cost = 1000;
-  pair();  // all three pending, debt 100: one wait
+  pair();  // all three pending: one wait (credit 920)
   EXPECT_EQ(f.dev->waits, 4u);
   pair(), pair();  // the wait readied the other two
-  pair();          // all pending again, debt paid: a fourth block
+  pair();          // all pending again: a fourth block (credit 820)
   EXPECT_EQ(f.dev->allocs, 4u);
   EXPECT_EQ(f.dev->waits, 4u);
-  EXPECT_EQ(f.arena->stats().held_blocks, 4u);
+  // The rest of that wait pays for more blocks, one per pair without a wait,
+  // until it is spent: 9 more (credit -80), then a wait.
+  while (f.dev->waits == 4) pair();
+  EXPECT_EQ(f.dev->allocs, 13u);
+  EXPECT_EQ(f.arena->stats().held_blocks, 13u);
 }
 
-// Each bin keeps its own account: one bin's debt does not stop another's growth.
-TEST(Pool, GrowthDebtIsPerBin) {
+// Each bin keeps its own account: one bin's growth does not stop another's.
+TEST(Pool, GrowthCreditIsPerBin) {
   Fixture f({}, {.pending_growth = std::size_t{1} << 30});
   f.dev->fences = true;
   f.dev->alloc_cost = 100;
   f.dev->wait_cost = 1;
   f.pool.free(f.alloc(100));
-  f.pool.free(f.alloc(100));  // bin of 100 grows (debt 100)
+  f.pool.free(f.alloc(100));  // bin of 100 grows (credit -100)
   f.pool.free(f.alloc(5000));
   f.pool.free(f.alloc(5000));  // bin of 5000 grows too
   EXPECT_EQ(f.dev->allocs, 4u);

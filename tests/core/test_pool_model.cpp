@@ -43,7 +43,7 @@ struct Model {
     std::size_t max_pooled, max_block, pending_growth;
     std::map<std::size_t, std::deque<MBlock>> bins;  // back = newest
     Stats s;
-    std::map<std::size_t, std::uint64_t> debt;  // growth not yet paid for by waits, per bin
+    std::map<std::size_t, std::int64_t> credit;  // per bin: time of its waits less its growths'
   };
   BinScheme scheme{4};
   bool holding = true;
@@ -127,16 +127,16 @@ struct Model {
         b = q.front();
         q.pop_front();
       } else if (q.size() < 64 && q.size() * q.back().size + want <= a.pending_growth &&
-                 a.debt[bin] == 0 && (r = be.allocate(want)).status == BackendStatus::ok) {
+                 a.credit[bin] >= 0 && (r = be.allocate(want)).status == BackendStatus::ok) {
         grown = true;  // a fresh block instead of waiting; no held memory released for it
-        a.debt[bin] = alloc_cost;
+        a.credit[bin] -= std::int64_t(alloc_cost);
         ++g_grown;
       } else {
-        if (a.debt[bin] != 0) ++g_unpaid;
+        if (a.credit[bin] < 0) ++g_unpaid;
         ++dev.waits;
         dev.completed = dev.issued;
         ++a.s.fence_waits;
-        a.debt[bin] -= std::min(a.debt[bin], wait_cost);
+        a.credit[bin] += std::int64_t(wait_cost);
         b = q.back();
         q.pop_back();
       }
