@@ -187,17 +187,16 @@ unsigned default_shards() {
 // Bounded in bytes by pending_growth and in count by this:
 constexpr std::size_t kMaxPendingBlocks = 64;
 
-std::uint64_t Pool::now_ns() {
+static std::uint64_t clock_ns(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  clock_gettime(clock, &ts);
   return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
 }
 
+std::uint64_t Pool::now_ns() { return clock_ns(CLOCK_MONOTONIC_COARSE); }
+
 std::uint64_t Pool::cost_now() const {
-  if (options_.cost_clock) return options_.cost_clock();
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
+  return options_.cost_clock ? options_.cost_clock() : clock_ns(CLOCK_MONOTONIC);
 }
 
 Pool::Pool(PoolOptions options)
