@@ -30,12 +30,49 @@ Stats& Stats::operator+=(const Stats& o) {
   return *this;
 }
 
+// One bin's held blocks, oldest first. A queue over a vector: blocks leave
+// from the front (oldest, the first whose fence passes) as often as from the
+// back (newest, best in cache), and erasing the front of a vector would move
+// every other block each time (64 of them in a growing safe-reuse loop).
+class BinQueue {
+ public:
+  bool empty() const { return head_ == v_.size(); }
+  std::size_t size() const { return v_.size() - head_; }
+  Block* front() const { return v_[head_]; }
+  Block* back() const { return v_.back(); }
+  Block* const* begin() const { return v_.data() + head_; }
+  Block* const* end() const { return v_.data() + v_.size(); }
+  void push_back(Block* b) { v_.push_back(b); }
+  void pop_back() {
+    v_.pop_back();
+    if (empty()) clear();
+  }
+  // Drop the n oldest; the space they leave is reclaimed once it is at least
+  // half the vector, so each block is moved O(1) times on average.
+  void pop_front(std::size_t n = 1) {
+    head_ += n;
+    if (empty()) clear();
+    else if (head_ >= 16 && head_ * 2 >= v_.size()) {
+      v_.erase(v_.begin(), v_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+  }
+  void clear() {
+    v_.clear();
+    head_ = 0;
+  }
+
+ private:
+  std::vector<Block*> v_;
+  std::size_t head_ = 0;
+};
+
 // Held and active counts live in the shard a block belongs to, so the hit
 // path writes only its own shard. Peaks are per shard: exact when one thread
 // allocates, the sum of per-shard peaks (an upper bound) when several do.
 struct alignas(64) Arena::Shard {
   std::mutex mu;
-  std::vector<std::vector<Block*>> bins;  // by bin number; back = most recently freed
+  std::vector<BinQueue> bins;  // by bin number; back = most recently freed
   Stats c;
 
   void note_peaks() {
@@ -76,7 +113,7 @@ struct alignas(64) Arena::Shard {
       v.pop_back();
     } else if (backend.passed(v.front()->fence)) {
       b = v.front();
-      v.erase(v.begin());
+      v.pop_front();
     } else {
       *pending = true;
       *pending_blocks += v.size();
@@ -420,7 +457,7 @@ std::size_t Pool::release_for_oom(Arena& arena, std::size_t wanted) {
         std::lock_guard lock(s.mu);
         if (best_bin < s.bins.size() && !s.bins[best_bin].empty()) {
           victim = s.bins[best_bin].front();  // oldest: least likely still pending
-          s.bins[best_bin].erase(s.bins[best_bin].begin());
+          s.bins[best_bin].pop_front();
           s.unheld(victim);
         }
       }
@@ -521,7 +558,7 @@ void Pool::enforce_cap(Arena& arena) {
       std::lock_guard lock(s.mu);
       if (obin < s.bins.size() && !s.bins[obin].empty()) {
         victim = s.bins[obin].front();
-        s.bins[obin].erase(s.bins[obin].begin());
+        s.bins[obin].pop_front();
         s.unheld(victim);
       }
     }
@@ -596,7 +633,7 @@ std::size_t Pool::trim_idle(std::uint64_t now) {
             s.unheld(*it);
             old.push_back(*it);
           }
-          v.erase(v.begin(), end);
+          v.pop_front(static_cast<std::size_t>(end - v.begin()));
         }
       }
       for (Block* b : old) {
