@@ -368,8 +368,7 @@ std::optional<BackendResult> Pool::grow(Arena& a, std::size_t bin, std::size_t b
     return std::nullopt;
   {
     std::lock_guard lock(a.slow_mu_);
-    if (a.growth_.size() <= bin) a.growth_.resize(bin + 1);
-    Arena::BinGrowth& g = a.growth_[bin];
+    Arena::BinGrowth& g = a.growth_of(bin);
     if (g.growing || g.credit_ns < 0) return std::nullopt;
     g.growing = true;
   }
@@ -377,7 +376,7 @@ std::optional<BackendResult> Pool::grow(Arena& a, std::size_t bin, std::size_t b
   BackendResult r = a.backend_->allocate(bytes);
   const std::uint64_t took = cost_now() - t0;
   std::lock_guard lock(a.slow_mu_);
-  Arena::BinGrowth& g = a.growth_[bin];
+  Arena::BinGrowth& g = a.growth_of(bin);
   g.growing = false;
   if (r.status != BackendStatus::ok) return std::nullopt;
   g.credit_ns -= static_cast<std::int64_t>(took);
@@ -391,8 +390,7 @@ void Pool::wait_for_pending(Arena& a, std::size_t bin) {
   const std::uint64_t took = cost_now() - t0;
   std::lock_guard lock(a.slow_mu_);
   ++a.slow_.fence_waits;
-  if (a.growth_.size() <= bin) a.growth_.resize(bin + 1);
-  a.growth_[bin].credit_ns += static_cast<std::int64_t>(took);
+  a.growth_of(bin).credit_ns += static_cast<std::int64_t>(took);
 }
 
 // Allocate `bytes` from the backend, releasing held blocks on out-of-memory

@@ -115,6 +115,10 @@ class Arena {
     bool growing = false;
   };
   std::vector<BinGrowth> growth_;
+  BinGrowth& growth_of(std::size_t bin) {
+    if (growth_.size() <= bin) growth_.resize(bin + 1);
+    return growth_[bin];
+  }
 };
 
 class Pool {
@@ -163,10 +167,11 @@ class Pool {
   // CLOCK_MONOTONIC_COARSE: block ages need milliseconds, not a syscall.
   static std::uint64_t now_ns();
   std::uint64_t now() const { return options_.clock ? options_.clock() : now_ns(); }
-  std::uint64_t cost_now() const;
 
  private:
   using Group = Arena::Group;
+
+  std::uint64_t cost_now() const;  // options_.cost_clock, else CLOCK_MONOTONIC
 
   BackendResult backend_allocate(Arena& arena, std::size_t bytes, std::size_t exact, bool* used_exact);
   std::optional<BackendResult> grow(Arena& arena, std::size_t bin, std::size_t bytes,
