@@ -70,6 +70,15 @@ def main():
         iter_ms.append((time.perf_counter() - t0) * 1e3)
     total_s = time.perf_counter() - t_all
     final = x.get()
+    # The host cost of one temporary alone: create an array and drop it
+    # (no kernel), best of 5 batches.
+    alloc_us = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(400):
+            a = cla.empty(queue, args.n, np.float32, allocator=alloc)
+            del a
+        alloc_us.append((time.perf_counter() - t0) / 400 * 1e6)
     res = {
         "tag": args.tag,
         "alloc": args.alloc,
@@ -82,6 +91,7 @@ def main():
         "iter_ms_median": statistics.median(iter_ms[args.warmup:]),
         "iter_ms_mean": statistics.fmean(iter_ms[args.warmup:]),
         "total_s": total_s,
+        "array_alloc_us": min(alloc_us),
     }
     print("RESULT " + json.dumps(res), flush=True)
     return 0

@@ -10,7 +10,9 @@ Results must be bitwise identical between runs; step times are compared.
 Prints per-step lines and one final line
   RESULT {"tag": ..., "losses": [...repr...], "step_ms_median": ..., ...}
 The model (--model) is a small CNN, or an MLP whose steps are shorter, so
-allocation is a larger part of them; synthetic data (fixed seeds),
+allocation is a larger part of them. --batch takes a list (64,256): each
+batch size trains a fresh model from the same seed in the same process and
+prints its own RESULT line (with "batch"). Synthetic data (fixed seeds),
 deterministic algorithms asked for, TF32 off so the losses are plain float32
 arithmetic.
 """
@@ -54,11 +56,10 @@ def main():
     ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", default="64", help="batch size, or a comma-separated list")
     ap.add_argument("--infer-iters", type=int, default=40)
     args = ap.parse_args()
 
-    torch.manual_seed(1234)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -69,74 +70,78 @@ def main():
     torch.use_deterministic_algorithms(True, warn_only=True)
     dev = torch.device("cuda")
 
-    # Data on the host, pinned, as a data loader hands it over.
-    g = torch.Generator().manual_seed(42)
-    n_batches = 8
-    xs = [torch.randn(args.batch, 3, 32, 32, generator=g).pin_memory() for _ in range(n_batches)]
-    ys = [torch.randint(0, 10, (args.batch,), generator=g).pin_memory() for _ in range(n_batches)]
+    for batch in [int(b) for b in args.batch.split(",")]:
+        torch.manual_seed(1234)
+        # Data on the host, pinned, as a data loader hands it over.
+        g = torch.Generator().manual_seed(42)
+        n_batches = 8
+        xs = [torch.randn(batch, 3, 32, 32, generator=g).pin_memory() for _ in range(n_batches)]
+        ys = [torch.randint(0, 10, (batch,), generator=g).pin_memory() for _ in range(n_batches)]
 
-    model = build_model(args.model).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+        model = build_model(args.model).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
 
-    def loss_fn(out, y):
-        # Cross entropy through a one-hot product rather than NLLLoss, whose
-        # CUDA backward scatters with atomics.
-        onehot = torch.nn.functional.one_hot(y, 10).to(out.dtype)
-        return -(torch.log_softmax(out, dim=1) * onehot).sum(dim=1).mean()
+        def loss_fn(out, y):
+            # Cross entropy through a one-hot product rather than NLLLoss, whose
+            # CUDA backward scatters with atomics.
+            onehot = torch.nn.functional.one_hot(y, 10).to(out.dtype)
+            return -(torch.log_softmax(out, dim=1) * onehot).sum(dim=1).mean()
 
-    losses, step_ms = [], []
-    torch.cuda.synchronize()
-    t_train = time.perf_counter()
-    for step in range(args.steps):
-        t0 = time.perf_counter()
-        x = xs[step % n_batches].to(dev, non_blocking=True)
-        y = ys[step % n_batches].to(dev, non_blocking=True)
-        opt.zero_grad(set_to_none=True)
-        out = model(x)
-        loss = loss_fn(out, y)
-        loss.backward()
-        opt.step()
-        lv = loss.item()  # synchronizes
-        dt = (time.perf_counter() - t0) * 1e3
-        losses.append(lv)
-        step_ms.append(dt)
-        print(f"step {step:3d} loss {lv!r} ms {dt:.3f}", flush=True)
-    torch.cuda.synchronize()
-    train_s = time.perf_counter() - t_train
-
-    model.eval()
-    xi = torch.randn(256, 3, 32, 32, generator=g).to(dev)
-    infer_ms, digests = [], set()
-    with torch.inference_mode():
-        for _ in range(args.infer_iters):
+        losses, step_ms = [], []
+        torch.cuda.synchronize()
+        t_train = time.perf_counter()
+        for step in range(args.steps):
             t0 = time.perf_counter()
-            o = torch.softmax(model(xi), dim=1)
-            torch.cuda.synchronize()
-            infer_ms.append((time.perf_counter() - t0) * 1e3)
-            digests.add(hashlib.sha256(o.cpu().numpy().tobytes()).hexdigest())
-    params = hashlib.sha256(b"".join(
-        p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
+            x = xs[step % n_batches].to(dev, non_blocking=True)
+            y = ys[step % n_batches].to(dev, non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            out = model(x)
+            loss = loss_fn(out, y)
+            loss.backward()
+            opt.step()
+            lv = loss.item()  # synchronizes
+            dt = (time.perf_counter() - t0) * 1e3
+            losses.append(lv)
+            step_ms.append(dt)
+            print(f"batch {batch} step {step:3d} loss {lv!r} ms {dt:.3f}", flush=True)
+        torch.cuda.synchronize()
+        train_s = time.perf_counter() - t_train
 
-    timed = step_ms[args.warmup:]
-    res = {
-        "tag": args.tag,
-        "model": args.model,
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(0),
-        "env": {k: os.environ.get(k, "") for k in
-                ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD",
-                 "GPUPOOL_REUSE")},
-        "losses": [repr(v) for v in losses],
-        "params_sha256": params,
-        "infer_sha256": sorted(digests),
-        "infer_consistent": len(digests) == 1,
-        "step_ms_median": statistics.median(timed),
-        "step_ms_mean": statistics.fmean(timed),
-        "train_s": train_s,
-        "infer_ms_median": statistics.median(infer_ms[3:]),
-        "max_memory_allocated": torch.cuda.max_memory_allocated(),
-    }
-    print("RESULT " + json.dumps(res), flush=True)
+        model.eval()
+        xi = torch.randn(256, 3, 32, 32, generator=g).to(dev)
+        infer_ms, digests = [], set()
+        with torch.inference_mode():
+            for _ in range(args.infer_iters):
+                t0 = time.perf_counter()
+                o = torch.softmax(model(xi), dim=1)
+                torch.cuda.synchronize()
+                infer_ms.append((time.perf_counter() - t0) * 1e3)
+                digests.add(hashlib.sha256(o.cpu().numpy().tobytes()).hexdigest())
+        params = hashlib.sha256(b"".join(
+            p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
+
+        timed = step_ms[args.warmup:]
+        res = {
+            "tag": args.tag,
+            "model": args.model,
+            "batch": batch,
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(0),
+            "env": {k: os.environ.get(k, "") for k in
+                    ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF", "LD_PRELOAD",
+                     "GPUPOOL_REUSE")},
+            "losses": [repr(v) for v in losses],
+            "params_sha256": params,
+            "infer_sha256": sorted(digests),
+            "infer_consistent": len(digests) == 1,
+            "step_ms_median": statistics.median(timed),
+            "step_ms_mean": statistics.fmean(timed),
+            "train_s": train_s,
+            "infer_ms_median": statistics.median(infer_ms[3:]),
+            "max_memory_allocated": torch.cuda.max_memory_allocated(),
+        }
+        print("RESULT " + json.dumps(res), flush=True)
+        del model, opt, xs, ys
     return 0
 
 

@@ -359,9 +359,13 @@ fi
 # PyTorch: caching allocator / no caching / no caching under gpupool.
 if ((HAVE_TORCH)); then
   T=scripts/gpu_torch.py
-  step torch-caching python.log 100 "$PY" $T --tag caching
-  step torch-nocache python.log 120 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --tag nocache
-  step_gp torch-nocache-gpupool python.log 100 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --tag nocache+gpupool
+  # Batch 64 is host-bound on these hosts (launch overhead > GPU time); at
+  # 256-512 the GPU's share of a step nears the host's.
+  B=(--batch 64,128,256,512)
+  step torch-caching python.log 120 "$PY" $T "${B[@]}" --tag caching
+  step torch-nocache python.log 150 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T "${B[@]}" --tag nocache
+  step_gp torch-nocache-gpupool python.log 120 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T "${B[@]}" \
+    --tag nocache+gpupool
   # A model whose steps are shorter: allocation is more of each step.
   step torch-mlp-caching python.log 60 "$PY" $T --model mlp --tag mlp-caching
   step torch-mlp-nocache python.log 60 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --model mlp --tag mlp-nocache
@@ -389,16 +393,29 @@ fi
 
 if ((HAVE_PYCL)); then
   P=scripts/gpu_pyopencl.py
-  # Round robin: one run's iteration time varies by 20% to 50% between
-  # identical processes here, so the summary compares medians of 5 rounds
-  # of 600 iterations.
-  export GPU_PYOPENCL_ITERS=600
-  for round in 1 2 3 4 5; do
-    step pyopencl-none-$round opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "$PY" $P --alloc none --tag none
-    step_gp pyopencl-none-gpupool-$round opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "$PY" $P --alloc none \
-      --tag none+gpupool
-    step pyopencl-pool-$round opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "$PY" $P --alloc pool --tag memorypool
+  # One process's iteration time varied by 20% to 50% between identical
+  # runs here (the loop is host-bound Python). So: 7 rounds of 2000
+  # iterations, every process on the same 4 cores, the gpupool and
+  # MemoryPool runs adjacent and in alternating order; the summary compares
+  # medians and the median of the per-round ratios.
+  export GPU_PYOPENCL_ITERS=2000
+  PIN=()
+  command -v taskset >/dev/null && (($(nproc) >= 8)) && PIN=(taskset -c 2-5)
+  for round in 1 2 3 4 5 6 7; do
+    step pyopencl-none-$round opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "${PIN[@]}" "$PY" $P --alloc none --tag none
+    pair=(gp pool)
+    ((round % 2 == 0)) && pair=(pool gp)
+    for m in "${pair[@]}"; do
+      if [[ $m == gp ]]; then
+        step_gp pyopencl-none-gpupool-$round opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "${PIN[@]}" "$PY" $P \
+          --alloc none --tag none+gpupool
+      else
+        step pyopencl-pool-$round opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "${PIN[@]}" "$PY" $P --alloc pool \
+          --tag memorypool
+      fi
+    done
   done
+  note pyopencl-pinning "${PIN[*]:-none}"
 fi
 
 # --- The CI suite (stand-in CUDA driver; OpenCL C tests now on NVIDIA's
@@ -419,7 +436,8 @@ else
 fi
 
 # The default PyTorch allocator under the shim: must be unaffected.
-((HAVE_TORCH)) && step_gp torch-caching-gpupool python.log 100 "$PY" scripts/gpu_torch.py --tag caching+gpupool
+((HAVE_TORCH)) && step_gp torch-caching-gpupool python.log 120 "$PY" scripts/gpu_torch.py --batch 64,256 \
+  --tag caching+gpupool
 
 # ---------------------------------------------------------------------------
 say "summary"

@@ -372,13 +372,17 @@ class Summary:
             self.md += [f"- stats bench-gpupool: {self.stats_text('bench-gpupool')}", ""]
 
     def results(self, step):
+        return (self.all_results(step) or [None])[0]
+
+    def all_results(self, step):
+        out = []
         for line in self.output(step).splitlines():
             if line.startswith("RESULT "):
                 try:
-                    return json.loads(line[7:])
+                    out.append(json.loads(line[7:]))
                 except ValueError:
-                    return None
-        return None
+                    pass
+        return out
 
     def torch(self):
         for prefix, model in (("torch", "small CNN"), ("torch-mlp", "MLP")):
@@ -388,46 +392,54 @@ class Summary:
         runs = [f"{prefix}-{r}" for r in ("caching", "nocache", "nocache-gpupool", "caching-gpupool")]
         if not any(r in self.steps for r in runs):
             return
-        res = {r: self.results(r) for r in runs}
+        # One RESULT per batch size per run.
+        res = {r: {x.get("batch"): x for x in self.all_results(r)} for r in runs}
+        batches = sorted({b for r in runs for b in res[r]}, key=lambda b: (b is None, b or 0))
         caching, nocache, gp, caching_gp = runs
         self.md += [f"## PyTorch training loop and inference ({model})", "",
-                    "| run | status | step ms (median) | train s | inference ms | losses == nocache | params == nocache "
-                    "| inference == nocache | gpupool stats |", "|---|---|---|---|---|---|---|---|---|"]
-        base = res.get(nocache)
+                    "| run | batch | status | step ms (median) | train s | inference ms | losses == nocache "
+                    "| params == nocache | inference == nocache | gpupool stats |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in runs:
             if r not in self.steps:
                 continue
-            x = res[r]
-            if not x:
-                self.md.append(f"| {r} | {self.steps[r]['status']} | | | | | | | |")
+            if not res[r]:
+                self.md.append(f"| {r} | | {self.steps[r]['status']} | | | | | | | |")
                 continue
-            eq = lambda k: "-" if not base or r == nocache else ("yes" if x.get(k) == base.get(k) else "**NO**")  # noqa: E731
-            st = self.stats_text(r) if "gpupool" in r else ""
-            self.md.append(f"| {r} | {self.steps[r]['status']} | {x['step_ms_median']:.3f} | {x['train_s']:.2f} | "
-                           f"{x['infer_ms_median']:.3f} | {eq('losses')} | {eq('params_sha256')} | {eq('infer_sha256')} | {st} |")
+            for bt in batches:
+                x, base = res[r].get(bt), res[nocache].get(bt)
+                if not x:
+                    continue
+                eq = lambda k: "-" if not base or r == nocache else ("yes" if x.get(k) == base.get(k) else "**NO**")  # noqa: E731
+                st = self.stats_text(r) if "gpupool" in r and bt == batches[0] else ""
+                self.md.append(f"| {r} | {bt} | {self.steps[r]['status']} | {x['step_ms_median']:.3f} | {x['train_s']:.2f} | "
+                               f"{x['infer_ms_median']:.3f} | {eq('losses')} | {eq('params_sha256')} | {eq('infer_sha256')} | {st} |")
         self.md.append("")
-        a, b, c = res.get(caching), base, res.get(gp)
-        if b and c:
-            same = b["losses"] == c["losses"] and b["params_sha256"] == c["params_sha256"]
-            self.acc(f"PyTorch ({model}) losses identical, caching off vs off under gpupool", same,
-                     f"{len(c['losses'])} losses, last {c['losses'][-1]}" if same else
-                     f"first difference at step {next((i for i, (p, q) in enumerate(zip(b['losses'], c['losses'])) if p != q), '?')}")
-            sp = b["step_ms_median"] / c["step_ms_median"]
-            ceiling = f"; the caching allocator itself: {b['step_ms_median'] / a['step_ms_median']:.2f}x" if a else ""
-            self.acc(f"PyTorch ({model}) caching off: gpupool >= {TORCH_SPEEDUP:.0f}x faster", sp >= TORCH_SPEEDUP,
-                     f"{b['step_ms_median']:.3f} -> {c['step_ms_median']:.3f} ms/step = {sp:.2f}x{ceiling}")
+        if res[gp]:
             self.acc(f"PyTorch ({model}) under gpupool: pool hits", ((self.stats(gp) or {}).get("hits") or 0) > 0,
                      self.stats_text(gp))
-        if a and c:
-            rel = c["step_ms_median"] / a["step_ms_median"]
-            self.acc(f"PyTorch ({model}): gpupool within {TORCH_VS_CACHING}x of the caching allocator", rel <= TORCH_VS_CACHING,
-                     f"{c['step_ms_median']:.3f} vs {a['step_ms_median']:.3f} ms/step = {rel:.2f}x")
-        if a and b:
-            self.md += [f"Caching allocator vs caching off, same losses: {'yes' if a['losses'] == b['losses'] else 'NO (the run is not deterministic across allocators; compare with care)'}", ""]
-        d = res.get(caching_gp)
-        if a and d:
-            self.md += [f"Default caching allocator under gpupool: losses {'identical' if a['losses'] == d['losses'] else 'DIFFERENT'}, "
-                        f"{d['step_ms_median']:.3f} vs {a['step_ms_median']:.3f} ms/step.", ""]
+        for bt in batches:
+            a, b, c = res[caching].get(bt), res[nocache].get(bt), res[gp].get(bt)
+            what = f"PyTorch ({model}, batch {bt})"
+            if b and c:
+                same = b["losses"] == c["losses"] and b["params_sha256"] == c["params_sha256"]
+                self.acc(f"{what} losses identical, caching off vs off under gpupool", same,
+                         f"{len(c['losses'])} losses, last {c['losses'][-1]}" if same else
+                         f"first difference at step {next((i for i, (p, q) in enumerate(zip(b['losses'], c['losses'])) if p != q), '?')}")
+                sp = b["step_ms_median"] / c["step_ms_median"]
+                ceiling = f"; the caching allocator itself: {b['step_ms_median'] / a['step_ms_median']:.2f}x" if a else ""
+                self.acc(f"{what} caching off: gpupool >= {TORCH_SPEEDUP:.0f}x faster", sp >= TORCH_SPEEDUP,
+                         f"{b['step_ms_median']:.3f} -> {c['step_ms_median']:.3f} ms/step = {sp:.2f}x{ceiling}")
+            if a and c:
+                rel = c["step_ms_median"] / a["step_ms_median"]
+                self.acc(f"{what}: gpupool within {TORCH_VS_CACHING}x of the caching allocator", rel <= TORCH_VS_CACHING,
+                         f"{c['step_ms_median']:.3f} vs {a['step_ms_median']:.3f} ms/step = {rel:.2f}x")
+            if a and b:
+                self.md += [f"Batch {bt}: caching allocator vs caching off, same losses: {'yes' if a['losses'] == b['losses'] else 'NO (the run is not deterministic across allocators; compare with care)'}"]
+            d = res[caching_gp].get(bt)
+            if a and d:
+                self.md += [f"Batch {bt}: default caching allocator under gpupool: losses {'identical' if a['losses'] == d['losses'] else 'DIFFERENT'}, "
+                            f"{d['step_ms_median']:.3f} vs {a['step_ms_median']:.3f} ms/step."]
+        self.md.append("")
 
     def cupy(self):
         runs = ["cupy-none", "cupy-none-gpupool", "cupy-pool"]
@@ -496,9 +508,27 @@ class Summary:
             self.acc("PyOpenCL under gpupool: pool hits", (st.get("hits") or 0) > 0,
                      self.stats_text(rounds["pyopencl-none-gpupool"][0]))
             self.acc("PyOpenCL workload: gpupool faster than no pool", c < b, f"{b:.3f} -> {c:.3f} ms/iter")
+        # Per round: the gpupool and MemoryPool runs were adjacent in time.
+        by_round = {}
+        for m in ("pyopencl-none-gpupool", "pyopencl-pool"):
+            for r in rounds[m]:
+                x = self.results(r)
+                if x:
+                    by_round.setdefault(r.rsplit("-", 1)[1], {})[m] = x
+        pairs = [v["pyopencl-none-gpupool"]["iter_ms_median"] / v["pyopencl-pool"]["iter_ms_median"]
+                 for v in by_round.values() if len(v) == 2]
+        if pairs:
+            self.md += [f"Per round, gpupool / MemoryPool: {', '.join(f'{x:.3f}' for x in pairs)}; "
+                        f"median {statistics.median(pairs):.3f}.", ""]
+        al = {m: [x["array_alloc_us"] for x in res[m] if "array_alloc_us" in x] for m in modes}
+        if all(al.values()):
+            self.md += ["Host cost of one temporary alone (create an array and drop it, no kernel; best of 5 batches "
+                        "of 400, median over runs): " + ", ".join(f"{m} {statistics.median(v):.2f} us" for m, v in al.items()) + ".", ""]
         if c and p:
-            self.acc("PyOpenCL workload: gpupool within 1.1x of PyOpenCL's MemoryPool", c / p <= 1.1,
-                     f"{c:.3f} vs {p:.3f} ms/iter = {c / p:.2f}x")
+            detail = f"{c:.3f} vs {p:.3f} ms/iter = {c / p:.2f}x"
+            if pairs:
+                detail += f"; per-round median {statistics.median(pairs):.2f}x"
+            self.acc("PyOpenCL workload: gpupool within 1.1x of PyOpenCL's MemoryPool", c / p <= 1.1, detail)
 
     def opencl(self):
         parsed = self.checks("OpenCL on NVIDIA", ["opencl-check-raw", "opencl-check-gpupool"], "opencl")
