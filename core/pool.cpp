@@ -221,8 +221,7 @@ unsigned default_shards() {
 // a bin grows only while the time its waits took covers the time its growths
 // took (the first growth is free), so growing never costs more than about
 // what waiting did: fast when waits are stalls, slowly when they are cheap.
-// Bounded in bytes by pending_growth and in count by this:
-constexpr std::size_t kMaxPendingBlocks = 64;
+// Bounded in bytes by pending_growth and in count by kMaxPendingBlocks.
 
 static std::uint64_t clock_ns(clockid_t clock) {
   timespec ts;

@@ -253,12 +253,13 @@ TEST(Pool, PendingBlocksGrowWithinTheBudgetThenOneWaitFreesThemAll) {
   EXPECT_EQ(f.arena->stats().held_bytes, 3 * block);
 }
 
-// However small the blocks, at most 64 wait for the device.
-TEST(Pool, AtMostSixtyFourPendingBlocksOfASize) {
+// However small the blocks, at most kMaxPendingBlocks wait for the device.
+TEST(Pool, AtMostMaxPendingBlocksOfASize) {
+  static_assert(kMaxPendingBlocks == 256, "the documentation (options.def) names the number");
   Fixture f({}, {.pending_growth = std::size_t{1} << 30});
   f.dev->fences = true;
-  for (int i = 0; i < 65; ++i) f.pool.free(f.alloc(100));
-  EXPECT_EQ(f.dev->allocs, 64u);
+  for (std::size_t i = 0; i < kMaxPendingBlocks + 1; ++i) f.pool.free(f.alloc(100));
+  EXPECT_EQ(f.dev->allocs, kMaxPendingBlocks);
   EXPECT_EQ(f.dev->waits, 1u);
 }
 

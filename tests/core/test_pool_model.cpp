@@ -126,7 +126,7 @@ struct Model {
       } else if (ready(q.front())) {
         b = q.front();
         q.pop_front();
-      } else if (q.size() < 64 && q.size() * q.back().size + want <= a.pending_growth &&
+      } else if (q.size() < kMaxPendingBlocks && q.size() * q.back().size + want <= a.pending_growth &&
                  a.credit[bin] >= 0 && (r = be.allocate(want)).status == BackendStatus::ok) {
         grown = true;  // a fresh block instead of waiting; no held memory released for it
         a.credit[bin] -= std::int64_t(alloc_cost);
