@@ -366,6 +366,9 @@ if ((HAVE_TORCH)); then
   step torch-nocache python.log 150 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T "${B[@]}" --tag nocache
   step_gp torch-nocache-gpupool python.log 120 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T "${B[@]}" \
     --tag nocache+gpupool
+  # Batch 512 filled the 2% pending-growth cap of its largest size: what 5% buys.
+  step_gp torch-nocache-gpupool-growth5 python.log 60 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPUPOOL_PENDING_GROWTH=5% \
+    "$PY" $T --batch 512 --tag nocache+gpupool-growth5
   # A model whose steps are shorter: allocation is more of each step.
   step torch-mlp-caching python.log 60 "$PY" $T --model mlp --tag mlp-caching
   step torch-mlp-nocache python.log 60 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --model mlp --tag mlp-nocache
@@ -393,14 +396,14 @@ fi
 
 if ((HAVE_PYCL)); then
   P=scripts/gpu_pyopencl.py
-  # One process's iteration time varied by 20% to 50% between identical
-  # runs here (the loop is host-bound Python). So: 7 rounds of 2000
-  # iterations, every process on the same 4 cores, the gpupool and
-  # MemoryPool runs adjacent and in alternating order; the summary compares
-  # medians and the median of the per-round ratios.
+  # The loop is host-bound Python, and an unpinned process here ran at one
+  # of two host speeds (a temporary's host cost 11 us or 18-20 us, whatever
+  # the allocator; pinned to 4 cores still both), pinned to one core always
+  # the fast one. So: every process on core 3, 7 rounds of 2000 iterations,
+  # the gpupool and MemoryPool runs adjacent and in alternating order.
   export GPU_PYOPENCL_ITERS=2000
   PIN=()
-  command -v taskset >/dev/null && (($(nproc) >= 8)) && PIN=(taskset -c 2-5)
+  command -v taskset >/dev/null && (($(nproc) >= 8)) && PIN=(taskset -c 3)
   for round in 1 2 3 4 5 6 7; do
     step pyopencl-none-$round opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "${PIN[@]}" "$PY" $P --alloc none --tag none
     pair=(gp pool)
@@ -416,6 +419,12 @@ if ((HAVE_PYCL)); then
     done
   done
   note pyopencl-pinning "${PIN[*]:-none}"
+  # Both allocators in one process (same host state), alternating phases of
+  # 100 iterations: gpupool serves the default allocator's arrays.
+  for round in 1 2 3; do
+    step_gp pyopencl-both-gpupool-$round opencl.log 90 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" "$PY" $P --alloc both \
+      --tag both+gpupool
+  done
 fi
 
 # --- The CI suite (stand-in CUDA driver; OpenCL C tests now on NVIDIA's

@@ -293,7 +293,7 @@ class Summary:
                     "'imm.': under GPUPOOL_REUSE=immediate (no synchronization before reuse). Here the block just "
                     "freed is the one needed next: the default (safe) synchronizes the context when all of a size's "
                     "blocks are pending, and adds a block each time those synchronizations have cost as much as "
-                    "the last block did (up to 64), so the figure is that of a loop some 10^5 pairs long "
+                    "the last block did (up to 256), so the figure is that of a loop some 10^5 pairs long "
                     "(see the bench-gpupool stats for the blocks held per size).", "",
                     "| size | device raw | device gpupool | raw/gpupool | device imm. | raw/imm. | async batch "
                     "| async each | async batch/gpupool | async batch/imm. | pinned raw | pinned gpupool | raw/gpupool "
@@ -389,13 +389,14 @@ class Summary:
             self.torch_model(prefix, model)
 
     def torch_model(self, prefix, model):
-        runs = [f"{prefix}-{r}" for r in ("caching", "nocache", "nocache-gpupool", "caching-gpupool")]
+        runs = [f"{prefix}-{r}" for r in ("caching", "nocache", "nocache-gpupool", "caching-gpupool",
+                                           "nocache-gpupool-growth5")]
         if not any(r in self.steps for r in runs):
             return
         # One RESULT per batch size per run.
         res = {r: {x.get("batch"): x for x in self.all_results(r)} for r in runs}
         batches = sorted({b for r in runs for b in res[r]}, key=lambda b: (b is None, b or 0))
-        caching, nocache, gp, caching_gp = runs
+        caching, nocache, gp, caching_gp, _ = runs
         self.md += [f"## PyTorch training loop and inference ({model})", "",
                     "| run | batch | status | step ms (median) | train s | inference ms | losses == nocache "
                     "| params == nocache | inference == nocache | gpupool stats |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -528,7 +529,33 @@ class Summary:
             detail = f"{c:.3f} vs {p:.3f} ms/iter = {c / p:.2f}x"
             if pairs:
                 detail += f"; per-round median {statistics.median(pairs):.2f}x"
-            self.acc("PyOpenCL workload: gpupool within 1.1x of PyOpenCL's MemoryPool", c / p <= 1.1, detail)
+            self.acc("PyOpenCL workload: gpupool within 1.1x of PyOpenCL's MemoryPool (separate processes)",
+                     c / p <= 1.1, detail)
+        self.pyopencl_both(base)
+
+    def pyopencl_both(self, base):
+        runs = [f"pyopencl-both-gpupool-{k}" for k in range(1, 10) if f"pyopencl-both-gpupool-{k}" in self.steps]
+        res = [x for x in (self.results(r) for r in runs) if x and "none" in x and "pool" in x]
+        if not runs:
+            return
+        self.md += ["### Both allocators in one process, under gpupool", "",
+                    "Alternating phases of 100 iterations (order swapped each phase): gpupool serves the default "
+                    "allocator's arrays, PyOpenCL's MemoryPool its own. Same process, so same host speed.", "",
+                    "| run | gpupool ms/iter | MemoryPool ms/iter | host cost per temporary, gpupool / MemoryPool | "
+                    "phase ratios (gpupool / MemoryPool) | median | results == none |", "|---|---|---|---|---|---|---|"]
+        key = lambda x: (x["checksum"], x["sums_sha256"])  # noqa: E731
+        for r, x in zip(runs, res):
+            same = "-" if not base else ("yes" if key(x["none"]) == key(base) and key(x["pool"]) == key(base) else "**NO**")
+            self.md.append(f"| {r} | {x['none']['iter_ms_median']:.3f} | {x['pool']['iter_ms_median']:.3f} | "
+                           f"{x['none']['array_alloc_us']:.2f} / {x['pool']['array_alloc_us']:.2f} us | "
+                           f"{', '.join(f'{v:.2f}' for v in x['phase_ratios'])} | {x['ratio_median']:.3f} | {same} |")
+        self.md.append("")
+        if res:
+            med = statistics.median(x["ratio_median"] for x in res)
+            self.acc("PyOpenCL workload: gpupool within 1.1x of PyOpenCL's MemoryPool (one process, paired phases)",
+                     med <= 1.1 and len(res) == len(runs),
+                     f"median of {len(res)} runs' phase-ratio medians {med:.3f} "
+                     "(" + ", ".join(f"{x['ratio_median']:.3f}" for x in res) + ")")
 
     def opencl(self):
         parsed = self.checks("OpenCL on NVIDIA", ["opencl-check-raw", "opencl-check-gpupool"], "opencl")
