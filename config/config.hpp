@@ -34,7 +34,7 @@ struct Config {
   bool hold = true;
   unsigned leading_bits = 4;
   SizeSpec max_held;              // default unlimited
-  SizeSpec max_pooled;            // default: measured, see options.def
+  SizeSpec max_pooled;            // default 25%, why in README ("What it costs")
   std::uint64_t release_after_ns = 0;
   Reuse reuse = Reuse::safe;
   SizeSpec pending_growth;        // default 2%, see options.def

@@ -20,7 +20,8 @@ TEST(Values, Defaults) {
   EXPECT_TRUE(c.max_held.unlimited);
   EXPECT_EQ(c.max_held.resolve(1000), SIZE_MAX);
   EXPECT_FALSE(c.max_pooled.unlimited);
-  EXPECT_EQ(c.max_pooled.resolve(SIZE_MAX), std::size_t{1} << 30);
+  EXPECT_TRUE(c.max_pooled.percent);
+  EXPECT_EQ(c.max_pooled.resolve(std::size_t{80} << 30), std::size_t{20} << 30);
   EXPECT_EQ(c.release_after_ns, 0u);
   EXPECT_EQ(c.reuse, Reuse::safe);
   EXPECT_TRUE(c.pending_growth.percent);
