@@ -389,14 +389,13 @@ class Summary:
             self.torch_model(prefix, model)
 
     def torch_model(self, prefix, model):
-        runs = [f"{prefix}-{r}" for r in ("caching", "nocache", "nocache-gpupool", "caching-gpupool",
-                                           "nocache-gpupool-growth5")]
+        runs = [f"{prefix}-{r}" for r in ("caching", "nocache", "nocache-gpupool", "caching-gpupool")]
         if not any(r in self.steps for r in runs):
             return
         # One RESULT per batch size per run.
         res = {r: {x.get("batch"): x for x in self.all_results(r)} for r in runs}
         batches = sorted({b for r in runs for b in res[r]}, key=lambda b: (b is None, b or 0))
-        caching, nocache, gp, caching_gp, _ = runs
+        caching, nocache, gp, caching_gp = runs
         self.md += [f"## PyTorch training loop and inference ({model})", "",
                     "| run | batch | status | step ms (median) | train s | inference ms | losses == nocache "
                     "| params == nocache | inference == nocache | gpupool stats |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -479,7 +478,9 @@ class Summary:
         res = {m: [x for x in (self.results(r) for r in rounds[m]) if x] for m in modes}
         med = {m: statistics.median(x["iter_ms_median"] for x in res[m]) if res[m] else None for m in modes}
         self.md += ["## PyOpenCL array workload (NVIDIA)", "",
-                    f"Each mode ran {max(len(v) for v in rounds.values())} times, round robin; the ms column is the median of the runs' medians.", "",
+                    f"Each mode ran {max(len(v) for v in rounds.values())} times, round robin; the ms column is the median of the runs' medians. "
+                    "In brackets, each run's host cost of one temporary (create an array, drop it): processes here run at "
+                    "one of two host speeds (~11 us or ~20 us), whatever the allocator.", "",
                     "| run | runs ok | iteration ms (median of runs) | each run | result == none | gpupool stats |",
                     "|---|---|---|---|---|---|"]
         key = lambda x: (x["checksum"], x["sums_sha256"])  # noqa: E731
@@ -492,7 +493,8 @@ class Summary:
                 continue
             eq = "-" if not base or m == "pyopencl-none" else (
                 "yes" if all(key(x) == key(base) for x in res[m]) else "**NO**")
-            each = ", ".join(f"{x['iter_ms_median']:.3f}" for x in res[m])
+            each = ", ".join(f"{x['iter_ms_median']:.3f}" + (f" ({x['array_alloc_us']:.0f} us)" if "array_alloc_us" in x else "")
+                             for x in res[m])
             self.md.append(f"| {m} | {len(res[m])}/{len(rounds[m])} | {med[m]:.3f} | {each} | {eq} | "
                            f"{self.stats_text(rounds[m][0]) if 'gpupool' in m else ''} |")
         self.md.append("")
@@ -529,8 +531,11 @@ class Summary:
             detail = f"{c:.3f} vs {p:.3f} ms/iter = {c / p:.2f}x"
             if pairs:
                 detail += f"; per-round median {statistics.median(pairs):.2f}x"
-            self.acc("PyOpenCL workload: gpupool within 1.1x of PyOpenCL's MemoryPool (separate processes)",
-                     c / p <= 1.1, detail)
+            # Informational: each process runs at one of two host speeds
+            # (see the host-cost column), so medians of separate processes
+            # compare hosts as much as allocators; the target is judged on
+            # the paired phases of one process below.
+            self.acc("PyOpenCL workload, gpupool / MemoryPool in separate processes", None, detail)
         self.pyopencl_both(base)
 
     def pyopencl_both(self, base):
@@ -605,9 +610,10 @@ class Summary:
 
     def acceptance(self):
         lines = ["## Acceptance", "", "| target | result | measured |", "|---|---|---|"]
-        for name, ok, detail in self.accept:
-            lines.append(f"| {name} | {'PASS' if ok else '**FAIL**'} | {detail} |")
-            self.short.append(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+        for name, ok, detail in self.accept:  # ok None: measured, not a target
+            word = "info" if ok is None else "PASS" if ok else "FAIL"
+            lines.append(f"| {name} | {'**FAIL**' if word == 'FAIL' else word} | {detail} |")
+            self.short.append(f"{word:4s}  {name}: {detail}")
         if not self.accept:
             lines.append("| (nothing measured) | | |")
         lines.append("")
