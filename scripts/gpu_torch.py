@@ -9,8 +9,10 @@ Results must be bitwise identical between runs; step times are compared.
 
 Prints per-step lines and one final line
   RESULT {"tag": ..., "losses": [...repr...], "step_ms_median": ..., ...}
-The model (--model) is a small CNN, or an MLP whose steps are shorter, so
-allocation is a larger part of them. --batch takes a list (64,256): each
+The model (--model) is a small CNN, an MLP whose steps are shorter, so
+allocation is a larger part of them, or the network and optimizer of
+PyTorch's own MNIST example (Adadelta, whose foreach update allocates
+temporaries for every parameter). --batch takes a list (64,256): each
 batch size trains a fresh model from the same seed in the same process and
 prints its own RESULT line (with "batch"). Synthetic data (fixed seeds),
 deterministic algorithms asked for, TF32 off so the losses are plain float32
@@ -31,7 +33,34 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 
+class MnistNet(nn.Module):
+    """The network of PyTorch's own MNIST example (pytorch/examples,
+    mnist/main.py), trained as there: NLL loss, Adadelta at lr 1.0."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        F = nn.functional
+        x = F.relu(self.conv2(F.relu(self.conv1(x))))
+        x = torch.flatten(self.dropout1(F.max_pool2d(x, 2)), 1)
+        x = self.fc2(self.dropout2(F.relu(self.fc1(x))))
+        return F.log_softmax(x, dim=1)
+
+
+def input_shape(kind):
+    return (1, 28, 28) if kind == "mnist" else (3, 32, 32)
+
+
 def build_model(kind):
+    if kind == "mnist":
+        return MnistNet()
     if kind == "mlp":
         return nn.Sequential(
             nn.Flatten(),
@@ -53,7 +82,7 @@ def build_model(kind):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="run")
-    ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    ap.add_argument("--model", choices=("cnn", "mlp", "mnist"), default="cnn")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
     ap.add_argument("--batch", default="64", help="batch size, or a comma-separated list")
@@ -75,17 +104,24 @@ def main():
         # Data on the host, pinned, as a data loader hands it over.
         g = torch.Generator().manual_seed(42)
         n_batches = 8
-        xs = [torch.randn(batch, 3, 32, 32, generator=g).pin_memory() for _ in range(n_batches)]
+        shape = input_shape(args.model)
+        xs = [torch.randn(batch, *shape, generator=g).pin_memory() for _ in range(n_batches)]
         ys = [torch.randint(0, 10, (batch,), generator=g).pin_memory() for _ in range(n_batches)]
 
         model = build_model(args.model).to(dev)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+        if args.model == "mnist":
+            opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
 
-        def loss_fn(out, y):
-            # Cross entropy through a one-hot product rather than NLLLoss, whose
-            # CUDA backward scatters with atomics.
-            onehot = torch.nn.functional.one_hot(y, 10).to(out.dtype)
-            return -(torch.log_softmax(out, dim=1) * onehot).sum(dim=1).mean()
+            def loss_fn(out, y):
+                return torch.nn.functional.nll_loss(out, y)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+            def loss_fn(out, y):
+                # Cross entropy through a one-hot product rather than NLLLoss, whose
+                # CUDA backward scatters with atomics.
+                onehot = torch.nn.functional.one_hot(y, 10).to(out.dtype)
+                return -(torch.log_softmax(out, dim=1) * onehot).sum(dim=1).mean()
 
         losses, step_ms = [], []
         torch.cuda.synchronize()
@@ -108,7 +144,7 @@ def main():
         train_s = time.perf_counter() - t_train
 
         model.eval()
-        xi = torch.randn(256, 3, 32, 32, generator=g).to(dev)
+        xi = torch.randn(256, *shape, generator=g).to(dev)
         infer_ms, digests = [], set()
         with torch.inference_mode():
             for _ in range(args.infer_iters):

@@ -371,6 +371,11 @@ if ((HAVE_TORCH)); then
   step torch-mlp-nocache python.log 60 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --model mlp --tag mlp-nocache
   step_gp torch-mlp-nocache-gpupool python.log 60 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --model mlp \
     --tag mlp-nocache+gpupool
+  # PyTorch's own MNIST example (network, NLL loss, Adadelta; its batch 64).
+  step torch-mnist-caching python.log 60 "$PY" $T --model mnist --tag mnist-caching
+  step torch-mnist-nocache python.log 60 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --model mnist --tag mnist-nocache
+  step_gp torch-mnist-nocache-gpupool python.log 60 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$PY" $T --model mnist \
+    --tag mnist-nocache+gpupool
 else
   skip torch python.log "PyTorch with CUDA not importable"
 fi

@@ -385,7 +385,7 @@ class Summary:
         return out
 
     def torch(self):
-        for prefix, model in (("torch", "small CNN"), ("torch-mlp", "MLP")):
+        for prefix, model in (("torch", "small CNN"), ("torch-mlp", "MLP"), ("torch-mnist", "PyTorch's MNIST example")):
             self.torch_model(prefix, model)
 
     def torch_model(self, prefix, model):
