@@ -61,11 +61,13 @@ double since_ns(Clock::time_point t0) {
 
 std::string g_label = "raw";
 double g_budget_ms = 150;  // per measurement, after calibration
-double g_warm_ms = 200;    // per measurement, before calibration
+double g_warm_ms = 200;    // per measurement, before calibration: at least this,
+double g_warm_max_ms = 2000;  // then until steady, at most this
 CUcontext g_ctx;
 CUdevice g_dev;
 
 struct Result {
+  double warm_ms = 0;  // how long the warm-up ran
   double ns = 0;    // median ns per pair
   int reps = 0;
   long iters = 0;   // pairs per timed batch
@@ -80,23 +82,39 @@ double median(std::vector<double> v) {
 // Times batch(k) (which does k pairs): one cold call, a warm-up, then
 // calibrates k so a batch takes >= 1 ms, then repeats within the time budget
 // (3..25 repeats). Warm means the loop's steady state: under the safe
-// default gpupool grows a size as its waits pay for it, spending about as
-// long waiting as allocating, so 64 device blocks take ~128 allocations'
-// time (10-20 ms on the H100); without the warm-up, calibration on a batch
-// that grew the pool timed a half-grown one (1 MiB: 24 of 64 blocks, 492 ns
-// against 232 ns in the run before). A slow batch is also timed twice
-// before k stops growing, for the same reason.
+// default gpupool grows a size only as its waits pay for it, so a size's
+// blocks grow for as long as the waits are cheap against an allocation:
+// up to 256 blocks, a few hundred ms of pairs on an idle H100. Timed before
+// that, the figure is a half-grown pool's (1 MiB at 24 of 64 blocks: 492 ns
+// against 232 ns once grown; 256 B at 256 blocks after a fixed 200 ms:
+// 391 ns, other sizes of the same run 120-267 ns). So the warm-up runs
+// batches of about a millisecond for at least g_warm_ms and then until the
+// best of the last 16 is no better than 0.97x the best before them (at
+// most g_warm_max_ms). A slow calibration batch is also timed twice before
+// k stops growing, for the same reason.
 Result measure(const std::function<void(long)>& batch) {
   Result r;
   auto t = Clock::now();
   batch(1);
   r.cold_ns = since_ns(t);
   const auto warm = Clock::now();
-  for (long w = 1; since_ns(warm) < g_warm_ms * 1e6;) {
+  std::vector<double> seen;  // ns per pair of each millisecond batch
+  for (long w = 1;;) {
     t = Clock::now();
     batch(w);
-    if (since_ns(t) < 1e6) w *= 2;  // batches of about a millisecond
+    const double took = since_ns(t);
+    if (took < 1e6) {
+      w *= 2;
+    } else {
+      seen.push_back(took / w);
+    }
+    const double elapsed = since_ns(warm);
+    if (elapsed >= g_warm_max_ms * 1e6) break;
+    if (elapsed < g_warm_ms * 1e6 || seen.size() < 32) continue;
+    const auto split = seen.end() - 16;
+    if (*std::min_element(split, seen.end()) >= 0.97 * *std::min_element(seen.begin(), split)) break;
   }
+  r.warm_ms = since_ns(warm) / 1e6;
   long k = 1;
   double one = 0;
   for (;;) {
@@ -129,8 +147,8 @@ Result measure(const std::function<void(long)>& batch) {
 void emit(const char* bench, std::size_t size, const Result& r, const std::string& extra = "") {
   std::printf(
       "{\"bench\":\"%s\",\"label\":\"%s\",\"size\":%zu,\"threads\":1,\"ns\":%.1f,"
-      "\"cold_ns\":%.1f,\"reps\":%d,\"iters\":%ld%s}\n",
-      bench, g_label.c_str(), size, r.ns, r.cold_ns, r.reps, r.iters, extra.c_str());
+      "\"cold_ns\":%.1f,\"warm_ms\":%.0f,\"reps\":%d,\"iters\":%ld%s}\n",
+      bench, g_label.c_str(), size, r.ns, r.cold_ns, r.warm_ms, r.reps, r.iters, extra.c_str());
   std::fflush(stdout);
 }
 
@@ -273,7 +291,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (quick) g_budget_ms = 40, g_warm_ms = 50;
+  if (quick) g_budget_ms = 40, g_warm_ms = 50, g_warm_max_ms = 200;
   REQUIRE(cuInit(0));
   REQUIRE(cuDeviceGet(&g_dev, 0));
   REQUIRE(cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
@@ -298,8 +316,8 @@ int main(int argc, char** argv) {
       bench_memset(s);
     }
   }
-  // Beyond the pooled range (GPUPOOL_MAX_POOLED defaults to 1 GiB): what the
-  // driver charges for the largest blocks, against one pass over them.
+  // The largest blocks: what the driver charges for them, against one pass
+  // over them (README, "Large blocks": why GPUPOOL_MAX_POOLED is 25%).
   for (std::size_t s : {std::size_t(1) << 30, std::size_t(4) << 30, std::size_t(16) << 30}) {
     bench_device_pair(s);
     bench_device_split(s);
