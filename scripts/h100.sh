@@ -344,14 +344,14 @@ else
   skip bench-pool cuda.log "tests/bench/bench_pool was not built (Google Benchmark missing)"
 fi
 if [[ -x $BENCH ]]; then
-  step bench-raw cuda.log 120 "$BENCH" --label raw --async
+  step bench-raw cuda.log 180 "$BENCH" --label raw --async
   grep -h '^{' "$WORK/out/bench-raw.out" >>"$OUT/bench.json" 2>/dev/null
-  step_gp bench-gpupool cuda.log 90 "$BENCH" --label gpupool
+  step_gp bench-gpupool cuda.log 150 "$BENCH" --label gpupool
   grep -h '^{' "$WORK/out/bench-gpupool.out" >>"$OUT/bench.json" 2>/dev/null
   # Here the block just freed is the one needed next: the safe default
   # synchronizes when all blocks of the size are pending and grows the size
   # as those waits pay for it; immediate reuse shows the pool's own cost.
-  step_gp bench-gpupool-immediate cuda.log 90 env GPUPOOL_REUSE=immediate "$BENCH" --label gpupool-immediate
+  step_gp bench-gpupool-immediate cuda.log 150 env GPUPOOL_REUSE=immediate "$BENCH" --label gpupool-immediate
   grep -h '^{' "$WORK/out/bench-gpupool-immediate.out" >>"$OUT/bench.json" 2>/dev/null
 else
   skip bench cuda.log "bench_alloc not compiled"
