@@ -65,78 +65,78 @@ std::size_t host_memory_bytes() {
   return pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : SIZE_MAX;
 }
 
-class DeviceBackend final : public Backend {
+// Memory of one context. Device and pinned blocks alike are fenced by the
+// context's work (cuMemFree and cuMemFreeHost both wait for all of it,
+// measured), and are given back to the driver only while the context lives
+// (once it is destroyed the driver has freed them) and before exit.
+class ContextBackend : public Backend {
  public:
-  DeviceBackend(CtxState* st, bool fenced) : st_(st), fenced_(fenced) {}
+  ContextBackend(CtxState* st, bool fenced) : st_(st), fenced_(fenced) {}
+
+  std::uint64_t fence() override {
+    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
+  }
+  bool passed(std::uint64_t f) override {
+    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
+  }
+  void wait_all() override { synchronize_context(st_); }
+
+ protected:
+  static BackendResult result(CUresult r, Handle h) {
+    if (r == CUDA_SUCCESS) return {BackendStatus::ok, h, 0};
+    return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error, 0,
+            static_cast<int>(r)};
+  }
+  // free() unless the driver is being torn down or the context is gone.
+  template <class Free>
+  void release_while_alive(Free&& free) {
+    if (exiting()) return;
+    std::shared_lock lock(st_->teardown_mu);
+    if (st_->retired.load(std::memory_order_acquire)) return;
+    free();
+  }
+
+  CtxState* st_;
+
+ private:
+  bool fenced_;
+};
+
+class DeviceBackend final : public ContextBackend {
+ public:
+  using ContextBackend::ContextBackend;
 
   BackendResult allocate(std::size_t bytes) override {
-    const Driver* d = driver();
     CUdeviceptr p = 0;
-    const CUresult r = d->mem_alloc(&p, bytes);
-    if (r != CUDA_SUCCESS)
-      return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error,
-              0, static_cast<int>(r)};
-    device_map().insert(p, bytes, st_);
-    return {BackendStatus::ok, p, 0};
+    const CUresult r = driver()->mem_alloc(&p, bytes);
+    if (r == CUDA_SUCCESS) device_map().insert(p, bytes, st_);
+    return result(r, p);
   }
 
   void release(Handle h, std::size_t) override {
     device_map().erase(h);
-    // At exit the driver may be torn down already: leave the memory to it.
-    if (exiting()) return;
-    std::shared_lock lock(st_->teardown_mu);
-    if (st_->retired.load(std::memory_order_acquire)) return;
-    driver()->mem_free(h);  // works with any (or no) current context
+    release_while_alive([&] { driver()->mem_free(h); });  // any (or no) current context
   }
-
-  std::uint64_t fence() override {
-    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
-  }
-  bool passed(std::uint64_t f) override {
-    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
-  }
-  void wait_all() override { synchronize_context(st_); }
-
- private:
-  CtxState* st_;
-  bool fenced_;
 };
 
-class HostBackend final : public Backend {
+class HostBackend final : public ContextBackend {
  public:
-  HostBackend(CtxState* st, bool fenced, unsigned flags) : st_(st), fenced_(fenced), flags_(flags) {}
+  HostBackend(CtxState* st, bool fenced, unsigned flags) : ContextBackend(st, fenced), flags_(flags) {}
 
   BackendResult allocate(std::size_t bytes) override {
     void* p = nullptr;
     const CUresult r = driver()->mem_host_alloc(&p, bytes, t_host_flags);
-    if (r != CUDA_SUCCESS)
-      return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error,
-              0, static_cast<int>(r)};
-    host_map().insert(reinterpret_cast<Handle>(p), bytes, st_, flags_);
-    return {BackendStatus::ok, reinterpret_cast<Handle>(p), 0};
+    const Handle h = reinterpret_cast<Handle>(p);
+    if (r == CUDA_SUCCESS) host_map().insert(h, bytes, st_, flags_);
+    return result(r, h);
   }
 
   void release(Handle h, std::size_t) override {
     host_map().erase(h);
-    if (exiting()) return;
-    std::shared_lock lock(st_->teardown_mu);
-    if (st_->retired.load(std::memory_order_acquire)) return;
-    driver()->mem_free_host(reinterpret_cast<void*>(h));
+    release_while_alive([&] { driver()->mem_free_host(reinterpret_cast<void*>(h)); });
   }
-
-  // Pinned memory is fenced by its context's work, like device memory:
-  // cuMemFreeHost waits for that context too (measured).
-  std::uint64_t fence() override {
-    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
-  }
-  bool passed(std::uint64_t f) override {
-    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
-  }
-  void wait_all() override { synchronize_context(st_); }
 
  private:
-  CtxState* st_;
-  bool fenced_;
   unsigned flags_;  // the arena's normalised flags (DEVICEMAP set)
 };
 
