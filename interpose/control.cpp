@@ -223,22 +223,6 @@ void write_prometheus(Runtime& rt) {
     log().error("Prometheus file not written: {}", why);
 }
 
-bool send_all(int fd, const std::string& s) {
-  const char* p = s.data();
-  std::size_t left = s.size();
-  while (left) {
-    // MSG_NOSIGNAL: a client that went away must not SIGPIPE the program.
-    ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 std::string held_summary(const Stats& before, const Stats& after) {
   return "released " + std::to_string(before.held_blocks - std::min(before.held_blocks, after.held_blocks)) +
          " held blocks (" +
@@ -282,7 +266,10 @@ void serve_client(Runtime& rt, int lfd) {
   ucred cred{};
   socklen_t len = sizeof cred;
   if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
-    send_all(c, "error denied gpupool answers only its own user (uid " + std::to_string(geteuid()) + ")\n");
+    stats::write_all(c,
+                     "error denied gpupool answers only its own user (uid " +
+                         std::to_string(geteuid()) + ")\n",
+                     /*socket=*/true);
     log().info("control socket: refused a request from uid {}", cred.uid);
     ::close(c);
     return;
@@ -290,7 +277,7 @@ void serve_client(Runtime& rt, int lfd) {
   if (!req.empty()) {
     req = req.substr(0, req.find('\n'));
     log().debug("control socket: '{}' from pid {}", req, cred.pid);
-    send_all(c, handle_request(rt, req));
+    stats::write_all(c, handle_request(rt, req), /*socket=*/true);
   }
   ::close(c);
 }

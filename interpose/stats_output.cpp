@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,11 +72,11 @@ int open_output(const std::string& path, bool append, std::string* why) {
   return fd;
 }
 
-bool write_all(int fd, const std::string& data) {
+bool write_all(int fd, const std::string& data, bool socket) {
   const char* p = data.data();
   std::size_t left = data.size();
   while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
+    ssize_t n = socket ? ::send(fd, p, left, MSG_NOSIGNAL) : ::write(fd, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
       return false;

@@ -16,7 +16,9 @@ std::string expand_path(const std::string& pattern, long pid);
 int open_output(const std::string& path, bool append, std::string* why);
 
 // Write all of `data` (retrying short writes and EINTR). False on error.
-bool write_all(int fd, const std::string& data);
+// On a socket, a peer that went away must not SIGPIPE the program: pass
+// socket = true (send with MSG_NOSIGNAL).
+bool write_all(int fd, const std::string& data, bool socket = false);
 
 // Append one dump to the stats file (or stderr when `path` is empty).
 bool append_dump(const std::string& path, const std::string& data, std::string* why);
