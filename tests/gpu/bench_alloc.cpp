@@ -41,6 +41,8 @@
 #include <thread>
 #include <vector>
 
+#include <dlfcn.h>
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -62,7 +64,7 @@ double since_ns(Clock::time_point t0) {
 std::string g_label = "raw";
 double g_budget_ms = 150;  // per measurement, after calibration
 double g_warm_ms = 200;    // per measurement, before calibration: at least this,
-double g_warm_max_ms = 2000;  // then until steady, at most this
+double g_warm_max_ms = 3000;  // then until steady, at most this
 CUcontext g_ctx;
 CUdevice g_dev;
 
@@ -79,6 +81,19 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// Under gpupool (its C API, docs/c-api.md): the driver allocations it has
+// made so far; -1 without gpupool.
+long gpupool_backend_allocs() {
+  using StatsJson = std::size_t (*)(char*, std::size_t);
+  static const auto stats = reinterpret_cast<StatsJson>(dlsym(RTLD_DEFAULT, "gpupool_stats_json"));
+  if (!stats) return -1;
+  std::string json(stats(nullptr, 0) + 1, '\0');
+  stats(json.data(), json.size());
+  const std::string key = "\"backend_allocs\":";
+  const std::size_t at = json.find(key);  // the first is the totals'
+  return at == std::string::npos ? -1 : std::atol(json.c_str() + at + key.size());
+}
+
 // Times batch(k) (which does k pairs): one cold call, a warm-up, then
 // calibrates k so a batch takes >= 1 ms, then repeats within the time budget
 // (3..25 repeats). Warm means the loop's steady state: under the safe
@@ -87,11 +102,13 @@ double median(std::vector<double> v) {
 // up to 256 blocks, a few hundred ms of pairs on an idle H100. Timed before
 // that, the figure is a half-grown pool's (1 MiB at 24 of 64 blocks: 492 ns
 // against 232 ns once grown; 256 B at 256 blocks after a fixed 200 ms:
-// 391 ns, other sizes of the same run 120-267 ns). So the warm-up runs
-// batches of about a millisecond for at least g_warm_ms and then until the
-// best of the last 16 is no better than 0.97x the best before them (at
-// most g_warm_max_ms). A slow calibration batch is also timed twice before
-// k stops growing, for the same reason.
+// 391 ns, other sizes of the same run 120-267 ns; 16 MiB at 497 ns when
+// the warm-up stopped on timings alone). So the warm-up runs batches of
+// about a millisecond for at least g_warm_ms, then under gpupool until it
+// made no driver allocation for 100 ms, without it until the best of the
+// last 16 batches is no better than 0.97x the best before them; at most
+// g_warm_max_ms. A slow calibration batch is also timed twice before k
+// stops growing, for the same reason.
 Result measure(const std::function<void(long)>& batch) {
   Result r;
   auto t = Clock::now();
@@ -99,6 +116,8 @@ Result measure(const std::function<void(long)>& batch) {
   r.cold_ns = since_ns(t);
   const auto warm = Clock::now();
   std::vector<double> seen;  // ns per pair of each millisecond batch
+  long allocs = gpupool_backend_allocs();
+  auto allocs_at = Clock::now();
   for (long w = 1;;) {
     t = Clock::now();
     batch(w);
@@ -111,6 +130,14 @@ Result measure(const std::function<void(long)>& batch) {
     const double elapsed = since_ns(warm);
     if (elapsed >= g_warm_max_ms * 1e6) break;
     if (elapsed < g_warm_ms * 1e6 || seen.size() < 32) continue;
+    if (allocs >= 0) {
+      if (since_ns(allocs_at) < 1e8) continue;
+      const long now = gpupool_backend_allocs();
+      if (now == allocs) break;
+      allocs = now;
+      allocs_at = Clock::now();
+      continue;
+    }
     const auto split = seen.end() - 16;
     if (*std::min_element(split, seen.end()) >= 0.97 * *std::min_element(seen.begin(), split)) break;
   }
