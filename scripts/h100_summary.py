@@ -293,8 +293,11 @@ class Summary:
                     "'imm.': under GPUPOOL_REUSE=immediate (no synchronization before reuse). Here the block just "
                     "freed is the one needed next: the default (safe) synchronizes the context when all of a size's "
                     "blocks are pending, and adds a block each time those synchronizations have cost as much as "
-                    "the last block did (up to 256), so the figure is that of a loop some 10^5 pairs long "
-                    "(see the bench-gpupool stats for the blocks held per size).", "",
+                    "the last block did (up to 256, within GPUPOOL_PENDING_GROWTH's bytes); under gpupool each "
+                    "measurement warms up until the pool stopped allocating for 100 ms (see the bench-gpupool "
+                    "stats for the blocks held per size).", "",
+                    "Each pair figure (raw, gpupool, async alike) is the better of two passes over the sizes, apart "
+                    "in time: a measurement on this shared machine now and then takes 2-3x its neighbours' time.", "",
                     "| size | device raw | device gpupool | raw/gpupool | device imm. | raw/imm. | async batch "
                     "| async each | async batch/gpupool | async batch/imm. | pinned raw | pinned gpupool | raw/gpupool "
                     "| pinned imm. | raw/imm. |",

@@ -171,12 +171,38 @@ Result measure(const std::function<void(long)>& batch) {
   return r;
 }
 
+// Timed results are kept until every pass ran, and the best of the passes
+// is printed: on the shared GPU machine one measurement now and then took
+// 2-3x its neighbours' time (16 MiB at 497 ns between 213 and 252 ns), and
+// passes apart in time do not meet the same disturbance. Raw, gpupool and
+// cuMemAllocAsync are treated alike.
+struct Kept {
+  std::string bench, extra;
+  std::size_t size;
+  Result r;
+  int passes;
+};
+std::vector<Kept> g_kept;
+
 void emit(const char* bench, std::size_t size, const Result& r, const std::string& extra = "") {
-  std::printf(
-      "{\"bench\":\"%s\",\"label\":\"%s\",\"size\":%zu,\"threads\":1,\"ns\":%.1f,"
-      "\"cold_ns\":%.1f,\"warm_ms\":%.0f,\"reps\":%d,\"iters\":%ld%s}\n",
-      bench, g_label.c_str(), size, r.ns, r.cold_ns, r.warm_ms, r.reps, r.iters, extra.c_str());
+  for (Kept& k : g_kept)
+    if (k.bench == bench && k.size == size && k.extra == extra) {
+      if (r.ns < k.r.ns) k.r = r;
+      ++k.passes;
+      return;
+    }
+  g_kept.push_back({bench, extra, size, r, 1});
+}
+
+void print_kept() {
+  for (const Kept& k : g_kept)
+    std::printf(
+        "{\"bench\":\"%s\",\"label\":\"%s\",\"size\":%zu,\"threads\":1,\"ns\":%.1f,"
+        "\"cold_ns\":%.1f,\"warm_ms\":%.0f,\"reps\":%d,\"iters\":%ld,\"passes\":%d%s}\n",
+        k.bench.c_str(), g_label.c_str(), k.size, k.r.ns, k.r.cold_ns, k.r.warm_ms, k.r.reps, k.r.iters,
+        k.passes, k.extra.c_str());
   std::fflush(stdout);
+  g_kept.clear();
 }
 
 void bench_device_pair(std::size_t size) {
@@ -333,16 +359,19 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes;
   for (std::size_t s = 256; s <= (std::size_t(256) << 20); s *= 4) sizes.push_back(s);
 
-  for (std::size_t s : sizes) {
-    bench_device_pair(s);
-    bench_pinned_pair(s);
-    bench_device_split(s);
-    if (async) {
-      bench_async(s, false);
-      bench_async(s, true);
-      bench_memset(s);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::size_t s : sizes) {
+      bench_device_pair(s);
+      bench_pinned_pair(s);
+      if (pass == 0) bench_device_split(s);
+      if (async) {
+        bench_async(s, false);
+        bench_async(s, true);
+        if (pass == 0) bench_memset(s);
+      }
     }
   }
+  print_kept();
   // The largest blocks: what the driver charges for them, against one pass
   // over them (README, "Large blocks": why GPUPOOL_MAX_POOLED is 25%).
   for (std::size_t s : {std::size_t(1) << 30, std::size_t(4) << 30, std::size_t(16) << 30}) {
@@ -350,6 +379,7 @@ int main(int argc, char** argv) {
     bench_device_split(s);
     if (async) bench_memset(s);
   }
+  print_kept();
   for (std::size_t s : {std::size_t(64) << 10, std::size_t(4) << 20})
     for (int n : {1, 2, 4, 8, 16}) bench_threads(s, n);
   return 0;
