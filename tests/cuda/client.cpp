@@ -346,6 +346,24 @@ void scenario_reuse() {
   CHECK_EQ(flags, 3u);
   OK(api.free_host(h));
   CHECK_EQ(snap().host_alloc - c3.host_alloc, 1u);
+
+  // Large blocks: up to a quarter of the device's memory (GPUPOOL_MAX_POOLED's
+  // default) a freed block is held for reuse; a larger one goes back to the
+  // driver at every free.
+  size_t free_bytes = 0, total = 0;
+  OK(api.get_info(&free_bytes, &total));
+  for (size_t bytes : {total / 4 - total / 64, total / 4 + total / 64}) {
+    StandinCounters before = snap();
+    for (int i = 0; i < 2; ++i) {
+      CUdeviceptr p = 0;
+      OK(api.mem_alloc(&p, bytes));
+      OK(api.mem_free(p));
+      OK(api.ctx_sync());
+    }
+    const bool held = g_pooled && bytes <= total / 4;
+    CHECK_EQ(snap().mem_alloc - before.mem_alloc, held ? 1u : 2u);
+    CHECK_EQ(snap().mem_free - before.mem_free, held ? 0u : 2u);
+  }
 }
 
 struct Live {
