@@ -71,11 +71,9 @@ struct ArenaOptions {
 // At most this many blocks of one bin wait for the device at a time. A loop
 // that frees and at once reuses a size waits once per this many pairs when
 // nothing else synchronizes: at 64 blocks the safe pair was 47-110 ns
-// slower than immediate reuse on the H100 (one slow path per 64 pairs: a
-// context synchronize, 0.6-2.7 us idle, and its bookkeeping), and 1 KiB
-// measured 290x the raw pair; at 256 the least over sizes was 357x and
-// 411x in two runs.
-// pending_growth bounds the bytes.
+// slower than immediate reuse on the H100 (per 64 pairs, a context
+// synchronize, 0.6-2.7 us when idle, and its bookkeeping). pending_growth
+// bounds the bytes.
 inline constexpr std::size_t kMaxPendingBlocks = 256;
 
 struct AllocResult {
