@@ -116,10 +116,10 @@ def main():
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
-    # Both in one process: a process's host speed varied by up to 1.8x
-    # between identical runs on the GPU machine, so runs in separate
-    # processes compare hosts as much as allocators. Each chain computes
-    # exactly what a single-allocator run computes (same checksum).
+    # Both in one process: a process's host speed varied by up to 2.5x
+    # (11-28 us per temporary) between identical runs on the GPU machine,
+    # so runs in separate processes compare hosts as much as allocators.
+    # Each chain computes exactly what a single-allocator run computes.
     chains = {"none": Chain(queue, host, None),
               "pool": Chain(queue, host, cl.tools.MemoryPool(cl.tools.ImmediateAllocator(queue)))}
     for c in chains.values():  # compile the kernels, fill both pools

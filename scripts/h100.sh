@@ -398,8 +398,8 @@ fi
 
 if ((HAVE_PYCL)); then
   P=scripts/gpu_pyopencl.py
-  # The loop is host-bound Python, and each process here runs at one of two
-  # host speeds (a temporary's host cost ~11 us or ~20 us, whatever the
+  # The loop is host-bound Python, and each process here runs at its own
+  # host speed (a temporary's host cost 11 us to 28 us, whatever the
   # allocator, pinned to one core or four or not at all), so medians of
   # separate processes compare hosts as much as allocators. The rounds are
   # kept for the record (7 of 2000 iterations, gpupool and MemoryPool

@@ -482,8 +482,8 @@ class Summary:
         med = {m: statistics.median(x["iter_ms_median"] for x in res[m]) if res[m] else None for m in modes}
         self.md += ["## PyOpenCL array workload (NVIDIA)", "",
                     f"Each mode ran {max(len(v) for v in rounds.values())} times, round robin; the ms column is the median of the runs' medians. "
-                    "In brackets, each run's host cost of one temporary (create an array, drop it): processes here run at "
-                    "one of two host speeds (~11 us or ~20 us), whatever the allocator.", "",
+                    "In brackets, each run's host cost of one temporary (create an array, drop it): a process here runs at "
+                    "its own host speed (11 us to 28 us measured), whatever the allocator.", "",
                     "| run | runs ok | iteration ms (median of runs) | each run | result == none | gpupool stats |",
                     "|---|---|---|---|---|---|"]
         key = lambda x: (x["checksum"], x["sums_sha256"])  # noqa: E731
@@ -534,7 +534,7 @@ class Summary:
             detail = f"{c:.3f} vs {p:.3f} ms/iter = {c / p:.2f}x"
             if pairs:
                 detail += f"; per-round median {statistics.median(pairs):.2f}x"
-            # Informational: each process runs at one of two host speeds
+            # Informational: each process runs at its own host speed
             # (see the host-cost column), so medians of separate processes
             # compare hosts as much as allocators; the target is judged on
             # the paired phases of one process below.
