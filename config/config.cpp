@@ -330,7 +330,7 @@ struct Format {
 };
 
 constexpr const char* kSignalAccepted =
-    "a signal name like USR1, SIGUSR2 or RTMIN+3, a number, or none";
+    "USR1, USR2, a real-time signal (RTMIN+n, RTMAX-n, or its number), or none";
 
 struct Signal {
   using T = int;
@@ -599,6 +599,14 @@ int parse_signal(const std::string& text, std::string* why) {
   // Between the classic signals and SIGRTMIN: kept by the C library (glibc
   // uses them for thread cancellation and setxid).
   if (signo > SIGSYS && signo < SIGRTMIN) { *why = "is reserved by the C library"; return -1; }
+  // Every other classic signal has a meaning people rely on: TERM, INT and
+  // HUP stop the program, PIPE and CHLD drive its I/O and children, TSTP
+  // and CONT job control. A handler of ours would take that away, so only
+  // the signals left to applications are borrowed.
+  if (signo != SIGUSR1 && signo != SIGUSR2 && signo < SIGRTMIN) {
+    *why = "has a default action programs rely on";
+    return -1;
+  }
   return signo;
 }
 

@@ -16,8 +16,12 @@ TEST(Diagnostics, BadValueWording) {
             "GPUPOOL_RELEASE_AFTER=\"soon\" is not a duration (accepted: a number with unit ns, "
             "us, ms, s, m or h (no unit: seconds), or off); using the default (off)");
   EXPECT_EQ(bad("GPUPOOL_SIGNAL_STATS", "SIGKILL"),
-            "GPUPOOL_SIGNAL_STATS=\"SIGKILL\" cannot be caught (accepted: a signal name like USR1, "
-            "SIGUSR2 or RTMIN+3, a number, or none); using the default (USR1)");
+            "GPUPOOL_SIGNAL_STATS=\"SIGKILL\" cannot be caught (accepted: USR1, USR2, a real-time "
+            "signal (RTMIN+n, RTMAX-n, or its number), or none); using the default (USR1)");
+  EXPECT_EQ(bad("GPUPOOL_SIGNAL_FREE_HELD", "TERM"),
+            "GPUPOOL_SIGNAL_FREE_HELD=\"TERM\" has a default action programs rely on (accepted: "
+            "USR1, USR2, a real-time signal (RTMIN+n, RTMAX-n, or its number), or none); using "
+            "the default (USR2)");
   EXPECT_EQ(bad("GPUPOOL_HOLD", ""),
             "GPUPOOL_HOLD=\"\" is empty (accepted: 1/0, true/false, yes/no, on/off); using the "
             "default (1)");
