@@ -9,6 +9,7 @@
 #include "config/log.hpp"
 
 #include <fcntl.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -19,6 +20,8 @@
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/base_sink.h>
 
+#include "config/io.hpp"
+
 namespace gpupool {
 namespace config::detail {
 const Config& parsed_config();
@@ -27,33 +30,65 @@ const std::vector<Diagnostic>& parsed_diagnostics();
 
 namespace {
 
+// Writes each line with one bounded write (config/io.hpp): to the log file,
+// reopened if the program closed or replaced its descriptor (and in a forked
+// child whose path names its pid), or to stderr.
 class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
-  FdSink(int fd, bool owned) : fd_(fd), owned_(owned) {}
-  ~FdSink() override {
-    if (owned_) ::close(fd_);
+  // `pattern` empty: stderr.
+  explicit FdSink(std::string pattern) : pattern_(std::move(pattern)) {}
+
+  // Opens the file now; false (and *why) when it cannot, then lines go to
+  // stderr until a later reopen succeeds.
+  bool open(std::string* why) {
+    if (pattern_.empty()) return true;
+    // A failure here is reported by the caller, once.
+    warned_ = !reopen(why);
+    return !warned_;
   }
+
+  void fork_prepare() { mutex_.lock(); }
+  void fork_release() { mutex_.unlock(); }
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     spdlog::memory_buf_t buf;
     formatter_->format(msg, buf);
-    const char* p = buf.data();
-    std::size_t left = buf.size();
-    while (left > 0) {
-      const ssize_t n = ::write(fd_, p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;  // nowhere to report a failing log; drop the line
-      p += n;
-      left -= static_cast<std::size_t>(n);
+    if (!pattern_.empty()) {
+      std::string why;
+      if ((!file_.ours() || pid_ != getpid()) && !reopen(&why) && !warned_) {
+        warned_ = true;
+        const std::string line = "gpupool[" + std::to_string(getpid()) + "]: warning: " + why +
+                                 "; logging to stderr\n";
+        io::write_bounded(STDERR_FILENO, line, kLineTimeoutNs);
+      }
+      if (file_.valid() && io::write_bounded(file_.get(), buf.data(), buf.size(), kLineTimeoutNs))
+        return;
     }
+    // Nowhere to report a failing log: the line is dropped.
+    io::write_bounded(STDERR_FILENO, buf.data(), buf.size(), kLineTimeoutNs);
   }
   void flush_() override {}
 
  private:
-  int fd_;
-  bool owned_;
+  static constexpr std::uint64_t kLineTimeoutNs = io::kWriteTimeoutNs / 10;
+
+  bool reopen(std::string* why) {
+    pid_ = getpid();
+    const std::string path = io::expand_path(pattern_, static_cast<long>(pid_));
+    file_.forget();  // not ours any more, or the parent's (fork)
+    file_ = io::open_output(path, /*append=*/true, why);
+    if (!file_.valid()) *why = "GPUPOOL_LOG_FILE=\"" + pattern_ + "\": " + *why;
+    return file_.valid();
+  }
+
+  std::string pattern_;
+  io::OwnedFd file_;
+  pid_t pid_ = 0;
+  bool warned_ = false;
 };
+
+FdSink* g_sink = nullptr;  // the process logger's sink, for fork
 
 spdlog::level::level_enum to_spdlog(config::LogLevel l) {
   switch (l) {
@@ -70,20 +105,12 @@ spdlog::level::level_enum to_spdlog(config::LogLevel l) {
 }  // namespace
 
 std::shared_ptr<spdlog::logger> make_logger(const config::Config& config, std::string* problem) {
-  int fd = STDERR_FILENO;
-  bool owned = false;
-  if (!config.log_file.empty()) {
-    const int f = ::open(config.log_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
-    if (f >= 0) {
-      fd = f;
-      owned = true;
-    } else if (problem) {
-      *problem = "cannot open GPUPOOL_LOG_FILE=\"" + config.log_file + "\" (" + std::strerror(errno) +
-                 "); logging to stderr";
-    }
-  }
-  auto sink = std::make_shared<FdSink>(fd, owned);
-  auto logger = std::make_shared<spdlog::logger>("gpupool", std::move(sink));
+  // No file is opened for a logger that logs nothing.
+  auto sink = std::make_shared<FdSink>(config.log_level == config::LogLevel::off ? std::string()
+                                                                                  : config.log_file);
+  std::string why;
+  if (!sink->open(&why) && problem) *problem = why + "; logging to stderr";
+  auto logger = std::make_shared<spdlog::logger>("gpupool", sink);
   logger->set_formatter(std::make_unique<spdlog::pattern_formatter>(
       "gpupool[%P]: %l: %v", spdlog::pattern_time_type::local, std::string("\n")));
   logger->set_level(to_spdlog(config.log_level));
@@ -95,8 +122,11 @@ spdlog::logger& log() {
   static std::string problem;
   // Never destroyed: the shim may log from atexit handlers and other threads
   // while the process exits.
-  static const std::shared_ptr<spdlog::logger>* const holder =
-      new std::shared_ptr<spdlog::logger>(make_logger(config::detail::parsed_config(), &problem));
+  static const std::shared_ptr<spdlog::logger>* const holder = [] {
+    auto* h = new std::shared_ptr<spdlog::logger>(make_logger(config::detail::parsed_config(), &problem));
+    g_sink = static_cast<FdSink*>((*h)->sinks().front().get());
+    return h;
+  }();
   spdlog::logger* const logger = holder->get();
   static std::atomic<bool> emitted{false};
   if (!emitted.load(std::memory_order_acquire) && !emitted.exchange(true)) {
@@ -105,6 +135,14 @@ spdlog::logger& log() {
       logger->log(to_spdlog(d.level), "{}", d.message);
   }
   return *logger;
+}
+
+void log_fork_prepare() {
+  if (g_sink) g_sink->fork_prepare();
+}
+
+void log_fork_release() {
+  if (g_sink) g_sink->fork_release();
 }
 
 }  // namespace gpupool

@@ -109,8 +109,8 @@ TEST(Log, UnopenableFileFallsBackToStderr) {
     logger->warn("to stderr");
   });
   EXPECT_EQ(problem,
-            "cannot open GPUPOOL_LOG_FILE=\"/nonexistent-gpupool-dir/sub/x.log\" (No such file or "
-            "directory); logging to stderr");
+            "GPUPOOL_LOG_FILE=\"/nonexistent-gpupool-dir/sub/x.log\": cannot open "
+            "/nonexistent-gpupool-dir/sub/x.log: No such file or directory; logging to stderr");
   EXPECT_EQ(err, prefix("warning") + "to stderr\n");
   // No directory was created on the way.
   EXPECT_NE(access("/nonexistent-gpupool-dir", F_OK), 0);

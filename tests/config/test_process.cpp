@@ -2,10 +2,13 @@
 // them: diagnostics logged once however many threads race, the log file, and
 // a real secure-execution (setuid) process.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -34,9 +37,8 @@ struct Dir {
     path = mkdtemp(tmpl);
   }
   ~Dir() {
-    // Files the tests made; nothing else lives here.
-    for (const char* f : {"out", "err", "log", "dump"}) unlink((path + "/" + f).c_str());
-    rmdir(path.c_str());
+    const std::string cmd = "rm -rf '" + path + "'";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "cannot remove %s\n", path.c_str());
   }
 };
 
@@ -72,7 +74,18 @@ Result run(const Dir& dir, const std::string& program, std::vector<std::string> 
     _exit(127);
   }
   Result r;
-  waitpid(pid, &r.status, 0);
+  // A hang is a failure, not a stuck test run.
+  for (int waited_ms = 0;; waited_ms += 10) {
+    if (waitpid(pid, &r.status, WNOHANG) == pid) break;
+    if (waited_ms >= 60'000) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &r.status, 0);
+      r.status = -2;
+      ADD_FAILURE() << program << " hung (killed after 60 s)";
+      break;
+    }
+    usleep(10'000);
+  }
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
@@ -136,10 +149,69 @@ TEST(Process, UnopenableLogFileSaidOnceOnStderr) {
   const Result r = run(d, CONFIG_DUMP, {"--threads", "8"},
                        {"GPUPOOL_LOG_FILE=" + d.path + "/no/such/dir/log", "GPUPOOL_HOLD=2"});
   ASSERT_EQ(r.status, 0);
-  EXPECT_EQ(count(r.err, "cannot open GPUPOOL_LOG_FILE=\"" + d.path + "/no/such/dir/log\""), 1u)
+  EXPECT_EQ(count(r.err, "GPUPOOL_LOG_FILE=\"" + d.path + "/no/such/dir/log\": cannot open"), 1u)
       << r.err;
   EXPECT_EQ(count(r.err, "GPUPOOL_HOLD=\"2\" is not a boolean"), 1u) << r.err;
   EXPECT_EQ(count(r.err, "]: warning: thread "), 8u) << r.err;
+}
+
+// GPUPOOL_LOG_FILE gets what the stats and trace files get: never a FIFO
+// (whose open would wait for a reader forever), never through a symbolic
+// link, never another user's file; %p is the pid.
+TEST(Process, LogFileNeverBlocksOnAFifo) {
+  Dir d;
+  const std::string fifo = d.path + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const char* level : {"off", "warn"}) {
+    const Result r = run(d, CONFIG_DUMP, {"--threads", "2"},
+                         {"GPUPOOL_LOG_FILE=" + fifo, std::string("GPUPOOL_LOG=") + level});
+    EXPECT_EQ(r.status, 0) << level;
+    if (std::string(level) == "warn") {
+      EXPECT_EQ(count(r.err, "GPUPOOL_LOG_FILE=\"" + fifo + "\": refusing " + fifo +
+                                 ": not a regular file; logging to stderr"),
+                1u)
+          << r.err;
+      EXPECT_EQ(count(r.err, "]: warning: thread "), 2u) << r.err;
+    } else {
+      EXPECT_EQ(r.err, "");
+    }
+  }
+}
+
+TEST(Process, LogFileRefusesSymlinksAndOtherUsersFiles) {
+  Dir d;
+  const std::string target = d.path + "/target", link = d.path + "/link";
+  { std::ofstream(target) << "keep\n"; }
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  Result r = run(d, CONFIG_DUMP, {"--threads", "1"}, {"GPUPOOL_LOG_FILE=" + link});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(slurp(target), "keep\n");
+  EXPECT_EQ(count(r.err, "symbolic link"), 1u) << r.err;
+  EXPECT_EQ(count(r.err, "]: warning: thread 0"), 1u) << r.err;
+  if (geteuid() == 0) {
+    const std::string theirs = d.path + "/theirs";
+    { std::ofstream(theirs) << "theirs\n"; }
+    ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+    r = run(d, CONFIG_DUMP, {"--threads", "1"}, {"GPUPOOL_LOG_FILE=" + theirs});
+    EXPECT_EQ(r.status, 0);
+    EXPECT_EQ(slurp(theirs), "theirs\n");
+    EXPECT_EQ(count(r.err, "owned by uid 65534"), 1u) << r.err;
+  }
+}
+
+TEST(Process, LogFileNamesThePid) {
+  Dir d;
+  const Result r = run(d, CONFIG_DUMP, {"--threads", "3"}, {"GPUPOOL_LOG_FILE=" + d.path + "/log.%p"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.err, "");
+  FILE* p = popen(("ls '" + d.path + "' | grep '^log\\.[0-9][0-9]*$'").c_str(), "r");
+  char name[256] = {};
+  ASSERT_NE(fgets(name, sizeof name, p), nullptr);
+  pclose(p);
+  std::string file = name;
+  file.pop_back();
+  EXPECT_EQ(count(slurp(d.path + "/" + file), "]: warning: thread "), 3u);
+  EXPECT_EQ(count(slurp(d.path + "/" + file), "gpupool[" + file.substr(4) + "]"), 3u);
 }
 
 // A setuid program gets AT_SECURE from the kernel: gpupool must then not read

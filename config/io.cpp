@@ -1,0 +1,334 @@
+#include "config/io.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+
+namespace gpupool::io {
+namespace {
+
+std::uint64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
+}
+
+// The file the last timed-out write went to: later writes to it do not
+// wait again until one gets through. A hint only, so two relaxed atomics.
+std::atomic<std::uint64_t> g_stuck_dev{0}, g_stuck_ino{0};
+
+bool is_stuck(const FileId& id) {
+  return g_stuck_ino.load(std::memory_order_relaxed) == std::uint64_t(id.ino) &&
+         g_stuck_dev.load(std::memory_order_relaxed) == std::uint64_t(id.dev);
+}
+
+void note_outcome(const FileId& id, bool ok) {
+  if (ok) {
+    if (is_stuck(id)) g_stuck_ino.store(0, std::memory_order_relaxed);
+  } else {
+    g_stuck_dev.store(std::uint64_t(id.dev), std::memory_order_relaxed);
+    g_stuck_ino.store(std::uint64_t(id.ino), std::memory_order_relaxed);
+  }
+}
+
+// Blocks SIGPIPE on this thread while it writes to a pipe or socket whose
+// reader may be gone, and takes back a SIGPIPE the write raised, so the
+// program (whose default action for it is to die) never sees one of ours.
+class NoSigpipe {
+ public:
+  NoSigpipe() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+  }
+  ~NoSigpipe() {
+    if (epipe && !was_pending_) {
+      const timespec zero{0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  bool epipe = false;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
+
+// Writes with the descriptor in non-blocking behaviour (its own flag, or
+// MSG_DONTWAIT), waiting in poll() for room until the deadline.
+bool pump(int fd, const char* p, std::size_t n, bool socket, std::uint64_t deadline,
+          NoSigpipe& guard) {
+  while (n > 0) {
+    const ssize_t w = socket ? ::send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL) : ::write(fd, p, n);
+    if (w > 0) {
+      p += w;
+      n -= static_cast<std::size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EPIPE) guard.epipe = true;
+    if (w == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return false;
+    const std::uint64_t now = mono_ns();
+    if (now >= deadline) return false;
+    pollfd pfd{fd, POLLOUT, 0};
+    const int ms = static_cast<int>(std::min<std::uint64_t>((deadline - now) / 1'000'000 + 1, 60'000));
+    if (::poll(&pfd, 1, ms) < 0 && errno != EINTR) return false;
+  }
+  return true;
+}
+
+// A blocking descriptor gpupool may not make non-blocking (the flag is
+// shared with the program): wait for room, then write at most what a pipe
+// takes without blocking.
+bool pump_blocking(int fd, const char* p, std::size_t n, std::uint64_t deadline, NoSigpipe& guard) {
+  while (n > 0) {
+    const std::uint64_t now = mono_ns();
+    pollfd pfd{fd, POLLOUT, 0};
+    const int ms =
+        now >= deadline ? 0 : static_cast<int>(std::min<std::uint64_t>((deadline - now) / 1'000'000 + 1, 60'000));
+    const int r = ::poll(&pfd, 1, ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0 || (pfd.revents & (POLLERR | POLLNVAL))) return false;
+    const ssize_t w = ::write(fd, p, std::min<std::size_t>(n, PIPE_BUF));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EPIPE) guard.epipe = true;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+bool write_plain(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+FileId id_of(int fd) {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) return {};
+  return {st.st_dev, st.st_ino};
+}
+
+int above_stdio(int fd) {
+  if (fd < 0 || fd > STDERR_FILENO) return fd;
+  const int moved = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+  const int e = errno;
+  ::close(fd);
+  errno = e;
+  return moved;
+}
+
+OwnedFd& OwnedFd::operator=(OwnedFd&& o) noexcept {
+  if (this != &o) {
+    close();
+    fd_ = o.fd_;
+    id_ = o.id_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+OwnedFd OwnedFd::adopt(int fd) {
+  OwnedFd o;
+  fd = above_stdio(fd);
+  if (fd < 0) return o;
+  const int flags = fcntl(fd, F_GETFD);
+  if (flags >= 0 && !(flags & FD_CLOEXEC)) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  o.id_ = id_of(fd);
+  if (!o.id_.valid()) {
+    ::close(fd);
+    return o;
+  }
+  o.fd_ = fd;
+  return o;
+}
+
+void OwnedFd::close() {
+  if (fd_ >= 0 && ours()) ::close(fd_);
+  fd_ = -1;
+}
+
+std::string expand_path(const std::string& pattern, long pid) {
+  std::string out;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size()) {
+      if (pattern[i + 1] == 'p') {
+        out += std::to_string(pid);
+        ++i;
+        continue;
+      }
+      if (pattern[i + 1] == '%') {
+        out += '%';
+        ++i;
+        continue;
+      }
+    }
+    out += pattern[i];
+  }
+  return out;
+}
+
+OwnedFd open_output(const std::string& path, bool append, std::string* why) {
+  // O_NONBLOCK: opening a FIFO for writing would otherwise wait for a
+  // reader; non-regular files are refused below anyway.
+  int flags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
+  if (append) flags |= O_APPEND;
+  OwnedFd fd = OwnedFd::adopt(::open(path.c_str(), flags, 0644));
+  if (!fd.valid()) {
+    const int e = errno;
+    if (e == ELOOP)
+      *why = "refusing " + path + ": it is a symbolic link (gpupool's files are never followed)";
+    else if (e == ENXIO)
+      *why = "refusing " + path + ": not a regular file";
+    else
+      *why = "cannot open " + path + ": " + strerror(e);
+    return {};
+  }
+  struct stat st{};
+  if (fstat(fd.get(), &st) != 0) {
+    *why = "cannot stat " + path + ": " + strerror(errno);
+    return {};
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *why = "refusing " + path + ": not a regular file";
+    return {};
+  }
+  if (st.st_uid != geteuid()) {
+    *why = "refusing " + path + ": owned by uid " + std::to_string(st.st_uid) +
+           ", not by this user (uid " + std::to_string(geteuid()) + ")";
+    return {};
+  }
+  // Truncate only now that the file is known to be ours.
+  if (!append && ftruncate(fd.get(), 0) != 0) {
+    *why = "cannot truncate " + path + ": " + strerror(errno);
+    return {};
+  }
+  return fd;
+}
+
+bool write_bounded(int fd, const void* data, std::size_t n, std::uint64_t timeout_ns) {
+  const char* p = static_cast<const char*>(data);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return false;
+  // Regular files and block devices never wait for a reader.
+  if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) return write_plain(fd, p, n);
+  const FileId id{st.st_dev, st.st_ino};
+  if (is_stuck(id)) timeout_ns = 0;
+  const std::uint64_t deadline = mono_ns() + timeout_ns;
+  NoSigpipe guard;
+  bool ok;
+  if (S_ISSOCK(st.st_mode)) {
+    ok = pump(fd, p, n, /*socket=*/true, deadline, guard);
+  } else if (S_ISFIFO(st.st_mode)) {
+    // An open file description of our own for the same pipe, so that it
+    // can be non-blocking without changing the program's.
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    const int own = above_stdio(::open(proc, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+    if (own >= 0 && id_of(own) == id) {
+      ok = pump(own, p, n, /*socket=*/false, deadline, guard);
+    } else if (own < 0 && errno == ENXIO) {
+      ok = false;  // no reader: the write would only raise SIGPIPE
+    } else if (fcntl(fd, F_GETFL) & O_NONBLOCK) {
+      ok = pump(fd, p, n, /*socket=*/false, deadline, guard);
+    } else {
+      ok = pump_blocking(fd, p, n, deadline, guard);
+    }
+    if (own >= 0) ::close(own);
+  } else if (fcntl(fd, F_GETFL) & O_NONBLOCK) {
+    ok = pump(fd, p, n, /*socket=*/false, deadline, guard);
+  } else {
+    // A terminal or other device: reopening it could have side effects.
+    ok = pump_blocking(fd, p, n, deadline, guard);
+  }
+  note_outcome(id, ok);
+  return ok;
+}
+
+bool replace_file(const std::string& path, const std::string& data, std::string* why) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    struct stat st{};
+    bool exists = true;
+    if (lstat(path.c_str(), &st) != 0) {
+      if (errno != ENOENT) {
+        *why = "cannot check " + path + ": " + strerror(errno);
+        return false;
+      }
+      exists = false;
+    } else if (!S_ISREG(st.st_mode)) {
+      *why = "refusing to replace " + path + ": not a regular file";
+      return false;
+    } else if (st.st_uid != geteuid()) {
+      *why = "refusing to replace " + path + ": owned by uid " + std::to_string(st.st_uid) +
+             ", not by this user (uid " + std::to_string(geteuid()) + ")";
+      return false;
+    }
+    std::string tmp = path + ".XXXXXX";
+    OwnedFd fd = OwnedFd::adopt(mkostemp(tmp.data(), O_CLOEXEC));
+    if (!fd.valid()) {
+      *why = "cannot create a temporary file next to " + path + ": " + strerror(errno);
+      return false;
+    }
+    fchmod(fd.get(), 0644);
+    bool ok = write_plain(fd.get(), data.data(), data.size());
+    if (!ok) *why = "cannot write " + tmp + ": " + strerror(errno);
+    const int fdnum = fd.get();
+    fd.forget();
+    if (::close(fdnum) != 0 && ok) {
+      ok = false;
+      *why = "cannot write " + tmp + ": " + strerror(errno);
+    }
+    if (ok && exists) {
+      // Ours and regular a moment ago; rename() replaces the name itself,
+      // never what a symbolic link put there since would point to.
+      if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        ok = false;
+        *why = "cannot rename " + tmp + " to " + path + ": " + strerror(errno);
+      }
+    } else if (ok) {
+      // Nothing was there: never replace what appeared meanwhile.
+      int r = renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE);
+      if (r != 0 && (errno == EINVAL || errno == ENOSYS)) r = ::link(tmp.c_str(), path.c_str());
+      if (r != 0) {
+        const int e = errno;
+        ::unlink(tmp.c_str());
+        if (e == EEXIST) continue;  // look again at what is there now
+        *why = "cannot create " + path + ": " + strerror(e);
+        return false;
+      }
+    }
+    ::unlink(tmp.c_str());
+    return ok;
+  }
+  *why = "refusing to replace " + path + ": it keeps changing";
+  return false;
+}
+
+}  // namespace gpupool::io

@@ -1,0 +1,99 @@
+// How gpupool touches descriptors and files inside a program it knows
+// nothing about.
+//
+// - Descriptor numbers belong to the program. It may close any of them,
+//   gpupool's included (daemons, closefrom(3), shells), and get the same
+//   numbers back for its own files. So gpupool remembers what each of its
+//   descriptors refers to (device and inode) and checks it before every read,
+//   write, poll or close; a number that no longer refers to gpupool's file is
+//   left alone. Nothing gpupool keeps open sits on 0, 1 or 2, which a program
+//   that closed them expects to get back from its next open().
+// - Files named by GPUPOOL_* variables are never followed through a symbolic
+//   link, never another user's, never anything but a regular file, and
+//   opening them never blocks (a FIFO nobody reads).
+// - Writes to what gpupool does not own (stderr, a client socket) are bounded
+//   in time: a reader that stopped reading must not hang the program, its
+//   exit included.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace gpupool::io {
+
+// What a descriptor refers to. {0, 0} for a descriptor that is not open.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const FileId&) const = default;
+  bool valid() const { return dev != 0 || ino != 0; }
+};
+
+// The identity of fd's open file. Async-signal-safe.
+FileId id_of(int fd);
+
+// A descriptor gpupool opened, with the identity of its file.
+class OwnedFd {
+ public:
+  OwnedFd() = default;
+  OwnedFd(OwnedFd&& o) noexcept : fd_(o.fd_), id_(o.id_) { o.fd_ = -1; }
+  OwnedFd& operator=(OwnedFd&& o) noexcept;
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  ~OwnedFd() { close(); }
+
+  // Takes a descriptor gpupool just opened (-1 gives an empty OwnedFd):
+  // moved to a number above 2, close-on-exec, identity recorded.
+  static OwnedFd adopt(int fd);
+
+  int get() const { return fd_; }
+  FileId id() const { return id_; }
+  bool valid() const { return fd_ >= 0; }
+  // The number still refers to the file gpupool opened. Async-signal-safe.
+  bool ours() const { return fd_ >= 0 && id_of(fd_) == id_; }
+  // Closes the descriptor if it is still ours; forgets it either way.
+  void close();
+  // Forgets it without closing (the program closed or replaced it).
+  void forget() { fd_ = -1; }
+
+ private:
+  int fd_ = -1;
+  FileId id_;
+};
+
+// `fd` moved to a number above 2 (the original closed); -1 on failure.
+int above_stdio(int fd);
+
+// "%p" -> pid, "%%" -> "%".
+std::string expand_path(const std::string& pattern, long pid);
+
+// Opens `path` for writing: never through a symbolic link in its last
+// component, only a regular file owned by this user, without blocking.
+// append: O_APPEND; otherwise truncated once the checks passed. Empty with
+// *why set when refused.
+OwnedFd open_output(const std::string& path, bool append, std::string* why);
+
+// How long one write of gpupool's may wait for a reader.
+inline constexpr std::uint64_t kWriteTimeoutNs = 1'000'000'000;
+
+// Writes all of data to fd, waiting at most timeout_ns for a reader: a pipe
+// or terminal nobody reads, or a peer that stopped reading, costs at most
+// that. Never raises SIGPIPE, never changes the flags of the program's file.
+// Once a write to some file timed out, later writes to it wait no more until
+// one succeeds. False if not everything was written.
+bool write_bounded(int fd, const void* data, std::size_t n,
+                   std::uint64_t timeout_ns = kWriteTimeoutNs);
+inline bool write_bounded(int fd, const std::string& s,
+                          std::uint64_t timeout_ns = kWriteTimeoutNs) {
+  return write_bounded(fd, s.data(), s.size(), timeout_ns);
+}
+
+// Replaces `path` atomically (a temporary file beside it, then rename), so
+// a reader never sees half a file. Only a regular file of this user is ever
+// replaced; where nothing is, nothing that appears meanwhile is replaced.
+bool replace_file(const std::string& path, const std::string& data, std::string* why);
+
+}  // namespace gpupool::io
