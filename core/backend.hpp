@@ -28,6 +28,10 @@ class Backend {
   // blocks and retry; any other error goes back to the program unchanged.
   virtual BackendResult allocate(std::size_t bytes) = 0;
   virtual void release(Handle handle, std::size_t bytes) = 0;
+  // The pool lets go of a block without releasing it (the driver freed it
+  // with its context, or it is a forked parent's): drop what the backend
+  // keeps about it. No API call.
+  virtual void drop(Handle /*handle*/, std::size_t /*bytes*/) {}
 
   // Fences. A block the program frees is stamped with fence(); it is not
   // handed out again until passed(fence) is true. 0 means "reusable at once".

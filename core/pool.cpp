@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <ctime>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -421,6 +422,7 @@ BackendResult Pool::backend_allocate(Arena& a, std::size_t bytes, std::size_t ex
 
 std::size_t Pool::release_for_oom(Arena& arena, std::size_t wanted) {
   // Tiers: this arena, its group, everything else.
+  std::shared_lock use(arenas_in_use_);
   std::vector<Arena*> all = arenas_copy();
   std::vector<std::vector<Arena*>> tiers(3);
   for (Arena* x : all) {
@@ -481,6 +483,7 @@ void Pool::release_block(Block* b) {
 
 void Pool::drop_block(Block* b) {
   Arena& a = *b->arena;
+  a.backend_->drop(b->handle, b->size);
   {
     std::lock_guard lock(a.slow_mu_);
     a.slow_.managed_bytes -= b->size;
@@ -526,6 +529,7 @@ void Pool::free(Block* b) {
 // Release the group's oldest held blocks until it is back under its cap.
 void Pool::enforce_cap(Arena& arena) {
   Group& g = *arena.group_;
+  std::shared_lock use(arenas_in_use_);
   std::vector<Arena*> members;
   {
     std::lock_guard lock(arenas_mu_);
@@ -571,12 +575,21 @@ void Pool::enforce_cap(Arena& arena) {
 
 void Pool::forget(Block* b) {
   Arena& a = *b->arena;
+  const bool retired = a.retired();
+  a.backend_->drop(b->handle, b->size);
+  {
+    std::lock_guard lock(a.slow_mu_);
+    a.slow_.managed_bytes -= b->size;
+  }
+  // The last touch of the arena: once no block is active, reclaim() may
+  // destroy a retired one.
   {
     Arena::Shard& s = a.shards_[b->shard];
     std::lock_guard lock(s.mu);
     s.remove_active(b);
   }
-  drop_block(b);
+  delete b;
+  if (retired) reclaim();
 }
 
 // Take every held block of the arena out of its shards and hand each to
@@ -595,9 +608,50 @@ void Pool::empty_held(Arena* arena, void (Pool::*dispose)(Block*)) {
   }
 }
 
-void Pool::retire_arena(Arena* arena) {
+void Pool::retire_arena(Arena* arena, bool keep_stats) {
+  {
+    std::lock_guard lock(arenas_mu_);
+    arena->keep_stats_ = keep_stats;
+  }
   arena->retired_.store(true, std::memory_order_release);
   empty_held(arena, &Pool::drop_block);
+  reclaim();
+}
+
+void Pool::reclaim() {
+  std::unique_lock use(arenas_in_use_, std::try_to_lock);
+  if (!use.owns_lock()) return;
+  std::vector<std::unique_ptr<Arena>> dead;
+  {
+    std::lock_guard lock(arenas_mu_);
+    for (auto& a : arenas_) {
+      if (!a->retired()) continue;
+      bool active = false;
+      for (unsigned i = 0; i < a->shard_count_ && !active; ++i) {
+        std::lock_guard slock(a->shards_[i].mu);
+        active = a->shards_[i].c.active_blocks != 0;
+      }
+      if (active) continue;
+      if (a->keep_stats_) {
+        auto it = std::find_if(retired_.begin(), retired_.end(),
+                               [&](const Retired& r) { return r.kind == a->options_.kind; });
+        if (it == retired_.end()) it = retired_.insert(retired_.end(), Retired{a->options_.kind, 0, {}});
+        it->stats += a->stats();
+        ++it->arenas;
+      }
+      std::erase(a->group_->arenas, a.get());
+      dead.push_back(std::move(a));
+    }
+    std::erase(arenas_, nullptr);
+    std::erase_if(groups_, [](const std::unique_ptr<Group>& g) { return g->arenas.empty(); });
+  }
+  // Out of the lists: nothing in the pool reaches them any more. Destroyed
+  // without pool locks (a backend's destructor may take its own).
+  use.unlock();
+  PoolObserver* obs = observer_.load(std::memory_order_acquire);
+  for (auto& a : dead)
+    if (obs) obs->on_arena_destroyed(*a);
+  dead.clear();
 }
 
 void Pool::release_held(Arena* arena) {
@@ -605,6 +659,7 @@ void Pool::release_held(Arena* arena) {
 }
 
 void Pool::free_held() {
+  std::shared_lock use(arenas_in_use_);
   for (Arena* a : arenas_copy()) release_held(a);
 }
 
@@ -616,6 +671,7 @@ void Pool::stop_holding() {
 std::size_t Pool::trim_idle(std::uint64_t now) {
   if (options_.release_after_ns == 0) return 0;
   std::size_t n = 0;
+  std::shared_lock use(arenas_in_use_);
   for (Arena* a : arenas_copy()) {
     if (a->retired()) continue;
     for (unsigned i = 0; i < a->shard_count_; ++i) {
@@ -648,13 +704,36 @@ std::size_t Pool::trim_idle(std::uint64_t now) {
 }
 
 Stats Pool::totals() const {
+  std::shared_lock use(arenas_in_use_);
   Stats t;
+  {
+    std::lock_guard lock(arenas_mu_);
+    for (const Retired& r : retired_) t += r.stats;
+  }
   for (Arena* a : arenas_copy()) t += a->stats();
   return t;
 }
 
+std::size_t Pool::arena_count() const {
+  std::lock_guard lock(arenas_mu_);
+  return arenas_.size();
+}
+
 std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
   std::vector<ArenaSnapshot> out;
+  std::shared_lock use(arenas_in_use_);
+  {
+    std::lock_guard lock(arenas_mu_);
+    for (const Retired& r : retired_) {
+      ArenaSnapshot snap;
+      snap.name = r.kind + ": " + std::to_string(r.arenas) + " destroyed arena" + (r.arenas == 1 ? "" : "s");
+      snap.group = "retired";
+      snap.kind = r.kind;
+      snap.retired = true;
+      snap.stats = r.stats;
+      out.push_back(std::move(snap));
+    }
+  }
   for (Arena* a : arenas_copy()) {
     ArenaSnapshot snap;
     snap.name = a->options_.name;
@@ -701,9 +780,11 @@ void Pool::fork_parent() {
 }
 
 void Pool::fork_child() {
-  // A growth in flight belonged to a thread the child does not have.
+  // A growth in flight belonged to a thread the child does not have, and so
+  // did any use of the arena list.
   for (auto& a : arenas_)
     for (auto& g : a->growth_) g.growing = false;
+  new (&arenas_in_use_) std::shared_mutex;
   fork_parent();
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -89,10 +90,14 @@ class PoolObserver {
   virtual ~PoolObserver() = default;
   virtual void on_allocate(const Arena& arena, const Block& block, bool hit) = 0;
   virtual void on_free(const Arena& arena, const Block& block) = 0;
+  // The arena is about to be destroyed (Pool::reclaim): nothing refers to it
+  // afterwards.
+  virtual void on_arena_destroyed(const Arena& /*arena*/) {}
 };
 
 // One backend instance's blocks. Created by Pool::add_arena, owned by the
-// pool, never destroyed before it (retired arenas stay listed).
+// pool. A retired arena is destroyed once none of its blocks is active: its
+// counters are kept in the pool's retired totals (Pool::reclaim).
 class Arena {
  public:
   ~Arena();
@@ -113,6 +118,7 @@ class Arena {
   unsigned shard_count_;
   std::unique_ptr<Shard[]> shards_;
   std::atomic<bool> retired_{false};
+  bool keep_stats_ = true;  // retired: add the counters to the retired totals
   // Slow-path counters (backend calls), under slow_mu_.
   mutable std::mutex slow_mu_;
   Stats slow_;
@@ -145,10 +151,16 @@ class Pool {
 
   // The driver already freed the arena's memory (context destroyed): drop its
   // held blocks without releasing them; later frees of its active blocks are
-  // dropped too (forget()). The arena stays listed as retired.
-  void retire_arena(Arena* arena);
-  // Drop one active block of a retired arena without releasing it.
+  // dropped too (forget()). Once none is active the arena is destroyed and
+  // its counters join the retired totals (keep_stats; a forked child drops
+  // its parent's). The caller must not use `arena` afterwards.
+  void retire_arena(Arena* arena, bool keep_stats = true);
+  // Drop one active block without releasing it.
   void forget(Block* block);
+  // Destroy retired arenas with no active block. Never waits: an arena in
+  // use by a pool-wide operation (free_held, a snapshot...) is left for a
+  // later call.
+  void reclaim();
   // Release the held blocks of one arena (e.g. its context is going away).
   void release_held(Arena* arena);
 
@@ -162,7 +174,10 @@ class Pool {
   std::uint64_t release_after_ns() const { return options_.release_after_ns; }
 
   Stats totals() const;
+  // One row per arena, and one per kind for the destroyed retired arenas
+  // carrying their counters, so the rows always add up to totals().
   std::vector<ArenaSnapshot> snapshot(std::size_t max_bins_per_arena = 8) const;
+  std::size_t arena_count() const;  // arenas not yet destroyed
 
   void set_observer(PoolObserver* observer) { observer_.store(observer, std::memory_order_release); }
 
@@ -200,6 +215,18 @@ class Pool {
   mutable std::mutex arenas_mu_;
   std::vector<std::unique_ptr<Arena>> arenas_;
   std::vector<std::unique_ptr<Group>> groups_;
+  // Held shared by operations that use arenas outside arenas_mu_ (they work
+  // on a copy of the list); reclaim() destroys arenas only when it gets it
+  // exclusively.
+  mutable std::shared_mutex arenas_in_use_;
+  // Counters of destroyed retired arenas, one entry per kind (under
+  // arenas_mu_): what they did stays in the totals, in bounded memory.
+  struct Retired {
+    std::string kind;
+    std::uint64_t arenas = 0;
+    Stats stats;
+  };
+  std::vector<Retired> retired_;
 };
 
 }  // namespace gpupool

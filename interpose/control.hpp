@@ -15,6 +15,11 @@ namespace control {
 // and starts the control thread as configured.
 void start(Runtime& runtime);
 
+// In a forked child, at its first intercepted call: the child's own wake
+// channel, control socket and control thread (the parent's stay the
+// parent's).
+void restart(Runtime& runtime);
+
 // A report of the pool now. `reason` ends up in the dump ("signal", ...).
 stats::Report report(Runtime& runtime, const char* reason);
 // The report rendered as the text table or one JSON object (with newline).

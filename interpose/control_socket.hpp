@@ -3,31 +3,68 @@
 //
 // Address: the Linux abstract namespace, "\0gpupool.<euid>.<pid>". No file,
 // so nothing to plant, clean up or leave stale after a crash; it vanishes
-// with the process. Both ends check the other with SO_PEERCRED: the server
-// answers only its own user; the client only trusts an answer from the pid it
-// asked for, running as its own user (someone squatting the name can at
-// worst make a request fail, never answer it).
+// with the process. Abstract names belong to nobody, so anyone can bind a
+// future process's name first: then the process binds
+// "\0gpupool.<euid>.<pid>.<random>" instead, and clients find it in
+// /proc/net/unix. Both ends check the other with SO_PEERCRED: the server
+// refuses other users as it accepts, before reading anything; the client
+// only trusts a socket held by the pid it asked for, running as its own
+// user (a squatter can at worst make a request fail, never answer it).
 //
 // Protocol: the client sends one line ("stats", "stats json", "free-held",
-// "stop-holding", "ping"); the server answers "ok\n" followed by the body, or
-// "error <code> <message>\n" (codes: denied, bad-request, exiting), and
-// closes the connection.
+// "stop-holding", "ping") within 2 s; the server answers "ok\n" followed by
+// the body, or "error <code> <message>\n" (codes: denied, bad-request,
+// exiting), and closes the connection.
 #pragma once
 
 #include <stddef.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
 
 namespace gpupool::control {
 
-inline socklen_t socket_address(sockaddr_un* addr, unsigned uid, long pid) {
+// The abstract name without its leading NUL ("gpupool.1000.4242"), with
+// ".<suffix>" when suffix is not empty.
+inline std::string socket_name(unsigned uid, long pid, const std::string& suffix = {}) {
+  std::string n = "gpupool." + std::to_string(uid) + "." + std::to_string(pid);
+  if (!suffix.empty()) n += "." + suffix;
+  return n;
+}
+
+inline socklen_t socket_address(sockaddr_un* addr, const std::string& name) {
   std::memset(addr, 0, sizeof *addr);
   addr->sun_family = AF_UNIX;
-  int n = std::snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "gpupool.%u.%ld", uid, pid);
+  const std::size_t n = std::min(name.size(), sizeof addr->sun_path - 1);
+  std::memcpy(addr->sun_path + 1, name.data(), n);
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+// Every name the process's socket may have: the usual one first, then the
+// fallback names listed in /proc/net/unix.
+inline std::vector<std::string> socket_candidates(unsigned uid, long pid) {
+  const std::string base = socket_name(uid, pid);
+  std::vector<std::string> out{base};
+  std::ifstream f("/proc/net/unix");
+  std::string line;
+  const std::string prefix = "@" + base + ".";
+  while (std::getline(f, line)) {
+    const std::size_t at = line.rfind(' ');
+    if (at == std::string::npos) continue;
+    const std::string path = line.substr(at + 1);
+    if (path.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string name = path.substr(1);
+    bool seen = false;
+    for (const std::string& o : out) seen = seen || o == name;
+    if (!seen) out.push_back(name);
+  }
+  return out;
 }
 
 }  // namespace gpupool::control

@@ -25,7 +25,6 @@ constexpr CUresult kNoDriver = CUDA_ERROR_NOT_INITIALIZED;
 Runtime* pooling(bool host) {
   Runtime* rt = runtime();
   if (!rt || !(host ? rt->config.cuda_host : rt->config.cuda)) return nullptr;
-  ensure_fork_handlers();
   return rt;
 }
 
@@ -131,8 +130,9 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t byt
   Runtime* rt = pooling(false);
   if (!rt) return d->mem_alloc(dptr, bytes);
   CtxState* st = current_state(*d, *rt, true);
-  if (!st) return d->mem_alloc(dptr, bytes);  // no usable context: 201, 709, 3 ...
-  const AllocResult a = rt->pool.allocate(st->device_arena, bytes);
+  Arena* arena = st ? st->device_arena.load(std::memory_order_acquire) : nullptr;
+  if (!arena) return d->mem_alloc(dptr, bytes);  // no usable context: 201, 709, 3 ...
+  const AllocResult a = rt->pool.allocate(arena, bytes);
   if (!a.block) {
     *dptr = 0;
     return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);

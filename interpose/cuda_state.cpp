@@ -276,16 +276,21 @@ CtxState* find_state(CUcontext ctx) {
   return find_live_locked(ctx);
 }
 
-void retire_locked(CtxState* st, Runtime& rt) {
+void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
   if (st->retired.exchange(true, std::memory_order_acq_rel)) return;
   {
     std::lock_guard lock(reg().mu);
     std::erase(reg().live, st);
     g_generation.fetch_add(1, std::memory_order_acq_rel);
   }
-  rt.pool.retire_arena(st->device_arena);
+  // The pool destroys the arenas once their active blocks are forgotten
+  // (below): nothing may use them after this.
+  Arena* device = st->device_arena.exchange(nullptr, std::memory_order_acq_rel);
+  std::vector<Arena*> host;
   for (auto& h : st->host_arenas)
-    if (Arena* a = h.load(std::memory_order_acquire)) rt.pool.retire_arena(a);
+    if (Arena* a = h.exchange(nullptr, std::memory_order_acq_rel)) host.push_back(a);
+  rt.pool.retire_arena(device, keep_stats);
+  for (Arena* a : host) rt.pool.retire_arena(a, keep_stats);
   // Blocks the program still owns: the driver freed them; a later free of
   // one is not ours any more and goes to the driver, which reports it.
   for (Block* b : device_map().erase_context(st)) rt.pool.forget(b);
@@ -295,14 +300,12 @@ void retire_locked(CtxState* st, Runtime& rt) {
 }
 
 std::size_t held_device_bytes(CUdevice dev) {
-  std::vector<Arena*> arenas;
-  {
-    std::lock_guard lock(reg().mu);
-    for (CtxState* st : reg().live)
-      if (st->dev == dev) arenas.push_back(st->device_arena);
-  }
+  // Under the registry lock: a live state's arenas are not retired (and so
+  // not destroyed) meanwhile.
+  std::lock_guard lock(reg().mu);
   std::size_t held = 0;
-  for (Arena* a : arenas) held += a->stats().held_bytes;
+  for (CtxState* st : reg().live)
+    if (st->dev == dev) held += st->device_arena.load(std::memory_order_acquire)->stats().held_bytes;
   return held;
 }
 
@@ -450,7 +453,6 @@ CUdeviceptr unallocated_address() { return reinterpret_cast<CUdeviceptr>(&g_unal
 
 namespace {
 
-
 void prepare() {
   // Teardown locks first (they come first in the lock order), then the
   // registry, then the maps. A state created between the snapshot and the
@@ -493,16 +495,29 @@ void child() {
   t_cache = {};
 }
 
-}  // namespace
-
-void ensure_fork_handlers() {
-  static std::atomic<bool> done{false};
-  if (done.load(std::memory_order_acquire)) return;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    pthread_atfork(prepare, parent, child);
-    done.store(true, std::memory_order_release);
-  });
+// The parent's contexts are not the child's: CUDA does not carry a context
+// across fork(), and where a driver lets a child use one (the stand-in), the
+// memory is the child's copy. Their blocks are dropped without a driver
+// call, with their counters; a pointer the child frees that the parent
+// allocated goes to the driver, as without gpupool. A context the child
+// uses gets a new record, and a pool of its own.
+void renew() {
+  Runtime* rt = runtime_if_started();
+  if (!rt) return;
+  std::vector<CtxState*> live;
+  {
+    std::lock_guard lock(reg().mu);
+    live = reg().live;
+  }
+  for (CtxState* st : live) {
+    std::unique_lock lock(st->teardown_mu);
+    retire_locked(st, *rt, /*keep_stats=*/false);
+  }
 }
+
+const bool g_fork_registered =
+    (set_fork_handlers(ForkPart::cuda, {prepare, parent, child, renew}), true);
+
+}  // namespace
 
 }  // namespace gpupool::cuda

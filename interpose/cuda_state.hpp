@@ -46,7 +46,8 @@ struct CtxState {
   std::shared_mutex teardown_mu;
   std::atomic<bool> retired{false};
 
-  Arena* device_arena = nullptr;
+  // Null once retired: the pool destroys retired arenas.
+  std::atomic<Arena*> device_arena{nullptr};
   // Pinned arenas by normalised flags (flags | DEVICEMAP, 0..7).
   std::atomic<Arena*> host_arenas[8] = {};
 };
@@ -80,7 +81,9 @@ CtxState* find_state(CUcontext ctx);
 
 // Drop every block of st from the pool and the pointer maps without freeing
 // anything (the driver did). Caller holds st->teardown_mu exclusively.
-void retire_locked(CtxState* st, Runtime& rt);
+// keep_stats: its counters stay in the totals (not in a forked child, where
+// they are the parent's).
+void retire_locked(CtxState* st, Runtime& rt, bool keep_stats = true);
 
 // Sum of held bytes of the device arenas of `dev` (cuMemGetInfo).
 std::size_t held_device_bytes(CUdevice dev);
@@ -168,7 +171,5 @@ PtrMap& host_map();
 // unallocated memory.
 CUdeviceptr unallocated_address();
 
-// Registers the fork handlers once (first hook call).
-void ensure_fork_handlers();
 
 }  // namespace gpupool::cuda

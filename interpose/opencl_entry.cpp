@@ -12,6 +12,9 @@
 #include <mutex>
 #include <string>
 
+#include <strings.h>
+#include <unistd.h>
+
 #include "config/config.hpp"
 #include "config/log.hpp"
 #include "interpose/opencl_api.hpp"
@@ -316,28 +319,25 @@ bool loader_gone() { return g_deinit.load(std::memory_order_acquire); }
 }  // namespace gpupool::ocl
 
 // ---------------------------------------------------------------------------
-// Plain LD_PRELOAD also activates the layer path: before the loader reads
-// OPENCL_LAYERS (it does so lazily, at the first OpenCL call; measured with
-// ocl-icd 2.3.1), add this library to it, so programs that dlopen libOpenCL
-// or load it RTLD_LOCAL are pooled too. Only getenv/setenv/realpath: no
-// measurable cost, no thread. Only when preloaded (a layer-loaded copy finds
-// itself in the list already), never in secure-execution processes, and not
-// when GPUPOOL_DISABLE / GPUPOOL_OPENCL / GPUPOOL_OPENCL_LAYER say no.
+// Plain LD_PRELOAD also activates the layer path: the OpenCL loader reads
+// OPENCL_LAYERS (ocl-icd lazily, at the first OpenCL call) and finds this
+// library there, so programs that dlopen libOpenCL or load it RTLD_LOCAL are
+// pooled too. The variable is never set: gpupool answers the loader's
+// getenv("OPENCL_LAYERS") with this library added, and the environment
+// stays the program's own. So a child the program starts without gpupool
+// in LD_PRELOAD runs without gpupool, and the program never sees a variable
+// it did not set. Only when preloaded (a layer-loaded copy is in the list
+// already), never in secure-execution processes, and not when
+// GPUPOOL_DISABLE / GPUPOOL_OPENCL / GPUPOOL_OPENCL_LAYER say no.
 
 namespace {
 
-bool env_false(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) return false;
-  return !std::strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
-         !strcasecmp(v, "off");
+bool env_false(const char* v) {
+  return v && (!std::strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
+               !strcasecmp(v, "off"));
 }
 
-bool env_true(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return false;
-  return !env_false(name);
-}
+bool env_true(const char* v) { return v && *v && !env_false(v); }
 
 bool list_has(const char* list, const std::string& item) {
   std::string s(list);
@@ -351,27 +351,80 @@ bool list_has(const char* list, const std::string& item) {
   return false;
 }
 
-__attribute__((constructor)) void add_self_to_opencl_layers() {
-  if (getauxval(AT_SECURE)) return;
-  const char* preload = std::getenv("LD_PRELOAD");
-  if (!preload || !std::strstr(preload, "gpupool")) return;
-  if (env_true("GPUPOOL_DISABLE") || env_false("GPUPOOL_OPENCL") ||
-      env_false("GPUPOOL_OPENCL_LAYER"))
-    return;
+// The C library's getenv, without calling it (it is the one we replace).
+char* environ_value(const char* name) {
+  if (!name || !environ) return nullptr;
+  const std::size_t n = std::strlen(name);
+  if (n == 0 || std::strchr(name, '=')) return nullptr;
+  for (char** e = environ; *e; ++e)
+    if (!std::strncmp(*e, name, n) && (*e)[n] == '=') return *e + n + 1;
+  return nullptr;
+}
+
+// Whether the loader should see this library in OPENCL_LAYERS (decided at
+// load), and its path (found at the loader's first question, not at load:
+// every process pays for what runs at load).
+bool g_offer_layer = false;
+std::atomic<const char*> g_layer_self{nullptr};
+
+const char* layer_self() {
+  if (const char* s = g_layer_self.load(std::memory_order_acquire)) return s;
   Dl_info info;
-  if (!dladdr(reinterpret_cast<void*>(&add_self_to_opencl_layers), &info) || !info.dli_fname)
-    return;
+  if (!dladdr(reinterpret_cast<void*>(&layer_self), &info) || !info.dli_fname) return nullptr;
   char* real = realpath(info.dli_fname, nullptr);
-  if (!real) return;
-  std::string self(real);
-  std::free(real);
-  const char* cur = std::getenv("OPENCL_LAYERS");
-  if (cur && *cur) {
-    if (list_has(cur, self)) return;
-    setenv("OPENCL_LAYERS", (std::string(cur) + ":" + self).c_str(), 1);
-  } else {
-    setenv("OPENCL_LAYERS", self.c_str(), 1);
+  if (!real) return nullptr;
+  const char* expected = nullptr;
+  if (!g_layer_self.compare_exchange_strong(expected, real)) {
+    std::free(real);
+    return expected;
   }
+  return real;  // kept for the life of the process
+}
+
+// The answer for one value of OPENCL_LAYERS in the environment (compared
+// by address; a new one after setenv() gets a new answer). Never freed:
+// the caller keeps the pointer.
+struct LayersAnswer {
+  const char* environment_value;
+  const char* answer;
+};
+std::atomic<const LayersAnswer*> g_layers_answer{nullptr};
+
+const char* layers_answer(const char* cur) {
+  const LayersAnswer* a = g_layers_answer.load(std::memory_order_acquire);
+  if (a && a->environment_value == cur) return a->answer;
+  const char* self = layer_self();
+  if (!self) return cur;
+  std::string v = self;
+  if (cur && *cur) {
+    if (list_has(cur, self)) return cur;
+    v = std::string(cur) + ":" + self;
+  }
+  auto* fresh = new LayersAnswer{cur, strdup(v.c_str())};
+  g_layers_answer.store(fresh, std::memory_order_release);
+  return fresh->answer;
+}
+
+__attribute__((constructor)) void offer_opencl_layer() {
+  if (getauxval(AT_SECURE)) return;
+  const char* preload = environ_value("LD_PRELOAD");
+  if (!preload || !std::strstr(preload, "gpupool")) return;
+  if (env_true(environ_value("GPUPOOL_DISABLE")) || env_false(environ_value("GPUPOOL_OPENCL")) ||
+      env_false(environ_value("GPUPOOL_OPENCL_LAYER")))
+    return;
+  g_offer_layer = true;
 }
 
 }  // namespace
+
+GPUPOOL_EXPORT char* getenv(const char* name) {
+  char* v = environ_value(name);
+  if (g_offer_layer && name && name[0] == 'O' && !std::strcmp(name, "OPENCL_LAYERS"))
+    return const_cast<char*>(layers_answer(v));
+  return v;
+}
+
+GPUPOOL_EXPORT char* secure_getenv(const char* name) {
+  if (getauxval(AT_SECURE)) return nullptr;
+  return getenv(name);
+}

@@ -69,7 +69,12 @@ struct Queue {
   std::uint64_t finished = 0;  // epoch covered by the last observed clFinish (under ctx->mu)
 };
 
-struct Ctx {
+struct Ctx : std::enable_shared_from_this<Ctx> {
+  Ctx();
+  ~Ctx();
+  Ctx(const Ctx&) = delete;
+  Ctx& operator=(const Ctx&) = delete;
+
   cl_context handle = nullptr;
   std::atomic<int> refs{1};  // the program's references
   bool refs_known = true;    // false: seen first at a buffer, creation missed
@@ -138,9 +143,33 @@ struct Rec {
   std::atomic<int> refs{0};    // the program's references
   std::atomic<int> holds{0};   // refs + live sub-buffers: 0 = back in the pool
   Rec* parent = nullptr;       // sub-buffers
-  std::mutex cb_mu;
-  std::vector<std::pair<void(CL_CALLBACK*)(cl_mem, void*), void*>> callbacks;
+  std::vector<std::pair<void(CL_CALLBACK*)(cl_mem, void*), void*>> callbacks;  // under cb_mu(this)
 };
+
+// Destructor callbacks' locks, a few for all records (so fork() can take
+// them all).
+constexpr std::size_t kCallbackLocks = 16;
+std::mutex g_callback_locks[kCallbackLocks];
+std::mutex& cb_mu(const Rec* r) {
+  return g_callback_locks[(reinterpret_cast<std::uintptr_t>(r) >> 6) % kCallbackLocks];
+}
+
+// Every context record alive, whether the program still has the context or
+// not (fork() locks and renews them all). Lock order: ctx_mu(), then
+// g_all_ctx_mu, then a context's mu.
+std::mutex g_all_ctx_mu;
+std::vector<Ctx*>& all_ctx() {
+  static auto* v = new std::vector<Ctx*>;  // never destroyed: hooks may run during exit
+  return *v;
+}
+Ctx::Ctx() {
+  std::lock_guard lock(g_all_ctx_mu);
+  all_ctx().push_back(this);
+}
+Ctx::~Ctx() {
+  std::lock_guard lock(g_all_ctx_mu);
+  std::erase(all_ctx(), this);
+}
 
 // Handle -> record maps, sharded so unrelated calls do not share a lock.
 template <class K, class V>
@@ -165,6 +194,12 @@ class Registry {
     V* v = it->second;
     s.map.erase(it);
     return v;
+  }
+  void lock_all() {
+    for (Shard& s : shards_) s.mu.lock();
+  }
+  void unlock_all() {
+    for (Shard& s : shards_) s.mu.unlock();
   }
 
  private:
@@ -399,6 +434,7 @@ class ClBackend final : public Backend {
     delete mems().take(m);
     if (!cl_gone()) next().clReleaseMemObject(m);
   }
+  void drop(Handle h, std::size_t) override { delete mems().take(reinterpret_cast<cl_mem>(h)); }
 
   std::uint64_t fence() override {
     return immediate_ ? 0 : ctx_->epoch.load(std::memory_order_seq_cst);
@@ -477,13 +513,21 @@ Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flag
   return arena;
 }
 
+// Release what the pool holds for a context the program released. Under the
+// context's lock: finish_ctx() may retire (and so destroy) its arenas.
+void release_closed(Runtime& rt, Ctx& ctx) {
+  std::lock_guard lock(ctx.mu);
+  for (auto& a : ctx.arenas) rt.pool.release_held(a.arena);
+}
+
 // Retire a closed context's arenas once the program holds none of its
-// buffers: nothing of it is left to release.
+// buffers: nothing of it is left to release. The first caller takes them.
 void finish_ctx(Runtime& rt, Ctx& ctx) {
   std::vector<Arena*> arenas;
   {
     std::lock_guard lock(ctx.mu);
     for (auto& a : ctx.arenas) arenas.push_back(a.arena);
+    ctx.arenas.clear();
   }
   for (Arena* a : arenas) rt.pool.release_held(a);
   for (Arena* a : arenas) rt.pool.retire_arena(a);
@@ -505,7 +549,7 @@ void finish_ctx(Runtime& rt, Ctx& ctx) {
 void buffer_died(Rec* r) {
   std::vector<std::pair<void(CL_CALLBACK*)(cl_mem, void*), void*>> cbs;
   {
-    std::lock_guard lock(r->cb_mu);
+    std::lock_guard lock(cb_mu(r));
     cbs.swap(r->callbacks);
   }
   // Reverse order of registration, no gpupool lock held: they may call OpenCL.
@@ -519,16 +563,23 @@ void buffer_died(Rec* r) {
   Arena* arena = r->arena;
   Runtime* rt = runtime();
   if (!rt || !b) return;
-  if (cl_gone()) {
-    // No driver call during exit; the process is going away.
-    rt->pool.forget(b);
+  (void)arena;
+  if (cl_gone() || b->arena->retired()) {
+    // During exit: no driver call, the process is going away. A forked
+    // parent's buffer (its arena retired in the child): not pooled here;
+    // its real object is released as the program's release would have.
+    const cl_mem m = r->mem;
+    const bool gone = cl_gone();
+    ctx->active.fetch_sub(1);
+    rt->pool.forget(b);  // drops the record too
+    if (!gone) next().clReleaseMemObject(m);
     return;
   }
   rt->pool.free(b);
   const bool last = ctx->active.fetch_sub(1) == 1;
   if (ctx->closed.load()) {
     // The program released the context already: nothing more is held for it.
-    rt->pool.release_held(arena);
+    release_closed(*rt, *ctx);
     if (last) finish_ctx(*rt, *ctx);
   }
 }
@@ -781,12 +832,10 @@ cl_int CL_API_CALL h_release_context(cl_context c) {
       if (it != ctx_map().end() && it->second == ctx) ctx_map().erase(it);
     }
     if (rt && !cl_gone()) {
-      std::vector<Arena*> arenas;
       cl_command_queue internal = nullptr;
       std::vector<cl_event> evs;
       {
         std::lock_guard lock(ctx->mu);
-        for (auto& a : ctx->arenas) arenas.push_back(a.arena);
         internal = ctx->internal;
         ctx->internal = nullptr;
         ctx->internal_failed = true;
@@ -799,7 +848,7 @@ cl_int CL_API_CALL h_release_context(cl_context c) {
         ctx->solo.store(false);
         ctx->solo_q = nullptr;
       }
-      for (Arena* a : arenas) rt->pool.release_held(a);
+      release_closed(*rt, *ctx);
       if (ctx->active.load() == 0) finish_ctx(*rt, *ctx);
       const Api& api = next();
       for (cl_event e : evs) api.clReleaseEvent(e);
@@ -1024,7 +1073,7 @@ cl_int CL_API_CALL h_set_destructor(cl_mem m, void(CL_CALLBACK* fn)(cl_mem, void
   if (!r || r->sub) return next().clSetMemObjectDestructorCallback(m, fn, ud);
   if (r->refs.load() <= 0) return CL_INVALID_MEM_OBJECT;
   if (!fn) return CL_INVALID_VALUE;
-  std::lock_guard lock(r->cb_mu);
+  std::lock_guard lock(cb_mu(r));
   r->callbacks.emplace_back(fn, ud);
   return CL_SUCCESS;
 }
@@ -1070,6 +1119,70 @@ void* CL_API_CALL h_map(cl_command_queue q, cl_mem b, cl_bool blocking, cl_map_f
   }
   return next().clEnqueueMapBuffer(q, b, blocking, mf, offset, size, n, wait, ev, errcode_ret);
 }
+
+// ---------------------------------------------------------------------------
+// fork() (runtime.hpp): every lock, in the order the code nests them.
+
+std::vector<Ctx*> g_fork_locked;
+
+void fork_prepare() {
+  ctx_mu().lock();
+  g_all_ctx_mu.lock();
+  g_fork_locked = all_ctx();
+  for (Ctx* c : g_fork_locked) c->mu.lock();
+  mems().lock_all();
+  queues().lock_all();
+  for (std::mutex& m : g_callback_locks) m.lock();
+}
+
+void fork_release() {
+  for (std::mutex& m : g_callback_locks) m.unlock();
+  queues().unlock_all();
+  mems().unlock_all();
+  for (Ctx* c : g_fork_locked) c->mu.unlock();
+  g_fork_locked.clear();
+  g_all_ctx_mu.unlock();
+  ctx_mu().unlock();
+}
+
+// The child's contexts are the parent's: their queues are served by the
+// parent's threads (on PoCL the child's own waits on them hang), and their
+// held buffers are the parent's. Nothing of them is pooled in the child:
+// new buffers go to the implementation, held ones are dropped without a
+// call, and one the program created in the parent is released for real at
+// its last release in the child, as without gpupool.
+void fork_renew() {
+  Runtime* rt = runtime_if_started();
+  std::vector<std::shared_ptr<Ctx>> ctxs;
+  {
+    std::lock_guard lock(g_all_ctx_mu);
+    for (Ctx* c : all_ctx())
+      if (auto sp = c->weak_from_this().lock()) ctxs.push_back(std::move(sp));
+  }
+  for (auto& c : ctxs) {
+    std::vector<Arena*> arenas;
+    {
+      std::lock_guard lock(c->mu);
+      c->closed.store(true);
+      c->internal = nullptr;
+      c->internal_failed = true;
+      c->departed.clear();
+      c->close.events.clear();
+      c->closing = false;
+      c->hazard = nullptr;
+      c->solo.store(false);
+      c->solo_q = nullptr;
+      for (auto& a : c->arenas) arenas.push_back(a.arena);
+      c->arenas.clear();
+    }
+    if (rt)
+      for (Arena* a : arenas) rt->pool.retire_arena(a, /*keep_stats=*/false);
+  }
+}
+
+const bool g_fork_registered = (set_fork_handlers(ForkPart::opencl, {fork_prepare, fork_release,
+                                                                    fork_release, fork_renew}),
+                                true);
 
 }  // namespace
 

@@ -1,5 +1,7 @@
 #include "interpose/runtime.hpp"
 
+#include <pthread.h>
+
 #include <cstdlib>
 #include <mutex>
 
@@ -11,6 +13,32 @@ namespace {
 
 std::atomic<bool> g_exiting{false};
 std::atomic<Runtime*> g_runtime{nullptr};
+// Set in a forked child: its next call restarts the control thread.
+std::atomic<bool> g_renew_control{false};
+
+// Constant-initialized: parts register from static initializers, in any
+// order, before or after the runtime starts.
+ForkHandlers g_fork[static_cast<unsigned>(ForkPart::count)];
+
+constexpr unsigned kParts = static_cast<unsigned>(ForkPart::count);
+
+void fork_prepare() {
+  for (unsigned i = 0; i < kParts; ++i)
+    if (g_fork[i].prepare) g_fork[i].prepare();
+}
+
+void fork_parent() {
+  for (unsigned i = kParts; i-- > 0;)
+    if (g_fork[i].parent) g_fork[i].parent();
+}
+
+void fork_child() {
+  for (unsigned i = kParts; i-- > 0;)
+    if (g_fork[i].child) g_fork[i].child();
+  for (unsigned i = 0; i < kParts; ++i)
+    if (g_fork[i].renew) g_fork[i].renew();
+  g_renew_control.store(true, std::memory_order_release);
+}
 
 PoolOptions pool_options(const config::Config& c) {
   PoolOptions o;
@@ -27,26 +55,42 @@ Runtime* create() {
   // handlers while the process exits.
   auto* rt = new Runtime{cfg, Pool(pool_options(cfg))};
   std::atexit([] { g_exiting.store(true, std::memory_order_release); });
-  pthread_atfork([] { if (auto* r = g_runtime.load()) r->pool.fork_prepare(); },
-                 [] { if (auto* r = g_runtime.load()) r->pool.fork_parent(); },
-                 [] { if (auto* r = g_runtime.load()) r->pool.fork_child(); });
+  set_fork_handlers(ForkPart::pool,
+                    {[] { if (Runtime* r = g_runtime.load()) r->pool.fork_prepare(); },
+                     [] { if (Runtime* r = g_runtime.load()) r->pool.fork_parent(); },
+                     [] { if (Runtime* r = g_runtime.load()) r->pool.fork_child(); }, nullptr});
+  set_fork_handlers(ForkPart::log, {log_fork_prepare, log_fork_release, log_fork_release, nullptr});
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
   log().debug("runtime started: leading_bits={} hold={}", cfg.leading_bits, cfg.hold);
   return rt;
 }
 
 }  // namespace
 
+void set_fork_handlers(ForkPart part, ForkHandlers handlers) {
+  g_fork[static_cast<unsigned>(part)] = handlers;
+}
+
 Runtime* runtime() {
   Runtime* rt = g_runtime.load(std::memory_order_acquire);
-  if (rt || g_exiting.load(std::memory_order_relaxed)) return rt;
+  if (rt) {
+    if (g_renew_control.load(std::memory_order_relaxed) &&
+        g_renew_control.exchange(false, std::memory_order_acq_rel))
+      control::restart(*rt);
+    return rt;
+  }
+  if (g_exiting.load(std::memory_order_relaxed)) return nullptr;
   static std::once_flag once;
   std::call_once(once, [] {
     Runtime* created = create();
+    // Published before the control starts: its fork handlers use it.
     g_runtime.store(created, std::memory_order_release);
     if (created) control::start(*created);
   });
   return g_runtime.load(std::memory_order_acquire);
 }
+
+Runtime* runtime_if_started() { return g_runtime.load(std::memory_order_acquire); }
 
 bool exiting() { return g_exiting.load(std::memory_order_acquire); }
 

@@ -17,11 +17,45 @@ struct Runtime {
 
 // The runtime, created on first call. nullptr when GPUPOOL_DISABLE=1 (or when
 // the first call comes after exit began): hooks then pass calls straight
-// through.
+// through. In a forked child, the first call also restarts what the child
+// did not inherit (the control thread).
 Runtime* runtime();
+
+// The runtime if it exists; never creates it.
+Runtime* runtime_if_started();
 
 // True once exit has begun (atexit ran): no more calls into drivers that may
 // already be torn down.
 bool exiting();
+
+// fork(). Every part of gpupool that keeps locks registers its handlers
+// under its place in the one lock order below; the runtime's single
+// pthread_atfork handler calls them:
+//   prepare  in this order, taking the part's locks (so no lock is held by
+//            a thread the child will not have);
+//   parent   in reverse order, releasing them;
+//   child    in reverse order, releasing them (or making them new);
+//   renew    in this order, in the child once every lock is free: the
+//            child's own start (the parent's contexts and files are not
+//            its own).
+// The order is the order in which gpupool's code nests these locks: a part
+// only ever takes locks of parts after it while holding its own.
+enum class ForkPart : unsigned {
+  cuda,     // contexts' teardown locks, the context registry, pointer maps
+  opencl,   // the context map, each context, buffer and queue registries
+  pool,     // arena list, arenas' slow locks and shards
+  trace,    // per-thread buffers, the trace file
+  control,  // warnings (its work lock protects no data: made new in the child)
+  log,      // the logger's sink
+  count
+};
+struct ForkHandlers {
+  void (*prepare)() = nullptr;
+  void (*parent)() = nullptr;
+  void (*child)() = nullptr;
+  void (*renew)() = nullptr;
+};
+// Called at static initialization (or before the runtime is created).
+void set_fork_handlers(ForkPart part, ForkHandlers handlers);
 
 }  // namespace gpupool

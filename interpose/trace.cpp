@@ -8,10 +8,12 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
-#include "interpose/stats_output.hpp"
+#include "config/io.hpp"
+#include "config/log.hpp"
 
 namespace gpupool::trace {
 namespace {
@@ -77,14 +79,19 @@ std::string no_space(std::string s) {
 }  // namespace
 
 struct Tracer::Impl {
-  int fd = -1;
+  std::string pattern;
+  io::OwnedFd file;  // under write_mu
+  bool disabled = false;  // a forked child whose pattern has no %p
   std::uint64_t t0 = 0;
   std::atomic<ThreadBuf*> bufs{nullptr};
   pthread_key_t key{};
   std::mutex write_mu;  // the file and the arena ids
   std::vector<const Arena*> arena_ids;
   std::atomic<std::uint64_t> written{0};
+  std::atomic<std::uint64_t> dropped{0};
 
+  bool open_file(bool append, std::string* why);  // under write_mu (or before any thread)
+  void write_out(const std::string& out, std::uint64_t records);  // under write_mu
   ThreadBuf* mine();
   void push(Rec r);
   void drain(ThreadBuf* b);
@@ -142,6 +149,7 @@ void Tracer::Impl::push(Rec r) {
 std::size_t Tracer::Impl::arena_id(const Arena* a, std::string& out) {
   for (std::size_t i = 0; i < arena_ids.size(); ++i)
     if (arena_ids[i] == a) return i;
+  // Ids are never reused: a replay keys its state by them.
   arena_ids.push_back(a);
   const ArenaOptions& o = a->options();
   out += "arena " + std::to_string(arena_ids.size() - 1) + " " + no_space(o.kind) + " " +
@@ -185,19 +193,33 @@ void Tracer::Impl::drain(ThreadBuf* b) {
   }
   // Slots are free for the producer only once copied out.
   b->tail.store(h, std::memory_order_release);
-  stats::write_all(fd, out);
-  written.fetch_add(h - t, std::memory_order_relaxed);
+  write_out(out, h - t);
 }
 
-Tracer::Tracer(int fd) : impl_(new Impl) {
-  impl_->fd = fd;
-  impl_->t0 = mono_ns();
-  pthread_key_create(&impl_->key, release_buf);
+void Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
+  if (disabled) return;
+  std::string why;
+  // The program closed the descriptor (or reused its number): the records
+  // go on at the end of the same file.
+  if (!file.ours() && !open_file(/*append=*/true, &why)) {
+    file.forget();
+  } else if (io::write_bounded(file.get(), out)) {
+    written.fetch_add(records, std::memory_order_relaxed);
+    return;
+  } else {
+    why = std::string("cannot write the trace file: ") + strerror(errno);
+  }
+  if (dropped.fetch_add(records, std::memory_order_relaxed) == 0)
+    log().warn("GPUPOOL_TRACE_FILE: {}; trace records are being dropped (counted in the stats "
+               "warnings)", why);
 }
 
-Tracer* Tracer::open(const std::string& path, std::string* why) {
-  int fd = stats::open_output(path, false, why);
-  if (fd < 0) return nullptr;
+bool Tracer::Impl::open_file(bool append, std::string* why) {
+  const std::string path = io::expand_path(pattern, static_cast<long>(getpid()));
+  file.forget();
+  file = io::open_output(path, append, why);
+  if (!file.valid()) return false;
+  if (append) return true;
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   char header[256];
@@ -206,8 +228,27 @@ Tracer* Tracer::open(const std::string& path, std::string* why) {
            "# a t_ns tid arena handle requested size h|m / f t_ns tid arena handle requested size\n",
            static_cast<long>(getpid()),
            std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec));
-  stats::write_all(fd, header);
-  return new Tracer(fd);  // never destroyed: threads may trace during exit
+  io::write_bounded(file.get(), header, std::strlen(header));
+  t0 = mono_ns();
+  arena_ids.clear();
+  return true;
+}
+
+Tracer::Tracer() : impl_(new Impl) {
+  impl_->t0 = mono_ns();
+  pthread_key_create(&impl_->key, release_buf);
+}
+
+Tracer* Tracer::open(const std::string& pattern, std::string* why) {
+  auto* t = new Tracer;  // never destroyed: threads may trace during exit
+  t->impl_->pattern = pattern;
+  if (!t->impl_->open_file(/*append=*/false, why)) {
+    pthread_key_delete(t->impl_->key);
+    delete t->impl_;
+    delete t;
+    return nullptr;
+  }
+  return t;
 }
 
 void Tracer::on_allocate(const Arena& arena, const Block& block, bool hit) {
@@ -222,8 +263,59 @@ void Tracer::flush() {
   for (ThreadBuf* b = impl_->bufs.load(std::memory_order_acquire); b; b = b->next) impl_->drain(b);
 }
 
+void Tracer::on_arena_destroyed(const Arena& arena) {
+  // Buffered records name the arena by pointer: write them out while it
+  // exists. A new arena at the same address then gets a new id.
+  flush();
+  std::lock_guard lock(impl_->write_mu);
+  for (const Arena*& a : impl_->arena_ids)
+    if (a == &arena) a = nullptr;
+}
+
 std::uint64_t Tracer::records_written() const {
   return impl_->written.load(std::memory_order_relaxed);
+}
+
+std::uint64_t Tracer::records_dropped() const {
+  return impl_->dropped.load(std::memory_order_relaxed);
+}
+
+void Tracer::fork_prepare() {
+  for (ThreadBuf* b = impl_->bufs.load(std::memory_order_acquire); b; b = b->next)
+    b->drain_mu.lock();
+  impl_->write_mu.lock();
+}
+
+void Tracer::fork_parent() {
+  impl_->write_mu.unlock();
+  for (ThreadBuf* b = impl_->bufs.load(std::memory_order_acquire); b; b = b->next)
+    b->drain_mu.unlock();
+}
+
+bool Tracer::fork_child() {
+  Impl& t = *impl_;
+  // Every thread but this one is gone: their buffers are free, and every
+  // buffered record is the parent's to write.
+  for (ThreadBuf* b = t.bufs.load(std::memory_order_acquire); b; b = b->next) {
+    b->tail.store(b->head.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    b->in_use.store(false, std::memory_order_relaxed);
+  }
+  tl_slot = {};
+  fork_parent();
+  if (t.pattern.find("%p") == std::string::npos) {
+    t.disabled = true;
+    t.file.forget();  // the parent's file; the child leaves it alone
+    log().info("GPUPOOL_TRACE_FILE has no %p: a forked child does not trace (the parent's file "
+               "is left to the parent)");
+    return false;
+  }
+  std::string why;
+  if (!t.open_file(/*append=*/false, &why)) {
+    t.disabled = true;
+    log().warn("GPUPOOL_TRACE_FILE: {}; this forked child does not trace", why);
+    return false;
+  }
+  return true;
 }
 
 }  // namespace gpupool::trace

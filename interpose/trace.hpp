@@ -16,22 +16,36 @@ namespace gpupool::trace {
 
 class Tracer final : public PoolObserver {
  public:
-  // Opens `path` (a regular file of this user, never a symlink) and writes
-  // the header. nullptr with *why set when it cannot.
-  static Tracer* open(const std::string& path, std::string* why);
+  // Opens the file `pattern` names (%p: the pid; a regular file of this
+  // user, never a symlink) and writes the header. nullptr with *why set
+  // when it cannot.
+  static Tracer* open(const std::string& pattern, std::string* why);
 
   void on_allocate(const Arena& arena, const Block& block, bool hit) override;
   void on_free(const Arena& arena, const Block& block) override;
+  // Writes out the records naming the arena and forgets its id.
+  void on_arena_destroyed(const Arena& arena) override;
 
   // Write out every thread's buffered records. Thread-safe.
   void flush();
 
   std::uint64_t records_written() const;
+  // Records lost because the file could not be written (disk full, quota,
+  // file size limit). The first loss is logged.
+  std::uint64_t records_dropped() const;
 
-  struct Impl;  // opaque; public only so the .cpp's thread slots can name it
+  // fork(): the tracer's locks, held across fork. In the child the parent's
+  // buffered records are discarded (the parent writes them); the child
+  // traces into its own file when the pattern has %p, and not at all
+  // otherwise (it returns false: the caller detaches the tracer).
+  void fork_prepare();
+  void fork_parent();
+  bool fork_child();
+
+  struct Impl;  // opaque; public only so the .cpp's thread buffers can name it
 
  private:
-  explicit Tracer(int fd);
+  Tracer();
   Impl* impl_;
 };
 

@@ -388,18 +388,42 @@ int talk(long pid, const std::string& request, double timeout_s, bool quiet_ok_l
                  kProg, who.c_str(), *euid);
     return kDenied;
   }
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    std::fprintf(stderr, "%s: socket: %s\n", kProg, std::strerror(errno));
-    return kFailed;
+  // The process's socket under any of its names, held by that very process
+  // as this user: a name squatter is skipped, never trusted.
+  int fd = -1;
+  int connect_error = ECONNREFUSED;
+  std::string squatter;
+  for (const std::string& name : gpupool::control::socket_candidates(geteuid(), pid)) {
+    const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) {
+      std::fprintf(stderr, "%s: socket: %s\n", kProg, std::strerror(errno));
+      return kFailed;
+    }
+    sockaddr_un addr;
+    const socklen_t len = gpupool::control::socket_address(&addr, name);
+    if (connect(s, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+      if (errno != ECONNREFUSED && errno != ENOENT) connect_error = errno;
+      close(s);
+      continue;
+    }
+    ucred cred{};
+    socklen_t clen = sizeof cred;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.pid != pid ||
+        cred.uid != geteuid()) {
+      squatter = "pid " + std::to_string(cred.pid) + ", uid " + std::to_string(cred.uid);
+      close(s);
+      continue;
+    }
+    fd = s;
+    break;
   }
-  sockaddr_un addr;
-  const socklen_t len = gpupool::control::socket_address(&addr, geteuid(), pid);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-    const int e = errno;
-    close(fd);
-    if (e != ECONNREFUSED && e != ENOENT) {
-      std::fprintf(stderr, "%s: cannot reach %s: %s\n", kProg, who.c_str(), std::strerror(e));
+  if (fd < 0) {
+    if (!squatter.empty())
+      std::fprintf(stderr, "%s: note: the usual control socket name of %s is held by another "
+                   "process (%s); not trusting it\n", kProg, who.c_str(), squatter.c_str());
+    if (connect_error != ECONNREFUSED) {
+      std::fprintf(stderr, "%s: cannot reach %s: %s\n", kProg, who.c_str(),
+                   std::strerror(connect_error));
       return kFailed;
     }
     if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
@@ -422,24 +446,10 @@ int talk(long pid, const std::string& request, double timeout_s, bool quiet_ok_l
                  who.c_str());
     return kNotGpupool;
   }
-  // Only trust the process we asked for: a name squatter gets nothing.
-  ucred cred{};
-  socklen_t clen = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.pid != pid ||
-      cred.uid != geteuid()) {
-    std::fprintf(stderr,
-                 "%s: the control socket of %s is held by another process (pid %d, uid %u); "
-                 "not trusting it\n",
-                 kProg, who.c_str(), static_cast<int>(cred.pid), cred.uid);
-    close(fd);
-    return kFailed;
-  }
   const std::string line = request + "\n";
-  if (send(fd, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
-    std::fprintf(stderr, "%s: cannot send to %s: %s\n", kProg, who.c_str(), std::strerror(errno));
-    close(fd);
-    return kFailed;
-  }
+  // A refusal may already be waiting even if the send fails: read it.
+  const bool sent = send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
+  const int send_errno = errno;
   std::string reply;
   const std::uint64_t deadline = now_ms() + static_cast<std::uint64_t>(timeout_s * 1000);
   for (;;) {
@@ -457,6 +467,8 @@ int talk(long pid, const std::string& request, double timeout_s, bool quiet_ok_l
     char buf[65536];
     const ssize_t n = recv(fd, buf, sizeof buf, 0);
     if (n < 0 && errno == EINTR) continue;
+    // ECONNRESET after the answer: the process closed without reading all
+    // we sent (a refusal is sent before anything is read).
     if (n <= 0) break;
     reply.append(buf, static_cast<std::size_t>(n));
   }
@@ -473,6 +485,10 @@ int talk(long pid, const std::string& request, double timeout_s, bool quiet_ok_l
     std::fprintf(stderr, "%s: permission denied by %s: %s\n", kProg, who.c_str(),
                  status.substr(13).c_str());
     return kDenied;
+  }
+  if (status.empty() && !sent) {
+    std::fprintf(stderr, "%s: cannot send to %s: %s\n", kProg, who.c_str(), std::strerror(send_errno));
+    return kFailed;
   }
   if (status.empty()) {
     std::fprintf(stderr, "%s: %s closed the connection without answering\n", kProg, who.c_str());

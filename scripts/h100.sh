@@ -432,12 +432,13 @@ fi
 # OpenCL; Python tests only where pyopencl imports) ----------------------------
 if [[ -f $BUILD/CTestTestfile.cmake ]]; then
   CT=(ctest --test-dir "$BUILD" --timeout 90 --output-on-failure)
-  step ctest build.log 150 "${CT[@]}" -j 8 -LE opencl
+  # The host-safety tests (label host) are CPU-only process checks: CI's.
+  step ctest build.log 150 "${CT[@]}" -j 8 -LE 'opencl|host'
   # The OpenCL tests one at a time: they share the one GPU (one fills it).
   if ((${#OCL_ENV[@]})); then
-    PYX=()
-    grep -q '^pyopencl	[0-9]' "$ENVF" || { PYX=(-LE python); note ctest-python "skipped: pyopencl not importable"; }
-    step ctest-opencl opencl.log 150 env "${OCL_ENV[@]}" "${CT[@]}" -j 1 -L opencl "${PYX[@]}"
+    EXCL=host
+    grep -q '^pyopencl	[0-9]' "$ENVF" || { EXCL='host|python'; note ctest-python "skipped: pyopencl not importable"; }
+    step ctest-opencl opencl.log 150 env "${OCL_ENV[@]}" "${CT[@]}" -j 1 -L opencl -LE "$EXCL"
   else
     skip ctest-opencl opencl.log "no NVIDIA OpenCL set-up"
   fi

@@ -1,4 +1,4 @@
-// Report rendering and the output files, without a pool or a process.
+// Report rendering, without a pool or a process.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -13,32 +13,10 @@
 #include <gtest/gtest.h>
 
 #include "interpose/stats_format.hpp"
-#include "interpose/stats_output.hpp"
 
 using namespace gpupool;
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-class TempDir : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/gpupool-control-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir = tmpl;
-  }
-  void TearDown() override {
-    std::string cmd = "rm -rf '" + dir + "'";
-    ASSERT_EQ(std::system(cmd.c_str()), 0);
-  }
-  std::string dir;
-};
 
 stats::Report sample() {
   stats::Report r;
@@ -140,73 +118,3 @@ TEST(StatsFormat, Prometheus) {
   }
 }
 
-TEST(StatsOutput, ExpandPath) {
-  EXPECT_EQ(stats::expand_path("/tmp/s.%p.log", 77), "/tmp/s.77.log");
-  EXPECT_EQ(stats::expand_path("100%%-%p%", 5), "100%-5%");
-}
-
-TEST_F(TempDir, AppendsToOwnRegularFile) {
-  const std::string f = dir + "/stats";
-  std::string why;
-  ASSERT_TRUE(stats::append_dump(f, "one\n", &why)) << why;
-  ASSERT_TRUE(stats::append_dump(f, "two\n", &why)) << why;
-  EXPECT_EQ(read_file(f), "one\ntwo\n");
-}
-
-TEST_F(TempDir, RefusesSymlink) {
-  const std::string target = dir + "/target", link = dir + "/link";
-  { std::ofstream(target) << "keep\n"; }
-  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
-  std::string why;
-  EXPECT_FALSE(stats::append_dump(link, "evil\n", &why));
-  EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
-  EXPECT_EQ(read_file(target), "keep\n");
-  // A dangling symlink must not create its target either.
-  const std::string dangling = dir + "/dangling", nowhere = dir + "/created";
-  ASSERT_EQ(symlink(nowhere.c_str(), dangling.c_str()), 0);
-  EXPECT_FALSE(stats::append_dump(dangling, "evil\n", &why));
-  EXPECT_NE(access(nowhere.c_str(), F_OK), 0);
-}
-
-TEST_F(TempDir, RefusesFifoWithoutBlockingAndDirectories) {
-  const std::string fifo = dir + "/fifo";
-  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  std::string why;
-  // With no reader, a blocking open would hang here forever.
-  EXPECT_FALSE(stats::append_dump(fifo, "x\n", &why));
-  EXPECT_FALSE(stats::append_dump(dir, "x\n", &why));
-}
-
-TEST_F(TempDir, RefusesAnotherUsersFile) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to create another user's file";
-  const std::string f = dir + "/theirs";
-  { std::ofstream(f) << "theirs\n"; }
-  ASSERT_EQ(chown(f.c_str(), 65534, 65534), 0);
-  std::string why;
-  EXPECT_FALSE(stats::append_dump(f, "x\n", &why));
-  EXPECT_NE(why.find("owned by uid 65534"), std::string::npos) << why;
-  EXPECT_EQ(read_file(f), "theirs\n");
-  // Truncation (trace files) is refused too, before it happens.
-  EXPECT_EQ(stats::open_output(f, false, &why), -1);
-  EXPECT_EQ(read_file(f), "theirs\n");
-}
-
-TEST_F(TempDir, ReplaceFileIsAtomicAndDoesNotFollowSymlinks) {
-  const std::string f = dir + "/metrics.prom";
-  std::string why;
-  ASSERT_TRUE(stats::replace_file(f, "a 1\n", &why)) << why;
-  ASSERT_TRUE(stats::replace_file(f, "a 2\n", &why)) << why;
-  EXPECT_EQ(read_file(f), "a 2\n");
-  const std::string target = dir + "/target", link = dir + "/link.prom";
-  { std::ofstream(target) << "keep\n"; }
-  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
-  ASSERT_TRUE(stats::replace_file(link, "a 3\n", &why)) << why;
-  EXPECT_EQ(read_file(target), "keep\n");
-  EXPECT_EQ(read_file(link), "a 3\n");
-  // No temporary files left behind.
-  FILE* p = popen(("ls '" + dir + "' | wc -l").c_str(), "r");
-  int count = 0;
-  ASSERT_EQ(fscanf(p, "%d", &count), 1);
-  pclose(p);
-  EXPECT_EQ(count, 3);
-}

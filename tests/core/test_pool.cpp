@@ -327,17 +327,58 @@ TEST(Pool, GrowthThatDoesNotFitWaitsInsteadOfReleasing) {
 }
 
 TEST(Pool, RetiredArenaForgetsBlocksWithoutReleasingThem) {
-  Fixture f;
+  Fixture f({}, {.name = "ctx", .group = "dev", .kind = "fake"});
   Block* a = f.alloc(100);
   f.pool.free(f.alloc(300));
   f.pool.retire_arena(f.arena);
   EXPECT_TRUE(f.arena->retired());
   EXPECT_EQ(f.dev->releases, 0u) << "the driver already freed the context's memory";
+  EXPECT_EQ(f.pool.arena_count(), 1u) << "a block is still in the program's hands";
   f.pool.free(a);  // the program frees after the context died: nothing reaches the backend
   EXPECT_EQ(f.dev->releases, 0u);
-  Stats s = f.arena->stats();
+  // The arena is gone; what it did stays in the totals.
+  EXPECT_EQ(f.pool.arena_count(), 0u);
+  Stats s = f.pool.totals();
   EXPECT_EQ(s.held_blocks + s.active_blocks, 0u);
   EXPECT_EQ(s.managed_bytes, 0u);
+  EXPECT_EQ(s.misses, 2u);
+  EXPECT_EQ(s.backend_allocs, 2u);
+}
+
+TEST(Pool, DestroyedArenasKeepOneRowPerKind) {
+  auto dev = std::make_shared<FakeDevice>();
+  Pool pool;
+  for (int i = 0; i < 1000; ++i) {
+    Arena* a = pool.add_arena(std::make_unique<FakeBackend>(dev),
+                              {.name = "ctx " + std::to_string(i), .group = "g" + std::to_string(i),
+                               .kind = i % 2 ? "odd" : "even"});
+    pool.free(pool.allocate(a, 100).block);
+    pool.free(pool.allocate(a, 100 + std::size_t(i)).block);
+    pool.retire_arena(a);
+  }
+  Arena* live = pool.add_arena(std::make_unique<FakeBackend>(dev), {.name = "live", .kind = "odd"});
+  pool.free(pool.allocate(live, 10).block);
+  EXPECT_EQ(pool.arena_count(), 1u);
+  const auto snap = pool.snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_EQ(snap[0].name, "even: 500 destroyed arenas");
+  EXPECT_EQ(snap[0].kind, "even");
+  EXPECT_TRUE(snap[0].retired);
+  EXPECT_EQ(snap[1].name, "odd: 500 destroyed arenas");
+  EXPECT_EQ(snap[2].name, "live");
+  Stats sum;
+  for (const auto& row : snap) sum += row.stats;
+  EXPECT_EQ(sum, pool.totals()) << "the rows add up to the totals";
+  EXPECT_EQ(pool.totals().hits + pool.totals().misses, 2001u);
+}
+
+TEST(Pool, ForkedChildDropsItsParentsCounters) {
+  Fixture f;
+  f.pool.free(f.alloc(100));
+  f.pool.retire_arena(f.arena, /*keep_stats=*/false);
+  EXPECT_EQ(f.pool.arena_count(), 0u);
+  EXPECT_EQ(f.pool.totals(), Stats{});
+  EXPECT_TRUE(f.pool.snapshot().empty());
 }
 
 TEST(Pool, ReleaseHeldOfOneArena) {

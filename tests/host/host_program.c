@@ -1,0 +1,461 @@
+/* An unmodified GPU program that does what real programs do to the process
+ * around them: close descriptors it did not open, fork, exit with a full
+ * stderr, create and destroy contexts by the thousand, start children
+ * without gpupool. It knows nothing of gpupool; run_host.py runs it with and
+ * without it and checks what the program (and the files around it) saw.
+ *
+ *   host_program API SCENARIO [ARGS]      API: opencl (PoCL) or cuda (the
+ *                                         stand-in libcuda.so.1, by dlopen)
+ *   closefrom FILE   close every descriptor from 3 up, make a pipe and a
+ *                    file of its own, say "ready", wait for a line on
+ *                    stdin, then check both still hold what it put there
+ *   stdio OUT ERR    close 0, 1 and 2 first; its next three opens must get
+ *                    0, 1 and 2 back
+ *   serve            say "ready PID", wait for stdin to close
+ *   fork-busy N      fork N children (each allocates, then exit()s) while
+ *                    a thread allocates; a child not gone in 20 s is hung
+ *   fork-alloc       fork a child that creates buffers in the parent's
+ *                    context and releases one the parent made
+ *   fork-trace       allocate/free 150 times, fork a child that does 10
+ *   exit             allocate for 1.5 s, then exit()
+ *   contexts N       create, use and destroy N contexts; print RSS and the
+ *                    size of one stats dump at N/3 and at the end
+ *   spawn            start `host_program API probe` without LD_PRELOAD
+ *   probe            allocate; print whether libgpupool is mapped here
+ *   environ          print OPENCL_LAYERS as environ has it
+ */
+#define _GNU_SOURCE
+#include <CL/cl.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char** environ;
+
+static int g_cuda;
+
+/* ---- the GPU, either API ---------------------------------------------- */
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void* CUcontext;
+typedef int CUdevice;
+static CUresult (*cu_init)(unsigned);
+static CUresult (*cu_device_get)(CUdevice*, int);
+static CUresult (*cu_ctx_create)(CUcontext*, unsigned, CUdevice);
+static CUresult (*cu_ctx_destroy)(CUcontext);
+static CUresult (*cu_ctx_set_current)(CUcontext);
+static CUresult (*cu_mem_alloc)(CUdeviceptr*, size_t);
+static CUresult (*cu_mem_free)(CUdeviceptr);
+static CUcontext g_cu_ctx;
+
+static cl_platform_id g_platform;
+static cl_device_id g_device;
+static cl_context g_ctx;
+static cl_command_queue g_queue;
+
+static void die(const char* what, long code) {
+  fprintf(stderr, "host_program: %s failed: %ld\n", what, code);
+  exit(3);
+}
+
+static void* sym(void* h, const char* name) {
+  void* p = dlsym(h, name);
+  if (!p) die(name, 0);
+  return p;
+}
+
+static void* new_context(void) {
+  if (g_cuda) {
+    CUcontext c = NULL;
+    CUdevice d = 0;
+    CUresult r = cu_device_get(&d, 0);
+    if (r) die("cuDeviceGet", r);
+    r = cu_ctx_create(&c, 0, d);
+    if (r) die("cuCtxCreate", r);
+    return c;
+  }
+  cl_int err;
+  cl_context c = clCreateContext(NULL, 1, &g_device, NULL, NULL, &err);
+  if (!c) die("clCreateContext", err);
+  return c;
+}
+
+static void drop_context(void* c) {
+  if (g_cuda) {
+    CUresult r = cu_ctx_destroy((CUcontext)c);
+    if (r) die("cuCtxDestroy", r);
+  } else {
+    clReleaseContext((cl_context)c);
+  }
+}
+
+static void gpu_init(const char* api) {
+  g_cuda = !strcmp(api, "cuda");
+  if (g_cuda) {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) die("dlopen libcuda.so.1", 0);
+    cu_init = (CUresult(*)(unsigned))sym(h, "cuInit");
+    cu_device_get = (CUresult(*)(CUdevice*, int))sym(h, "cuDeviceGet");
+    cu_ctx_create = (CUresult(*)(CUcontext*, unsigned, CUdevice))sym(h, "cuCtxCreate_v2");
+    cu_ctx_destroy = (CUresult(*)(CUcontext))sym(h, "cuCtxDestroy_v2");
+    cu_ctx_set_current = (CUresult(*)(CUcontext))sym(h, "cuCtxSetCurrent");
+    cu_mem_alloc = (CUresult(*)(CUdeviceptr*, size_t))sym(h, "cuMemAlloc_v2");
+    cu_mem_free = (CUresult(*)(CUdeviceptr))sym(h, "cuMemFree_v2");
+    CUresult r = cu_init(0);
+    if (r) die("cuInit", r);
+    g_cu_ctx = new_context();
+    return;
+  }
+  cl_int err = clGetPlatformIDs(1, &g_platform, NULL);
+  if (err) die("clGetPlatformIDs", err);
+  err = clGetDeviceIDs(g_platform, CL_DEVICE_TYPE_ALL, 1, &g_device, NULL);
+  if (err) die("clGetDeviceIDs", err);
+  g_ctx = new_context();
+  g_queue = clCreateCommandQueue(g_ctx, g_device, 0, &err);
+  if (!g_queue) die("clCreateCommandQueue", err);
+}
+
+static uintptr_t gpu_alloc_in(void* ctx, size_t n) {
+  if (g_cuda) {
+    CUdeviceptr p = 0;
+    CUresult r = cu_mem_alloc(&p, n);
+    if (r) die("cuMemAlloc", r);
+    return (uintptr_t)p;
+  }
+  cl_int err;
+  cl_mem m = clCreateBuffer((cl_context)ctx, CL_MEM_READ_WRITE, n, NULL, &err);
+  if (!m) die("clCreateBuffer", err);
+  return (uintptr_t)m;
+}
+
+static uintptr_t gpu_alloc(size_t n) { return gpu_alloc_in(g_cuda ? (void*)g_cu_ctx : g_ctx, n); }
+
+static void gpu_free(uintptr_t h) {
+  if (g_cuda) {
+    CUresult r = cu_mem_free((CUdeviceptr)h);
+    if (r) die("cuMemFree", r);
+  } else {
+    cl_int err = clReleaseMemObject((cl_mem)h);
+    if (err) die("clReleaseMemObject", err);
+  }
+}
+
+/* Allocate and free `n` times over a few sizes: pool hits and misses. */
+static void churn(int n) {
+  static const size_t sizes[] = {256, 4096, 65536, 100000};
+  for (int i = 0; i < n; ++i) gpu_free(gpu_alloc(sizes[i % 4] + (size_t)(i % 7)));
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static double cpu_s(void) {
+  struct rusage r;
+  getrusage(RUSAGE_SELF, &r);
+  return (double)r.ru_utime.tv_sec + (double)r.ru_utime.tv_usec / 1e6 +
+         (double)r.ru_stime.tv_sec + (double)r.ru_stime.tv_usec / 1e6;
+}
+
+static void wait_line(void) {
+  char buf[64];
+  if (!fgets(buf, sizeof buf, stdin)) return;
+}
+
+/* ---- scenarios ---------------------------------------------------------- */
+
+static int closefrom_scenario(const char* path) {
+  churn(50);  /* gpupool is running now, its descriptors open */
+  for (int fd = 3; fd < 1024; ++fd) close(fd);
+  /* The program's own descriptors get the lowest numbers: gpupool's old ones. */
+  int p[2];
+  if (pipe(p) != 0) die("pipe", errno);
+  int f = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (f < 0) die("open", errno);
+  char line[64];
+  size_t written = 0;
+  for (int i = 0; i < 200; ++i) {
+    int n = snprintf(line, sizeof line, "program line %04d\n", i);
+    if (write(f, line, (size_t)n) != n) die("write", errno);
+    written += (size_t)n;
+  }
+  if (lseek(f, 0, SEEK_SET) != 0) die("lseek", errno);
+  static const char msg[] = "pipe data\n";
+  if (write(p[1], msg, sizeof msg - 1) != (ssize_t)sizeof msg - 1) die("write pipe", errno);
+  printf("ready %d fds %d %d %d\n", (int)getpid(), p[0], p[1], f);
+  fflush(stdout);
+  wait_line();  /* meanwhile: signals, `gpupool stats`, a log line */
+  churn(50);
+  /* A control thread spinning on descriptors closed under it shows here. */
+  const double c0 = cpu_s(), t0 = now_s();
+  while (now_s() - t0 < 1.5) usleep(100000);
+  const double cpu = cpu_s() - c0;
+  /* The pipe holds exactly what the program put in. */
+  char got[64] = {0};
+  fcntl(p[0], F_SETFL, O_NONBLOCK);
+  ssize_t n = read(p[0], got, sizeof got - 1);
+  const int pipe_ok = n == (ssize_t)sizeof msg - 1 && !memcmp(got, msg, sizeof msg - 1);
+  /* The file reads back from where the program left its offset. */
+  char* back = calloc(1, written + 64);
+  size_t total = 0;
+  for (;;) {
+    ssize_t r = read(f, back + total, written + 64 - total);
+    if (r <= 0) break;
+    total += (size_t)r;
+  }
+  int file_ok = total == written;
+  for (int i = 0; file_ok && i < 200; ++i) {
+    snprintf(line, sizeof line, "program line %04d\n", i);
+    file_ok = !memcmp(back + (size_t)i * 18, line, 18);
+  }
+  free(back);
+  printf("cpu %.3f pipe %s file %s\n", cpu, pipe_ok ? "ok" : "bad", file_ok ? "ok" : "bad");
+  fflush(stdout);
+  return pipe_ok && file_ok ? 0 : 1;
+}
+
+static int stdio_scenario(const char* out, const char* err) {
+  churn(50);
+  /* Under gpupool, its stats signal (a dump, to GPUPOOL_STATS_FILE). */
+  if (dlsym(RTLD_DEFAULT, "gpupool_active")) raise(SIGUSR1);
+  usleep(100000);
+  const int in = open("/dev/null", O_RDONLY);
+  const int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  const int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  /* Daemons rely on getting 0, 1 and 2 back this way. */
+  if (in != 0 || o != 1 || e != 2) {
+    char msg[128];
+    int n = snprintf(msg, sizeof msg, "opens got %d %d %d, not 0 1 2\n", in, o, e);
+    if (o >= 0) (void)!write(o, msg, (size_t)n);
+    return 10;
+  }
+  churn(50);
+  (void)!write(1, "program out\n", 12);
+  return 0;
+}
+
+static volatile int g_stop;
+
+static void* churner(void* arg) {
+  (void)arg;
+  if (g_cuda) cu_ctx_set_current(g_cu_ctx);
+  while (!g_stop) churn(4);
+  return NULL;
+}
+
+/* Waits for pid at most `seconds`; kills it and returns -1 if it hangs. */
+static int wait_or_kill(pid_t pid, double seconds, int* status) {
+  const double t0 = now_s();
+  for (;;) {
+    pid_t r = waitpid(pid, status, WNOHANG);
+    if (r == pid) return 0;
+    if (now_s() - t0 > seconds) {
+      kill(pid, SIGKILL);
+      waitpid(pid, status, 0);
+      return -1;
+    }
+    usleep(2000);
+  }
+}
+
+static int fork_busy_scenario(int n) {
+  churn(20);
+  pthread_t t;
+  pthread_create(&t, NULL, churner, NULL);
+  int hung = 0, failed = 0;
+  for (int i = 0; i < n; ++i) {
+    usleep(1000 + (unsigned)(i % 5) * 700);
+    pid_t pid = fork();
+    if (pid < 0) die("fork", errno);
+    if (pid == 0) {
+      churn(20);
+      exit(0);  /* atexit handlers run: gpupool's among them */
+    }
+    int status = 0;
+    if (wait_or_kill(pid, 20, &status) < 0) ++hung;
+    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  g_stop = 1;
+  pthread_join(t, NULL);
+  printf("children %d hung %d failed %d\n", n, hung, failed);
+  return hung || failed ? 1 : 0;
+}
+
+static int fork_alloc_scenario(void) {
+  churn(20);
+  const uintptr_t kept = gpu_alloc(5000);
+  pid_t pid = fork();
+  if (pid < 0) die("fork", errno);
+  if (pid == 0) {
+    /* In the parent's context, as programs do before they exec or exit. */
+    for (int i = 0; i < 20; ++i) gpu_free(gpu_alloc(1000 + (size_t)i));
+    gpu_free(kept);
+    exit(0);
+  }
+  int status = 0;
+  if (wait_or_kill(pid, 20, &status) < 0) {
+    printf("child hung\n");
+    return 1;
+  }
+  gpu_free(kept);
+  churn(20);
+  printf("child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}
+
+static int fork_trace_scenario(void) {
+  churn(150);  /* 300 records, still buffered when the child is made */
+  pid_t pid = fork();
+  if (pid < 0) die("fork", errno);
+  if (pid == 0) {
+    if (g_cuda) {
+      /* CUDA gives a child no context of its parent's: it makes its own. */
+      g_cu_ctx = new_context();
+    }
+    churn(10);
+    exit(0);
+  }
+  int status = 0;
+  if (wait_or_kill(pid, 20, &status) < 0) return 1;
+  printf("child %d\n", (int)pid);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}
+
+static int exit_scenario(void) {
+  const double t0 = now_s();
+  while (now_s() - t0 < 1.5) churn(10);
+  exit(0);
+}
+
+static long rss_kib(void) {
+  FILE* f = fopen("/proc/self/statm", "r");
+  long size = 0, resident = 0;
+  if (!f || fscanf(f, "%ld %ld", &size, &resident) != 2) die("statm", 0);
+  fclose(f);
+  return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static size_t stats_size(void) {
+  size_t (*stats_json)(char*, size_t) = (size_t(*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
+  return stats_json ? stats_json(NULL, 0) : 0;
+}
+
+static int contexts_scenario(int n) {
+  long rss_third = 0;
+  size_t dump_third = 0;
+  for (int i = 0; i < n; ++i) {
+    void* c = new_context();
+    if (g_cuda) cu_ctx_set_current((CUcontext)c);
+    uintptr_t a = gpu_alloc_in(c, 4096), b = gpu_alloc_in(c, 100000 + (size_t)(i % 64) * 4096);
+    gpu_free(a);
+    gpu_free(b);
+    gpu_free(gpu_alloc_in(c, 4000));
+    drop_context(c);
+    if (g_cuda) cu_ctx_set_current(g_cu_ctx);
+    if (i + 1 == n / 3) {
+      rss_third = rss_kib();
+      dump_third = stats_size();
+    }
+  }
+  printf("rss_kib %ld %ld dump_bytes %zu %zu\n", rss_third, rss_kib(), dump_third, stats_size());
+  return 0;
+}
+
+static int mapped_gpupool(void) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  char line[4096];
+  int found = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (strstr(line, "libgpupool")) found = 1;
+  if (f) fclose(f);
+  return found;
+}
+
+static int spawn_scenario(const char* self, const char* api) {
+  churn(20);
+  /* A child started without gpupool: LD_PRELOAD left out of its environment. */
+  int n = 0;
+  for (char** e = environ; *e; ++e) ++n;
+  char** env = calloc((size_t)n + 1, sizeof *env);
+  int k = 0;
+  for (char** e = environ; *e; ++e)
+    if (strncmp(*e, "LD_PRELOAD=", 11)) env[k++] = *e;
+  pid_t pid = fork();
+  if (pid == 0) {
+    char* argv[] = {(char*)self, (char*)api, "probe", NULL};
+    execve(self, argv, env);
+    _exit(127);
+  }
+  int status = 0;
+  if (wait_or_kill(pid, 20, &status) < 0) return 1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+static int probe_scenario(void) {
+  churn(20);
+  printf("gpupool mapped: %s\n", mapped_gpupool() ? "yes" : "no");
+  fflush(stdout);
+  return 0;
+}
+
+static int environ_scenario(void) {
+  churn(5);
+  const char* value = NULL;
+  for (char** e = environ; *e; ++e)
+    if (!strncmp(*e, "OPENCL_LAYERS=", 14)) value = *e + 14;
+  printf("OPENCL_LAYERS in environ: %s%s%s\n", value ? "'" : "", value ? value : "none",
+         value ? "'" : "");
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: host_program opencl|cuda SCENARIO [ARGS]\n");
+    return 2;
+  }
+  const char* s = argv[2];
+  /* stdio closes 0-2 before the first GPU call gpupool sees. */
+  if (!strcmp(s, "stdio") && argc == 5) {
+    g_cuda = !strcmp(argv[1], "cuda");
+    close(0);
+    close(1);
+    close(2);
+    gpu_init(argv[1]);
+    return stdio_scenario(argv[3], argv[4]);
+  }
+  gpu_init(argv[1]);
+  if (!strcmp(s, "closefrom") && argc == 4) return closefrom_scenario(argv[3]);
+  if (!strcmp(s, "serve")) {
+    churn(50);
+    printf("ready %d\n", (int)getpid());
+    fflush(stdout);
+    while (getchar() != EOF) {
+    }
+    return 0;
+  }
+  if (!strcmp(s, "fork-busy") && argc == 4) return fork_busy_scenario(atoi(argv[3]));
+  if (!strcmp(s, "fork-alloc")) return fork_alloc_scenario();
+  if (!strcmp(s, "fork-trace")) return fork_trace_scenario();
+  if (!strcmp(s, "exit")) return exit_scenario();
+  if (!strcmp(s, "contexts") && argc == 4) return contexts_scenario(atoi(argv[3]));
+  if (!strcmp(s, "spawn")) return spawn_scenario(argv[0], argv[1]);
+  if (!strcmp(s, "probe")) return probe_scenario();
+  if (!strcmp(s, "environ")) return environ_scenario();
+  fprintf(stderr, "host_program: unknown scenario %s\n", s);
+  return 2;
+}
