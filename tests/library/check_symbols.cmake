@@ -28,4 +28,15 @@ if(dyn MATCHES "libcuda|libOpenCL|libspdlog|libfmt|libstdc\\+\\+")
   string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*" needed "${dyn}")
   message(FATAL_ERROR "libgpupool.so must not link these: ${needed}")
 endif()
+# Loading costs every process the library is preloaded into (GPU or not):
+# symbols bound lazily (BIND_NOW resolved ~150 libc symbols per exec), and
+# no C++ locale machinery (iostreams, facets: a third of the library and
+# most of its relocated pages, pulled in by fmt's locale support).
+if(dyn MATCHES "BIND_NOW" OR dyn MATCHES "Flags:[^\n]* NOW")
+  message(FATAL_ERROR "libgpupool.so is linked -z now: every exec would bind all its symbols")
+endif()
+execute_process(COMMAND nm -C ${LIB} OUTPUT_VARIABLE all_syms)
+if(all_syms MATCHES "std::locale::classic|std::ios_base::Init")
+  message(FATAL_ERROR "libgpupool.so carries the C++ locale/iostream machinery")
+endif()
 message(STATUS "${count} exported symbols, all intercepted entry points or gpupool_*")
