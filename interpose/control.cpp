@@ -30,7 +30,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -108,8 +107,9 @@ struct State {
   std::atomic<bool> exiting{false};
   std::atomic<bool> thread_running{false};
   // Serializes dumps and pool actions between the control thread, the
-  // at-exit dump and the C API. Timed: the exit handler waits a bounded time.
-  std::timed_mutex work_mu;
+  // at-exit dump and the C API. The exit handler waits for it a bounded
+  // time (try_lock, polled: timed locks escape ThreadSanitizer).
+  std::mutex work_mu;
   std::mutex warn_mu;
   std::vector<std::string> warnings;
   std::string stats_path;       // %p expanded
@@ -621,10 +621,15 @@ void at_exit() {
   poke();
   // Waits for a dump or action in progress on the control thread (its
   // writes are bounded); after that the control thread does nothing more.
-  std::unique_lock lock(st.work_mu, std::defer_lock);
-  if (!lock.try_lock_for(std::chrono::nanoseconds(2 * io::kWriteTimeoutNs))) {
-    st.dumps_dropped.fetch_add(1, std::memory_order_relaxed);
-    return;
+  std::unique_lock lock(st.work_mu, std::try_to_lock);
+  for (const std::uint64_t give_up = mono_ns() + 2 * io::kWriteTimeoutNs; !lock.owns_lock();) {
+    if (mono_ns() >= give_up) {
+      st.dumps_dropped.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    const timespec ms{0, 1'000'000};
+    nanosleep(&ms, nullptr);
+    lock.try_lock();
   }
   if (st.tracer) st.tracer->flush();
   // Stats come from the pool's own counters: no driver call here.
@@ -661,7 +666,7 @@ void fork_child() {
   if (!g_state) return;
   State& st = *g_state;
   st.warn_mu.unlock();
-  new (&st.work_mu) std::timed_mutex;
+  new (&st.work_mu) std::mutex;
   // The parent's channel, socket and clients: the parent's to serve.
   g_wake.store(nullptr, std::memory_order_release);
   st.wake_rd.close();

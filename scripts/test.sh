@@ -37,7 +37,9 @@ if [ "$sanitizers" = 1 ]; then
   cmake -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPUPOOL_SANITIZE=thread \
     -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build build-tsan -j"$jobs"
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  # die_after_fork=0: a forked child starts its own control thread, which
+  # ThreadSanitizer cannot follow by default.
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$PWD/tests/tsan.supp \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" --timeout 600 -LE python
 fi
 

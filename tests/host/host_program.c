@@ -172,9 +172,18 @@ static double cpu_s(void) {
          (double)r.ru_stime.tv_sec + (double)r.ru_stime.tv_usec / 1e6;
 }
 
-static void wait_line(void) {
-  char buf[64];
-  if (!fgets(buf, sizeof buf, stdin)) return;
+/* Waits for a line on stdin, or for it to close. In poll(), where signal
+   handlers run even under ThreadSanitizer (it holds them back during
+   stdio's internal reads). */
+static void wait_line(int until_eof) {
+  char c;
+  for (;;) {
+    struct pollfd p = {0, POLLIN, 0};
+    if (poll(&p, 1, -1) < 0 && errno == EINTR) continue;
+    ssize_t n = read(0, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || (!until_eof && c == '\n')) return;
+  }
 }
 
 /* ---- scenarios ---------------------------------------------------------- */
@@ -199,7 +208,7 @@ static int closefrom_scenario(const char* path) {
   if (write(p[1], msg, sizeof msg - 1) != (ssize_t)sizeof msg - 1) die("write pipe", errno);
   printf("ready %d fds %d %d %d\n", (int)getpid(), p[0], p[1], f);
   fflush(stdout);
-  wait_line();  /* meanwhile: signals, `gpupool stats`, a log line */
+  wait_line(0);  /* meanwhile: signals, `gpupool stats`, a log line */
   churn(50);
   /* A control thread spinning on descriptors closed under it shows here. */
   const double c0 = cpu_s(), t0 = now_s();
@@ -444,8 +453,7 @@ int main(int argc, char** argv) {
     churn(50);
     printf("ready %d\n", (int)getpid());
     fflush(stdout);
-    while (getchar() != EOF) {
-    }
+    wait_line(1);
     return 0;
   }
   if (!strcmp(s, "fork-busy") && argc == 4) return fork_busy_scenario(atoi(argv[3]));
