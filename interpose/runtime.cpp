@@ -6,7 +6,7 @@
 #include <mutex>
 
 #include "config/log.hpp"
-#include "interpose/control.hpp"
+#include "interpose/control/control.hpp"
 
 namespace gpupool {
 namespace {

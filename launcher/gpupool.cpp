@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "config/config.hpp"
-#include "interpose/control_socket.hpp"
+#include "interpose/control/socket.hpp"
 
 extern char** environ;
 

@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "interpose/control.hpp"
+#include "interpose/control/control.hpp"
 #include "interpose/runtime.hpp"
 
 extern "C" {

@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "interpose/stats_format.hpp"
+#include "interpose/control/stats_format.hpp"
 
 using namespace gpupool;
 

@@ -17,7 +17,7 @@
 
 #include "config/config.hpp"
 #include "config/log.hpp"
-#include "interpose/opencl_api.hpp"
+#include "interpose/opencl/api.hpp"
 #include "interpose/runtime.hpp"
 
 namespace gpupool::ocl {

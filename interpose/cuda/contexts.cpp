@@ -1,4 +1,4 @@
-#include "interpose/cuda_state.hpp"
+#include "interpose/cuda/contexts.hpp"
 
 #include <pthread.h>
 #include <unistd.h>

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/pool.hpp"
-#include "interpose/cuda_driver.hpp"
+#include "interpose/cuda/driver.hpp"
 
 namespace gpupool {
 struct Runtime;

@@ -1,4 +1,4 @@
-#include "interpose/stats_format.hpp"
+#include "interpose/control/stats_format.hpp"
 
 #include <signal.h>
 

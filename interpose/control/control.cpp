@@ -15,7 +15,7 @@
 // second). The control thread never waits for one client: requests and
 // answers are non-blocking, with deadlines, and other users are refused as
 // they connect, before anything is read.
-#include "interpose/control.hpp"
+#include "interpose/control/control.hpp"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -39,9 +39,9 @@
 
 #include "config/io.hpp"
 #include "config/log.hpp"
-#include "interpose/control_socket.hpp"
+#include "interpose/control/socket.hpp"
 #include "interpose/runtime.hpp"
-#include "interpose/trace.hpp"
+#include "interpose/control/trace.hpp"
 
 #ifndef GPUPOOL_VERSION
 #define GPUPOOL_VERSION "unknown"

@@ -9,7 +9,7 @@
 // not hook (cuGetExportTable, cuInit, ...) come back untouched.
 #include <dlfcn.h>
 
-#include "interpose/cuda_driver.hpp"
+#include "interpose/cuda/driver.hpp"
 #include "interpose/runtime.hpp"
 
 extern "C" {

@@ -1,4 +1,4 @@
-#include "interpose/trace.hpp"
+#include "interpose/control/trace.hpp"
 
 #include <pthread.h>
 #include <sys/syscall.h>

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "interpose/control.hpp"
+#include "interpose/control/control.hpp"
 #include "interpose/runtime.hpp"
 
 #ifndef GPUPOOL_VERSION

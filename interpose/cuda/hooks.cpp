@@ -8,8 +8,8 @@
 #include <algorithm>
 
 #include "config/log.hpp"
-#include "interpose/cuda_driver.hpp"
-#include "interpose/cuda_state.hpp"
+#include "interpose/cuda/driver.hpp"
+#include "interpose/cuda/contexts.hpp"
 #include "interpose/runtime.hpp"
 
 using namespace gpupool;

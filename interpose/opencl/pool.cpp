@@ -35,7 +35,7 @@
 
 #include "config/log.hpp"
 #include "core/pool.hpp"
-#include "interpose/opencl_api.hpp"
+#include "interpose/opencl/api.hpp"
 #include "interpose/runtime.hpp"
 
 namespace gpupool::ocl {

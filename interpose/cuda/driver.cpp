@@ -1,4 +1,4 @@
-#include "interpose/cuda_driver.hpp"
+#include "interpose/cuda/driver.hpp"
 
 #include <dlfcn.h>
 
