@@ -14,43 +14,45 @@
 
 #include <CL/cl.h>
 
+#include <type_traits>
+
 namespace gpupool::ocl {
 
 // Functions gpupool intercepts (X) and only calls (Y).
-#define GPUPOOL_CL_HOOKED(X)                    \
-  X(clCreateContext)                            \
-  X(clCreateContextFromType)                    \
-  X(clRetainContext)                            \
-  X(clReleaseContext)                           \
-  X(clCreateCommandQueue)                       \
-  X(clCreateCommandQueueWithProperties)         \
-  X(clRetainCommandQueue)                       \
-  X(clReleaseCommandQueue)                      \
-  X(clFinish)                                   \
-  X(clCreateBuffer)                             \
-  X(clCreateBufferWithProperties)               \
-  X(clRetainMemObject)                          \
-  X(clReleaseMemObject)                         \
-  X(clGetMemObjectInfo)                         \
-  X(clCreateSubBuffer)                          \
-  X(clSetMemObjectDestructorCallback)           \
-  X(clEnqueueReadBuffer)                        \
-  X(clEnqueueWriteBuffer)                       \
-  X(clEnqueueCopyBuffer)                        \
-  X(clEnqueueFillBuffer)                        \
+#define GPUPOOL_CL_HOOKED(X)            \
+  X(clCreateContext)                    \
+  X(clCreateContextFromType)            \
+  X(clRetainContext)                    \
+  X(clReleaseContext)                   \
+  X(clCreateCommandQueue)               \
+  X(clCreateCommandQueueWithProperties) \
+  X(clRetainCommandQueue)               \
+  X(clReleaseCommandQueue)              \
+  X(clFinish)                           \
+  X(clCreateBuffer)                     \
+  X(clCreateBufferWithProperties)       \
+  X(clRetainMemObject)                  \
+  X(clReleaseMemObject)                 \
+  X(clGetMemObjectInfo)                 \
+  X(clCreateSubBuffer)                  \
+  X(clSetMemObjectDestructorCallback)   \
+  X(clEnqueueReadBuffer)                \
+  X(clEnqueueWriteBuffer)               \
+  X(clEnqueueCopyBuffer)                \
+  X(clEnqueueFillBuffer)                \
   X(clEnqueueMapBuffer)
 
-#define GPUPOOL_CL_USED(Y)                      \
-  Y(clGetPlatformIDs)                           \
-  Y(clGetContextInfo)                           \
-  Y(clGetDeviceInfo)                            \
-  Y(clFlush)                                    \
-  Y(clEnqueueMarkerWithWaitList)                \
-  Y(clEnqueueBarrierWithWaitList)               \
-  Y(clSetEventCallback)                         \
-  Y(clEnqueueMigrateMemObjects)                 \
-  Y(clGetEventInfo)                             \
-  Y(clWaitForEvents)                            \
+#define GPUPOOL_CL_USED(Y)        \
+  Y(clGetPlatformIDs)             \
+  Y(clGetContextInfo)             \
+  Y(clGetDeviceInfo)              \
+  Y(clFlush)                      \
+  Y(clEnqueueMarkerWithWaitList)  \
+  Y(clEnqueueBarrierWithWaitList) \
+  Y(clSetEventCallback)           \
+  Y(clEnqueueMigrateMemObjects)   \
+  Y(clGetEventInfo)               \
+  Y(clWaitForEvents)              \
   Y(clReleaseEvent)
 
 struct Api {
@@ -64,11 +66,14 @@ struct Api {
 // when the implementation lacks them).
 const Api& next();
 
-// The hooks (the pooling logic), with the API's signatures.
-namespace hook {
-#define GPUPOOL_CL_DECLARE(name) extern decltype(&::name) const name;
+}  // namespace gpupool::ocl
+
+// The hooks (hooks.cpp), with the API's signatures: gpupool_hook_<name>,
+// exported as <name>.
+extern "C" {
+#define GPUPOOL_CL_DECLARE(name)                                                 \
+  __attribute__((visibility("hidden"))) std::remove_pointer_t<decltype(&::name)> \
+      gpupool_hook_##name;
 GPUPOOL_CL_HOOKED(GPUPOOL_CL_DECLARE)
 #undef GPUPOOL_CL_DECLARE
-}  // namespace hook
-
-}  // namespace gpupool::ocl
+}

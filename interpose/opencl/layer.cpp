@@ -1,5 +1,6 @@
-// How gpupool gets into OpenCL programs: preloaded exports, the ICD layer
-// entry points, and the resolution of the real functions.
+// How gpupool gets into OpenCL programs besides its exports (hooks.cpp): the
+// ICD layer entry points, the resolution of the real functions (next()), and
+// the OPENCL_LAYERS answer that brings the layer into a preloaded process.
 #include <dlfcn.h>
 #include <sys/auxv.h>
 
@@ -26,7 +27,7 @@ namespace {
 Api g_loader;
 std::once_flag g_loader_once;
 
-Api g_target;                            // the layer's next dispatch, as an Api
+Api g_target;                             // the layer's next dispatch, as an Api
 std::atomic<const Api*> g_next{nullptr};  // &g_target once the layer is initialised
 std::atomic<bool> g_deinit{false};
 
@@ -49,20 +50,14 @@ void resolve_loader() {
   GPUPOOL_CL_USED(GPUPOOL_CL_RESOLVE)
 #undef GPUPOOL_CL_RESOLVE
   Dl_info info;
-  if (g_loader.clCreateBuffer &&
-      dladdr(reinterpret_cast<void*>(g_loader.clCreateBuffer), &info) && info.dli_fname)
+  if (g_loader.clCreateBuffer && dladdr(reinterpret_cast<void*>(g_loader.clCreateBuffer), &info) &&
+      info.dli_fname)
     log().debug("OpenCL: real functions from {}", info.dli_fname);
 }
 
 const Api& loader() {
   std::call_once(g_loader_once, resolve_loader);
   return g_loader;
-}
-
-template <class T>
-T fail_ptr(cl_int* errcode_ret) {
-  if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
-  return nullptr;
 }
 
 }  // namespace
@@ -75,157 +70,6 @@ const Api& next() {
 }  // namespace gpupool::ocl
 
 using namespace gpupool::ocl;
-
-// ---------------------------------------------------------------------------
-// Preloaded exports: a call that bound to one of these never went through a
-// loader, so it runs the hook, which calls next(): the dispatch of the
-// loader that initialised the layer, or the loader found by name before
-// that. Forwarding to a loader found by name instead missed the pool when
-// the program's loader was a private copy (PyOpenCL's wheel; see
-// tests/opencl/test_private_loader.c).
-
-// A dispatch table without the entry (a loader older than the function)
-// gets the loaders' answer for a function they lack, not a null call.
-#define GPUPOOL_RUN_HOOK_INT(name, ...)                 \
-  do {                                                  \
-    if (!next().name) return CL_INVALID_OPERATION;      \
-    return hook::name(__VA_ARGS__);                     \
-  } while (0)
-
-#define GPUPOOL_RUN_HOOK_PTR(name, err, ...)                                       \
-  do {                                                                             \
-    if (!next().name) return fail_ptr<decltype(hook::name(__VA_ARGS__))>(err);     \
-    return hook::name(__VA_ARGS__);                                                \
-  } while (0)
-
-GPUPOOL_EXPORT cl_context CL_API_CALL clCreateContext(
-    const cl_context_properties* properties, cl_uint num_devices, const cl_device_id* devices,
-    void(CL_CALLBACK* pfn_notify)(const char*, const void*, size_t, void*), void* user_data,
-    cl_int* errcode_ret) {
-  GPUPOOL_RUN_HOOK_PTR(clCreateContext, errcode_ret, properties, num_devices, devices, pfn_notify,
-                      user_data, errcode_ret);
-}
-
-GPUPOOL_EXPORT cl_context CL_API_CALL clCreateContextFromType(
-    const cl_context_properties* properties, cl_device_type device_type,
-    void(CL_CALLBACK* pfn_notify)(const char*, const void*, size_t, void*), void* user_data,
-    cl_int* errcode_ret) {
-  GPUPOOL_RUN_HOOK_PTR(clCreateContextFromType, errcode_ret, properties, device_type, pfn_notify,
-                      user_data, errcode_ret);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clRetainContext(cl_context context) {
-  GPUPOOL_RUN_HOOK_INT(clRetainContext, context);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseContext(cl_context context) {
-  GPUPOOL_RUN_HOOK_INT(clReleaseContext, context);
-}
-
-GPUPOOL_EXPORT cl_command_queue CL_API_CALL clCreateCommandQueue(
-    cl_context context, cl_device_id device, cl_command_queue_properties properties,
-    cl_int* errcode_ret) {
-  GPUPOOL_RUN_HOOK_PTR(clCreateCommandQueue, errcode_ret, context, device, properties, errcode_ret);
-}
-
-GPUPOOL_EXPORT cl_command_queue CL_API_CALL clCreateCommandQueueWithProperties(
-    cl_context context, cl_device_id device, const cl_queue_properties* properties,
-    cl_int* errcode_ret) {
-  GPUPOOL_RUN_HOOK_PTR(clCreateCommandQueueWithProperties, errcode_ret, context, device, properties,
-                      errcode_ret);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clRetainCommandQueue(cl_command_queue queue) {
-  GPUPOOL_RUN_HOOK_INT(clRetainCommandQueue, queue);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseCommandQueue(cl_command_queue queue) {
-  GPUPOOL_RUN_HOOK_INT(clReleaseCommandQueue, queue);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clFinish(cl_command_queue queue) {
-  GPUPOOL_RUN_HOOK_INT(clFinish, queue);
-}
-
-GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateBuffer(cl_context context, cl_mem_flags flags,
-                                                 size_t size, void* host_ptr,
-                                                 cl_int* errcode_ret) {
-  GPUPOOL_RUN_HOOK_PTR(clCreateBuffer, errcode_ret, context, flags, size, host_ptr, errcode_ret);
-}
-
-GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateBufferWithProperties(
-    cl_context context, const cl_mem_properties* properties, cl_mem_flags flags, size_t size,
-    void* host_ptr, cl_int* errcode_ret) {
-  GPUPOOL_RUN_HOOK_PTR(clCreateBufferWithProperties, errcode_ret, context, properties, flags, size,
-                      host_ptr, errcode_ret);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clRetainMemObject(cl_mem memobj) {
-  GPUPOOL_RUN_HOOK_INT(clRetainMemObject, memobj);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clReleaseMemObject(cl_mem memobj) {
-  GPUPOOL_RUN_HOOK_INT(clReleaseMemObject, memobj);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clGetMemObjectInfo(cl_mem memobj, cl_mem_info param_name,
-                                                     size_t param_value_size, void* param_value,
-                                                     size_t* param_value_size_ret) {
-  GPUPOOL_RUN_HOOK_INT(clGetMemObjectInfo, memobj, param_name, param_value_size, param_value,
-                      param_value_size_ret);
-}
-
-GPUPOOL_EXPORT cl_mem CL_API_CALL clCreateSubBuffer(cl_mem buffer, cl_mem_flags flags,
-                                                    cl_buffer_create_type buffer_create_type,
-                                                    const void* buffer_create_info,
-                                                    cl_int* errcode_ret) {
-  GPUPOOL_RUN_HOOK_PTR(clCreateSubBuffer, errcode_ret, buffer, flags, buffer_create_type,
-                      buffer_create_info, errcode_ret);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clSetMemObjectDestructorCallback(
-    cl_mem memobj, void(CL_CALLBACK* pfn_notify)(cl_mem, void*), void* user_data) {
-  GPUPOOL_RUN_HOOK_INT(clSetMemObjectDestructorCallback, memobj, pfn_notify, user_data);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueReadBuffer(cl_command_queue q, cl_mem buffer,
-                                                      cl_bool blocking, size_t offset, size_t size,
-                                                      void* ptr, cl_uint n, const cl_event* wait,
-                                                      cl_event* event) {
-  GPUPOOL_RUN_HOOK_INT(clEnqueueReadBuffer, q, buffer, blocking, offset, size, ptr, n, wait, event);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueWriteBuffer(cl_command_queue q, cl_mem buffer,
-                                                       cl_bool blocking, size_t offset, size_t size,
-                                                       const void* ptr, cl_uint n,
-                                                       const cl_event* wait, cl_event* event) {
-  GPUPOOL_RUN_HOOK_INT(clEnqueueWriteBuffer, q, buffer, blocking, offset, size, ptr, n, wait, event);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst,
-                                                      size_t src_offset, size_t dst_offset,
-                                                      size_t size, cl_uint n, const cl_event* wait,
-                                                      cl_event* event) {
-  GPUPOOL_RUN_HOOK_INT(clEnqueueCopyBuffer, q, src, dst, src_offset, dst_offset, size, n, wait,
-                      event);
-}
-
-GPUPOOL_EXPORT cl_int CL_API_CALL clEnqueueFillBuffer(cl_command_queue q, cl_mem buffer,
-                                                      const void* pattern, size_t pattern_size,
-                                                      size_t offset, size_t size, cl_uint n,
-                                                      const cl_event* wait, cl_event* event) {
-  GPUPOOL_RUN_HOOK_INT(clEnqueueFillBuffer, q, buffer, pattern, pattern_size, offset, size, n, wait,
-                      event);
-}
-
-GPUPOOL_EXPORT void* CL_API_CALL clEnqueueMapBuffer(cl_command_queue q, cl_mem buffer,
-                                                    cl_bool blocking, cl_map_flags map_flags,
-                                                    size_t offset, size_t size, cl_uint n,
-                                                    const cl_event* wait, cl_event* event,
-                                                    cl_int* errcode_ret) {
-  GPUPOOL_RUN_HOOK_PTR(clEnqueueMapBuffer, errcode_ret, q, buffer, blocking, map_flags, offset, size,
-                      n, wait, event, errcode_ret);
-}
 
 // ---------------------------------------------------------------------------
 // ICD layer entry points (cl_loader_layers). ocl-icd 2.3.x calls
@@ -254,15 +98,15 @@ cl_int init_layer(cl_uint num_entries, const cl_icd_dispatch* target, cl_uint* n
   // A second loader in the process (a bundled one) gets a plain pass-through
   // table: one set of hooks, one next table.
   if (inits++ == 0 && !cfg.disable && cfg.opencl) {
-#define GPUPOOL_CL_FROM_TARGET(name)                                          \
-  if (offsetof(cl_icd_dispatch, name) / sizeof(void*) < use)                  \
+#define GPUPOOL_CL_FROM_TARGET(name)                         \
+  if (offsetof(cl_icd_dispatch, name) / sizeof(void*) < use) \
     g_target.name = reinterpret_cast<decltype(g_target.name)>(target->name);
     GPUPOOL_CL_HOOKED(GPUPOOL_CL_FROM_TARGET)
     GPUPOOL_CL_USED(GPUPOOL_CL_FROM_TARGET)
 #undef GPUPOOL_CL_FROM_TARGET
-#define GPUPOOL_CL_INSTALL(name)                                              \
-  if (offsetof(cl_icd_dispatch, name) / sizeof(void*) < use && target->name)  \
-    table->name = reinterpret_cast<decltype(table->name)>(hook::name);
+#define GPUPOOL_CL_INSTALL(name)                                             \
+  if (offsetof(cl_icd_dispatch, name) / sizeof(void*) < use && target->name) \
+    table->name = reinterpret_cast<decltype(table->name)>(&gpupool_hook_##name);
     GPUPOOL_CL_HOOKED(GPUPOOL_CL_INSTALL)
 #undef GPUPOOL_CL_INSTALL
     g_next.store(&g_target, std::memory_order_release);
@@ -282,9 +126,14 @@ GPUPOOL_EXPORT cl_int CL_API_CALL clGetLayerInfo(cl_layer_info param_name, size_
   static const cl_layer_api_version version = CL_LAYER_API_VERSION_100;
   static const char name[] = "gpupool";
   switch (param_name) {
-    case CL_LAYER_API_VERSION: src = &version, n = sizeof version; break;
-    case CL_LAYER_NAME: src = name, n = sizeof name; break;
-    default: return CL_INVALID_VALUE;
+    case CL_LAYER_API_VERSION:
+      src = &version, n = sizeof version;
+      break;
+    case CL_LAYER_NAME:
+      src = name, n = sizeof name;
+      break;
+    default:
+      return CL_INVALID_VALUE;
   }
   if (param_value) {
     if (param_value_size < n) return CL_INVALID_VALUE;

@@ -1,0 +1,329 @@
+#include "interpose/opencl/contexts.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "config/log.hpp"
+#include "interpose/opencl/buffers.hpp"
+
+namespace gpupool::ocl {
+
+bool is_oom(cl_int e) {
+  return e == CL_MEM_OBJECT_ALLOCATION_FAILURE || e == CL_OUT_OF_RESOURCES ||
+         e == CL_OUT_OF_HOST_MEMORY;
+}
+
+bool cl_gone() { return exiting() || loader_gone(); }
+
+namespace {
+
+// Every context record alive, whether the program still has the context or
+// not (fork() locks and renews them all). Lock order: ctx_mu(), then
+// g_all_ctx_mu, then a context's mu.
+std::mutex g_all_ctx_mu;
+std::vector<Ctx*>& all_ctx() {
+  static auto* v = new std::vector<Ctx*>;  // never destroyed: hooks may run during exit
+  return *v;
+}
+std::mutex& ctx_mu() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::unordered_map<cl_context, std::shared_ptr<Ctx>>& ctx_map() {
+  static auto* m = new std::unordered_map<cl_context, std::shared_ptr<Ctx>>;
+  return *m;
+}
+
+std::string device_string(const Api& api, cl_device_id d, cl_device_info what) {
+  std::size_t n = 0;
+  if (api.clGetDeviceInfo(d, what, 0, nullptr, &n) != CL_SUCCESS || n == 0) return {};
+  std::string s(n, '\0');
+  if (api.clGetDeviceInfo(d, what, n, s.data(), nullptr) != CL_SUCCESS) return {};
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+}  // namespace
+
+Ctx::Ctx() {
+  std::lock_guard lock(g_all_ctx_mu);
+  all_ctx().push_back(this);
+}
+Ctx::~Ctx() {
+  std::lock_guard lock(g_all_ctx_mu);
+  std::erase(all_ctx(), this);
+}
+
+HandleMap<cl_command_queue, Queue>& queues() {
+  static auto* r =
+      new HandleMap<cl_command_queue, Queue>;  // never destroyed: hooks may run during exit
+  return *r;
+}
+
+Runtime* active_runtime() {
+  Runtime* rt = runtime();
+  if (!rt || !rt->config.opencl || cl_gone()) return nullptr;
+  return rt;
+}
+
+std::shared_ptr<Ctx> find_ctx(cl_context c) {
+  std::lock_guard lock(ctx_mu());
+  auto it = ctx_map().find(c);
+  return it == ctx_map().end() ? nullptr : it->second;
+}
+
+void register_ctx(cl_context c) {
+  auto ctx = std::make_shared<Ctx>();
+  ctx->handle = c;
+  std::lock_guard lock(ctx_mu());
+  ctx_map()[c] = std::move(ctx);
+}
+
+std::shared_ptr<Ctx> ctx_for_buffer(cl_context c) {
+  if (!c) return nullptr;
+  std::lock_guard lock(ctx_mu());
+  auto& slot = ctx_map()[c];
+  if (!slot) {
+    slot = std::make_shared<Ctx>();
+    slot->handle = c;
+    slot->refs_known = false;
+  }
+  return slot;
+}
+
+void forget_ctx(cl_context c, const std::shared_ptr<Ctx>& ctx) {
+  std::lock_guard lock(ctx_mu());
+  auto it = ctx_map().find(c);
+  if (it != ctx_map().end() && it->second == ctx) ctx_map().erase(it);
+}
+
+void load_info(Ctx& ctx) {
+  const Api& api = next();
+  if (!api.clGetContextInfo || !api.clGetDeviceInfo) return;
+  std::size_t n = 0;
+  if (api.clGetContextInfo(ctx.handle, CL_CONTEXT_DEVICES, 0, nullptr, &n) != CL_SUCCESS ||
+      n < sizeof(cl_device_id))
+    return;
+  std::vector<cl_device_id> devs(n / sizeof(cl_device_id));
+  if (api.clGetContextInfo(ctx.handle, CL_CONTEXT_DEVICES, n, devs.data(), nullptr) != CL_SUCCESS)
+    return;
+  std::size_t max_alloc = SIZE_MAX, global = SIZE_MAX;
+  bool ocl12 = true;
+  for (cl_device_id d : devs) {
+    cl_ulong v = 0;
+    if (api.clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof v, &v, nullptr) != CL_SUCCESS)
+      return;
+    max_alloc = std::min<std::size_t>(max_alloc, v);
+    if (api.clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof v, &v, nullptr) != CL_SUCCESS)
+      return;
+    global = std::min<std::size_t>(global, v);
+    // "OpenCL <major>.<minor> ..."
+    std::string ver = device_string(api, d, CL_DEVICE_VERSION);
+    int major = 0, minor = 0;
+    if (std::sscanf(ver.c_str(), "OpenCL %d.%d", &major, &minor) != 2 || major * 100 + minor < 102)
+      ocl12 = false;
+  }
+  ctx.device = devs[0];
+  ctx.device_name = device_string(api, devs[0], CL_DEVICE_NAME);
+  ctx.max_alloc = max_alloc;
+  ctx.global_mem = global;
+  ctx.ocl12 = ocl12 && api.clEnqueueMigrateMemObjects;
+  ctx.info_ok = max_alloc > 0;
+}
+
+cl_command_queue internal_queue(Ctx& ctx) {
+  std::lock_guard lock(ctx.mu);
+  if (!ctx.internal && !ctx.internal_failed) {
+    cl_int err = CL_SUCCESS;
+    const Api& api = next();
+    if (api.clCreateCommandQueueWithProperties)
+      ctx.internal = api.clCreateCommandQueueWithProperties(ctx.handle, ctx.device, nullptr, &err);
+    else if (api.clCreateCommandQueue)
+      ctx.internal = api.clCreateCommandQueue(ctx.handle, ctx.device, 0, &err);
+    if (!ctx.internal) {
+      ctx.internal_failed = true;
+      log().warn("OpenCL: cannot create gpupool's queue on context {} (error {}); no probing",
+                 fmt::ptr(ctx.handle), err);
+    }
+  }
+  return ctx.internal;
+}
+
+// ---------------------------------------------------------------------------
+// Fences
+
+bool events_done(const Api& api, std::vector<cl_event>& evs) {
+  for (cl_event e : evs) {
+    cl_int st = CL_QUEUED;
+    if (api.clGetEventInfo(e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, nullptr) !=
+        CL_SUCCESS)
+      st = -1;                           // an event we cannot ask about will not tell us more later
+    if (st > CL_COMPLETE) return false;  // CL_COMPLETE = 0; errors are negative: done too
+  }
+  for (cl_event e : evs) api.clReleaseEvent(e);
+  evs.clear();
+  return true;
+}
+
+void raise_completed(Ctx& ctx, std::uint64_t e) {
+  std::uint64_t cur = ctx.completed.load();
+  while (cur < e && !ctx.completed.compare_exchange_weak(cur, e)) {
+  }
+}
+
+// Called by the pool when a bin holds only pending blocks. Non-blocking: it
+// collects the previous close if its markers completed, else starts one
+// (a marker on every queue of the context). The pool allocates fresh
+// meanwhile.
+void advance(Ctx& ctx) {
+  if (cl_gone()) return;
+  const Api& api = next();
+  if (!api.clEnqueueMarkerWithWaitList || !api.clGetEventInfo) return;
+  std::lock_guard lock(ctx.mu);
+  if (ctx.closing) {
+    if (!events_done(api, ctx.close.events)) return;
+    raise_completed(ctx, ctx.close.epoch);
+    ctx.closing = false;
+    // The pool asked because a block is still pending (freed after that
+    // close began): start the next close right away.
+  }
+  Ctx::Close c;
+  c.epoch = ctx.epoch.fetch_add(1);
+  c.events = std::move(ctx.departed);
+  ctx.departed.clear();
+  for (Queue* q : ctx.queues) {
+    cl_event ev = nullptr;
+    if (api.clEnqueueMarkerWithWaitList(q->q, 0, nullptr, &ev) == CL_SUCCESS && ev) {
+      c.events.push_back(ev);
+      if (api.clFlush) api.clFlush(q->q);
+    }
+  }
+  if (events_done(api, c.events)) {
+    raise_completed(ctx, c.epoch);
+    return;
+  }
+  ctx.close = std::move(c);
+  ctx.closing = true;
+}
+
+// Solo mode ends (under ctx.mu). If a block was reused while the solo
+// queue's older work on it may still be running, every queue created from
+// now on first waits for that work.
+void end_solo(Ctx& ctx) {
+  if (!ctx.solo.load()) return;
+  ctx.solo.store(false, std::memory_order_seq_cst);
+  const Api& api = next();
+  if (ctx.solo_lent.load(std::memory_order_seq_cst) > ctx.completed.load() && ctx.solo_q &&
+      !ctx.hazard && api.clEnqueueMarkerWithWaitList) {
+    cl_event ev = nullptr;
+    if (api.clEnqueueMarkerWithWaitList(ctx.solo_q, 0, nullptr, &ev) == CL_SUCCESS) {
+      ctx.hazard = ev;
+      if (api.clFlush) api.clFlush(ctx.solo_q);
+    }
+  }
+  ctx.solo_q = nullptr;
+}
+
+void track_queue(cl_context c, cl_command_queue q, bool in_order) {
+  std::shared_ptr<Ctx> ctx = find_ctx(c);
+  if (!ctx) ctx = ctx_for_buffer(c);
+  if (!ctx) return;
+  auto* qi = new Queue;
+  qi->q = q;
+  // A new queue holds no command older than now: it does not hold back
+  // blocks freed before it existed.
+  qi->finished = ctx->epoch.fetch_add(1);
+  qi->ctx = ctx.get();
+  qi->owner = ctx;
+  {
+    std::lock_guard lock(ctx->mu);
+    ctx->queues.push_back(qi);
+    if (++ctx->queues_ever == 1 && in_order && !cl_gone()) {
+      ctx->solo_q = q;
+      ctx->solo.store(true, std::memory_order_seq_cst);
+    } else {
+      end_solo(*ctx);
+    }
+    if (ctx->hazard) {
+      const Api& api = next();
+      std::vector<cl_event> one{ctx->hazard};
+      if (events_done(api, one)) {
+        ctx->hazard = nullptr;
+      } else if (api.clEnqueueBarrierWithWaitList) {
+        api.clEnqueueBarrierWithWaitList(q, 1, &ctx->hazard, nullptr);
+      }
+    }
+  }
+  queues().put(q, qi);
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// fork() (runtime.hpp): every lock, in the order the code nests them.
+
+std::vector<Ctx*> g_fork_locked;
+
+void fork_prepare() {
+  ctx_mu().lock();
+  g_all_ctx_mu.lock();
+  g_fork_locked = all_ctx();
+  for (Ctx* c : g_fork_locked) c->mu.lock();
+  buffers_fork_lock();
+  queues().lock_all();
+}
+
+void fork_release() {
+  queues().unlock_all();
+  buffers_fork_unlock();
+  for (Ctx* c : g_fork_locked) c->mu.unlock();
+  g_fork_locked.clear();
+  g_all_ctx_mu.unlock();
+  ctx_mu().unlock();
+}
+
+// The child's contexts are the parent's: their queues are served by the
+// parent's threads (on PoCL the child's own waits on them hang), and their
+// held buffers are the parent's. Nothing of them is pooled in the child:
+// new buffers go to the implementation, held ones are dropped without a
+// call, and one the program created in the parent is released for real at
+// its last release in the child, as without gpupool.
+void fork_renew() {
+  Runtime* rt = runtime_if_started();
+  std::vector<std::shared_ptr<Ctx>> ctxs;
+  {
+    std::lock_guard lock(g_all_ctx_mu);
+    for (Ctx* c : all_ctx())
+      if (auto sp = c->weak_from_this().lock()) ctxs.push_back(std::move(sp));
+  }
+  for (auto& c : ctxs) {
+    std::vector<Arena*> arenas;
+    {
+      std::lock_guard lock(c->mu);
+      c->closed.store(true);
+      c->internal = nullptr;
+      c->internal_failed = true;
+      c->departed.clear();
+      c->close.events.clear();
+      c->closing = false;
+      c->hazard = nullptr;
+      c->solo.store(false);
+      c->solo_q = nullptr;
+      for (auto& a : c->arenas) arenas.push_back(a.arena);
+      c->arenas.clear();
+    }
+    if (rt)
+      for (Arena* a : arenas) rt->pool.retire_arena(a, /*keep_stats=*/false);
+  }
+}
+
+const bool g_fork_registered =
+    (set_fork_handlers(ForkPart::opencl, {fork_prepare, fork_release, fork_release, fork_renew}),
+     true);
+
+}  // namespace
+
+}  // namespace gpupool::ocl

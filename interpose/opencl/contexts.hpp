@@ -1,0 +1,182 @@
+// OpenCL contexts as gpupool sees them: each context's record (its queues,
+// arenas, internal queue and fences), the handle maps, and the rules that
+// tell when a freed buffer's commands are done.
+//
+// - Deferred deletion: a freed block carries its context's epoch; it is
+//   reusable once every queue of the context is known to have finished the
+//   commands enqueued before the free: observed clFinish, or markers enqueued
+//   (non-blocking, polled) when the pool needs a pending block. Never a
+//   blocking wait: a command held by a user event must not hang allocation.
+// - One in-order queue ("solo"): blocks are reusable at once (Ctx::solo).
+// - Context lifetime: at the program's last clReleaseContext the context's
+//   held blocks and internal queue are released, so the context really dies.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/pool.hpp"
+#include "interpose/opencl/api.hpp"
+#include "interpose/runtime.hpp"
+
+namespace gpupool::ocl {
+
+using Props = std::vector<cl_mem_properties>;
+
+// The implementation's out-of-memory answers.
+bool is_oom(cl_int e);
+
+// No OpenCL call of our own once exit began or the loader is going away.
+bool cl_gone();
+// The loader is shutting down (clDeinitLayer ran; layer.cpp).
+bool loader_gone();
+
+// The runtime when OpenCL pooling is on and OpenCL still usable.
+Runtime* active_runtime();
+
+struct Ctx;
+
+// One tracked command queue of the program.
+struct Queue {
+  cl_command_queue q = nullptr;
+  Ctx* ctx = nullptr;
+  std::shared_ptr<Ctx> owner;
+  std::atomic<int> refs{1};
+  std::uint64_t finished = 0;  // epoch covered by the last observed clFinish (under ctx->mu)
+};
+
+struct Ctx : std::enable_shared_from_this<Ctx> {
+  Ctx();
+  ~Ctx();
+  Ctx(const Ctx&) = delete;
+  Ctx& operator=(const Ctx&) = delete;
+
+  cl_context handle = nullptr;
+  std::atomic<int> refs{1};  // the program's references
+  bool refs_known = true;    // false: seen first at a buffer, creation missed
+  std::atomic<bool> closed{false};
+  std::atomic<std::int64_t> active{0};  // pooled buffers the program holds
+
+  std::once_flag info_once;
+  bool info_ok = false;
+  cl_device_id device = nullptr;  // the internal queue's (first) device
+  std::string device_name;
+  std::size_t max_alloc = 0;   // min CL_DEVICE_MAX_MEM_ALLOC_SIZE over the devices
+  std::size_t global_mem = 0;  // min CL_DEVICE_GLOBAL_MEM_SIZE
+  bool ocl12 = false;
+
+  std::mutex mu;  // everything below
+  cl_command_queue internal = nullptr;
+  bool internal_failed = false;
+  struct ArenaEntry {
+    cl_mem_flags flags;
+    bool has_props;
+    Props props;
+    Arena* arena;
+  };
+  std::vector<ArenaEntry> arenas;
+  std::vector<Queue*> queues;
+
+  // Fences: a block freed at epoch e is reusable once completed >= e.
+  std::atomic<std::uint64_t> epoch{1};
+  std::atomic<std::uint64_t> completed{0};
+  std::vector<cl_event> departed;  // markers on queues the program released
+  struct Close {
+    std::uint64_t epoch = 0;
+    std::vector<cl_event> events;
+  };
+  bool closing = false;
+  Close close;
+
+  // One in-order queue: while the program has had exactly one queue, and it
+  // executes in order, any command it enqueues on a reused block runs after
+  // every older command on that block, so freed blocks are reusable at once
+  // (the common PyOpenCL case; waiting for markers there would only grow the
+  // pool while the queue is busy). Sticky off once a second queue appears or
+  // the solo queue is released.
+  std::atomic<bool> solo{false};
+  cl_command_queue solo_q = nullptr;  // under mu
+  int queues_ever = 0;                // under mu
+  // Highest fence of a block reused by the solo rule: if the queue's work on
+  // it may still be pending when solo mode ends, later queues first wait for
+  // that work (hazard marker), so they cannot touch the block too early.
+  std::atomic<std::uint64_t> solo_lent{0};
+  cl_event hazard = nullptr;  // under mu
+};
+
+// Handle -> record maps, sharded so unrelated calls do not share a lock.
+template <class K, class V>
+class HandleMap {
+ public:
+  V* find(K k) {
+    Shard& s = of(k);
+    std::lock_guard lock(s.mu);
+    auto it = s.map.find(k);
+    return it == s.map.end() ? nullptr : it->second;
+  }
+  void put(K k, V* v) {
+    Shard& s = of(k);
+    std::lock_guard lock(s.mu);
+    s.map[k] = v;
+  }
+  V* take(K k) {
+    Shard& s = of(k);
+    std::lock_guard lock(s.mu);
+    auto it = s.map.find(k);
+    if (it == s.map.end()) return nullptr;
+    V* v = it->second;
+    s.map.erase(it);
+    return v;
+  }
+  void lock_all() {
+    for (Shard& s : shards_) s.mu.lock();
+  }
+  void unlock_all() {
+    for (Shard& s : shards_) s.mu.unlock();
+  }
+
+ private:
+  struct Shard {
+    std::mutex mu;
+    std::unordered_map<K, V*> map;
+  };
+  static constexpr std::size_t kShards = 16;
+  Shard& of(K k) { return shards_[(reinterpret_cast<std::uintptr_t>(k) >> 6) % kShards]; }
+  Shard shards_[kShards];
+};
+
+HandleMap<cl_command_queue, Queue>& queues();
+
+// The record of context c, if gpupool saw it created.
+std::shared_ptr<Ctx> find_ctx(cl_context c);
+// A context the program just created.
+void register_ctx(cl_context c);
+// The context of a buffer request; one created before gpupool saw it gets a
+// record whose reference count is unknown (its release is then passed on).
+std::shared_ptr<Ctx> ctx_for_buffer(cl_context c);
+// The program released its last reference: no more pooling for it.
+void forget_ctx(cl_context c, const std::shared_ptr<Ctx>& ctx);
+
+// Device limits and name, once per context (Ctx::info_once).
+void load_info(Ctx& ctx);
+// The context's own queue for probes and COPY_HOST_PTR writes (created on
+// first need; it keeps the context alive until the program's last release).
+cl_command_queue internal_queue(Ctx& ctx);
+
+// Fences.
+bool events_done(const Api& api, std::vector<cl_event>& evs);
+void raise_completed(Ctx& ctx, std::uint64_t e);
+// Called by the pool when a bin holds only pending blocks. Non-blocking.
+void advance(Ctx& ctx);
+
+// A new command queue of the program's (in_order: no out-of-order flag).
+void track_queue(cl_context c, cl_command_queue q, bool in_order);
+// Solo mode ends (under ctx.mu).
+void end_solo(Ctx& ctx);
+
+}  // namespace gpupool::ocl

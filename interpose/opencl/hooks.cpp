@@ -1,0 +1,408 @@
+// The OpenCL entry points gpupool replaces (api.hpp's GPUPOOL_CL_HOOKED).
+//
+// Each hook is a hidden function gpupool_hook_<entry point>, exported under
+// the entry point's own name (a program that bound to gpupool's export never
+// went through a loader) and installed in the dispatch table a loader gets
+// from the layer (layer.cpp). Either way it calls next(): whatever is not a
+// pooled buffer goes to the implementation unchanged, so the program gets
+// the implementation's own answers. A dispatch table without the entry (a
+// loader older than the function) gets the loaders' answer for a function
+// they lack, CL_INVALID_OPERATION, not a call through a null pointer.
+#include <cstring>
+
+#include "interpose/opencl/buffers.hpp"
+
+using namespace gpupool;
+using namespace gpupool::ocl;
+
+#define GPUPOOL_HOOK extern "C" __attribute__((visibility("hidden")))
+
+namespace {
+
+// A pointer-returning entry point the next table lacks.
+std::nullptr_t missing(cl_int* errcode_ret) {
+  if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
+  return nullptr;
+}
+
+}  // namespace
+
+GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContext(
+    const cl_context_properties* properties, cl_uint num_devices, const cl_device_id* devices,
+    void(CL_CALLBACK* notify)(const char*, const void*, size_t, void*), void* user_data,
+    cl_int* errcode_ret) {
+  const Api& api = next();
+  if (!api.clCreateContext) {
+    if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
+    return nullptr;
+  }
+  cl_context c =
+      api.clCreateContext(properties, num_devices, devices, notify, user_data, errcode_ret);
+  // In export mode the loader may have initialised the layer during this
+  // very call: then the layer's hook registered the context already.
+  if (c && &api == &next() && active_runtime()) register_ctx(c);
+  return c;
+}
+
+GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
+    const cl_context_properties* properties, cl_device_type type,
+    void(CL_CALLBACK* notify)(const char*, const void*, size_t, void*), void* user_data,
+    cl_int* errcode_ret) {
+  const Api& api = next();
+  if (!api.clCreateContextFromType) {
+    if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
+    return nullptr;
+  }
+  cl_context c = api.clCreateContextFromType(properties, type, notify, user_data, errcode_ret);
+  if (c && &api == &next() && active_runtime()) register_ctx(c);
+  return c;
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) {
+  if (!next().clRetainContext) return CL_INVALID_OPERATION;
+  cl_int err = next().clRetainContext(c);
+  if (err == CL_SUCCESS)
+    if (auto ctx = find_ctx(c)) ctx->refs.fetch_add(1);
+  return err;
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) {
+  if (!next().clReleaseContext) return CL_INVALID_OPERATION;
+  std::shared_ptr<Ctx> ctx = find_ctx(c);
+  Runtime* rt = runtime();
+  if (ctx && ctx->refs_known && ctx->refs.fetch_sub(1) == 1) {
+    // The program's last reference: stop pooling for this context and give
+    // back what gpupool holds, so the context can really die.
+    ctx->closed.store(true);
+    forget_ctx(c, ctx);
+    if (rt && !cl_gone()) {
+      cl_command_queue internal = nullptr;
+      std::vector<cl_event> evs;
+      {
+        std::lock_guard lock(ctx->mu);
+        internal = ctx->internal;
+        ctx->internal = nullptr;
+        ctx->internal_failed = true;
+        evs.swap(ctx->departed);
+        evs.insert(evs.end(), ctx->close.events.begin(), ctx->close.events.end());
+        ctx->close.events.clear();
+        ctx->closing = false;
+        if (ctx->hazard) evs.push_back(ctx->hazard);
+        ctx->hazard = nullptr;
+        ctx->solo.store(false);
+        ctx->solo_q = nullptr;
+      }
+      release_closed(*rt, *ctx);
+      if (ctx->active.load() == 0) finish_ctx(*rt, *ctx);
+      const Api& api = next();
+      for (cl_event e : evs) api.clReleaseEvent(e);
+      if (internal) api.clReleaseCommandQueue(internal);
+    }
+  }
+  return next().clReleaseContext(c);
+}
+
+GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
+    cl_context c, cl_device_id d, cl_command_queue_properties props, cl_int* err) {
+  const Api& api = next();
+  if (!api.clCreateCommandQueue) {
+    if (err) *err = CL_INVALID_OPERATION;
+    return nullptr;
+  }
+  cl_command_queue q = api.clCreateCommandQueue(c, d, props, err);
+  if (q && active_runtime()) track_queue(c, q, !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
+  return q;
+}
+
+GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithProperties(
+    cl_context c, cl_device_id d, const cl_queue_properties* props, cl_int* err) {
+  const Api& api = next();
+  if (!api.clCreateCommandQueueWithProperties) {
+    if (err) *err = CL_INVALID_OPERATION;
+    return nullptr;
+  }
+  cl_command_queue q = api.clCreateCommandQueueWithProperties(c, d, props, err);
+  cl_command_queue_properties qp = 0;
+  for (int i = 0; props && props[i] && i < 64; i += 2)
+    if (props[i] == CL_QUEUE_PROPERTIES) qp = props[i + 1];
+  // Device-side queues take no host commands: their work completes with the
+  // host-enqueued parent kernel, which the host queues cover.
+  if (q && active_runtime() && !(qp & CL_QUEUE_ON_DEVICE))
+    track_queue(c, q, !(qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
+  return q;
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_queue q) {
+  if (!next().clRetainCommandQueue) return CL_INVALID_OPERATION;
+  cl_int err = next().clRetainCommandQueue(q);
+  if (err == CL_SUCCESS)
+    if (Queue* qi = queues().find(q)) qi->refs.fetch_add(1);
+  return err;
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_queue q) {
+  if (!next().clReleaseCommandQueue) return CL_INVALID_OPERATION;
+  Queue* qi = queues().find(q);
+  if (qi && qi->refs.fetch_sub(1) == 1) {
+    queues().take(q);
+    Ctx& ctx = *qi->ctx;
+    const Api& api = next();
+    {
+      std::lock_guard lock(ctx.mu);
+      std::erase(ctx.queues, qi);
+      if (ctx.solo_q == q) end_solo(ctx);
+      // Its commands may still use freed blocks: a marker stands in for it
+      // at the next close.
+      // (Not once the program released the context: nothing is pooled for
+      // it any more, and the marker would keep it alive.)
+      cl_event ev = nullptr;
+      if (!cl_gone() && !ctx.closed.load() && api.clEnqueueMarkerWithWaitList &&
+          api.clEnqueueMarkerWithWaitList(q, 0, nullptr, &ev) == CL_SUCCESS && ev)
+        ctx.departed.push_back(ev);
+    }
+    delete qi;
+  }
+  return next().clReleaseCommandQueue(q);
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) {
+  if (!next().clFinish) return CL_INVALID_OPERATION;
+  Queue* qi = queues().find(q);
+  if (!qi) return next().clFinish(q);
+  Ctx& ctx = *qi->ctx;
+  const std::uint64_t e = ctx.epoch.fetch_add(1, std::memory_order_seq_cst);
+  cl_int err = next().clFinish(q);
+  if (err != CL_SUCCESS || cl_gone()) return err;
+  // Every command enqueued on q before this call is done; once all queues of
+  // the context are known done past an epoch, so is every block freed in it.
+  std::lock_guard lock(ctx.mu);
+  qi->finished = std::max(qi->finished, e);
+  if (!ctx.departed.empty() && !events_done(next(), ctx.departed)) return err;
+  std::uint64_t all = e;
+  for (Queue* x : ctx.queues) all = std::min(all, x->finished);
+  raise_completed(ctx, all);
+  return err;
+}
+
+GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBuffer(cl_context c, cl_mem_flags flags,
+                                                            size_t size, void* host, cl_int* err) {
+  if (!next().clCreateBuffer) return missing(err);
+  return create_buffer(c, nullptr, false, flags, size, host, err);
+}
+
+GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBufferWithProperties(
+    cl_context c, const cl_mem_properties* props, cl_mem_flags flags, size_t size, void* host,
+    cl_int* err) {
+  if (!next().clCreateBufferWithProperties) return missing(err);
+  return create_buffer(c, props, true, flags, size, host, err);
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) {
+  if (!next().clRetainMemObject) return CL_INVALID_OPERATION;
+  Buffer* r = buffers().find(m);
+  if (!r) return next().clRetainMemObject(m);
+  if (r->holds.load() <= 0 || r->refs.load() <= 0) return CL_INVALID_MEM_OBJECT;
+  r->holds.fetch_add(1);
+  r->refs.fetch_add(1);
+  return CL_SUCCESS;
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) {
+  if (!next().clReleaseMemObject) return CL_INVALID_OPERATION;
+  Buffer* r = buffers().find(m);
+  if (!r) return next().clReleaseMemObject(m);
+  int refs = r->refs.load();
+  do {
+    if (refs <= 0) return CL_INVALID_MEM_OBJECT;
+  } while (!r->refs.compare_exchange_weak(refs, refs - 1));
+  if (!r->sub) {
+    drop_hold(r);
+    return CL_SUCCESS;
+  }
+  if (refs == 1) {
+    // A sub-buffer is a real object of its own: release it for real, then
+    // let go of the parent it kept active.
+    Buffer* parent = r->parent;
+    buffers().take(m);
+    cl_int err = next().clReleaseMemObject(m);
+    delete r;
+    drop_hold(parent);
+    return err;
+  }
+  return CL_SUCCESS;
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem_info what,
+                                                                size_t size, void* value,
+                                                                size_t* size_ret) {
+  if (!next().clGetMemObjectInfo) return CL_INVALID_OPERATION;
+  Buffer* r = buffers().find(m);
+  if (!r) return next().clGetMemObjectInfo(m, what, size, value, size_ret);
+  if (r->refs.load() <= 0) return CL_INVALID_MEM_OBJECT;
+  if (what == CL_MEM_REFERENCE_COUNT) {
+    const cl_uint n = static_cast<cl_uint>(r->refs.load());
+    return put_info(value, size, size_ret, &n, sizeof n);
+  }
+  if (r->sub) {
+    if (what == CL_MEM_FLAGS) {
+      // The real parent lacks COPY_HOST_PTR; the program's has it.
+      cl_mem_flags f = 0;
+      cl_int err = next().clGetMemObjectInfo(m, what, sizeof f, &f, nullptr);
+      if (err != CL_SUCCESS) return err;
+      f |= r->parent->flags & CL_MEM_COPY_HOST_PTR;
+      return put_info(value, size, size_ret, &f, sizeof f);
+    }
+    return next().clGetMemObjectInfo(m, what, size, value, size_ret);
+  }
+  switch (what) {
+    case CL_MEM_SIZE: {
+      const size_t n = r->requested;
+      return put_info(value, size, size_ret, &n, sizeof n);
+    }
+    case CL_MEM_FLAGS:
+      return put_info(value, size, size_ret, &r->flags, sizeof r->flags);
+    case CL_MEM_PROPERTIES:
+      return put_info(value, size, size_ret, r->props.data(),
+                      r->has_props ? r->props.size() * sizeof(cl_mem_properties) : 0);
+    default:
+      return next().clGetMemObjectInfo(m, what, size, value, size_ret);
+  }
+}
+
+GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_flags flags,
+                                                               cl_buffer_create_type type,
+                                                               const void* info,
+                                                               cl_int* errcode_ret) {
+  if (!next().clCreateSubBuffer) return missing(errcode_ret);
+  Buffer* parent = buffers().find(b);
+  if (!parent) return next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
+  if (parent->sub) {
+    // A sub-buffer of a sub-buffer: the implementation decides (PoCL refuses,
+    // NVIDIA 580 accepts); one it makes keeps the pooled block active too.
+    Buffer* root = parent->parent;
+    root->holds.fetch_add(1);
+    cl_mem s = next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
+    if (!s) {
+      drop_hold(root);
+      return nullptr;
+    }
+    auto* r = new Buffer;
+    r->sub = true;
+    r->mem = s;
+    r->ctx = root->ctx;
+    r->parent = root;
+    r->refs.store(1);
+    r->holds.store(1);
+    buffers().put(s, r);
+    return s;
+  }
+  if (parent->refs.load() <= 0) {
+    if (errcode_ret) *errcode_ret = CL_INVALID_MEM_OBJECT;
+    return nullptr;
+  }
+  // The real buffer is larger: check the region against the program's size.
+  if (type == CL_BUFFER_CREATE_TYPE_REGION && info) {
+    const auto* reg = static_cast<const cl_buffer_region*>(info);
+    if (reg->size != 0 && out_of_range(parent, reg->origin, reg->size)) {
+      if (errcode_ret) *errcode_ret = CL_INVALID_VALUE;
+      return nullptr;
+    }
+  }
+  parent->holds.fetch_add(1);
+  cl_mem s = next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
+  if (!s) {
+    drop_hold(parent);
+    return nullptr;
+  }
+  auto* r = new Buffer;
+  r->sub = true;
+  r->mem = s;
+  r->ctx = parent->ctx;
+  r->parent = parent;
+  r->refs.store(1);
+  r->holds.store(1);
+  buffers().put(s, r);
+  return s;
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
+    cl_mem m, void(CL_CALLBACK* fn)(cl_mem, void*), void* ud) {
+  if (!next().clSetMemObjectDestructorCallback) return CL_INVALID_OPERATION;
+  Buffer* r = buffers().find(m);
+  if (!r || r->sub) return next().clSetMemObjectDestructorCallback(m, fn, ud);
+  if (r->refs.load() <= 0) return CL_INVALID_MEM_OBJECT;
+  if (!fn) return CL_INVALID_VALUE;
+  std::lock_guard lock(callback_lock(r));
+  r->callbacks.emplace_back(fn, ud);
+  return CL_SUCCESS;
+}
+
+// Bounds the padding would hide: the implementation checks against the real
+// (rounded) size, gpupool against the size the program asked for.
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueReadBuffer(cl_command_queue q, cl_mem b,
+                                                                 cl_bool blocking, size_t offset,
+                                                                 size_t size, void* ptr, cl_uint n,
+                                                                 const cl_event* wait,
+                                                                 cl_event* ev) {
+  if (!next().clEnqueueReadBuffer) return CL_INVALID_OPERATION;
+  if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
+    return CL_INVALID_VALUE;
+  return next().clEnqueueReadBuffer(q, b, blocking, offset, size, ptr, n, wait, ev);
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueWriteBuffer(cl_command_queue q, cl_mem b,
+                                                                  cl_bool blocking, size_t offset,
+                                                                  size_t size, const void* ptr,
+                                                                  cl_uint n, const cl_event* wait,
+                                                                  cl_event* ev) {
+  if (!next().clEnqueueWriteBuffer) return CL_INVALID_OPERATION;
+  if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
+    return CL_INVALID_VALUE;
+  return next().clEnqueueWriteBuffer(q, b, blocking, offset, size, ptr, n, wait, ev);
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueCopyBuffer(cl_command_queue q, cl_mem src,
+                                                                 cl_mem dst, size_t so, size_t dof,
+                                                                 size_t size, cl_uint n,
+                                                                 const cl_event* wait,
+                                                                 cl_event* ev) {
+  if (!next().clEnqueueCopyBuffer) return CL_INVALID_OPERATION;
+  Buffer* rs = live_pooled(src);
+  Buffer* rd = live_pooled(dst);
+  if ((rs && out_of_range(rs, so, size)) || (rd && out_of_range(rd, dof, size)))
+    return CL_INVALID_VALUE;
+  return next().clEnqueueCopyBuffer(q, src, dst, so, dof, size, n, wait, ev);
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueFillBuffer(cl_command_queue q, cl_mem b,
+                                                                 const void* pattern, size_t psize,
+                                                                 size_t offset, size_t size,
+                                                                 cl_uint n, const cl_event* wait,
+                                                                 cl_event* ev) {
+  if (!next().clEnqueueFillBuffer) return CL_INVALID_OPERATION;
+  if (Buffer* r = live_pooled(b); r && pattern && psize && out_of_range(r, offset, size))
+    return CL_INVALID_VALUE;
+  return next().clEnqueueFillBuffer(q, b, pattern, psize, offset, size, n, wait, ev);
+}
+
+GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(cl_command_queue q, cl_mem b,
+                                                               cl_bool blocking, cl_map_flags mf,
+                                                               size_t offset, size_t size,
+                                                               cl_uint n, const cl_event* wait,
+                                                               cl_event* ev, cl_int* errcode_ret) {
+  if (!next().clEnqueueMapBuffer) return missing(errcode_ret);
+  if (Buffer* r = live_pooled(b); r && out_of_range(r, offset, size)) {
+    if (errcode_ret) *errcode_ret = CL_INVALID_VALUE;
+    return nullptr;
+  }
+  return next().clEnqueueMapBuffer(q, b, blocking, mf, offset, size, n, wait, ev, errcode_ret);
+}
+
+// The exported names: aliases, so that the address the layer and a program
+// get is gpupool's own function even if another preloaded library exports
+// the same name.
+#define GPUPOOL_CL_EXPORT(name)                                                 \
+  extern "C" decltype(gpupool_hook_##name) gpupool_export_##name __asm__(#name) \
+      __attribute__((visibility("default"), alias("gpupool_hook_" #name)));
+GPUPOOL_CL_HOOKED(GPUPOOL_CL_EXPORT)
+#undef GPUPOOL_CL_EXPORT
