@@ -1,0 +1,102 @@
+// What the control files share; nothing outside interpose/control uses it.
+//
+//   signals.cpp  the signal handlers and the wake channel they poke
+//   thread.cpp   the control thread: wakes, requests, periodic work, and
+//                the descriptors it keeps (built anew when the program
+//                closes them)
+//   server.cpp   the control socket: accepting, reading, answering
+//   control.cpp  start, dumps, the exit dump, fork, the public calls
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "config/io.hpp"
+#include "interpose/control/control.hpp"
+#include "interpose/control/trace.hpp"
+#include "interpose/runtime.hpp"
+
+namespace gpupool::control {
+
+enum Action : unsigned { kStats = 0, kFreeHeld = 1, kStopHolding = 2, kActions = 3 };
+inline constexpr const char* kActionNames[kActions] = {"stats", "free_held", "stop_holding"};
+inline constexpr const char* kLauncherVerbs[kActions] = {"stats", "free-held", "stop-holding"};
+
+inline constexpr std::uint64_t kMs = 1'000'000;
+// How often a descriptor of each kind is built anew in one process.
+inline constexpr int kMaxRebuilds = 16;
+
+// One connection to the control socket.
+struct Client {
+  io::OwnedFd fd;
+  std::string in;   // the request so far
+  std::string out;  // the answer, once the request is in
+  std::size_t sent = 0;
+  std::uint64_t deadline = 0;
+  bool answering = false;
+};
+
+// Everything else; allocated at start and never destroyed, since the control
+// thread and hooks may run while the process exits.
+struct State {
+  Runtime* rt = nullptr;
+  // The control thread's (and start's, restart's and the fork child's).
+  io::OwnedFd wake_rd, wake_wr;
+  io::OwnedFd listen;
+  std::string socket_name;
+  std::vector<Client> clients;
+  int wake_builds = 0, listen_builds = 0;
+
+  trace::Tracer* tracer = nullptr;
+  std::atomic<bool> exiting{false};
+  std::atomic<bool> thread_running{false};
+  // Serializes dumps and pool actions between the control thread, the
+  // at-exit dump and the C API. The exit handler waits for it a bounded
+  // time (try_lock, polled: timed locks escape ThreadSanitizer).
+  std::mutex work_mu;
+  std::mutex warn_mu;
+  std::vector<std::string> warnings;
+  std::string stats_path;       // %p expanded
+  std::string prometheus_path;  // %p expanded; empty: none
+  std::atomic<std::uint64_t> dumps_dropped{0};
+};
+extern State* g_state;
+
+std::uint64_t mono_ns();
+// Logged as a warning and kept for the dumps' warnings.
+void add_warning(const std::string& w);
+
+// signals.cpp
+void install_handlers(const config::Config& cfg);
+// Says once when the program replaced (or restored) one of our handlers.
+void check_handlers();
+// The channel the handlers write to (the write end of st.wake_*), or none.
+void publish_wake(const io::OwnedFd& write_end);
+void unpublish_wake();
+// Wakes the control thread. Async-signal-safe.
+void poke();
+// The requests for an action since the last call (coalesced).
+unsigned take_requests(Action action);
+// Our handler is the one installed for signo.
+bool handler_installed(int signo);
+
+// thread.cpp
+void build_wake(State& st);
+void start_thread(Runtime& rt);
+
+// server.cpp
+void build_listen(State& st);
+void accept_clients(State& st);
+// Reads, answers, sends; false once the client is done or given up on.
+bool serve(Runtime& rt, Client& c, std::uint64_t now);
+
+// control.cpp
+// Callers hold st.work_mu.
+bool dump_locked(Runtime& rt, const char* reason);
+void write_prometheus(Runtime& rt);
+
+}  // namespace gpupool::control
