@@ -26,7 +26,10 @@ class Backend {
 
   // Ask the API for `bytes`. Out-of-memory makes the pool release held
   // blocks and retry; any other error goes back to the program unchanged.
-  virtual BackendResult allocate(std::size_t bytes) = 0;
+  // `hint`: what the program's call asked for besides the size, passed
+  // through Pool::allocate (pinned memory: its flags); blocks of one arena
+  // must serve any hint alike.
+  virtual BackendResult allocate(std::size_t bytes, std::uint64_t hint) = 0;
   virtual void release(Handle handle, std::size_t bytes) = 0;
   // The pool lets go of a block without releasing it (the driver freed it
   // with its context, or it is a forked parent's): drop what the backend

@@ -275,7 +275,7 @@ std::vector<Arena*> Pool::arenas_copy() const {
   return out;
 }
 
-AllocResult Pool::allocate(Arena* arena, std::size_t size) {
+AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
   Arena& a = *arena;
   Backend& backend = *a.backend_;
   const unsigned my = thread_slot() % a.shard_count_;
@@ -316,7 +316,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
       if (b || !pending) break;
       // Only blocks the device may still use: grow the bin, or wait for
       // them all (see kMaxPendingBlocks).
-      if (attempt == 0 && (fresh = grow(a, bin, want, pending_blocks))) break;
+      if (attempt == 0 && (fresh = grow(a, bin, want, pending_blocks, hint))) break;
       wait_for_pending(a, bin);
     }
   }
@@ -327,7 +327,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
   }
 
   bool exact = false;
-  BackendResult r = fresh ? *fresh : backend_allocate(a, want, size, &exact);
+  BackendResult r = fresh ? *fresh : backend_allocate(a, want, size, hint, &exact);
   if (r.status != BackendStatus::ok) {
     std::lock_guard lock(mine.mu);
     ++mine.c.misses;
@@ -362,7 +362,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size) {
 // room, the caller waits. (Every pooled block of a bin is `bytes` long: the
 // pending ones and the fresh one must fit the budget together.)
 std::optional<BackendResult> Pool::grow(Arena& a, std::size_t bin, std::size_t bytes,
-                                        std::size_t pending_blocks) {
+                                        std::size_t pending_blocks, std::uint64_t hint) {
   if (pending_blocks >= kMaxPendingBlocks ||
       bytes > a.options_.pending_growth / (pending_blocks + 1))
     return std::nullopt;
@@ -373,7 +373,7 @@ std::optional<BackendResult> Pool::grow(Arena& a, std::size_t bin, std::size_t b
     g.growing = true;
   }
   const std::uint64_t t0 = cost_now();
-  BackendResult r = a.backend_->allocate(bytes);
+  BackendResult r = a.backend_->allocate(bytes, hint);
   const std::uint64_t took = cost_now() - t0;
   std::lock_guard lock(a.slow_mu_);
   Arena::BinGrowth& g = a.growth_of(bin);
@@ -397,8 +397,8 @@ void Pool::wait_for_pending(Arena& a, std::size_t bin) {
 // (largest first, this arena's group before others) and retrying; if the
 // rounded size still does not fit, try the exact size (*used_exact).
 BackendResult Pool::backend_allocate(Arena& a, std::size_t bytes, std::size_t exact,
-                                     bool* used_exact) {
-  BackendResult r = a.backend_->allocate(bytes);
+                                     std::uint64_t hint, bool* used_exact) {
+  BackendResult r = a.backend_->allocate(bytes, hint);
   // We cannot know how much is missing: release the largest held block
   // first, then at least as much again each round, so a large request needs
   // few retries and at most twice the missing memory is given back.
@@ -411,10 +411,10 @@ BackendResult Pool::backend_allocate(Arena& a, std::size_t bytes, std::size_t ex
       std::lock_guard lock(a.slow_mu_);
       ++a.slow_.oom_retries;
     }
-    r = a.backend_->allocate(bytes);
+    r = a.backend_->allocate(bytes, hint);
   }
   if (r.status == BackendStatus::out_of_memory && exact < bytes) {
-    r = a.backend_->allocate(exact);
+    r = a.backend_->allocate(exact, hint);
     *used_exact = r.status == BackendStatus::ok;
   }
   return r;

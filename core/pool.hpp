@@ -36,8 +36,8 @@ struct alignas(64) Block {
   std::size_t size = 0;       // what the backend allocated
   std::size_t requested = 0;  // what the program asked for (while active)
   Arena* arena = nullptr;
+  // Pool-internal (Pool::never_reuse() is the backends' way to clear pooled).
   bool pooled = true;         // false: released at free (too large, exact-size fallback)
-  // Pool-internal.
   std::uint32_t bin = 0;
   std::uint32_t shard = 0;
   std::uint64_t fence = 0;
@@ -146,8 +146,12 @@ class Pool {
 
   Arena* add_arena(std::unique_ptr<Backend> backend, ArenaOptions options);
 
-  AllocResult allocate(Arena* arena, std::size_t size);
+  // `hint` goes to the backend if it allocates (Backend::allocate).
+  AllocResult allocate(Arena* arena, std::size_t size, std::uint64_t hint = 0);
   void free(Block* block);
+  // An active block that must reach the backend when freed, never to be
+  // handed out again (e.g. another process may have it mapped).
+  void never_reuse(Block* block) { block->pooled = false; }
 
   // The driver already freed the arena's memory (context destroyed): drop its
   // held blocks without releasing them; later frees of its active blocks are
@@ -196,9 +200,10 @@ class Pool {
 
   std::uint64_t cost_now() const;  // options_.cost_clock, else CLOCK_MONOTONIC
 
-  BackendResult backend_allocate(Arena& arena, std::size_t bytes, std::size_t exact, bool* used_exact);
+  BackendResult backend_allocate(Arena& arena, std::size_t bytes, std::size_t exact,
+                                 std::uint64_t hint, bool* used_exact);
   std::optional<BackendResult> grow(Arena& arena, std::size_t bin, std::size_t bytes,
-                                    std::size_t pending_blocks);
+                                    std::size_t pending_blocks, std::uint64_t hint);
   void wait_for_pending(Arena& arena, std::size_t bin);
   std::size_t release_for_oom(Arena& arena, std::size_t wanted);  // bytes released
   void enforce_cap(Arena& arena);

@@ -9,17 +9,12 @@
 #include <fmt/format.h>
 
 #include "config/log.hpp"
+#include "interpose/cuda/memory.hpp"
+#include "interpose/cuda/pointers.hpp"
 #include "interpose/runtime.hpp"
 
 namespace gpupool::cuda {
 namespace {
-
-// ---- the pointer maps -----------------------------------------------------
-
-// Process-wide buffer ids for pooled allocations. The driver's own ids are
-// small counters; ours live far above them, so the two never collide, and a
-// block handed out again gets a new one (as a new allocation would).
-std::atomic<std::uint64_t> g_next_buffer_id{std::uint64_t{1} << 62};
 
 // ---- contexts -------------------------------------------------------------
 
@@ -33,7 +28,10 @@ T& leaked() {
   static T* const p = new T;
   return *p;
 }
-struct Primary { CUdevice dev; CUcontext ctx; };
+struct Primary {
+  CUdevice dev;
+  CUcontext ctx;
+};
 struct Registry {
   std::mutex mu;
   std::vector<CtxState*> all;   // append-only
@@ -52,93 +50,10 @@ struct ThreadCache {
 };
 thread_local ThreadCache t_cache;
 
-// Pinned allocations take the flags of the call being served (the first
-// block of a normalised family is allocated with exactly what the program
-// asked for). Set around Pool::allocate, which calls the backend on this
-// thread.
-thread_local unsigned t_host_flags = 0;
-
-char g_unallocated[64];
-
 std::size_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : SIZE_MAX;
 }
-
-// Memory of one context. Device and pinned blocks alike are fenced by the
-// context's work (cuMemFree and cuMemFreeHost both wait for all of it,
-// measured), and are given back to the driver only while the context lives
-// (once it is destroyed the driver has freed them) and before exit.
-class ContextBackend : public Backend {
- public:
-  ContextBackend(CtxState* st, bool fenced) : st_(st), fenced_(fenced) {}
-
-  std::uint64_t fence() override {
-    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
-  }
-  bool passed(std::uint64_t f) override {
-    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
-  }
-  void wait_all() override { synchronize_context(st_); }
-
- protected:
-  static BackendResult result(CUresult r, Handle h) {
-    if (r == CUDA_SUCCESS) return {BackendStatus::ok, h, 0};
-    return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error, 0,
-            static_cast<int>(r)};
-  }
-  // free() unless the driver is being torn down or the context is gone.
-  template <class Free>
-  void release_while_alive(Free&& free) {
-    if (exiting()) return;
-    std::shared_lock lock(st_->teardown_mu);
-    if (st_->retired.load(std::memory_order_acquire)) return;
-    free();
-  }
-
-  CtxState* st_;
-
- private:
-  bool fenced_;
-};
-
-class DeviceBackend final : public ContextBackend {
- public:
-  using ContextBackend::ContextBackend;
-
-  BackendResult allocate(std::size_t bytes) override {
-    CUdeviceptr p = 0;
-    const CUresult r = driver()->mem_alloc(&p, bytes);
-    if (r == CUDA_SUCCESS) device_map().insert(p, bytes, st_);
-    return result(r, p);
-  }
-
-  void release(Handle h, std::size_t) override {
-    device_map().erase(h);
-    release_while_alive([&] { driver()->mem_free(h); });  // any (or no) current context
-  }
-};
-
-class HostBackend final : public ContextBackend {
- public:
-  HostBackend(CtxState* st, bool fenced, unsigned flags) : ContextBackend(st, fenced), flags_(flags) {}
-
-  BackendResult allocate(std::size_t bytes) override {
-    void* p = nullptr;
-    const CUresult r = driver()->mem_host_alloc(&p, bytes, t_host_flags);
-    const Handle h = reinterpret_cast<Handle>(p);
-    if (r == CUDA_SUCCESS) host_map().insert(h, bytes, st_, flags_);
-    return result(r, h);
-  }
-
-  void release(Handle h, std::size_t) override {
-    host_map().erase(h);
-    release_while_alive([&] { driver()->mem_free_host(reinterpret_cast<void*>(h)); });
-  }
-
- private:
-  unsigned flags_;  // the arena's normalised flags (DEVICEMAP set)
-};
 
 CtxState* find_live_locked(CUcontext ctx) {
   for (CtxState* st : reg().live)
@@ -169,7 +84,7 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
   o.max_held = rt.config.max_held.resolve(total);
   o.pending_growth = rt.config.pending_growth.resolve(total);
   const bool fenced = rt.config.reuse == config::Reuse::safe;
-  st->device_arena = rt.pool.add_arena(std::make_unique<DeviceBackend>(st, fenced), std::move(o));
+  st->device_arena = rt.pool.add_arena(device_backend(st, fenced), std::move(o));
   reg().all.push_back(st);
   reg().live.push_back(st);
   log().debug("cuda: context {} on device {} ({} bytes): pooling", static_cast<void*>(ctx),
@@ -183,9 +98,8 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
 
 void epoch_completed(CtxState* st, std::uint64_t s) {
   std::uint64_t cur = st->epoch_done.load(std::memory_order_relaxed);
-  while (cur < s &&
-         !st->epoch_done.compare_exchange_weak(cur, s, std::memory_order_release,
-                                               std::memory_order_relaxed)) {
+  while (cur < s && !st->epoch_done.compare_exchange_weak(cur, s, std::memory_order_release,
+                                                          std::memory_order_relaxed)) {
   }
 }
 
@@ -209,7 +123,9 @@ void synchronize_context(CtxState* st) {
   // On failure (a sticky error, a context being torn down) the blocks stay
   // pending and the pool allocates fresh memory instead.
   if (r == CUDA_SUCCESS) epoch_completed(st, s);
-  else log().debug("cuda: fence synchronize of context {} failed: {}", static_cast<void*>(st->ctx), int(r));
+  else
+    log().debug("cuda: fence synchronize of context {} failed: {}", static_cast<void*>(st->ctx),
+                int(r));
 }
 
 // ---- contexts -------------------------------------------------------------
@@ -248,12 +164,10 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   // hundreds of idle-device waits (pool.cpp); the budget is host memory's.
   o.pending_growth = rt.config.pending_growth.resolve(host_total);
   const bool fenced = rt.config.reuse == config::Reuse::safe;
-  Arena* a = rt.pool.add_arena(std::make_unique<HostBackend>(st, fenced, key), std::move(o));
+  Arena* a = rt.pool.add_arena(host_backend(st, fenced, key), std::move(o));
   st->host_arenas[key].store(a, std::memory_order_release);
   return a;
 }
-
-void set_host_flags(unsigned flags) { t_host_flags = flags; }
 
 void note_primary(CUcontext ctx, CUdevice dev) {
   std::lock_guard lock(reg().mu);
@@ -305,149 +219,10 @@ std::size_t held_device_bytes(CUdevice dev) {
   std::lock_guard lock(reg().mu);
   std::size_t held = 0;
   for (CtxState* st : reg().live)
-    if (st->dev == dev) held += st->device_arena.load(std::memory_order_acquire)->stats().held_bytes;
+    if (st->dev == dev)
+      held += st->device_arena.load(std::memory_order_acquire)->stats().held_bytes;
   return held;
 }
-
-// ---- pointer maps ---------------------------------------------------------
-
-void PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags) {
-  auto* e = new Entry{h, size, st, nullptr, 0, host_flags};
-  std::lock_guard rl(ranges_mu_);
-  Shard& s = shard(h);
-  std::lock_guard sl(s.mu);
-  // A stale entry at this address (its context was torn down under us) is
-  // replaced: the driver just handed the address out again.
-  if (auto it = s.map.find(h); it != s.map.end()) {
-    delete it->second;
-    s.map.erase(it);
-    ranges_.erase(h);
-  }
-  s.map.emplace(h, e);
-  ranges_.emplace(h, e);
-}
-
-void PtrMap::erase(Handle h) {
-  Entry* e = nullptr;
-  {
-    std::lock_guard rl(ranges_mu_);
-    Shard& s = shard(h);
-    std::lock_guard sl(s.mu);
-    if (auto it = s.map.find(h); it != s.map.end()) {
-      e = it->second;
-      s.map.erase(it);
-      ranges_.erase(h);
-    }
-  }
-  delete e;
-}
-
-void PtrMap::activate(Block* b) {
-  const std::uint64_t id = g_next_buffer_id.fetch_add(1, std::memory_order_relaxed);
-  Shard& s = shard(b->handle);
-  std::lock_guard sl(s.mu);
-  if (auto it = s.map.find(b->handle); it != s.map.end()) {
-    it->second->block = b;
-    it->second->buffer_id = id;
-  }
-}
-
-Block* PtrMap::deactivate(Handle h, bool* known) {
-  Shard& s = shard(h);
-  std::lock_guard sl(s.mu);
-  auto it = s.map.find(h);
-  if (it == s.map.end()) {
-    *known = false;
-    return nullptr;
-  }
-  *known = true;
-  Block* b = it->second->block;
-  it->second->block = nullptr;
-  return b;
-}
-
-PtrInfo PtrMap::find(Handle p) {
-  PtrInfo info;
-  std::lock_guard rl(ranges_mu_);
-  auto it = ranges_.upper_bound(p);
-  if (it == ranges_.begin()) return info;
-  --it;
-  Entry* e = it->second;
-  if (p - e->handle >= e->size) return info;
-  Shard& s = shard(e->handle);
-  std::lock_guard sl(s.mu);
-  info.found = true;
-  info.base = e->handle;
-  info.size = e->size;
-  info.active = e->block != nullptr;
-  info.requested = e->block ? e->block->requested : 0;
-  info.buffer_id = e->buffer_id;
-  info.host_flags = e->host_flags;
-  return info;
-}
-
-bool PtrMap::mark_no_reuse(Handle p) {
-  std::lock_guard rl(ranges_mu_);
-  auto it = ranges_.upper_bound(p);
-  if (it == ranges_.begin()) return false;
-  --it;
-  Entry* e = it->second;
-  if (p - e->handle >= e->size) return false;
-  Shard& s = shard(e->handle);
-  std::lock_guard sl(s.mu);
-  if (!e->block) return false;
-  // Released to the driver when the program frees it: another process may
-  // have it mapped, and the driver must see the free.
-  e->block->pooled = false;
-  return true;
-}
-
-std::vector<Block*> PtrMap::erase_context(CtxState* st) {
-  std::vector<Block*> active;
-  std::vector<Entry*> dead;
-  {
-    std::lock_guard rl(ranges_mu_);
-    for (auto it = ranges_.begin(); it != ranges_.end();) {
-      Entry* e = it->second;
-      if (e->st != st) {
-        ++it;
-        continue;
-      }
-      Shard& s = shard(e->handle);
-      std::lock_guard sl(s.mu);
-      if (e->block) active.push_back(e->block);
-      s.map.erase(e->handle);
-      dead.push_back(e);
-      it = ranges_.erase(it);
-    }
-  }
-  for (Entry* e : dead) delete e;
-  return active;
-}
-
-void PtrMap::fork_prepare() {
-  ranges_mu_.lock();
-  for (Shard& s : shards_) s.mu.lock();
-}
-
-void PtrMap::fork_parent() {
-  for (Shard& s : shards_) s.mu.unlock();
-  ranges_mu_.unlock();
-}
-
-// Never destroyed: hooks run from atexit handlers and other threads during
-// exit, after static destructors.
-PtrMap& device_map() {
-  static PtrMap* m = new PtrMap;
-  return *m;
-}
-
-PtrMap& host_map() {
-  static PtrMap* m = new PtrMap;
-  return *m;
-}
-
-CUdeviceptr unallocated_address() { return reinterpret_cast<CUdeviceptr>(&g_unallocated[0]); }
 
 // ---- fork -----------------------------------------------------------------
 

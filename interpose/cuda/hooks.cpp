@@ -10,6 +10,7 @@
 #include "config/log.hpp"
 #include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/contexts.hpp"
+#include "interpose/cuda/pointers.hpp"
 #include "interpose/runtime.hpp"
 
 using namespace gpupool;
@@ -67,8 +68,7 @@ CUresult host_alloc(const Driver& d, void** pp, size_t bytes, unsigned flags, bo
   if (!st) return pass();  // no current context: the driver says 201
   Arena* arena = host_arena(st, *rt, flags);
   if (!arena) return pass();
-  set_host_flags(flags);
-  const AllocResult a = rt->pool.allocate(arena, bytes);
+  const AllocResult a = rt->pool.allocate(arena, bytes, flags);
   if (!a.block) {
     *pp = nullptr;
     return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
@@ -261,7 +261,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, C
   const CUresult r = d->ipc_get_mem_handle(handle, dptr);
   // Another process may map this block: it must never be handed out again
   // here, and its free must reach the driver.
-  if (r == CUDA_SUCCESS && i.found) device_map().mark_no_reuse(dptr);
+  if (r == CUDA_SUCCESS && i.found)
+    if (Block* b = device_map().active_block(dptr)) runtime()->pool.never_reuse(b);
   return r;
 }
 

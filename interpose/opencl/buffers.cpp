@@ -35,7 +35,7 @@ class BufferBackend final : public Backend {
         immediate_(cfg.reuse == config::Reuse::immediate),
         probe_(cfg.probe) {}
 
-  BackendResult allocate(std::size_t bytes) override {
+  BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     const Api& api = next();
     cl_int err = CL_SUCCESS;
     cl_mem m = nullptr;

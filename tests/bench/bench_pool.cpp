@@ -15,7 +15,7 @@ namespace {
 // Hands out distinct handles and nothing else, so only the pool is measured.
 class NullBackend : public Backend {
  public:
-  BackendResult allocate(std::size_t) override {
+  BackendResult allocate(std::size_t, std::uint64_t) override {
     return {BackendStatus::ok, next_.fetch_add(4096, std::memory_order_relaxed), 0};
   }
   void release(Handle, std::size_t) override {}

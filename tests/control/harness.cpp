@@ -54,7 +54,7 @@ constexpr std::size_t kMaxIds = 1 << 16;
 // Handles are recycled ids; each id has an owner flag the test flips.
 class CheckingBackend : public gpupool::Backend {
  public:
-  gpupool::BackendResult allocate(std::size_t bytes) override {
+  gpupool::BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     std::lock_guard lock(mu_);
     std::size_t id;
     if (!free_.empty()) {

@@ -41,7 +41,7 @@ class FakeBackend : public Backend {
  public:
   explicit FakeBackend(std::shared_ptr<FakeDevice> dev) : dev_(std::move(dev)) {}
 
-  BackendResult allocate(std::size_t bytes) override {
+  BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     FakeDevice& d = *dev_;
     std::lock_guard lock(d.mu);
     if (d.inject_error) {

@@ -127,7 +127,7 @@ struct Model {
         b = q.front();
         q.pop_front();
       } else if (q.size() < kMaxPendingBlocks && q.size() * q.back().size + want <= a.pending_growth &&
-                 a.credit[bin] >= 0 && (r = be.allocate(want)).status == BackendStatus::ok) {
+                 a.credit[bin] >= 0 && (r = be.allocate(want, 0)).status == BackendStatus::ok) {
         grown = true;  // a fresh block instead of waiting; no held memory released for it
         a.credit[bin] -= std::int64_t(alloc_cost);
         ++g_grown;
@@ -145,7 +145,7 @@ struct Model {
     if (!grown) r = miss_allocate(ai, want);
     bool exact = false;
     if (!grown && r.status == BackendStatus::out_of_memory && size < want) {
-      r = be.allocate(size);
+      r = be.allocate(size, 0);
       exact = r.status == BackendStatus::ok;
     }
     ++a.s.misses;
@@ -173,14 +173,14 @@ struct Model {
   BackendResult miss_allocate(int ai, std::size_t want) {
     MArena& a = arenas[ai];
     FakeBackend be(devices[a.group]);
-    BackendResult r = be.allocate(want);
+    BackendResult r = be.allocate(want, 0);
     std::size_t released = 0;
     while (r.status == BackendStatus::out_of_memory) {
       std::size_t n = release_for_oom(ai, std::max<std::size_t>(released, 1));
       if (!n) break;
       released += n;
       ++a.s.oom_retries;
-      r = be.allocate(want);
+      r = be.allocate(want, 0);
     }
     return r;
   }

@@ -1,0 +1,101 @@
+#include "interpose/cuda/memory.hpp"
+
+#include <shared_mutex>
+
+#include "interpose/cuda/contexts.hpp"
+#include "interpose/cuda/driver.hpp"
+#include "interpose/cuda/pointers.hpp"
+#include "interpose/runtime.hpp"
+
+namespace gpupool::cuda {
+namespace {
+
+// Memory of one context. Device and pinned blocks alike are fenced by the
+// context's work (cuMemFree and cuMemFreeHost both wait for all of it,
+// measured), and are given back to the driver only while the context lives
+// (once it is destroyed the driver has freed them) and before exit.
+class ContextBackend : public Backend {
+ public:
+  ContextBackend(CtxState* st, bool fenced) : st_(st), fenced_(fenced) {}
+
+  std::uint64_t fence() override {
+    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
+  }
+  bool passed(std::uint64_t f) override {
+    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
+  }
+  void wait_all() override { synchronize_context(st_); }
+
+ protected:
+  static BackendResult result(CUresult r, Handle h) {
+    if (r == CUDA_SUCCESS) return {BackendStatus::ok, h, 0};
+    return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error, 0,
+            static_cast<int>(r)};
+  }
+  // free() unless the driver is being torn down or the context is gone.
+  template <class Free>
+  void release_while_alive(Free&& free) {
+    if (exiting()) return;
+    std::shared_lock lock(st_->teardown_mu);
+    if (st_->retired.load(std::memory_order_acquire)) return;
+    free();
+  }
+
+  CtxState* st_;
+
+ private:
+  bool fenced_;
+};
+
+class DeviceBackend final : public ContextBackend {
+ public:
+  using ContextBackend::ContextBackend;
+
+  BackendResult allocate(std::size_t bytes, std::uint64_t) override {
+    CUdeviceptr p = 0;
+    const CUresult r = driver()->mem_alloc(&p, bytes);
+    if (r == CUDA_SUCCESS) device_map().insert(p, bytes, st_);
+    return result(r, p);
+  }
+
+  void release(Handle h, std::size_t) override {
+    device_map().erase(h);
+    release_while_alive([&] { driver()->mem_free(h); });  // any (or no) current context
+  }
+};
+
+class HostBackend final : public ContextBackend {
+ public:
+  HostBackend(CtxState* st, bool fenced, unsigned flags)
+      : ContextBackend(st, fenced), flags_(flags) {}
+
+  // hint: the flags of the call being served (the first block of a
+  // normalised family is allocated with exactly what the program asked for).
+  BackendResult allocate(std::size_t bytes, std::uint64_t hint) override {
+    void* p = nullptr;
+    const CUresult r = driver()->mem_host_alloc(&p, bytes, static_cast<unsigned>(hint));
+    const Handle h = reinterpret_cast<Handle>(p);
+    if (r == CUDA_SUCCESS) host_map().insert(h, bytes, st_, flags_);
+    return result(r, h);
+  }
+
+  void release(Handle h, std::size_t) override {
+    host_map().erase(h);
+    release_while_alive([&] { driver()->mem_free_host(reinterpret_cast<void*>(h)); });
+  }
+
+ private:
+  unsigned flags_;  // the arena's normalised flags (DEVICEMAP set)
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced) {
+  return std::make_unique<DeviceBackend>(st, fenced);
+}
+
+std::unique_ptr<Backend> host_backend(CtxState* st, bool fenced, unsigned flags) {
+  return std::make_unique<HostBackend>(st, fenced, flags);
+}
+
+}  // namespace gpupool::cuda

@@ -1,0 +1,108 @@
+// The pointer maps: every block the pool has from the driver, by address,
+// and whether the program owns it now. They tell a pooled pointer (freed
+// into the pool, answered for in queries) from one that goes straight to
+// the driver, for device and pinned memory alike.
+#pragma once
+
+#include <cuda.h>
+
+#include <sched.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/pool.hpp"
+
+namespace gpupool::cuda {
+
+struct CtxState;
+
+// What the pointer maps know about an address.
+struct PtrInfo {
+  bool found = false;   // inside a block the pool manages
+  bool active = false;  // the program owns it (not held)
+  Handle base = 0;
+  std::size_t size = 0;  // the driver allocation's size
+  std::size_t requested = 0;
+  std::uint64_t buffer_id = 0;
+  unsigned host_flags = 0;  // pinned: the normalised flags the block was allocated for
+};
+
+// A lock for the pointer-map shards: held for a hash lookup or insert only.
+// Cheaper than a mutex when uncontended, and fork_prepare() takes all 64 of
+// a map's at once (more mutexes than ThreadSanitizer can track per thread).
+class SpinLock {
+ public:
+  void lock() {
+    for (unsigned spins = 0; flag_.exchange(true, std::memory_order_acquire); ++spins) {
+      while (flag_.load(std::memory_order_relaxed)) {
+        if (++spins > 64) sched_yield();
+      }
+    }
+  }
+  void unlock() { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
+class PtrMap {
+ public:
+  // Backend side (slow path): the driver allocated / is about to free it.
+  void insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags = 0);
+  void erase(Handle h);
+  // Hit path. activate: the pool handed `b` out. deactivate: the program
+  // frees h; *known = false if h is not ours; returns nullptr for a block
+  // that is ours but already free (a double free).
+  void activate(Block* b);
+  Block* deactivate(Handle h, bool* known);
+  // Queries on any address inside a block.
+  PtrInfo find(Handle p);
+  // The active block containing p, or nullptr.
+  Block* active_block(Handle p);
+  // Context teardown: drop every entry of st, returning its active blocks.
+  std::vector<Block*> erase_context(CtxState* st);
+
+  void fork_prepare();
+  void fork_parent();
+
+ private:
+  struct Entry {
+    Handle handle = 0;
+    std::size_t size = 0;
+    CtxState* st = nullptr;
+    Block* block = nullptr;  // non-null while the program owns it
+    std::uint64_t buffer_id = 0;
+    unsigned host_flags = 0;
+  };
+  struct alignas(64) Shard {
+    SpinLock mu;
+    std::unordered_map<Handle, Entry*> map;
+  };
+  static constexpr unsigned kShards = 64;
+  Shard& shard(Handle h) {
+    return shards_[static_cast<unsigned>((h * 0x9E3779B97F4A7C15ull) >> 58)];
+  }
+
+  Shard shards_[kShards];
+  // Ordered view for interior pointers; changes only on the slow path.
+  // Lock order: ranges_mu_ before a shard's mu.
+  std::mutex ranges_mu_;
+  std::map<Handle, Entry*> ranges_;
+};
+
+PtrMap& device_map();
+PtrMap& host_map();
+
+// A known-unallocated address: queries about pointers that are free from the
+// program's point of view (held blocks, rounding padding) are asked about
+// this address instead, so the program gets the driver's own answer for
+// unallocated memory.
+CUdeviceptr unallocated_address();
+
+}  // namespace gpupool::cuda
