@@ -44,6 +44,17 @@ class BinQueue {
   Block* const* begin() const { return v_.data() + head_; }
   Block* const* end() const { return v_.data() + v_.size(); }
   void push_back(Block* b) { v_.push_back(b); }
+  // Room for one more push_back, so that it cannot throw. False when even
+  // that allocation fails.
+  bool reserve_one() noexcept {
+    if (v_.size() < v_.capacity()) return true;
+    try {
+      v_.reserve(std::max<std::size_t>(8, v_.capacity() * 2));
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
   void pop_back() {
     v_.pop_back();
     if (empty()) clear();
@@ -91,8 +102,17 @@ struct alignas(64) Arena::Shard {
     --c.active_blocks;
     c.active_bytes -= b->requested;
   }
+  // Room to hold a block of `bin` without allocating in push_held().
+  bool room_for(std::size_t bin) noexcept {
+    try {
+      if (bins.size() <= bin) bins.resize(bin + 1);
+    } catch (...) {
+      return false;
+    }
+    return bins[bin].reserve_one();
+  }
+  // After room_for(b->bin).
   void push_held(Block* b) {
-    if (bins.size() <= b->bin) bins.resize(b->bin + 1);
     bins[b->bin].push_back(b);
     ++c.held_blocks;
     c.held_bytes += b->size;
@@ -122,16 +142,6 @@ struct alignas(64) Arena::Shard {
     }
     unheld(b);
     return b;
-  }
-  std::vector<Block*> take_all() {
-    std::vector<Block*> out;
-    for (auto& v : bins) {
-      out.insert(out.end(), v.begin(), v.end());
-      v.clear();
-    }
-    c.held_blocks = 0;
-    c.held_bytes = 0;
-    return out;
   }
 };
 
@@ -333,7 +343,13 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
     ++mine.c.misses;
     return {nullptr, r.status, r.error, false};
   }
-  b = new Block;
+  try {
+    b = new Block;
+  } catch (...) {
+    // Nothing may be left half-done: the fresh allocation goes back.
+    a.backend_->release(r.handle, exact ? size : want);
+    throw;
+  }
   b->handle = r.handle;
   // An exact-size fallback block does not fit its bin: released at free.
   b->size = exact ? size : want;
@@ -510,7 +526,9 @@ void Pool::free(Block* b) {
     s.remove_active(b);
     // Checked under the shard lock so that a concurrent stop_holding(), whose
     // free_held() takes this lock after clearing the flag, never misses it.
-    if (b->pooled && holding_.load(std::memory_order_acquire)) {
+    // Without room to hold it (the allocation for it failed), the block is
+    // released instead: a free never fails.
+    if (b->pooled && holding_.load(std::memory_order_acquire) && s.room_for(b->bin)) {
       // Counted before the block is published: once in the bin, another
       // thread may take it (and subtract) or release it (and delete it).
       if (a.group_->capped())
@@ -594,14 +612,24 @@ void Pool::forget(Block* b) {
 
 // Take every held block of the arena out of its shards and hand each to
 // `dispose` (release to the backend, or drop when the driver already freed it).
+// One block at a time, so that nothing is allocated (this runs when a
+// context is torn down, where failing half-way is not an option).
 void Pool::empty_held(Arena* arena, void (Pool::*dispose)(Block*)) {
   for (unsigned i = 0; i < arena->shard_count_; ++i) {
-    std::vector<Block*> blocks;
-    {
-      std::lock_guard lock(arena->shards_[i].mu);
-      blocks = arena->shards_[i].take_all();
-    }
-    for (Block* b : blocks) {
+    Arena::Shard& s = arena->shards_[i];
+    for (;;) {
+      Block* b = nullptr;
+      {
+        std::lock_guard lock(s.mu);
+        for (auto& q : s.bins)
+          if (!q.empty()) {
+            b = q.back();
+            q.pop_back();
+            s.unheld(b);
+            break;
+          }
+      }
+      if (!b) break;
       arena->group_->unhold(b->size);
       (this->*dispose)(b);
     }
@@ -622,8 +650,15 @@ void Pool::reclaim() {
   std::unique_lock use(arenas_in_use_, std::try_to_lock);
   if (!use.owns_lock()) return;
   std::vector<std::unique_ptr<Arena>> dead;
+  std::unique_lock lock(arenas_mu_);
+  // Room first: once an arena leaves the lists nothing may fail.
+  try {
+    dead.reserve(arenas_.size());
+    retired_.reserve(retired_.size() + 1);
+  } catch (...) {
+    return;  // a later call reclaims it
+  }
   {
-    std::lock_guard lock(arenas_mu_);
     for (auto& a : arenas_) {
       if (!a->retired()) continue;
       bool active = false;
@@ -635,7 +670,10 @@ void Pool::reclaim() {
       if (a->keep_stats_) {
         auto it = std::find_if(retired_.begin(), retired_.end(),
                                [&](const Retired& r) { return r.kind == a->options_.kind; });
-        if (it == retired_.end()) it = retired_.insert(retired_.end(), Retired{a->options_.kind, 0, {}});
+        if (it == retired_.end()) {
+          if (retired_.size() == retired_.capacity()) continue;  // next call, with room
+          it = retired_.insert(retired_.end(), Retired{a->options_.kind, 0, {}});
+        }
         it->stats += a->stats();
         ++it->arenas;
       }
@@ -647,6 +685,7 @@ void Pool::reclaim() {
   }
   // Out of the lists: nothing in the pool reaches them any more. Destroyed
   // without pool locks (a backend's destructor may take its own).
+  lock.unlock();
   use.unlock();
   PoolObserver* obs = observer_.load(std::memory_order_acquire);
   for (auto& a : dead)

@@ -94,4 +94,22 @@ Runtime* runtime_if_started() { return g_runtime.load(std::memory_order_acquire)
 
 bool exiting() { return g_exiting.load(std::memory_order_acquire); }
 
+namespace {
+std::atomic<std::uint64_t> g_internal_failures{0};
+}  // namespace
+
+void internal_failure(const char* where) noexcept {
+  if (g_internal_failures.fetch_add(1, std::memory_order_relaxed) != 0) return;
+  try {
+    log().error("{}: gpupool failed inside (out of host memory?); the call went to the driver "
+                "alone (said once; later failures are counted in the stats warnings)",
+                where);
+  } catch (...) {
+  }
+}
+
+std::uint64_t internal_failures() noexcept {
+  return g_internal_failures.load(std::memory_order_relaxed);
+}
+
 }  // namespace gpupool

@@ -24,6 +24,12 @@ Runtime* runtime();
 // The runtime if it exists; never creates it.
 Runtime* runtime_if_started();
 
+// Something inside gpupool failed (an exception caught at an entry point,
+// std::bad_alloc most likely): logged once with `where`, counted. Never
+// throws.
+void internal_failure(const char* where) noexcept;
+std::uint64_t internal_failures() noexcept;
+
 // True once exit has begun (atexit ran): no more calls into drivers that may
 // already be torn down.
 bool exiting();

@@ -188,6 +188,10 @@ stats::Report report(Runtime& rt, const char* reason) {
     if (const std::uint64_t d = g_state->dumps_dropped.load())
       r.warnings.push_back(std::to_string(d) + " stats dump" + (d == 1 ? "" : "s") +
                            " could not be written and " + (d == 1 ? "was" : "were") + " dropped");
+    if (const std::uint64_t d = internal_failures())
+      r.warnings.push_back(std::to_string(d) + " call" + (d == 1 ? "" : "s") +
+                           " failed inside gpupool (out of host memory?) and went to the "
+                           "driver alone");
     if (g_state->tracer)
       if (const std::uint64_t d = g_state->tracer->records_dropped())
         r.warnings.push_back(std::to_string(d) + " trace record" + (d == 1 ? "" : "s") +

@@ -169,12 +169,16 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   return a;
 }
 
-void note_primary(CUcontext ctx, CUdevice dev) {
+void note_primary(CUcontext ctx, CUdevice dev) noexcept {
   std::lock_guard lock(reg().mu);
   bool known = false;
   for (Primary& p : reg().primaries)
     if (p.dev == dev) p.ctx = ctx, known = true;
-  if (!known) reg().primaries.push_back({dev, ctx});
+  try {
+    if (!known) reg().primaries.push_back({dev, ctx});
+  } catch (...) {
+    internal_failure("cuDevicePrimaryCtxRetain");  // its release is then passed on untouched
+  }
   if (CtxState* st = find_live_locked(ctx)) st->primary = true;
 }
 
@@ -200,15 +204,17 @@ void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
   // The pool destroys the arenas once their active blocks are forgotten
   // (below): nothing may use them after this.
   Arena* device = st->device_arena.exchange(nullptr, std::memory_order_acq_rel);
-  std::vector<Arena*> host;
-  for (auto& h : st->host_arenas)
-    if (Arena* a = h.exchange(nullptr, std::memory_order_acq_rel)) host.push_back(a);
+  constexpr std::size_t kHostArenas = std::extent_v<decltype(st->host_arenas)>;
+  Arena* host[kHostArenas] = {};
+  for (std::size_t i = 0; i < kHostArenas; ++i)
+    host[i] = st->host_arenas[i].exchange(nullptr, std::memory_order_acq_rel);
   rt.pool.retire_arena(device, keep_stats);
-  for (Arena* a : host) rt.pool.retire_arena(a, keep_stats);
+  for (Arena* a : host)
+    if (a) rt.pool.retire_arena(a, keep_stats);
   // Blocks the program still owns: the driver freed them; a later free of
   // one is not ours any more and goes to the driver, which reports it.
-  for (Block* b : device_map().erase_context(st)) rt.pool.forget(b);
-  for (Block* b : host_map().erase_context(st)) rt.pool.forget(b);
+  device_map().erase_context(st, rt.pool);
+  host_map().erase_context(st, rt.pool);
   log().debug("cuda: context {} torn down: its blocks were dropped from the pool",
               static_cast<void*>(st->ctx));
 }

@@ -71,7 +71,7 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags);
 // The primary context of `dev` as we know it (nullptr: none with pooled
 // memory). Called by the primary-context hooks.
 CtxState* primary_state(CUdevice dev);
-void note_primary(CUcontext ctx, CUdevice dev);
+void note_primary(CUcontext ctx, CUdevice dev) noexcept;
 // A known, live context state for `ctx`, or nullptr.
 CtxState* find_state(CUcontext ctx);
 

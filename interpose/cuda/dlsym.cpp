@@ -16,7 +16,7 @@ extern "C" {
 // Read by dlsym_entry.S; hidden so the entry reaches it without the GOT.
 __attribute__((visibility("hidden"))) void* gpupool_real_dlsym_ptr = nullptr;
 __attribute__((visibility("hidden"))) void* gpupool_resolve_real_dlsym();
-__attribute__((visibility("hidden"))) void* gpupool_dlsym_cu(void* handle, const char* name);
+__attribute__((visibility("hidden"))) void* gpupool_dlsym_cu(void* handle, const char* name) noexcept;
 }
 
 namespace {
@@ -46,7 +46,7 @@ GPUPOOL_NO_SANITIZE void* gpupool_resolve_real_dlsym() {
   return p;
 }
 
-void* gpupool_dlsym_cu(void* handle, const char* name) {
+void* gpupool_dlsym_cu(void* handle, const char* name) noexcept {
   auto real = reinterpret_cast<gpupool::cuda::DlsymFn>(gpupool_resolve_real_dlsym());
   if (!real) return nullptr;
   void* r = real(handle, name);
@@ -56,7 +56,11 @@ void* gpupool_dlsym_cu(void* handle, const char* name) {
   void* hook = nullptr;
   // Only a libcuda the program already loaded: its entry points are the
   // only ones we could substitute, and we must not load a driver here.
-  if (gpupool::cuda::driver_if_loaded()) hook = gpupool::cuda::hook_for(r);
+  try {
+    if (gpupool::cuda::driver_if_loaded()) hook = gpupool::cuda::hook_for(r);
+  } catch (...) {
+    gpupool::internal_failure("dlsym");  // the program gets the driver's own function
+  }
   t_inside = false;
   return hook ? hook : r;
 }

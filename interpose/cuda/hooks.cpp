@@ -122,7 +122,20 @@ extern "C" {
 
 #define GPUPOOL_HIDDEN __attribute__((visibility("hidden")))
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
+// No exception of gpupool's reaches the program: a hook that fails inside
+// gpupool (std::bad_alloc while recording a block, say) makes the call to
+// the driver alone, which gives the program the driver's own answer. The
+// pool leaves nothing half-done when it throws (a fresh block is released),
+// and paths after a driver call (frees, context teardown) do not throw.
+#define GPUPOOL_FALLBACK(field, ...)                                                 \
+  catch (...) {                                                                      \
+    internal_failure(__func__);                                                      \
+    const Driver* fallback_driver = driver();                                        \
+    return fallback_driver && fallback_driver->field ? fallback_driver->field(__VA_ARGS__) \
+                                                     : kNoDriver;                    \
+  }
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_alloc) return kNoDriver;
   // NULL out-pointer and size 0 get the driver's INVALID_VALUE (and *dptr = 0).
@@ -140,9 +153,9 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t byt
   device_map().activate(a.block);
   *dptr = a.block->handle;
   return CUDA_SUCCESS;
-}
+} GPUPOOL_FALLBACK(mem_alloc, dptr, bytes)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_free) return kNoDriver;
   Runtime* rt = p ? runtime() : nullptr;
@@ -153,21 +166,21 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) {
   if (!b) return CUDA_ERROR_INVALID_VALUE;  // ours and already free: a double free
   rt->pool.free(b);
   return CUDA_SUCCESS;
-}
+} GPUPOOL_FALLBACK(mem_free, p)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocHost_v2(void** pp, size_t bytes) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocHost_v2(void** pp, size_t bytes) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_alloc_host) return kNoDriver;
   return host_alloc(*d, pp, bytes, 0, true);
-}
+} GPUPOOL_FALLBACK(mem_alloc_host, pp, bytes)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_host_alloc) return kNoDriver;
   return host_alloc(*d, pp, bytes, flags, false);
-}
+} GPUPOOL_FALLBACK(mem_host_alloc, pp, bytes, flags)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeHost(void* p) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeHost(void* p) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_free_host) return kNoDriver;
   Runtime* rt = p ? runtime() : nullptr;
@@ -178,9 +191,9 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeHost(void* p) {
   if (!b) return CUDA_ERROR_INVALID_VALUE;
   rt->pool.free(b);
   return CUDA_SUCCESS;
-}
+} GPUPOOL_FALLBACK(mem_free_host, p)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_get_info) return kNoDriver;
   const CUresult r = d->mem_get_info(free, total);
@@ -193,10 +206,10 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total
     *free = *free + held > *total ? *total : *free + held;
   }
   return r;
-}
+} GPUPOOL_FALLBACK(mem_get_info, free, total)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
-                                                             CUdeviceptr dptr) {
+                                                             CUdeviceptr dptr) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_get_address_range) return kNoDriver;
   const PtrInfo i = runtime() ? find_any(dptr) : PtrInfo{};
@@ -206,10 +219,10 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase,
   const CUresult r = d->mem_get_address_range(pbase, psize, dptr);
   if (r == CUDA_SUCCESS && psize) *psize = i.requested;
   return r;
-}
+} GPUPOOL_FALLBACK(mem_get_address_range, pbase, psize, dptr)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttribute(void* data, CUpointer_attribute attr,
-                                                           CUdeviceptr ptr) {
+                                                           CUdeviceptr ptr) noexcept try {
   const Driver* d = driver();
   if (!d || !d->pointer_get_attribute) return kNoDriver;
   const PtrInfo i = runtime() ? find_any(ptr) : PtrInfo{};
@@ -219,11 +232,11 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttribute(void* data, CUpointer
   const CUresult r = d->pointer_get_attribute(data, attr, ptr);
   if (r == CUDA_SUCCESS) patch_attribute(attr, data, i);
   return r;
-}
+} GPUPOOL_FALLBACK(pointer_get_attribute, data, attr, ptr)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttributes(unsigned int n,
                                                             CUpointer_attribute* attrs,
-                                                            void** data, CUdeviceptr ptr) {
+                                                            void** data, CUdeviceptr ptr) noexcept try {
   const Driver* d = driver();
   if (!d || !d->pointer_get_attributes) return kNoDriver;
   const PtrInfo i = runtime() ? find_any(ptr) : PtrInfo{};
@@ -235,9 +248,9 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttributes(unsigned int n,
   if (r == CUDA_SUCCESS && attrs && data)
     for (unsigned k = 0; k < n; ++k) patch_attribute(attrs[k], data[k], i);
   return r;
-}
+} GPUPOOL_FALLBACK(pointer_get_attributes, n, attrs, data, ptr)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, void* p) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, void* p) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_host_get_flags) return kNoDriver;
   const CUdeviceptr q = reinterpret_cast<CUdeviceptr>(p);
@@ -250,9 +263,9 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, voi
   // the program asked for, normalised as the driver does (DEVICEMAP set).
   if (r == CUDA_SUCCESS && pflags && i.found) *pflags = i.host_flags;
   return r;
-}
+} GPUPOOL_FALLBACK(mem_host_get_flags, pflags, p)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) noexcept try {
   const Driver* d = driver();
   if (!d || !d->ipc_get_mem_handle) return kNoDriver;
   const PtrInfo i = runtime() ? device_map().find(dptr) : PtrInfo{};
@@ -264,45 +277,45 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, C
   if (r == CUDA_SUCCESS && i.found)
     if (Block* b = device_map().active_block(dptr)) runtime()->pool.never_reuse(b);
   return r;
-}
+} GPUPOOL_FALLBACK(ipc_get_mem_handle, handle, dptr)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy(CUcontext ctx) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy(CUcontext ctx) noexcept try {
   const Driver* d = driver();
   if (!d || !d->ctx_destroy_v1) return kNoDriver;
   return ctx_destroy(ctx, d->ctx_destroy_v1);
-}
+} GPUPOOL_FALLBACK(ctx_destroy_v1, ctx)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy_v2(CUcontext ctx) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy_v2(CUcontext ctx) noexcept try {
   const Driver* d = driver();
   if (!d || !d->ctx_destroy) return kNoDriver;
   return ctx_destroy(ctx, d->ctx_destroy);
-}
+} GPUPOOL_FALLBACK(ctx_destroy, ctx)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease(CUdevice dev) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept try {
   const Driver* d = driver();
   if (!d || !d->primary_release_v1) return kNoDriver;
   return primary_release(dev, d->primary_release_v1);
-}
+} GPUPOOL_FALLBACK(primary_release_v1, dev)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept try {
   const Driver* d = driver();
   if (!d || !d->primary_release) return kNoDriver;
   return primary_release(dev, d->primary_release);
-}
+} GPUPOOL_FALLBACK(primary_release, dev)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset(CUdevice dev) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept try {
   const Driver* d = driver();
   if (!d || !d->primary_reset_v1) return kNoDriver;
   return primary_reset(dev, d->primary_reset_v1);
-}
+} GPUPOOL_FALLBACK(primary_reset_v1, dev)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept try {
   const Driver* d = driver();
   if (!d || !d->primary_reset) return kNoDriver;
   return primary_reset(dev, d->primary_reset);
-}
+} GPUPOOL_FALLBACK(primary_reset, dev)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) noexcept try {
   const Driver* d = driver();
   if (!d || !d->primary_retain) return kNoDriver;
   const CUresult r = d->primary_retain(pctx, dev);
@@ -310,11 +323,11 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, C
   // last release can drop its blocks.
   if (r == CUDA_SUCCESS && pctx && *pctx) note_primary(*pctx, dev);
   return r;
-}
+} GPUPOOL_FALLBACK(primary_retain, pctx, dev)
 
 // A synchronization of the whole context the program makes itself (what
 // cudaDeviceSynchronize calls) completes every fence taken before it.
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize() {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize() noexcept try {
   const Driver* d = driver();
   if (!d || !d->ctx_synchronize) return kNoDriver;
   Runtime* rt = runtime();
@@ -323,9 +336,9 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize() {
   const CUresult r = d->ctx_synchronize();
   if (st && r == CUDA_SUCCESS) epoch_completed(st, s);
   return r;
-}
+} GPUPOOL_FALLBACK(ctx_synchronize)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) noexcept try {
   const Driver* d = driver();
   if (!d || !d->ctx_synchronize_v2) return kNoDriver;
   Runtime* rt = runtime();
@@ -334,7 +347,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) {
   const CUresult r = d->ctx_synchronize_v2(ctx);
   if (st && r == CUDA_SUCCESS) epoch_completed(st, s);
   return r;
-}
+} GPUPOOL_FALLBACK(ctx_synchronize_v2, ctx)
 
 // cudart gets every entry point here (ask old ABI versions, per-thread
 // variants, and cuGetProcAddress itself). Call the real one, then replace the
@@ -342,24 +355,24 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) {
 // driver's to write (cudart passes NULL).
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress_v2(const char* symbol, void** pfn,
                                                          int version, cuuint64_t flags,
-                                                         CUdriverProcAddressQueryResult* status) {
+                                                         CUdriverProcAddressQueryResult* status) noexcept try {
   const Driver* d = driver();
   if (!d || !d->get_proc_address) return kNoDriver;
   const CUresult r = d->get_proc_address(symbol, pfn, version, flags, status);
   if (r == CUDA_SUCCESS && pfn && *pfn)
     if (void* h = hook_for(*pfn)) *pfn = h;
   return r;
-}
+} GPUPOOL_FALLBACK(get_proc_address, symbol, pfn, version, flags, status)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress(const char* symbol, void** pfn, int version,
-                                                      cuuint64_t flags) {
+                                                      cuuint64_t flags) noexcept try {
   const Driver* d = driver();
   if (!d || !d->get_proc_address_v1) return kNoDriver;
   const CUresult r = d->get_proc_address_v1(symbol, pfn, version, flags);
   if (r == CUDA_SUCCESS && pfn && *pfn)
     if (void* h = hook_for(*pfn)) *pfn = h;
   return r;
-}
+} GPUPOOL_FALLBACK(get_proc_address_v1, symbol, pfn, version, flags)
 
 // The exported names. Aliases, so that the address hook_for() hands out is
 // our own function even if another preloaded library exports the same name.

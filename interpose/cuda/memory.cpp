@@ -32,6 +32,18 @@ class ContextBackend : public Backend {
     return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error, 0,
             static_cast<int>(r)};
   }
+  // A fresh block into the pointer map. If that fails (out of host memory)
+  // the block goes back (`undo`) and the failure on to the hook, which asks
+  // the driver alone.
+  template <class Undo>
+  void record(PtrMap& map, Handle h, std::size_t bytes, unsigned host_flags, Undo&& undo) {
+    try {
+      map.insert(h, bytes, st_, host_flags);
+    } catch (...) {
+      undo();
+      throw;
+    }
+  }
   // free() unless the driver is being torn down or the context is gone.
   template <class Free>
   void release_while_alive(Free&& free) {
@@ -54,7 +66,7 @@ class DeviceBackend final : public ContextBackend {
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     CUdeviceptr p = 0;
     const CUresult r = driver()->mem_alloc(&p, bytes);
-    if (r == CUDA_SUCCESS) device_map().insert(p, bytes, st_);
+    if (r == CUDA_SUCCESS) record(device_map(), p, bytes, 0, [&] { driver()->mem_free(p); });
     return result(r, p);
   }
 
@@ -75,7 +87,8 @@ class HostBackend final : public ContextBackend {
     void* p = nullptr;
     const CUresult r = driver()->mem_host_alloc(&p, bytes, static_cast<unsigned>(hint));
     const Handle h = reinterpret_cast<Handle>(p);
-    if (r == CUDA_SUCCESS) host_map().insert(h, bytes, st_, flags_);
+    if (r == CUDA_SUCCESS)
+      record(host_map(), h, bytes, flags_, [&] { driver()->mem_free_host(p); });
     return result(r, h);
   }
 

@@ -13,7 +13,7 @@ char g_unallocated[64];
 }  // namespace
 
 void PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags) {
-  auto* e = new Entry{h, size, st, nullptr, 0, host_flags};
+  auto e = std::make_unique<Entry>(Entry{h, size, st, nullptr, 0, host_flags});
   std::lock_guard rl(ranges_mu_);
   Shard& s = shard(h);
   std::lock_guard sl(s.mu);
@@ -24,8 +24,16 @@ void PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flag
     s.map.erase(it);
     ranges_.erase(h);
   }
-  s.map.emplace(h, e);
-  ranges_.emplace(h, e);
+  // Both maps or neither (an insertion that throws leaves no half entry).
+  auto [at, inserted] = s.map.emplace(h, e.get());
+  try {
+    ranges_.emplace(h, e.get());
+  } catch (...) {
+    s.map.erase(at);
+    throw;
+  }
+  (void)inserted;
+  e.release();
 }
 
 void PtrMap::erase(Handle h) {
@@ -99,27 +107,27 @@ Block* PtrMap::active_block(Handle p) {
   return e->block;
 }
 
-std::vector<Block*> PtrMap::erase_context(CtxState* st) {
-  std::vector<Block*> active;
-  std::vector<Entry*> dead;
-  {
-    std::lock_guard rl(ranges_mu_);
-    for (auto it = ranges_.begin(); it != ranges_.end();) {
-      Entry* e = it->second;
-      if (e->st != st) {
-        ++it;
-        continue;
-      }
+void PtrMap::erase_context(CtxState* st, Pool& pool) {
+  // Allocates nothing: it runs after the driver destroyed the context, where
+  // failing half-way would leave entries of freed memory behind.
+  std::lock_guard rl(ranges_mu_);
+  for (auto it = ranges_.begin(); it != ranges_.end();) {
+    Entry* e = it->second;
+    if (e->st != st) {
+      ++it;
+      continue;
+    }
+    Block* active = nullptr;
+    {
       Shard& s = shard(e->handle);
       std::lock_guard sl(s.mu);
-      if (e->block) active.push_back(e->block);
+      active = e->block;
       s.map.erase(e->handle);
-      dead.push_back(e);
-      it = ranges_.erase(it);
     }
+    it = ranges_.erase(it);
+    delete e;
+    if (active) pool.forget(active);
   }
-  for (Entry* e : dead) delete e;
-  return active;
 }
 
 void PtrMap::fork_prepare() {

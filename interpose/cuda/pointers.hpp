@@ -66,7 +66,9 @@ class PtrMap {
   // The active block containing p, or nullptr.
   Block* active_block(Handle p);
   // Context teardown: drop every entry of st, returning its active blocks.
-  std::vector<Block*> erase_context(CtxState* st);
+  // Context teardown: drop every entry of st; its active blocks are
+  // forgotten by the pool (the driver freed them).
+  void erase_context(CtxState* st, Pool& pool);
 
   void fork_prepare();
   void fork_parent();

@@ -54,13 +54,22 @@ class BufferBackend final : public Backend {
         return {BackendStatus::out_of_memory, 0, perr};
       }
     }
-    auto* rec = new Buffer;
-    rec->mem = m;
-    rec->ctx = ctx_;
-    rec->flags = given_flags_;
-    rec->has_props = has_props_;
-    rec->props = props_;
-    buffers().put(m, rec);
+    // The record, or nothing at all: a buffer the pool cannot track goes
+    // back at once, and the failure on to the hook (which asks the
+    // implementation alone).
+    try {
+      auto rec = std::make_unique<Buffer>();
+      rec->mem = m;
+      rec->ctx = ctx_;
+      rec->flags = given_flags_;
+      rec->has_props = has_props_;
+      rec->props = props_;
+      buffers().put(m, rec.get());
+      rec.release();
+    } catch (...) {
+      api.clReleaseMemObject(m);
+      throw;
+    }
     return {BackendStatus::ok, reinterpret_cast<Handle>(m), 0};
   }
 

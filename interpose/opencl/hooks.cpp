@@ -7,8 +7,11 @@
 // pooled buffer goes to the implementation unchanged, so the program gets
 // the implementation's own answers. A dispatch table without the entry (a
 // loader older than the function) gets the loaders' answer for a function
-// they lack, CL_INVALID_OPERATION, not a call through a null pointer.
+// they lack, CL_INVALID_OPERATION, not a call through a null pointer. No
+// exception of gpupool's reaches the program: a hook that fails inside
+// gpupool (std::bad_alloc, say) makes the call to the implementation alone.
 #include <cstring>
+#include <memory>
 
 #include "interpose/opencl/buffers.hpp"
 
@@ -25,12 +28,36 @@ std::nullptr_t missing(cl_int* errcode_ret) {
   return nullptr;
 }
 
+// The record of a sub-buffer `s` the implementation just made of the pooled
+// buffer `root` (which it keeps active). Without memory for the record, the
+// sub-buffer is released again and the program told so.
+cl_mem record_sub(Buffer* root, cl_mem s, cl_int* errcode_ret) noexcept {
+  try {
+    auto r = std::make_unique<Buffer>();
+    r->sub = true;
+    r->mem = s;
+    r->ctx = root->ctx;
+    r->parent = root;
+    r->refs.store(1);
+    r->holds.store(1);
+    buffers().put(s, r.get());
+    r.release();
+    return s;
+  } catch (...) {
+    internal_failure("clCreateSubBuffer");
+    next().clReleaseMemObject(s);
+    drop_hold(root);
+    if (errcode_ret) *errcode_ret = CL_OUT_OF_HOST_MEMORY;
+    return nullptr;
+  }
+}
+
 }  // namespace
 
 GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContext(
     const cl_context_properties* properties, cl_uint num_devices, const cl_device_id* devices,
     void(CL_CALLBACK* notify)(const char*, const void*, size_t, void*), void* user_data,
-    cl_int* errcode_ret) {
+    cl_int* errcode_ret) try {
   const Api& api = next();
   if (!api.clCreateContext) {
     if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
@@ -42,12 +69,17 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContext(
   // very call: then the layer's hook registered the context already.
   if (c && &api == &next() && active_runtime()) register_ctx(c);
   return c;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clCreateContext ? next().clCreateContext(properties, num_devices, devices, notify,
+                                                         user_data, errcode_ret)
+                                : missing(errcode_ret);
 }
 
 GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
     const cl_context_properties* properties, cl_device_type type,
     void(CL_CALLBACK* notify)(const char*, const void*, size_t, void*), void* user_data,
-    cl_int* errcode_ret) {
+    cl_int* errcode_ret) try {
   const Api& api = next();
   if (!api.clCreateContextFromType) {
     if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
@@ -56,17 +88,25 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
   cl_context c = api.clCreateContextFromType(properties, type, notify, user_data, errcode_ret);
   if (c && &api == &next() && active_runtime()) register_ctx(c);
   return c;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clCreateContextFromType
+             ? next().clCreateContextFromType(properties, type, notify, user_data, errcode_ret)
+             : missing(errcode_ret);
 }
 
-GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) {
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) try {
   if (!next().clRetainContext) return CL_INVALID_OPERATION;
   cl_int err = next().clRetainContext(c);
   if (err == CL_SUCCESS)
     if (auto ctx = find_ctx(c)) ctx->refs.fetch_add(1);
   return err;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clRetainContext ? next().clRetainContext(c) : CL_INVALID_OPERATION;
 }
 
-GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) {
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try {
   if (!next().clReleaseContext) return CL_INVALID_OPERATION;
   std::shared_ptr<Ctx> ctx = find_ctx(c);
   Runtime* rt = runtime();
@@ -100,10 +140,13 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) {
     }
   }
   return next().clReleaseContext(c);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clReleaseContext ? next().clReleaseContext(c) : CL_INVALID_OPERATION;
 }
 
 GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
-    cl_context c, cl_device_id d, cl_command_queue_properties props, cl_int* err) {
+    cl_context c, cl_device_id d, cl_command_queue_properties props, cl_int* err) try {
   const Api& api = next();
   if (!api.clCreateCommandQueue) {
     if (err) *err = CL_INVALID_OPERATION;
@@ -112,10 +155,13 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
   cl_command_queue q = api.clCreateCommandQueue(c, d, props, err);
   if (q && active_runtime()) track_queue(c, q, !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clCreateCommandQueue ? next().clCreateCommandQueue(c, d, props, err) : missing(err);
 }
 
 GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithProperties(
-    cl_context c, cl_device_id d, const cl_queue_properties* props, cl_int* err) {
+    cl_context c, cl_device_id d, const cl_queue_properties* props, cl_int* err) try {
   const Api& api = next();
   if (!api.clCreateCommandQueueWithProperties) {
     if (err) *err = CL_INVALID_OPERATION;
@@ -130,17 +176,25 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithP
   if (q && active_runtime() && !(qp & CL_QUEUE_ON_DEVICE))
     track_queue(c, q, !(qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clCreateCommandQueueWithProperties
+             ? next().clCreateCommandQueueWithProperties(c, d, props, err)
+             : missing(err);
 }
 
-GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_queue q) {
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_queue q) try {
   if (!next().clRetainCommandQueue) return CL_INVALID_OPERATION;
   cl_int err = next().clRetainCommandQueue(q);
   if (err == CL_SUCCESS)
     if (Queue* qi = queues().find(q)) qi->refs.fetch_add(1);
   return err;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clRetainCommandQueue ? next().clRetainCommandQueue(q) : CL_INVALID_OPERATION;
 }
 
-GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_queue q) {
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_queue q) try {
   if (!next().clReleaseCommandQueue) return CL_INVALID_OPERATION;
   Queue* qi = queues().find(q);
   if (qi && qi->refs.fetch_sub(1) == 1) {
@@ -163,9 +217,12 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_qu
     delete qi;
   }
   return next().clReleaseCommandQueue(q);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clReleaseCommandQueue ? next().clReleaseCommandQueue(q) : CL_INVALID_OPERATION;
 }
 
-GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) {
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) try {
   if (!next().clFinish) return CL_INVALID_OPERATION;
   Queue* qi = queues().find(q);
   if (!qi) return next().clFinish(q);
@@ -182,22 +239,34 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) {
   for (Queue* x : ctx.queues) all = std::min(all, x->finished);
   raise_completed(ctx, all);
   return err;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clFinish ? next().clFinish(q) : CL_INVALID_OPERATION;
 }
 
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBuffer(cl_context c, cl_mem_flags flags,
-                                                            size_t size, void* host, cl_int* err) {
+                                                            size_t size, void* host,
+                                                            cl_int* err) try {
   if (!next().clCreateBuffer) return missing(err);
   return create_buffer(c, nullptr, false, flags, size, host, err);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clCreateBuffer ? next().clCreateBuffer(c, flags, size, host, err) : missing(err);
 }
 
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBufferWithProperties(
     cl_context c, const cl_mem_properties* props, cl_mem_flags flags, size_t size, void* host,
-    cl_int* err) {
+    cl_int* err) try {
   if (!next().clCreateBufferWithProperties) return missing(err);
   return create_buffer(c, props, true, flags, size, host, err);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clCreateBufferWithProperties
+             ? next().clCreateBufferWithProperties(c, props, flags, size, host, err)
+             : missing(err);
 }
 
-GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) {
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
   if (!next().clRetainMemObject) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r) return next().clRetainMemObject(m);
@@ -205,9 +274,12 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) {
   r->holds.fetch_add(1);
   r->refs.fetch_add(1);
   return CL_SUCCESS;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clRetainMemObject ? next().clRetainMemObject(m) : CL_INVALID_OPERATION;
 }
 
-GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) {
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
   if (!next().clReleaseMemObject) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r) return next().clReleaseMemObject(m);
@@ -230,11 +302,14 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) {
     return err;
   }
   return CL_SUCCESS;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clReleaseMemObject ? next().clReleaseMemObject(m) : CL_INVALID_OPERATION;
 }
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem_info what,
                                                                 size_t size, void* value,
-                                                                size_t* size_ret) {
+                                                                size_t* size_ret) try {
   if (!next().clGetMemObjectInfo) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r) return next().clGetMemObjectInfo(m, what, size, value, size_ret);
@@ -267,12 +342,16 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem
     default:
       return next().clGetMemObjectInfo(m, what, size, value, size_ret);
   }
+} catch (...) {
+  internal_failure(__func__);
+  return next().clGetMemObjectInfo ? next().clGetMemObjectInfo(m, what, size, value, size_ret)
+                                   : CL_INVALID_OPERATION;
 }
 
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_flags flags,
                                                                cl_buffer_create_type type,
                                                                const void* info,
-                                                               cl_int* errcode_ret) {
+                                                               cl_int* errcode_ret) try {
   if (!next().clCreateSubBuffer) return missing(errcode_ret);
   Buffer* parent = buffers().find(b);
   if (!parent) return next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
@@ -286,15 +365,7 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
       drop_hold(root);
       return nullptr;
     }
-    auto* r = new Buffer;
-    r->sub = true;
-    r->mem = s;
-    r->ctx = root->ctx;
-    r->parent = root;
-    r->refs.store(1);
-    r->holds.store(1);
-    buffers().put(s, r);
-    return s;
+    return record_sub(root, s, errcode_ret);
   }
   if (parent->refs.load() <= 0) {
     if (errcode_ret) *errcode_ret = CL_INVALID_MEM_OBJECT;
@@ -314,19 +385,15 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
     drop_hold(parent);
     return nullptr;
   }
-  auto* r = new Buffer;
-  r->sub = true;
-  r->mem = s;
-  r->ctx = parent->ctx;
-  r->parent = parent;
-  r->refs.store(1);
-  r->holds.store(1);
-  buffers().put(s, r);
-  return s;
+  return record_sub(parent, s, errcode_ret);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clCreateSubBuffer ? next().clCreateSubBuffer(b, flags, type, info, errcode_ret)
+                                  : missing(errcode_ret);
 }
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
-    cl_mem m, void(CL_CALLBACK* fn)(cl_mem, void*), void* ud) {
+    cl_mem m, void(CL_CALLBACK* fn)(cl_mem, void*), void* ud) try {
   if (!next().clSetMemObjectDestructorCallback) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r || r->sub) return next().clSetMemObjectDestructorCallback(m, fn, ud);
@@ -335,6 +402,11 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
   std::lock_guard lock(callback_lock(r));
   r->callbacks.emplace_back(fn, ud);
   return CL_SUCCESS;
+} catch (...) {
+  internal_failure(__func__);
+  return next().clSetMemObjectDestructorCallback
+             ? next().clSetMemObjectDestructorCallback(m, fn, ud)
+             : CL_INVALID_OPERATION;
 }
 
 // Bounds the padding would hide: the implementation checks against the real
@@ -343,59 +415,82 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueReadBuffer(cl_command_queu
                                                                  cl_bool blocking, size_t offset,
                                                                  size_t size, void* ptr, cl_uint n,
                                                                  const cl_event* wait,
-                                                                 cl_event* ev) {
+                                                                 cl_event* ev) try {
   if (!next().clEnqueueReadBuffer) return CL_INVALID_OPERATION;
   if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
   return next().clEnqueueReadBuffer(q, b, blocking, offset, size, ptr, n, wait, ev);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clEnqueueReadBuffer
+             ? next().clEnqueueReadBuffer(q, b, blocking, offset, size, ptr, n, wait, ev)
+             : CL_INVALID_OPERATION;
 }
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueWriteBuffer(cl_command_queue q, cl_mem b,
                                                                   cl_bool blocking, size_t offset,
                                                                   size_t size, const void* ptr,
                                                                   cl_uint n, const cl_event* wait,
-                                                                  cl_event* ev) {
+                                                                  cl_event* ev) try {
   if (!next().clEnqueueWriteBuffer) return CL_INVALID_OPERATION;
   if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
   return next().clEnqueueWriteBuffer(q, b, blocking, offset, size, ptr, n, wait, ev);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clEnqueueWriteBuffer
+             ? next().clEnqueueWriteBuffer(q, b, blocking, offset, size, ptr, n, wait, ev)
+             : CL_INVALID_OPERATION;
 }
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueCopyBuffer(cl_command_queue q, cl_mem src,
                                                                  cl_mem dst, size_t so, size_t dof,
                                                                  size_t size, cl_uint n,
                                                                  const cl_event* wait,
-                                                                 cl_event* ev) {
+                                                                 cl_event* ev) try {
   if (!next().clEnqueueCopyBuffer) return CL_INVALID_OPERATION;
   Buffer* rs = live_pooled(src);
   Buffer* rd = live_pooled(dst);
   if ((rs && out_of_range(rs, so, size)) || (rd && out_of_range(rd, dof, size)))
     return CL_INVALID_VALUE;
   return next().clEnqueueCopyBuffer(q, src, dst, so, dof, size, n, wait, ev);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clEnqueueCopyBuffer
+             ? next().clEnqueueCopyBuffer(q, src, dst, so, dof, size, n, wait, ev)
+             : CL_INVALID_OPERATION;
 }
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueFillBuffer(cl_command_queue q, cl_mem b,
                                                                  const void* pattern, size_t psize,
                                                                  size_t offset, size_t size,
                                                                  cl_uint n, const cl_event* wait,
-                                                                 cl_event* ev) {
+                                                                 cl_event* ev) try {
   if (!next().clEnqueueFillBuffer) return CL_INVALID_OPERATION;
   if (Buffer* r = live_pooled(b); r && pattern && psize && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
   return next().clEnqueueFillBuffer(q, b, pattern, psize, offset, size, n, wait, ev);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clEnqueueFillBuffer
+             ? next().clEnqueueFillBuffer(q, b, pattern, psize, offset, size, n, wait, ev)
+             : CL_INVALID_OPERATION;
 }
 
-GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(cl_command_queue q, cl_mem b,
-                                                               cl_bool blocking, cl_map_flags mf,
-                                                               size_t offset, size_t size,
-                                                               cl_uint n, const cl_event* wait,
-                                                               cl_event* ev, cl_int* errcode_ret) {
+GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(
+    cl_command_queue q, cl_mem b, cl_bool blocking, cl_map_flags mf, size_t offset, size_t size,
+    cl_uint n, const cl_event* wait, cl_event* ev, cl_int* errcode_ret) try {
   if (!next().clEnqueueMapBuffer) return missing(errcode_ret);
   if (Buffer* r = live_pooled(b); r && out_of_range(r, offset, size)) {
     if (errcode_ret) *errcode_ret = CL_INVALID_VALUE;
     return nullptr;
   }
   return next().clEnqueueMapBuffer(q, b, blocking, mf, offset, size, n, wait, ev, errcode_ret);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clEnqueueMapBuffer
+             ? next().clEnqueueMapBuffer(q, b, blocking, mf, offset, size, n, wait, ev, errcode_ret)
+             : missing(errcode_ret);
 }
 
 // The exported names: aliases, so that the address the layer and a program

@@ -94,10 +94,16 @@ cl_int init_layer(cl_uint num_entries, const cl_icd_dispatch* target, cl_uint* n
   if (inits >= 4) return CL_INVALID_OPERATION;  // four loaders in one process: not supported
   cl_icd_dispatch* table = &tables[inits];
   std::memcpy(static_cast<void*>(table), target, use * sizeof(void*));
-  const gpupool::config::Config& cfg = gpupool::config::get();
+  // Without a configuration (out of memory reading it), a pass-through table.
+  const gpupool::config::Config* cfg = nullptr;
+  try {
+    cfg = &gpupool::config::get();
+  } catch (...) {
+    gpupool::internal_failure("clInitLayer");
+  }
   // A second loader in the process (a bundled one) gets a plain pass-through
   // table: one set of hooks, one next table.
-  if (inits++ == 0 && !cfg.disable && cfg.opencl) {
+  if (inits++ == 0 && cfg && !cfg->disable && cfg->opencl) {
 #define GPUPOOL_CL_FROM_TARGET(name)                         \
   if (offsetof(cl_icd_dispatch, name) / sizeof(void*) < use) \
     g_target.name = reinterpret_cast<decltype(g_target.name)>(target->name);
@@ -110,7 +116,10 @@ cl_int init_layer(cl_uint num_entries, const cl_icd_dispatch* target, cl_uint* n
     GPUPOOL_CL_HOOKED(GPUPOOL_CL_INSTALL)
 #undef GPUPOOL_CL_INSTALL
     g_next.store(&g_target, std::memory_order_release);
-    gpupool::log().debug("OpenCL: initialised as an ICD layer ({} entries)", use);
+    try {
+      gpupool::log().debug("OpenCL: initialised as an ICD layer ({} entries)", use);
+    } catch (...) {
+    }
   }
   *num_entries_ret = use;
   *layer_dispatch_ret = table;
@@ -268,8 +277,13 @@ __attribute__((constructor)) void offer_opencl_layer() {
 
 GPUPOOL_EXPORT char* getenv(const char* name) {
   char* v = environ_value(name);
-  if (g_offer_layer && name && name[0] == 'O' && !std::strcmp(name, "OPENCL_LAYERS"))
-    return const_cast<char*>(layers_answer(v));
+  if (g_offer_layer && name && name[0] == 'O' && !std::strcmp(name, "OPENCL_LAYERS")) {
+    try {
+      return const_cast<char*>(layers_answer(v));
+    } catch (...) {
+      gpupool::internal_failure("getenv(\"OPENCL_LAYERS\")");  // the environment's own value
+    }
+  }
   return v;
 }
 

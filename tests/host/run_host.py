@@ -3,7 +3,7 @@
 promises the host program"), checked on real processes: host_program under
 the preloaded library, on PoCL (OpenCL) or the stand-in libcuda.so.1 (CUDA).
 
-usage: run_host.py PROGRAM LAUNCHER API CHECK
+usage: run_host.py PROGRAM LAUNCHER API CHECK ALLOC_FAILURE_PROGRAM
 
 Each check fails on what was seen before the fix: a hang, the program's own
 data read or overwritten, a file replaced, a signal taken from it. Bounds on
@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 
-PROGRAM, LAUNCHER, API, CHECK = sys.argv[1:5]
+PROGRAM, LAUNCHER, API, CHECK, ALLOC_FAILURE = sys.argv[1:6]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
 STANDIN = os.environ.get("STANDIN_DIR", "")
 # In sanitizer builds the runtime comes first in the preload list; the
@@ -521,6 +521,30 @@ def layer_children(tmp):
     check("OPENCL_LAYERS in environ: ''" in r.stdout, r.stdout.strip())
 
 
+def failure_host_memory(tmp):
+    """Host memory running out inside gpupool: every call still gets the
+    driver's own answer, nothing escapes to the program, and the log says
+    so once (the stats count the rest)."""
+    if SANITIZER:
+        print(f"skipped under the {SANITIZER} sanitizer (it replaces malloc)")
+        return
+    stats = os.path.join(tmp, "stats")
+    try:
+        r = subprocess.run([ALLOC_FAILURE, API], capture_output=True, text=True, timeout=120,
+                           env=env(True, GPUPOOL_STATS_AT_EXIT=1, GPUPOOL_STATS_FILE=stats))
+    except subprocess.TimeoutExpired:
+        fail("the program hung")
+        return
+    check(r.returncode == 0 and r.stdout.startswith("ok 8"),
+          f"exit {r.returncode}: {r.stdout} {r.stderr[-1500:]}")
+    m = re.search(r"failed-mallocs (\d+)", r.stdout)
+    check(m and int(m.group(1)) > 0, f"no allocation of gpupool's failed: {r.stdout}")
+    check(r.stderr.count("failed inside (out of host memory?)") == 1,
+          f"expected the failure said once: {r.stderr[-1500:]}")
+    dump = open(stats).read() if os.path.exists(stats) else ""
+    check(re.search(r"warning: \d+ calls? failed inside gpupool", dump), f"not in the stats: {dump[-800:]}")
+
+
 CHECKS = {
     "fds.closefrom": fds_closefrom,
     "fds.stdio": fds_stdio,
@@ -536,6 +560,7 @@ CHECKS = {
     "memory.contexts": memory_contexts,
     "signals.kept": signals_kept,
     "layer.children": layer_children,
+    "failure.host_memory": failure_host_memory,
 }
 
 with tempfile.TemporaryDirectory() as tmp:
