@@ -88,8 +88,9 @@ struct AllocResult {
 class PoolObserver {
  public:
   virtual ~PoolObserver() = default;
-  virtual void on_allocate(const Arena& arena, const Block& block, bool hit) = 0;
-  virtual void on_free(const Arena& arena, const Block& block) = 0;
+  // Must not throw: the pool is mid-operation.
+  virtual void on_allocate(const Arena& arena, const Block& block, bool hit) noexcept = 0;
+  virtual void on_free(const Arena& arena, const Block& block) noexcept = 0;
   // The arena is about to be destroyed (Pool::reclaim): nothing refers to it
   // afterwards.
   virtual void on_arena_destroyed(const Arena& /*arena*/) {}

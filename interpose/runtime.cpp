@@ -22,6 +22,9 @@ ForkHandlers g_fork[static_cast<unsigned>(ForkPart::count)];
 
 constexpr unsigned kParts = static_cast<unsigned>(ForkPart::count);
 
+// The parts' handlers take and release locks; only the child's renewal
+// allocates, and a failure there costs the child its pooling of what
+// failed, not its life (pthread_atfork handlers must not throw).
 void fork_prepare() {
   for (unsigned i = 0; i < kParts; ++i)
     if (g_fork[i].prepare) g_fork[i].prepare();
@@ -35,8 +38,13 @@ void fork_parent() {
 void fork_child() {
   for (unsigned i = kParts; i-- > 0;)
     if (g_fork[i].child) g_fork[i].child();
-  for (unsigned i = 0; i < kParts; ++i)
-    if (g_fork[i].renew) g_fork[i].renew();
+  for (unsigned i = 0; i < kParts; ++i) {
+    try {
+      if (g_fork[i].renew) g_fork[i].renew();
+    } catch (...) {
+      internal_failure("fork() (the child's start)");
+    }
+  }
   g_renew_control.store(true, std::memory_order_release);
 }
 
@@ -55,10 +63,16 @@ Runtime* create() {
   // handlers while the process exits.
   auto* rt = new Runtime{cfg, Pool(pool_options(cfg))};
   std::atexit([] { g_exiting.store(true, std::memory_order_release); });
-  set_fork_handlers(ForkPart::pool,
-                    {[] { if (Runtime* r = g_runtime.load()) r->pool.fork_prepare(); },
-                     [] { if (Runtime* r = g_runtime.load()) r->pool.fork_parent(); },
-                     [] { if (Runtime* r = g_runtime.load()) r->pool.fork_child(); }, nullptr});
+  set_fork_handlers(ForkPart::pool, {[] {
+                                       if (Runtime* r = g_runtime.load()) r->pool.fork_prepare();
+                                     },
+                                     [] {
+                                       if (Runtime* r = g_runtime.load()) r->pool.fork_parent();
+                                     },
+                                     [] {
+                                       if (Runtime* r = g_runtime.load()) r->pool.fork_child();
+                                     },
+                                     nullptr});
   set_fork_handlers(ForkPart::log, {log_fork_prepare, log_fork_release, log_fork_release, nullptr});
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   log().debug("runtime started: leading_bits={} hold={}", cfg.leading_bits, cfg.hold);
@@ -101,9 +115,10 @@ std::atomic<std::uint64_t> g_internal_failures{0};
 void internal_failure(const char* where) noexcept {
   if (g_internal_failures.fetch_add(1, std::memory_order_relaxed) != 0) return;
   try {
-    log().error("{}: gpupool failed inside (out of host memory?); the call went to the driver "
-                "alone (said once; later failures are counted in the stats warnings)",
-                where);
+    log().error(
+        "{}: gpupool failed inside (out of host memory?); the call went to the driver "
+        "alone (said once; later failures are counted in the stats warnings)",
+        where);
   } catch (...) {
   }
 }

@@ -19,14 +19,14 @@ done
 step() { printf '\n== %s\n' "$*"; }
 
 step "build (build/)"
-cmake -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUPOOL_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
 step "tests"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 300
 
 if [ "$sanitizers" = 1 ]; then
   step "AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
-  cmake -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGPUPOOL_SANITIZE=address,undefined \
+  cmake -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGPUPOOL_SANITIZE=address,undefined -DGPUPOOL_WERROR=ON \
     -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   # Python's own allocations are not ours to judge; leak checks stay on for our programs.
@@ -34,7 +34,7 @@ if [ "$sanitizers" = 1 ]; then
     ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 600 -LE python
 
   step "ThreadSanitizer (build-tsan/)"
-  cmake -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPUPOOL_SANITIZE=thread \
+  cmake -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPUPOOL_SANITIZE=thread -DGPUPOOL_WERROR=ON \
     -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build build-tsan -j"$jobs"
   # die_after_fork=0: a forked child starts its own control thread, which

@@ -59,7 +59,18 @@ bool append_dump(const std::string& path, const std::string& data, std::string* 
   return ok;
 }
 
+void at_exit_locked_dump();
+
+// Registered with atexit(): nothing may escape it.
 void at_exit() {
+  try {
+    at_exit_locked_dump();
+  } catch (...) {
+    internal_failure("gpupool's exit handler");
+  }
+}
+
+void at_exit_locked_dump() {
   State& st = *g_state;
   if (!st.rt) return;
   st.exiting.store(true, std::memory_order_release);
@@ -113,17 +124,24 @@ void fork_child() {
   State& st = *g_state;
   st.warn_mu.unlock();
   new (&st.work_mu) std::mutex;
-  // The parent's channel, socket and clients: the parent's to serve.
+  if (st.tracer) st.tracer->fork_child();
   unpublish_wake();
+  st.thread_running.store(false);
+}
+
+// The child's own start (it may allocate: see runtime.cpp).
+void fork_renew() {
+  if (!g_state) return;
+  State& st = *g_state;
+  // The parent's channel, socket and clients: the parent's to serve.
   st.wake_rd.close();
   st.wake_wr.close();
   st.listen.close();
   for (Client& c : st.clients) c.fd.close();
   st.clients.clear();
   st.wake_builds = st.listen_builds = 0;
-  st.thread_running.store(false);
   st.dumps_dropped.store(0);
-  if (st.tracer && !st.tracer->fork_child()) {
+  if (st.tracer && !st.tracer->renew_in_child()) {
     st.rt->pool.set_observer(nullptr);
     st.tracer = nullptr;
   }
@@ -131,7 +149,8 @@ void fork_child() {
 }
 
 const bool g_fork_registered =
-    (set_fork_handlers(ForkPart::control, {fork_prepare, fork_parent, fork_child, nullptr}), true);
+    (set_fork_handlers(ForkPart::control, {fork_prepare, fork_parent, fork_child, fork_renew}),
+     true);
 
 }  // namespace
 

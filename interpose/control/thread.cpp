@@ -70,90 +70,99 @@ void* control_thread(void* arg) {
 
   std::vector<pollfd> fds;
   for (;;) {
-    check_descriptors(st);
-    now = mono_ns();
-    std::uint64_t next = std::min({next_interval, next_trim, next_prom, next_flush, next_check});
-    fds.clear();
-    const bool wake = st.wake_rd.valid();
-    const bool listening = st.listen.valid();
-    if (wake) fds.push_back({st.wake_rd.get(), POLLIN, 0});
-    if (listening) fds.push_back({st.listen.get(), POLLIN, 0});
-    for (const Client& c : st.clients) {
-      fds.push_back({c.fd.get(), static_cast<short>(c.answering ? POLLOUT : POLLIN), 0});
-      next = std::min(next, c.deadline);
-    }
-    const int timeout_ms =
-        next <= now ? 0 : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
-    const int r = ::poll(fds.data(), fds.size(), timeout_ms);
-    // Exit began: the at-exit handler owns the last dump; touch nothing that
-    // static destructors may be tearing down.
-    if (st.exiting.load(std::memory_order_acquire)) break;
-    if (r < 0 && errno != EINTR) break;
-    std::size_t k = 0;
-    if (wake) {
-      if (r > 0 && (fds[k].revents & POLLIN) && st.wake_rd.ours()) {
-        char buf[64];
-        while (::recv(st.wake_rd.get(), buf, sizeof buf, MSG_DONTWAIT) > 0) {
+    // A failure inside (out of host memory) costs this round, not the
+    // thread: it is counted and the loop goes on.
+    try {
+      check_descriptors(st);
+      now = mono_ns();
+      std::uint64_t next = std::min({next_interval, next_trim, next_prom, next_flush, next_check});
+      fds.clear();
+      const bool wake = st.wake_rd.valid();
+      const bool listening = st.listen.valid();
+      if (wake) fds.push_back({st.wake_rd.get(), POLLIN, 0});
+      if (listening) fds.push_back({st.listen.get(), POLLIN, 0});
+      for (const Client& c : st.clients) {
+        fds.push_back({c.fd.get(), static_cast<short>(c.answering ? POLLOUT : POLLIN), 0});
+        next = std::min(next, c.deadline);
+      }
+      const int timeout_ms =
+          next <= now ? 0
+                      : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
+      const int r = ::poll(fds.data(), fds.size(), timeout_ms);
+      // Exit began: the at-exit handler owns the last dump; touch nothing that
+      // static destructors may be tearing down.
+      if (st.exiting.load(std::memory_order_acquire)) break;
+      if (r < 0 && errno != EINTR) break;
+      std::size_t k = 0;
+      if (wake) {
+        if (r > 0 && (fds[k].revents & POLLIN) && st.wake_rd.ours()) {
+          char buf[64];
+          while (::recv(st.wake_rd.get(), buf, sizeof buf, MSG_DONTWAIT) > 0) {
+          }
         }
+        ++k;
       }
-      ++k;
-    }
-    unsigned taken[kActions];
-    for (unsigned a = 0; a < kActions; ++a) taken[a] = take_requests(static_cast<Action>(a));
-    // Release first, so that "USR2 then USR1" coalesced into one wake-up
-    // still shows the released memory in the dump.
-    if (taken[kStopHolding]) {
-      log().info("stop_holding requested by signal");
-      stop_holding(rt);
-    }
-    if (taken[kFreeHeld]) {
-      log().info("free_held requested by signal");
-      free_held(rt);
-    }
-    if (taken[kStats]) dump(rt, "signal");
+      unsigned taken[kActions];
+      for (unsigned a = 0; a < kActions; ++a) taken[a] = take_requests(static_cast<Action>(a));
+      // Release first, so that "USR2 then USR1" coalesced into one wake-up
+      // still shows the released memory in the dump.
+      if (taken[kStopHolding]) {
+        log().info("stop_holding requested by signal");
+        stop_holding(rt);
+      }
+      if (taken[kFreeHeld]) {
+        log().info("free_held requested by signal");
+        free_held(rt);
+      }
+      if (taken[kStats]) dump(rt, "signal");
 
-    const bool incoming = listening && r > 0 && (fds[k].revents & POLLIN);
-    if (listening) ++k;
-    // Clients first (the fds after k are theirs, in order), then new ones.
-    now = mono_ns();
-    std::size_t i = 0;
-    std::erase_if(st.clients, [&](Client& c) {
-      const std::size_t j = k + i++;
-      const bool ready = r > 0 && j < fds.size() && fds[j].revents != 0;
-      if (!ready && now < c.deadline) return false;
-      if (!c.fd.ours()) {
-        c.fd.forget();
-        return true;
-      }
-      return !serve(rt, c, now);
-    });
-    if (incoming) accept_clients(st);
+      const bool incoming = listening && r > 0 && (fds[k].revents & POLLIN);
+      if (listening) ++k;
+      // Clients first (the fds after k are theirs, in order), then new ones.
+      now = mono_ns();
+      std::size_t i = 0;
+      std::erase_if(st.clients, [&](Client& c) {
+        const std::size_t j = k + i++;
+        const bool ready = r > 0 && j < fds.size() && fds[j].revents != 0;
+        if (!ready && now < c.deadline) return false;
+        if (!c.fd.ours()) {
+          c.fd.forget();
+          return true;
+        }
+        return !serve(rt, c, now);
+      });
+      if (incoming) accept_clients(st);
 
-    now = mono_ns();
-    if (now >= next_interval) {
-      dump(rt, "interval");
-      next_interval = now + interval;
-    }
-    if (now >= next_trim) {
-      std::unique_lock lock(st.work_mu);
-      if (!st.exiting.load()) {
-        if (std::size_t n = rt.pool.trim_idle(rt.pool.now()))
-          log().debug("released {} blocks held longer than GPUPOOL_RELEASE_AFTER", n);
+      now = mono_ns();
+      if (now >= next_interval) {
+        dump(rt, "interval");
+        next_interval = now + interval;
       }
-      next_trim = now + trim_period;
-    }
-    if (now >= next_prom) {
-      write_prometheus(rt);
-      next_prom = now + prom_period;
-    }
-    if (now >= next_flush) {
-      if (st.tracer) st.tracer->flush();
-      next_flush = now + kFlushPeriod;
-    }
-    if (now >= next_check) {
-      check_handlers();
-      rt.pool.reclaim();
-      next_check = now + kCheckPeriod;
+      if (now >= next_trim) {
+        std::unique_lock lock(st.work_mu);
+        if (!st.exiting.load()) {
+          if (std::size_t n = rt.pool.trim_idle(rt.pool.now()))
+            log().debug("released {} blocks held longer than GPUPOOL_RELEASE_AFTER", n);
+        }
+        next_trim = now + trim_period;
+      }
+      if (now >= next_prom) {
+        write_prometheus(rt);
+        next_prom = now + prom_period;
+      }
+      if (now >= next_flush) {
+        if (st.tracer) st.tracer->flush();
+        next_flush = now + kFlushPeriod;
+      }
+      if (now >= next_check) {
+        check_handlers();
+        rt.pool.reclaim();
+        next_check = now + kCheckPeriod;
+      }
+    } catch (...) {
+      internal_failure("gpupool's control thread");
+      const timespec pause{0, 10'000'000};
+      nanosleep(&pause, nullptr);
     }
   }
   st.thread_running.store(false);

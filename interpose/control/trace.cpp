@@ -80,7 +80,7 @@ std::string no_space(std::string s) {
 
 struct Tracer::Impl {
   std::string pattern;
-  io::OwnedFd file;  // under write_mu
+  io::OwnedFd file;       // under write_mu
   bool disabled = false;  // a forked child whose pattern has no %p
   std::uint64_t t0 = 0;
   std::atomic<ThreadBuf*> bufs{nullptr};
@@ -128,7 +128,8 @@ ThreadBuf* Tracer::Impl::mine() {
     b = new ThreadBuf;
     ThreadBuf* old = bufs.load(std::memory_order_relaxed);
     do b->next = old;
-    while (!bufs.compare_exchange_weak(old, b, std::memory_order_release, std::memory_order_relaxed));
+    while (
+        !bufs.compare_exchange_weak(old, b, std::memory_order_release, std::memory_order_relaxed));
   }
   pthread_setspecific(key, b);
   tl_slot.owner = this;
@@ -210,8 +211,10 @@ void Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
     why = std::string("cannot write the trace file: ") + strerror(errno);
   }
   if (dropped.fetch_add(records, std::memory_order_relaxed) == 0)
-    log().warn("GPUPOOL_TRACE_FILE: {}; trace records are being dropped (counted in the stats "
-               "warnings)", why);
+    log().warn(
+        "GPUPOOL_TRACE_FILE: {}; trace records are being dropped (counted in the stats "
+        "warnings)",
+        why);
 }
 
 bool Tracer::Impl::open_file(bool append, std::string* why) {
@@ -223,11 +226,13 @@ bool Tracer::Impl::open_file(bool append, std::string* why) {
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   char header[256];
-  snprintf(header, sizeof header,
-           "# gpupool trace 1\n# pid %ld start_unix_ns %" PRIu64 "\n"
-           "# a t_ns tid arena handle requested size h|m / f t_ns tid arena handle requested size\n",
-           static_cast<long>(getpid()),
-           std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec));
+  snprintf(
+      header, sizeof header,
+      "# gpupool trace 1\n# pid %ld start_unix_ns %" PRIu64
+      "\n"
+      "# a t_ns tid arena handle requested size h|m / f t_ns tid arena handle requested size\n",
+      static_cast<long>(getpid()),
+      std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec));
   io::write_bounded(file.get(), header, std::strlen(header));
   t0 = mono_ns();
   arena_ids.clear();
@@ -251,12 +256,24 @@ Tracer* Tracer::open(const std::string& pattern, std::string* why) {
   return t;
 }
 
-void Tracer::on_allocate(const Arena& arena, const Block& block, bool hit) {
-  impl_->push(Rec{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0, 'a', hit ? 'h' : 'm'});
+// Never throws into the pool: a record that cannot be kept (out of host
+// memory for a thread's buffer) is dropped and counted.
+void Tracer::on_allocate(const Arena& arena, const Block& block, bool hit) noexcept {
+  try {
+    impl_->push(Rec{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
+                    'a', hit ? 'h' : 'm'});
+  } catch (...) {
+    impl_->dropped.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
-void Tracer::on_free(const Arena& arena, const Block& block) {
-  impl_->push(Rec{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0, 'f', 0});
+void Tracer::on_free(const Arena& arena, const Block& block) noexcept {
+  try {
+    impl_->push(
+        Rec{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0, 'f', 0});
+  } catch (...) {
+    impl_->dropped.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void Tracer::flush() {
@@ -292,7 +309,7 @@ void Tracer::fork_parent() {
     b->drain_mu.unlock();
 }
 
-bool Tracer::fork_child() {
+void Tracer::fork_child() {
   Impl& t = *impl_;
   // Every thread but this one is gone: their buffers are free, and every
   // buffered record is the parent's to write.
@@ -302,11 +319,16 @@ bool Tracer::fork_child() {
   }
   tl_slot = {};
   fork_parent();
+}
+
+bool Tracer::renew_in_child() {
+  Impl& t = *impl_;
   if (t.pattern.find("%p") == std::string::npos) {
     t.disabled = true;
     t.file.forget();  // the parent's file; the child leaves it alone
-    log().info("GPUPOOL_TRACE_FILE has no %p: a forked child does not trace (the parent's file "
-               "is left to the parent)");
+    log().info(
+        "GPUPOOL_TRACE_FILE has no %p: a forked child does not trace (the parent's file "
+        "is left to the parent)");
     return false;
   }
   std::string why;

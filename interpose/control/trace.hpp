@@ -21,8 +21,8 @@ class Tracer final : public PoolObserver {
   // when it cannot.
   static Tracer* open(const std::string& pattern, std::string* why);
 
-  void on_allocate(const Arena& arena, const Block& block, bool hit) override;
-  void on_free(const Arena& arena, const Block& block) override;
+  void on_allocate(const Arena& arena, const Block& block, bool hit) noexcept override;
+  void on_free(const Arena& arena, const Block& block) noexcept override;
   // Writes out the records naming the arena and forgets its id.
   void on_arena_destroyed(const Arena& arena) override;
 
@@ -35,12 +35,14 @@ class Tracer final : public PoolObserver {
   std::uint64_t records_dropped() const;
 
   // fork(): the tracer's locks, held across fork. In the child the parent's
-  // buffered records are discarded (the parent writes them); the child
-  // traces into its own file when the pattern has %p, and not at all
-  // otherwise (it returns false: the caller detaches the tracer).
+  // buffered records are discarded (the parent writes them: fork_child);
+  // then the child traces into its own file when the pattern has %p, and
+  // not at all otherwise (renew_in_child returns false: the caller detaches
+  // the tracer).
   void fork_prepare();
   void fork_parent();
-  bool fork_child();
+  void fork_child();
+  bool renew_in_child();
 
   struct Impl;  // opaque; public only so the .cpp's thread buffers can name it
 

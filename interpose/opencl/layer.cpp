@@ -219,6 +219,12 @@ char* environ_value(const char* name) {
   return nullptr;
 }
 
+// getenv's own argument is declared nonnull; a NULL from a program is
+// still answered with NULL (environ_value), never dereferenced.
+bool is_layers_variable(const char* name) {
+  return name && name[0] == 'O' && !std::strcmp(name, "OPENCL_LAYERS");
+}
+
 // Whether the loader should see this library in OPENCL_LAYERS (decided at
 // load), and its path (found at the loader's first question, not at load:
 // every process pays for what runs at load).
@@ -277,7 +283,7 @@ __attribute__((constructor)) void offer_opencl_layer() {
 
 GPUPOOL_EXPORT char* getenv(const char* name) {
   char* v = environ_value(name);
-  if (g_offer_layer && name && name[0] == 'O' && !std::strcmp(name, "OPENCL_LAYERS")) {
+  if (g_offer_layer && is_layers_variable(name)) {
     try {
       return const_cast<char*>(layers_answer(v));
     } catch (...) {

@@ -57,7 +57,9 @@ inline std::string bad(const std::string& name, const std::string& value) {
   EXPECT_EQ(d.message.rfind(name + "=\"", 0), 0u) << d.message;
   bool plain = value.size() <= 80;
   for (char c : value) plain = plain && c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
-  if (plain) EXPECT_EQ(d.message.rfind(name + "=\"" + value + "\" ", 0), 0u) << d.message;
+  if (plain) {
+    EXPECT_EQ(d.message.rfind(name + "=\"" + value + "\" ", 0), 0u) << d.message;
+  }
   EXPECT_NE(d.message.find(" (accepted: "), std::string::npos) << d.message;
   EXPECT_NE(d.message.find("; using the default (" + def + ")"), std::string::npos) << d.message;
   EXPECT_EQ(p.value(name), value_text(parse(nullptr, nullptr), name)) << name << "=" << value;

@@ -390,8 +390,11 @@ void run_seed(int seed) {
     // Live blocks of one device never share a handle.
     for (std::size_t i = 0; i < live.size(); ++i)
       for (std::size_t j = i + 1; j < live.size(); ++j)
-        if (groups[live[i].arena] == groups[live[j].arena])
-        ASSERT_NE(live[i].block->handle, live[j].block->handle) << "seed " << seed << " step " << step << " arenas " << live[i].arena << "," << live[j].arena;
+        if (groups[live[i].arena] == groups[live[j].arena]) {
+          ASSERT_NE(live[i].block->handle, live[j].block->handle)
+              << "seed " << seed << " step " << step << " arenas " << live[i].arena << ","
+              << live[j].arena;
+        }
     if (::testing::Test::HasFatalFailure()) return;
   }
   for (auto& l : live) pool.free(l.block);

@@ -99,7 +99,7 @@ bool g_pooled = false;
 bool g_immediate = false;
 // Safe reuse may allocate fresh blocks instead of waiting (GPUPOOL_PENDING_GROWTH).
 bool g_growth = false;
-void* g_handle = nullptr;  // dlopen'ed libcuda (dl modes)
+[[maybe_unused]] void* g_handle = nullptr;  // dlopen'ed libcuda (dl modes)
 
 StandinCounters snap() { return *api.counters(); }
 
