@@ -82,10 +82,8 @@ struct Bool {
   static constexpr const char* type = "bool";
   static constexpr const char* accepted = "1/0, true/false, yes/no, on/off";
   static bool parse(std::string_view text, T* out, std::string* reason) {
-    const std::string v = lower(trim(text));
-    if (v.empty()) { *reason = "is empty"; return false; }
-    if (v == "1" || v == "true" || v == "yes" || v == "on") { *out = true; return true; }
-    if (v == "0" || v == "false" || v == "no" || v == "off") { *out = false; return true; }
+    if (trim(text).empty()) { *reason = "is empty"; return false; }
+    if (parse_bool(text, out)) return true;
     *reason = "is not a boolean";
     return false;
   }
@@ -608,6 +606,19 @@ int parse_signal(const std::string& text, std::string* why) {
     return -1;
   }
   return signo;
+}
+
+bool parse_bool(std::string_view text, bool* out) {
+  const std::string_view v = trim(text);
+  auto is = [&](std::string_view word) {
+    if (v.size() != word.size()) return false;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(v[i])) != word[i]) return false;
+    return true;
+  };
+  if (is("1") || is("true") || is("yes") || is("on")) { *out = true; return true; }
+  if (is("0") || is("false") || is("no") || is("off")) { *out = false; return true; }
+  return false;
 }
 
 bool parse_size(const std::string& text, bool allow_percent, SizeSpec* out, std::string* why) {

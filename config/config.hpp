@@ -102,5 +102,8 @@ std::string signal_name(int signo);
 // true and *out set, or false and *why set to a phrase ("is not a size").
 bool parse_size(const std::string& text, bool allow_percent, SizeSpec* out, std::string* why);
 bool parse_duration(const std::string& text, std::uint64_t* ns, std::string* why);
+// 1/0, true/false, yes/no, on/off (any case, surrounding blanks). Allocates
+// nothing: the library's load-time code uses it too.
+bool parse_bool(std::string_view text, bool* out);
 
 }  // namespace gpupool::config

@@ -9,27 +9,6 @@
 
 namespace gpupool {
 
-Stats& Stats::operator+=(const Stats& o) {
-  held_blocks += o.held_blocks;
-  active_blocks += o.active_blocks;
-  held_bytes += o.held_bytes;
-  active_bytes += o.active_bytes;
-  managed_bytes += o.managed_bytes;
-  peak_held_blocks += o.peak_held_blocks;
-  peak_active_blocks += o.peak_active_blocks;
-  peak_held_bytes += o.peak_held_bytes;
-  peak_active_bytes += o.peak_active_bytes;
-  peak_managed_bytes += o.peak_managed_bytes;
-  hits += o.hits;
-  misses += o.misses;
-  backend_allocs += o.backend_allocs;
-  backend_frees += o.backend_frees;
-  oom_retries += o.oom_retries;
-  trims += o.trims;
-  pending_frees += o.pending_frees;
-  fence_waits += o.fence_waits;
-  return *this;
-}
 
 // One bin's held blocks, oldest first. A queue over a vector: blocks leave
 // from the front (oldest, the first whose fence passes) as often as from the

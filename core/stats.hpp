@@ -8,29 +8,41 @@
 
 namespace gpupool {
 
+// Every counter, in the order dumps list them: X(name, kind, meaning),
+// kind `bytes` (a byte count), `count` (a gauge) or `counter` (only grows:
+// a Prometheus counter). The struct, its sum and every rendering
+// (control/stats_format.cpp) come from this one list.
+#define GPUPOOL_STATS_FIELDS(X)                                                             \
+  X(held_blocks, count, "freed by the program, kept for reuse")                              \
+  X(active_blocks, count, "in the program's hands")                                          \
+  X(held_bytes, bytes, "allocation sizes of held blocks")                                    \
+  X(active_bytes, bytes, "sizes the program asked for")                                      \
+  X(managed_bytes, bytes, "allocation sizes of active + held blocks")                        \
+  X(peak_held_blocks, count, "highest held_blocks")                                          \
+  X(peak_active_blocks, count, "highest active_blocks")                                      \
+  X(peak_held_bytes, bytes, "highest held_bytes")                                            \
+  X(peak_active_bytes, bytes, "highest active_bytes")                                        \
+  X(peak_managed_bytes, bytes, "highest managed_bytes")                                      \
+  X(hits, counter, "allocations served from held blocks")                                    \
+  X(misses, counter, "allocations that went to the backend")                                 \
+  X(backend_allocs, counter, "successful backend allocations")                               \
+  X(backend_frees, counter, "backend releases")                                              \
+  X(oom_retries, counter, "backend allocations retried after releasing held blocks")         \
+  X(trims, counter, "held blocks released for the cap or for idleness")                      \
+  X(pending_frees, counter, "frees whose block the device might still use (fenced)")         \
+  X(fence_waits, counter, "bulk waits because only pending blocks could serve a request")
+
 struct Stats {
-  std::uint64_t held_blocks = 0;    // freed by the program, kept for reuse
-  std::uint64_t active_blocks = 0;  // in the program's hands
-  std::uint64_t held_bytes = 0;     // allocation sizes of held blocks
-  std::uint64_t active_bytes = 0;   // sizes the program asked for
-  std::uint64_t managed_bytes = 0;  // allocation sizes of active + held blocks
+#define GPUPOOL_STATS_MEMBER(name, kind, meaning) std::uint64_t name = 0;
+  GPUPOOL_STATS_FIELDS(GPUPOOL_STATS_MEMBER)
+#undef GPUPOOL_STATS_MEMBER
 
-  std::uint64_t peak_held_blocks = 0;
-  std::uint64_t peak_active_blocks = 0;
-  std::uint64_t peak_held_bytes = 0;
-  std::uint64_t peak_active_bytes = 0;
-  std::uint64_t peak_managed_bytes = 0;
-
-  std::uint64_t hits = 0;            // allocations served from held blocks
-  std::uint64_t misses = 0;          // allocations that went to the backend
-  std::uint64_t backend_allocs = 0;  // successful backend allocations
-  std::uint64_t backend_frees = 0;   // backend releases
-  std::uint64_t oom_retries = 0;     // backend allocations retried after releasing held blocks
-  std::uint64_t trims = 0;           // held blocks released for the cap or for idleness
-  std::uint64_t pending_frees = 0;   // frees whose block the device might still use (fenced)
-  std::uint64_t fence_waits = 0;     // bulk waits because only pending blocks could serve a request
-
-  Stats& operator+=(const Stats& o);
+  Stats& operator+=(const Stats& o) {
+#define GPUPOOL_STATS_ADD(name, kind, meaning) name += o.name;
+    GPUPOOL_STATS_FIELDS(GPUPOOL_STATS_ADD)
+#undef GPUPOOL_STATS_ADD
+    return *this;
+  }
   bool operator==(const Stats&) const = default;
 };
 

@@ -35,13 +35,13 @@ namespace {
 // Exit codes of the PID commands (documented in --help and docs/c-api.md).
 enum Exit : int {
   kOk = 0,
-  kFailed = 1,          // the process answered with an error, or an I/O error
-  kUsage = 2,           // bad command line
-  kNoProcess = 3,       // no such process
-  kNotGpupool = 4,      // the process does not have libgpupool loaded
-  kIdle = 5,            // loaded, but no GPU call yet: control not started
-  kDenied = 6,          // another user's process
-  kTimeout = 7,         // no answer in time (stopped or busy process)
+  kFailed = 1,      // the process answered with an error, or an I/O error
+  kUsage = 2,       // bad command line
+  kNoProcess = 3,   // no such process
+  kNotGpupool = 4,  // the process does not have libgpupool loaded
+  kIdle = 5,        // loaded, but no GPU call yet: control not started
+  kDenied = 6,      // another user's process
+  kTimeout = 7,     // no answer in time (stopped or busy process)
 };
 
 const char* kProg = "gpupool";
@@ -69,33 +69,6 @@ const char kMainHelp[] =
     "  4 process not running gpupool, 5 gpupool loaded but idle (no GPU call\n"
     "  yet), 6 permission denied (another user's process), 7 no answer in time.\n"
     "`gpupool run` exits with PROGRAM's status (127: not found, 126: cannot run).\n";
-
-const char kRunHelp[] =
-    "Usage: gpupool run [OPTIONS] [--] PROGRAM [ARGS...]\n"
-    "\n"
-    "Run PROGRAM with libgpupool.so in LD_PRELOAD (kept after any sanitizer\n"
-    "runtime, before whatever LD_PRELOAD held) and GPUPOOL_* variables set from\n"
-    "OPTIONS. Exits with PROGRAM's exit status.\n"
-    "\n"
-    "Options (each sets the variable shown; values are checked first):\n"
-    "  --max-held SIZE        GPUPOOL_MAX_HELD      cap on held bytes (2G, 25%)\n"
-    "  --max-pooled SIZE      GPUPOOL_MAX_POOLED    largest pooled request\n"
-    "  --release-after TIME   GPUPOOL_RELEASE_AFTER release blocks idle this long (10s)\n"
-    "  --reuse safe|immediate GPUPOOL_REUSE\n"
-    "  --leading-bits N       GPUPOOL_LEADING_BITS\n"
-    "  --no-hold              GPUPOOL_HOLD=0        start with holding stopped\n"
-    "  --no-probe             GPUPOOL_PROBE=0\n"
-    "  --disable WHAT         cuda, cuda-host, opencl (comma-separated) or all\n"
-    "  --stats                GPUPOOL_STATS_AT_EXIT=1  print stats at exit\n"
-    "  --stats-file FILE      GPUPOOL_STATS_FILE    (%p: pid)\n"
-    "  --stats-interval TIME  GPUPOOL_STATS_INTERVAL\n"
-    "  --json                 GPUPOOL_STATS_FORMAT=json\n"
-    "  --prometheus FILE      GPUPOOL_PROMETHEUS_FILE\n"
-    "  --trace FILE           GPUPOOL_TRACE_FILE    record every allocation and free\n"
-    "  --log LEVEL            GPUPOOL_LOG           off, error, warn, info, debug, trace\n"
-    "  --log-file FILE        GPUPOOL_LOG_FILE\n"
-    "  --set NAME=VALUE       any GPUPOOL_* variable (see `gpupool env`)\n"
-    "  -h, --help             show this help\n";
 
 const char kStatsHelp[] =
     "Usage: gpupool stats PID [--json] [--timeout SECONDS]\n"
@@ -210,33 +183,78 @@ std::string check_value(const std::string& name, const std::string& value) {
   return {};
 }
 
+// `gpupool run`'s options: what each sets, and its line in the help (one
+// table for both).
 struct RunOption {
   const char* flag;
   const char* variable;  // nullptr: special
   bool takes_value;
   const char* fixed_value;  // for flags without a value
   bool path;                // made absolute: the program may chdir
+  const char* value_name;   // in the help: "--max-held SIZE"
+  const char* help;
 };
 
 const RunOption kRunOptions[] = {
-    {"--max-held", "GPUPOOL_MAX_HELD", true, nullptr, false},
-    {"--max-pooled", "GPUPOOL_MAX_POOLED", true, nullptr, false},
-    {"--release-after", "GPUPOOL_RELEASE_AFTER", true, nullptr, false},
-    {"--reuse", "GPUPOOL_REUSE", true, nullptr, false},
-    {"--leading-bits", "GPUPOOL_LEADING_BITS", true, nullptr, false},
-    {"--no-hold", "GPUPOOL_HOLD", false, "0", false},
-    {"--no-probe", "GPUPOOL_PROBE", false, "0", false},
-    {"--stats", "GPUPOOL_STATS_AT_EXIT", false, "1", false},
-    {"--stats-file", "GPUPOOL_STATS_FILE", true, nullptr, true},
-    {"--stats-interval", "GPUPOOL_STATS_INTERVAL", true, nullptr, false},
-    {"--json", "GPUPOOL_STATS_FORMAT", false, "json", false},
-    {"--prometheus", "GPUPOOL_PROMETHEUS_FILE", true, nullptr, true},
-    {"--trace", "GPUPOOL_TRACE_FILE", true, nullptr, true},
-    {"--log", "GPUPOOL_LOG", true, nullptr, false},
-    {"--log-file", "GPUPOOL_LOG_FILE", true, nullptr, true},
-    {"--disable", nullptr, true, nullptr, false},
-    {"--set", nullptr, true, nullptr, false},
+    {"--max-held", "GPUPOOL_MAX_HELD", true, nullptr, false, "SIZE", "cap on held bytes (2G, 25%)"},
+    {"--max-pooled", "GPUPOOL_MAX_POOLED", true, nullptr, false, "SIZE", "largest pooled request"},
+    {"--release-after", "GPUPOOL_RELEASE_AFTER", true, nullptr, false, "TIME",
+     "release blocks idle this long (10s)"},
+    {"--reuse", "GPUPOOL_REUSE", true, nullptr, false, "safe|immediate", ""},
+    {"--leading-bits", "GPUPOOL_LEADING_BITS", true, nullptr, false, "N", ""},
+    {"--no-hold", "GPUPOOL_HOLD", false, "0", false, "", "start with holding stopped"},
+    {"--no-probe", "GPUPOOL_PROBE", false, "0", false, "", ""},
+    {"--disable", nullptr, true, nullptr, false, "WHAT",
+     "cuda, cuda-host, opencl (comma-separated) or all"},
+    {"--stats", "GPUPOOL_STATS_AT_EXIT", false, "1", false, "", "print stats at exit"},
+    {"--stats-file", "GPUPOOL_STATS_FILE", true, nullptr, true, "FILE", "(%p: pid)"},
+    {"--stats-interval", "GPUPOOL_STATS_INTERVAL", true, nullptr, false, "TIME", ""},
+    {"--json", "GPUPOOL_STATS_FORMAT", false, "json", false, "", ""},
+    {"--prometheus", "GPUPOOL_PROMETHEUS_FILE", true, nullptr, true, "FILE", ""},
+    {"--trace", "GPUPOOL_TRACE_FILE", true, nullptr, true, "FILE",
+     "record every allocation and free"},
+    {"--log", "GPUPOOL_LOG", true, nullptr, false, "LEVEL", "off, error, warn, info, debug, trace"},
+    {"--log-file", "GPUPOOL_LOG_FILE", true, nullptr, true, "FILE", ""},
+    {"--set", nullptr, true, nullptr, false, "NAME=VALUE",
+     "any GPUPOOL_* variable (see `gpupool env`)"},
 };
+
+std::string pad(std::string s, std::size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  else s += ' ';
+  return s;
+}
+
+std::string run_help() {
+  std::string h =
+      "Usage: gpupool run [OPTIONS] [--] PROGRAM [ARGS...]\n"
+      "\n"
+      "Run PROGRAM with libgpupool.so in LD_PRELOAD (kept after any sanitizer\n"
+      "runtime, before whatever LD_PRELOAD held) and GPUPOOL_* variables set from\n"
+      "OPTIONS. Exits with PROGRAM's exit status.\n"
+      "\n"
+      "Options (each sets the variable shown; values are checked first):\n";
+  auto flag_of = [](const RunOption& o) {
+    return *o.value_name ? std::string(o.flag) + " " + o.value_name : std::string(o.flag);
+  };
+  auto var_of = [](const RunOption& o) {
+    std::string v = o.variable ? o.variable : "";
+    if (o.variable && o.fixed_value) v += std::string("=") + o.fixed_value;
+    return v;
+  };
+  std::size_t flag_w = 0, var_w = 0;
+  for (const RunOption& o : kRunOptions) {
+    flag_w = std::max(flag_w, flag_of(o).size() + 2);
+    var_w = std::max(var_w, var_of(o).size() + 2);
+  }
+  for (const RunOption& o : kRunOptions) {
+    std::string line = "  " + pad(flag_of(o), flag_w) + pad(var_of(o), var_w) + o.help;
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    h += line + "\n";
+  }
+  h += "  " + pad("-h, --help", flag_w + var_w) + "show this help\n";
+  return h;
+}
 
 int cmd_run(int argc, char** argv) {
   std::vector<std::pair<std::string, std::string>> vars;
@@ -248,7 +266,7 @@ int cmd_run(int argc, char** argv) {
       break;
     }
     if (is_help(arg)) {
-      std::fputs(kRunHelp, stdout);
+      std::fputs(run_help().c_str(), stdout);
       return kOk;
     }
     if (arg.size() < 2 || arg[0] != '-') break;  // the program
@@ -316,8 +334,9 @@ int cmd_run(int argc, char** argv) {
   }
   const std::string lib = find_library();
   if (lib.empty()) {
-    std::fprintf(stderr, "%s: run: cannot find libgpupool.so next to %s (looked in ../lib and ..)\n",
-                 kProg, self_dir().c_str());
+    std::fprintf(stderr,
+                 "%s: run: cannot find libgpupool.so next to %s (looked in ../lib and ..)\n", kProg,
+                 self_dir().c_str());
     return kFailed;
   }
   for (const auto& [name, value] : vars) setenv(name.c_str(), value.c_str(), 1);
@@ -419,8 +438,10 @@ int talk(long pid, const std::string& request, double timeout_s, bool quiet_ok_l
   }
   if (fd < 0) {
     if (!squatter.empty())
-      std::fprintf(stderr, "%s: note: the usual control socket name of %s is held by another "
-                   "process (%s); not trusting it\n", kProg, who.c_str(), squatter.c_str());
+      std::fprintf(stderr,
+                   "%s: note: the usual control socket name of %s is held by another "
+                   "process (%s); not trusting it\n",
+                   kProg, who.c_str(), squatter.c_str());
     if (connect_error != ECONNREFUSED) {
       std::fprintf(stderr, "%s: cannot reach %s: %s\n", kProg, who.c_str(),
                    std::strerror(connect_error));
@@ -448,7 +469,8 @@ int talk(long pid, const std::string& request, double timeout_s, bool quiet_ok_l
   }
   const std::string line = request + "\n";
   // A refusal may already be waiting even if the send fails: read it.
-  const bool sent = send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
+  const bool sent =
+      send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
   const int send_errno = errno;
   std::string reply;
   const std::uint64_t deadline = now_ms() + static_cast<std::uint64_t>(timeout_s * 1000);
@@ -487,7 +509,8 @@ int talk(long pid, const std::string& request, double timeout_s, bool quiet_ok_l
     return kDenied;
   }
   if (status.empty() && !sent) {
-    std::fprintf(stderr, "%s: cannot send to %s: %s\n", kProg, who.c_str(), std::strerror(send_errno));
+    std::fprintf(stderr, "%s: cannot send to %s: %s\n", kProg, who.c_str(),
+                 std::strerror(send_errno));
     return kFailed;
   }
   if (status.empty()) {
@@ -500,7 +523,9 @@ int talk(long pid, const std::string& request, double timeout_s, bool quiet_ok_l
 }
 
 int cmd_pid(const std::string& cmd, int argc, char** argv) {
-  const char* help = cmd == "stats" ? kStatsHelp : cmd == "free-held" ? kFreeHeldHelp : kStopHoldingHelp;
+  const char* help = cmd == "stats"       ? kStatsHelp
+                     : cmd == "free-held" ? kFreeHeldHelp
+                                          : kStopHoldingHelp;
   bool json = false;
   double timeout = 5;
   std::optional<long> pid;
@@ -523,14 +548,16 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
       char* end = nullptr;
       timeout = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(timeout > 0) || timeout > 3600)
-        return usage_error(cmd + ": --timeout: '" + v + "' is not a number of seconds (0 < s <= 3600)",
-                           cmd.c_str());
+        return usage_error(
+            cmd + ": --timeout: '" + v + "' is not a number of seconds (0 < s <= 3600)",
+            cmd.c_str());
     } else if (!a.empty() && a[0] == '-') {
       return usage_error(cmd + ": unknown option '" + a + "'", cmd.c_str());
     } else {
       long p;
       if (pid) return usage_error(cmd + ": more than one PID given", cmd.c_str());
-      if (!parse_pid(a, &p)) return usage_error(cmd + ": '" + a + "' is not a process id", cmd.c_str());
+      if (!parse_pid(a, &p))
+        return usage_error(cmd + ": '" + a + "' is not a process id", cmd.c_str());
       pid = p;
     }
   }
@@ -559,7 +586,8 @@ int cmd_env(int argc, char** argv) {
   }
   value_w = std::min<std::size_t>(value_w, 24);
   std::printf("%-*s  %-*s  %-*s  %s\n", static_cast<int>(name_w), "VARIABLE",
-              static_cast<int>(value_w), "VALUE", static_cast<int>(def_w), "DEFAULT", "DESCRIPTION");
+              static_cast<int>(value_w), "VALUE", static_cast<int>(def_w), "DEFAULT",
+              "DESCRIPTION");
   for (const auto& o : opts) {
     const char* v = getenv(o.name);
     std::printf("%-*s  %-*s  %-*s  %s\n", static_cast<int>(name_w), o.name,
@@ -584,7 +612,7 @@ int cmd_help(int argc, char** argv) {
     return kOk;
   }
   const std::string c = argv[0];
-  if (c == "run") std::fputs(kRunHelp, stdout);
+  if (c == "run") std::fputs(run_help().c_str(), stdout);
   else if (c == "stats") std::fputs(kStatsHelp, stdout);
   else if (c == "free-held") std::fputs(kFreeHeldHelp, stdout);
   else if (c == "stop-holding") std::fputs(kStopHoldingHelp, stdout);
@@ -608,7 +636,8 @@ int main(int argc, char** argv) {
     return kOk;
   }
   if (cmd == "run") return cmd_run(argc - 2, argv + 2);
-  if (cmd == "stats" || cmd == "free-held" || cmd == "stop-holding") return cmd_pid(cmd, argc - 2, argv + 2);
+  if (cmd == "stats" || cmd == "free-held" || cmd == "stop-holding")
+    return cmd_pid(cmd, argc - 2, argv + 2);
   if (cmd == "env") return cmd_env(argc - 2, argv + 2);
   if (cmd == "help") return cmd_help(argc - 2, argv + 2);
   if (!cmd.empty() && cmd[0] == '-') return usage_error("unknown option '" + cmd + "'");

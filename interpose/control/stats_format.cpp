@@ -1,13 +1,16 @@
 #include "interpose/control/stats_format.hpp"
 
+#include "config/config.hpp"
+
 #include <signal.h>
 
 #include <algorithm>
 #include <cinttypes>
-#include <cstdarg>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <ctime>
+#include <string_view>
 
 namespace gpupool::stats {
 
@@ -15,24 +18,10 @@ const std::vector<Field>& fields() {
   // Never destroyed: the at-exit dump runs after static destructors of
   // objects created after it was registered.
   static const std::vector<Field>& f = *new std::vector<Field>{
-      {"held_blocks", &Stats::held_blocks, false, false},
-      {"active_blocks", &Stats::active_blocks, false, false},
-      {"held_bytes", &Stats::held_bytes, true, false},
-      {"active_bytes", &Stats::active_bytes, true, false},
-      {"managed_bytes", &Stats::managed_bytes, true, false},
-      {"peak_held_blocks", &Stats::peak_held_blocks, false, false},
-      {"peak_active_blocks", &Stats::peak_active_blocks, false, false},
-      {"peak_held_bytes", &Stats::peak_held_bytes, true, false},
-      {"peak_active_bytes", &Stats::peak_active_bytes, true, false},
-      {"peak_managed_bytes", &Stats::peak_managed_bytes, true, false},
-      {"hits", &Stats::hits, false, true},
-      {"misses", &Stats::misses, false, true},
-      {"backend_allocs", &Stats::backend_allocs, false, true},
-      {"backend_frees", &Stats::backend_frees, false, true},
-      {"oom_retries", &Stats::oom_retries, false, true},
-      {"trims", &Stats::trims, false, true},
-      {"pending_frees", &Stats::pending_frees, false, true},
-      {"fence_waits", &Stats::fence_waits, false, true},
+#define GPUPOOL_STATS_ROW(name, kind, meaning) \
+  {#name, &Stats::name, std::string_view(#kind) == "bytes", std::string_view(#kind) == "counter"},
+      GPUPOOL_STATS_FIELDS(GPUPOOL_STATS_ROW)
+#undef GPUPOOL_STATS_ROW
   };
   return f;
 }
@@ -124,23 +113,8 @@ std::string human_bytes(std::uint64_t bytes) {
 }
 
 std::string signal_name(int signo) {
-  if (signo <= 0) return "none";
-  static const struct {
-    int n;
-    const char* name;
-  } names[] = {{SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"},
-               {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"}, {SIGPIPE, "SIGPIPE"},
-               {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
-               {SIGCONT, "SIGCONT"}, {SIGTSTP, "SIGTSTP"}, {SIGTTIN, "SIGTTIN"},
-               {SIGTTOU, "SIGTTOU"}, {SIGURG, "SIGURG"},   {SIGXCPU, "SIGXCPU"},
-               {SIGXFSZ, "SIGXFSZ"}, {SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"},
-               {SIGWINCH, "SIGWINCH"}, {SIGIO, "SIGIO"}, {SIGPWR, "SIGPWR"},
-               {SIGSYS, "SIGSYS"}};
-  for (const auto& n : names)
-    if (n.n == signo) return n.name;
-  if (signo >= SIGRTMIN && signo <= SIGRTMAX)
-    return signo == SIGRTMIN ? "SIGRTMIN" : format("SIGRTMIN+%d", signo - SIGRTMIN);
-  return format("signal %d", signo);
+  // config's names (one table of them), in the dumps' SIG-prefixed form.
+  return signo <= 0 ? "none" : "SIG" + config::signal_name(signo);
 }
 
 std::string json_escape(const std::string& s) {
@@ -148,11 +122,21 @@ std::string json_escape(const std::string& s) {
   out.reserve(s.size() + 2);
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) out += format("\\u%04x", c);
         else out += static_cast<char>(c);
@@ -162,17 +146,17 @@ std::string json_escape(const std::string& s) {
 }
 
 std::string to_text(const Report& r) {
-  std::string out = format("gpupool %s stats: pid %ld, %s, %s, holding %s\n", r.version.c_str(),
-                           r.pid, iso_time(r.time).c_str(), r.reason.c_str(),
-                           r.holding ? "on" : "off (stop_holding)");
+  std::string out =
+      format("gpupool %s stats: pid %ld, %s, %s, holding %s\n", r.version.c_str(), r.pid,
+             iso_time(r.time).c_str(), r.reason.c_str(), r.holding ? "on" : "off (stop_holding)");
   std::size_t name_w = 24;
   for (const auto& b : r.backends) name_w = std::max(name_w, b.name.size() + (b.retired ? 10 : 0));
   name_w = std::min<std::size_t>(name_w, 48);
 
   out += pad("backend", name_w) + "  " + pad("kind", 9) + "  " + pad("active", 18, true) + "  " +
          pad("held", 18, true) + "  " + pad("managed", 10, true) + "  " +
-         pad("peak mgd", 10, true) + "  " + pad("hits", 10, true) + "  " +
-         pad("misses", 8, true) + "  " + pad("hit%", 6, true) + "\n";
+         pad("peak mgd", 10, true) + "  " + pad("hits", 10, true) + "  " + pad("misses", 8, true) +
+         "  " + pad("hit%", 6, true) + "\n";
   auto row = [&](const std::string& name, const std::string& kind, const Stats& s) {
     out += pad(name, name_w) + "  " + pad(kind, 9) + "  " +
            pad(blocks_bytes(s.active_blocks, s.active_bytes), 18, true) + "  " +
@@ -191,8 +175,8 @@ std::string to_text(const Report& r) {
     out += format("  %s [%s]: backend allocs %" PRIu64 ", frees %" PRIu64 "; oom retries %" PRIu64
                   ", trims %" PRIu64 ", pending frees %" PRIu64 ", fence waits %" PRIu64
                   "; peak active %" PRIu64 " / %s, peak held %" PRIu64 " / %s\n",
-                  b.name.c_str(), b.group.c_str(), s.backend_allocs, s.backend_frees,
-                  s.oom_retries, s.trims, s.pending_frees, s.fence_waits, s.peak_active_blocks,
+                  b.name.c_str(), b.group.c_str(), s.backend_allocs, s.backend_frees, s.oom_retries,
+                  s.trims, s.pending_frees, s.fence_waits, s.peak_active_blocks,
                   human_bytes(s.peak_active_bytes).c_str(), s.peak_held_blocks,
                   human_bytes(s.peak_held_bytes).c_str());
     if (!b.bins.empty()) {
@@ -213,10 +197,11 @@ std::string to_text(const Report& r) {
 
 std::string to_json(const Report& r) {
   std::string out;
-  out += format("{\"version\":%d,\"gpupool\":\"%s\",\"pid\":%ld,\"time\":%.3f,\"reason\":\"%s\","
-                "\"holding\":%s,\"totals\":",
-                kSchemaVersion, json_escape(r.version).c_str(), r.pid, r.time,
-                json_escape(r.reason).c_str(), r.holding ? "true" : "false");
+  out += format(
+      "{\"version\":%d,\"gpupool\":\"%s\",\"pid\":%ld,\"time\":%.3f,\"reason\":\"%s\","
+      "\"holding\":%s,\"totals\":",
+      kSchemaVersion, json_escape(r.version).c_str(), r.pid, r.time, json_escape(r.reason).c_str(),
+      r.holding ? "true" : "false");
   json_stats(out, r.totals);
   out += ",\"backends\":[";
   for (std::size_t i = 0; i < r.backends.size(); ++i) {
@@ -254,13 +239,14 @@ std::string to_json(const Report& r) {
 std::string to_prometheus(const Report& r) {
   std::string out;
   out += "# HELP gpupool_info gpupool version and process.\n# TYPE gpupool_info gauge\n";
-  out += format("gpupool_info{version=\"%s\",pid=\"%ld\"} 1\n", prom_escape(r.version).c_str(), r.pid);
-  out += "# HELP gpupool_holding 1 while freed blocks are held for reuse, 0 after stop_holding.\n"
-         "# TYPE gpupool_holding gauge\n";
+  out +=
+      format("gpupool_info{version=\"%s\",pid=\"%ld\"} 1\n", prom_escape(r.version).c_str(), r.pid);
+  out +=
+      "# HELP gpupool_holding 1 while freed blocks are held for reuse, 0 after stop_holding.\n"
+      "# TYPE gpupool_holding gauge\n";
   out += format("gpupool_holding %d\n", r.holding ? 1 : 0);
   for (const Field& f : fields()) {
-    const std::string metric =
-        std::string("gpupool_") + f.name + (f.counter ? "_total" : "");
+    const std::string metric = std::string("gpupool_") + f.name + (f.counter ? "_total" : "");
     out += format("# HELP %s gpupool %s per backend (see docs/stats.md).\n# TYPE %s %s\n",
                   metric.c_str(), f.name, metric.c_str(), f.counter ? "counter" : "gauge");
     for (const auto& b : r.backends)

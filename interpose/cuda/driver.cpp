@@ -14,7 +14,7 @@ struct Substitute {
   void* hook;
 };
 
-#define GPUPOOL_COUNT(name, field) +1
+#define GPUPOOL_COUNT(name, field, type) +1
 constexpr std::size_t kHookCount = 0 GPUPOOL_CUDA_HOOKS(GPUPOOL_COUNT);
 #undef GPUPOOL_COUNT
 
@@ -54,7 +54,7 @@ const Driver* init(bool may_load) {
     return p;
   };
   std::size_t i = 0, n = 0;
-#define GPUPOOL_RESOLVE_HOOK(name, field)                                       \
+#define GPUPOOL_RESOLVE_HOOK(name, field, type)                                       \
   d.field = reinterpret_cast<decltype(d.field)>(get(#name));                    \
   if (d.field) {                                                                \
     bool dup = false; /* aliases: the first export of an address wins */        \
@@ -66,7 +66,7 @@ const Driver* init(bool may_load) {
   ++i;
   GPUPOOL_CUDA_HOOKS(GPUPOOL_RESOLVE_HOOK)
 #undef GPUPOOL_RESOLVE_HOOK
-#define GPUPOOL_RESOLVE_USED(name, field) d.field = reinterpret_cast<decltype(d.field)>(get(#name));
+#define GPUPOOL_RESOLVE_USED(name, field, type) d.field = reinterpret_cast<decltype(d.field)>(get(#name));
   GPUPOOL_CUDA_USED(GPUPOOL_RESOLVE_USED)
 #undef GPUPOOL_RESOLVE_USED
   r->size = n;

@@ -23,74 +23,46 @@ using PFN_ctx = CUresult (*)(CUcontext);
 
 // Every export we hook: X(export name, Driver field). The hook for export N
 // is the hidden function gpupool_hook_N (cuda_hooks.cpp), exported as N.
-#define GPUPOOL_CUDA_HOOKS(X)                                  \
-  X(cuMemAlloc_v2, mem_alloc)                                  \
-  X(cuMemFree_v2, mem_free)                                    \
-  X(cuMemAllocHost_v2, mem_alloc_host)                         \
-  X(cuMemHostAlloc, mem_host_alloc)                            \
-  X(cuMemFreeHost, mem_free_host)                              \
-  X(cuMemGetInfo_v2, mem_get_info)                             \
-  X(cuMemGetAddressRange_v2, mem_get_address_range)            \
-  X(cuPointerGetAttribute, pointer_get_attribute)              \
-  X(cuPointerGetAttributes, pointer_get_attributes)            \
-  X(cuMemHostGetFlags, mem_host_get_flags)                     \
-  X(cuIpcGetMemHandle, ipc_get_mem_handle)                     \
-  X(cuCtxDestroy, ctx_destroy_v1)                              \
-  X(cuCtxDestroy_v2, ctx_destroy)                              \
-  X(cuDevicePrimaryCtxRelease, primary_release_v1)             \
-  X(cuDevicePrimaryCtxRelease_v2, primary_release)             \
-  X(cuDevicePrimaryCtxReset, primary_reset_v1)                 \
-  X(cuDevicePrimaryCtxReset_v2, primary_reset)                 \
-  X(cuDevicePrimaryCtxRetain, primary_retain)                  \
-  X(cuCtxSynchronize, ctx_synchronize)                         \
-  X(cuCtxSynchronize_v2, ctx_synchronize_v2)                   \
-  X(cuGetProcAddress, get_proc_address_v1)                     \
-  X(cuGetProcAddress_v2, get_proc_address)
+#define GPUPOOL_CUDA_HOOKS(X)                                                             \
+  X(cuMemAlloc_v2, mem_alloc, decltype(&::cuMemAlloc_v2))                                 \
+  X(cuMemFree_v2, mem_free, decltype(&::cuMemFree_v2))                                    \
+  X(cuMemAllocHost_v2, mem_alloc_host, decltype(&::cuMemAllocHost_v2))                    \
+  X(cuMemHostAlloc, mem_host_alloc, decltype(&::cuMemHostAlloc))                          \
+  X(cuMemFreeHost, mem_free_host, decltype(&::cuMemFreeHost))                             \
+  X(cuMemGetInfo_v2, mem_get_info, decltype(&::cuMemGetInfo_v2))                          \
+  X(cuMemGetAddressRange_v2, mem_get_address_range, decltype(&::cuMemGetAddressRange_v2)) \
+  X(cuPointerGetAttribute, pointer_get_attribute, decltype(&::cuPointerGetAttribute))     \
+  X(cuPointerGetAttributes, pointer_get_attributes, decltype(&::cuPointerGetAttributes))  \
+  X(cuMemHostGetFlags, mem_host_get_flags, decltype(&::cuMemHostGetFlags))                \
+  X(cuIpcGetMemHandle, ipc_get_mem_handle, decltype(&::cuIpcGetMemHandle))                \
+  X(cuCtxDestroy, ctx_destroy_v1, PFN_ctx)                                                \
+  X(cuCtxDestroy_v2, ctx_destroy, PFN_ctx)                                                \
+  X(cuDevicePrimaryCtxRelease, primary_release_v1, PFN_dev)                               \
+  X(cuDevicePrimaryCtxRelease_v2, primary_release, PFN_dev)                               \
+  X(cuDevicePrimaryCtxReset, primary_reset_v1, PFN_dev)                                   \
+  X(cuDevicePrimaryCtxReset_v2, primary_reset, PFN_dev)                                   \
+  X(cuDevicePrimaryCtxRetain, primary_retain, decltype(&::cuDevicePrimaryCtxRetain))      \
+  X(cuCtxSynchronize, ctx_synchronize, decltype(&::cuCtxSynchronize))                     \
+  X(cuCtxSynchronize_v2, ctx_synchronize_v2, decltype(&::cuCtxSynchronize_v2))            \
+  X(cuGetProcAddress, get_proc_address_v1, PFN_cuGetProcAddress_v1)                       \
+  X(cuGetProcAddress_v2, get_proc_address, PFN_cuGetProcAddress_v2)
 
 // Exports we call but do not hook.
-#define GPUPOOL_CUDA_USED(X)                                   \
-  X(cuCtxGetCurrent, ctx_get_current)                          \
-  X(cuCtxGetDevice, ctx_get_device)                            \
-  X(cuCtxPushCurrent_v2, ctx_push)                             \
-  X(cuCtxPopCurrent_v2, ctx_pop)                               \
-  X(cuDeviceTotalMem_v2, device_total_mem)                     \
-  X(cuDevicePrimaryCtxGetState, primary_get_state)
+#define GPUPOOL_CUDA_USED(X)                                                 \
+  X(cuCtxGetCurrent, ctx_get_current, decltype(&::cuCtxGetCurrent))          \
+  X(cuCtxGetDevice, ctx_get_device, decltype(&::cuCtxGetDevice))             \
+  X(cuCtxPushCurrent_v2, ctx_push, decltype(&::cuCtxPushCurrent_v2))         \
+  X(cuCtxPopCurrent_v2, ctx_pop, decltype(&::cuCtxPopCurrent_v2))            \
+  X(cuDeviceTotalMem_v2, device_total_mem, decltype(&::cuDeviceTotalMem_v2)) \
+  X(cuDevicePrimaryCtxGetState, primary_get_state, decltype(&::cuDevicePrimaryCtxGetState))
 
 // Real driver entry points. Any of them may be null (an older driver).
 struct Driver {
   void* handle = nullptr;
-
-  // Hooked exports.
-  decltype(&::cuMemAlloc_v2) mem_alloc = nullptr;
-  decltype(&::cuMemFree_v2) mem_free = nullptr;
-  decltype(&::cuMemAllocHost_v2) mem_alloc_host = nullptr;
-  decltype(&::cuMemHostAlloc) mem_host_alloc = nullptr;
-  decltype(&::cuMemFreeHost) mem_free_host = nullptr;
-  decltype(&::cuMemGetInfo_v2) mem_get_info = nullptr;
-  decltype(&::cuMemGetAddressRange_v2) mem_get_address_range = nullptr;
-  decltype(&::cuPointerGetAttribute) pointer_get_attribute = nullptr;
-  decltype(&::cuPointerGetAttributes) pointer_get_attributes = nullptr;
-  decltype(&::cuMemHostGetFlags) mem_host_get_flags = nullptr;
-  decltype(&::cuIpcGetMemHandle) ipc_get_mem_handle = nullptr;
-  PFN_ctx ctx_destroy_v1 = nullptr;
-  PFN_ctx ctx_destroy = nullptr;  // _v2
-  PFN_dev primary_release_v1 = nullptr;
-  PFN_dev primary_release = nullptr;  // _v2
-  PFN_dev primary_reset_v1 = nullptr;
-  PFN_dev primary_reset = nullptr;  // _v2
-  decltype(&::cuDevicePrimaryCtxRetain) primary_retain = nullptr;
-  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
-  decltype(&::cuCtxSynchronize_v2) ctx_synchronize_v2 = nullptr;
-  PFN_cuGetProcAddress_v1 get_proc_address_v1 = nullptr;
-  PFN_cuGetProcAddress_v2 get_proc_address = nullptr;  // _v2
-
-  // Used, not hooked.
-  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
-  decltype(&::cuCtxGetDevice) ctx_get_device = nullptr;
-  decltype(&::cuCtxPushCurrent_v2) ctx_push = nullptr;
-  decltype(&::cuCtxPopCurrent_v2) ctx_pop = nullptr;
-  decltype(&::cuDeviceTotalMem_v2) device_total_mem = nullptr;
-  decltype(&::cuDevicePrimaryCtxGetState) primary_get_state = nullptr;
+#define GPUPOOL_CUDA_FIELD(name, field, type) type field = nullptr;
+  GPUPOOL_CUDA_HOOKS(GPUPOOL_CUDA_FIELD)
+  GPUPOOL_CUDA_USED(GPUPOOL_CUDA_FIELD)
+#undef GPUPOOL_CUDA_FIELD
 };
 
 // The driver, resolved once: libcuda.so.1 as already loaded by the program
@@ -118,4 +90,3 @@ DlsymFn real_dlsym();
 std::size_t substitutions();
 
 }  // namespace gpupool::cuda
-

@@ -376,7 +376,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress(const char* symbol, void**
 
 // The exported names. Aliases, so that the address hook_for() hands out is
 // our own function even if another preloaded library exports the same name.
-#define GPUPOOL_EXPORT_AS(name, field)                                   \
+#define GPUPOOL_EXPORT_AS(name, field, type)                                   \
   decltype(gpupool_hook_##name) gpupool_export_##name __asm__(#name)      \
       __attribute__((visibility("default"), alias("gpupool_hook_" #name)));
 GPUPOOL_CUDA_HOOKS(GPUPOOL_EXPORT_AS)
@@ -386,7 +386,7 @@ GPUPOOL_CUDA_HOOKS(GPUPOOL_EXPORT_AS)
 
 namespace gpupool::cuda {
 
-#define GPUPOOL_HOOK_ADDRESS(name, field) reinterpret_cast<const void*>(&gpupool_hook_##name),
+#define GPUPOOL_HOOK_ADDRESS(name, field, type) reinterpret_cast<const void*>(&gpupool_hook_##name),
 const void* const kHookAddresses[] = {GPUPOOL_CUDA_HOOKS(GPUPOOL_HOOK_ADDRESS)};
 #undef GPUPOOL_HOOK_ADDRESS
 

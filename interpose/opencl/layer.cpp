@@ -190,12 +190,12 @@ bool loader_gone() { return g_deinit.load(std::memory_order_acquire); }
 
 namespace {
 
-bool env_false(const char* v) {
-  return v && (!std::strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
-               !strcasecmp(v, "off"));
+// The configuration's reading of a boolean variable (unset or unreadable:
+// false, as the variable's own default would say here).
+bool env_is(const char* v, bool value) {
+  bool parsed = false;
+  return v && gpupool::config::parse_bool(v, &parsed) && parsed == value;
 }
-
-bool env_true(const char* v) { return v && *v && !env_false(v); }
 
 bool list_has(const char* list, const std::string& item) {
   std::string s(list);
@@ -273,8 +273,9 @@ __attribute__((constructor)) void offer_opencl_layer() {
   if (getauxval(AT_SECURE)) return;
   const char* preload = environ_value("LD_PRELOAD");
   if (!preload || !std::strstr(preload, "gpupool")) return;
-  if (env_true(environ_value("GPUPOOL_DISABLE")) || env_false(environ_value("GPUPOOL_OPENCL")) ||
-      env_false(environ_value("GPUPOOL_OPENCL_LAYER")))
+  if (env_is(environ_value("GPUPOOL_DISABLE"), true) ||
+      env_is(environ_value("GPUPOOL_OPENCL"), false) ||
+      env_is(environ_value("GPUPOOL_OPENCL_LAYER"), false))
     return;
   g_offer_layer = true;
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest-spi.h>
 #include <unistd.h>
 
+#include "core/pool.hpp"
 #include "tests/config/test_util.hpp"
 
 namespace gpupool::config::test {
@@ -103,6 +104,21 @@ void check_readme(const std::string& path) {
     EXPECT_EQ(c[2], o.default_value) << o.name;
     EXPECT_EQ(c[3], o.doc) << o.name;
   }
+}
+
+// The constants the texts quote come from the code, not from memory.
+TEST(Table, TextsQuoteTheCodesConstants) {
+  const std::string blocks = "up to " + std::to_string(kMaxPendingBlocks) + " blocks";
+  bool found = false;
+  for (const OptionInfo& o : options())
+    if (std::string(o.name) == "GPUPOOL_PENDING_GROWTH")
+      found = std::string(o.doc).find(blocks) != std::string::npos;
+  EXPECT_TRUE(found) << "GPUPOOL_PENDING_GROWTH's doc should say '" << blocks << "'";
+  std::ifstream f(std::string(GPUPOOL_SOURCE_DIR) + "/README.md");
+  std::stringstream readme;
+  readme << f.rdbuf();
+  const std::string at_most = "At most " + std::to_string(kMaxPendingBlocks) + " blocks of a size";
+  EXPECT_NE(readme.str().find(at_most), std::string::npos) << "README should say '" << at_most << "'";
 }
 
 TEST(Table, ReadmeMatchesOptions) { check_readme(std::string(GPUPOOL_SOURCE_DIR) + "/README.md"); }

@@ -69,6 +69,7 @@ TEST(StatsFormat, SignalNames) {
   EXPECT_EQ(stats::signal_name(SIGUSR1), "SIGUSR1");
   EXPECT_EQ(stats::signal_name(SIGRTMIN), "SIGRTMIN");
   EXPECT_EQ(stats::signal_name(SIGRTMIN + 3), "SIGRTMIN+3");
+  EXPECT_EQ(stats::signal_name(SIGRTMAX - 1), "SIGRTMAX-1");
 }
 
 TEST(StatsFormat, JsonEscapesAndCarriesEverything) {
