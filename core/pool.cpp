@@ -182,9 +182,9 @@ unsigned take_slot() {
   return overflow.fetch_add(1, std::memory_order_relaxed);
 }
 
-struct ThreadSlot {
+struct ShardSlot {
   unsigned value = take_slot();
-  ~ThreadSlot() {
+  ~ShardSlot() {
     if (value < kSlotWords * 64)
       g_slots_used[value / 64].fetch_and(~(std::uint64_t{1} << (value % 64)),
                                          std::memory_order_release);
@@ -192,7 +192,7 @@ struct ThreadSlot {
 };
 
 unsigned thread_slot() {
-  thread_local ThreadSlot slot;
+  thread_local ShardSlot slot;
   return slot.value;
 }
 

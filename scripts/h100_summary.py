@@ -118,7 +118,7 @@ class Summary:
                     m = re.search(r'"totals"\s*:\s*\{([^}]*)\}', text)
                     last = {"totals": {k: int(v) for k, v in re.findall(r'"(\w+)"\s*:\s*(\d+)', m.group(1))}} if m else {}
             if isinstance(last, dict):
-                for b in last.get("backends") or []:
+                for b in last.get("arenas") or []:
                     if isinstance(b, dict) and isinstance(b.get("stats"), dict):
                         k = "hits[" + str(b.get("kind", "?")) + "]"
                         total[k] = total.get(k, 0) + (b["stats"].get("hits") or 0)

@@ -187,9 +187,9 @@ stats::Report report(Runtime& rt, const char* reason) {
   r.time = unix_time();
   r.reason = reason;
   r.holding = rt.pool.holding();
-  r.backends = rt.pool.snapshot(8);
+  r.arenas = rt.pool.snapshot(8);
   // Totals from the same snapshot, so they always equal the sum of the rows.
-  for (const auto& b : r.backends) r.totals += b.stats;
+  for (const auto& b : r.arenas) r.totals += b.stats;
   const config::Config& cfg = rt.config;
   const int sigs[kActions] = {cfg.signal_stats, cfg.signal_free_held, cfg.signal_stop_holding};
   for (unsigned a = 0; a < kActions; ++a) {

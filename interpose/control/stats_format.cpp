@@ -150,10 +150,10 @@ std::string to_text(const Report& r) {
       format("gpupool %s stats: pid %ld, %s, %s, holding %s\n", r.version.c_str(), r.pid,
              iso_time(r.time).c_str(), r.reason.c_str(), r.holding ? "on" : "off (stop_holding)");
   std::size_t name_w = 24;
-  for (const auto& b : r.backends) name_w = std::max(name_w, b.name.size() + (b.retired ? 10 : 0));
+  for (const auto& b : r.arenas) name_w = std::max(name_w, b.name.size() + (b.retired ? 10 : 0));
   name_w = std::min<std::size_t>(name_w, 48);
 
-  out += pad("backend", name_w) + "  " + pad("kind", 9) + "  " + pad("active", 18, true) + "  " +
+  out += pad("arena", name_w) + "  " + pad("kind", 9) + "  " + pad("active", 18, true) + "  " +
          pad("held", 18, true) + "  " + pad("managed", 10, true) + "  " +
          pad("peak mgd", 10, true) + "  " + pad("hits", 10, true) + "  " + pad("misses", 8, true) +
          "  " + pad("hit%", 6, true) + "\n";
@@ -166,11 +166,11 @@ std::string to_text(const Report& r) {
            pad(format("%" PRIu64, s.hits), 10, true) + "  " +
            pad(format("%" PRIu64, s.misses), 8, true) + "  " + pad(hit_rate(s), 6, true) + "\n";
   };
-  for (const auto& b : r.backends) row(b.retired ? b.name + " (retired)" : b.name, b.kind, b.stats);
-  row(format("total (%zu backend%s)", r.backends.size(), r.backends.size() == 1 ? "" : "s"), "",
+  for (const auto& b : r.arenas) row(b.retired ? b.name + " (retired)" : b.name, b.kind, b.stats);
+  row(format("total (%zu arena%s)", r.arenas.size(), r.arenas.size() == 1 ? "" : "s"), "",
       r.totals);
 
-  for (const auto& b : r.backends) {
+  for (const auto& b : r.arenas) {
     const Stats& s = b.stats;
     out += format("  %s [%s]: backend allocs %" PRIu64 ", frees %" PRIu64 "; oom retries %" PRIu64
                   ", trims %" PRIu64 ", pending frees %" PRIu64 ", fence waits %" PRIu64
@@ -203,9 +203,9 @@ std::string to_json(const Report& r) {
       kSchemaVersion, json_escape(r.version).c_str(), r.pid, r.time, json_escape(r.reason).c_str(),
       r.holding ? "true" : "false");
   json_stats(out, r.totals);
-  out += ",\"backends\":[";
-  for (std::size_t i = 0; i < r.backends.size(); ++i) {
-    const auto& b = r.backends[i];
+  out += ",\"arenas\":[";
+  for (std::size_t i = 0; i < r.arenas.size(); ++i) {
+    const auto& b = r.arenas[i];
     if (i) out += ',';
     out += format("{\"name\":\"%s\",\"kind\":\"%s\",\"group\":\"%s\",\"retired\":%s,\"stats\":",
                   json_escape(b.name).c_str(), json_escape(b.kind).c_str(),
@@ -249,7 +249,7 @@ std::string to_prometheus(const Report& r) {
     const std::string metric = std::string("gpupool_") + f.name + (f.counter ? "_total" : "");
     out += format("# HELP %s gpupool %s per backend (see docs/stats.md).\n# TYPE %s %s\n",
                   metric.c_str(), f.name, metric.c_str(), f.counter ? "counter" : "gauge");
-    for (const auto& b : r.backends)
+    for (const auto& b : r.arenas)
       out += format("%s{kind=\"%s\",group=\"%s\",name=\"%s\"} %" PRIu64 "\n", metric.c_str(),
                     prom_escape(b.kind).c_str(), prom_escape(b.group).c_str(),
                     prom_escape(b.name).c_str(), b.stats.*f.member);

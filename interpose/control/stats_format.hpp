@@ -13,7 +13,7 @@ namespace gpupool::stats {
 
 // Bumped whenever a field is removed or changes meaning (adding one is not a
 // break); docs/stats.md keeps the history.
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 
 struct SignalInfo {
   std::string action;  // "stats", "free_held", "stop_holding"
@@ -28,7 +28,7 @@ struct Report {
   std::string reason;      // "signal", "interval", "exit", "request", "api"
   bool holding = true;
   Stats totals;
-  std::vector<ArenaSnapshot> backends;
+  std::vector<ArenaSnapshot> arenas;  // and one row per kind of destroyed ones
   std::vector<SignalInfo> signals;
   std::vector<std::string> warnings;
 };

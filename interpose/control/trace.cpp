@@ -18,7 +18,7 @@
 namespace gpupool::trace {
 namespace {
 
-struct Rec {
+struct Record {
   std::uint64_t t;
   const Arena* arena;
   std::uint64_t handle;
@@ -38,7 +38,7 @@ struct ThreadBuf {
   std::mutex drain_mu;
   std::atomic<bool> in_use{true};
   ThreadBuf* next = nullptr;
-  Rec recs[kRing];
+  Record recs[kRing];
 };
 
 std::uint64_t mono_ns() {
@@ -93,18 +93,18 @@ struct Tracer::Impl {
   bool open_file(bool append, std::string* why);  // under write_mu (or before any thread)
   void write_out(const std::string& out, std::uint64_t records);  // under write_mu
   ThreadBuf* mine();
-  void push(Rec r);
+  void push(Record r);
   void drain(ThreadBuf* b);
   std::size_t arena_id(const Arena* a, std::string& out);
 };
 
 namespace {
-struct ThreadSlot {
+struct TraceSlot {
   Tracer::Impl* owner = nullptr;
   ThreadBuf* buf = nullptr;
   std::uint32_t tid = 0;
 };
-thread_local ThreadSlot tl_slot;
+thread_local TraceSlot tl_slot;
 
 void release_buf(void* p) {
   // The thread is gone: its buffer (and any records still in it, which the
@@ -138,7 +138,7 @@ ThreadBuf* Tracer::Impl::mine() {
   return b;
 }
 
-void Tracer::Impl::push(Rec r) {
+void Tracer::Impl::push(Record r) {
   ThreadBuf* b = mine();
   r.tid = tl_slot.tid;
   const std::uint64_t h = b->head.load(std::memory_order_relaxed);
@@ -168,7 +168,7 @@ void Tracer::Impl::drain(ThreadBuf* b) {
   out.reserve((h - t) * 48);
   char line[160];
   for (std::uint64_t i = t; i != h; ++i) {
-    const Rec& r = b->recs[i % kRing];
+    const Record& r = b->recs[i % kRing];
     const std::size_t id = arena_id(r.arena, out);
     // Hand-rolled: snprintf made formatting most of the trace's cost.
     char* p = line;
@@ -260,7 +260,7 @@ Tracer* Tracer::open(const std::string& pattern, std::string* why) {
 // memory for a thread's buffer) is dropped and counted.
 void Tracer::on_allocate(const Arena& arena, const Block& block, bool hit) noexcept {
   try {
-    impl_->push(Rec{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
+    impl_->push(Record{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
                     'a', hit ? 'h' : 'm'});
   } catch (...) {
     impl_->dropped.fetch_add(1, std::memory_order_relaxed);
@@ -270,7 +270,7 @@ void Tracer::on_allocate(const Arena& arena, const Block& block, bool hit) noexc
 void Tracer::on_free(const Arena& arena, const Block& block) noexcept {
   try {
     impl_->push(
-        Rec{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0, 'f', 0});
+        Record{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0, 'f', 0});
   } catch (...) {
     impl_->dropped.fetch_add(1, std::memory_order_relaxed);
   }

@@ -19,7 +19,7 @@ namespace {
 // ---- contexts -------------------------------------------------------------
 
 // All states ever created (never freed) and the live ones by context.
-// Lock order: a state's teardown_mu, then reg().mu, then pointer-map locks.
+// Lock order: a state's teardown_mu, then contexts().mu, then pointer-map locks.
 // Created on first use and never destroyed: hooks may run before this
 // library's static constructors (from another library's constructor) and
 // while static destructors run at exit (other threads, atexit handlers).
@@ -32,14 +32,14 @@ struct Primary {
   CUdevice dev;
   CUcontext ctx;
 };
-struct Registry {
+struct ContextList {
   std::mutex mu;
   std::vector<CtxState*> all;   // append-only
   std::vector<CtxState*> live;  // not retired
   std::vector<Primary> primaries;
   std::vector<CtxState*> fork_locked;
 };
-Registry& reg() { return leaked<Registry>(); }
+ContextList& contexts() { return leaked<ContextList>(); }
 // Bumped whenever a state is retired: thread caches compare it.
 std::atomic<std::uint64_t> g_generation{1};
 
@@ -56,7 +56,7 @@ std::size_t host_memory_bytes() {
 }
 
 CtxState* find_live_locked(CUcontext ctx) {
-  for (CtxState* st : reg().live)
+  for (CtxState* st : contexts().live)
     if (st->ctx == ctx) return st;
   return nullptr;
 }
@@ -73,7 +73,7 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
   st->ctx = ctx;
   st->dev = dev;
   st->device_total = total;
-  for (const Primary& p : reg().primaries)
+  for (const Primary& p : contexts().primaries)
     if (p.dev == dev && p.ctx == ctx) st->primary = true;
   ArenaOptions o;
   o.name = fmt::format("cuda dev {} ctx {}", int(dev), static_cast<void*>(ctx));
@@ -85,8 +85,8 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
   o.pending_growth = rt.config.pending_growth.resolve(total);
   const bool fenced = rt.config.reuse == config::Reuse::safe;
   st->device_arena = rt.pool.add_arena(device_backend(st, fenced), std::move(o));
-  reg().all.push_back(st);
-  reg().live.push_back(st);
+  contexts().all.push_back(st);
+  contexts().live.push_back(st);
   log().debug("cuda: context {} on device {} ({} bytes): pooling", static_cast<void*>(ctx),
               int(dev), total);
   return st;
@@ -137,7 +137,7 @@ CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
   if (t_cache.ctx == ctx && t_cache.generation == gen) return t_cache.st;
   CtxState* st;
   {
-    std::lock_guard lock(reg().mu);
+    std::lock_guard lock(contexts().mu);
     st = find_live_locked(ctx);
     if (!st && create) st = create_state(d, rt, ctx);
   }
@@ -148,7 +148,7 @@ CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
 Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   const unsigned key = (flags | CU_MEMHOSTALLOC_DEVICEMAP) & 7u;
   if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
-  std::lock_guard lock(reg().mu);
+  std::lock_guard lock(contexts().mu);
   if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
   if (st->retired.load(std::memory_order_acquire)) return nullptr;
   static const std::size_t host_total = host_memory_bytes();
@@ -170,12 +170,12 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
 }
 
 void note_primary(CUcontext ctx, CUdevice dev) noexcept {
-  std::lock_guard lock(reg().mu);
+  std::lock_guard lock(contexts().mu);
   bool known = false;
-  for (Primary& p : reg().primaries)
+  for (Primary& p : contexts().primaries)
     if (p.dev == dev) p.ctx = ctx, known = true;
   try {
-    if (!known) reg().primaries.push_back({dev, ctx});
+    if (!known) contexts().primaries.push_back({dev, ctx});
   } catch (...) {
     internal_failure("cuDevicePrimaryCtxRetain");  // its release is then passed on untouched
   }
@@ -183,22 +183,22 @@ void note_primary(CUcontext ctx, CUdevice dev) noexcept {
 }
 
 CtxState* primary_state(CUdevice dev) {
-  std::lock_guard lock(reg().mu);
-  for (CtxState* st : reg().live)
+  std::lock_guard lock(contexts().mu);
+  for (CtxState* st : contexts().live)
     if (st->primary && st->dev == dev) return st;
   return nullptr;
 }
 
 CtxState* find_state(CUcontext ctx) {
-  std::lock_guard lock(reg().mu);
+  std::lock_guard lock(contexts().mu);
   return find_live_locked(ctx);
 }
 
 void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
   if (st->retired.exchange(true, std::memory_order_acq_rel)) return;
   {
-    std::lock_guard lock(reg().mu);
-    std::erase(reg().live, st);
+    std::lock_guard lock(contexts().mu);
+    std::erase(contexts().live, st);
     g_generation.fetch_add(1, std::memory_order_acq_rel);
   }
   // The pool destroys the arenas once their active blocks are forgotten
@@ -222,9 +222,9 @@ void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
 std::size_t held_device_bytes(CUdevice dev) {
   // Under the registry lock: a live state's arenas are not retired (and so
   // not destroyed) meanwhile.
-  std::lock_guard lock(reg().mu);
+  std::lock_guard lock(contexts().mu);
   std::size_t held = 0;
-  for (CtxState* st : reg().live)
+  for (CtxState* st : contexts().live)
     if (st->dev == dev)
       held += st->device_arena.load(std::memory_order_acquire)->stats().held_bytes;
   return held;
@@ -241,16 +241,16 @@ void prepare() {
   for (;;) {
     std::vector<CtxState*> all;
     {
-      std::lock_guard lock(reg().mu);
-      all = reg().all;
+      std::lock_guard lock(contexts().mu);
+      all = contexts().all;
     }
-    for (std::size_t i = reg().fork_locked.size(); i < all.size(); ++i) {
+    for (std::size_t i = contexts().fork_locked.size(); i < all.size(); ++i) {
       all[i]->teardown_mu.lock();
-      reg().fork_locked.push_back(all[i]);
+      contexts().fork_locked.push_back(all[i]);
     }
-    reg().mu.lock();
-    if (reg().all.size() == reg().fork_locked.size()) break;
-    reg().mu.unlock();
+    contexts().mu.lock();
+    if (contexts().all.size() == contexts().fork_locked.size()) break;
+    contexts().mu.unlock();
   }
   device_map().fork_prepare();
   host_map().fork_prepare();
@@ -259,9 +259,9 @@ void prepare() {
 void parent() {
   host_map().fork_parent();
   device_map().fork_parent();
-  reg().mu.unlock();
-  for (CtxState* st : reg().fork_locked) st->teardown_mu.unlock();
-  reg().fork_locked.clear();
+  contexts().mu.unlock();
+  for (CtxState* st : contexts().fork_locked) st->teardown_mu.unlock();
+  contexts().fork_locked.clear();
 }
 
 // The child's only thread is the one that forked, which holds every lock:
@@ -270,9 +270,9 @@ void parent() {
 void child() {
   host_map().fork_parent();
   device_map().fork_parent();
-  reg().mu.unlock();
-  for (CtxState* st : reg().fork_locked) new (&st->teardown_mu) std::shared_mutex;
-  reg().fork_locked.clear();
+  contexts().mu.unlock();
+  for (CtxState* st : contexts().fork_locked) new (&st->teardown_mu) std::shared_mutex;
+  contexts().fork_locked.clear();
   t_cache = {};
 }
 
@@ -287,8 +287,8 @@ void renew() {
   if (!rt) return;
   std::vector<CtxState*> live;
   {
-    std::lock_guard lock(reg().mu);
-    live = reg().live;
+    std::lock_guard lock(contexts().mu);
+    live = contexts().live;
   }
   for (CtxState* st : live) {
     std::unique_lock lock(st->teardown_mu);

@@ -85,11 +85,11 @@ def validate_dump(line, schema):
     full = _full_validator(schema)
     if full is not None:
         errors += [f"jsonschema: {e.message}" for e in full.iter_errors(doc)]
-    # Beyond the schema: totals are the sum of the backends.
+    # Beyond the schema: totals are the sum of the arenas.
     for field, total in doc["totals"].items():
-        s = sum(b["stats"][field] for b in doc["backends"])
+        s = sum(b["stats"][field] for b in doc["arenas"])
         if s != total:
-            errors.append(f"totals.{field} = {total}, backends sum to {s}")
+            errors.append(f"totals.{field} = {total}, arenas sum to {s}")
     return doc, errors
 
 

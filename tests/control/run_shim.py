@@ -63,7 +63,7 @@ def wait_dump(path, count, seconds=60, must_come=True):
 
 def opencl(doc):
     t = {"held_blocks": 0, "held_bytes": 0, "active_blocks": 0, "hits": 0, "misses": 0}
-    for b in doc["backends"]:
+    for b in doc["arenas"]:
         if b["kind"] == "opencl":
             for k in t:
                 t[k] += b["stats"][k]

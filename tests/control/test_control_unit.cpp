@@ -34,7 +34,7 @@ stats::Report sample() {
   a.stats.held_blocks = 2;
   a.stats.held_bytes = 3 << 20;
   a.bins = {{1 << 20, 2, 2 << 20}, {1 << 19, 2, 1 << 20}};
-  r.backends.push_back(a);
+  r.arenas.push_back(a);
   r.totals = a.stats;
   r.signals = {{"stats", SIGUSR1, true}, {"free_held", SIGUSR2, false}, {"stop_holding", 0, false}};
   r.warnings = {"the program replaced gpupool's SIGUSR2 handler"};
@@ -75,7 +75,7 @@ TEST(StatsFormat, SignalNames) {
 TEST(StatsFormat, JsonEscapesAndCarriesEverything) {
   const std::string j = stats::to_json(sample());
   EXPECT_EQ(j.find('\n'), std::string::npos);  // one line per dump
-  EXPECT_EQ(j.rfind("{\"version\":1,", 0), 0u);
+  EXPECT_EQ(j.rfind("{\"version\":2,", 0), 0u);
   EXPECT_NE(j.find("\"name\":\"opencl ctx \\\"odd\\\"\\nname\""), std::string::npos);
   EXPECT_NE(j.find("\"holding\":false"), std::string::npos);
   EXPECT_NE(j.find("\"time\":1700000000.250"), std::string::npos);
@@ -96,7 +96,7 @@ TEST(StatsFormat, TextTable) {
   EXPECT_NE(t.find("holding off"), std::string::npos);
   EXPECT_NE(t.find("2 / 3.00 MiB"), std::string::npos);   // held blocks / bytes
   EXPECT_NE(t.find("75.0%"), std::string::npos);          // hit rate
-  EXPECT_NE(t.find("total (1 backend)"), std::string::npos);
+  EXPECT_NE(t.find("total (1 arena)"), std::string::npos);
   EXPECT_NE(t.find("1.00 MiB x 2 = 2.00 MiB"), std::string::npos);  // top bin
   EXPECT_NE(t.find("warning: the program replaced"), std::string::npos);
 }

@@ -225,7 +225,7 @@ def fork_files(tmp):
         else:
             docs = [json.loads(ln) for ln in lines(path)]
             check(len(docs) == 1 and docs[0]["pid"] == pid, f"{f}: {docs}")
-            hits_misses = sum(b["stats"]["hits"] + b["stats"]["misses"] for b in docs[0]["backends"])
+            hits_misses = sum(b["stats"]["hits"] + b["stats"]["misses"] for b in docs[0]["arenas"])
             want = child_pooled if pid == child else 150
             check(hits_misses == want, f"{f}: {hits_misses} allocations counted, expected {want}")
     # Without %p the child leaves the parent's trace file alone.

@@ -205,7 +205,7 @@ class Run(unittest.TestCase):
         doc, errors = gpupool_check.validate_dump(r.stderr.strip().splitlines()[-1], SCHEMA)
         self.assertEqual(errors, [])
         self.assertEqual(doc["reason"], "exit")
-        self.assertGreaterEqual(sum(b["stats"]["hits"] for b in doc["backends"]), 3)
+        self.assertGreaterEqual(sum(b["stats"]["hits"] for b in doc["arenas"]), 3)
 
 
 class Pid(unittest.TestCase):
