@@ -62,7 +62,12 @@ Runtime* create() {
   // Never destroyed: hooks may still run from other threads or atexit
   // handlers while the process exits.
   auto* rt = new Runtime{cfg, Pool(pool_options(cfg))};
-  std::atexit([] { g_exiting.store(true, std::memory_order_release); });
+  // The one shutdown flag: from now on no call into drivers that may be
+  // torn down, and the control thread stops; then the exit dump.
+  std::atexit([] {
+    g_exiting.store(true, std::memory_order_release);
+    control::at_exit();
+  });
   set_fork_handlers(ForkPart::pool, {[] {
                                        if (Runtime* r = g_runtime.load()) r->pool.fork_prepare();
                                      },

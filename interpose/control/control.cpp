@@ -59,21 +59,9 @@ bool append_dump(const std::string& path, const std::string& data, std::string* 
   return ok;
 }
 
-void at_exit_locked_dump();
-
-// Registered with atexit(): nothing may escape it.
-void at_exit() {
-  try {
-    at_exit_locked_dump();
-  } catch (...) {
-    internal_failure("gpupool's exit handler");
-  }
-}
-
 void at_exit_locked_dump() {
   State& st = *g_state;
   if (!st.rt) return;
-  st.exiting.store(true, std::memory_order_release);
   poke();
   // Waits for a dump or action in progress on the control thread (its
   // writes are bounded); after that the control thread does nothing more.
@@ -227,8 +215,7 @@ std::string render(Runtime& rt, bool json, const char* reason) {
 bool dump(Runtime& rt, const char* reason) {
   if (!g_state) return false;
   std::unique_lock lock(g_state->work_mu);
-  if (g_state->exiting.load(std::memory_order_acquire) && std::string(reason) != "exit")
-    return false;
+  if (exiting() && std::string(reason) != "exit") return false;
   return dump_locked(rt, reason);
 }
 
@@ -238,7 +225,7 @@ bool free_held(Runtime& rt) {
     return true;
   }
   std::unique_lock lock(g_state->work_mu);
-  if (g_state->exiting.load(std::memory_order_acquire) || exiting()) return false;
+  if (exiting()) return false;
   rt.pool.free_held();
   return true;
 }
@@ -249,7 +236,7 @@ bool stop_holding(Runtime& rt) {
     return true;
   }
   std::unique_lock lock(g_state->work_mu);
-  if (g_state->exiting.load(std::memory_order_acquire) || exiting()) return false;
+  if (exiting()) return false;
   rt.pool.stop_holding();
   return true;
 }
@@ -269,7 +256,6 @@ void start(Runtime& rt) {
     else add_warning("trace disabled: " + why);
   }
   build_wake(*st);
-  std::atexit(at_exit);
   install_handlers(cfg);
   // Bound before the first intercepted call returns: from then on `gpupool
   // stats PID` reaches the process (queued until the thread runs).
@@ -277,9 +263,18 @@ void start(Runtime& rt) {
   start_thread(rt);
 }
 
+void at_exit() noexcept {
+  if (!g_state) return;
+  try {
+    at_exit_locked_dump();
+  } catch (...) {
+    internal_failure("gpupool's exit handler");
+  }
+}
+
 void restart(Runtime& rt) {
   State* st = g_state;
-  if (!st || st->thread_running.load() || st->exiting.load()) return;
+  if (!st || st->thread_running.load() || exiting()) return;
   build_wake(*st);
   build_listen(*st);
   start_thread(rt);

@@ -20,6 +20,11 @@ void start(Runtime& runtime);
 // parent's).
 void restart(Runtime& runtime);
 
+// Exit began (runtime.cpp's exit handler, after exiting() turned true): the
+// last trace records and, with GPUPOOL_STATS_AT_EXIT, the exit dump. Waits
+// a bounded time for a dump in progress; the control thread stops.
+void at_exit() noexcept;
+
 // A report of the pool now. `reason` ends up in the dump ("signal", ...).
 stats::Report report(Runtime& runtime, const char* reason);
 // The report rendered as the text table or one JSON object (with newline).

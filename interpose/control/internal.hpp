@@ -52,7 +52,6 @@ struct State {
   int wake_builds = 0, listen_builds = 0;
 
   trace::Tracer* tracer = nullptr;
-  std::atomic<bool> exiting{false};
   std::atomic<bool> thread_running{false};
   // Serializes dumps and pool actions between the control thread, the
   // at-exit dump and the C API. The exit handler waits for it a bounded

@@ -91,7 +91,7 @@ void* control_thread(void* arg) {
       const int r = ::poll(fds.data(), fds.size(), timeout_ms);
       // Exit began: the at-exit handler owns the last dump; touch nothing that
       // static destructors may be tearing down.
-      if (st.exiting.load(std::memory_order_acquire)) break;
+      if (exiting()) break;
       if (r < 0 && errno != EINTR) break;
       std::size_t k = 0;
       if (wake) {
@@ -140,7 +140,7 @@ void* control_thread(void* arg) {
       }
       if (now >= next_trim) {
         std::unique_lock lock(st.work_mu);
-        if (!st.exiting.load()) {
+        if (!exiting()) {
           if (std::size_t n = rt.pool.trim_idle(rt.pool.now()))
             log().debug("released {} blocks held longer than GPUPOOL_RELEASE_AFTER", n);
         }

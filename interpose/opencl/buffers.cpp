@@ -176,6 +176,7 @@ void release_closed(Runtime& rt, Ctx& ctx) {
 // buffers: nothing of it is left to release. The first caller takes them.
 void finish_ctx(Runtime& rt, Ctx& ctx) {
   std::vector<Arena*> arenas;
+  contexts_changed();
   {
     std::lock_guard lock(ctx.mu);
     for (auto& a : ctx.arenas) arenas.push_back(a.arena);
@@ -303,6 +304,21 @@ bool parse_props(const cl_mem_properties* p, Props* out) {
 
 }  // namespace
 
+namespace {
+
+// This thread's last buffer request without properties (cache of
+// create_buffer's lookups; contexts_generation() says when it is stale).
+struct LastArena {
+  cl_context context = nullptr;
+  cl_mem_flags flags = 0;
+  std::uint64_t generation = 0;
+  Ctx* ctx = nullptr;
+  Arena* arena = nullptr;
+};
+thread_local LastArena t_last;
+
+}  // namespace
+
 cl_mem create_buffer(cl_context context, const cl_mem_properties* properties, bool with_props,
                      cl_mem_flags flags, size_t size, void* host_ptr, cl_int* errcode_ret) {
   const Api& api = next();
@@ -328,12 +344,27 @@ cl_mem create_buffer(cl_context context, const cl_mem_properties* properties, bo
   Props props;
   if (!parse_props(properties, &props)) return passthrough();
   const bool has_props = with_props && properties;
-  std::shared_ptr<Ctx> ctx = ctx_for_buffer(context);
-  if (!ctx || ctx->closed.load()) return passthrough();
-  std::call_once(ctx->info_once, [&] { load_info(*ctx); });
-  if (!ctx->info_ok || size > ctx->max_alloc) return passthrough();
+  // The context's record and arena: this thread's last ones when they still
+  // serve (no lock), else looked up (the context map's and the context's
+  // locks).
+  Ctx* ctx = nullptr;
+  Arena* arena = nullptr;
+  const std::uint64_t generation = contexts_generation();
+  if (!has_props && t_last.context == context && t_last.flags == flags &&
+      t_last.generation == generation) {
+    ctx = t_last.ctx;
+    arena = t_last.arena;
+  } else {
+    std::shared_ptr<Ctx> record = ctx_for_buffer(context);
+    if (!record || record->closed.load()) return passthrough();
+    std::call_once(record->info_once, [&] { load_info(*record); });
+    if (!record->info_ok) return passthrough();
+    arena = arena_for(*rt, record, flags, has_props, props);
+    ctx = record.get();  // kept alive by the context map while the generation holds
+    if (!has_props) t_last = {context, flags, generation, ctx, arena};
+  }
+  if (size > ctx->max_alloc) return passthrough();
 
-  Arena* arena = arena_for(*rt, ctx, flags, has_props, props);
   AllocResult res = rt->pool.allocate(arena, size);
   if (!res.block) {
     if (errcode_ret) *errcode_ret = res.error ? res.error : CL_MEM_OBJECT_ALLOCATION_FAILURE;

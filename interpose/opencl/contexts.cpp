@@ -94,7 +94,18 @@ std::shared_ptr<Ctx> ctx_for_buffer(cl_context c) {
   return slot;
 }
 
+namespace {
+std::atomic<std::uint64_t> g_contexts_generation{1};
+}  // namespace
+
+std::uint64_t contexts_generation() {
+  return g_contexts_generation.load(std::memory_order_acquire);
+}
+
+void contexts_changed() { g_contexts_generation.fetch_add(1, std::memory_order_acq_rel); }
+
 void forget_ctx(cl_context c, const std::shared_ptr<Ctx>& ctx) {
+  contexts_changed();
   std::lock_guard lock(ctx_mu());
   auto it = ctx_map().find(c);
   if (it != ctx_map().end() && it->second == ctx) ctx_map().erase(it);
@@ -299,6 +310,7 @@ void fork_renew() {
     for (Ctx* c : all_ctx())
       if (auto sp = c->weak_from_this().lock()) ctxs.push_back(std::move(sp));
   }
+  contexts_changed();
   for (auto& c : ctxs) {
     std::vector<Arena*> arenas;
     {

@@ -162,6 +162,13 @@ std::shared_ptr<Ctx> ctx_for_buffer(cl_context c);
 // The program released its last reference: no more pooling for it.
 void forget_ctx(cl_context c, const std::shared_ptr<Ctx>& ctx);
 
+// Changes whenever a context record stops serving buffer requests (the
+// program released it, its arenas were retired, a fork made it the
+// parent's): a thread's cached context and arena are valid only while it
+// has not changed (buffers.cpp).
+std::uint64_t contexts_generation();
+void contexts_changed();
+
 // Device limits and name, once per context (Ctx::info_once).
 void load_info(Ctx& ctx);
 // The context's own queue for probes and COPY_HOST_PTR writes (created on
