@@ -71,10 +71,9 @@ struct ArenaOptions {
 
 // At most this many blocks of one bin wait for the device at a time. A loop
 // that frees and at once reuses a size waits once per this many pairs when
-// nothing else synchronizes: at 64 blocks the safe pair was 47-110 ns
-// slower than immediate reuse on the H100 (per 64 pairs, a context
-// synchronize, 0.6-2.7 us when idle, and its bookkeeping). pending_growth
-// bounds the bytes.
+// nothing else synchronizes (a context synchronize, 0.6-2.7 us on an idle
+// H100, and its bookkeeping): the more blocks, the less that wait costs
+// per pair. pending_growth bounds the bytes.
 inline constexpr std::size_t kMaxPendingBlocks = 256;
 
 struct AllocResult {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyOpenCL array workload for gpupool's benchmarks (issue 4).
+"""PyOpenCL array workload for gpupool's benchmarks.
 
 --alloc none: PyOpenCL's default allocator (a clCreateBuffer per array), run
   without and under LD_PRELOAD=libgpupool.so;

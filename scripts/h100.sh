@@ -15,7 +15,7 @@
 #        from scratch: H100_BUILD=dir elsewhere, H100_KEEP_BUILD=1 to keep it)
 # Missing pieces (spdlog, GoogleTest, OpenCL headers or loader, PyTorch, CuPy)
 # are detected and the steps needing them skipped with a message. Debian .debs
-# in .debs/ (scripts/debs.sh fetches them) are unpacked into a private prefix
+# in .debs/ (scripts/fetch-gpu-packages.sh fetches them) are unpacked into a private prefix
 # and used where the machine lacks a package. Every step runs under `timeout`,
 # and steps are skipped once the time budget (H100_DEADLINE seconds, default
 # 480) runs low, so the script always finishes.
@@ -252,7 +252,7 @@ if [[ -n $SPDLOG_H && -n $CL_H ]]; then
     rm -rf "$BUILD"
   done
 else
-  skip configure build.log "spdlog or OpenCL headers missing: carry the .debs (scripts/debs.sh)"
+  skip configure build.log "spdlog or OpenCL headers missing: carry the .debs (scripts/fetch-gpu-packages.sh)"
 fi
 
 # The GPU programs do not need the library: compile them while it builds.
@@ -327,7 +327,7 @@ if ((HAVE_PYCL)) && [[ -f $LIB ]]; then
   step pyopencl-compare opencl.log 120 env "${OCL_ENV[@]}" "${PYX_ENV[@]}" \
     sh tests/opencl/compare.sh "$LIB" "$PY" tests/opencl/test_pyopencl.py
 elif ((!HAVE_PYCL)); then
-  skip pyopencl opencl.log "PyOpenCL not importable by $PY (carry .whl/, see scripts/debs.sh) or no OpenCL set-up"
+  skip pyopencl opencl.log "PyOpenCL not importable by $PY (carry .whl/, see scripts/fetch-gpu-packages.sh) or no OpenCL set-up"
 fi
 if [[ -n $TESTS_PID ]]; then
   say "waiting for the test build before the benchmarks"

@@ -13,7 +13,7 @@ import re
 import statistics
 import sys
 
-# Acceptance targets (issue 3).
+# Acceptance targets.
 DEVICE_RATIO = 300.0
 PINNED_RATIO = 1000.0
 TORCH_SPEEDUP = 3.0

@@ -13,7 +13,7 @@ namespace gpupool::config::test {
 namespace {
 
 TEST(Table, EveryVariableOnceWithDocs) {
-  // The variables issues 2 and 5 ask for; more may be added.
+  // The variables gpupool promises; more may be added.
   const std::set<std::string> required = {
       "GPUPOOL_DISABLE", "GPUPOOL_CUDA", "GPUPOOL_CUDA_HOST", "GPUPOOL_OPENCL", "GPUPOOL_OPENCL_LAYER", "GPUPOOL_HOLD",
       "GPUPOOL_LEADING_BITS", "GPUPOOL_MAX_HELD", "GPUPOOL_MAX_POOLED", "GPUPOOL_RELEASE_AFTER",

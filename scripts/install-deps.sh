@@ -13,7 +13,7 @@ $sudo_ apt-get install -y -qq --no-install-recommends \
   pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
   python3-pyopencl python3-numpy >/dev/null
 if [ ! -f /usr/local/cuda/include/cuda.h ] && [ -z "${CUDA_HOME:-}" ]; then
-  echo "deps.sh: CUDA Toolkit headers not found (/usr/local/cuda/include/cuda.h); set CUDA_HOME" >&2
+  echo "install-deps.sh: CUDA Toolkit headers not found (/usr/local/cuda/include/cuda.h); set CUDA_HOME" >&2
   exit 1
 fi
-echo "deps.sh: dependencies installed"
+echo "install-deps.sh: dependencies installed"
