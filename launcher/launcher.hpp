@@ -1,0 +1,33 @@
+// The launcher's shared pieces: exit codes, usage errors, and the commands
+// each file implements (main.cpp dispatches).
+#pragma once
+
+#include <string>
+
+namespace gpupool::launcher {
+
+// Exit codes of the PID commands (documented in --help and docs/c-api.md).
+enum Exit : int {
+  kOk = 0,
+  kFailed = 1,      // the process answered with an error, or an I/O error
+  kUsage = 2,       // bad command line
+  kNoProcess = 3,   // no such process
+  kNotGpupool = 4,  // the process does not have libgpupool loaded
+  kIdle = 5,        // loaded, but no GPU call yet: control not started
+  kDenied = 6,      // another user's process
+  kTimeout = 7,     // no answer in time (stopped or busy process)
+};
+
+inline constexpr const char* kProg = "gpupool";
+
+int usage_error(const std::string& msg, const char* cmd = nullptr);
+inline bool is_help(const std::string& a) { return a == "-h" || a == "--help"; }
+
+// run.cpp: gpupool run
+int cmd_run(int argc, char** argv);
+std::string run_help();
+// talk.cpp: gpupool stats | free-held | stop-holding PID
+int cmd_pid(const std::string& cmd, int argc, char** argv);
+const char* pid_help(const std::string& cmd);  // nullptr: not a PID command
+
+}  // namespace gpupool::launcher

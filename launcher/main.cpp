@@ -1,0 +1,146 @@
+// gpupool: run a program under the pool, and talk to a running one.
+//
+//   gpupool run [options] [--] PROGRAM [ARGS...]          run.cpp
+//   gpupool stats PID [--json] | free-held PID | stop-holding PID   talk.cpp
+//   gpupool env | --version | --help | help COMMAND        here
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "launcher/launcher.hpp"
+
+extern char** environ;
+
+namespace gpupool::launcher {
+
+int usage_error(const std::string& msg, const char* cmd) {
+  std::fprintf(stderr, "%s: %s\nTry '%s %s--help'.\n", kProg, msg.c_str(), kProg,
+               cmd ? (std::string(cmd) + " ").c_str() : "");
+  return kUsage;
+}
+
+namespace {
+
+const char kMainHelp[] =
+    "Usage: gpupool COMMAND [ARGS...]\n"
+    "\n"
+    "Run GPU programs with a pooled memory allocator (CUDA and OpenCL), and\n"
+    "observe or control programs running with it.\n"
+    "\n"
+    "Commands:\n"
+    "  run [OPTIONS] [--] PROGRAM [ARGS...]  run PROGRAM with gpupool preloaded\n"
+    "  stats PID [--json]                    print the pool statistics of process PID\n"
+    "  free-held PID                         release the memory PID's pool holds\n"
+    "  stop-holding PID                      release held memory and stop holding\n"
+    "  env                                   list the GPUPOOL_* variables and values\n"
+    "  help [COMMAND]                        show help for COMMAND\n"
+    "\n"
+    "Options:\n"
+    "  -h, --help     show this help\n"
+    "  -V, --version  show the version\n"
+    "\n"
+    "Exit status of stats, free-held, stop-holding:\n"
+    "  0 success, 1 the request failed, 2 usage error, 3 no such process,\n"
+    "  4 process not running gpupool, 5 gpupool loaded but idle (no GPU call\n"
+    "  yet), 6 permission denied (another user's process), 7 no answer in time.\n"
+    "`gpupool run` exits with PROGRAM's status (127: not found, 126: cannot run).\n";
+
+const char kEnvHelp[] =
+    "Usage: gpupool env\n"
+    "\n"
+    "List every GPUPOOL_* variable: its value in this environment (or '-'),\n"
+    "its default and what it does; then any problem with the values set.\n";
+
+int cmd_env(int argc, char** argv) {
+  for (int i = 0; i < argc; ++i) {
+    if (is_help(argv[i])) {
+      std::fputs(kEnvHelp, stdout);
+      return kOk;
+    }
+    return usage_error(std::string("env: unexpected argument '") + argv[i] + "'", "env");
+  }
+  const auto& opts = gpupool::config::options();
+  std::size_t name_w = 8, value_w = 5, def_w = 7;
+  for (const auto& o : opts) {
+    name_w = std::max(name_w, std::strlen(o.name));
+    const char* v = getenv(o.name);
+    value_w = std::max(value_w, v ? std::strlen(v) : 1);
+    def_w = std::max(def_w, std::strlen(o.default_value));
+  }
+  value_w = std::min<std::size_t>(value_w, 24);
+  std::printf("%-*s  %-*s  %-*s  %s\n", static_cast<int>(name_w), "VARIABLE",
+              static_cast<int>(value_w), "VALUE", static_cast<int>(def_w), "DEFAULT",
+              "DESCRIPTION");
+  for (const auto& o : opts) {
+    const char* v = getenv(o.name);
+    std::printf("%-*s  %-*s  %-*s  %s\n", static_cast<int>(name_w), o.name,
+                static_cast<int>(value_w), v ? v : "-", static_cast<int>(def_w),
+                *o.default_value ? o.default_value : "-", o.doc);
+  }
+  std::vector<gpupool::config::Diagnostic> diags;
+  (void)gpupool::config::parse(environ, &diags);
+  bool first = true;
+  for (const auto& d : diags) {
+    if (d.level < gpupool::config::LogLevel::warn) continue;
+    if (first) std::printf("\nProblems:\n");
+    first = false;
+    std::printf("  %s\n", d.message.c_str());
+  }
+  return kOk;
+}
+
+int cmd_help(int argc, char** argv) {
+  if (argc == 0) {
+    std::fputs(kMainHelp, stdout);
+    return kOk;
+  }
+  const std::string c = argv[0];
+  if (c == "run") std::fputs(run_help().c_str(), stdout);
+  else if (const char* h = pid_help(c)) std::fputs(h, stdout);
+  else if (c == "env") std::fputs(kEnvHelp, stdout);
+  else if (c == "help") std::fputs(kMainHelp, stdout);
+  else return usage_error("help: unknown command '" + c + "'");
+  return kOk;
+}
+
+}  // namespace
+}  // namespace gpupool::launcher
+
+using namespace gpupool::launcher;
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kMainHelp, stderr);
+    return kUsage;
+  }
+  const std::string cmd = argv[1];
+  if (is_help(cmd)) return cmd_help(0, nullptr);
+  if (cmd == "-V" || cmd == "--version") {
+    std::printf("gpupool %s\n", GPUPOOL_VERSION);
+    return kOk;
+  }
+  if (cmd == "run") return cmd_run(argc - 2, argv + 2);
+  if (cmd == "stats" || cmd == "free-held" || cmd == "stop-holding")
+    return cmd_pid(cmd, argc - 2, argv + 2);
+  if (cmd == "env") return cmd_env(argc - 2, argv + 2);
+  if (cmd == "help") return cmd_help(argc - 2, argv + 2);
+  if (!cmd.empty() && cmd[0] == '-') return usage_error("unknown option '" + cmd + "'");
+  return usage_error("unknown command '" + cmd + "'");
+}

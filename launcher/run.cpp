@@ -1,0 +1,278 @@
+// gpupool run: sets environment variables and exec()s the program, so its
+// exit status and signals reach the caller unchanged.
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "launcher/launcher.hpp"
+
+extern char** environ;
+
+namespace gpupool::launcher {
+namespace {
+
+std::string self_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  buf[n] = '\0';
+  std::string p(buf);
+  const auto slash = p.rfind('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+std::string find_library() {
+  const std::string dir = self_dir();
+  const std::vector<std::string> candidates = {
+#ifdef GPUPOOL_INSTALL_LIBDIR
+      dir + "/../" GPUPOOL_INSTALL_LIBDIR "/libgpupool.so",
+#endif
+      dir + "/../lib/libgpupool.so", dir + "/../lib64/libgpupool.so",
+      dir + "/../libgpupool.so",  // the build directory (build/bin/gpupool)
+  };
+  for (const auto& c : candidates) {
+    char real[PATH_MAX];
+    if (access(c.c_str(), R_OK) == 0 && realpath(c.c_str(), real)) return real;
+  }
+  return {};
+}
+
+bool is_sanitizer_runtime(const std::string& entry) {
+  const auto slash = entry.rfind('/');
+  const std::string base = slash == std::string::npos ? entry : entry.substr(slash + 1);
+  for (const char* s : {"libasan", "libtsan", "libubsan", "liblsan", "libclang_rt."})
+    if (base.rfind(s, 0) == 0) return true;
+  return false;
+}
+
+// LD_PRELOAD with `lib` added: after sanitizer runtimes (which must come
+// first), before everything else; unchanged if a libgpupool is already there.
+std::string preload_value(const std::string& lib, const char* current) {
+  std::vector<std::string> entries;
+  if (current) {
+    std::string cur(current);
+    std::string item;
+    for (char c : cur + " ") {
+      if (c == ' ' || c == ':') {
+        if (!item.empty()) entries.push_back(item);
+        item.clear();
+      } else {
+        item += c;
+      }
+    }
+  }
+  for (const auto& e : entries)
+    if (e.find("libgpupool") != std::string::npos) return current;
+  std::size_t pos = 0;
+  while (pos < entries.size() && is_sanitizer_runtime(entries[pos])) ++pos;
+  entries.insert(entries.begin() + static_cast<long>(pos), lib);
+  std::string out;
+  for (const auto& e : entries) out += (out.empty() ? "" : ":") + e;
+  return out;
+}
+
+std::string absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) return path;
+  return std::string(cwd) + "/" + path;
+}
+
+// The configuration parser's verdict on one variable: "" if fine.
+std::string check_value(const std::string& name, const std::string& value) {
+  const std::string entry = name + "=" + value;
+  const char* envp[] = {entry.c_str(), nullptr};
+  std::vector<gpupool::config::Diagnostic> diags;
+  (void)gpupool::config::parse(envp, &diags);
+  for (const auto& d : diags)
+    if (d.variable == name && d.level >= gpupool::config::LogLevel::warn) return d.message;
+  return {};
+}
+
+// `gpupool run`'s options: what each sets, and its line in the help (one
+// table for both).
+struct RunOption {
+  const char* flag;
+  const char* variable;  // nullptr: special
+  bool takes_value;
+  const char* fixed_value;  // for flags without a value
+  bool path;                // made absolute: the program may chdir
+  const char* value_name;   // in the help: "--max-held SIZE"
+  const char* help;
+};
+
+const RunOption kRunOptions[] = {
+    {"--max-held", "GPUPOOL_MAX_HELD", true, nullptr, false, "SIZE", "cap on held bytes (2G, 25%)"},
+    {"--max-pooled", "GPUPOOL_MAX_POOLED", true, nullptr, false, "SIZE", "largest pooled request"},
+    {"--release-after", "GPUPOOL_RELEASE_AFTER", true, nullptr, false, "TIME",
+     "release blocks idle this long (10s)"},
+    {"--reuse", "GPUPOOL_REUSE", true, nullptr, false, "safe|immediate", ""},
+    {"--leading-bits", "GPUPOOL_LEADING_BITS", true, nullptr, false, "N", ""},
+    {"--no-hold", "GPUPOOL_HOLD", false, "0", false, "", "start with holding stopped"},
+    {"--no-probe", "GPUPOOL_PROBE", false, "0", false, "", ""},
+    {"--disable", nullptr, true, nullptr, false, "WHAT",
+     "cuda, cuda-host, opencl (comma-separated) or all"},
+    {"--stats", "GPUPOOL_STATS_AT_EXIT", false, "1", false, "", "print stats at exit"},
+    {"--stats-file", "GPUPOOL_STATS_FILE", true, nullptr, true, "FILE", "(%p: pid)"},
+    {"--stats-interval", "GPUPOOL_STATS_INTERVAL", true, nullptr, false, "TIME", ""},
+    {"--json", "GPUPOOL_STATS_FORMAT", false, "json", false, "", ""},
+    {"--prometheus", "GPUPOOL_PROMETHEUS_FILE", true, nullptr, true, "FILE", ""},
+    {"--trace", "GPUPOOL_TRACE_FILE", true, nullptr, true, "FILE",
+     "record every allocation and free"},
+    {"--log", "GPUPOOL_LOG", true, nullptr, false, "LEVEL", "off, error, warn, info, debug, trace"},
+    {"--log-file", "GPUPOOL_LOG_FILE", true, nullptr, true, "FILE", ""},
+    {"--set", nullptr, true, nullptr, false, "NAME=VALUE",
+     "any GPUPOOL_* variable (see `gpupool env`)"},
+};
+
+std::string pad(std::string s, std::size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  else s += ' ';
+  return s;
+}
+
+}  // namespace
+
+std::string run_help() {
+  std::string h =
+      "Usage: gpupool run [OPTIONS] [--] PROGRAM [ARGS...]\n"
+      "\n"
+      "Run PROGRAM with libgpupool.so in LD_PRELOAD (kept after any sanitizer\n"
+      "runtime, before whatever LD_PRELOAD held) and GPUPOOL_* variables set from\n"
+      "OPTIONS. Exits with PROGRAM's exit status.\n"
+      "\n"
+      "Options (each sets the variable shown; values are checked first):\n";
+  auto flag_of = [](const RunOption& o) {
+    return *o.value_name ? std::string(o.flag) + " " + o.value_name : std::string(o.flag);
+  };
+  auto var_of = [](const RunOption& o) {
+    std::string v = o.variable ? o.variable : "";
+    if (o.variable && o.fixed_value) v += std::string("=") + o.fixed_value;
+    return v;
+  };
+  std::size_t flag_w = 0, var_w = 0;
+  for (const RunOption& o : kRunOptions) {
+    flag_w = std::max(flag_w, flag_of(o).size() + 2);
+    var_w = std::max(var_w, var_of(o).size() + 2);
+  }
+  for (const RunOption& o : kRunOptions) {
+    std::string line = "  " + pad(flag_of(o), flag_w) + pad(var_of(o), var_w) + o.help;
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    h += line + "\n";
+  }
+  h += "  " + pad("-h, --help", flag_w + var_w) + "show this help\n";
+  return h;
+}
+
+int cmd_run(int argc, char** argv) {
+  std::vector<std::pair<std::string, std::string>> vars;
+  int i = 0;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (is_help(arg)) {
+      std::fputs(run_help().c_str(), stdout);
+      return kOk;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;  // the program
+    std::string value;
+    bool has_inline = false;
+    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_inline = true;
+    }
+    const RunOption* opt = nullptr;
+    for (const auto& o : kRunOptions)
+      if (arg == o.flag) opt = &o;
+    if (!opt) return usage_error("run: unknown option '" + arg + "'", "run");
+    if (opt->takes_value && !has_inline) {
+      if (i + 1 >= argc) return usage_error("run: option " + arg + " needs a value", "run");
+      value = argv[++i];
+    } else if (!opt->takes_value && has_inline) {
+      return usage_error("run: option " + arg + " takes no value", "run");
+    }
+    if (std::string(opt->flag) == "--disable") {
+      std::stringstream ss(value);
+      std::string what;
+      bool any = false;
+      while (std::getline(ss, what, ',')) {
+        any = true;
+        if (what == "all") vars.emplace_back("GPUPOOL_DISABLE", "1");
+        else if (what == "cuda") vars.emplace_back("GPUPOOL_CUDA", "0");
+        else if (what == "cuda-host") vars.emplace_back("GPUPOOL_CUDA_HOST", "0");
+        else if (what == "opencl") vars.emplace_back("GPUPOOL_OPENCL", "0");
+        else
+          return usage_error("run: --disable: unknown backend '" + what +
+                                 "' (accepted: cuda, cuda-host, opencl, all)",
+                             "run");
+      }
+      if (!any) return usage_error("run: --disable needs a backend", "run");
+      continue;
+    }
+    if (std::string(opt->flag) == "--set") {
+      const auto eq = value.find('=');
+      if (eq == std::string::npos || eq == 0)
+        return usage_error("run: --set needs NAME=VALUE, got '" + value + "'", "run");
+      std::string name = value.substr(0, eq);
+      if (name.rfind("GPUPOOL_", 0) != 0) name = "GPUPOOL_" + name;
+      bool known = false;
+      for (const auto& o : gpupool::config::options()) known |= name == o.name;
+      if (!known)
+        return usage_error("run: --set: " + name + " is not a gpupool variable (see `gpupool env`)",
+                           "run");
+      vars.emplace_back(name, value.substr(eq + 1));
+      continue;
+    }
+    if (opt->takes_value && value.empty())
+      return usage_error("run: option " + arg + " needs a non-empty value", "run");
+    vars.emplace_back(opt->variable,
+                      opt->takes_value ? (opt->path ? absolute(value) : value) : opt->fixed_value);
+  }
+  if (i >= argc) return usage_error("run: no program given", "run");
+  for (const auto& [name, value] : vars) {
+    const std::string why = check_value(name, value);
+    if (!why.empty()) {
+      std::fprintf(stderr, "%s: run: %s\n", kProg, why.c_str());
+      return kUsage;
+    }
+  }
+  const std::string lib = find_library();
+  if (lib.empty()) {
+    std::fprintf(stderr,
+                 "%s: run: cannot find libgpupool.so next to %s (looked in ../lib and ..)\n", kProg,
+                 self_dir().c_str());
+    return kFailed;
+  }
+  for (const auto& [name, value] : vars) setenv(name.c_str(), value.c_str(), 1);
+  setenv("LD_PRELOAD", preload_value(lib, getenv("LD_PRELOAD")).c_str(), 1);
+  execvp(argv[i], argv + i);
+  const int e = errno;
+  std::fprintf(stderr, "%s: run: %s: %s\n", kProg, argv[i],
+               e == ENOENT ? "command not found" : std::strerror(e));
+  return e == ENOENT ? 127 : 126;
+}
+
+// ---------------------------------------------------------------- PID commands
+
+}  // namespace gpupool::launcher
