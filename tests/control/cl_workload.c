@@ -120,7 +120,9 @@ int main(int argc, char** argv) {
     char c;
     for (;;) {
       struct pollfd in = {0, POLLIN, 0};
-      if (poll(&in, 1, 100) == 0) continue;
+      /* Interrupted by a signal (-1, EINTR) is not readable either: a read()
+         then would block with the signal's handler held back. */
+      if (poll(&in, 1, 100) <= 0) continue;
       if (read(0, &c, 1) <= 0) break;
     }
     for (int i = 7; i < 10; ++i) clReleaseMemObject(m[i]);
