@@ -44,6 +44,12 @@ class Backend {
   // Bulk: when it returns, every fence taken before the call has passed.
   // Called without pool locks held, only when a pending block is needed.
   virtual void wait_all() {}
+
+  // Out of memory although this pool holds nothing more to release here: ask
+  // whoever else holds the same memory (other processes' pools) to release
+  // some, `bytes` at least, within a bounded time. True when some was, so
+  // the allocation is worth retrying. Called without pool locks held.
+  virtual bool relieve(std::size_t /*bytes*/) { return false; }
 };
 
 }  // namespace gpupool

@@ -159,6 +159,10 @@ Stats Arena::stats() const {
 
 namespace {
 
+// Rounds of asking other holders (Backend::relieve) before out-of-memory
+// goes back to the program: each may find a holder the last one did not.
+constexpr int kRelieveRounds = 3;
+
 // A thread's slot picks its shard (slot % shards). A new thread takes the
 // lowest free slot and gives it back when it exits, so threads alive at the
 // same time land on different shards however many came and went before (a
@@ -408,6 +412,17 @@ BackendResult Pool::backend_allocate(Arena& a, std::size_t bytes, std::size_t ex
     }
     r = a.backend_->allocate(bytes, hint);
   }
+  // Nothing more of ours to release: other holders of the same memory may
+  // release theirs (a bounded wait, a few rounds at most).
+  for (int round = 0; round < kRelieveRounds && r.status == BackendStatus::out_of_memory &&
+                      a.backend_->relieve(bytes);
+       ++round) {
+    {
+      std::lock_guard lock(a.slow_mu_);
+      ++a.slow_.oom_retries;
+    }
+    r = a.backend_->allocate(bytes, hint);
+  }
   if (r.status == BackendStatus::out_of_memory && exact < bytes) {
     r = a.backend_->allocate(exact, hint);
     *used_exact = r.status == BackendStatus::ok;
@@ -426,41 +441,56 @@ std::size_t Pool::release_for_oom(Arena& arena, std::size_t wanted) {
   }
   std::size_t released = 0;
   for (auto& tier : tiers) {
-    while (released < wanted) {
-      // Find the largest held block of the tier.
-      Arena* best_arena = nullptr;
-      unsigned best_shard = 0;
-      std::size_t best_bin = 0, best_size = 0;
-      for (Arena* x : tier)
-        for (unsigned i = 0; i < x->shard_count_; ++i) {
-          Arena::Shard& s = x->shards_[i];
-          std::lock_guard lock(s.mu);
-          for (std::size_t bin = s.bins.size(); bin-- > 0;)
-            if (!s.bins[bin].empty()) {
-              if (s.bins[bin].back()->size > best_size) {
-                best_arena = x, best_shard = i, best_bin = bin;
-                best_size = s.bins[bin].back()->size;
-              }
-              break;
-            }
-        }
-      if (!best_arena) break;
-      Block* victim = nullptr;
-      {
-        Arena::Shard& s = best_arena->shards_[best_shard];
-        std::lock_guard lock(s.mu);
-        if (best_bin < s.bins.size() && !s.bins[best_bin].empty()) {
-          victim = s.bins[best_bin].front();  // oldest: least likely still pending
-          s.bins[best_bin].pop_front();
-          s.unheld(victim);
-        }
-      }
-      if (!victim) continue;  // raced with a hit; look again
-      best_arena->group_->unhold(victim->size);
-      released += victim->size;
-      release_block(victim);
-    }
+    released += release_largest(tier, wanted - released);
     if (released >= wanted) break;
+  }
+  return released;
+}
+
+std::size_t Pool::release_group(const std::string& group, std::size_t wanted) {
+  std::shared_lock use(arenas_in_use_);
+  std::vector<Arena*> mine;
+  for (Arena* x : arenas_copy())
+    if (!x->retired() && x->group_->name == group) mine.push_back(x);
+  return release_largest(mine, wanted);
+}
+
+// Caller holds arenas_in_use_ shared.
+std::size_t Pool::release_largest(const std::vector<Arena*>& arenas, std::size_t wanted) {
+  std::size_t released = 0;
+  while (released < wanted) {
+    // Find the largest held block.
+    Arena* best_arena = nullptr;
+    unsigned best_shard = 0;
+    std::size_t best_bin = 0, best_size = 0;
+    for (Arena* x : arenas)
+      for (unsigned i = 0; i < x->shard_count_; ++i) {
+        Arena::Shard& s = x->shards_[i];
+        std::lock_guard lock(s.mu);
+        for (std::size_t bin = s.bins.size(); bin-- > 0;)
+          if (!s.bins[bin].empty()) {
+            if (s.bins[bin].back()->size > best_size) {
+              best_arena = x, best_shard = i, best_bin = bin;
+              best_size = s.bins[bin].back()->size;
+            }
+            break;
+          }
+      }
+    if (!best_arena) break;
+    Block* victim = nullptr;
+    {
+      Arena::Shard& s = best_arena->shards_[best_shard];
+      std::lock_guard lock(s.mu);
+      if (best_bin < s.bins.size() && !s.bins[best_bin].empty()) {
+        victim = s.bins[best_bin].front();  // oldest: least likely still pending
+        s.bins[best_bin].pop_front();
+        s.unheld(victim);
+      }
+    }
+    if (!victim) continue;  // raced with a hit; look again
+    best_arena->group_->unhold(victim->size);
+    released += victim->size;
+    release_block(victim);
   }
   return released;
 }

@@ -168,6 +168,11 @@ class Pool {
   // Release the held blocks of one arena (e.g. its context is going away).
   void release_held(Arena* arena);
 
+  // Release held blocks of the arenas of `group` (the memory one device
+  // offers), largest first and the oldest of a size first, until at least
+  // `wanted` bytes are released or none is held; returns the bytes released.
+  std::size_t release_group(const std::string& group, std::size_t wanted);
+
   // PyOpenCL's controls.
   void free_held();
   void stop_holding();
@@ -206,6 +211,7 @@ class Pool {
                                     std::size_t pending_blocks, std::uint64_t hint);
   void wait_for_pending(Arena& arena, std::size_t bin);
   std::size_t release_for_oom(Arena& arena, std::size_t wanted);  // bytes released
+  std::size_t release_largest(const std::vector<Arena*>& arenas, std::size_t wanted);
   void enforce_cap(Arena& arena);
   void release_block(Block* block);
   void drop_block(Block* block);

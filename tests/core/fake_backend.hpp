@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <memory>
@@ -30,6 +31,12 @@ struct FakeDevice {
 
   // What a successful allocation and a wait take on the test's cost clock.
   std::uint64_t alloc_cost = 0, wait_cost = 0;
+
+  // Another process holding memory on this device: Backend::relieve asks
+  // it for bytes; it returns what it released (and lowers `used`).
+  std::function<std::size_t(std::size_t)> neighbour;
+  std::uint64_t relieve_calls = 0;
+  std::size_t used_when_relieved = 0;  // `used` when relieve was last called
 };
 
 // The pool's cost clock in core tests (PoolOptions::cost_clock): it moves
@@ -74,6 +81,17 @@ class FakeBackend : public Backend {
   }
   std::uint64_t fence() override { return dev_->fences ? ++dev_->issued : 0; }
   bool passed(std::uint64_t f) override { return f <= dev_->completed; }
+  bool relieve(std::size_t bytes) override {
+    FakeDevice& d = *dev_;
+    std::function<std::size_t(std::size_t)> n;
+    {
+      std::lock_guard lock(d.mu);
+      ++d.relieve_calls;
+      d.used_when_relieved = d.used;
+      n = d.neighbour;
+    }
+    return n && n(bytes) > 0;
+  }
   void wait_all() override {
     ++dev_->waits;
     dev_->completed = dev_->issued;

@@ -1,6 +1,8 @@
 // The pool's behaviours one at a time, as a backend author relies on them.
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "core/pool.hpp"
 #include "fake_backend.hpp"
 
@@ -122,6 +124,63 @@ TEST(Pool, OutOfMemoryIsReportedWhenNothingHelps) {
   AllocResult r = f.pool.allocate(f.arena, 5000);
   EXPECT_EQ(r.status, BackendStatus::out_of_memory);
   EXPECT_EQ(r.block, nullptr);
+}
+
+// Another process holds 800 of the device's 1000 bytes. Our own held block
+// goes first; only then is the neighbour asked, and the request retried.
+TEST(Pool, OutOfMemoryAsksOtherHoldersOnlyAfterReleasingItsOwn) {
+  Fixture f;
+  f.dev->capacity = 1000;
+  f.pool.free(f.alloc(100));
+  f.dev->used += 800;  // the neighbour's
+  std::size_t neighbour_held = 800;
+  f.dev->neighbour = [&](std::size_t) {
+    std::lock_guard lock(f.dev->mu);
+    f.dev->used -= neighbour_held;
+    return std::exchange(neighbour_held, 0);
+  };
+  AllocResult r = f.pool.allocate(f.arena, 500);
+  ASSERT_EQ(r.status, BackendStatus::ok);
+  EXPECT_EQ(f.dev->relieve_calls, 1u);
+  EXPECT_EQ(f.dev->used_when_relieved, 800u) << "our held block was released before asking";
+  EXPECT_EQ(f.arena->stats().held_blocks, 0u);
+  EXPECT_GE(f.arena->stats().oom_retries, 2u);
+  f.pool.free(r.block);
+}
+
+TEST(Pool, OutOfMemoryWhenNoOtherHolderReleases) {
+  Fixture f;
+  f.dev->capacity = 1000;
+  f.dev->used = 900;
+  f.dev->neighbour = [](std::size_t) { return std::size_t{0}; };
+  AllocResult r = f.pool.allocate(f.arena, 500);
+  EXPECT_EQ(r.status, BackendStatus::out_of_memory);
+  EXPECT_EQ(r.error, 2) << "the backend's own code";
+  EXPECT_EQ(f.dev->relieve_calls, 1u) << "a holder that released nothing is not asked again";
+}
+
+// What another process's request releases: one device's held blocks,
+// largest first, until enough.
+TEST(Pool, ReleaseGroupReleasesThatGroupLargestFirst) {
+  auto other = std::make_shared<FakeDevice>();
+  Fixture f;
+  Arena* b = f.pool.add_arena(std::make_unique<FakeBackend>(other), {.group = "other"});
+  Block* small = f.alloc(256);
+  Block* large = f.alloc(4096);
+  Block* mid = f.alloc(1024);
+  Block* elsewhere = f.pool.allocate(b, 8192).block;
+  const std::size_t small_size = small->size, large_size = large->size, mid_size = mid->size;
+  f.pool.free(small);
+  f.pool.free(large);
+  f.pool.free(mid);
+  f.pool.free(elsewhere);
+  EXPECT_EQ(f.pool.release_group("dev", 4000), large_size);
+  EXPECT_EQ(f.dev->live.size(), 2u);
+  EXPECT_EQ(f.pool.release_group("dev", 1), mid_size) << "then the next largest";
+  EXPECT_EQ(f.pool.release_group("dev", SIZE_MAX), small_size);
+  EXPECT_EQ(f.pool.release_group("dev", SIZE_MAX), 0u);
+  EXPECT_EQ(other->releases, 0u) << "another group's blocks stay held";
+  EXPECT_EQ(b->stats().held_blocks, 1u);
 }
 
 TEST(Pool, OtherBackendErrorsPassThroughWithoutRetry) {
