@@ -8,10 +8,17 @@
 // only at a synchronization, cuGetProcAddress answering by name + version +
 // per-thread flag like the real one, call counters and failure injection.
 //
+// With STANDIN_SHARED=<file>, processes naming the same file share one
+// device budget per ordinal (shared_budget.h), so tests can play several
+// processes on one GPU; device UUIDs then name the file, else the process.
+//
 // Exports are defined under their real names with asm labels so that cuda.h's
 // _v2 macros do not get in the way; the library is linked -Bsymbolic so that
 // standin_own() reports its own addresses.
 #include "standin.h"
+
+#include "shared_budget.h"
+#include <unistd.h>
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -65,7 +72,9 @@ bool g_torn_down = false;
 int g_devices = 2;
 std::size_t g_capacity = std::size_t{1} << 30;
 std::size_t g_host_capacity = std::size_t{1} << 30;
-std::size_t g_used[8] = {};
+std::size_t g_used[8] = {};  // this process's; published to the shared file too
+bool g_shared = false;       // STANDIN_SHARED set
+pid_t g_shared_pid = 0;      // the process whose usage the shared file has
 std::size_t g_host_used = 0;
 std::uint64_t g_next_buffer_id = 1;
 std::map<std::uintptr_t, Alloc>& g_live = *new std::map<std::uintptr_t, Alloc>;  // by base
@@ -100,6 +109,7 @@ __attribute__((constructor)) void standin_load() {
   g_capacity = env_size("STANDIN_CAPACITY", g_capacity);
   g_host_capacity = env_size("STANDIN_HOST_CAPACITY", g_host_capacity);
   g_devices = static_cast<int>(std::min<std::size_t>(env_size("STANDIN_DEVICES", 2), 8));
+  g_shared = sb_path() != nullptr;
   // A thread of the test program may hold the lock when another forks.
   pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
 }
@@ -179,10 +189,55 @@ std::uintptr_t new_memory(std::size_t size, std::size_t align) {
 
 std::size_t charge(std::size_t size) { return (size + 511) / 512 * 512; }
 
+// Shared mode: this process's slot in the file, taken at first use and again
+// in a forked child (which carries its parent's allocations, so it publishes
+// them as its own). Called with g_mu held.
+void shared_sync() {
+  if (!g_shared || g_shared_pid == getpid()) return;
+  sb_attach(1);
+  for (int d = 0; d < 8; ++d) sb_set_mine(d, g_used[d]);
+  g_shared_pid = getpid();
+}
+
+// Device memory in use on `dev`: all live processes on the shared file, or
+// this process alone.
+std::size_t device_used(int dev) {
+  if (!g_shared) return g_used[dev];
+  shared_sync();
+  return sb_used_all(dev);
+}
+
 void release_memory(const Alloc& a) {
-  if (a.host) g_host_used -= charge(a.size);
-  else g_used[a.ctx->dev] -= charge(a.size);
+  if (a.host) {
+    g_host_used -= charge(a.size);
+  } else {
+    g_used[a.ctx->dev] -= charge(a.size);
+    if (g_shared) {
+      shared_sync();
+      sb_set_mine(a.ctx->dev, g_used[a.ctx->dev]);
+    }
+  }
   free(reinterpret_cast<void*>(a.base));
+}
+
+// Takes an allocation of `size` from device `dev`'s budget, atomically
+// across the processes sharing it; false if it does not fit.
+bool charge_device(int dev, std::size_t size) {
+  if (size > g_capacity) return false;  // before charge() can overflow
+  const std::size_t bytes = charge(size);
+  if (g_shared) {
+    shared_sync();
+    if (!sb_try_charge(dev, g_used[dev], bytes, g_capacity)) return false;
+  } else if (g_used[dev] + bytes > g_capacity) {
+    return false;
+  }
+  g_used[dev] += bytes;
+  return true;
+}
+
+void uncharge_device(int dev, std::size_t size) {
+  g_used[dev] -= charge(size);
+  if (g_shared) sb_set_mine(dev, g_used[dev]);
 }
 
 // Context teardown: pending work is dropped, memory freed by the driver.
@@ -320,6 +375,7 @@ SI(CUresult, cuInit, (unsigned int flags)) {
   if (g_torn_down) return CUDA_ERROR_DEINITIALIZED;
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   g_initialized = true;
+  shared_sync();  // the process is on the shared device from now on
   return CUDA_SUCCESS;
 }
 
@@ -354,6 +410,23 @@ SI(CUresult, cuDeviceTotalMem_v2, (size_t* bytes, CUdevice dev)) {
   *bytes = g_capacity;
   return CUDA_SUCCESS;
 }
+
+// The same 16 bytes as the stand-in NVML's "GPU-..." for this device.
+static CUresult device_uuid(CUuuid* uuid, CUdevice dev) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  unsigned char bytes[16];
+  sb_uuid(dev, bytes);
+  memcpy(uuid->bytes, bytes, 16);
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDeviceGetUuid, (CUuuid * uuid, CUdevice dev)) { return device_uuid(uuid, dev); }
+
+// No MIG here: the _v2 (MIG-aware) UUID is the device's.
+SI(CUresult, cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev)) { return device_uuid(uuid, dev); }
 
 // ---- contexts --------------------------------------------------------------
 
@@ -535,16 +608,16 @@ SI(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t size)) {
   if (should_fail("cuMemAlloc_v2", &injected)) return injected;
   // A failed allocation leaves *dptr = 0, as a size-0 one does (measured);
   // assumed for out-of-memory.
-  if (size > g_capacity || g_used[c->dev] + charge(size) > g_capacity) {
+  if (!charge_device(c->dev, size)) {
     *dptr = 0;
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const std::uintptr_t p = new_memory(size, 512);
   if (!p) {
+    uncharge_device(c->dev, size);
     *dptr = 0;
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  g_used[c->dev] += charge(size);
   g_live[p] = Alloc{p, size, c, false, 0, g_next_buffer_id++};
   ++g_counters.mem_alloc;
   g_counters.last_alloc_size = size;
@@ -606,7 +679,7 @@ SI(CUresult, cuMemGetInfo_v2, (size_t * free_bytes, size_t* total)) {
   if (CUresult e = usable_current(&c)) return e;
   if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
   *total = g_capacity;
-  *free_bytes = g_capacity - g_used[c->dev];
+  *free_bytes = g_capacity - std::min(g_capacity, device_used(c->dev));
   return CUDA_SUCCESS;
 }
 
@@ -738,6 +811,7 @@ struct Export {
 #define E(n) {#n, reinterpret_cast<void*>(&si_##n)}
 const Export kExports[] = {
     E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceTotalMem_v2),
+    E(cuDeviceGetUuid), E(cuDeviceGetUuid_v2),
     E(cuCtxCreate_v2), E(cuCtxCreate_v4), E(cuCtxDestroy), E(cuCtxDestroy_v2), E(cuCtxGetCurrent),
     E(cuCtxSetCurrent), E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2), E(cuCtxGetDevice),
     E(cuCtxSynchronize), E(cuCtxSynchronize_v2), E(cuDevicePrimaryCtxRetain),
@@ -761,6 +835,8 @@ const Version kVersions[] = {
     {"cuDeviceGetCount", 2000, "cuDeviceGetCount"},
     {"cuDeviceGet", 2000, "cuDeviceGet"},
     {"cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"},
+    {"cuDeviceGetUuid", 9020, "cuDeviceGetUuid"},
+    {"cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2"},
     {"cuCtxCreate", 3020, "cuCtxCreate_v2"},
     {"cuCtxCreate", 12050, "cuCtxCreate_v4"},
     {"cuCtxDestroy", 2000, "cuCtxDestroy"},
@@ -852,6 +928,16 @@ extern "C" __attribute__((visibility("default"))) void standin_set_capacity(size
 extern "C" __attribute__((visibility("default"))) size_t standin_used(int dev) {
   std::lock_guard lock(g_mu);
   return dev >= 0 && dev < 8 ? g_used[dev] : 0;
+}
+
+extern "C" __attribute__((visibility("default"))) size_t standin_used_all(int dev) {
+  std::lock_guard lock(g_mu);
+  return dev >= 0 && dev < 8 ? device_used(dev) : 0;
+}
+
+extern "C" __attribute__((visibility("default"))) uint64_t standin_nvml_memory_info_calls(void) {
+  std::lock_guard lock(g_mu);
+  return g_shared ? sb_nvml_calls() : 0;
 }
 
 extern "C" __attribute__((visibility("default"))) void* standin_own(const char* name) { return own(name); }

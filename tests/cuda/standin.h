@@ -35,8 +35,24 @@ void standin_fail_next(const char* function, int count, CUresult error);
 /* Device memory capacity per device (bytes); also STANDIN_CAPACITY. */
 void standin_set_capacity(size_t bytes);
 
-/* Bytes of device memory in use on `dev` (driver allocations). */
+/* Bytes of device memory in use on `dev` (driver allocations) by this
+   process. */
 size_t standin_used(int dev);
+
+/* Several processes on one GPU: with STANDIN_SHARED=<file> every process
+   naming the same file shares each device's STANDIN_CAPACITY (accounted in
+   that file; a process stops counting when it exits or is killed), and sees
+   the same device UUIDs; cuMemGetInfo_v2's free is what all of them leave.
+   Without it each process has devices of its own, as before. */
+
+/* Bytes in use on `dev` by all live processes sharing the file (this
+   process's alone without STANDIN_SHARED). */
+size_t standin_used_all(int dev);
+
+/* nvmlDeviceGetMemoryInfo(_v2) calls counted in the shared file (all
+   processes; the stand-in libnvidia-ml.so.1 counts them); 0 without
+   STANDIN_SHARED. */
+uint64_t standin_nvml_memory_info_calls(void);
 
 /* The stand-in's own address of an export, to tell it from a hook. */
 void* standin_own(const char* name);

@@ -1,0 +1,176 @@
+/* One process on a shared GPU, for tests of processes that share a device
+ * (gpupool's good-neighbour behaviour) driven line by line from a script.
+ *
+ * Plain driver API from cuda.h only, so the same program runs on a real GPU:
+ *   cc -O2 neighbour.c -lcuda -I/usr/local/cuda/include
+ * (in this project's build it links the stand-in libcuda.so.1).
+ *
+ *   neighbour hold BLOCK_MIB COUNT
+ *       allocate COUNT blocks, print "allocated <n>", free them, print
+ *       "held" (under gpupool the pool now holds them); then read stdin until
+ *       EOF or "exit":
+ *         alloc K   allocate K more blocks, keep them: "allocated <k>"
+ *         free      free the kept blocks: "freed"
+ *         info      "free <bytes> total <bytes>"
+ *   neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]]
+ *       allocate until cuMemAlloc fails (or MAX_BLOCKS), INTERVAL_MS apart:
+ *       "block <i> <microseconds that call took>" per block, then
+ *       "got <n> blocks <bytes> bytes err <failing call's CUresult or 0>";
+ *       free them all, exit 0.
+ *   neighbour info
+ *       "free <bytes> total <bytes>" (cuMemGetInfo_v2).
+ *
+ * Every line is flushed at once; errors go to stderr with exit status 1.
+ * Device 0 (CUDA_VISIBLE_DEVICES picks it on a real machine). */
+#define _POSIX_C_SOURCE 200809L
+#include <cuda.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+__attribute__((format(printf, 1, 2))) static void say(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  putchar('\n');
+  fflush(stdout);
+}
+
+static void check(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  fprintf(stderr, "neighbour: %s failed: %d\n", what, (int)r);
+  exit(1);
+}
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static void sleep_ms(long ms) {
+  if (ms <= 0) return;
+  struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&t, NULL);
+}
+
+/* A growing list of device blocks. */
+typedef struct Blocks {
+  CUdeviceptr* p;
+  size_t n, cap;
+} Blocks;
+
+static void push(Blocks* b, CUdeviceptr p) {
+  if (b->n == b->cap) {
+    b->cap = b->cap ? 2 * b->cap : 64;
+    b->p = (CUdeviceptr*)realloc(b->p, b->cap * sizeof *b->p);
+    if (!b->p) {
+      fprintf(stderr, "neighbour: out of host memory\n");
+      exit(1);
+    }
+  }
+  b->p[b->n++] = p;
+}
+
+static void free_all(Blocks* b) {
+  for (size_t i = 0; i < b->n; ++i) check(cuMemFree_v2(b->p[i]), "cuMemFree_v2");
+  b->n = 0;
+}
+
+/* Allocates up to `count` blocks into `b`; the number it got. */
+static size_t alloc_blocks(Blocks* b, size_t bytes, size_t count) {
+  size_t got = 0;
+  for (; got < count; ++got) {
+    CUdeviceptr p;
+    if (cuMemAlloc_v2(&p, bytes) != CUDA_SUCCESS) break;
+    push(b, p);
+  }
+  return got;
+}
+
+static void info(void) {
+  size_t free_bytes = 0, total = 0;
+  check(cuMemGetInfo_v2(&free_bytes, &total), "cuMemGetInfo_v2");
+  say("free %zu total %zu", free_bytes, total);
+}
+
+static int hold(size_t bytes, size_t count) {
+  Blocks b = {0};
+  say("allocated %zu", alloc_blocks(&b, bytes, count));
+  free_all(&b);
+  say("held");
+  char line[256];
+  while (fgets(line, sizeof line, stdin)) {
+    line[strcspn(line, "\r\n")] = 0;
+    unsigned long long k;
+    if (strcmp(line, "exit") == 0) break;
+    if (sscanf(line, "alloc %llu", &k) == 1) {
+      say("allocated %zu", alloc_blocks(&b, bytes, (size_t)k));
+    } else if (strcmp(line, "free") == 0) {
+      free_all(&b);
+      say("freed");
+    } else if (strcmp(line, "info") == 0) {
+      info();
+    } else if (line[0]) {
+      fprintf(stderr, "neighbour: unknown command '%s'\n", line);
+    }
+  }
+  free_all(&b);
+  return 0;
+}
+
+static int grab(size_t bytes, long interval_ms, size_t max_blocks) {
+  Blocks b = {0};
+  CUresult err = CUDA_SUCCESS;
+  while (b.n < max_blocks) {
+    if (b.n > 0) sleep_ms(interval_ms);
+    CUdeviceptr p;
+    const double t0 = now_us();
+    err = cuMemAlloc_v2(&p, bytes);
+    const double t1 = now_us();
+    if (err != CUDA_SUCCESS) break;
+    push(&b, p);
+    say("block %zu %.0f", b.n - 1, t1 - t0);
+  }
+  say("got %zu blocks %zu bytes err %d", b.n, b.n * bytes, (int)err);
+  free_all(&b);
+  return 0;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: neighbour hold BLOCK_MIB COUNT\n"
+          "       neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]]\n"
+          "       neighbour info\n");
+  exit(2);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) usage();
+  check(cuInit(0), "cuInit");
+  CUdevice dev;
+  check(cuDeviceGet(&dev, 0), "cuDeviceGet");
+  CUcontext ctx;
+  check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+
+  const char* cmd = argv[1];
+  if (strcmp(cmd, "info") == 0 && argc == 2) {
+    info();
+    return 0;
+  }
+  if (argc < 3) usage();
+  const size_t bytes = (size_t)strtoull(argv[2], NULL, 0) << 20;
+  if (bytes == 0) usage();
+  if (strcmp(cmd, "hold") == 0 && argc == 4) return hold(bytes, (size_t)strtoull(argv[3], NULL, 0));
+  if (strcmp(cmd, "grab") == 0 && argc <= 5) {
+    const long interval = argc > 3 ? strtol(argv[3], NULL, 0) : 0;
+    const size_t max = argc > 4 ? (size_t)strtoull(argv[4], NULL, 0) : (size_t)-1;
+    return grab(bytes, interval, max);
+  }
+  usage();
+  return 2;
+}

@@ -1,0 +1,227 @@
+/* A stand-in libnvidia-ml.so.1 for machines without a GPU: the few NVML
+ * calls a process uses to find its GPU (by UUID) and watch the device's free
+ * memory. It lives next to the stand-in libcuda.so.1, so LD_LIBRARY_PATH and
+ * dlopen("libnvidia-ml.so.1") find it.
+ *
+ * Like the real NVML it needs no CUDA context: with STANDIN_SHARED it reads
+ * the device usage of every process straight from the shared file
+ * (shared_budget.h); without it the device is this process's alone, and the
+ * usage is the stand-in libcuda's if that is loaded (0 otherwise). The
+ * device UUIDs are the 16 bytes cuDeviceGetUuid gives, in NVML's text form.
+ *
+ * STANDIN_NVML_FAIL=1: nvmlInit fails with NVML_ERROR_UNKNOWN (a machine
+ * where NVML is missing or broken).
+ *
+ * No nvml.h on the build machines: the types below are NVML's ABI. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shared_budget.h"
+
+typedef enum nvmlReturn_enum {
+  NVML_SUCCESS = 0,
+  NVML_ERROR_UNINITIALIZED = 1,
+  NVML_ERROR_INVALID_ARGUMENT = 2,
+  NVML_ERROR_NOT_FOUND = 6,
+  NVML_ERROR_INSUFFICIENT_SIZE = 7,
+  NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+  NVML_ERROR_UNKNOWN = 999
+} nvmlReturn_t;
+
+typedef struct nvmlDevice_st* nvmlDevice_t;
+
+typedef struct nvmlMemory_st {
+  unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct nvmlMemory_v2_st {
+  unsigned int version;
+  unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 ((unsigned)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* The handles: one per device, for the life of the process (as NVML's). */
+struct nvmlDevice_st {
+  unsigned index;
+};
+static struct nvmlDevice_st g_devs[SB_MAX_DEVICES] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned g_inits; /* nvmlInit minus nvmlShutdown */
+
+static int fail_init(void) {
+  const char* v = getenv("STANDIN_NVML_FAIL");
+  return v && *v && strcmp(v, "0") != 0;
+}
+
+static nvmlReturn_t init(void) {
+  if (fail_init()) return NVML_ERROR_UNKNOWN;
+  pthread_mutex_lock(&g_mu);
+  ++g_inits;
+  if (sb_path()) sb_attach(0);
+  pthread_mutex_unlock(&g_mu);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return init(); }
+EXPORT nvmlReturn_t nvmlInit(void) { return init(); }
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+  (void)flags;
+  return init();
+}
+
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+  pthread_mutex_lock(&g_mu);
+  const nvmlReturn_t r = g_inits ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+  if (g_inits) --g_inits;
+  pthread_mutex_unlock(&g_mu);
+  return r;
+}
+
+EXPORT const char* nvmlErrorString(nvmlReturn_t r) {
+  switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    case NVML_ERROR_UNKNOWN: return "Unknown Error";
+    default: return "Unknown Error";
+  }
+}
+
+static int initialized(void) {
+  pthread_mutex_lock(&g_mu);
+  const int r = g_inits > 0;
+  pthread_mutex_unlock(&g_mu);
+  return r;
+}
+
+/* The handle's index, or -1 if it is not one of ours. */
+static int index_of(nvmlDevice_t d) {
+  for (int i = 0; i < sb_devices(); ++i)
+    if (d == &g_devs[i]) return i;
+  return -1;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* count) {
+  if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+  if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+  *count = (unsigned)sb_devices();
+  return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int* count) { return nvmlDeviceGetCount_v2(count); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
+  if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+  if (!device || index >= (unsigned)sb_devices()) return NVML_ERROR_INVALID_ARGUMENT;
+  *device = &g_devs[index];
+  return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t* device) {
+  return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index) {
+  if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+  const int i = index_of(device);
+  if (i < 0 || !index) return NVML_ERROR_INVALID_ARGUMENT;
+  *index = (unsigned)i;
+  return NVML_SUCCESS;
+}
+
+/* "GPU-" + the 16 bytes as lowercase hex, grouped 8-4-4-4-12: 40 chars. */
+static void uuid_text(int dev, char out[41]) {
+  unsigned char b[16];
+  pthread_mutex_lock(&g_mu);
+  sb_uuid(dev, b);
+  pthread_mutex_unlock(&g_mu);
+  char* p = out + sprintf(out, "GPU-");
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) *p++ = '-';
+    p += sprintf(p, "%02x", b[i]);
+  }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
+  if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+  const int i = index_of(device);
+  if (i < 0 || !uuid) return NVML_ERROR_INVALID_ARGUMENT;
+  char text[41];
+  uuid_text(i, text);
+  if (length < sizeof text) return NVML_ERROR_INSUFFICIENT_SIZE;
+  memcpy(uuid, text, sizeof text);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
+  if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+  if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+  for (int i = 0; i < sb_devices(); ++i) {
+    char text[41];
+    uuid_text(i, text);
+    if (strcmp(text, uuid) == 0) {
+      *device = &g_devs[i];
+      return NVML_SUCCESS;
+    }
+  }
+  return NVML_ERROR_NOT_FOUND;
+}
+
+/* Without a shared file the device is this process's: its stand-in
+   libcuda's count if loaded (looked up, never loaded from here). */
+static unsigned long long private_used(int dev) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return 0;
+  size_t (*used)(int) = (size_t(*)(int))dlsym(h, "standin_used");
+  const unsigned long long r = used ? used(dev) : 0;
+  dlclose(h);
+  return r;
+}
+
+static nvmlReturn_t memory(nvmlDevice_t device, unsigned long long* total, unsigned long long* used) {
+  if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+  const int i = index_of(device);
+  if (i < 0) return NVML_ERROR_INVALID_ARGUMENT;
+  *total = sb_capacity();
+  if (sb_path()) {
+    pthread_mutex_lock(&g_mu);
+    sb_count_nvml_call();
+    *used = sb_used_all(i);
+    pthread_mutex_unlock(&g_mu);
+  } else {
+    *used = private_used(i);
+  }
+  if (*used > *total) *used = *total;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* mem) {
+  if (!mem) return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+  unsigned long long total, used;
+  const nvmlReturn_t r = memory(device, &total, &used);
+  if (r != NVML_SUCCESS) return r;
+  mem->total = total;
+  mem->used = used;
+  mem->free = total - used;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* mem) {
+  if (!mem) return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+  if (mem->version != NVML_MEMORY_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+  unsigned long long total, used;
+  const nvmlReturn_t r = memory(device, &total, &used);
+  if (r != NVML_SUCCESS) return r;
+  mem->total = total;
+  mem->reserved = 0;
+  mem->used = used;
+  mem->free = total - used;
+  return NVML_SUCCESS;
+}

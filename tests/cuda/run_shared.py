@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""Several processes on one simulated GPU (the stand-in's STANDIN_SHARED).
+
+Shows the stand-in behaves like one device shared by processes, with no
+gpupool loaded: one budget for all of them, a killed process's memory given
+back, NVML agreeing with cuMemGetInfo, one UUID per device for every process
+on the file. Each test uses a fresh shared file, so they run in parallel.
+
+usage: run_shared.py NEIGHBOUR PROBE TEST
+(LD_LIBRARY_PATH must name the stand-in directory.)
+"""
+import os
+import queue
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+MIB = 1 << 20
+CAPACITY = 64 * MIB
+OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+NEIGHBOUR = PROBE = None
+
+
+def fail(msg):
+    print("FAIL: " + msg, flush=True)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+class Proc:
+    """A neighbour process followed line by line (a reader thread, so a
+    timeout never leaves a half-read line behind)."""
+
+    def __init__(self, args, env, cwd=None):
+        self.args = args
+        self.p = subprocess.Popen(args, env=env, cwd=cwd, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def line(self, timeout=20):
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            fail("%s: no output in %ss" % (self.args, timeout))
+        if line is None:
+            fail("%s: ended early (status %s)" % (self.args, self.p.wait()))
+        return line
+
+    def expect(self, pattern, timeout=20):
+        line = self.line(timeout)
+        m = re.fullmatch(pattern, line)
+        check(m, "%s: expected /%s/, got %r" % (self.args, pattern, line))
+        return m
+
+    def send(self, text):
+        self.p.stdin.write(text + "\n")
+        self.p.stdin.flush()
+
+    def finish(self):
+        self.p.stdin.close()
+        check(self.p.wait(timeout=20) == 0, "%s: exit status %s" % (self.args, self.p.returncode))
+
+
+def environ(shared):
+    env = dict(os.environ, STANDIN_CAPACITY=str(CAPACITY))
+    env.pop("STANDIN_SHARED", None)
+    env.pop("LD_PRELOAD", None)
+    if shared:
+        env["STANDIN_SHARED"] = shared
+    return env
+
+
+def run(args, env, cwd=None):
+    r = subprocess.run(args, env=env, cwd=cwd, stdout=subprocess.PIPE, text=True, timeout=60)
+    check(r.returncode == 0, "%s: exit status %d\n%s" % (args, r.returncode, r.stdout))
+    return r.stdout.splitlines()
+
+
+def hold(env, mib, count=0):
+    """A process holding `mib` MiB of 1 MiB blocks until told otherwise."""
+    p = Proc([NEIGHBOUR, "hold", "1", str(count)], env)
+    p.expect("allocated %d" % count)
+    p.expect("held")
+    if mib:
+        p.send("alloc %d" % mib)
+        p.expect("allocated %d" % mib)
+    return p
+
+
+def free_bytes(env):
+    (line,) = run([NEIGHBOUR, "info"], env)
+    m = re.fullmatch(r"free (\d+) total (\d+)", line)
+    check(m and int(m.group(2)) == CAPACITY, "info: %r" % line)
+    return int(m.group(1))
+
+
+def grab(env, block_mib=1, *extra):
+    out = run([NEIGHBOUR, "grab", str(block_mib)] + [str(x) for x in extra], env)
+    m = re.fullmatch(r"got (\d+) blocks (\d+) bytes err (\d+)", out[-1])
+    check(m, "grab: last line %r" % out[-1])
+    n = int(m.group(1))
+    check(int(m.group(2)) == n * block_mib * MIB, "grab: bytes in %r" % out[-1])
+    check(len(out) == n + 1, "grab: %d block lines for %d blocks" % (len(out) - 1, n))
+    for i, line in enumerate(out[:-1]):
+        check(re.fullmatch(r"block %d \d+" % i, line), "grab: line %r" % line)
+    return n, int(m.group(3))
+
+
+def slots_ever_used(path):
+    """Slots of the shared file that some process has owned (its layout is
+    SbFile in shared_budget.h: a 64-byte header, slots of 72 bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, version = struct.unpack_from("<II", data, 0)
+    check(magic == 0x53424731 and version == 1, "shared file header %x %d" % (magic, version))
+    return sum(1 for off in range(64, len(data) - 71, 72) if struct.unpack_from("<i", data, off)[0])
+
+
+# ---- the tests ---------------------------------------------------------------
+
+
+def test_budget(tmp):
+    """The second process's grab gets the capacity minus what the first holds."""
+    env = environ(os.path.join(tmp, "gpu"))
+    a = hold(env, 20, count=8)
+    check(free_bytes(env) == CAPACITY - 20 * MIB, "free with 20 MiB held elsewhere")
+    check(grab(env) == (44, OOM), "grab beside 20 MiB")
+    check(grab(env, 1, 0, 10) == (10, 0), "grab stops at MAX_BLOCKS")
+    a.send("free")
+    a.expect("freed")
+    check(grab(env) == (64, OOM), "grab after the neighbour freed")
+    a.send("alloc 100")
+    a.expect("allocated 64")
+    check(grab(env) == (0, OOM), "grab on a full device")
+    a.send("info")
+    a.expect("free 0 total %d" % CAPACITY)
+    a.send("exit")
+    a.finish()
+    check(grab(env, 4) == (16, OOM), "grab after the neighbour exited")
+
+
+def test_race(tmp):
+    """Allocation is check-and-add across processes: neighbours allocating at
+    once never get more than the device has, and leave nothing unused."""
+    env = environ(os.path.join(tmp, "gpu"))
+    procs = [hold(env, 0) for _ in range(6)]
+    for _ in range(20):
+        for p in procs:
+            p.send("alloc 1000")
+        got = [int(p.expect(r"allocated (\d+)").group(1)) for p in procs]
+        check(sum(got) == 64, "neighbours got %s blocks of 1 MiB, %d in all" % (got, sum(got)))
+        check(free_bytes(env) == 0, "device not full")
+        for p in procs:
+            p.send("free")
+        for p in procs:
+            p.expect("freed")
+    for p in procs:
+        p.finish()
+    check(free_bytes(env) == CAPACITY, "device not empty after all exited")
+
+
+def test_sigkill(tmp):
+    """A process killed with SIGKILL stops counting at once, while still a
+    zombie (not reaped), and its slot is used again."""
+    path = os.path.join(tmp, "gpu")
+    env = environ(path)
+    a = hold(env, 40)
+    check(free_bytes(env) == 24 * MIB, "free with 40 MiB held elsewhere")
+    a.p.kill()
+    deadline = time.time() + 10
+    while free_bytes(env) != CAPACITY:
+        check(time.time() < deadline, "a killed process still counts")
+        time.sleep(0.05)
+    with open("/proc/%d/stat" % a.p.pid) as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    check(state == "Z", "the killed process is %r, not a zombie" % state)
+    b = hold(env, 10)
+    for _ in range(5):
+        check(free_bytes(env) == 54 * MIB, "free beside 10 MiB")
+    check(grab(env) == (54, OOM), "grab beside 10 MiB")
+    b.send("exit")
+    b.finish()
+    a.p.wait()
+    # a, b and one at a time of the short-lived ones: dead processes' slots
+    # are taken again.
+    check(slots_ever_used(path) <= 3, "%d slots used by 3 live processes at most"
+          % slots_ever_used(path))
+
+
+def probe_mem(env, mib):
+    out = run([PROBE, "mem", str(mib)], env)
+    vals = {}
+    for line in out:
+        words = line.split()
+        vals[words[0]] = {words[i]: int(words[i + 1]) for i in range(1, len(words) - 1, 2)} \
+            if len(words) > 2 else int(words[1])
+    return vals
+
+
+def test_nvml(tmp):
+    """NVML's memory info is cuMemGetInfo's, from the shared file: the
+    neighbours' usage and the probe's own (its libcuda's slot)."""
+    env = environ(os.path.join(tmp, "gpu"))
+    a = hold(env, 20)
+    v = probe_mem(env, 5)
+    check(v["cuda"] == {"free": CAPACITY - 25 * MIB, "total": CAPACITY}, "cuda %s" % v)
+    check(v["nvml"] == {"free": CAPACITY - 25 * MIB, "used": 25 * MIB, "total": CAPACITY},
+          "nvml %s" % v)
+    check(v["all"] == 25 * MIB, "standin_used_all %s" % v)
+    calls = v["nvml_calls"]
+    check(calls >= 1, "nvmlDeviceGetMemoryInfo not counted")
+    a.send("free")
+    a.expect("freed")
+    v = probe_mem(env, 0)
+    check(v["nvml"]["used"] == 0 and v["cuda"]["free"] == CAPACITY, "after free: %s" % v)
+    check(v["nvml_calls"] == calls + 1, "calls %d then %d" % (calls, v["nvml_calls"]))
+    a.send("exit")
+    a.finish()
+    # Without a shared file: the process's own device, its libcuda's count.
+    env = environ(None)
+    a = hold(env, 20)
+    v = probe_mem(env, 5)
+    check(v["nvml"] == {"free": CAPACITY - 5 * MIB, "used": 5 * MIB, "total": CAPACITY},
+          "private nvml %s" % v)
+    check(v["nvml_calls"] == 0, "private: counted %s" % v)
+    a.finish()
+
+
+def uuids(env, cwd=None):
+    out = run([PROBE, "uuid"], env, cwd)
+    check(len(out) == 2, "uuid: %s" % out)
+    for line in out:
+        check(re.fullmatch(r"uuid \d GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+                           line), "uuid line %r" % line)
+    return out
+
+
+def test_uuid(tmp):
+    """One UUID per device for every process on the file (however it names
+    it); other files and unshared processes are other GPUs. The probe itself
+    checks CUDA's and NVML's views agree."""
+    x = uuids(environ(os.path.join(tmp, "x")))
+    check(uuids(environ(os.path.join(tmp, "x"))) == x, "two processes on one file")
+    check(uuids(environ("x"), cwd=tmp) == x, "a relative path to the same file")
+    y = uuids(environ(os.path.join(tmp, "y")))
+    check(not set(x) & set(y), "two files, one GPU: %s %s" % (x, y))
+    p1, p2 = uuids(environ(None)), uuids(environ(None))
+    check(not set(p1) & set(p2) and not set(p1) & set(x), "unshared processes share a GPU")
+
+
+def test_private(tmp):
+    """Without STANDIN_SHARED every process has its own device, as before."""
+    env = environ(None)
+    a = hold(env, 40)
+    check(free_bytes(env) == CAPACITY, "a private device sees a neighbour")
+    check(grab(env) == (64, OOM), "a private grab")
+    a.send("info")
+    a.expect("free %d total %d" % (24 * MIB, CAPACITY))
+    a.finish()
+
+
+def main():
+    global NEIGHBOUR, PROBE
+    if len(sys.argv) != 4:
+        print(__doc__)
+        return 2
+    NEIGHBOUR, PROBE, name = sys.argv[1:]
+    test = globals().get("test_" + name)
+    if not test:
+        print("no test %r" % name)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="standin-shared-") as tmp:
+        test(tmp)
+    print("ok " + name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
