@@ -40,6 +40,12 @@ struct Config {
   SizeSpec pending_growth;        // default 2%, see options.def
   bool probe = true;
 
+  bool neighbours = true;
+  std::uint64_t neighbour_wait_ns = 500'000'000;
+  SizeSpec pressure_free;         // default 4%, see options.def
+  std::uint64_t pressure_interval_ns = 20'000'000;
+  std::string registry;           // empty: node::default_registry_path()
+
   LogLevel log_level = LogLevel::warn;
   std::string log_file;
 

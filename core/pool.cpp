@@ -767,6 +767,14 @@ std::size_t Pool::arena_count() const {
   return arenas_.size();
 }
 
+Stats Pool::group_totals(const std::string& group) const {
+  Stats s;
+  std::shared_lock use(arenas_in_use_);
+  for (Arena* a : arenas_copy())
+    if (!a->retired() && a->group_->name == group) s += a->stats();
+  return s;
+}
+
 std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
   std::vector<ArenaSnapshot> out;
   std::shared_lock use(arenas_in_use_);

@@ -183,6 +183,9 @@ class Pool {
   std::uint64_t release_after_ns() const { return options_.release_after_ns; }
 
   Stats totals() const;
+  // The counters of the live arenas of one group (no per-bin walk: cheap
+  // enough to call every few milliseconds).
+  Stats group_totals(const std::string& group) const;
   // One row per arena, and one per kind for the destroyed retired arenas
   // carrying their counters, so the rows always add up to totals().
   std::vector<ArenaSnapshot> snapshot(std::size_t max_bins_per_arena = 8) const;

@@ -7,6 +7,7 @@
 
 #include "config/log.hpp"
 #include "interpose/control/control.hpp"
+#include "interpose/node/node.hpp"
 
 namespace gpupool {
 namespace {
@@ -67,6 +68,7 @@ Runtime* create() {
   std::atexit([] {
     g_exiting.store(true, std::memory_order_release);
     control::at_exit();
+    node::at_exit();
   });
   set_fork_handlers(ForkPart::pool, {[] {
                                        if (Runtime* r = g_runtime.load()) r->pool.fork_prepare();

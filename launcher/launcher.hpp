@@ -3,6 +3,9 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "interpose/node/registry.hpp"
 
 namespace gpupool::launcher {
 
@@ -29,5 +32,10 @@ std::string run_help();
 // talk.cpp: gpupool stats | free-held | stop-holding PID
 int cmd_pid(const std::string& cmd, int argc, char** argv);
 const char* pid_help(const std::string& cmd);  // nullptr: not a PID command
+// node.cpp: gpupool ps, and the registry free-held --all reads
+int cmd_ps(int argc, char** argv);
+const char* ps_help();
+std::string registry_path();
+bool registry_processes(std::vector<node::ProcessEntry>* out);
 
 }  // namespace gpupool::launcher

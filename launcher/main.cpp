@@ -2,6 +2,7 @@
 //
 //   gpupool run [options] [--] PROGRAM [ARGS...]          run.cpp
 //   gpupool stats PID [--json] | free-held PID | stop-holding PID   talk.cpp
+//   gpupool ps [--json] (and free-held --all's list)                node.cpp
 //   gpupool env | --version | --help | help COMMAND        here
 #include <errno.h>
 #include <limits.h>
@@ -48,7 +49,9 @@ const char kMainHelp[] =
     "  run [OPTIONS] [--] PROGRAM [ARGS...]  run PROGRAM with gpupool preloaded\n"
     "  stats PID [--json]                    print the pool statistics of process PID\n"
     "  free-held PID                         release the memory PID's pool holds\n"
+    "  free-held --all [--device UUID]       ask every gpupool process here to release\n"
     "  stop-holding PID                      release held memory and stop holding\n"
+    "  ps [--json]                           list gpupool processes here, per GPU\n"
     "  env                                   list the GPUPOOL_* variables and values\n"
     "  help [COMMAND]                        show help for COMMAND\n"
     "\n"
@@ -115,6 +118,7 @@ int cmd_help(int argc, char** argv) {
   if (c == "run") std::fputs(run_help().c_str(), stdout);
   else if (const char* h = pid_help(c)) std::fputs(h, stdout);
   else if (c == "env") std::fputs(kEnvHelp, stdout);
+  else if (c == "ps") std::fputs(ps_help(), stdout);
   else if (c == "help") std::fputs(kMainHelp, stdout);
   else return usage_error("help: unknown command '" + c + "'");
   return kOk;
@@ -140,6 +144,7 @@ int main(int argc, char** argv) {
   if (cmd == "stats" || cmd == "free-held" || cmd == "stop-holding")
     return cmd_pid(cmd, argc - 2, argv + 2);
   if (cmd == "env") return cmd_env(argc - 2, argv + 2);
+  if (cmd == "ps") return cmd_ps(argc - 2, argv + 2);
   if (cmd == "help") return cmd_help(argc - 2, argv + 2);
   if (!cmd.empty() && cmd[0] == '-') return usage_error("unknown option '" + cmd + "'");
   return usage_error("unknown command '" + cmd + "'");

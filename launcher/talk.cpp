@@ -22,6 +22,7 @@
 
 #include "config/config.hpp"
 #include "interpose/control/socket.hpp"
+#include "interpose/node/registry.hpp"
 #include "launcher/launcher.hpp"
 
 namespace gpupool::launcher {
@@ -36,9 +37,13 @@ const char kStatsHelp[] =
 
 const char kFreeHeldHelp[] =
     "Usage: gpupool free-held PID [--timeout SECONDS]\n"
+    "       gpupool free-held --all [--device UUID] [--timeout SECONDS]\n"
     "\n"
     "Release every block process PID's pool holds (freed by the program, kept\n"
-    "for reuse). The pool keeps holding blocks freed afterwards.\n";
+    "for reuse). The pool keeps holding blocks freed afterwards. --all asks\n"
+    "every gpupool process of this user on the node (`gpupool ps`); with\n"
+    "--device, only their blocks on that GPU (GPU-... as `gpupool ps` and\n"
+    "nvidia-smi -L show it).\n";
 
 const char kStopHoldingHelp[] =
     "Usage: gpupool stop-holding PID [--timeout SECONDS]\n"
@@ -231,9 +236,10 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
   const char* help = cmd == "stats"       ? kStatsHelp
                      : cmd == "free-held" ? kFreeHeldHelp
                                           : kStopHoldingHelp;
-  bool json = false;
+  bool json = false, all = false;
   double timeout = 5;
   std::optional<long> pid;
+  std::optional<node::Uuid> device;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
     if (is_help(a)) {
@@ -242,6 +248,20 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
     }
     if (a == "--json" && cmd == "stats") {
       json = true;
+    } else if (a == "--all" && cmd == "free-held") {
+      all = true;
+    } else if ((a == "--device" || a.rfind("--device=", 0) == 0) && cmd == "free-held") {
+      std::string v;
+      if (a == "--device") {
+        if (i + 1 >= argc) return usage_error(cmd + ": --device needs a GPU UUID", cmd.c_str());
+        v = argv[++i];
+      } else {
+        v = a.substr(9);
+      }
+      node::Uuid u;
+      if (!node::parse_uuid(v, &u))
+        return usage_error(cmd + ": --device: '" + v + "' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", cmd.c_str());
+      device = u;
     } else if (a == "--timeout" || a.rfind("--timeout=", 0) == 0) {
       std::string v;
       if (a == "--timeout") {
@@ -265,6 +285,29 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
         return usage_error(cmd + ": '" + a + "' is not a process id", cmd.c_str());
       pid = p;
     }
+  }
+  if (all && pid) return usage_error(cmd + ": --all and a PID given", cmd.c_str());
+  if (device && !all) return usage_error(cmd + ": --device goes with --all", cmd.c_str());
+  if (all) {
+    std::vector<node::ProcessEntry> procs;
+    if (!registry_processes(&procs)) return kFailed;
+    const std::string req = device ? "release " + node::uuid_text(*device) + " " +
+                                         std::to_string(UINT64_MAX)
+                                   : std::string("free-held");
+    int worst = kOk;
+    for (const auto& p : procs) {
+      if (device) {
+        bool there = false;
+        for (const auto& d : p.devices) there = there || d.uuid == *device;
+        if (!there) continue;
+      }
+      std::printf("process %ld (%s): ", p.pid, p.command.c_str());
+      std::fflush(stdout);
+      const int r = talk(p.pid, req, timeout, true);
+      if (r != kOk) worst = kFailed;
+    }
+    if (procs.empty()) std::printf("no gpupool process of this user on this node\n");
+    return worst;
   }
   if (!pid) return usage_error(cmd + ": no PID given", cmd.c_str());
   std::string request = cmd == "stats" ? (json ? "stats json" : "stats") : cmd;

@@ -219,6 +219,8 @@ bool dump(Runtime& rt, const char* reason) {
   return dump_locked(rt, reason);
 }
 
+void wake() noexcept { poke(); }
+
 bool free_held(Runtime& rt) {
   if (!g_state) {
     rt.pool.free_held();

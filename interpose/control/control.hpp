@@ -34,6 +34,10 @@ std::string render(Runtime& runtime, bool json, const char* reason);
 // Serialized with every other control action. False if nothing was written.
 bool dump(Runtime& runtime, const char* reason);
 
+// Wakes the control thread for its periodic work now (a new device to
+// publish). Any thread; async-signal-safe.
+void wake() noexcept;
+
 // The pool actions, serialized with dumps; refused (false) once exit began,
 // since they call into drivers that may be torn down.
 bool free_held(Runtime& runtime);

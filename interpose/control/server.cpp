@@ -14,6 +14,7 @@
 #include "config/log.hpp"
 #include "interpose/control/internal.hpp"
 #include "interpose/control/socket.hpp"
+#include "interpose/node/node.hpp"
 
 namespace gpupool::control {
 namespace {
@@ -44,6 +45,11 @@ std::string handle_request(Runtime& rt, std::string req) {
     return "ok\n" + held_summary(before, rt.pool.totals()) +
            (req == "stop-holding" ? "holding stopped: freed blocks are now released at once\n"
                                   : "");
+  }
+  if (req.rfind("release ", 0) == 0) {  // another gpupool process ran out of memory
+    std::unique_lock lock(g_state->work_mu);
+    if (exiting()) return "error exiting the process is exiting\n";
+    return node::answer_release(rt, std::string_view(req).substr(8));
   }
   return "error bad-request unknown command '" + req.substr(0, 64) + "'\n";
 }

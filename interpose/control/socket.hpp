@@ -12,7 +12,8 @@
 // user (a squatter can at worst make a request fail, never answer it).
 //
 // Protocol: the client sends one line ("stats", "stats json", "free-held",
-// "stop-holding", "ping") within 2 s; the server answers "ok\n" followed by
+// "stop-holding", "ping", or "release GPU-<uuid> <bytes>" from another
+// gpupool process that ran out of memory on that GPU) within 2 s; the server answers "ok\n" followed by
 // the body, or "error <code> <message>\n" (codes: denied, bad-request,
 // exiting), and closes the connection.
 #pragma once
@@ -20,11 +21,13 @@
 #include <stddef.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -47,19 +50,33 @@ inline socklen_t socket_address(sockaddr_un* addr, const std::string& name) {
 }
 
 // Every name the process's socket may have: the usual one first, then the
-// fallback names listed in /proc/net/unix.
+// fallback names listed in /proc/net/unix. Read with read(2), not iostreams:
+// the library uses this too, and iostreams would pull the locale machinery
+// into every process it is preloaded into.
 inline std::vector<std::string> socket_candidates(unsigned uid, long pid) {
   const std::string base = socket_name(uid, pid);
   std::vector<std::string> out{base};
-  std::ifstream f("/proc/net/unix");
-  std::string line;
+  std::string table;
+  const int fd = ::open("/proc/net/unix", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[8192];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0 && table.size() < (64u << 20))
+      table.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+  }
   const std::string prefix = "@" + base + ".";
-  while (std::getline(f, line)) {
+  std::size_t pos = 0;
+  while (pos < table.size()) {
+    std::size_t eol = table.find('\n', pos);
+    if (eol == std::string::npos) eol = table.size();
+    const std::string_view line(table.data() + pos, eol - pos);
+    pos = eol + 1;
     const std::size_t at = line.rfind(' ');
-    if (at == std::string::npos) continue;
-    const std::string path = line.substr(at + 1);
+    if (at == std::string_view::npos) continue;
+    const std::string_view path = line.substr(at + 1);
     if (path.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string name = path.substr(1);
+    const std::string name(path.substr(1));
     bool seen = false;
     for (const std::string& o : out) seen = seen || o == name;
     if (!seen) out.push_back(name);

@@ -16,6 +16,7 @@
 
 #include "config/log.hpp"
 #include "interpose/control/internal.hpp"
+#include "interpose/node/node.hpp"
 
 namespace gpupool::control {
 namespace {
@@ -67,6 +68,7 @@ void* control_thread(void* arg) {
   std::uint64_t next_prom = prom_period ? now : UINT64_MAX;
   std::uint64_t next_flush = st.tracer ? now + kFlushPeriod : UINT64_MAX;
   std::uint64_t next_check = now + kCheckPeriod;
+  std::uint64_t next_node = now;
 
   std::vector<pollfd> fds;
   for (;;) {
@@ -75,7 +77,8 @@ void* control_thread(void* arg) {
     try {
       check_descriptors(st);
       now = mono_ns();
-      std::uint64_t next = std::min({next_interval, next_trim, next_prom, next_flush, next_check});
+      std::uint64_t next =
+          std::min({next_interval, next_trim, next_prom, next_flush, next_check, next_node});
       fds.clear();
       const bool wake = st.wake_rd.valid();
       const bool listening = st.listen.valid();
@@ -153,6 +156,13 @@ void* control_thread(void* arg) {
       if (now >= next_flush) {
         if (st.tracer) st.tracer->flush();
         next_flush = now + kFlushPeriod;
+      }
+      {
+        // Publishing and the pressure watch: every round, since a new
+        // device wakes the thread (node::tick returns at once when nothing
+        // is due).
+        std::unique_lock lock(st.work_mu);
+        if (!exiting()) next_node = node::tick(rt, now);
       }
       if (now >= next_check) {
         check_handlers();

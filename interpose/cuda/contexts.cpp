@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "config/log.hpp"
 #include "interpose/cuda/memory.hpp"
 #include "interpose/cuda/pointers.hpp"
+#include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
 
 namespace gpupool::cuda {
@@ -77,14 +79,23 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
     if (p.dev == dev && p.ctx == ctx) st->primary = true;
   ArenaOptions o;
   o.name = fmt::format("cuda dev {} ctx {}", int(dev), static_cast<void*>(ctx));
-  o.group = fmt::format("cuda:{}", int(dev));
+  o.group = device_group(dev);
   o.kind = "cuda";
   o.max_block = total;
   o.max_pooled = rt.config.max_pooled.resolve(total);
   o.max_held = rt.config.max_held.resolve(total);
   o.pending_growth = rt.config.pending_growth.resolve(total);
   const bool fenced = rt.config.reuse == config::Reuse::safe;
+  const std::string group = o.group;
   st->device_arena = rt.pool.add_arena(device_backend(st, fenced), std::move(o));
+  // The GPU's name across processes, for the node's neighbours.
+  CUuuid u{};
+  if ((d.device_get_uuid_v2 && d.device_get_uuid_v2(&u, dev) == CUDA_SUCCESS) ||
+      (d.device_get_uuid && d.device_get_uuid(&u, dev) == CUDA_SUCCESS)) {
+    node::Uuid uuid;
+    std::memcpy(uuid.data(), u.bytes, uuid.size());
+    node::add_device(rt, uuid, group, total);
+  }
   contexts().all.push_back(st);
   contexts().live.push_back(st);
   log().debug("cuda: context {} on device {} ({} bytes): pooling", static_cast<void*>(ctx),
@@ -93,6 +104,8 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
 }
 
 }  // namespace
+
+std::string device_group(CUdevice dev) { return "cuda:" + std::to_string(int(dev)); }
 
 // ---- fences ---------------------------------------------------------------
 

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -80,6 +81,9 @@ CtxState* find_state(CUcontext ctx);
 // keep_stats: its counters stay in the totals (not in a forked child, where
 // they are the parent's).
 void retire_locked(CtxState* st, Runtime& rt, bool keep_stats = true);
+
+// The pool group of the device memory of `dev` ("cuda:<ordinal>").
+std::string device_group(CUdevice dev);
 
 // Sum of held bytes of the device arenas of `dev` (cuMemGetInfo).
 std::size_t held_device_bytes(CUdevice dev);

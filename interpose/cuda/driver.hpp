@@ -54,7 +54,9 @@ using PFN_ctx = CUresult (*)(CUcontext);
   X(cuCtxPushCurrent_v2, ctx_push, decltype(&::cuCtxPushCurrent_v2))         \
   X(cuCtxPopCurrent_v2, ctx_pop, decltype(&::cuCtxPopCurrent_v2))            \
   X(cuDeviceTotalMem_v2, device_total_mem, decltype(&::cuDeviceTotalMem_v2)) \
-  X(cuDevicePrimaryCtxGetState, primary_get_state, decltype(&::cuDevicePrimaryCtxGetState))
+  X(cuDevicePrimaryCtxGetState, primary_get_state, decltype(&::cuDevicePrimaryCtxGetState)) \
+  X(cuDeviceGetUuid_v2, device_get_uuid_v2, decltype(&::cuDeviceGetUuid_v2))                 \
+  X(cuDeviceGetUuid, device_get_uuid, decltype(&::cuDeviceGetUuid_v2))
 
 // Real driver entry points. Any of them may be null (an older driver).
 struct Driver {

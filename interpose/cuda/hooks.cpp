@@ -11,6 +11,7 @@
 #include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/pointers.hpp"
+#include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
 
 using namespace gpupool;
@@ -199,10 +200,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total
   const CUresult r = d->mem_get_info(free, total);
   Runtime* rt = runtime();
   if (r != CUDA_SUCCESS || !rt || !free || !total || !d->ctx_get_device) return r;
-  // Held blocks are free memory as far as the program is concerned.
+  // Held blocks are free memory as far as the program is concerned, ours
+  // and those of the other gpupool processes we can ask (one request away;
+  // the context is made known first, so that its GPU is looked up even
+  // before the program's first allocation).
   CUdevice dev = 0;
+  if (rt->config.cuda) current_state(*d, *rt, true);
   if (d->ctx_get_device(&dev) == CUDA_SUCCESS) {
-    const std::size_t held = held_device_bytes(dev);
+    const std::size_t held = held_device_bytes(dev) + node::others_held(device_group(dev));
     *free = *free + held > *total ? *total : *free + held;
   }
   return r;

@@ -5,6 +5,7 @@
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/pointers.hpp"
+#include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
 
 namespace gpupool::cuda {
@@ -73,6 +74,11 @@ class DeviceBackend final : public ContextBackend {
   void release(Handle h, std::size_t) override {
     device_map().erase(h);
     release_while_alive([&] { driver()->mem_free(h); });  // any (or no) current context
+  }
+
+  // Other gpupool processes on this GPU may hold what we miss.
+  bool relieve(std::size_t bytes) override {
+    return node::ask_neighbours(device_group(st_->dev), bytes) > 0;
   }
 };
 

@@ -1,0 +1,101 @@
+// Asking another gpupool process of the same user for its held memory, over
+// its control socket (interpose/control/socket.hpp: names and protocol).
+// Non-blocking throughout, bounded by the caller's deadline: the caller is a
+// program thread whose allocation failed.
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <string>
+
+#include "config/io.hpp"
+#include "interpose/control/socket.hpp"
+#include "interpose/node/internal.hpp"
+
+namespace gpupool::node {
+namespace {
+
+// Waits for `events` on fd until the deadline; false on timeout or error.
+bool wait_for(int fd, short events, std::uint64_t deadline) {
+  for (;;) {
+    const std::uint64_t now = mono_ns();
+    if (now >= deadline) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000 + 1));
+    if (r > 0) return (p.revents & (events | POLLHUP)) != 0;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+// A connection to `name`, checked to be held by `pid` running as us.
+io::OwnedFd connect_to(const std::string& name, long pid, std::uint64_t deadline) {
+  io::OwnedFd fd =
+      io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return {};
+  sockaddr_un addr;
+  const socklen_t len = control::socket_address(&addr, name);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    if (errno != EINPROGRESS && errno != EAGAIN) return {};
+    if (!wait_for(fd.get(), POLLOUT, deadline)) return {};
+    int err = 0;
+    socklen_t el = sizeof err;
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) return {};
+  }
+  ucred cred{};
+  socklen_t cl = sizeof cred;
+  if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid != pid ||
+      cred.uid != geteuid())
+    return {};
+  return fd;
+}
+
+}  // namespace
+
+std::uint64_t mono_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return std::uint64_t(t.tv_sec) * 1'000'000'000ull + std::uint64_t(t.tv_nsec);
+}
+
+std::size_t ask_release(long pid, const Uuid& uuid, std::size_t bytes, std::uint64_t deadline) {
+  for (const std::string& name : control::socket_candidates(geteuid(), pid)) {
+    io::OwnedFd fd = connect_to(name, pid, deadline);
+    if (!fd.valid()) continue;
+    const std::string req = "release " + uuid_text(uuid) + " " + std::to_string(bytes) + "\n";
+    std::size_t sent = 0;
+    while (sent < req.size()) {
+      const ssize_t n = ::send(fd.get(), req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
+      if (n > 0) sent += static_cast<std::size_t>(n);
+      else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        if (!wait_for(fd.get(), POLLOUT, deadline)) return 0;
+      } else {
+        return 0;
+      }
+    }
+    std::string in;
+    char buf[256];
+    for (;;) {
+      const ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
+      if (n > 0) {
+        in.append(buf, static_cast<std::size_t>(n));
+        if (in.size() > 4096) return 0;
+        continue;
+      }
+      if (n == 0) break;
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN || !wait_for(fd.get(), POLLIN, deadline)) return 0;
+    }
+    // "ok\nreleased <bytes>\n"
+    const std::string key = "ok\nreleased ";
+    if (in.compare(0, key.size(), key) != 0) return 0;
+    std::uint64_t got = 0;
+    std::from_chars(in.data() + key.size(), in.data() + in.size(), got);
+    return got;
+  }
+  return 0;
+}
+
+}  // namespace gpupool::node

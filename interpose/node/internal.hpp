@@ -1,0 +1,27 @@
+// What the node files share; nothing outside interpose/node uses it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "interpose/node/registry.hpp"
+
+namespace gpupool::node {
+
+std::uint64_t mono_ns();
+
+// ask.cpp: asks process `pid` (same user) to release `bytes` of its held
+// memory on `uuid`, over its control socket, by `deadline` (mono_ns).
+// Returns the bytes it released (0 on any failure).
+std::size_t ask_release(long pid, const Uuid& uuid, std::size_t bytes, std::uint64_t deadline);
+
+// nvml.cpp: the GPU's free and total memory, from NVML (libnvidia-ml.so.1,
+// loaded on first use). False when NVML or the device is not available.
+bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total);
+// fork(): its lock is taken after the node's; a forked child does not use
+// its parent's NVML session.
+void nvml_fork_prepare() noexcept;
+void nvml_fork_parent() noexcept;
+void nvml_fork_child() noexcept;
+
+}  // namespace gpupool::node

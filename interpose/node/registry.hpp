@@ -1,0 +1,94 @@
+// The node's registry of gpupool processes: what each holds on each GPU.
+//
+// One file per user, /dev/shm/gpupool.<euid> (GPUPOOL_REGISTRY), mapped
+// shared by every gpupool process of that user and by `gpupool ps`. It holds
+// a fixed table of slots; a process claims one with a compare-and-swap on
+// its owner word (pid and start time, so a reused pid is another owner) and
+// writes its figures under a sequence counter. No lock anywhere: a process
+// that dies, even mid-write, leaves a slot whose owner is gone, which every
+// reader skips and the next claimer takes over. Readers check everything
+// they read (header, counts, torn writes), and a file that is not this
+// layout, not a regular file of the user, or writable by others is not used.
+//
+// Devices are named by their UUID: ordinals differ between processes
+// (CUDA_VISIBLE_DEVICES).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpupool::node {
+
+using Uuid = std::array<std::uint8_t, 16>;
+
+// NVML's spelling: "GPU-" and the bytes as 8-4-4-4-12 lowercase hex.
+std::string uuid_text(const Uuid& u);
+// Accepts uuid_text's form, with or without "GPU-"; false otherwise.
+bool parse_uuid(std::string_view text, Uuid* out);
+
+// One process's figures for one device.
+struct DeviceUse {
+  Uuid uuid{};
+  std::uint64_t held = 0;     // bytes freed by the program, kept by gpupool
+  std::uint64_t active = 0;   // bytes in the program's hands
+  std::uint64_t managed = 0;  // allocated from the driver: held + active blocks
+  std::uint64_t hits = 0, misses = 0;
+};
+
+struct ProcessEntry {
+  long pid = 0;
+  std::string command;  // /proc/<pid>/comm as published
+  std::vector<DeviceUse> devices;
+};
+
+inline constexpr unsigned kRegistrySlots = 256;
+inline constexpr unsigned kRegistryDevices = 16;  // per process
+
+class Registry {
+ public:
+  // Maps the registry at `path`, creating it (0600) if missing and
+  // `create`. nullptr and *why (a phrase naming the path) when it cannot be
+  // used; *why is empty when it is missing and not to be created.
+  static std::unique_ptr<Registry> open(const std::string& path, std::string* why,
+                                        bool create = true);
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // This process's figures (at most kRegistryDevices devices), claiming a
+  // slot on first use. False when every slot is taken by a live process.
+  bool publish(const std::vector<DeviceUse>& devices);
+  // Gives this process's slot back (exit).
+  void leave();
+  // In a forked child: the slot is the parent's; the child claims its own.
+  void forget_slot() { slot_ = -1; }
+
+  // Every live process's entry, this one's included unless skip_self.
+  std::vector<ProcessEntry> processes(bool skip_self) const;
+
+ private:
+  Registry() = default;
+  void* map_ = nullptr;
+  std::size_t size_ = 0;
+  std::string path_;
+  int slot_ = -1;
+  std::uint64_t token_ = 0;
+  long token_pid_ = 0;
+};
+
+// /dev/shm/gpupool.<euid>.
+std::string default_registry_path();
+
+// Whether the process `pid` is alive and started at `start` (clock ticks
+// after boot, /proc/<pid>/stat's 22nd field).
+bool process_alive(long pid, std::uint64_t start);
+// The start time of `pid` (0 if unknown).
+std::uint64_t process_start(long pid);
+
+}  // namespace gpupool::node

@@ -1,0 +1,120 @@
+// gpupool ps: every gpupool process of this user on the node, from the node
+// registry (interpose/node/registry.hpp), and what each holds per GPU.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "interpose/node/registry.hpp"
+#include "launcher/launcher.hpp"
+
+namespace gpupool::launcher {
+namespace {
+
+const char kPsHelp[] =
+    "Usage: gpupool ps [--json]\n"
+    "\n"
+    "List this user's processes running gpupool on this node, with, per GPU\n"
+    "(by UUID), the bytes in the program's hands (active), freed and kept by\n"
+    "gpupool (held), allocated from the driver (managed), and pool hits and\n"
+    "misses. Figures are at most 100 ms old. The registry is\n"
+    "GPUPOOL_REGISTRY, else /dev/shm/gpupool.<uid>.\n"
+    "\n"
+    "`gpupool free-held --all [--device UUID]` asks every one of them to\n"
+    "release its held memory (on that GPU only, with --device).\n";
+
+std::string human(std::uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char out[32];
+  std::snprintf(out, sizeof out, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return out;
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    o += c;
+  }
+  return o + "\"";
+}
+
+}  // namespace
+
+std::string registry_path() {
+  const char* p = std::getenv("GPUPOOL_REGISTRY");
+  return p && *p ? p : node::default_registry_path();
+}
+
+// The registry's live processes; false (after saying why) when it cannot be
+// read. A registry that does not exist yet lists nobody.
+bool registry_processes(std::vector<node::ProcessEntry>* out) {
+  std::string why;
+  auto reg = node::Registry::open(registry_path(), &why, /*create=*/false);
+  if (!reg) {
+    if (why.empty()) return true;
+    std::fprintf(stderr, "%s: %s\n", kProg, why.c_str());
+    return false;
+  }
+  *out = reg->processes(/*skip_self=*/false);
+  return true;
+}
+
+const char* ps_help() { return kPsHelp; }
+
+int cmd_ps(int argc, char** argv) {
+  bool json = false;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (is_help(a)) {
+      std::fputs(kPsHelp, stdout);
+      return kOk;
+    }
+    if (a == "--json") json = true;
+    else return usage_error("ps: unexpected argument '" + a + "'", "ps");
+  }
+  std::vector<node::ProcessEntry> procs;
+  if (!registry_processes(&procs)) return kFailed;
+  if (json) {
+    std::string o = "{\"registry\": " + json_string(registry_path()) + ", \"processes\": [";
+    for (std::size_t i = 0; i < procs.size(); ++i) {
+      const auto& p = procs[i];
+      o += (i ? ", " : "") + std::string("{\"pid\": ") + std::to_string(p.pid) +
+           ", \"command\": " + json_string(p.command) + ", \"devices\": [";
+      for (std::size_t k = 0; k < p.devices.size(); ++k) {
+        const auto& d = p.devices[k];
+        o += (k ? ", " : "") + std::string("{\"uuid\": ") + json_string(node::uuid_text(d.uuid)) +
+             ", \"active_bytes\": " + std::to_string(d.active) +
+             ", \"held_bytes\": " + std::to_string(d.held) +
+             ", \"managed_bytes\": " + std::to_string(d.managed) +
+             ", \"hits\": " + std::to_string(d.hits) + ", \"misses\": " + std::to_string(d.misses) +
+             "}";
+      }
+      o += "]}";
+    }
+    std::printf("%s]}\n", o.c_str());
+    return kOk;
+  }
+  if (procs.empty()) {
+    std::printf("no gpupool process of this user on this node has used a GPU\n");
+    return kOk;
+  }
+  std::printf("%-8s %-16s %-40s %10s %10s %10s %10s %8s\n", "PID", "COMMAND", "GPU", "ACTIVE",
+              "HELD", "MANAGED", "HITS", "MISSES");
+  for (const auto& p : procs) {
+    if (p.devices.empty())
+      std::printf("%-8ld %-16s %-40s\n", p.pid, p.command.c_str(), "-");
+    for (const auto& d : p.devices)
+      std::printf("%-8ld %-16s %-40s %10s %10s %10s %10llu %8llu\n", p.pid, p.command.c_str(),
+                  node::uuid_text(d.uuid).c_str(), human(d.active).c_str(),
+                  human(d.held).c_str(), human(d.managed).c_str(),
+                  static_cast<unsigned long long>(d.hits),
+                  static_cast<unsigned long long>(d.misses));
+  }
+  return kOk;
+}
+
+}  // namespace gpupool::launcher

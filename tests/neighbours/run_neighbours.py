@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""gpupool on a shared GPU (README: "Sharing a GPU"), on real processes: the
+stand-in driver with one device budget shared by every process that names
+the same STANDIN_SHARED file, and the stand-in NVML reading it.
+
+usage: run_neighbours.py NEIGHBOUR LAUNCHER CHECK
+
+A holder allocates 12 blocks of 16 MiB of a 256 MiB device and frees them
+(under gpupool it keeps them held); a neighbour then allocates 16 MiB
+blocks until the driver says no. Without gpupool in the holder the
+neighbour gets all 16. Each check also runs the holder without what it
+tests, and sees the neighbour get less: the check can fail.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+NEIGHBOUR, LAUNCHER, CHECK = sys.argv[1:4]
+PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
+STANDIN = os.environ["STANDIN_DIR"]
+SANITIZER_RUNTIME = ":".join(p for p in PRELOAD.split(":") if "gpupool" not in p)
+MIB = 1 << 20
+CAPACITY = 256 * MIB
+BLOCK_MIB, HOLD_BLOCKS = 16, 12
+ALL_BLOCKS = CAPACITY // (BLOCK_MIB * MIB)
+failures = []
+TMP = tempfile.mkdtemp(prefix="gpupool-neighbours-")
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAILED:", msg, file=sys.stderr)
+    return cond
+
+
+def env(pooled, shared, **extra):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "STANDIN_"))
+         and k != "LD_PRELOAD"}
+    e["LD_LIBRARY_PATH"] = STANDIN
+    e["STANDIN_SHARED"] = shared
+    e["STANDIN_CAPACITY"] = str(CAPACITY)
+    e["GPUPOOL_REGISTRY"] = os.path.join(TMP, "registry")
+    e["GPUPOOL_MAX_POOLED"] = "100%"
+    e["GPUPOOL_LOG"] = "info"
+    if pooled:
+        e["LD_PRELOAD"] = PRELOAD
+    elif SANITIZER_RUNTIME:
+        e["LD_PRELOAD"] = SANITIZER_RUNTIME
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def expect_line(p, prefix, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        if line.startswith(prefix):
+            return line.strip()
+    raise RuntimeError(f"no '{prefix}' line from the holder")
+
+
+def ps(shared):
+    r = subprocess.run([LAUNCHER, "ps", "--json"], env=env(False, shared),
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(f"gpupool ps: {r.returncode} {r.stderr}")
+    return json.loads(r.stdout)["processes"]
+
+
+def held_by(shared, pid):
+    for p in ps(shared):
+        if p["pid"] == pid:
+            return sum(d["held_bytes"] for d in p["devices"])
+    return None
+
+
+class Holder:
+    """cuda_neighbour hold: 12 x 16 MiB allocated and freed, then waits."""
+
+    def __init__(self, shared, pooled=True, **extra):
+        self.p = subprocess.Popen([NEIGHBOUR, "hold", str(BLOCK_MIB), str(HOLD_BLOCKS)],
+                                  env=env(pooled, shared, **extra), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        expect_line(self.p, "allocated")
+        expect_line(self.p, "held")
+        if pooled and extra.get("GPUPOOL_NEIGHBOURS", "1") != "0":
+            # Published within the control thread's next round.
+            deadline = time.time() + 10
+            while (held_by(shared, self.p.pid) or 0) == 0 and time.time() < deadline:
+                time.sleep(0.05)
+
+    def finish(self):
+        if self.p.poll() is None:
+            self.p.stdin.write("exit\n")
+            self.p.stdin.flush()
+        out, err = self.p.communicate(timeout=30)
+        return err
+
+
+def grab(shared, pooled, interval_ms=0, **extra):
+    t0 = time.time()
+    r = subprocess.run([NEIGHBOUR, "grab", str(BLOCK_MIB), str(interval_ms)],
+                       env=env(pooled, shared, **extra), capture_output=True, text=True,
+                       timeout=120)
+    took = time.time() - t0
+    got = [l for l in r.stdout.splitlines() if l.startswith("got ")]
+    if r.returncode != 0 or not got:
+        raise RuntimeError(f"neighbour grab: {r.returncode} {r.stdout} {r.stderr}")
+    f = got[0].split()
+    return int(f[1]), int(f[-1]), took, r.stderr
+
+
+def fresh():
+    return tempfile.mktemp(prefix="budget-", dir=TMP)
+
+
+def scenario(holder_pooled, neighbour_pooled, interval_ms=0, holder_env=None, neighbour_env=None):
+    """Blocks the neighbour gets while the holder holds."""
+    shared = fresh()
+    h = Holder(shared, holder_pooled, **(holder_env or {}))
+    try:
+        n, err, took, nerr = grab(shared, neighbour_pooled, interval_ms, **(neighbour_env or {}))
+    finally:
+        herr = h.finish()
+    return n, err, took, herr, nerr
+
+
+NO_WATCH = {"GPUPOOL_PRESSURE_FREE": "0"}
+
+
+def alone(pooled):
+    """Blocks a neighbour gets with nobody else on the GPU (under gpupool a
+    16 MiB request takes a 17 MiB block, so one fewer fits)."""
+    return grab(fresh(), pooled, **NO_WATCH)[0]
+
+if CHECK == "baseline":
+    # The stand-in as a shared GPU: a holder without gpupool gives all back.
+    n, err, _, _, _ = scenario(False, False)
+    check(n == ALL_BLOCKS and err == 2, f"without gpupool the neighbour got {n} blocks, err {err}")
+
+elif CHECK == "ask":
+    # A neighbour under gpupool asks the holder (no pressure watch: only the
+    # request can help).
+    full = alone(True)
+    n0, _, _, _, _ = scenario(True, True, holder_env={**NO_WATCH, "GPUPOOL_NEIGHBOURS": "0"},
+                              neighbour_env=NO_WATCH)
+    check(n0 <= full - HOLD_BLOCKS, f"holder not taking part: neighbour got {n0} blocks "
+          f"(the check must see the difference)")
+    n, err, took, herr, nerr = scenario(True, True, holder_env=NO_WATCH, neighbour_env=NO_WATCH)
+    check(n == full, f"neighbour under gpupool got {n} of {full} blocks")
+    check(err == 2, f"the last failure is the driver's out-of-memory (2), got {err}")
+    check("for another gpupool process" in herr, f"holder did not say it released: {herr[-500:]}")
+    check("released" in nerr and "out of memory on GPU-" in nerr,
+          f"neighbour did not say whom it asked: {nerr[-500:]}")
+    # The final failure waited at most GPUPOOL_NEIGHBOUR_WAIT (500 ms) a round.
+    check(took < 10, f"neighbour took {took:.1f} s")
+
+elif CHECK == "pressure":
+    # A neighbour not under gpupool, allocating a block every 50 ms: the
+    # holder sees the GPU's free memory fall (NVML) and releases.
+    # 19% of 256 MiB: 48.6 MiB, three blocks.
+    watch = {"GPUPOOL_PRESSURE_FREE": "19%", "GPUPOOL_PRESSURE_INTERVAL": "10ms"}
+    n0, _, _, _, _ = scenario(True, False, 50, holder_env={"GPUPOOL_PRESSURE_FREE": "0"})
+    check(n0 <= ALL_BLOCKS - HOLD_BLOCKS, f"no watch: neighbour got {n0} blocks")
+    n, err, _, herr, _ = scenario(True, False, 50, holder_env=watch)
+    check(n >= ALL_BLOCKS - 1, f"plain neighbour got {n} of {ALL_BLOCKS} blocks with the watch on")
+    check("GPUPOOL_PRESSURE_FREE" in herr, f"holder did not say it released: {herr[-500:]}")
+    # No NVML: the watch is off, said once, nothing else changes.
+    shared = fresh()
+    h = Holder(shared, True, STANDIN_NVML_FAIL=1, **watch)
+    n, _, _, _ = grab(shared, False, 50)
+    herr = h.finish()
+    check(n == n0, f"without NVML the neighbour got {n}, not {n0}")
+    check(herr.count("NVML did not start") == 1, f"NVML failure not said once: {herr[-800:]}")
+
+elif CHECK == "self":
+    # Pressure the holder makes itself is not a reason to release: a process
+    # alone at the edge of its GPU keeps its pool.
+    shared = fresh()
+    e = env(True, shared, GPUPOOL_PRESSURE_FREE="100M", GPUPOOL_PRESSURE_INTERVAL="10ms")
+    p = subprocess.Popen([NEIGHBOUR, "hold", str(BLOCK_MIB), "15"], env=e, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    expect_line(p, "held")
+    time.sleep(0.5)
+    held = held_by(shared, p.pid)
+    p.stdin.write("exit\n")
+    p.stdin.flush()
+    _, err = p.communicate(timeout=30)
+    check(held >= 15 * BLOCK_MIB * MIB, f"holder alone released its own held memory: {held}")
+
+elif CHECK == "info":
+    # cuMemGetInfo in a gpupool process counts what other gpupool processes
+    # hold as free: one request away.
+    shared = fresh()
+    h = Holder(shared, True, **NO_WATCH)
+    plain = subprocess.run([NEIGHBOUR, "info"], env=env(False, shared), capture_output=True,
+                           text=True, timeout=30).stdout.split()
+    pooled = subprocess.run([NEIGHBOUR, "info"], env=env(True, shared, **NO_WATCH),
+                            capture_output=True, text=True, timeout=30).stdout.split()
+    h.finish()
+    check(int(plain[1]) <= CAPACITY - HOLD_BLOCKS * BLOCK_MIB * MIB,
+          f"without gpupool the held memory is used: {plain}")
+    # (less the driver's rounding of each block, which nobody can ask back)
+    check(int(pooled[1]) >= CAPACITY - MIB, f"under gpupool it counts as free: {pooled}")
+
+elif CHECK == "killed":
+    # A holder killed with SIGKILL leaves nothing that blocks or misleads.
+    shared = fresh()
+    h = Holder(shared, True, **NO_WATCH)
+    h.p.kill()
+    h.p.wait()
+    check(all(p["pid"] != h.p.pid for p in ps(shared)), "a killed process is still listed")
+    info = subprocess.run([NEIGHBOUR, "info"], env=env(True, shared, **NO_WATCH),
+                          capture_output=True, text=True, timeout=30).stdout.split()
+    check(int(info[1]) == CAPACITY, f"free memory after the holder died: {info}")
+
+    n, err, took, _ = grab(shared, True, **NO_WATCH)
+    full = alone(True)
+    check(n == full and took < 5, f"after the holder died: {n} of {full} blocks in {took:.1f} s")
+    # Its slot is taken over: 300 short-lived processes fit in 256 slots.
+    for _ in range(3):
+        procs = [subprocess.Popen([NEIGHBOUR, "hold", "1", "1"], env=env(True, shared, **NO_WATCH),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(100)]
+        for p in procs:
+            expect_line(p, "held")
+        time.sleep(0.3)
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+    h = Holder(shared, True, **NO_WATCH)
+    listed = [p["pid"] for p in ps(shared)]
+    h.finish()
+    check(listed == [h.p.pid], f"after 300 killed processes the registry lists {listed}")
+
+elif CHECK == "garbage":
+    # A registry that is not one: ignored with one warning, nothing else changes.
+    shared = fresh()
+    reg = os.path.join(TMP, "registry")
+    with open(reg, "wb") as f:
+        f.write(os.urandom(CAPACITY // MIB * 1000))
+    os.chmod(reg, 0o600)
+    n, err, _, nerr = grab(shared, True)
+    check(n == alone(True), f"with a garbage registry the program got {n}")
+    check(nerr.count("node registry not used") == 1 and reg in nerr,
+          f"garbage registry not said once, naming it: {nerr[-800:]}")
+    r = subprocess.run([LAUNCHER, "ps"], env=env(False, shared), capture_output=True, text=True)
+    check(r.returncode == 1 and reg in r.stderr, f"gpupool ps on garbage: {r.returncode} {r.stderr}")
+    # Another user's file, or one others may write: not used either.
+    os.unlink(reg)
+    with open(reg, "wb"):
+        pass
+    os.chmod(reg, 0o666)
+    n, _, _, nerr = grab(shared, True)
+    check("writable by other users" in nerr, f"a world-writable registry was used: {nerr[-500:]}")
+
+elif CHECK == "many":
+    # 32 processes joining at once each get their own entry.
+    shared = fresh()
+    procs = [subprocess.Popen([NEIGHBOUR, "hold", "1", "1"], env=env(True, shared, **NO_WATCH),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(32)]
+    for p in procs:
+        expect_line(p, "held")
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        listed = {p["pid"] for p in ps(shared) if any(d["held_bytes"] for d in p["devices"])}
+        if len(listed) == 32:
+            break
+        time.sleep(0.1)
+    check(listed == {p.pid for p in procs}, f"{len(listed)} of 32 processes listed")
+    r = subprocess.run([LAUNCHER, "ps"], env=env(False, shared), capture_output=True, text=True)
+    check(r.returncode == 0 and r.stdout.count("GPU-") == 32, f"gpupool ps text: {r.stdout[:400]}")
+    # free-held --all empties them all.
+    r = subprocess.run([LAUNCHER, "free-held", "--all"], env=env(False, shared),
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, f"free-held --all: {r.returncode} {r.stderr}")
+    deadline = time.time() + 5
+    while time.time() < deadline and any(
+            d["held_bytes"] for p in ps(shared) for d in p["devices"]):
+        time.sleep(0.1)
+    check(not any(d["held_bytes"] for p in ps(shared) for d in p["devices"]),
+          "memory still held after free-held --all")
+    for p in procs:
+        p.stdin.write("exit\n")
+        p.stdin.flush()
+    for p in procs:
+        p.communicate(timeout=30)
+    check(ps(shared) == [], "processes that exited are still listed")
+
+else:
+    sys.exit(f"unknown check {CHECK}")
+
+if failures:
+    sys.exit(f"{len(failures)} failure(s)")
+print("ok")
