@@ -160,8 +160,9 @@ Stats Arena::stats() const {
 namespace {
 
 // Rounds of asking other holders (Backend::relieve) before out-of-memory
-// goes back to the program: each may find a holder the last one did not.
-constexpr int kRelieveRounds = 3;
+// goes back to the program. One: a round already asks every holder, and its
+// wait is the bound the program was promised.
+constexpr int kRelieveRounds = 1;
 
 // A thread's slot picks its shard (slot % shards). A new thread takes the
 // lowest free slot and gives it back when it exits, so threads alive at the

@@ -207,8 +207,10 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total
   CUdevice dev = 0;
   if (rt->config.cuda) current_state(*d, *rt, true);
   if (d->ctx_get_device(&dev) == CUDA_SUCCESS) {
-    const std::size_t held = held_device_bytes(dev) + node::others_held(device_group(dev));
-    *free = *free + held > *total ? *total : *free + held;
+    const std::size_t mine = held_device_bytes(dev), others = node::others_held(device_group(dev));
+    const std::size_t room = *total - std::min(*free, *total);  // what may count as free
+    *free += std::min(room, std::min(room, mine) + std::min(room, others));
+    *free = std::min(*free, *total);
   }
   return r;
 } GPUPOOL_FALLBACK(mem_get_info, free, total)

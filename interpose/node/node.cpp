@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <atomic>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -27,6 +29,8 @@ std::uint64_t growth_slack(std::uint64_t total) {
   return std::min<std::uint64_t>(64ull << 20, total / 64);
 }
 
+// One GPU this process draws on. uuid, group and total never change once
+// added; the watch fields are the control thread's alone.
 struct Device {
   Uuid uuid{};
   std::string group;
@@ -37,11 +41,16 @@ struct Device {
   std::uint64_t held = 0;  // at the last tick
 };
 
+// Lock order: mu is taken after the CUDA room's locks (add_device runs
+// under them) and nothing is called while holding it: the pool, the driver
+// and NVML are called with it released (runtime.hpp's fork order).
 struct State {
-  std::mutex mu;  // devices, registry use
-  std::vector<Device> devices;
+  std::mutex mu;                // devices (the list), registry (set once)
+  std::deque<Device> devices;   // stable addresses: the control thread works outside mu
   std::unique_ptr<Registry> registry;
   bool registry_tried = false;
+  std::atomic<bool> publish_now{false};
+  // The control thread's:
   std::uint64_t next_publish = 0, next_watch = 0;
 };
 State& state() {
@@ -62,32 +71,46 @@ void open_registry(Runtime& rt, State& s) {
                why);
 }
 
-Device* device_of(State& s, const std::string& group) {
-  for (Device& d : s.devices)
-    if (d.group == group) return &d;
-  return nullptr;
-}
-
-std::vector<DeviceUse> figures(Runtime& rt, State& s) {
-  std::vector<DeviceUse> out;
-  for (Device& d : s.devices) {
-    const Stats t = rt.pool.group_totals(d.group);
-    d.held = t.held_bytes;
-    out.push_back({d.uuid, t.held_bytes, t.active_bytes, t.managed_bytes, t.hits, t.misses});
-  }
+// The devices and the registry, copied under the lock.
+std::vector<Device*> devices(State& s, Registry** reg = nullptr) {
+  std::lock_guard lock(s.mu);
+  std::vector<Device*> out;
+  for (Device& d : s.devices) out.push_back(&d);
+  if (reg) *reg = s.registry.get();
   return out;
 }
 
-void publish_locked(Runtime& rt, State& s) {
-  if (s.registry && !s.registry->publish(figures(rt, s)))
+bool find_device(State& s, const std::string& group, Uuid* uuid, Registry** reg) {
+  std::lock_guard lock(s.mu);
+  for (const Device& d : s.devices)
+    if (d.group == group) {
+      *uuid = d.uuid;
+      *reg = s.registry.get();
+      return true;
+    }
+  return false;
+}
+
+std::uint64_t add_sat(std::uint64_t a, std::uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+// Control thread: this process's figures per GPU, published when there is
+// a registry; `held` feeds the watch either way.
+void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
+  std::vector<DeviceUse> out;
+  for (Device* d : devs) {
+    const Stats t = rt.pool.group_totals(d->group);
+    d->held = t.held_bytes;
+    out.push_back({d->uuid, t.held_bytes, t.active_bytes, t.managed_bytes, t.hits, t.misses});
+  }
+  if (reg && !reg->publish(out))
     log().debug("node registry: no free slot; this process is not listed");
 }
 
 // One GPU whose free memory is low because other processes allocate:
 // release held blocks until twice the threshold is free (so a neighbour
-// growing step by step is not stopped at the next step).
+// growing step by step is not stopped at the next step). Control thread.
 void watch(Runtime& rt, Device& d) {
-  const std::size_t threshold = rt.config.pressure_free.resolve(d.total);
+  const std::uint64_t threshold = rt.config.pressure_free.resolve(d.total);
   std::uint64_t free = 0, total = 0;
   if (!nvml_memory(d.uuid, &free, &total) || total == 0) return;
   const Stats t = rt.pool.group_totals(d.group);
@@ -97,9 +120,11 @@ void watch(Runtime& rt, Device& d) {
     d.others_at_ok = others;
     if (free >= threshold) return;
   }
-  if (t.held_bytes == 0 || others <= d.others_at_ok + growth_slack(total)) return;
-  const std::size_t want = 2 * threshold - std::min<std::size_t>(free, 2 * threshold);
-  const std::size_t released = rt.pool.release_group(d.group, std::max<std::size_t>(want, 1));
+  if (t.held_bytes == 0 || others <= add_sat(d.others_at_ok, growth_slack(total))) return;
+  const std::uint64_t target = add_sat(threshold, threshold);
+  const std::uint64_t want = target - std::min(free, target);
+  const std::size_t released =
+      rt.pool.release_group(d.group, static_cast<std::size_t>(std::max<std::uint64_t>(want, 1)));
   if (released)
     log().info("{}: {} MiB free, under GPUPOOL_PRESSURE_FREE ({} MiB) as other processes "
                "allocate: released {} MiB of held memory",
@@ -110,39 +135,42 @@ void watch(Runtime& rt, Device& d) {
 
 void add_device(Runtime& rt, const Uuid& uuid, const std::string& group, std::size_t total) {
   State& s = state();
-  std::lock_guard lock(s.mu);
-  if (device_of(s, group)) return;
-  Device d;
-  d.uuid = uuid;
-  d.group = group;
-  d.total = total;
-  s.devices.push_back(d);
-  open_registry(rt, s);
-  s.next_publish = 0;
+  {
+    std::lock_guard lock(s.mu);
+    for (const Device& d : s.devices)
+      if (d.group == group) return;
+    Device d;
+    d.uuid = uuid;
+    d.group = group;
+    d.total = total;
+    s.devices.push_back(d);
+    open_registry(rt, s);
+  }
+  s.publish_now.store(true, std::memory_order_release);
   control::wake();  // published at once, not at the control thread's next round
 }
 
 std::uint64_t tick(Runtime& rt, std::uint64_t now) {
   State& s = state();
-  std::unique_lock lock(s.mu, std::try_to_lock);  // never wait: a request is being answered
-  if (!lock.owns_lock()) return now + kMs;
-  if (s.devices.empty()) return UINT64_MAX;
-  if (now >= s.next_publish) {
-    publish_locked(rt, s);
+  Registry* reg = nullptr;
+  const std::vector<Device*> devs = devices(s, &reg);
+  if (devs.empty()) return UINT64_MAX;
+  if (now >= s.next_publish || s.publish_now.exchange(false, std::memory_order_acq_rel)) {
+    refresh(rt, devs, reg);
     s.next_publish = now + kPublishPeriodNs;
   }
-  std::uint64_t next = s.registry ? s.next_publish : UINT64_MAX;
+  std::uint64_t next = s.next_publish;
   const std::uint64_t interval = rt.config.pressure_interval_ns;
   bool holding = false;
-  for (const Device& d : s.devices) holding = holding || d.held > 0;
+  for (const Device* d : devs) holding = holding || d->held > 0;
   const config::SizeSpec& pf = rt.config.pressure_free;
   const bool watching = pf.unlimited || (pf.percent ? pf.fraction > 0 : pf.bytes > 0);
   if (interval && holding && watching) {
     if (now >= s.next_watch) {
-      for (Device& d : s.devices)
-        if (d.held > 0) watch(rt, d);
+      for (Device* d : devs)
+        if (d->held > 0) watch(rt, *d);
       s.next_watch = now + interval;
-      publish_locked(rt, s);
+      refresh(rt, devs, reg);
     }
     next = std::min(next, s.next_watch);
   }
@@ -152,35 +180,22 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now) {
 std::size_t others_held(const std::string& group) {
   State& s = state();
   Uuid uuid;
-  Registry* reg;
-  {
-    std::lock_guard lock(s.mu);
-    const Device* d = device_of(s, group);
-    if (!d || !s.registry) return 0;
-    uuid = d->uuid;
-    reg = s.registry.get();  // never reset once open
-  }
-  std::size_t sum = 0;
+  Registry* reg = nullptr;
+  if (!find_device(s, group, &uuid, &reg) || !reg) return 0;
+  std::uint64_t sum = 0;
   for (const ProcessEntry& p : reg->processes(/*skip_self=*/true))
     for (const DeviceUse& u : p.devices)
-      if (u.uuid == uuid) sum += u.held;
-  return sum;
+      if (u.uuid == uuid) sum = add_sat(sum, u.held);
+  return static_cast<std::size_t>(std::min<std::uint64_t>(sum, SIZE_MAX));
 }
 
 std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
   State& s = state();
   Uuid uuid;
-  Registry* reg;
-  std::uint64_t wait;
-  {
-    std::lock_guard lock(s.mu);
-    const Device* d = device_of(s, group);
-    if (!d || !s.registry) return 0;
-    uuid = d->uuid;
-    reg = s.registry.get();
-    Runtime* rt = runtime_if_started();
-    wait = rt ? rt->config.neighbour_wait_ns : 0;
-  }
+  Registry* reg = nullptr;
+  if (!find_device(s, group, &uuid, &reg) || !reg) return 0;
+  Runtime* rt = runtime_if_started();
+  const std::uint64_t wait = rt ? rt->config.neighbour_wait_ns : 0;
   if (wait == 0) return 0;
   // The holders of the most first.
   std::vector<std::pair<std::uint64_t, long>> holders;
@@ -209,14 +224,16 @@ std::string answer_release(Runtime& rt, std::string_view args) {
       std::from_chars(args.data() + sp + 1, args.data() + args.size(), bytes).ec != std::errc())
     return "error bad-request expected 'release GPU-<uuid> <bytes>'\n";
   State& s = state();
-  std::lock_guard lock(s.mu);
+  Registry* reg = nullptr;
+  const std::vector<Device*> devs = devices(s, &reg);
+  const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, SIZE_MAX));
   std::size_t released = 0;
-  for (Device& d : s.devices)
-    if (d.uuid == uuid && released < bytes) released += rt.pool.release_group(d.group, bytes - released);
+  for (Device* d : devs)
+    if (d->uuid == uuid && released < want) released += rt.pool.release_group(d->group, want - released);
   if (released) {
     log().info("released {} MiB of held memory on {} for another gpupool process",
                released >> 20, uuid_text(uuid));
-    publish_locked(rt, s);
+    refresh(rt, devs, reg);
   }
   return "ok\nreleased " + std::to_string(released) + "\n";
 }
@@ -245,7 +262,9 @@ namespace {
                        State& s = state();
                        new (&s.mu) std::mutex;
                        if (s.registry) s.registry->forget_slot();
-                       for (Device& d : s.devices) d.others_at_ok = UINT64_MAX;
+                       // The parent's contexts are retired in the child: its
+                       // GPUs are added again when it uses them.
+                       s.devices.clear();
                        s.next_publish = 0;
                      },
                      nullptr});

@@ -38,7 +38,8 @@ struct Nvml {
   std::vector<Handle> handles;
 };
 std::mutex g_mu;
-Nvml g_nvml;
+// Never destroyed: the control thread may still use it while exit runs.
+Nvml& g_nvml = *new Nvml;
 
 bool load(Nvml& n) {
   if (n.tried) return n.ok;

@@ -172,6 +172,9 @@ elif CHECK == "pressure":
     n, err, _, herr, _ = scenario(True, False, 50, holder_env=watch)
     check(n >= ALL_BLOCKS - 1, f"plain neighbour got {n} of {ALL_BLOCKS} blocks with the watch on")
     check("GPUPOOL_PRESSURE_FREE" in herr, f"holder did not say it released: {herr[-500:]}")
+    # The watch needs no registry.
+    n, _, _, _, _ = scenario(True, False, 50, holder_env={**watch, "GPUPOOL_NEIGHBOURS": "0"})
+    check(n >= ALL_BLOCKS - 1, f"with GPUPOOL_NEIGHBOURS=0 the watch left {n} blocks")
     # No NVML: the watch is off, said once, nothing else changes.
     shared = fresh()
     h = Holder(shared, True, STANDIN_NVML_FAIL=1, **watch)
