@@ -18,10 +18,7 @@ std::size_t ask_release(long pid, const Uuid& uuid, std::size_t bytes, std::uint
 // nvml.cpp: the GPU's free and total memory, from NVML (libnvidia-ml.so.1,
 // loaded on first use). False when NVML or the device is not available.
 bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total);
-// fork(): its lock is taken after the node's; a forked child does not use
-// its parent's NVML session.
-void nvml_fork_prepare() noexcept;
-void nvml_fork_parent() noexcept;
+// A forked child does not use its parent's NVML session.
 void nvml_fork_child() noexcept;
 
 }  // namespace gpupool::node

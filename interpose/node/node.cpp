@@ -7,6 +7,7 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "config/log.hpp"
@@ -53,8 +54,14 @@ struct State {
   // The control thread's:
   std::uint64_t next_publish = 0, next_watch = 0;
 };
+// Never destroyed: used during exit. A forked child gets a new one.
+std::atomic<State*> g_state{nullptr};
 State& state() {
-  static State* s = new State;  // never destroyed: used during exit
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s) return *s;
+  State* fresh = new State;
+  if (g_state.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;
   return *s;
 }
 
@@ -245,29 +252,24 @@ void at_exit() noexcept {
 }
 
 namespace {
-// fork(): this room's lock, then NVML's (the order they nest in); the
-// child's slot and NVML session are its own, not its parent's.
+// fork(): no lock taken. The child starts from a new state (the parent's,
+// possibly mid-change by a thread the child does not have, is left alone)
+// keeping only the registry mapping, and claims its own slot; its GPUs are
+// added again when it uses them, and its NVML session is its own.
 [[maybe_unused]] const bool g_fork_registered = [] {
-  set_fork_handlers(ForkPart::node,
-                    {[] {
-                       state().mu.lock();
-                       nvml_fork_prepare();
-                     },
-                     [] {
-                       nvml_fork_parent();
-                       state().mu.unlock();
-                     },
-                     [] {
-                       nvml_fork_child();
-                       State& s = state();
-                       new (&s.mu) std::mutex;
-                       if (s.registry) s.registry->forget_slot();
-                       // The parent's contexts are retired in the child: its
-                       // GPUs are added again when it uses them.
-                       s.devices.clear();
-                       s.next_publish = 0;
-                     },
-                     nullptr});
+  set_fork_handlers(ForkPart::node, {nullptr, nullptr,
+                                     [] {
+                                       nvml_fork_child();
+                                       State* old = g_state.load(std::memory_order_relaxed);
+                                       if (!old) return;
+                                       auto* fresh = new (std::nothrow) State;
+                                       if (!fresh) return;  // out of memory: keep the parent's
+                                       fresh->registry = std::move(old->registry);
+                                       fresh->registry_tried = old->registry_tried;
+                                       if (fresh->registry) fresh->registry->forget_slot();
+                                       g_state.store(fresh, std::memory_order_release);
+                                     },
+                                     nullptr});
   return true;
 }();
 }  // namespace

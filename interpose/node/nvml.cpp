@@ -8,7 +8,9 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "config/log.hpp"
@@ -37,9 +39,14 @@ struct Nvml {
   };
   std::vector<Handle> handles;
 };
-std::mutex g_mu;
-// Never destroyed: the control thread may still use it while exit runs.
-Nvml& g_nvml = *new Nvml;
+// Never destroyed: the control thread may still use them while exit runs.
+// A forked child gets new ones (the parent's may be mid-use by a thread the
+// child does not have).
+struct Session {
+  std::mutex mu;
+  Nvml nvml;
+};
+std::atomic<Session*> g_session{new Session};
 
 bool load(Nvml& n) {
   if (n.tried) return n.ok;
@@ -70,8 +77,11 @@ bool load(Nvml& n) {
 }  // namespace
 
 bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total) {
-  std::lock_guard lock(g_mu);
-  Nvml& n = g_nvml;
+  Session* sp = g_session.load(std::memory_order_acquire);
+  if (!sp) return false;  // a forked child out of host memory: no watch
+  Session& session = *sp;
+  std::lock_guard lock(session.mu);
+  Nvml& n = session.nvml;
   if (!load(n) || n.pid != getpid()) return false;
   nvmlDevice_t dev = nullptr;
   bool known = false;
@@ -90,15 +100,9 @@ bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total) {
   return true;
 }
 
-void nvml_fork_prepare() noexcept { g_mu.lock(); }
-void nvml_fork_parent() noexcept { g_mu.unlock(); }
-
 void nvml_fork_child() noexcept {
-  new (&g_mu) std::mutex;
-  // NVML's session is the parent's; the child loads and starts its own.
-  g_nvml.tried = false;
-  g_nvml.ok = false;
-  g_nvml.handles.clear();
+  // The NVML library stays loaded; the child starts its own session.
+  g_session.store(new (std::nothrow) Session, std::memory_order_release);
 }
 
 }  // namespace gpupool::node
