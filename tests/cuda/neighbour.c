@@ -12,6 +12,10 @@
  *         alloc K   allocate K more blocks, keep them: "allocated <k>"
  *         free      free the kept blocks: "freed"
  *         info      "free <bytes> total <bytes>"
+ *         ctx       create one more context on device 0 (cuCtxCreate), make
+ *                   the primary context current again: "ctx <CUresult>"
+ *                   (the memory a context takes shows up on the device;
+ *                   the extra contexts are destroyed at exit)
  *   neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]]
  *       allocate until cuMemAlloc fails (or MAX_BLOCKS), INTERVAL_MS apart:
  *       "block <i> <microseconds that call took>" per block, then
@@ -97,6 +101,41 @@ static void info(void) {
   say("free %zu total %zu", free_bytes, total);
 }
 
+/* Contexts made by "ctx", destroyed when hold ends. */
+static CUcontext* g_extra;
+static size_t g_n_extra;
+
+/* One more context on device 0; the primary (current before) stays current:
+   cuCtxCreate pushes the new one, popping it leaves the primary on top. */
+static CUresult extra_context(void) {
+  g_extra = (CUcontext*)realloc(g_extra, (g_n_extra + 1) * sizeof *g_extra);
+  if (!g_extra) {
+    fprintf(stderr, "neighbour: out of host memory\n");
+    exit(1);
+  }
+  CUdevice dev;
+  check(cuDeviceGet(&dev, 0), "cuDeviceGet");
+  CUcontext c = NULL;
+#if CUDA_VERSION >= 13000 /* cuCtxCreate is cuCtxCreate_v4 (creation params) */
+  const CUresult r = cuCtxCreate(&c, NULL, 0, dev);
+#else
+  const CUresult r = cuCtxCreate(&c, 0, dev);
+#endif
+  if (r != CUDA_SUCCESS) return r;
+  g_extra[g_n_extra++] = c;
+  CUcontext popped = NULL;
+  check(cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
+  if (popped != c) {
+    fprintf(stderr, "neighbour: cuCtxPopCurrent popped another context\n");
+    exit(1);
+  }
+  return r;
+}
+
+static void destroy_extra(void) {
+  while (g_n_extra > 0) check(cuCtxDestroy(g_extra[--g_n_extra]), "cuCtxDestroy");
+}
+
 static int hold(size_t bytes, size_t count) {
   Blocks b = {0};
   say("allocated %zu", alloc_blocks(&b, bytes, count));
@@ -114,11 +153,14 @@ static int hold(size_t bytes, size_t count) {
       say("freed");
     } else if (strcmp(line, "info") == 0) {
       info();
+    } else if (strcmp(line, "ctx") == 0) {
+      say("ctx %d", (int)extra_context());
     } else if (line[0]) {
       fprintf(stderr, "neighbour: unknown command '%s'\n", line);
     }
   }
   free_all(&b);
+  destroy_extra();
   return 0;
 }
 

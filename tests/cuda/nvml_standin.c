@@ -9,6 +9,11 @@
  * usage is the stand-in libcuda's if that is loaded (0 otherwise). The
  * device UUIDs are the 16 bytes cuDeviceGetUuid gives, in NVML's text form.
  *
+ * nvmlDeviceGetComputeRunningProcesses (the v1 ABI, the unversioned symbol)
+ * lists each live process using the device and its usage, from the same
+ * slots, so a process can tell its own use (a CUDA context, memory outside
+ * any pool) from its neighbours'.
+ *
  * STANDIN_NVML_FAIL=1: nvmlInit fails with NVML_ERROR_UNKNOWN (a machine
  * where NVML is missing or broken).
  *
@@ -19,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "shared_budget.h"
 
@@ -43,6 +49,13 @@ typedef struct nvmlMemory_v2_st {
   unsigned long long total, reserved, free, used;
 } nvmlMemory_v2_t;
 #define NVML_MEMORY_V2 ((unsigned)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+
+/* nvmlDeviceGetComputeRunningProcesses' element: the first layout, which
+   the unversioned symbol keeps (_v2/_v3 take larger structs). */
+typedef struct nvmlProcessInfo_v1_st {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -223,5 +236,44 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
   mem->reserved = 0;
   mem->used = used;
   mem->free = total - used;
+  return NVML_SUCCESS;
+}
+
+/* The processes using the device (nonzero usage), NVML's way: a too-small
+   or absent buffer gets the count needed and INSUFFICIENT_SIZE, so callers
+   can size it; none at all is SUCCESS with 0. */
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                         nvmlProcessInfo_v1_t* infos) {
+  if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+  const int i = index_of(device);
+  if (i < 0 || !infoCount) return NVML_ERROR_INVALID_ARGUMENT;
+  SbProcUsage procs[SB_SLOTS];
+  unsigned n = 0;
+  if (sb_path()) {
+    pthread_mutex_lock(&g_mu);
+    n = (unsigned)sb_list(i, procs, SB_SLOTS);
+    pthread_mutex_unlock(&g_mu);
+  } else {
+    /* The device is this process's alone: listed if it uses it. */
+    const unsigned long long used = private_used(i);
+    if (used) {
+      procs[0].pid = (int32_t)getpid();
+      procs[0].used = used;
+      n = 1;
+    }
+  }
+  if (n == 0) {
+    *infoCount = 0;
+    return NVML_SUCCESS;
+  }
+  if (!infos || *infoCount < n) {
+    *infoCount = n;
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  for (unsigned k = 0; k < n; ++k) {
+    infos[k].pid = (unsigned)procs[k].pid;
+    infos[k].usedGpuMemory = procs[k].used;
+  }
+  *infoCount = n;
   return NVML_SUCCESS;
 }

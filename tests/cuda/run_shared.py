@@ -4,7 +4,8 @@
 Shows the stand-in behaves like one device shared by processes, with no
 gpupool loaded: one budget for all of them, a killed process's memory given
 back, NVML agreeing with cuMemGetInfo, one UUID per device for every process
-on the file. Each test uses a fresh shared file, so they run in parallel.
+on the file, NVML's per-process list, the memory contexts take
+(STANDIN_CONTEXT_BYTES). Each test uses a fresh shared file, so they run in parallel.
 
 usage: run_shared.py NEIGHBOUR PROBE TEST
 (LD_LIBRARY_PATH must name the stand-in directory.)
@@ -76,12 +77,15 @@ class Proc:
         check(self.p.wait(timeout=20) == 0, "%s: exit status %s" % (self.args, self.p.returncode))
 
 
-def environ(shared):
+def environ(shared, context_bytes=0):
     env = dict(os.environ, STANDIN_CAPACITY=str(CAPACITY))
     env.pop("STANDIN_SHARED", None)
+    env.pop("STANDIN_CONTEXT_BYTES", None)
     env.pop("LD_PRELOAD", None)
     if shared:
         env["STANDIN_SHARED"] = shared
+    if context_bytes:
+        env["STANDIN_CONTEXT_BYTES"] = str(context_bytes)
     return env
 
 
@@ -261,6 +265,97 @@ def test_uuid(tmp):
     check(not set(x) & set(y), "two files, one GPU: %s %s" % (x, y))
     p1, p2 = uuids(environ(None)), uuids(environ(None))
     check(not set(p1) & set(p2) and not set(p1) & set(x), "unshared processes share a GPU")
+
+
+def procs(env, mib=0):
+    """NVML's list of the processes using device 0, seen by a probe that
+    itself allocates `mib` MiB: ({pid: bytes} of the others, the probe's own
+    bytes or None if not listed). The probe checks the list adds up to NVML's
+    used memory and gives it its own usage."""
+    out = run([PROBE, "procs", str(mib)], env)
+    check(re.fullmatch(r"self \d+", out[-1]), "procs: last line %r" % out[-1])
+    self_pid = int(out[-1].split()[1])
+    listed = {}
+    for line in out[:-1]:
+        m = re.fullmatch(r"proc (\d+) (\d+)", line)
+        check(m, "procs: line %r" % line)
+        listed[int(m.group(1))] = int(m.group(2))
+    return listed, listed.pop(self_pid, None)
+
+
+def test_procs(tmp):
+    """NVML lists each live process on the file with its own usage, only
+    while it uses the device; without a file, the process alone."""
+    env = environ(os.path.join(tmp, "gpu"))
+    check(procs(env) == ({}, None), "an idle device lists processes")
+    a = hold(env, 20)
+    b = hold(env, 7)
+    listed = procs(env)
+    check(listed == ({a.p.pid: 20 * MIB, b.p.pid: 7 * MIB}, None), "two neighbours: %s" % (listed,))
+    listed = procs(env, 3)
+    check(listed == ({a.p.pid: 20 * MIB, b.p.pid: 7 * MIB}, 3 * MIB), "with the probe: %s" % (listed,))
+    a.send("free")
+    a.expect("freed")
+    check(procs(env) == ({b.p.pid: 7 * MIB}, None), "a process with nothing left is listed")
+    b.p.kill()
+    b.p.wait()
+    check(procs(env) == ({}, None), "a killed process is still listed")
+    a.finish()
+    # Without a file: this process alone, if it uses the device.
+    env = environ(None)
+    a = hold(env, 20)
+    listed = procs(env, 5)
+    check(listed == ({}, 5 * MIB), "private: %s" % (listed,))
+    check(procs(env) == ({}, None), "private, unused: listed")
+    a.finish()
+
+
+CTX = 3 * MIB  # STANDIN_CONTEXT_BYTES in test_context
+
+
+def test_context(tmp):
+    """STANDIN_CONTEXT_BYTES: each process's primary context and each "ctx"
+    hold that much of the shared device, listed as that process's usage; a
+    context that does not fit fails with out of memory; destroying gives it
+    back (the probe checks destroy, release and reset in one process)."""
+    env = environ(os.path.join(tmp, "gpu"), CTX)
+    # Lists from a probe with no context bytes of its own: it also looks at a
+    # full device.
+    observer = environ(os.path.join(tmp, "gpu"))
+    a = hold(env, 10)
+    listed = procs(env)
+    check(listed == ({a.p.pid: 10 * MIB + CTX}, CTX), "primary contexts + 10 MiB: %s" % (listed,))
+    a.send("ctx")
+    a.expect("ctx 0")
+    check(procs(observer)[0] == {a.p.pid: 10 * MIB + 2 * CTX}, "a ctx raises the usage by CTX")
+    a.send("info")
+    a.expect("free %d total %d" % (CAPACITY - 10 * MIB - 2 * CTX, CAPACITY))
+    b = hold(env, 0)
+    b.send("alloc 1000")
+    left = CAPACITY - 10 * MIB - 3 * CTX
+    b.expect("allocated %d" % (left // MIB))
+    a.send("ctx")
+    a.expect("ctx %d" % OOM)
+    check(procs(observer)[0] == {a.p.pid: 10 * MIB + 2 * CTX, b.p.pid: CTX + left},
+          "a failed ctx changed the usage")
+    b.send("free")
+    b.expect("freed")
+    a.send("ctx")
+    a.expect("ctx 0")
+    check(procs(observer)[0] == {a.p.pid: 10 * MIB + 3 * CTX, b.p.pid: CTX}, "after b freed")
+    # Beside them, one process's contexts come and go (the probe's checks).
+    out = run([PROBE, "ctx"], env)
+    fits = (CAPACITY - 10 * MIB - 5 * CTX) // CTX
+    check(out == ["ok contexts %d" % fits], "probe ctx beside neighbours: %s" % out)
+    check(procs(observer)[0] == {a.p.pid: 10 * MIB + 3 * CTX, b.p.pid: CTX}, "after the probe")
+    a.send("exit")
+    a.finish()  # destroys its two extra contexts on the way out
+    check(procs(observer)[0] == {b.p.pid: CTX}, "after a exited")
+    b.finish()
+    check(free_bytes(env) == CAPACITY - CTX, "info's own primary context")
+    # Without a file: the same within one process.
+    out = run([PROBE, "ctx"], environ(None, CTX))
+    check(out == ["ok contexts %d" % ((CAPACITY - CTX) // CTX)], "private probe ctx: %s" % out)
 
 
 def test_private(tmp):

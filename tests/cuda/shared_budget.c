@@ -167,6 +167,28 @@ void sb_set_mine(int dev, uint64_t mine) {
   store(&g_map->slots[g_slot].used[dev], mine);
 }
 
+int sb_list(int dev, SbProcUsage* out, int max) {
+  sb_attach(0);
+  if (dev < 0 || dev >= SB_MAX_DEVICES) return 0;
+  int n = 0;
+  lock_all();
+  for (int i = 0; i < SB_SLOTS; ++i) {
+    const int32_t pid = __atomic_load_n(&g_map->slots[i].pid, __ATOMIC_ACQUIRE);
+    if (pid == 0) continue; /* never used */
+    /* Our own slot's lock is held through our descriptor: GETLK misses it. */
+    if (i != g_slot && !slot_live(i)) continue;
+    const uint64_t used = load(&g_map->slots[i].used[dev]);
+    if (used == 0) continue; /* as NVML: only processes using the device */
+    if (n < max) {
+      out[n].pid = pid;
+      out[n].used = used;
+    }
+    ++n;
+  }
+  unlock_all();
+  return n;
+}
+
 void sb_count_nvml_call(void) {
   sb_attach(0);
   __atomic_add_fetch(&g_map->nvml_memory_info_calls, 1, __ATOMIC_RELAXED);

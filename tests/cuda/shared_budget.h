@@ -67,6 +67,18 @@ SB_HIDDEN int sb_try_charge(int dev, uint64_t mine, uint64_t add, uint64_t capac
 /* Publish this process's usage of `dev` (after a free). */
 SB_HIDDEN void sb_set_mine(int dev, uint64_t mine);
 
+/* One live process's usage of a device, for NVML's per-process query. */
+typedef struct SbProcUsage {
+  int32_t pid;
+  uint64_t used;
+} SbProcUsage;
+
+/* The live processes (this one included) with a nonzero usage of `dev`, in
+   slot order: fills up to `max` entries of `out` and returns how many there
+   are. One snapshot under the allocation lock, so no charge is half seen and
+   NVML can size and fill its answer from a single call. */
+SB_HIDDEN int sb_list(int dev, SbProcUsage* out, int max);
+
 SB_HIDDEN void sb_count_nvml_call(void);
 SB_HIDDEN uint64_t sb_nvml_calls(void);
 

@@ -9,9 +9,22 @@
  *                             "cuda free F total T", "nvml free F used U
  *                             total T", "all U" (standin_used_all), "nvml_calls
  *                             N"; exits 1 unless the views agree
+ *   shared_probe procs [MIB]  allocates MIB MiB on device 0, then prints
+ *                             "proc <pid> <bytes>" per process NVML lists on
+ *                             it and "self <pid>"; exits 1 unless the
+ *                             sizing protocol works, the list adds up to
+ *                             NVML's used memory and lists this process
+ *                             with its own usage (or not, if it has none)
+ *   shared_probe ctx          with STANDIN_CONTEXT_BYTES=n (a multiple of
+ *                             512): each live context holds n bytes, seen by
+ *                             cuMemGetInfo and NVML; destroy, release to
+ *                             zero and reset give them back; a context that
+ *                             does not fit fails with out of memory; prints
+ *                             "ok contexts <how many fitted>"
  *   shared_probe errors       error codes of the new entry points
  *   shared_probe nvmlfail     STANDIN_NVML_FAIL=1: nvmlInit fails */
 #include <dlfcn.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +36,11 @@ typedef struct nvmlDevice_st* nvmlDevice_t;
 typedef struct {
   unsigned long long total, free, used;
 } nvmlMemory_t;
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
 
 static struct {
   nvmlReturn_t (*init_v2)(void);
@@ -34,6 +52,7 @@ static struct {
   nvmlReturn_t (*by_uuid)(const char*, nvmlDevice_t*);
   nvmlReturn_t (*uuid)(nvmlDevice_t, char*, unsigned);
   nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t*);
+  nvmlReturn_t (*processes)(nvmlDevice_t, unsigned*, nvmlProcessInfo_v1_t*);
 } nvml;
 
 static int g_failed;
@@ -70,6 +89,7 @@ static void load_nvml(void) {
   *(void**)&nvml.by_uuid = need(lib, "nvmlDeviceGetHandleByUUID");
   *(void**)&nvml.uuid = need(lib, "nvmlDeviceGetUUID");
   *(void**)&nvml.memory = need(lib, "nvmlDeviceGetMemoryInfo");
+  *(void**)&nvml.processes = need(lib, "nvmlDeviceGetComputeRunningProcesses");
 }
 
 /* NVML's text form of CUDA's 16 bytes. */
@@ -154,6 +174,179 @@ static int probe_mem(unsigned long long mib) {
   return g_failed;
 }
 
+/* NVML's handle of CUDA's device `d` (by UUID, as a library finds it). */
+static nvmlDevice_t nvml_device(CUdevice d) {
+  CUuuid u;
+  char text[41];
+  OK(cuDeviceGetUuid(&u, d));
+  text_of(&u, text);
+  nvmlDevice_t h = NULL;
+  OK(nvml.by_uuid(text, &h));
+  return h;
+}
+
+/* NVML's process list, asked the documented way (count, then fill), checked
+   against NVML's used memory. Returns the count; `self` gets this process's
+   usage (0 if not listed). Prints the list when `print`. */
+static unsigned list_processes(nvmlDevice_t h, unsigned long long* self, int print) {
+  nvmlProcessInfo_v1_t infos[130];
+  unsigned n = 0;
+  nvmlReturn_t r = nvml.processes(h, &n, NULL);
+  EXPECT(r == 0 || r == NVML_ERROR_INSUFFICIENT_SIZE);
+  EXPECT((r == 0) == (n == 0));
+  EXPECT(n <= 128);
+  if (n > 128) n = 128;
+  if (n > 0) {
+    unsigned small = n - 1;
+    EXPECT(nvml.processes(h, &small, infos) == NVML_ERROR_INSUFFICIENT_SIZE && small == n);
+  }
+  unsigned got = 130; /* room to spare: the count comes back exact */
+  OK(nvml.processes(h, &got, infos));
+  EXPECT(got == n);
+  nvmlMemory_t m = {0, 0, 0};
+  OK(nvml.memory(h, &m));
+  unsigned long long sum = 0;
+  *self = 0;
+  for (unsigned i = 0; i < got && i < 130; ++i) {
+    EXPECT(infos[i].usedGpuMemory > 0);
+    sum += infos[i].usedGpuMemory;
+    if (infos[i].pid == (unsigned)getpid()) *self = infos[i].usedGpuMemory;
+    if (print) printf("proc %u %llu\n", infos[i].pid, infos[i].usedGpuMemory);
+  }
+  EXPECT(sum == m.used);
+  return got;
+}
+
+static int probe_procs(unsigned long long mib) {
+  OK(cuInit(0));
+  CUcontext ctx;
+  OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  OK(cuCtxSetCurrent(ctx));
+  CUdeviceptr p = 0;
+  if (mib) OK(cuMemAlloc_v2(&p, (size_t)mib << 20));
+  OK(nvml.init());
+  unsigned long long self = 0;
+  list_processes(nvml_device(0), &self, 1);
+  printf("self %d\n", (int)getpid());
+  EXPECT(self == standin_used(0));
+  if (p) OK(cuMemFree_v2(p));
+  OK(nvml.shutdown());
+  return g_failed;
+}
+
+/* This process's usage of device 0 as NVML lists it, checked against
+   libcuda's count and, where a context is current, cuMemGetInfo. */
+static size_t ctx_used(nvmlDevice_t h) {
+  unsigned long long self = 0;
+  list_processes(h, &self, 0);
+  EXPECT(self == standin_used(0));
+  CUcontext cur = NULL;
+  OK(cuCtxGetCurrent(&cur));
+  if (cur) {
+    size_t free_bytes = 0, total = 0;
+    OK(cuMemGetInfo_v2(&free_bytes, &total));
+    nvmlMemory_t m = {0, 0, 0};
+    OK(nvml.memory(h, &m));
+    EXPECT(m.free == free_bytes && m.total == total);
+  }
+  return standin_used(0);
+}
+
+static CUresult create(CUcontext* c, CUdevice d) {
+  return cuCtxCreate(c, NULL, 0, d); /* cuda.h: cuCtxCreate_v4 */
+}
+
+static int probe_ctx(void) {
+  const char* v = getenv("STANDIN_CONTEXT_BYTES");
+  const size_t n = v ? (size_t)strtoull(v, NULL, 0) : 0;
+  if (n == 0 || n % 512) {
+    fprintf(stderr, "shared_probe ctx: STANDIN_CONTEXT_BYTES must be a nonzero multiple of 512\n");
+    return 1;
+  }
+  OK(cuInit(0));
+  OK(nvml.init());
+  nvmlDevice_t h = nvml_device(0);
+  EXPECT(ctx_used(h) == 0);
+  /* The primary context holds n while retained, once however often. */
+  CUcontext prim = NULL, again = NULL;
+  OK(cuDevicePrimaryCtxRetain(&prim, 0));
+  OK(cuCtxSetCurrent(prim));
+  EXPECT(ctx_used(h) == n);
+  OK(cuDevicePrimaryCtxRetain(&again, 0));
+  EXPECT(again == prim && ctx_used(h) == n);
+  OK(cuDevicePrimaryCtxRelease(0));
+  EXPECT(ctx_used(h) == n);
+  /* Created contexts: n each on their own device, back at destroy. */
+  CUcontext c = NULL, d1 = NULL, top = NULL;
+  OK(create(&c, 0));
+  EXPECT(ctx_used(h) == 2 * n);
+  OK(create(&d1, 1));
+  EXPECT(standin_used(1) == n && standin_used(0) == 2 * n);
+  OK(cuCtxDestroy(d1));
+  EXPECT(standin_used(1) == 0);
+  OK(cuCtxDestroy(c));
+  OK(cuCtxGetCurrent(&top));
+  EXPECT(top == prim);
+  EXPECT(ctx_used(h) == n);
+  /* As many as fit (besides whatever the neighbours hold), then out of
+     memory with nothing created or pushed. */
+  size_t free_bytes = 0, total = 0;
+  OK(cuMemGetInfo_v2(&free_bytes, &total));
+  const size_t fits = free_bytes / n;
+  CUcontext made[4096];
+  size_t k = 0;
+  CUresult r = CUDA_SUCCESS;
+  while (k < 4096) {
+    r = create(&made[k], 0);
+    if (r != CUDA_SUCCESS) break;
+    OK(cuCtxPopCurrent(&top));
+    EXPECT(top == made[k]);
+    ++k;
+  }
+  EXPECT(r == CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT(k == fits);
+  OK(cuCtxGetCurrent(&top));
+  EXPECT(top == prim);
+  EXPECT(ctx_used(h) == n + k * n);
+  while (k > 0) OK(cuCtxDestroy(made[--k]));
+  EXPECT(ctx_used(h) == n);
+  /* Released to zero: the primary gives its n back. */
+  OK(cuDevicePrimaryCtxRelease(0));
+  OK(cuCtxSetCurrent(NULL));
+  EXPECT(ctx_used(h) == 0);
+  /* Leave less than n free: then neither a retain (the primary stays
+     inactive) nor a create fits. */
+  OK(create(&c, 0));
+  OK(cuMemGetInfo_v2(&free_bytes, &total));
+  EXPECT(free_bytes >= n);
+  CUdeviceptr p = 0;
+  OK(cuMemAlloc_v2(&p, free_bytes - n + 512));
+  OK(cuMemGetInfo_v2(&free_bytes, &total));
+  EXPECT(free_bytes == n - 512);
+  const size_t before = ctx_used(h);
+  unsigned flags = 0;
+  int active = 1;
+  EXPECT(cuDevicePrimaryCtxRetain(&again, 0) == CUDA_ERROR_OUT_OF_MEMORY);
+  OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+  EXPECT(active == 0);
+  CUcontext none = NULL;
+  EXPECT(create(&none, 0) == CUDA_ERROR_OUT_OF_MEMORY);
+  OK(cuCtxGetCurrent(&top));
+  EXPECT(top == c);
+  EXPECT(ctx_used(h) == before);
+  /* Room again: a retain activates it (n), a reset gives them back. */
+  OK(cuMemFree_v2(p));
+  OK(cuDevicePrimaryCtxRetain(&again, 0));
+  EXPECT(again == prim && ctx_used(h) == 2 * n);
+  OK(cuDevicePrimaryCtxReset(0));
+  EXPECT(ctx_used(h) == n);
+  OK(cuCtxDestroy(c));
+  EXPECT(ctx_used(h) == 0);
+  OK(nvml.shutdown());
+  if (!g_failed) printf("ok contexts %zu\n", fits);
+  return g_failed;
+}
+
 static int probe_errors(void) {
   CUuuid u;
   nvmlDevice_t h = NULL;
@@ -164,6 +357,8 @@ static int probe_errors(void) {
   EXPECT(nvml.count((unsigned[1]){0}) == 1);       /* NVML_ERROR_UNINITIALIZED */
   EXPECT(nvml.by_index(0, &h) == 1);
   EXPECT(nvml.shutdown() == 1);
+  unsigned count = 0;
+  EXPECT(nvml.processes(h, &count, NULL) == 1);
   OK(cuInit(0));
   OK(nvml.init_v2());
   EXPECT(cuDeviceGetUuid(NULL, 0) == CUDA_ERROR_INVALID_VALUE);
@@ -187,6 +382,38 @@ static int probe_errors(void) {
   EXPECT(nvml.memory(h, NULL) == 2);
   EXPECT(nvml.memory((nvmlDevice_t)&m, &m) == 2);
   EXPECT(strcmp(nvml.error_string(999), "Unknown Error") == 0);
+  /* The process list: no usage yet (no STANDIN_SHARED: a device of our own),
+     then ours alone. */
+  nvmlProcessInfo_v1_t infos[2];
+  EXPECT(nvml.processes((nvmlDevice_t)&m, &count, infos) == 2);
+  EXPECT(nvml.processes(h, NULL, infos) == 2);
+  count = 0;
+  OK(nvml.processes(h, &count, NULL));
+  EXPECT(count == 0);
+  count = 2;
+  OK(nvml.processes(h, &count, infos));
+  EXPECT(count == 0);
+  CUcontext ctx;
+  CUdeviceptr p;
+  OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  OK(cuCtxSetCurrent(ctx));
+  OK(cuMemAlloc_v2(&p, 1000));
+  count = 0;
+  EXPECT(nvml.processes(h, &count, NULL) == NVML_ERROR_INSUFFICIENT_SIZE && count == 1);
+  count = 0;
+  EXPECT(nvml.processes(h, &count, infos) == NVML_ERROR_INSUFFICIENT_SIZE && count == 1);
+  count = 1;
+  EXPECT(nvml.processes(h, &count, NULL) == NVML_ERROR_INSUFFICIENT_SIZE && count == 1);
+  count = 2;
+  OK(nvml.processes(h, &count, infos));
+  EXPECT(count == 1 && infos[0].pid == (unsigned)getpid() && infos[0].usedGpuMemory == 1024);
+  nvmlDevice_t h1 = NULL;
+  OK(nvml.by_index(1, &h1));
+  count = 2;
+  OK(nvml.processes(h1, &count, infos)); /* nothing on device 1 */
+  EXPECT(count == 0);
+  OK(cuMemFree_v2(p));
+  OK(cuDevicePrimaryCtxRelease(0));
   /* Reference counted, as NVML's. */
   OK(nvml.init());
   OK(nvml.shutdown());
@@ -202,19 +429,23 @@ static int probe_nvmlfail(void) {
   EXPECT(nvml.init() == 999);
   nvmlDevice_t h;
   EXPECT(nvml.by_index(0, &h) == 1);
+  unsigned count = 0;
+  EXPECT(nvml.processes(NULL, &count, NULL) == 1);
   if (!g_failed) printf("ok\n");
   return g_failed;
 }
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: shared_probe uuid|mem [MIB]|errors|nvmlfail\n");
+    fprintf(stderr, "usage: shared_probe uuid|mem [MIB]|procs [MIB]|ctx|errors|nvmlfail\n");
     return 2;
   }
   load_nvml();
   const char* cmd = argv[1];
   if (strcmp(cmd, "uuid") == 0) return probe_uuid();
   if (strcmp(cmd, "mem") == 0) return probe_mem(argc > 2 ? strtoull(argv[2], NULL, 0) : 0);
+  if (strcmp(cmd, "procs") == 0) return probe_procs(argc > 2 ? strtoull(argv[2], NULL, 0) : 0);
+  if (strcmp(cmd, "ctx") == 0) return probe_ctx();
   if (strcmp(cmd, "errors") == 0) return probe_errors();
   if (strcmp(cmd, "nvmlfail") == 0) return probe_nvmlfail();
   fprintf(stderr, "shared_probe: unknown command %s\n", cmd);

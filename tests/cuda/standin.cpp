@@ -12,6 +12,11 @@
 // device budget per ordinal (shared_budget.h), so tests can play several
 // processes on one GPU; device UUIDs then name the file, else the process.
 //
+// STANDIN_CONTEXT_BYTES=<n> (default 0): each live context (created, or a
+// primary context while retained) holds n bytes of its device, as a real
+// context and the libraries it loads do outside any allocator; creating one
+// where they do not fit fails with CUDA_ERROR_OUT_OF_MEMORY.
+//
 // Exports are defined under their real names with asm labels so that cuda.h's
 // _v2 macros do not get in the way; the library is linked -Bsymbolic so that
 // standin_own() reports its own addresses.
@@ -46,6 +51,7 @@ struct Ctx {
   bool alive = true;
   bool primary = false;
   unsigned refcount = 0;  // primary contexts
+  std::size_t charged = 0;  // STANDIN_CONTEXT_BYTES it holds while alive
   std::vector<Op> pending;
 };
 
@@ -72,6 +78,7 @@ bool g_torn_down = false;
 int g_devices = 2;
 std::size_t g_capacity = std::size_t{1} << 30;
 std::size_t g_host_capacity = std::size_t{1} << 30;
+std::size_t g_context_bytes = 0;  // STANDIN_CONTEXT_BYTES
 std::size_t g_used[8] = {};  // this process's; published to the shared file too
 bool g_shared = false;       // STANDIN_SHARED set
 pid_t g_shared_pid = 0;      // the process whose usage the shared file has
@@ -108,6 +115,7 @@ std::size_t env_size(const char* name, std::size_t def) {
 __attribute__((constructor)) void standin_load() {
   g_capacity = env_size("STANDIN_CAPACITY", g_capacity);
   g_host_capacity = env_size("STANDIN_HOST_CAPACITY", g_host_capacity);
+  g_context_bytes = env_size("STANDIN_CONTEXT_BYTES", 0);
   g_devices = static_cast<int>(std::min<std::size_t>(env_size("STANDIN_DEVICES", 2), 8));
   g_shared = sb_path() != nullptr;
   // A thread of the test program may hold the lock when another forks.
@@ -207,37 +215,55 @@ std::size_t device_used(int dev) {
   return sb_used_all(dev);
 }
 
-void release_memory(const Alloc& a) {
-  if (a.host) {
-    g_host_used -= charge(a.size);
-  } else {
-    g_used[a.ctx->dev] -= charge(a.size);
-    if (g_shared) {
-      shared_sync();
-      sb_set_mine(a.ctx->dev, g_used[a.ctx->dev]);
-    }
-  }
-  free(reinterpret_cast<void*>(a.base));
-}
-
-// Takes an allocation of `size` from device `dev`'s budget, atomically
-// across the processes sharing it; false if it does not fit.
-bool charge_device(int dev, std::size_t size) {
-  if (size > g_capacity) return false;  // before charge() can overflow
-  const std::size_t bytes = charge(size);
+// Takes exactly `bytes` from device `dev`'s budget, atomically across the
+// processes sharing it; false if they do not fit.
+bool take_device(int dev, std::size_t bytes) {
   if (g_shared) {
     shared_sync();
     if (!sb_try_charge(dev, g_used[dev], bytes, g_capacity)) return false;
-  } else if (g_used[dev] + bytes > g_capacity) {
-    return false;
+  } else if (g_used[dev] > g_capacity || bytes > g_capacity - g_used[dev]) {
+    return false;  // (written so that no huge size wraps around)
   }
   g_used[dev] += bytes;
   return true;
 }
 
-void uncharge_device(int dev, std::size_t size) {
-  g_used[dev] -= charge(size);
-  if (g_shared) sb_set_mine(dev, g_used[dev]);
+void give_device(int dev, std::size_t bytes) {
+  g_used[dev] -= bytes;
+  if (g_shared) {
+    shared_sync();
+    sb_set_mine(dev, g_used[dev]);
+  }
+}
+
+void release_memory(const Alloc& a) {
+  if (a.host) g_host_used -= charge(a.size);
+  else give_device(a.ctx->dev, charge(a.size));
+  free(reinterpret_cast<void*>(a.base));
+}
+
+// An allocation of `size`, rounded as the driver's.
+bool charge_device(int dev, std::size_t size) {
+  if (size > g_capacity) return false;  // before charge() can overflow
+  return take_device(dev, charge(size));
+}
+
+void uncharge_device(int dev, std::size_t size) { give_device(dev, charge(size)); }
+
+// STANDIN_CONTEXT_BYTES for a context coming to life: a real context's own
+// device memory (its state, the libraries it loads), which no allocator sees
+// but cuMemGetInfo and NVML do. Nothing is charged (no slot taken) when 0.
+bool charge_context(int dev, std::size_t* charged) {
+  *charged = 0;
+  if (g_context_bytes == 0) return true;
+  if (!take_device(dev, g_context_bytes)) return false;
+  *charged = g_context_bytes;
+  return true;
+}
+
+void uncharge_context(Ctx* c) {
+  if (c->charged) give_device(c->dev, c->charged);
+  c->charged = 0;
 }
 
 // Context teardown: pending work is dropped, memory freed by the driver.
@@ -252,6 +278,7 @@ void teardown(Ctx* c) {
       ++it;
     }
   }
+  uncharge_context(c);
   c->alive = false;
 }
 
@@ -435,6 +462,10 @@ static CUresult ctx_create(CUcontext* pctx, CUdevice dev) {
   if (CUresult e = state_error()) return e;
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  // Its device memory first: on a full device the real cuCtxCreate fails
+  // with out of memory, and nothing is created or pushed.
+  std::size_t charged;
+  if (!charge_context(dev, &charged)) return CUDA_ERROR_OUT_OF_MEMORY;
   Ctx* c;
   // Hand out a destroyed context's address again, as a real driver may.
   if (!g_free_ctx.empty()) {
@@ -446,6 +477,7 @@ static CUresult ctx_create(CUcontext* pctx, CUdevice dev) {
     g_all_ctx.push_back(c);
   }
   c->dev = dev;
+  c->charged = charged;
   t_stack.push_back(c);
   *pctx = reinterpret_cast<CUcontext>(c);
   return CUDA_SUCCESS;
@@ -556,7 +588,13 @@ SI(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev)) {
     g_all_ctx.push_back(g_primary[dev]);
   }
   Ctx* c = g_primary[dev];
-  if (c->refcount++ == 0) c->alive = true;
+  // Activation takes the context's memory (not each retain); if it does not
+  // fit the retain fails and the context stays inactive.
+  if (c->refcount == 0) {
+    if (!charge_context(dev, &c->charged)) return CUDA_ERROR_OUT_OF_MEMORY;
+    c->alive = true;
+  }
+  ++c->refcount;
   *pctx = reinterpret_cast<CUcontext>(c);
   return CUDA_SUCCESS;
 }

@@ -35,8 +35,11 @@ void standin_fail_next(const char* function, int count, CUresult error);
 /* Device memory capacity per device (bytes); also STANDIN_CAPACITY. */
 void standin_set_capacity(size_t bytes);
 
-/* Bytes of device memory in use on `dev` (driver allocations) by this
-   process. */
+/* Bytes of device memory in use on `dev` by this process: driver
+   allocations, plus STANDIN_CONTEXT_BYTES (default 0) for each live context
+   on it (created, or a primary context while retained), which is what a
+   context takes on a real GPU outside any allocator. A context that does not
+   fit fails to be created (or retained) with CUDA_ERROR_OUT_OF_MEMORY. */
 size_t standin_used(int dev);
 
 /* Several processes on one GPU: with STANDIN_SHARED=<file> every process
