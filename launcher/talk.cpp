@@ -43,7 +43,7 @@ const char kFreeHeldHelp[] =
     "for reuse). The pool keeps holding blocks freed afterwards. --all asks\n"
     "every gpupool process of this user on the node (`gpupool ps`); with\n"
     "--device, only their blocks on that GPU (GPU-... as `gpupool ps` and\n"
-    "nvidia-smi -L show it).\n";
+    "nvidia-smi -L show it), or their pinned host memory (host).\n";
 
 const char kStopHoldingHelp[] =
     "Usage: gpupool stop-holding PID [--timeout SECONDS]\n"
@@ -260,7 +260,7 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
       }
       node::Uuid u;
       if (!node::parse_uuid(v, &u))
-        return usage_error(cmd + ": --device: '" + v + "' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", cmd.c_str());
+        return usage_error(cmd + ": --device: '" + v + "' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) nor host", cmd.c_str());
       device = u;
     } else if (a == "--timeout" || a.rfind("--timeout=", 0) == 0) {
       std::string v;

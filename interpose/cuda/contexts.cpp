@@ -179,6 +179,9 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   const bool fenced = rt.config.reuse == config::Reuse::safe;
   Arena* a = rt.pool.add_arena(host_backend(st, fenced, key), std::move(o));
   st->host_arenas[key].store(a, std::memory_order_release);
+  // Pinned memory is the node's host memory: other gpupool processes may
+  // ask for it as for a GPU's.
+  node::add_device(rt, node::kHostMemory, "cuda-host", host_total);
   return a;
 }
 

@@ -103,6 +103,11 @@ class HostBackend final : public ContextBackend {
     release_while_alive([&] { driver()->mem_free_host(reinterpret_cast<void*>(h)); });
   }
 
+  // Other gpupool processes on the node may hold pinned memory.
+  bool relieve(std::size_t bytes) override {
+    return node::ask_neighbours("cuda-host", bytes) > 0;
+  }
+
  private:
   unsigned flags_;  // the arena's normalised flags (DEVICEMAP set)
 };

@@ -18,6 +18,10 @@ std::size_t ask_release(long pid, const Uuid& uuid, std::size_t bytes, std::uint
 // nvml.cpp: the GPU's free and total memory, from NVML (libnvidia-ml.so.1,
 // loaded on first use). False when NVML or the device is not available.
 bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total);
+// What NVML says process `pid` uses on the GPU (its contexts, libraries and
+// every allocation, pooled or not). False when NVML cannot say (no such
+// query, the pid is in another PID namespace).
+bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used);
 // A forked child does not use its parent's NVML session.
 void nvml_fork_child() noexcept;
 

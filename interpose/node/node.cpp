@@ -122,7 +122,11 @@ void watch(Runtime& rt, Device& d) {
   if (!nvml_memory(d.uuid, &free, &total) || total == 0) return;
   const Stats t = rt.pool.group_totals(d.group);
   const std::uint64_t used = total - std::min(free, total);
-  const std::uint64_t others = used - std::min<std::uint64_t>(used, t.managed_bytes);
+  // This process's share: all it has on the GPU when NVML can say (its
+  // contexts, libraries and memory outside the pool too), else the pool's.
+  std::uint64_t mine = t.managed_bytes, listed = 0;
+  if (nvml_process_used(d.uuid, static_cast<long>(getpid()), &listed)) mine = std::max(mine, listed);
+  const std::uint64_t others = used - std::min(used, mine);
   if (free >= threshold || d.others_at_ok == UINT64_MAX) {
     d.others_at_ok = others;
     if (free >= threshold) return;
@@ -169,13 +173,13 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now) {
   std::uint64_t next = s.next_publish;
   const std::uint64_t interval = rt.config.pressure_interval_ns;
   bool holding = false;
-  for (const Device* d : devs) holding = holding || d->held > 0;
+  for (const Device* d : devs) holding = holding || (d->held > 0 && d->uuid != kHostMemory);
   const config::SizeSpec& pf = rt.config.pressure_free;
   const bool watching = pf.unlimited || (pf.percent ? pf.fraction > 0 : pf.bytes > 0);
   if (interval && holding && watching) {
     if (now >= s.next_watch) {
       for (Device* d : devs)
-        if (d->held > 0) watch(rt, *d);
+        if (d->held > 0 && d->uuid != kHostMemory) watch(rt, *d);  // NVML sees GPUs only
       s.next_watch = now + interval;
       refresh(rt, devs, reg);
     }

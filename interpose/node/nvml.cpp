@@ -24,6 +24,12 @@ using nvmlDevice_t = void*;
 struct nvmlMemory_t {
   unsigned long long total, free, used;
 };
+// nvmlDeviceGetComputeRunningProcesses' element (the unversioned symbol
+// keeps this first layout).
+struct nvmlProcessInfo_v1_t {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+};
 constexpr nvmlReturn_t kNvmlSuccess = 0;
 
 struct Nvml {
@@ -33,6 +39,9 @@ struct Nvml {
   nvmlReturn_t (*init)() = nullptr;
   nvmlReturn_t (*by_uuid)(const char*, nvmlDevice_t*) = nullptr;
   nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  // Optional: without it a process's memory outside the pool counts as
+  // the other processes'.
+  nvmlReturn_t (*processes)(nvmlDevice_t, unsigned*, nvmlProcessInfo_v1_t*) = nullptr;
   struct Handle {
     Uuid uuid;
     nvmlDevice_t dev;
@@ -62,6 +71,8 @@ bool load(Nvml& n) {
   n.init = reinterpret_cast<decltype(n.init)>(dlsym(lib, "nvmlInit_v2"));
   n.by_uuid = reinterpret_cast<decltype(n.by_uuid)>(dlsym(lib, "nvmlDeviceGetHandleByUUID"));
   n.memory = reinterpret_cast<decltype(n.memory)>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+  n.processes = reinterpret_cast<decltype(n.processes)>(
+      dlsym(lib, "nvmlDeviceGetComputeRunningProcesses"));
   nvmlReturn_t r = -1;
   if (n.init && n.by_uuid && n.memory) r = n.init();
   if (r != kNvmlSuccess) {
@@ -76,25 +87,48 @@ bool load(Nvml& n) {
 
 }  // namespace
 
+namespace {
+// The device's handle (cached); nullptr when NVML or the device is not
+// available. Caller holds the session's lock.
+nvmlDevice_t device_of(Nvml& n, const Uuid& uuid) {
+  if (!load(n) || n.pid != getpid()) return nullptr;
+  for (const Nvml::Handle& h : n.handles)
+    if (h.uuid == uuid) return h.dev;
+  nvmlDevice_t dev = nullptr;
+  if (n.by_uuid(uuid_text(uuid).c_str(), &dev) != kNvmlSuccess) dev = nullptr;
+  if (!dev) log().info("NVML does not know {}: its free memory is not watched", uuid_text(uuid));
+  n.handles.push_back({uuid, dev});
+  return dev;
+}
+}  // namespace
+
+bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used) {
+  Session* sp = g_session.load(std::memory_order_acquire);
+  if (!sp) return false;
+  std::lock_guard lock(sp->mu);
+  Nvml& n = sp->nvml;
+  nvmlDevice_t dev = device_of(n, uuid);
+  if (!dev || !n.processes) return false;
+  // Room for the processes of a busy GPU; more than this and we do without.
+  nvmlProcessInfo_v1_t infos[64];
+  unsigned count = 64;
+  if (n.processes(dev, &count, infos) != kNvmlSuccess) return false;
+  for (unsigned i = 0; i < count && i < 64; ++i)
+    if (static_cast<long>(infos[i].pid) == pid) {
+      *used = infos[i].usedGpuMemory;
+      return true;
+    }
+  return false;  // not listed (another PID namespace, or nothing used yet)
+}
+
 bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total) {
   Session* sp = g_session.load(std::memory_order_acquire);
   if (!sp) return false;  // a forked child out of host memory: no watch
-  Session& session = *sp;
-  std::lock_guard lock(session.mu);
-  Nvml& n = session.nvml;
-  if (!load(n) || n.pid != getpid()) return false;
-  nvmlDevice_t dev = nullptr;
-  bool known = false;
-  for (const Nvml::Handle& h : n.handles)
-    if (h.uuid == uuid) dev = h.dev, known = true;
-  if (!known) {
-    if (n.by_uuid(uuid_text(uuid).c_str(), &dev) != kNvmlSuccess) dev = nullptr;
-    if (!dev) log().info("NVML does not know {}: its free memory is not watched", uuid_text(uuid));
-    n.handles.push_back({uuid, dev});
-  }
+  std::lock_guard lock(sp->mu);
+  nvmlDevice_t dev = device_of(sp->nvml, uuid);
   if (!dev) return false;
   nvmlMemory_t m{};
-  if (n.memory(dev, &m) != kNvmlSuccess) return false;
+  if (sp->nvml.memory(dev, &m) != kNvmlSuccess) return false;
   *free = m.free;
   *total = m.total;
   return true;

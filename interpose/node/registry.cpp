@@ -123,6 +123,7 @@ std::string comm_of_self() {
 }  // namespace
 
 std::string uuid_text(const Uuid& u) {
+  if (u == kHostMemory) return "host";
   char out[64];
   int n = std::snprintf(out, sizeof out, "GPU-");
   for (int i = 0; i < 16; ++i) {
@@ -133,6 +134,10 @@ std::string uuid_text(const Uuid& u) {
 }
 
 bool parse_uuid(std::string_view t, Uuid* out) {
+  if (t == "host") {
+    *out = kHostMemory;
+    return true;
+  }
   if (t.substr(0, 4) == "GPU-") t.remove_prefix(4);
   Uuid u{};
   int got = 0;

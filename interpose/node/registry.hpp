@@ -25,9 +25,15 @@ namespace gpupool::node {
 
 using Uuid = std::array<std::uint8_t, 16>;
 
-// NVML's spelling: "GPU-" and the bytes as 8-4-4-4-12 lowercase hex.
+// The node's pinned host memory, as a device of its own: every process on
+// the node draws on the same host memory.
+inline constexpr Uuid kHostMemory = {'p', 'i', 'n', 'n', 'e', 'd', ' ', 'h',
+                                     'o', 's', 't', ' ', 'm', 'e', 'm', 0};
+
+// NVML's spelling: "GPU-" and the bytes as 8-4-4-4-12 lowercase hex; "host"
+// for kHostMemory.
 std::string uuid_text(const Uuid& u);
-// Accepts uuid_text's form, with or without "GPU-"; false otherwise.
+// Accepts uuid_text's forms, with or without "GPU-"; false otherwise.
 bool parse_uuid(std::string_view text, Uuid* out);
 
 // One process's figures for one device.

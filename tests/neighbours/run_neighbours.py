@@ -185,18 +185,28 @@ elif CHECK == "pressure":
 
 elif CHECK == "self":
     # Pressure the holder makes itself is not a reason to release: a process
-    # alone at the edge of its GPU keeps its pool.
+    # alone at the edge of its GPU keeps its pool, also when what grows is
+    # its memory outside the pool (a context here; NCCL buffers, modules
+    # on a real GPU), which NVML's per-process list shows as its own.
     shared = fresh()
-    e = env(True, shared, GPUPOOL_PRESSURE_FREE="100M", GPUPOOL_PRESSURE_INTERVAL="10ms")
-    p = subprocess.Popen([NEIGHBOUR, "hold", str(BLOCK_MIB), "15"], env=e, stdin=subprocess.PIPE,
+    e = env(True, shared, GPUPOOL_PRESSURE_FREE="100M", GPUPOOL_PRESSURE_INTERVAL="10ms",
+            STANDIN_CONTEXT_BYTES=32 * MIB)
+    p = subprocess.Popen([NEIGHBOUR, "hold", str(BLOCK_MIB), "10"], env=e, stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     expect_line(p, "held")
+    time.sleep(0.3)
+    before = held_by(shared, p.pid)
+    p.stdin.write("ctx\n")
+    p.stdin.flush()
+    ctx = expect_line(p, "ctx")
     time.sleep(0.5)
     held = held_by(shared, p.pid)
     p.stdin.write("exit\n")
     p.stdin.flush()
     _, err = p.communicate(timeout=30)
-    check(held >= 15 * BLOCK_MIB * MIB, f"holder alone released its own held memory: {held}")
+    check(ctx == "ctx 0", f"the extra context: {ctx}")
+    check(before >= 10 * BLOCK_MIB * MIB and held == before,
+          f"holder alone released its own held memory: {before} then {held}; {err[-400:]}")
 
 elif CHECK == "info":
     # cuMemGetInfo in a gpupool process counts what other gpupool processes
