@@ -17,18 +17,26 @@
  *                   (the memory a context takes shows up on the device;
  *                   the extra contexts are destroyed at exit)
  *   neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]]
- *       allocate until cuMemAlloc fails (or MAX_BLOCKS), INTERVAL_MS apart:
+ *       allocate until the allocation fails (or MAX_BLOCKS), INTERVAL_MS apart:
  *       "block <i> <microseconds that call took>" per block, then
  *       "got <n> blocks <bytes> bytes err <failing call's CUresult or 0>";
  *       free them all, exit 0.
  *   neighbour info
  *       "free <bytes> total <bytes>" (cuMemGetInfo_v2).
  *
+ * A last argument "host" makes hold's and grab's blocks pinned host memory
+ * (cuMemHostAlloc(&p, bytes, 0) / cuMemFreeHost) instead of device memory,
+ * with the same output lines, for neighbours that compete for pinned memory:
+ *   neighbour hold BLOCK_MIB COUNT host
+ *   neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]] host
+ * ("info" still reports device memory.)
+ *
  * Every line is flushed at once; errors go to stderr with exit status 1.
  * Device 0 (CUDA_VISIBLE_DEVICES picks it on a real machine). */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +69,24 @@ static void sleep_ms(long ms) {
   nanosleep(&t, NULL);
 }
 
-/* A growing list of device blocks. */
+/* Blocks are pinned host memory rather than device memory ("host"). */
+static int g_host;
+
+/* One block of either kind; a host pointer is kept as a CUdeviceptr. */
+static CUresult alloc_one(CUdeviceptr* p, size_t bytes) {
+  if (!g_host) return cuMemAlloc_v2(p, bytes);
+  void* h = NULL;
+  const CUresult r = cuMemHostAlloc(&h, bytes, 0);
+  if (r == CUDA_SUCCESS) *p = (CUdeviceptr)(uintptr_t)h;
+  return r;
+}
+
+static void free_one(CUdeviceptr p) {
+  if (g_host) check(cuMemFreeHost((void*)(uintptr_t)p), "cuMemFreeHost");
+  else check(cuMemFree_v2(p), "cuMemFree_v2");
+}
+
+/* A growing list of blocks. */
 typedef struct Blocks {
   CUdeviceptr* p;
   size_t n, cap;
@@ -80,7 +105,7 @@ static void push(Blocks* b, CUdeviceptr p) {
 }
 
 static void free_all(Blocks* b) {
-  for (size_t i = 0; i < b->n; ++i) check(cuMemFree_v2(b->p[i]), "cuMemFree_v2");
+  for (size_t i = 0; i < b->n; ++i) free_one(b->p[i]);
   b->n = 0;
 }
 
@@ -89,7 +114,7 @@ static size_t alloc_blocks(Blocks* b, size_t bytes, size_t count) {
   size_t got = 0;
   for (; got < count; ++got) {
     CUdeviceptr p;
-    if (cuMemAlloc_v2(&p, bytes) != CUDA_SUCCESS) break;
+    if (alloc_one(&p, bytes) != CUDA_SUCCESS) break;
     push(b, p);
   }
   return got;
@@ -171,7 +196,7 @@ static int grab(size_t bytes, long interval_ms, size_t max_blocks) {
     if (b.n > 0) sleep_ms(interval_ms);
     CUdeviceptr p;
     const double t0 = now_us();
-    err = cuMemAlloc_v2(&p, bytes);
+    err = alloc_one(&p, bytes);
     const double t1 = now_us();
     if (err != CUDA_SUCCESS) break;
     push(&b, p);
@@ -184,8 +209,8 @@ static int grab(size_t bytes, long interval_ms, size_t max_blocks) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: neighbour hold BLOCK_MIB COUNT\n"
-          "       neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]]\n"
+          "usage: neighbour hold BLOCK_MIB COUNT [host]\n"
+          "       neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]] [host]\n"
           "       neighbour info\n");
   exit(2);
 }
@@ -200,6 +225,10 @@ int main(int argc, char** argv) {
   check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 
   const char* cmd = argv[1];
+  if (argc > 3 && strcmp(argv[argc - 1], "host") == 0 && strcmp(cmd, "info") != 0) {
+    g_host = 1;
+    --argc;
+  }
   if (strcmp(cmd, "info") == 0 && argc == 2) {
     info();
     return 0;

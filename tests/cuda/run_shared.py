@@ -5,7 +5,9 @@ Shows the stand-in behaves like one device shared by processes, with no
 gpupool loaded: one budget for all of them, a killed process's memory given
 back, NVML agreeing with cuMemGetInfo, one UUID per device for every process
 on the file, NVML's per-process list, the memory contexts take
-(STANDIN_CONTEXT_BYTES). Each test uses a fresh shared file, so they run in parallel.
+(STANDIN_CONTEXT_BYTES), pinned host memory shared like device memory
+(STANDIN_HOST_CAPACITY). Each test uses a fresh shared file, so they run in
+parallel.
 
 usage: run_shared.py NEIGHBOUR PROBE TEST
 (LD_LIBRARY_PATH must name the stand-in directory.)
@@ -77,15 +79,17 @@ class Proc:
         check(self.p.wait(timeout=20) == 0, "%s: exit status %s" % (self.args, self.p.returncode))
 
 
-def environ(shared, context_bytes=0):
+def environ(shared, context_bytes=0, host_capacity=0):
     env = dict(os.environ, STANDIN_CAPACITY=str(CAPACITY))
-    env.pop("STANDIN_SHARED", None)
-    env.pop("STANDIN_CONTEXT_BYTES", None)
-    env.pop("LD_PRELOAD", None)
+    for k in ("STANDIN_SHARED", "STANDIN_CONTEXT_BYTES", "STANDIN_HOST_CAPACITY",
+              "STANDIN_DEVICES", "LD_PRELOAD"):
+        env.pop(k, None)
     if shared:
         env["STANDIN_SHARED"] = shared
     if context_bytes:
         env["STANDIN_CONTEXT_BYTES"] = str(context_bytes)
+    if host_capacity:
+        env["STANDIN_HOST_CAPACITY"] = str(host_capacity)
     return env
 
 
@@ -95,9 +99,10 @@ def run(args, env, cwd=None):
     return r.stdout.splitlines()
 
 
-def hold(env, mib, count=0):
-    """A process holding `mib` MiB of 1 MiB blocks until told otherwise."""
-    p = Proc([NEIGHBOUR, "hold", "1", str(count)], env)
+def hold(env, mib, count=0, host=False):
+    """A process holding `mib` MiB of 1 MiB blocks until told otherwise
+    (pinned host memory with `host`)."""
+    p = Proc([NEIGHBOUR, "hold", "1", str(count)] + (["host"] if host else []), env)
     p.expect("allocated %d" % count)
     p.expect("held")
     if mib:
@@ -125,14 +130,18 @@ def grab(env, block_mib=1, *extra):
     return n, int(m.group(3))
 
 
+SLOT = 80  # sizeof(SbSlot): pid, pad, 8 devices + the host account
+
+
 def slots_ever_used(path):
     """Slots of the shared file that some process has owned (its layout is
-    SbFile in shared_budget.h: a 64-byte header, slots of 72 bytes)."""
+    SbFile in shared_budget.h: a 64-byte header, slots of SLOT bytes)."""
     with open(path, "rb") as f:
         data = f.read()
     magic, version = struct.unpack_from("<II", data, 0)
-    check(magic == 0x53424731 and version == 1, "shared file header %x %d" % (magic, version))
-    return sum(1 for off in range(64, len(data) - 71, 72) if struct.unpack_from("<i", data, off)[0])
+    check(magic == 0x53424731 and version == 2, "shared file header %x %d" % (magic, version))
+    return sum(1 for off in range(64, len(data) - SLOT + 1, SLOT)
+               if struct.unpack_from("<i", data, off)[0])
 
 
 # ---- the tests ---------------------------------------------------------------
@@ -356,6 +365,78 @@ def test_context(tmp):
     # Without a file: the same within one process.
     out = run([PROBE, "ctx"], environ(None, CTX))
     check(out == ["ok contexts %d" % ((CAPACITY - CTX) // CTX)], "private probe ctx: %s" % out)
+
+
+HOST_CAPACITY = 32 * MIB  # STANDIN_HOST_CAPACITY in test_host
+
+
+def test_host(tmp):
+    """STANDIN_HOST_CAPACITY with STANDIN_SHARED: one pinned budget for the
+    processes on the file (check-and-add, given back by cuMemFreeHost and by
+    a SIGKILL), apart from the device budget, and invisible to NVML. Unset,
+    or without the file, each process has its own."""
+    path = os.path.join(tmp, "gpu")
+    env = environ(path, host_capacity=HOST_CAPACITY)
+    all_host = HOST_CAPACITY // MIB
+    a = hold(env, 12, count=4, host=True)
+    check(grab(env, 1, "host") == (all_host - 12, OOM), "pinned grab beside 12 MiB pinned")
+    check(grab(env, 4, 0, 2, "host") == (2, 0), "pinned grab stops at MAX_BLOCKS")
+    # The device budget is untouched, and NVML sees no device usage, no
+    # process and no extra device.
+    check(free_bytes(env) == CAPACITY, "pinned memory taken from the device")
+    check(grab(env) == (CAPACITY // MIB, OOM), "device grab beside pinned memory")
+    v = probe_mem(env, 0)
+    check(v["nvml"]["used"] == 0 and v["all"] == 0, "NVML counts pinned memory: %s" % v)
+    check(procs(env) == ({}, None), "NVML lists a process holding pinned memory only")
+    out = run([PROBE, "uuid"], dict(env, STANDIN_DEVICES="8"))
+    check(len(out) == 8, "8 devices and pinned memory: %s" % out)
+    # Device memory leaves the pinned budget alone.
+    b = hold(env, 40)
+    check(grab(env, 1, "host") == (all_host - 12, OOM), "pinned grab beside device memory")
+    b.finish()
+    a.send("free")
+    a.expect("freed")
+    check(grab(env, 1, "host") == (all_host, OOM), "pinned grab after the neighbour freed")
+    a.send("alloc 1000")
+    a.expect("allocated %d" % all_host)
+    check(grab(env, 1, "host") == (0, OOM), "pinned grab with all pinned memory held")
+    a.send("info")
+    a.expect("free %d total %d" % (CAPACITY, CAPACITY))
+    a.p.kill()
+    deadline = time.time() + 10
+    while grab(env, 1, "host") != (all_host, OOM):
+        check(time.time() < deadline, "a killed process's pinned memory still counts")
+        time.sleep(0.05)
+    a.p.wait()
+    # Neighbours asking at once never get more than the budget, nor leave
+    # any of it unused.
+    ps = [hold(env, 0, host=True) for _ in range(4)]
+    for _ in range(5):
+        for p in ps:
+            p.send("alloc 1000")
+        got = [int(p.expect(r"allocated (\d+)").group(1)) for p in ps]
+        check(sum(got) == all_host, "pinned race: %s" % got)
+        for p in ps:
+            p.send("free")
+        for p in ps:
+            p.expect("freed")
+    for p in ps:
+        p.finish()
+    # Without the file: the limit is each process's own.
+    env = environ(None, host_capacity=HOST_CAPACITY)
+    a = hold(env, 20, host=True)
+    check(grab(env, 1, "host") == (all_host, OOM), "private pinned grab")
+    a.send("alloc 1000")
+    a.expect("allocated %d" % (all_host - 20))
+    a.finish()
+    # On the file without STANDIN_HOST_CAPACITY: as before, 1 GiB per
+    # process, not shared (the blocks are never touched: no real memory).
+    env = environ(path)
+    a = hold(env, 0, host=True)
+    a.send("alloc 2000")
+    a.expect("allocated 1024")
+    check(grab(env, 64, "host") == (16, OOM), "unset host capacity shared")
+    a.finish()
 
 
 def test_private(tmp):

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 /* run_shared.py reads this layout too. */
-_Static_assert(sizeof(SbSlot) == 72 && sizeof(SbFile) == 64 + 72 * SB_SLOTS, "shared file layout");
+_Static_assert(sizeof(SbSlot) == 80 && sizeof(SbFile) == 64 + 80 * SB_SLOTS, "shared file layout");
 
 static int g_fd = -1;
 static SbFile* g_map;
@@ -79,7 +79,7 @@ static void claim_slot(void) {
   for (int i = 0; i < SB_SLOTS; ++i) {
     if (slot_live(i)) continue;
     SbSlot* s = &g_map->slots[i];
-    for (int d = 0; d < SB_MAX_DEVICES; ++d) store(&s->used[d], 0);
+    for (int d = 0; d < SB_ACCOUNTS; ++d) store(&s->used[d], 0);
     __atomic_store_n(&s->pid, (int32_t)getpid(), __ATOMIC_RELEASE);
     if (ofd_lock(F_OFD_SETLK, F_WRLCK, 1 + i) < 0) continue; /* raced by a non-claimer? retry */
     g_slot = i;
@@ -146,7 +146,7 @@ static uint64_t used_others(int dev) {
 
 uint64_t sb_used_all(int dev) {
   sb_attach(0);
-  if (dev < 0 || dev >= SB_MAX_DEVICES) return 0;
+  if (dev < 0 || dev >= SB_ACCOUNTS) return 0;
   uint64_t sum = used_others(dev);
   if (g_slot >= 0) sum += load(&g_map->slots[g_slot].used[dev]);
   return sum;
@@ -169,7 +169,7 @@ void sb_set_mine(int dev, uint64_t mine) {
 
 int sb_list(int dev, SbProcUsage* out, int max) {
   sb_attach(0);
-  if (dev < 0 || dev >= SB_MAX_DEVICES) return 0;
+  if (dev < 0 || dev >= SB_ACCOUNTS) return 0;
   int n = 0;
   lock_all();
   for (int i = 0; i < SB_SLOTS; ++i) {

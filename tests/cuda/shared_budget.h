@@ -5,7 +5,8 @@
  * NVML reads the device's usage straight from the file, as the real NVML
  * asks the kernel driver, whether or not libcuda is loaded.
  *
- * The file holds one slot per process: its pid and its device usage. A slot
+ * The file holds one slot per process: its pid and its device usage (and its
+ * pinned host memory, under the pseudo-device SB_HOST). A slot
  * counts only while its owner holds an OFD write lock on the slot's byte
  * (fcntl F_OFD_SETLK). The kernel drops that lock when the process exits,
  * SIGKILL included, before it is reaped, as the real driver frees a process's
@@ -28,14 +29,20 @@ extern "C" {
 #define SB_HIDDEN __attribute__((visibility("hidden")))
 
 #define SB_MAX_DEVICES 8
+/* Pinned host memory (STANDIN_HOST_CAPACITY with STANDIN_SHARED) is charged
+   to one more account after the devices', so it gets the same check-and-add
+   and the same liveness as device memory. It is no device: NVML and
+   standin_used* only ever ask for indices below sb_devices() (<= 8). */
+#define SB_HOST SB_MAX_DEVICES
+#define SB_ACCOUNTS (SB_MAX_DEVICES + 1)
 #define SB_SLOTS 128
 #define SB_MAGIC 0x53424731u /* "SBG1" */
-#define SB_VERSION 1u
+#define SB_VERSION 2u        /* 2: SB_HOST added to each slot */
 
 typedef struct SbSlot {
   int32_t pid;  /* last owner; the slot counts only while its byte is locked */
   uint32_t pad;
-  uint64_t used[SB_MAX_DEVICES]; /* device bytes that process holds */
+  uint64_t used[SB_ACCOUNTS]; /* bytes that process holds, per device + SB_HOST */
 } SbSlot;
 
 /* The file's layout (tests may read it; all fields little-endian). */
@@ -55,6 +62,8 @@ SB_HIDDEN const char* sb_path(void);
    message on failure: silently falling back to a private budget would make
    a test pass for the wrong reason. Later calls are cheap. */
 SB_HIDDEN void sb_attach(int claim);
+
+/* In the calls below `dev` is a device ordinal or SB_HOST. */
 
 /* Bytes used on `dev` by all live processes (this one included). */
 SB_HIDDEN uint64_t sb_used_all(int dev);

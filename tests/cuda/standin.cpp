@@ -12,6 +12,13 @@
 // device budget per ordinal (shared_budget.h), so tests can play several
 // processes on one GPU; device UUIDs then name the file, else the process.
 //
+// STANDIN_HOST_CAPACITY=<n> (default 1 GiB): pinned host memory
+// (cuMemHostAlloc, cuMemAllocHost_v2) a process may hold. Set together with
+// STANDIN_SHARED, it is one budget for every process on the file (the
+// pseudo-device SB_HOST in the file's slots: a dead process stops counting),
+// so tests can play neighbours that compete for pinned memory. Unset, each
+// process keeps its own 1 GiB as before, shared file or not.
+//
 // STANDIN_CONTEXT_BYTES=<n> (default 0): each live context (created, or a
 // primary context while retained) holds n bytes of its device, as a real
 // context and the libraries it loads do outside any allocator; creating one
@@ -82,7 +89,8 @@ std::size_t g_context_bytes = 0;  // STANDIN_CONTEXT_BYTES
 std::size_t g_used[8] = {};  // this process's; published to the shared file too
 bool g_shared = false;       // STANDIN_SHARED set
 pid_t g_shared_pid = 0;      // the process whose usage the shared file has
-std::size_t g_host_used = 0;
+std::size_t g_host_used = 0;  // this process's; published to the file if g_host_shared
+bool g_host_shared = false;   // STANDIN_SHARED and STANDIN_HOST_CAPACITY both set
 std::uint64_t g_next_buffer_id = 1;
 std::map<std::uintptr_t, Alloc>& g_live = *new std::map<std::uintptr_t, Alloc>;  // by base
 std::map<std::uintptr_t, Alloc>& g_dead = *new std::map<std::uintptr_t, Alloc>;  // freed by a context teardown
@@ -118,6 +126,10 @@ __attribute__((constructor)) void standin_load() {
   g_context_bytes = env_size("STANDIN_CONTEXT_BYTES", 0);
   g_devices = static_cast<int>(std::min<std::size_t>(env_size("STANDIN_DEVICES", 2), 8));
   g_shared = sb_path() != nullptr;
+  // Only an explicit host capacity is shared: tests that never asked for it
+  // keep the private default they were written against.
+  const char* host = getenv("STANDIN_HOST_CAPACITY");
+  g_host_shared = g_shared && host && *host;
   // A thread of the test program may hold the lock when another forks.
   pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
 }
@@ -204,6 +216,7 @@ void shared_sync() {
   if (!g_shared || g_shared_pid == getpid()) return;
   sb_attach(1);
   for (int d = 0; d < 8; ++d) sb_set_mine(d, g_used[d]);
+  if (g_host_shared) sb_set_mine(SB_HOST, g_host_used);
   g_shared_pid = getpid();
 }
 
@@ -236,8 +249,32 @@ void give_device(int dev, std::size_t bytes) {
   }
 }
 
+// Pinned host memory, the same way: exactly `bytes` from the host budget,
+// shared by the processes on the file with g_host_shared, else this
+// process's own; false (and nothing changed) if they do not fit.
+bool take_host(std::size_t bytes) {
+  if (g_host_shared) {
+    shared_sync();
+    if (!sb_try_charge(SB_HOST, g_host_used, bytes, g_host_capacity)) return false;
+  } else if (g_host_used > g_host_capacity || bytes > g_host_capacity - g_host_used) {
+    return false;
+  }
+  g_host_used += bytes;
+  return true;
+}
+
+void give_host(std::size_t bytes) {
+  g_host_used -= bytes;
+  if (g_host_shared) {
+    shared_sync();
+    sb_set_mine(SB_HOST, g_host_used);
+  }
+}
+
+// cuMemFree/cuMemFreeHost and context teardown (which frees the context's
+// pinned memory too) give the budget back here.
 void release_memory(const Alloc& a) {
-  if (a.host) g_host_used -= charge(a.size);
+  if (a.host) give_host(charge(a.size));
   else give_device(a.ctx->dev, charge(a.size));
   free(reinterpret_cast<void*>(a.base));
 }
@@ -295,11 +332,13 @@ CUresult alloc_host(void** pp, std::size_t size, unsigned flags) {
   if (CUresult e = usable_current(&c)) return e;
   CUresult injected;
   if (should_fail("cuMemHostAlloc", &injected)) return injected;
-  if (size > g_host_capacity || g_host_used + charge(size) > g_host_capacity)
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  // (size first, so that charge() cannot overflow)
+  if (size > g_host_capacity || !take_host(charge(size))) return CUDA_ERROR_OUT_OF_MEMORY;
   const std::uintptr_t p = new_memory(size, 4096);
-  if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
-  g_host_used += charge(size);
+  if (!p) {
+    give_host(charge(size));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   // The real driver reports DEVICEMAP for every pinned allocation (UVA).
   g_live[p] = Alloc{p, size, c, true, flags | CU_MEMHOSTALLOC_DEVICEMAP, g_next_buffer_id++};
   ++g_counters.host_alloc;

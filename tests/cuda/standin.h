@@ -46,7 +46,13 @@ size_t standin_used(int dev);
    naming the same file shares each device's STANDIN_CAPACITY (accounted in
    that file; a process stops counting when it exits or is killed), and sees
    the same device UUIDs; cuMemGetInfo_v2's free is what all of them leave.
-   Without it each process has devices of its own, as before. */
+   Without it each process has devices of its own, as before.
+   Pinned host memory (cuMemHostAlloc, cuMemAllocHost_v2) is limited to
+   STANDIN_HOST_CAPACITY bytes (default 1 GiB) per process; with
+   STANDIN_SHARED and STANDIN_HOST_CAPACITY both set, that limit is shared
+   the same way by every process on the file (a host account in the file
+   that no device, NVML list or standin_used* includes). Out of it:
+   CUDA_ERROR_OUT_OF_MEMORY, nothing changed. */
 
 /* Bytes in use on `dev` by all live processes sharing the file (this
    process's alone without STANDIN_SHARED). */
