@@ -208,6 +208,44 @@ elif CHECK == "self":
     check(before >= 10 * BLOCK_MIB * MIB and held == before,
           f"holder alone released its own held memory: {before} then {held}; {err[-400:]}")
 
+elif CHECK == "pinned":
+    # Pinned host memory is the node's: a gpupool process short of it asks
+    # the others as for device memory. 64 MiB of pinned memory for all.
+    pin = {"STANDIN_HOST_CAPACITY": 64 * MIB, **NO_WATCH}
+
+    def pinned_grab(shared, **extra):
+        r = subprocess.run([NEIGHBOUR, "grab", "4", "0", "1000", "host"],
+                           env=env(True, shared, **pin, **extra), capture_output=True, text=True,
+                           timeout=120)
+        got = [l for l in r.stdout.splitlines() if l.startswith("got ")]
+        if r.returncode != 0 or not got:
+            raise RuntimeError(f"pinned grab: {r.returncode} {r.stdout} {r.stderr}")
+        return int(got[0].split()[1]), r.stderr
+
+    full, _ = pinned_grab(fresh())
+    results = {}
+    for neighbours in ("0", "1"):
+        shared = fresh()
+        h = subprocess.Popen([NEIGHBOUR, "hold", "4", "12", "host"],
+                             env=env(True, shared, GPUPOOL_NEIGHBOURS=neighbours, **pin),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        expect_line(h, "held")
+        deadline = time.time() + 10
+        while neighbours == "1" and not any(
+                d["held_bytes"] for p in ps(shared) if p["pid"] == h.pid for d in p["devices"]) \
+                and time.time() < deadline:
+            time.sleep(0.05)
+        results[neighbours] = pinned_grab(shared)
+        h.stdin.write("exit\n")
+        h.stdin.flush()
+        h.communicate(timeout=30)
+    print(f"alone {full}, holder not taking part {results['0'][0]}, taking part {results['1'][0]}")
+    check(results["0"][0] < full, f"holder not taking part: {results['0'][0]} of {full} pinned blocks")
+    check(results["1"][0] == full, f"pinned neighbour got {results['1'][0]} of {full} blocks; "
+          f"{results['1'][1][-400:]}")
+    check("out of memory on host" in results["1"][1], f"not said: {results['1'][1][-400:]}")
+
 elif CHECK == "info":
     # cuMemGetInfo in a gpupool process counts what other gpupool processes
     # hold as free: one request away.
