@@ -49,7 +49,7 @@ bool exiting();
 enum class ForkPart : unsigned {
   cuda,     // contexts' teardown locks, the context registry, pointer maps
   opencl,   // the context map, each context, buffer and queue registries
-  node,     // no lock: the child starts from new state (node.cpp)
+  node,     // no lock: waits for NVML calls in flight; the child starts anew (node.cpp)
   pool,     // arena list, arenas' slow locks and shards
   trace,    // per-thread buffers, the trace file
   control,  // warnings (its work lock protects no data: made new in the child)

@@ -22,6 +22,10 @@ bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total);
 // every allocation, pooled or not). False when NVML cannot say (no such
 // query, the pid is in another PID namespace).
 bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used);
+// fork(): prepare waits until the control thread is out of NVML (and
+// keeps it out until parent/child).
+void nvml_fork_prepare() noexcept;
+void nvml_fork_parent() noexcept;
 // A forked child does not use its parent's NVML session.
 void nvml_fork_child() noexcept;
 

@@ -256,12 +256,13 @@ void at_exit() noexcept {
 }
 
 namespace {
-// fork(): no lock taken. The child starts from a new state (the parent's,
+// fork(): no lock taken, but no NVML or dlopen call in flight
+// (nvml_fork_prepare). The child starts from a new state (the parent's,
 // possibly mid-change by a thread the child does not have, is left alone)
 // keeping only the registry mapping, and claims its own slot; its GPUs are
 // added again when it uses them, and its NVML session is its own.
 [[maybe_unused]] const bool g_fork_registered = [] {
-  set_fork_handlers(ForkPart::node, {nullptr, nullptr,
+  set_fork_handlers(ForkPart::node, {nvml_fork_prepare, nvml_fork_parent,
                                      [] {
                                        nvml_fork_child();
                                        State* old = g_state.load(std::memory_order_relaxed);

@@ -6,6 +6,7 @@
 // The few declarations below are NVML's stable C ABI (nvml.h is not part of
 // the CUDA Toolkit's headers everywhere).
 #include <dlfcn.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -48,6 +49,21 @@ struct Nvml {
   };
   std::vector<Handle> handles;
 };
+// fork() waits while the control thread is inside dlopen or NVML, and no
+// new call starts until it is done: a child must not inherit the loader's
+// or NVML's locks mid-call (its own session calls NVML again). A gate of
+// two atomics, not a mutex: only the control thread calls NVML.
+std::atomic<bool> g_inside{false}, g_forking{false};
+class Gate {
+ public:
+  Gate() {
+    g_inside.store(true, std::memory_order_seq_cst);
+    if (g_forking.load(std::memory_order_seq_cst)) g_inside.store(false, std::memory_order_seq_cst);
+  }
+  ~Gate() { g_inside.store(false, std::memory_order_seq_cst); }
+  bool open() const { return g_inside.load(std::memory_order_relaxed); }
+};
+
 // Never destroyed: the control thread may still use them while exit runs.
 // A forked child gets new ones (the parent's may be mid-use by a thread the
 // child does not have).
@@ -103,8 +119,9 @@ nvmlDevice_t device_of(Nvml& n, const Uuid& uuid) {
 }  // namespace
 
 bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used) {
+  Gate gate;
   Session* sp = g_session.load(std::memory_order_acquire);
-  if (!sp) return false;
+  if (!sp || !gate.open()) return false;
   std::lock_guard lock(sp->mu);
   Nvml& n = sp->nvml;
   nvmlDevice_t dev = device_of(n, uuid);
@@ -122,8 +139,9 @@ bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used) {
 }
 
 bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total) {
+  Gate gate;
   Session* sp = g_session.load(std::memory_order_acquire);
-  if (!sp) return false;  // a forked child out of host memory: no watch
+  if (!sp || !gate.open()) return false;  // forking now, or a child out of host memory
   std::lock_guard lock(sp->mu);
   nvmlDevice_t dev = device_of(sp->nvml, uuid);
   if (!dev) return false;
@@ -134,7 +152,16 @@ bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total) {
   return true;
 }
 
+void nvml_fork_prepare() noexcept {
+  g_forking.store(true, std::memory_order_seq_cst);
+  while (g_inside.load(std::memory_order_seq_cst)) sched_yield();
+}
+
+void nvml_fork_parent() noexcept { g_forking.store(false, std::memory_order_seq_cst); }
+
 void nvml_fork_child() noexcept {
+  g_inside.store(false, std::memory_order_relaxed);
+  g_forking.store(false, std::memory_order_relaxed);
   // The NVML library stays loaded; the child starts its own session.
   g_session.store(new (std::nothrow) Session, std::memory_order_release);
 }
