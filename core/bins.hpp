@@ -1,9 +1,14 @@
-// Size classes: PyOpenCL's/PyCUDA's binning by the leading bits of a size.
+// Size classes by the leading bits of a size, as PyOpenCL's and PyCUDA's
+// pools have them, with one difference.
 //
-// A size's bin keeps its exponent (floor(log2 size)) and the `leading_bits`
-// bits that follow the leading one. Every size in a bin is served by the
-// bin's allocation size, the *largest* size sharing those bits, so blocks in
-// a bin are interchangeable and the rounding waste is below 1/2^leading_bits.
+// A bin is named by a size's exponent (floor(log2 size)) and the
+// `leading_bits` bits that follow the leading one. PyOpenCL serves a bin with
+// its *largest* size, so even a power of two is rounded up (4096 -> 4351,
+// 1 GiB -> 1088 MiB). Here a bin's allocation size is its *smallest* size,
+// the one whose bits below the leading ones are zero, and a request rounds up
+// to the next such size: every size with at most leading_bits + 1 significant
+// bits (every power of two among them) is served exactly, and the rounding
+// waste stays below 1/2^leading_bits.
 #pragma once
 
 #include <bit>
@@ -20,24 +25,33 @@ class BinScheme {
 
   constexpr unsigned leading_bits() const { return lb_; }
 
-  // Number of distinct bins for 64-bit sizes.
-  constexpr std::size_t bin_count() const { return std::size_t{64} << lb_; }
+  // Number of distinct bins for 64-bit sizes: one per (exponent, leading
+  // bits), and the last for sizes above the largest such size (SIZE_MAX).
+  constexpr std::size_t bin_count() const { return (std::size_t{64} << lb_) + 1; }
 
   constexpr std::size_t bin_number(std::size_t size) const {
     const unsigned l = size ? 63u - static_cast<unsigned>(std::countl_zero(size)) : 0u;
-    const std::size_t shifted = l > lb_ ? size >> (l - lb_) : size << (lb_ - l);
-    const std::size_t mantissa = shifted & ((std::size_t{1} << lb_) - 1);
-    return (std::size_t{l} << lb_) | mantissa;
+    if (l > lb_) {
+      // Round up to the next size with nothing below the leading bits.
+      const unsigned shift = l - lb_;
+      std::size_t head = size >> shift;
+      if (size & ((std::size_t{1} << shift) - 1)) ++head;
+      if (head >> (lb_ + 1)) {  // carried into the next exponent
+        if (l == 63) return bin_count() - 1;
+        return std::size_t{l + 1} << lb_;
+      }
+      return (std::size_t{l} << lb_) | (head & ((std::size_t{1} << lb_) - 1));
+    }
+    const std::size_t shifted = size << (lb_ - l);
+    return (std::size_t{l} << lb_) | (shifted & ((std::size_t{1} << lb_) - 1));
   }
 
-  // Largest size whose bin is `bin`.
+  // The size a block of `bin` has: the smallest size of the bin.
   constexpr std::size_t alloc_size(std::size_t bin) const {
+    if (bin == bin_count() - 1) return SIZE_MAX;
     const unsigned exponent = static_cast<unsigned>(bin >> lb_);
     const std::size_t head = (bin & ((std::size_t{1} << lb_) - 1)) | (std::size_t{1} << lb_);
-    if (exponent >= lb_) {
-      const unsigned shift = exponent - lb_;
-      return (head << shift) | ((std::size_t{1} << shift) - 1);
-    }
+    if (exponent >= lb_) return head << (exponent - lb_);
     return head >> (lb_ - exponent);
   }
 

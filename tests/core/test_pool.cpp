@@ -36,12 +36,12 @@ struct Fixture {
 TEST(Pool, FreedBlockIsHeldAndHandedOutAgain) {
   Fixture f;
   Block* a = f.alloc(1000);
-  EXPECT_EQ(a->size, 1023u);
+  EXPECT_EQ(a->size, 1024u);
   const Handle h = a->handle;
   f.pool.free(a);
   Stats s = f.arena->stats();
   EXPECT_EQ(s.held_blocks, 1u);
-  EXPECT_EQ(s.held_bytes, 1023u);
+  EXPECT_EQ(s.held_bytes, 1024u);
   EXPECT_EQ(s.active_blocks, 0u);
   // Any size of the same bin gets the held block back.
   AllocResult r = f.pool.allocate(f.arena, 1010);
@@ -51,7 +51,7 @@ TEST(Pool, FreedBlockIsHeldAndHandedOutAgain) {
   EXPECT_EQ(s.hits, 1u);
   EXPECT_EQ(s.misses, 1u);
   EXPECT_EQ(s.active_bytes, 1010u);
-  EXPECT_EQ(s.managed_bytes, 1023u);
+  EXPECT_EQ(s.managed_bytes, 1024u);
   EXPECT_EQ(f.dev->allocs, 1u);
   f.pool.free(r.block);
 }
@@ -68,13 +68,13 @@ TEST(Pool, OutOfMemoryReleasesLargestHeldFirstThenRetries) {
   Fixture f;
   f.dev->capacity = 10000;
   Block* small = f.alloc(100);   // 100
-  Block* mid = f.alloc(1000);    // 1023
-  Block* big = f.alloc(4096);    // 4351
+  Block* mid = f.alloc(1000);    // 1024
+  Block* big = f.alloc(4097);    // 4352
   Handle mid_h = mid->handle;
   f.pool.free(small);
   f.pool.free(mid);
   f.pool.free(big);
-  // 5474 held; 6000 rounds to 6143 and needs 4351 released: only the largest goes.
+  // 5476 held; 6000 rounds to 6144 and needs 1620 released: only the largest goes.
   Block* b = f.alloc(6000);
   ASSERT_NE(b, nullptr);
   Stats s = f.arena->stats();
@@ -95,10 +95,10 @@ TEST(Pool, OutOfMemoryLooksAtOwnArenaThenItsGroupThenOthers) {
   Arena* y = pool.add_arena(std::make_unique<FakeBackend>(dev), a1);
   Arena* z = pool.add_arena(std::make_unique<FakeBackend>(other_dev), b0);
   pool.free(pool.allocate(z, 8000).block);  // larger, but on another device
-  pool.free(pool.allocate(y, 2000).block);  // 2047 in the same group
-  pool.free(pool.allocate(x, 1000).block);  // 1023 in the arena itself
-  ASSERT_EQ(dev->used, 3070u);
-  AllocResult r = pool.allocate(x, 3000);  // rounds to 3071: the arena alone is not enough
+  pool.free(pool.allocate(y, 2000).block);  // 2048 in the same group
+  pool.free(pool.allocate(x, 1000).block);  // 1024 in the arena itself
+  ASSERT_EQ(dev->used, 3072u);
+  AllocResult r = pool.allocate(x, 3000);  // rounds to 3072: the arena alone is not enough
   ASSERT_EQ(r.status, BackendStatus::ok);
   EXPECT_EQ(x->stats().held_blocks, 0u) << "own arena released first";
   EXPECT_EQ(y->stats().held_blocks, 0u) << "then the group";
@@ -109,9 +109,9 @@ TEST(Pool, OutOfMemoryLooksAtOwnArenaThenItsGroupThenOthers) {
 TEST(Pool, ExactSizeIsTriedWhenTheRoundedSizeCannotFit) {
   Fixture f;
   f.dev->capacity = 4200;
-  AllocResult r = f.pool.allocate(f.arena, 4096);  // rounds to 4351 > capacity
+  AllocResult r = f.pool.allocate(f.arena, 4100);  // rounds to 4352 > capacity
   ASSERT_EQ(r.status, BackendStatus::ok);
-  EXPECT_EQ(r.block->size, 4096u);
+  EXPECT_EQ(r.block->size, 4100u);
   EXPECT_FALSE(r.block->pooled);
   f.pool.free(r.block);
   EXPECT_EQ(f.arena->stats().held_blocks, 0u) << "an exact block does not fit its bin: released";
@@ -238,14 +238,14 @@ TEST(Pool, CapReleasesTheOldestHeldBlocks) {
   Handle ha = a->handle, hc = c->handle;
   f.pool.free(a);
   f.pool.free(b);
-  f.pool.free(c);  // 3 x 1023 = 3069 > 3000: the oldest (a) goes
+  f.pool.free(c);  // 3 x 1024 = 3072 > 3000: the oldest (a) goes
   EXPECT_EQ(f.arena->stats().held_blocks, 2u);
   EXPECT_EQ(f.arena->stats().trims, 1u);
   EXPECT_FALSE(f.dev->live.count(ha));
   EXPECT_TRUE(f.dev->live.count(hc));
   Block* huge = f.alloc(5000);
   f.pool.free(huge);  // larger than the cap by itself: not kept
-  EXPECT_EQ(f.arena->stats().held_bytes, 2046u);
+  EXPECT_EQ(f.arena->stats().held_bytes, 2048u);
 }
 
 TEST(Pool, IdleBlocksAreReleasedAfterTheirTime) {
@@ -463,7 +463,7 @@ TEST(Pool, SnapshotListsBinsHoldingMostMemoryFirst) {
   EXPECT_EQ(snap[0].name, "dev0");
   EXPECT_EQ(snap[0].kind, "fake");
   ASSERT_EQ(snap[0].bins.size(), 2u);
-  EXPECT_EQ(snap[0].bins[0].alloc_size, 5119u);
+  EXPECT_EQ(snap[0].bins[0].alloc_size, 5120u);
   EXPECT_EQ(snap[0].bins[1].held_blocks, 3u);
   EXPECT_EQ(f.pool.totals().held_blocks, 4u);
 }
