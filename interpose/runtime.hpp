@@ -3,6 +3,8 @@
 // load time, and never destroyed (hooks may run during exit).
 #pragma once
 
+#include <cstdint>
+
 #include "config/config.hpp"
 #include "core/pool.hpp"
 
@@ -29,6 +31,9 @@ Runtime* runtime_if_started();
 // throws.
 void internal_failure(const char* where) noexcept;
 std::uint64_t internal_failures() noexcept;
+
+// CLOCK_MONOTONIC in ns: deadlines and durations, for every room.
+std::uint64_t mono_ns() noexcept;
 
 // True once exit has begun (atexit ran): no more calls into drivers that may
 // already be torn down.

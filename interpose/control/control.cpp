@@ -22,12 +22,6 @@ namespace gpupool::control {
 
 State* g_state = nullptr;
 
-std::uint64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
-}
-
 void add_warning(const std::string& w) {
   log().warn("{}", w);
   std::lock_guard lock(g_state->warn_mu);

@@ -65,7 +65,6 @@ struct State {
 };
 extern State* g_state;
 
-std::uint64_t mono_ns();
 // Logged as a warning and kept for the dumps' warnings.
 void add_warning(const std::string& w);
 

@@ -1,4 +1,5 @@
 #include "interpose/control/trace.hpp"
+#include "interpose/runtime.hpp"
 
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -40,12 +41,6 @@ struct ThreadBuf {
   ThreadBuf* next = nullptr;
   Record recs[kRing];
 };
-
-std::uint64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
-}
 
 char* put_dec(char* p, std::uint64_t v) {
   char tmp[20];

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -14,6 +13,7 @@
 #include "config/io.hpp"
 #include "interpose/control/socket.hpp"
 #include "interpose/node/internal.hpp"
+#include "interpose/runtime.hpp"
 
 namespace gpupool::node {
 namespace {
@@ -53,12 +53,6 @@ io::OwnedFd connect_to(const std::string& name, long pid, std::uint64_t deadline
 }
 
 }  // namespace
-
-std::uint64_t mono_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return std::uint64_t(t.tv_sec) * 1'000'000'000ull + std::uint64_t(t.tv_nsec);
-}
 
 std::size_t ask_release(long pid, const Uuid& uuid, std::size_t bytes, std::uint64_t deadline) {
   for (const std::string& name : control::socket_candidates(geteuid(), pid)) {

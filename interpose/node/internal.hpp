@@ -8,8 +8,6 @@
 
 namespace gpupool::node {
 
-std::uint64_t mono_ns();
-
 // ask.cpp: asks process `pid` (same user) to release `bytes` of its held
 // memory on `uuid`, over its control socket, by `deadline` (mono_ns).
 // Returns the bytes it released (0 on any failure).
