@@ -246,30 +246,32 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
       std::fputs(help, stdout);
       return kOk;
     }
+    // "--name VALUE" or "--name=VALUE": true when `a` is that option, with
+    // v set, or `bad` set to the usage error when the value is missing.
+    std::string v;
+    int bad = 0;
+    auto value_of = [&](const std::string& name, const char* what) {
+      if (a.rfind(name + "=", 0) == 0) {
+        v = a.substr(name.size() + 1);
+        return true;
+      }
+      if (a != name) return false;
+      if (i + 1 >= argc) bad = usage_error(cmd + ": " + name + " needs " + what, cmd.c_str());
+      else v = argv[++i];
+      return true;
+    };
     if (a == "--json" && cmd == "stats") {
       json = true;
     } else if (a == "--all" && cmd == "free-held") {
       all = true;
-    } else if ((a == "--device" || a.rfind("--device=", 0) == 0) && cmd == "free-held") {
-      std::string v;
-      if (a == "--device") {
-        if (i + 1 >= argc) return usage_error(cmd + ": --device needs a GPU UUID", cmd.c_str());
-        v = argv[++i];
-      } else {
-        v = a.substr(9);
-      }
+    } else if (cmd == "free-held" && value_of("--device", "a GPU UUID")) {
+      if (bad) return bad;
       node::Uuid u;
       if (!node::parse_uuid(v, &u))
         return usage_error(cmd + ": --device: '" + v + "' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) nor host", cmd.c_str());
       device = u;
-    } else if (a == "--timeout" || a.rfind("--timeout=", 0) == 0) {
-      std::string v;
-      if (a == "--timeout") {
-        if (i + 1 >= argc) return usage_error(cmd + ": --timeout needs a value", cmd.c_str());
-        v = argv[++i];
-      } else {
-        v = a.substr(10);
-      }
+    } else if (value_of("--timeout", "a value")) {
+      if (bad) return bad;
       char* end = nullptr;
       timeout = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(timeout > 0) || timeout > 3600)

@@ -140,13 +140,20 @@ static int probe_uuid(void) {
   return g_failed;
 }
 
-static int probe_mem(unsigned long long mib) {
+/* Device 0's primary context made current, and `mib` MiB allocated on it
+   (none for 0): the usage the probes compare. */
+static CUdeviceptr use_device(unsigned long long mib) {
   OK(cuInit(0));
   CUcontext ctx;
   OK(cuDevicePrimaryCtxRetain(&ctx, 0));
   OK(cuCtxSetCurrent(ctx));
   CUdeviceptr p = 0;
   if (mib) OK(cuMemAlloc_v2(&p, (size_t)mib << 20));
+  return p;
+}
+
+static int probe_mem(unsigned long long mib) {
+  CUdeviceptr p = use_device(mib);
   size_t cuda_free = 0, cuda_total = 0;
   OK(cuMemGetInfo_v2(&cuda_free, &cuda_total));
   OK(nvml.init());
@@ -218,12 +225,7 @@ static unsigned list_processes(nvmlDevice_t h, unsigned long long* self, int pri
 }
 
 static int probe_procs(unsigned long long mib) {
-  OK(cuInit(0));
-  CUcontext ctx;
-  OK(cuDevicePrimaryCtxRetain(&ctx, 0));
-  OK(cuCtxSetCurrent(ctx));
-  CUdeviceptr p = 0;
-  if (mib) OK(cuMemAlloc_v2(&p, (size_t)mib << 20));
+  CUdeviceptr p = use_device(mib);
   OK(nvml.init());
   unsigned long long self = 0;
   list_processes(nvml_device(0), &self, 1);
