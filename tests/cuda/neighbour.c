@@ -185,6 +185,7 @@ static int hold(size_t bytes, size_t count) {
     }
   }
   free_all(&b);
+  free(b.p);
   destroy_extra();
   return 0;
 }
@@ -204,6 +205,7 @@ static int grab(size_t bytes, long interval_ms, size_t max_blocks) {
   }
   say("got %zu blocks %zu bytes err %d", b.n, b.n * bytes, (int)err);
   free_all(&b);
+  free(b.p);
   return 0;
 }
 
