@@ -271,6 +271,25 @@ struct ReuseKind {
   static std::string show(T v) { return v == Reuse::safe ? "safe" : "immediate"; }
 };
 
+struct NeighbourScope {
+  using T = Neighbours;
+  static constexpr const char* type = "off, user or all";
+  static constexpr const char* accepted = "off (or 0), user (or 1), all";
+  static bool parse(std::string_view text, T* out, std::string* reason) {
+    const std::string v = lower(trim(text));
+    if (v.empty()) { *reason = "is empty"; return false; }
+    if (v == "all") { *out = Neighbours::all; return true; }
+    if (v == "user") { *out = Neighbours::user; return true; }
+    bool b = false;
+    if (parse_bool(v, &b)) { *out = b ? Neighbours::user : Neighbours::off; return true; }
+    *reason = "is not a neighbour scope";
+    return false;
+  }
+  static std::string show(T v) {
+    return v == Neighbours::off ? "off" : v == Neighbours::user ? "user" : "all";
+  }
+};
+
 struct Level {
   using T = LogLevel;
   static constexpr const char* type = "log level";

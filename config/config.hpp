@@ -22,6 +22,8 @@ struct SizeSpec {
 };
 
 enum class Reuse { safe, immediate };
+// Which gpupool processes on the node share held memory with this one.
+enum class Neighbours { off, user, all };
 enum class StatsFormat { text, json };
 enum class LogLevel { trace, debug, info, warn, error, off };
 
@@ -40,7 +42,7 @@ struct Config {
   SizeSpec pending_growth;        // default 2%, see options.def
   bool probe = true;
 
-  bool neighbours = true;
+  Neighbours neighbours = Neighbours::user;
   std::uint64_t neighbour_wait_ns = 500'000'000;
   SizeSpec pressure_free;         // default 4%, see options.def
   std::uint64_t pressure_interval_ns = 20'000'000;

@@ -38,6 +38,9 @@ struct Client {
   std::size_t sent = 0;
   std::uint64_t deadline = 0;
   bool answering = false;
+  // Another user's process (GPUPOOL_NEIGHBOURS=all): it may only ask for a
+  // release; nothing of ours is shown to it.
+  bool foreign = false;
 };
 
 // Everything else; allocated at start and never destroyed, since the control

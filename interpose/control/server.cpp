@@ -32,9 +32,11 @@ std::string held_summary(const Stats& before, const Stats& after) {
          stats::human_bytes(after.held_bytes) + "\n";
 }
 
-std::string handle_request(Runtime& rt, std::string req) {
+std::string handle_request(Runtime& rt, std::string req, bool foreign) {
   while (!req.empty() && (req.back() == '\n' || req.back() == '\r' || req.back() == ' '))
     req.pop_back();
+  if (foreign && req.rfind("release ", 0) != 0)
+    return "error denied another user's process may only ask for a release\n";
   if (req == "ping") return "ok\n";
   if (req == "stats") return "ok\n" + render(rt, false, "request");
   if (req == "stats json") return "ok\n" + render(rt, true, "request");
@@ -94,15 +96,19 @@ void build_listen(State& st) {
 }
 
 // New connections: another user's is refused at once, before anything of
-// theirs is read; ours join the clients (the oldest dropped past the limit).
+// theirs is read, unless GPUPOOL_NEIGHBOURS=all lets it ask for a release;
+// the others join the clients (the oldest dropped past the limit).
 void accept_clients(State& st) {
+  const bool all_users = st.rt && st.rt->config.neighbours == config::Neighbours::all;
   for (int n = 0; n < 16 && st.listen.ours(); ++n) {
     io::OwnedFd c = io::OwnedFd::adopt(
         accept4(st.listen.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!c.valid()) return;
     ucred cred{};
     socklen_t len = sizeof cred;
-    if (getsockopt(c.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
+    const bool known = getsockopt(c.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+    const bool foreign = known && cred.uid != geteuid();
+    if (!known || (foreign && !all_users)) {
       const std::string msg = "error denied gpupool answers only its own user (uid " +
                               std::to_string(geteuid()) + ")\n";
       ssize_t ignored = ::send(c.get(), msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -116,6 +122,7 @@ void accept_clients(State& st) {
     }
     Client cl;
     cl.fd = std::move(c);
+    cl.foreign = foreign;
     cl.deadline = mono_ns() + kRequestTimeoutNs;
     st.clients.push_back(std::move(cl));
   }
@@ -147,7 +154,7 @@ bool serve(Runtime& rt, Client& c, std::uint64_t now) {
     }
     c.in = c.in.substr(0, c.in.find('\n'));
     log().debug("control socket: '{}'", c.in);
-    c.out = handle_request(rt, c.in);
+    c.out = handle_request(rt, c.in, c.foreign);
     c.answering = true;
     c.deadline = mono_ns() + io::kWriteTimeoutNs;
   }

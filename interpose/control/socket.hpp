@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string_view>
@@ -49,13 +51,16 @@ inline socklen_t socket_address(sockaddr_un* addr, const std::string& name) {
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
-// Every name the process's socket may have: the usual one first, then the
-// fallback names listed in /proc/net/unix. Read with read(2), not iostreams:
-// the library uses this too, and iostreams would pull the locale machinery
-// into every process it is preloaded into.
-inline std::vector<std::string> socket_candidates(unsigned uid, long pid) {
-  const std::string base = socket_name(uid, pid);
-  std::vector<std::string> out{base};
+// The abstract names of the gpupool control sockets on the node (from
+// /proc/net/unix, without the leading '@'), with the uid and pid they name.
+// Read with read(2), not iostreams: the library uses this too, and iostreams
+// would pull the locale machinery into every process it is preloaded into.
+struct SocketName {
+  unsigned uid = 0;
+  long pid = 0;
+  std::string name;
+};
+inline std::vector<SocketName> listed_sockets() {
   std::string table;
   const int fd = ::open("/proc/net/unix", O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
@@ -65,7 +70,17 @@ inline std::vector<std::string> socket_candidates(unsigned uid, long pid) {
       table.append(buf, static_cast<std::size_t>(n));
     ::close(fd);
   }
-  const std::string prefix = "@" + base + ".";
+  // "gpupool.<uid>.<pid>" or "gpupool.<uid>.<pid>.<suffix>"
+  auto number = [](std::string_view& v, unsigned long long* out) {
+    std::size_t i = 0;
+    unsigned long long x = 0;
+    while (i < v.size() && i < 19 && v[i] >= '0' && v[i] <= '9') x = x * 10 + unsigned(v[i++] - '0');
+    if (i == 0) return false;
+    v.remove_prefix(i);
+    *out = x;
+    return true;
+  };
+  std::vector<SocketName> out;
   std::size_t pos = 0;
   while (pos < table.size()) {
     std::size_t eol = table.find('\n', pos);
@@ -74,13 +89,28 @@ inline std::vector<std::string> socket_candidates(unsigned uid, long pid) {
     pos = eol + 1;
     const std::size_t at = line.rfind(' ');
     if (at == std::string_view::npos) continue;
-    const std::string_view path = line.substr(at + 1);
-    if (path.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string_view path = line.substr(at + 1);
+    if (path.compare(0, 9, "@gpupool.") != 0) continue;
     const std::string name(path.substr(1));
+    path.remove_prefix(9);
+    unsigned long long uid = 0, pid = 0;
+    if (!number(path, &uid) || path.empty() || path[0] != '.') continue;
+    path.remove_prefix(1);
+    if (!number(path, &pid) || (!path.empty() && path[0] != '.')) continue;
+    if (uid > UINT32_MAX || pid == 0 || pid > LONG_MAX) continue;
     bool seen = false;
-    for (const std::string& o : out) seen = seen || o == name;
-    if (!seen) out.push_back(name);
+    for (const SocketName& o : out) seen = seen || o.name == name;
+    if (!seen) out.push_back({static_cast<unsigned>(uid), static_cast<long>(pid), name});
   }
+  return out;
+}
+
+// Every name the process's socket may have: the usual one first, then the
+// fallback names listed in /proc/net/unix.
+inline std::vector<std::string> socket_candidates(unsigned uid, long pid) {
+  std::vector<std::string> out{socket_name(uid, pid)};
+  for (SocketName& s : listed_sockets())
+    if (s.uid == uid && s.pid == pid && s.name != out[0]) out.push_back(std::move(s.name));
   return out;
 }
 

@@ -1,5 +1,5 @@
-// Asking another gpupool process of the same user for its held memory, over
-// its control socket (interpose/control/socket.hpp: names and protocol).
+// Asking another gpupool process for its held memory, over its control
+// socket (interpose/control/socket.hpp: names and protocol).
 // Non-blocking throughout, bounded by the caller's deadline: the caller is a
 // program thread whose allocation failed.
 #include <errno.h>
@@ -30,8 +30,8 @@ bool wait_for(int fd, short events, std::uint64_t deadline) {
   }
 }
 
-// A connection to `name`, checked to be held by `pid` running as us.
-io::OwnedFd connect_to(const std::string& name, long pid, std::uint64_t deadline) {
+// A connection to `name`, checked to be held by `pid` running as `uid`.
+io::OwnedFd connect_to(const std::string& name, long pid, unsigned uid, std::uint64_t deadline) {
   io::OwnedFd fd =
       io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return {};
@@ -47,16 +47,17 @@ io::OwnedFd connect_to(const std::string& name, long pid, std::uint64_t deadline
   ucred cred{};
   socklen_t cl = sizeof cred;
   if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid != pid ||
-      cred.uid != geteuid())
+      cred.uid != uid)
     return {};
   return fd;
 }
 
 }  // namespace
 
-std::size_t ask_release(long pid, const Uuid& uuid, std::size_t bytes, std::uint64_t deadline) {
-  for (const std::string& name : control::socket_candidates(geteuid(), pid)) {
-    io::OwnedFd fd = connect_to(name, pid, deadline);
+std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
+                        std::uint64_t deadline) {
+  for (const std::string& name : control::socket_candidates(uid, pid)) {
+    io::OwnedFd fd = connect_to(name, pid, uid, deadline);
     if (!fd.valid()) continue;
     const std::string req = "release " + uuid_text(uuid) + " " + std::to_string(bytes) + "\n";
     std::size_t sent = 0;

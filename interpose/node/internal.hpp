@@ -8,10 +8,11 @@
 
 namespace gpupool::node {
 
-// ask.cpp: asks process `pid` (same user) to release `bytes` of its held
-// memory on `uuid`, over its control socket, by `deadline` (mono_ns).
-// Returns the bytes it released (0 on any failure).
-std::size_t ask_release(long pid, const Uuid& uuid, std::size_t bytes, std::uint64_t deadline);
+// ask.cpp: asks process `pid`, running as `uid`, to release `bytes` of its
+// held memory on `uuid`, over its control socket, by `deadline` (mono_ns).
+// Returns the bytes it released (0 on any failure, or when it refuses).
+std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
+                        std::uint64_t deadline);
 
 // nvml.cpp: the GPU's free and total memory, from NVML (libnvidia-ml.so.1,
 // loaded on first use). False when NVML or the device is not available.

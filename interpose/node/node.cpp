@@ -12,6 +12,7 @@
 
 #include "config/log.hpp"
 #include "interpose/control/control.hpp"
+#include "interpose/control/socket.hpp"
 #include "interpose/node/internal.hpp"
 #include "interpose/runtime.hpp"
 
@@ -66,7 +67,7 @@ State& state() {
 }
 
 void open_registry(Runtime& rt, State& s) {
-  if (s.registry_tried || !rt.config.neighbours) return;
+  if (s.registry_tried || rt.config.neighbours == config::Neighbours::off) return;
   s.registry_tried = true;
   const std::string path =
       rt.config.registry.empty() ? default_registry_path() : rt.config.registry;
@@ -204,26 +205,41 @@ std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
   State& s = state();
   Uuid uuid;
   Registry* reg = nullptr;
-  if (!find_device(s, group, &uuid, &reg) || !reg) return 0;
+  if (!find_device(s, group, &uuid, &reg)) return 0;
   Runtime* rt = runtime_if_started();
   const std::uint64_t wait = rt ? rt->config.neighbour_wait_ns : 0;
-  if (wait == 0) return 0;
-  // The holders of the most first.
-  std::vector<std::pair<std::uint64_t, long>> holders;
-  for (const ProcessEntry& p : reg->processes(/*skip_self=*/true))
-    for (const DeviceUse& u : p.devices)
-      if (u.uuid == uuid && u.held > 0) holders.push_back({u.held, p.pid});
-  std::sort(holders.rbegin(), holders.rend());
+  if (wait == 0 || !rt || rt->config.neighbours == config::Neighbours::off) return 0;
   const std::uint64_t deadline = mono_ns() + wait;
   std::size_t released = 0;
-  for (const auto& [held, pid] : holders) {
-    if (released >= bytes || mono_ns() >= deadline) break;
+  auto ask = [&](long pid, unsigned uid, const char* who) {
     const std::uint64_t t0 = mono_ns();
-    const std::size_t got = ask_release(pid, uuid, bytes - released, deadline);
-    log().info("out of memory on {}: process {} (holding {} MiB) released {} MiB in {:.1f} ms",
-               uuid_text(uuid), pid, held >> 20, got >> 20, double(mono_ns() - t0) / 1e6);
+    const std::size_t got = ask_release(pid, uid, uuid, bytes - released, deadline);
+    if (got || uid == geteuid())
+      log().info("out of memory on {}: process {} ({}) released {} MiB in {:.1f} ms",
+                 uuid_text(uuid), pid, who, got >> 20, double(mono_ns() - t0) / 1e6);
     released += got;
+  };
+  // The user's processes holding the most first: the registry says who.
+  if (reg) {
+    std::vector<std::pair<std::uint64_t, long>> holders;
+    for (const ProcessEntry& p : reg->processes(/*skip_self=*/true))
+      for (const DeviceUse& u : p.devices)
+        if (u.uuid == uuid && u.held > 0) holders.push_back({u.held, p.pid});
+    std::sort(holders.rbegin(), holders.rend());
+    for (const auto& [held, pid] : holders) {
+      if (released >= bytes || mono_ns() >= deadline) return released;
+      ask(pid, geteuid(), ("holding " + std::to_string(held >> 20) + " MiB").c_str());
+    }
   }
+  // GPUPOOL_NEIGHBOURS=all: other users' gpupool processes, whose figures
+  // we cannot see; each releases what it holds there (if it also chose all).
+  if (rt->config.neighbours == config::Neighbours::all)
+    for (const control::SocketName& sock : control::listed_sockets()) {
+      if (released >= bytes || mono_ns() >= deadline) break;
+      if (sock.uid == geteuid() || sock.name != control::socket_name(sock.uid, sock.pid))
+        continue;  // ours, or a fallback name (asked through the usual one's candidates)
+      ask(sock.pid, sock.uid, "another user's");
+    }
   return released;
 }
 

@@ -80,15 +80,17 @@ void check_readme(const std::string& path) {
   std::ifstream f(path);
   ASSERT_TRUE(f) << "cannot read " << path;
   std::vector<std::string> rows;
-  bool inside = false, began = false, ended = false;
+  bool inside = false;
+  int began = 0, ended = 0;
   for (std::string line; std::getline(f, line);) {
-    if (line.find("<!-- options-table:begin -->") != std::string::npos) { inside = began = true; continue; }
-    if (line.find("<!-- options-table:end -->") != std::string::npos) { inside = false; ended = true; continue; }
+    if (line.find("<!-- options-table:begin -->") != std::string::npos) { inside = true; ++began; continue; }
+    if (line.find("<!-- options-table:end -->") != std::string::npos) { inside = false; ++ended; continue; }
     if (inside && line.find('|') != std::string::npos) rows.push_back(line);
   }
-  ASSERT_TRUE(began && ended)
-      << path << " has no <!-- options-table:begin --> ... <!-- options-table:end --> block; "
-      << "paste the output of tests/config/gpupool_options_table into it";
+  ASSERT_TRUE(began == 1 && ended == 1)
+      << path << ": " << began << " begin and " << ended
+      << " end markers; it needs one <!-- options-table:begin --> ... <!-- options-table:end --> "
+      << "block: paste the output of tests/config/gpupool_options_table into it";
   ASSERT_GE(rows.size(), 2u) << "no table between the markers";
   EXPECT_EQ(cells(rows[0]), (std::vector<std::string>{"Variable", "Type", "Default", "Description"}));
   rows.erase(rows.begin(), rows.begin() + 2);  // header and |---| line

@@ -223,6 +223,19 @@ TEST(Values, Reuse) {
   for (const char* b : {"", "fast", "unsafe", "1", "safe immediate"}) bad("GPUPOOL_REUSE", b);
 }
 
+TEST(Values, NeighbourScope) {
+  EXPECT_EQ(Config{}.neighbours, Neighbours::user);
+  const std::pair<const char*, Neighbours> cases[] = {
+      {"user", Neighbours::user}, {"1", Neighbours::user},  {"yes", Neighbours::user},
+      {" ALL ", Neighbours::all}, {"all", Neighbours::all}, {"off", Neighbours::off},
+      {"0", Neighbours::off},     {"false", Neighbours::off}};
+  for (const auto& [text, want] : cases)
+    EXPECT_EQ(parse_env({std::string("GPUPOOL_NEIGHBOURS=") + text}).config.neighbours, want)
+        << text;
+  for (const char* b : {"", "users", "everyone", "2", "user all"}) bad("GPUPOOL_NEIGHBOURS", b);
+  EXPECT_NE(bad("GPUPOOL_NEIGHBOURS", "node").find("is not a neighbour scope"), std::string::npos);
+}
+
 TEST(Values, LogLevel) {
   const std::pair<const char*, LogLevel> cases[] = {
       {"off", LogLevel::off},     {"error", LogLevel::error}, {"warn", LogLevel::warn},

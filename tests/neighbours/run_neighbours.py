@@ -38,13 +38,19 @@ def check(cond, msg):
     return cond
 
 
-def env(pooled, shared, **extra):
+# Who runs the programs: None (us), or (uid, gid) of another user (the
+# "users" check); each user has a registry of its own.
+def as_user(user):
+    return {} if user is None else {"user": user[0], "group": user[1], "extra_groups": []}
+
+
+def env(pooled, shared, user=None, **extra):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "STANDIN_"))
          and k != "LD_PRELOAD"}
     e["LD_LIBRARY_PATH"] = STANDIN
     e["STANDIN_SHARED"] = shared
     e["STANDIN_CAPACITY"] = str(CAPACITY)
-    e["GPUPOOL_REGISTRY"] = os.path.join(TMP, "registry")
+    e["GPUPOOL_REGISTRY"] = os.path.join(TMP, "registry" if user is None else f"registry.{user[0]}")
     e["GPUPOOL_MAX_POOLED"] = "100%"
     e["GPUPOOL_LOG"] = "info"
     if pooled:
@@ -66,16 +72,16 @@ def expect_line(p, prefix, timeout=20):
     raise RuntimeError(f"no '{prefix}' line from the holder")
 
 
-def ps(shared):
-    r = subprocess.run([LAUNCHER, "ps", "--json"], env=env(False, shared),
-                       capture_output=True, text=True, timeout=30)
+def ps(shared, user=None):
+    r = subprocess.run([LAUNCHER, "ps", "--json"], env=env(False, shared, user),
+                       capture_output=True, text=True, timeout=30, **as_user(user))
     if r.returncode != 0:
         raise RuntimeError(f"gpupool ps: {r.returncode} {r.stderr}")
     return json.loads(r.stdout)["processes"]
 
 
-def held_by(shared, pid):
-    for p in ps(shared):
+def held_by(shared, pid, user=None):
+    for p in ps(shared, user):
         if p["pid"] == pid:
             return sum(d["held_bytes"] for d in p["devices"])
     return None
@@ -84,16 +90,17 @@ def held_by(shared, pid):
 class Holder:
     """cuda_neighbour hold: 12 x 16 MiB allocated and freed, then waits."""
 
-    def __init__(self, shared, pooled=True, **extra):
+    def __init__(self, shared, pooled=True, user=None, **extra):
         self.p = subprocess.Popen([NEIGHBOUR, "hold", str(BLOCK_MIB), str(HOLD_BLOCKS)],
-                                  env=env(pooled, shared, **extra), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                  env=env(pooled, shared, user, **extra), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  **as_user(user))
         expect_line(self.p, "allocated")
         expect_line(self.p, "held")
         if pooled and extra.get("GPUPOOL_NEIGHBOURS", "1") != "0":
             # Published within the control thread's next round.
             deadline = time.time() + 10
-            while (held_by(shared, self.p.pid) or 0) == 0 and time.time() < deadline:
+            while (held_by(shared, self.p.pid, user) or 0) == 0 and time.time() < deadline:
                 time.sleep(0.05)
 
     def finish(self):
@@ -104,11 +111,11 @@ class Holder:
         return err
 
 
-def grab(shared, pooled, interval_ms=0, **extra):
+def grab(shared, pooled, interval_ms=0, user=None, **extra):
     t0 = time.time()
     r = subprocess.run([NEIGHBOUR, "grab", str(BLOCK_MIB), str(interval_ms)],
-                       env=env(pooled, shared, **extra), capture_output=True, text=True,
-                       timeout=120)
+                       env=env(pooled, shared, user, **extra), capture_output=True, text=True,
+                       timeout=120, **as_user(user))
     took = time.time() - t0
     got = [l for l in r.stdout.splitlines() if l.startswith("got ")]
     if r.returncode != 0 or not got:
@@ -136,8 +143,7 @@ NO_WATCH = {"GPUPOOL_PRESSURE_FREE": "0"}
 
 
 def alone(pooled):
-    """Blocks a neighbour gets with nobody else on the GPU (under gpupool a
-    16 MiB request takes a 17 MiB block, so one fewer fits)."""
+    """Blocks a neighbour gets with nobody else on the GPU."""
     return grab(fresh(), pooled, **NO_WATCH)[0]
 
 if CHECK == "baseline":
@@ -312,6 +318,96 @@ elif CHECK == "garbage":
     os.chmod(reg, 0o666)
     n, _, _, nerr = grab(shared, True)
     check("writable by other users" in nerr, f"a world-writable registry was used: {nerr[-500:]}")
+
+elif CHECK == "users":
+    # GPUPOOL_NEIGHBOURS=all: processes of two users share through requests
+    # only. Each user's registry is its own (0600), the control socket
+    # answers another user's process a release and nothing else.
+    if os.geteuid() != 0:
+        print("skipped: creating the second user needs root")
+        sys.exit(77)
+    import pwd
+    users = []
+    for name in ("gpupool-test-a", "gpupool-test-b"):
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                            "/usr/sbin/nologin", name], check=True)
+            pw = pwd.getpwnam(name)
+        users.append((pw.pw_uid, pw.pw_gid))
+    A, B = users
+    # The programs, where both users can run them (the build tree may be
+    # private); a budget file and registry folder both can use.
+    os.chmod(TMP, 0o1777)
+    bin_dir = os.path.join(TMP, "bin")
+    os.mkdir(bin_dir)
+    os.chmod(bin_dir, 0o755)
+    import shutil
+    NEIGHBOUR = shutil.copy(NEIGHBOUR, bin_dir)
+    LAUNCHER = shutil.copy(LAUNCHER, bin_dir)
+    STANDIN = shutil.copytree(STANDIN, os.path.join(bin_dir, "standin"))
+    PRELOAD = ":".join(shutil.copy(p, bin_dir) if "gpupool" in p else p for p in PRELOAD.split(":"))
+    for root, dirs, files in os.walk(bin_dir):
+        for f in dirs + files:
+            os.chmod(os.path.join(root, f), 0o755)
+
+    def shared_budget():
+        path = fresh()
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o666))
+        os.chmod(path, 0o666)
+        return path
+
+    def two_users(holder_scope, neighbour_scope):
+        shared = shared_budget()
+        h = Holder(shared, True, A, GPUPOOL_NEIGHBOURS=holder_scope, **NO_WATCH)
+        try:
+            n, err, _, nerr = grab(shared, True, 0, B, GPUPOOL_NEIGHBOURS=neighbour_scope,
+                                   **NO_WATCH)
+            return n, err, nerr, shared, h
+        except BaseException:
+            h.finish()
+            raise
+
+    full = alone(True)
+    for holder_scope, neighbour_scope in (("user", "all"), ("all", "user")):
+        n, _, _, _, h = two_users(holder_scope, neighbour_scope)
+        h.finish()
+        print(f"holder {holder_scope}, neighbour {neighbour_scope}: {n} of {full} blocks")
+        check(n <= full - HOLD_BLOCKS, f"holder {holder_scope}, neighbour {neighbour_scope}: "
+              f"the other user's neighbour got {n} of {full} blocks (both must choose all)")
+    n, err, nerr, shared, h = two_users("all", "all")
+    print(f"both all: {n} of {full} blocks")
+    try:
+        check(n == full and err == 2, f"both all: the other user's neighbour got {n} of {full} "
+              f"blocks, last error {err}; {nerr[-500:]}")
+        check("another user's" in nerr, f"neighbour did not say whom it asked: {nerr[-500:]}")
+        # Nothing of A's can B see: not A's registry, not A's entries in its
+        # own, not A's stats, nor can B change A's pool but by a release.
+        reg_a = env(True, shared, A)["GPUPOOL_REGISTRY"]
+        r = subprocess.run([LAUNCHER, "ps", "--json"], env=dict(env(False, shared, B),
+                           GPUPOOL_REGISTRY=reg_a), capture_output=True, text=True, timeout=30,
+                           **as_user(B))
+        check(r.returncode != 0 and r.stdout == "" and reg_a in r.stderr,
+              f"B read A's registry: {r.returncode} {r.stdout[:200]} {r.stderr[:200]}")
+        check(all(p["pid"] != h.p.pid for p in ps(shared, B)), "B's registry lists A's process")
+        check(oct(os.stat(reg_a).st_mode & 0o777) == "0o600", "A's registry is not 0600")
+        # A's control socket, asked by B directly: a release and nothing else.
+        # (The system's Python: ours may live where B cannot read.)
+        SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        asker = ("import socket, sys\n"
+                 "s = socket.socket(socket.AF_UNIX)\n"
+                 "s.connect('\\0gpupool.%d.%d')\n"
+                 "s.sendall(sys.argv[1].encode() + b'\\n')\n"
+                 "print(s.makefile().read(), end='')\n") % (A[0], h.p.pid)
+        for req in ("stats", "stats json", "free-held", "stop-holding", "ping"):
+            r = subprocess.run([SYSTEM_PYTHON, "-c", asker, req], capture_output=True,
+                               text=True, timeout=30, **as_user(B))
+            check(r.stdout.startswith("error denied") and "held" not in r.stdout,
+                  f"B asked A's process '{req}': {r.stdout[:300]} {r.stderr[-300:]}")
+    finally:
+        herr = h.finish()
+    check("for another gpupool process" in herr, f"holder did not release: {herr[-500:]}")
 
 elif CHECK == "many":
     # 32 processes joining at once each get their own entry.
