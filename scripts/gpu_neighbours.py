@@ -8,8 +8,12 @@ without gpupool (the reference: the neighbour gets the whole GPU) and holder
 under gpupool. The ratio is what gpupool leaves the neighbour.
 
 usage: gpu_neighbours.py LIBGPUPOOL NEIGHBOUR_PROGRAM [--hold-gib 40] [--rounds 2]
+                         [--opencl-holder OPENCL_HOLD]
 
 NEIGHBOUR_PROGRAM is tests/cuda/neighbour.c built against the real libcuda.
+With --opencl-holder (tests/gpu/opencl_hold.c built against libOpenCL, the
+OpenCL ICD set up in the environment) the holder is an OpenCL program that
+released its buffers, and only the C neighbours run.
 Prints a markdown table and the release latencies the neighbours under
 gpupool saw (from their log lines).
 """
@@ -26,6 +30,7 @@ ap.add_argument("lib")
 ap.add_argument("neighbour")
 ap.add_argument("--hold-gib", type=int, default=40)
 ap.add_argument("--rounds", type=int, default=2)
+ap.add_argument("--opencl-holder")
 a = ap.parse_args()
 LIB = os.path.abspath(a.lib)
 GIB = 1 << 30
@@ -84,7 +89,8 @@ def env(pooled, **extra):
 
 
 def holder(pooled):
-    p = subprocess.Popen([a.neighbour, "hold", "1024", str(a.hold_gib)], env=env(pooled),
+    prog = [a.opencl_holder] if a.opencl_holder else [a.neighbour]
+    p = subprocess.Popen(prog + ["hold", "1024", str(a.hold_gib)], env=env(pooled),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     for line in p.stdout:
@@ -142,7 +148,14 @@ CASES = [
     ("C program, no gpupool, one burst", "c", False, 0, {}),
 ]
 
-print(f"Holder: {a.hold_gib} x 1 GiB allocated and freed (C program, cuda_neighbour hold).")
+if a.opencl_holder:
+    CASES = [c for c in CASES if c[1] == "c"]
+    uuid = subprocess.run([a.opencl_holder, "uuid"], capture_output=True, text=True).stdout.strip()
+    smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip()
+    print(f"OpenCL device: {uuid}; nvidia-smi -L: {smi}")
+    print(f"Holder: {a.hold_gib} x 1 GiB OpenCL buffers created and released (opencl_hold hold).")
+else:
+    print(f"Holder: {a.hold_gib} x 1 GiB allocated and freed (C program, cuda_neighbour hold).")
 print("| neighbour | holder without gpupool: neighbour got | holder under gpupool: neighbour got | ratio | rounds |")
 print("|---|---|---|---|---|")
 for name, kind, pooled, interval, extra in CASES:
@@ -165,6 +178,9 @@ if latencies:
     p99 = s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))]
     print(f"\nRelease on request, as the neighbour saw it (ask to answer), {len(s)} releases: "
           f"p50 {statistics.median(s):.2f} ms, p99 {p99:.2f} ms, max {s[-1]:.2f} ms")
+
+if a.opencl_holder:
+    sys.exit(0)
 
 # empty_cache under gpupool: what nvidia-smi shows for the process, before
 # and after a plain neighbour needs the memory.

@@ -31,8 +31,9 @@ std::uint64_t growth_slack(std::uint64_t total) {
   return std::min<std::uint64_t>(64ull << 20, total / 64);
 }
 
-// One GPU this process draws on. uuid, group and total never change once
-// added; the watch fields are the control thread's alone.
+// One pool group on a GPU this process draws on (a GPU may have two: CUDA's
+// and OpenCL's). uuid, group and total never change once added; the watch
+// fields are the control thread's alone.
 struct Device {
   Uuid uuid{};
   std::string group;
@@ -104,11 +105,17 @@ std::uint64_t add_sat(std::uint64_t a, std::uint64_t b) { return a > UINT64_MAX 
 // Control thread: this process's figures per GPU, published when there is
 // a registry; `held` feeds the watch either way.
 void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
-  std::vector<DeviceUse> out;
+  std::vector<DeviceUse> out;  // one per GPU: CUDA and OpenCL on one GPU are summed
   for (Device* d : devs) {
     const Stats t = rt.pool.group_totals(d->group);
     d->held = t.held_bytes;
-    out.push_back({d->uuid, t.held_bytes, t.active_bytes, t.managed_bytes, t.hits, t.misses});
+    auto u = std::find_if(out.begin(), out.end(), [&](const DeviceUse& x) { return x.uuid == d->uuid; });
+    if (u == out.end()) u = out.insert(out.end(), DeviceUse{d->uuid, 0, 0, 0, 0, 0});
+    u->held = add_sat(u->held, t.held_bytes);
+    u->active = add_sat(u->active, t.active_bytes);
+    u->managed = add_sat(u->managed, t.managed_bytes);
+    u->hits = add_sat(u->hits, t.hits);
+    u->misses = add_sat(u->misses, t.misses);
   }
   if (reg && !reg->publish(out))
     log().debug("node registry: no free slot; this process is not listed");

@@ -8,8 +8,9 @@
 //   ask.cpp        asking the other gpupool processes, over their control sockets
 //   nvml.cpp       the GPU's free memory, from NVML loaded at run time
 //
-// The CUDA room tells which pool group draws on which GPU (add_device); the
-// control thread calls tick() and answers requests (answer_release).
+// The CUDA and OpenCL rooms tell which pool group draws on which GPU
+// (add_device); the control thread calls tick() and answers requests
+// (answer_release).
 #pragma once
 
 #include <cstddef>
@@ -24,7 +25,8 @@ struct Runtime;
 namespace node {
 
 // The pool group `group` allocates device memory of the GPU `uuid`, of
-// `total` bytes. Called when a context is first seen; repeats are ignored.
+// `total` bytes. Called when a context (CUDA) or a pool group (OpenCL) is
+// first seen; repeats are ignored.
 void add_device(Runtime& rt, const Uuid& uuid, const std::string& group, std::size_t total);
 
 // The control thread's periodic work: publish this process's figures,

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "config/log.hpp"
+#include "interpose/node/node.hpp"
 
 namespace gpupool::ocl {
 namespace {
@@ -26,8 +27,9 @@ std::mutex g_callback_locks[kCallbackLocks];
 class BufferBackend final : public Backend {
  public:
   BufferBackend(std::shared_ptr<Ctx> ctx, cl_mem_flags flags, bool has_props, Props props,
-                const config::Config& cfg)
+                const config::Config& cfg, std::string group)
       : ctx_(std::move(ctx)),
+        group_(std::move(group)),
         given_flags_(flags),
         real_flags_(flags & ~CL_MEM_COPY_HOST_PTR),
         has_props_(has_props),
@@ -95,6 +97,11 @@ class BufferBackend final : public Backend {
   }
   void wait_all() override { advance(*ctx_); }
 
+  // Other gpupool processes on this GPU may hold what we miss.
+  bool relieve(std::size_t bytes) override {
+    return ctx_->has_uuid && node::ask_neighbours(group_, bytes) > 0;
+  }
+
  private:
   // Make the allocation real now, so out-of-memory is reported here.
   cl_int probe(cl_mem m, std::size_t bytes) {
@@ -123,6 +130,7 @@ class BufferBackend final : public Backend {
   }
 
   std::shared_ptr<Ctx> ctx_;
+  std::string group_;
   cl_mem_flags given_flags_, real_flags_;
   bool has_props_;
   Props props_;
@@ -135,10 +143,14 @@ Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flag
   for (auto& a : ctx->arenas)
     if (a.flags == flags && a.has_props == has_props && a.props == props) return a.arena;
   const config::Config& cfg = rt.config;
-  auto backend = std::make_unique<BufferBackend>(ctx, flags, has_props, props, cfg);
+  // The memory the arena draws on: the GPU when it has a UUID (every
+  // context on it draws on the same memory), else the context's own.
+  const std::string group = ctx->has_uuid ? "opencl:" + node::uuid_text(ctx->uuid)
+                                          : fmt::format("opencl:{}", fmt::ptr(ctx->handle));
+  auto backend = std::make_unique<BufferBackend>(ctx, flags, has_props, props, cfg, group);
   ArenaOptions o;
   o.kind = "opencl";
-  o.group = fmt::format("opencl:{}", fmt::ptr(ctx->handle));
+  o.group = group;
   o.name = fmt::format("opencl ctx {} dev {} flags {:#x}", fmt::ptr(ctx->handle), ctx->device_name,
                        flags);
   if (has_props) {
@@ -150,6 +162,7 @@ Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flag
   o.max_held = cfg.max_held.resolve(ctx->global_mem);
   Arena* arena = rt.pool.add_arena(std::move(backend), std::move(o));
   ctx->arenas.push_back({flags, has_props, props, arena});
+  if (ctx->has_uuid) node::add_device(rt, ctx->uuid, group, ctx->global_mem);
   return arena;
 }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include <CL/cl_ext.h>
 #include <fmt/format.h>
 
 #include "config/log.hpp"
@@ -139,6 +140,14 @@ void load_info(Ctx& ctx) {
   }
   ctx.device = devs[0];
   ctx.device_name = device_string(api, devs[0], CL_DEVICE_NAME);
+  if (devs.size() == 1) {
+    const std::string ext = " " + device_string(api, devs[0], CL_DEVICE_EXTENSIONS) + " ";
+    static_assert(CL_UUID_SIZE_KHR == sizeof(node::Uuid));
+    ctx.has_uuid = ext.find(" cl_khr_device_uuid ") != std::string::npos &&
+                   api.clGetDeviceInfo(devs[0], CL_DEVICE_UUID_KHR, ctx.uuid.size(),
+                                       ctx.uuid.data(), nullptr) == CL_SUCCESS &&
+                   ctx.uuid != node::Uuid{};
+  }
   ctx.max_alloc = max_alloc;
   ctx.global_mem = global;
   ctx.ocl12 = ocl12 && api.clEnqueueMigrateMemObjects;

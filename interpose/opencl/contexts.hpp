@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/pool.hpp"
+#include "interpose/node/registry.hpp"
 #include "interpose/opencl/api.hpp"
 #include "interpose/runtime.hpp"
 
@@ -69,6 +70,12 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   std::size_t max_alloc = 0;   // min CL_DEVICE_MAX_MEM_ALLOC_SIZE over the devices
   std::size_t global_mem = 0;  // min CL_DEVICE_GLOBAL_MEM_SIZE
   bool ocl12 = false;
+  // The device's UUID (cl_khr_device_uuid), for a context of one device
+  // that has one: its buffers then draw on a GPU the node's other
+  // processes can name (NVIDIA's is the CUDA UUID), and take part in
+  // releasing for them (interpose/node).
+  bool has_uuid = false;
+  node::Uuid uuid{};
 
   std::mutex mu;  // everything below
   cl_command_queue internal = nullptr;
