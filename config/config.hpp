@@ -37,7 +37,7 @@ struct Config {
   unsigned leading_bits = 4;
   SizeSpec max_held;              // default unlimited
   SizeSpec max_pooled;            // default 25%, why in README ("What it costs")
-  std::uint64_t release_after_ns = 0;
+  std::uint64_t release_after_ns = 60'000'000'000;  // why: README, "Sharing a GPU"
   Reuse reuse = Reuse::safe;
   SizeSpec pending_growth;        // default 2%, see options.def
   bool probe = true;

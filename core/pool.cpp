@@ -728,6 +728,7 @@ std::size_t Pool::trim_idle(std::uint64_t now) {
       {
         Arena::Shard& s = a->shards_[i];
         std::lock_guard lock(s.mu);
+        if (s.c.held_blocks == 0) continue;  // the common case once a second: no walk
         for (auto& v : s.bins) {
           auto end = v.begin();
           while (end != v.end() && (*end)->freed_at_ns + options_.release_after_ns <= now) ++end;

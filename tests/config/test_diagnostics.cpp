@@ -14,7 +14,7 @@ TEST(Diagnostics, BadValueWording) {
             "the default (4)");
   EXPECT_EQ(bad("GPUPOOL_RELEASE_AFTER", "soon"),
             "GPUPOOL_RELEASE_AFTER=\"soon\" is not a duration (accepted: a number with unit ns, "
-            "us, ms, s, m or h (no unit: seconds), or off); using the default (off)");
+            "us, ms, s, m or h (no unit: seconds), or off); using the default (1m)");
   EXPECT_EQ(bad("GPUPOOL_SIGNAL_STATS", "SIGKILL"),
             "GPUPOOL_SIGNAL_STATS=\"SIGKILL\" cannot be caught (accepted: USR1, USR2, a real-time "
             "signal (RTMIN+n, RTMAX-n, or its number), or none); using the default (USR1)");

@@ -22,7 +22,7 @@ TEST(Values, Defaults) {
   EXPECT_FALSE(c.max_pooled.unlimited);
   EXPECT_TRUE(c.max_pooled.percent);
   EXPECT_EQ(c.max_pooled.resolve(std::size_t{80} << 30), std::size_t{20} << 30);
-  EXPECT_EQ(c.release_after_ns, 0u);
+  EXPECT_EQ(c.release_after_ns, 60'000'000'000u);
   EXPECT_EQ(c.reuse, Reuse::safe);
   EXPECT_TRUE(c.pending_growth.percent);
   EXPECT_EQ(c.pending_growth.resolve(std::size_t{100} << 30), std::size_t{2} << 30);
