@@ -227,8 +227,8 @@ std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
     released += got;
   };
   // The user's processes holding the most first: the registry says who.
+  std::vector<std::pair<std::uint64_t, long>> holders;
   if (reg) {
-    std::vector<std::pair<std::uint64_t, long>> holders;
     for (const ProcessEntry& p : reg->processes(/*skip_self=*/true))
       for (const DeviceUse& u : p.devices)
         if (u.uuid == uuid && u.held > 0) holders.push_back({u.held, p.pid});
@@ -236,6 +236,29 @@ std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
     for (const auto& [held, pid] : holders) {
       if (released >= bytes || mono_ns() >= deadline) return released;
       ask(pid, geteuid(), ("holding " + std::to_string(held >> 20) + " MiB").c_str());
+    }
+  }
+  // A holder that answers "released 0" may have released the same memory a
+  // moment before, by its pressure watch, between our failed allocation
+  // and our request (measured on an H200: the program then saw
+  // out-of-memory with 3 GiB just freed). Its entry shows it: what the
+  // asked holders no longer hold counts as released, so the caller retries.
+  if (reg && released < bytes && !holders.empty()) {
+    std::uint64_t dropped = 0;
+    const std::vector<ProcessEntry> now = reg->processes(/*skip_self=*/true);
+    for (const auto& [held, pid] : holders) {
+      std::uint64_t still = 0;
+      for (const ProcessEntry& p : now)
+        if (p.pid == pid)
+          for (const DeviceUse& u : p.devices)
+            if (u.uuid == uuid) still = u.held;
+      dropped = add_sat(dropped, held - std::min(held, still));
+    }
+    if (dropped > released) {
+      log().info("out of memory on {}: the processes asked hold {} MiB less than before "
+                 "(released meanwhile); retrying",
+                 uuid_text(uuid), (dropped - released) >> 20);
+      released = static_cast<std::size_t>(std::min<std::uint64_t>(dropped, SIZE_MAX));
     }
   }
   // GPUPOOL_NEIGHBOURS=all: other users' gpupool processes, whose figures

@@ -12,7 +12,7 @@
  *         alloc K   allocate K more blocks, keep them: "allocated <k>"
  *         free      free the kept blocks: "freed"
  *         info      "free <bytes> total <bytes>"
- *         ctx       create one more context on device 0 (cuCtxCreate), make
+ *         ctx       create one more context on the device (cuCtxCreate), make
  *                   the primary context current again: "ctx <CUresult>"
  *                   (the memory a context takes shows up on the device;
  *                   the extra contexts are destroyed at exit)
@@ -32,7 +32,8 @@
  * ("info" still reports device memory.)
  *
  * Every line is flushed at once; errors go to stderr with exit status 1.
- * Device 0 (CUDA_VISIBLE_DEVICES picks it on a real machine). */
+ * Device 0, or the ordinal in NEIGHBOUR_DEVICE (so that two processes can
+ * name one GPU by different ordinals, with CUDA_VISIBLE_DEVICES). */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda.h>
 #include <stdarg.h>
@@ -130,7 +131,7 @@ static void info(void) {
 static CUcontext* g_extra;
 static size_t g_n_extra;
 
-/* One more context on device 0; the primary (current before) stays current:
+/* One more context on the device; the primary (current before) stays current:
    cuCtxCreate pushes the new one, popping it leaves the primary on top. */
 static CUresult extra_context(void) {
   g_extra = (CUcontext*)realloc(g_extra, (g_n_extra + 1) * sizeof *g_extra);
@@ -139,7 +140,7 @@ static CUresult extra_context(void) {
     exit(1);
   }
   CUdevice dev;
-  check(cuDeviceGet(&dev, 0), "cuDeviceGet");
+  check(cuCtxGetDevice(&dev), "cuCtxGetDevice");
   CUcontext c = NULL;
 #if CUDA_VERSION >= 13000 /* cuCtxCreate is cuCtxCreate_v4 (creation params) */
   const CUresult r = cuCtxCreate(&c, NULL, 0, dev);
@@ -221,7 +222,8 @@ int main(int argc, char** argv) {
   if (argc < 2) usage();
   check(cuInit(0), "cuInit");
   CUdevice dev;
-  check(cuDeviceGet(&dev, 0), "cuDeviceGet");
+  const char* ordinal = getenv("NEIGHBOUR_DEVICE");
+  check(cuDeviceGet(&dev, ordinal && *ordinal ? atoi(ordinal) : 0), "cuDeviceGet");
   CUcontext ctx;
   check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
   check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");

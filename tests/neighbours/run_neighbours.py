@@ -168,6 +168,23 @@ elif CHECK == "ask":
     # The final failure waited at most GPUPOOL_NEIGHBOUR_WAIT (500 ms) a round.
     check(took < 10, f"neighbour took {took:.1f} s")
 
+elif CHECK == "ask_and_watch":
+    # Both at once: the holder's watch releases while the neighbour under
+    # gpupool asks, and may release between the neighbour's failed
+    # allocation and its request (then the holder answers "released 0").
+    # The neighbour must still get everything, every time. A watch at 60%
+    # every 1 ms makes that common: without the registry re-read in
+    # ask_neighbours, 27 of 30 rounds came out short here.
+    full = alone(True)
+    watch = {"GPUPOOL_PRESSURE_FREE": "60%", "GPUPOOL_PRESSURE_INTERVAL": "1ms"}
+    short = []
+    for i in range(int(os.environ.get("ROUNDS", "20"))):
+        n, err, _, herr, nerr = scenario(True, True, holder_env=watch)
+        if n != full:
+            short.append((n, nerr[-600:]))
+    print(f"{len(short)} of {os.environ.get('ROUNDS', '20')} rounds short of {full} blocks")
+    check(not short, f"neighbour short of {full} blocks: {short[:2]}")
+
 elif CHECK == "pressure":
     # A neighbour not under gpupool, allocating a block every 50 ms: the
     # holder sees the GPU's free memory fall (NVML) and releases.
