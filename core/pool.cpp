@@ -65,6 +65,11 @@ struct alignas(64) Arena::Shard {
   std::mutex mu;
   std::vector<BinQueue> bins;  // by bin number; back = most recently freed
   Stats c;
+  std::vector<BinGrowth> growth;  // by bin number (Pool::grow)
+  BinGrowth& growth_of(std::size_t bin) {
+    if (growth.size() <= bin) growth.resize(bin + 1);
+    return growth[bin];
+  }
 
   void note_peaks() {
     c.peak_active_blocks = std::max(c.peak_active_blocks, c.active_blocks);
@@ -121,6 +126,27 @@ struct alignas(64) Arena::Shard {
     }
     unheld(b);
     return b;
+  }
+  // A ready held block of the smallest bin in (bin, last] (a request its own
+  // bin cannot serve, borrowing a larger block), or nullptr.
+  Block* take_larger(std::size_t bin, std::size_t last, Backend& backend) {
+    for (std::size_t k = bin + 1; k <= last && k < bins.size(); ++k) {
+      auto& v = bins[k];
+      if (v.empty()) continue;
+      Block* b = nullptr;
+      if (v.back()->fence == 0 || backend.passed(v.back()->fence)) {
+        b = v.back();
+        v.pop_back();
+      } else if (backend.passed(v.front()->fence)) {
+        b = v.front();
+        v.pop_front();
+      } else {
+        continue;
+      }
+      unheld(b);
+      return b;
+    }
+    return nullptr;
   }
 };
 
@@ -234,7 +260,8 @@ Pool::Pool(PoolOptions options)
     : options_(options),
       bins_(std::clamp(options.leading_bits, 1u, BinScheme::kMaxLeadingBits)),
       shard_count_(options.shards ? options.shards : default_shards()),
-      holding_(options.hold) {}
+      holding_(options.hold),
+      borrow_(options.borrow_larger) {}
 
 Pool::~Pool() {
   // The pool is destroyed only in tests; a preloaded runtime is never
@@ -293,8 +320,12 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
           mine.add_active(b);
         }
       }
-      // Another thread may hold the block this one needs.
-      for (unsigned i = 1; i < a.shard_count_ && !b; ++i) {
+      // Another thread may hold the block this one needs, unless this
+      // thread's own blocks of the size only wait for the device (then its
+      // growth or a wait serves it: looking through every other thread's
+      // shard on each allocation would make threads meet at their locks).
+      const bool own_pending = pending;
+      for (unsigned i = 1; i < a.shard_count_ && !b && !(own_pending && attempt == 0); ++i) {
         Arena::Shard& other = a.shards_[(my + i) % a.shard_count_];
         std::lock_guard lock(other.mu);
         b = other.take(bin, backend, &pending, &pending_blocks);
@@ -306,12 +337,30 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
         ++mine.c.hits;
         mine.add_active(b);
       }
+      // Nothing of this size: a held block up to twice as large serves it
+      // rather than a fresh one (sizes a program uses in one phase and not
+      // the next would otherwise each keep their own blocks).
+      if (!b && !pending && borrow_) {
+        const std::size_t last = bins_.bin_number(want > SIZE_MAX / 2 ? SIZE_MAX : 2 * want);
+        for (unsigned i = 0; i < a.shard_count_ && !b; ++i) {
+          Arena::Shard& sh = a.shards_[(my + i) % a.shard_count_];
+          std::lock_guard lock(sh.mu);
+          b = sh.take_larger(bin, last > bin ? last - 1 : bin, backend);
+        }
+        if (b) {
+          b->shard = my;
+          b->requested = size;
+          std::lock_guard lock(mine.mu);
+          ++mine.c.hits;
+          mine.add_active(b);
+        }
+      }
       if (b) a.group_->unhold(b->size);
       if (b || !pending) break;
       // Only blocks the device may still use: grow the bin, or wait for
       // them all (see kMaxPendingBlocks).
-      if (attempt == 0 && (fresh = grow(a, bin, want, pending_blocks, hint))) break;
-      wait_for_pending(a, bin);
+      if (attempt == 0 && (fresh = grow(a, my, bin, want, pending_blocks, hint))) break;
+      wait_for_pending(a, my, bin);
     }
   }
 
@@ -361,22 +410,24 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
 // growth rule allows one. Never makes the pool give held memory back: without
 // room, the caller waits. (Every pooled block of a bin is `bytes` long: the
 // pending ones and the fresh one must fit the budget together.)
-std::optional<BackendResult> Pool::grow(Arena& a, std::size_t bin, std::size_t bytes,
-                                        std::size_t pending_blocks, std::uint64_t hint) {
+std::optional<BackendResult> Pool::grow(Arena& a, unsigned shard, std::size_t bin,
+                                        std::size_t bytes, std::size_t pending_blocks,
+                                        std::uint64_t hint) {
   if (pending_blocks >= kMaxPendingBlocks ||
       bytes > a.options_.pending_growth / (pending_blocks + 1))
     return std::nullopt;
+  Arena::Shard& s = a.shards_[shard];
   {
-    std::lock_guard lock(a.slow_mu_);
-    Arena::BinGrowth& g = a.growth_of(bin);
+    std::lock_guard lock(s.mu);
+    Arena::BinGrowth& g = s.growth_of(bin);
     if (g.growing || g.credit_ns < 0) return std::nullopt;
     g.growing = true;
   }
   const std::uint64_t t0 = cost_now();
   BackendResult r = a.backend_->allocate(bytes, hint);
   const std::uint64_t took = cost_now() - t0;
-  std::lock_guard lock(a.slow_mu_);
-  Arena::BinGrowth& g = a.growth_of(bin);
+  std::lock_guard lock(s.mu);
+  Arena::BinGrowth& g = s.growth_of(bin);
   g.growing = false;
   if (r.status != BackendStatus::ok) return std::nullopt;
   g.credit_ns -= static_cast<std::int64_t>(took);
@@ -384,13 +435,14 @@ std::optional<BackendResult> Pool::grow(Arena& a, std::size_t bin, std::size_t b
 }
 
 // One bulk wait; its time is credited to the bin that needed it.
-void Pool::wait_for_pending(Arena& a, std::size_t bin) {
+void Pool::wait_for_pending(Arena& a, unsigned shard, std::size_t bin) {
   const std::uint64_t t0 = cost_now();
   a.backend_->wait_all();
   const std::uint64_t took = cost_now() - t0;
-  std::lock_guard lock(a.slow_mu_);
-  ++a.slow_.fence_waits;
-  a.growth_of(bin).credit_ns += static_cast<std::int64_t>(took);
+  Arena::Shard& s = a.shards_[shard];
+  std::lock_guard lock(s.mu);
+  ++s.c.fence_waits;
+  s.growth_of(bin).credit_ns += static_cast<std::int64_t>(took);
 }
 
 // Allocate `bytes` from the backend, releasing held blocks on out-of-memory
@@ -841,7 +893,8 @@ void Pool::fork_child() {
   // A growth in flight belonged to a thread the child does not have, and so
   // did any use of the arena list.
   for (auto& a : arenas_)
-    for (auto& g : a->growth_) g.growing = false;
+    for (unsigned i = 0; i < a->shard_count_; ++i)
+      for (auto& g : a->shards_[i].growth) g.growing = false;
   new (&arenas_in_use_) std::shared_mutex;
   fork_parent();
 }

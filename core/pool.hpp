@@ -48,6 +48,9 @@ struct PoolOptions {
   unsigned leading_bits = 4;
   bool hold = true;                     // false: start with holding stopped
   std::uint64_t release_after_ns = 0;   // 0: keep held blocks however long
+  // A request whose bin has no held block takes one from a larger bin (less
+  // than twice its size) before asking the backend.
+  bool borrow_larger = true;
   unsigned shards = 0;                  // 0: one per hardware thread (max 64)
   std::uint64_t (*clock)() = nullptr;   // monotonic ns for held-block ages; tests inject one
   // Precise monotonic ns for what backend calls cost (the growth rule below);
@@ -122,17 +125,14 @@ class Arena {
   // Slow-path counters (backend calls), under slow_mu_.
   mutable std::mutex slow_mu_;
   Stats slow_;
-  // Per bin, under slow_mu_: ns the bin's waits took less ns its growths
-  // took. The bin grows only while this is >= 0, one thread at a time.
+  // Per bin of a shard, under the shard's lock: ns the bin's waits took
+  // less ns its growths took. The bin grows only while this is >= 0, one
+  // thread at a time. Per shard, so that threads whose blocks all wait for
+  // the device do not meet at one lock on every allocation.
   struct BinGrowth {
     std::int64_t credit_ns = 0;
     bool growing = false;
   };
-  std::vector<BinGrowth> growth_;
-  BinGrowth& growth_of(std::size_t bin) {
-    if (growth_.size() <= bin) growth_.resize(bin + 1);
-    return growth_[bin];
-  }
 };
 
 class Pool {
@@ -210,9 +210,9 @@ class Pool {
 
   BackendResult backend_allocate(Arena& arena, std::size_t bytes, std::size_t exact,
                                  std::uint64_t hint, bool* used_exact);
-  std::optional<BackendResult> grow(Arena& arena, std::size_t bin, std::size_t bytes,
+  std::optional<BackendResult> grow(Arena& arena, unsigned shard, std::size_t bin, std::size_t bytes,
                                     std::size_t pending_blocks, std::uint64_t hint);
-  void wait_for_pending(Arena& arena, std::size_t bin);
+  void wait_for_pending(Arena& arena, unsigned shard, std::size_t bin);
   std::size_t release_for_oom(Arena& arena, std::size_t wanted);  // bytes released
   std::size_t release_largest(const std::vector<Arena*>& arenas, std::size_t wanted);
   void enforce_cap(Arena& arena);
@@ -225,6 +225,7 @@ class Pool {
   BinScheme bins_;
   unsigned shard_count_;
   std::atomic<bool> holding_;
+  const bool borrow_;
   std::atomic<PoolObserver*> observer_{nullptr};
   mutable std::mutex arenas_mu_;
   std::vector<std::unique_ptr<Arena>> arenas_;

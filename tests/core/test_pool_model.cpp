@@ -29,6 +29,7 @@ std::uint64_t fake_clock() { return g_clock; }
 
 std::uint64_t g_grown = 0;  // fresh blocks the model allocated instead of waiting, all seeds
 std::uint64_t g_unpaid = 0;  // waits because growth was not yet paid for, all seeds
+std::uint64_t g_borrowed = 0;  // requests a larger bin's held block served, all seeds
 
 // The model: the pool's documented behaviour, written as plainly as possible.
 struct Model {
@@ -142,6 +143,28 @@ struct Model {
       }
       if (!grown) return hit(a, b, size);
     }
+    // Its bin empty: a ready held block of a larger bin, under twice the
+    // size, serves it (the smallest such bin first).
+    if (pooled && !grown && (!a.bins.count(bin) || a.bins[bin].empty())) {
+      const std::size_t last = scheme.bin_number(2 * want);
+      auto ready = [&](const MBlock& b) { return b.fence == 0 || b.fence <= dev.completed; };
+      for (auto it = a.bins.upper_bound(bin); it != a.bins.end() && it->first < last; ++it) {
+        auto& q = it->second;
+        if (q.empty()) continue;
+        MBlock b;
+        if (ready(q.back())) {
+          b = q.back();
+          q.pop_back();
+        } else if (ready(q.front())) {
+          b = q.front();
+          q.pop_front();
+        } else {
+          continue;
+        }
+        ++g_borrowed;
+        return hit(a, b, size);
+      }
+    }
     if (!grown) r = miss_allocate(ai, want);
     bool exact = false;
     if (!grown && r.status == BackendStatus::out_of_memory && size < want) {
@@ -194,7 +217,7 @@ struct Model {
     if (!b.pooled || !holding) return release(a, b);
     b.fence = dev.fences ? ++dev.issued : 0;
     b.freed_at = fake_clock();
-    a.bins[scheme.bin_number(b.requested)].push_back(b);
+    a.bins[scheme.bin_number(b.size)].push_back(b);  // its own bin, also when borrowed
     ++a.s.held_blocks;
     a.s.held_bytes += b.size;
     if (b.fence) ++a.s.pending_frees;
@@ -416,4 +439,5 @@ TEST(PoolModel, RandomSequencesAgreeWithTheModel) {
   EXPECT_GT(g_seen.pending_frees, 1000u);
   EXPECT_GT(g_grown, 1000u);
   EXPECT_GT(g_unpaid, 100u);
+  EXPECT_GT(g_borrowed, 1000u);  // the sequences exercise borrowing
 }
