@@ -1,0 +1,456 @@
+// Replays a recorded workload through the pool core with a simulated
+// backend: pool policy (bins, holding, caps, idle release) judged on real
+// programs' allocations, on any machine, without a GPU.
+//
+//   bench_replay TRACE... [--rounds N] [--leading-bits B] [--max-pooled BYTES]
+//                [--device-memory BYTES] [--release-after NS] [--no-borrow] [--json]
+//
+// TRACE: a GPUPOOL_TRACE_FILE (docs/trace.md) or an RMM memory event log
+// (CSV, "Thread,Time,Action,Pointer,Size,Stream"; RMM's
+// logging_resource_adaptor / RMM_LOG_FILE), told apart by the first line.
+// Events are replayed in time order (frees first at equal times), one
+// thread. For each trace it prints: time per pool operation (median of the
+// rounds), hit rate, peak active bytes (what the program asked for), peak
+// managed bytes (what the simulated driver gave), their ratio, and driver
+// calls; for a gpupool trace also the hits and misses the program saw.
+// A malformed trace gets one error naming the file and line, exit 1.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/pool.hpp"
+
+using namespace gpupool;
+
+namespace {
+
+struct Event {
+  std::uint64_t t_ns = 0;
+  std::uint64_t slot = 0;       // the allocation this event is about (index into slots)
+  std::uint32_t arena = 0;      // index into Trace::arenas
+  std::uint64_t requested = 0;  // allocations only
+  bool alloc = false;
+};
+
+struct Trace {
+  std::string path, format;
+  std::vector<std::string> arenas;  // group per arena
+  std::vector<Event> events;
+  std::uint64_t slots = 0;
+  std::uint64_t recorded_hits = 0, recorded_misses = 0;  // gpupool traces: what the program saw
+  // gpupool traces: the sizes of the blocks the program's misses allocated,
+  // summed: its peak managed bytes when nothing was released (a trace does
+  // not record releases), else an upper bound.
+  std::uint64_t recorded_managed = 0;
+  std::uint64_t unfreed = 0;                             // allocations never freed
+};
+
+[[noreturn]] void fail(const std::string& path, std::size_t line, const std::string& what) {
+  std::fprintf(stderr, "bench_replay: %s:%zu: %s\n", path.c_str(), line, what.c_str());
+  std::exit(1);
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t at = s.find(sep, start);
+    out.push_back(s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
+    if (at == std::string_view::npos) return out;
+    start = at + 1;
+  }
+}
+
+bool number(std::string_view s, std::uint64_t* out, int base = 10) {
+  if (s.empty() || s.size() > 24) return false;
+  std::string t(s);
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(t.c_str(), &end, base);
+  if (errno || end != t.c_str() + t.size() || t[0] == '-' || t[0] == '+' || t[0] == ' ') return false;
+  *out = v;
+  return true;
+}
+
+// RMM's time: "HH:MM:SS.micro" (or "HH:MM:SS:micro", older RMM), or seconds
+// with a fraction.
+bool rmm_time(std::string_view s, std::uint64_t* ns) {
+  const std::vector<std::string_view> hms = split(s, ':');
+  auto seconds = [](std::string_view v, std::uint64_t* out) {
+    const std::size_t dot = v.find('.');
+    std::uint64_t whole = 0, frac = 0;
+    if (!number(v.substr(0, dot), &whole)) return false;
+    if (dot != std::string_view::npos) {
+      std::string_view f = v.substr(dot + 1);
+      if (f.empty() || f.size() > 9 || !number(f, &frac)) return false;
+      for (std::size_t k = f.size(); k < 9; ++k) frac *= 10;
+    }
+    *out = whole * 1'000'000'000ull + frac;
+    return true;
+  };
+  if (hms.size() == 1) return seconds(s, ns);
+  std::uint64_t h = 0, m = 0, sec = 0, micro = 0;
+  if (hms.size() == 3 && number(hms[0], &h) && number(hms[1], &m) && seconds(hms[2], &sec)) {
+    *ns = (h * 3600 + m * 60) * 1'000'000'000ull + sec;
+    return true;
+  }
+  if (hms.size() == 4 && number(hms[0], &h) && number(hms[1], &m) && number(hms[2], &sec) &&
+      number(hms[3], &micro)) {
+    *ns = ((h * 3600 + m * 60 + sec) * 1'000'000ull + micro) * 1000;
+    return true;
+  }
+  return false;
+}
+
+// Pairs each free with its allocation: (arena, handle) -> slot of the active
+// allocation. Frees of unknown handles and allocations of active ones are
+// errors (the trace is not one program's).
+struct Matcher {
+  Trace& tr;
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint64_t> active;
+  void add(std::size_t line, std::uint64_t t, std::uint32_t arena, std::uint64_t handle,
+           std::uint64_t requested, bool alloc) {
+    (void)line;
+    Event e;
+    e.t_ns = t;
+    e.arena = arena;
+    e.alloc = alloc;
+    e.requested = requested;
+    // Slots are assigned after sorting (see finish); keep the handle here.
+    e.slot = handle;
+    tr.events.push_back(e);
+    lines.push_back(line);
+  }
+  std::vector<std::size_t> lines;
+
+  void finish() {
+    // Time order, frees before allocations at equal times (docs/trace.md).
+    std::vector<std::size_t> order(tr.events.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      const Event &x = tr.events[a], &y = tr.events[b];
+      if (x.t_ns != y.t_ns) return x.t_ns < y.t_ns;
+      return !x.alloc && y.alloc;
+    });
+    std::vector<Event> sorted;
+    sorted.reserve(order.size());
+    for (std::size_t i : order) {
+      Event e = tr.events[i];
+      const auto key = std::make_pair(e.arena, e.slot);
+      if (e.alloc) {
+        if (active.count(key))
+          fail(tr.path, lines[i], "allocation of a handle that is already active");
+        active[key] = tr.slots;
+        e.slot = tr.slots++;
+      } else {
+        auto it = active.find(key);
+        if (it == active.end()) fail(tr.path, lines[i], "free of a handle that is not active");
+        e.slot = it->second;
+        active.erase(it);
+      }
+      sorted.push_back(e);
+    }
+    tr.unfreed = active.size();
+    tr.events = std::move(sorted);
+  }
+};
+
+Trace read_gpupool(const std::string& path, std::ifstream& in) {
+  Trace tr;
+  tr.path = path;
+  tr.format = "gpupool";
+  Matcher m{tr, {}, {}};
+  std::map<std::uint64_t, std::uint32_t> arena_of;  // trace id -> index
+  std::string line;
+  std::size_t n = 1;  // the header was line 1
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty() || line[0] == '#') continue;
+    const std::vector<std::string_view> f = split(line, ' ');
+    if (f[0] == "arena") {
+      std::uint64_t id = 0;
+      if (f.size() < 4 || !number(f[1], &id)) fail(path, n, "expected 'arena ID KIND GROUP NAME'");
+      arena_of[id] = static_cast<std::uint32_t>(tr.arenas.size());
+      tr.arenas.emplace_back(f[3]);
+      continue;
+    }
+    const bool alloc = f[0] == "a";
+    if (!alloc && f[0] != "f") fail(path, n, "expected a record ('a', 'f' or 'arena')");
+    std::uint64_t t = 0, tid = 0, id = 0, handle = 0, requested = 0, size = 0;
+    if (f.size() != (alloc ? 8u : 7u) || !number(f[1], &t) || !number(f[2], &tid) ||
+        !number(f[3], &id) || !number(f[4], &handle, 16) || !number(f[5], &requested) ||
+        !number(f[6], &size) || (alloc && f[7] != "h" && f[7] != "m"))
+      fail(path, n, alloc ? "expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m'"
+                          : "expected 'f T TID ARENA HANDLE REQUESTED SIZE'");
+    auto a = arena_of.find(id);
+    if (a == arena_of.end()) fail(path, n, "record of an arena not declared before");
+    if (alloc) (f[7] == "h" ? tr.recorded_hits : tr.recorded_misses)++;
+    if (alloc && f[7] == "m") tr.recorded_managed += size;
+    m.add(n, t, a->second, handle, requested, alloc);
+  }
+  m.finish();
+  return tr;
+}
+
+Trace read_rmm(const std::string& path, std::ifstream& in) {
+  Trace tr;
+  tr.path = path;
+  tr.format = "rmm";
+  tr.arenas.push_back("rmm");
+  Matcher m{tr, {}, {}};
+  std::string line;
+  std::size_t n = 1;
+  while (std::getline(in, line)) {
+    ++n;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    const std::vector<std::string_view> f = split(line, ',');
+    if (f.size() != 6) fail(path, n, "expected 6 fields: Thread,Time,Action,Pointer,Size,Stream");
+    std::uint64_t t = 0, ptr = 0, size = 0;
+    if (!rmm_time(f[1], &t)) fail(path, n, "Time is not HH:MM:SS.micro nor seconds");
+    if (f[2] == "allocate failure") continue;  // nothing was allocated
+    const bool alloc = f[2] == "allocate";
+    if (!alloc && f[2] != "free" && f[2] != "deallocate")
+      fail(path, n, "Action is not allocate, allocate failure, free or deallocate");
+    std::string_view p = f[3];
+    if (p.substr(0, 2) == "0x" || p.substr(0, 2) == "0X") p.remove_prefix(2);
+    if (!number(p, &ptr, 16)) fail(path, n, "Pointer is not a hexadecimal address");
+    if (!number(f[4], &size)) fail(path, n, "Size is not a byte count");
+    m.add(n, t, 0, ptr, size, alloc);
+  }
+  m.finish();
+  return tr;
+}
+
+Trace read_trace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(path, 0, std::string("cannot open: ") + std::strerror(errno));
+  std::string first;
+  std::getline(in, first);
+  if (!first.empty() && first.back() == '\r') first.pop_back();
+  if (first == "# gpupool trace 1") return read_gpupool(path, in);
+  if (first.rfind("Thread,Time,Action,Pointer,Size,Stream", 0) == 0) return read_rmm(path, in);
+  fail(path, 1, "not a gpupool trace ('# gpupool trace 1') nor an RMM log "
+                "('Thread,Time,Action,Pointer,Size,Stream')");
+}
+
+// The driver, simulated: distinct handles, and the bytes it has given out.
+struct SimDriver {
+  std::uint64_t next = 1 << 20, bytes = 0, peak = 0, allocs = 0, frees = 0;
+};
+
+class SimBackend final : public Backend {
+ public:
+  explicit SimBackend(SimDriver* d) : d_(d) {}
+  BackendResult allocate(std::size_t bytes, std::uint64_t) override {
+    ++d_->allocs;
+    d_->bytes += bytes;
+    d_->peak = std::max(d_->peak, d_->bytes);
+    const Handle h = d_->next;
+    d_->next += (bytes + 4095) / 4096 * 4096 + 4096;
+    return {BackendStatus::ok, h, 0};
+  }
+  void release(Handle, std::size_t bytes) override {
+    ++d_->frees;
+    d_->bytes -= bytes;
+  }
+
+ private:
+  SimDriver* d_;
+};
+
+struct Options {
+  unsigned rounds = 5, leading_bits = 4;
+  std::uint64_t device_memory = 80ull << 30;
+  std::uint64_t max_pooled = 0;  // 0: 25% of device_memory, as the shim's default
+  std::uint64_t release_after_ns = 0;
+  bool json = false;
+  bool borrow = true;
+};
+
+// The pool's clock in a replay is the trace's own.
+std::uint64_t g_trace_now = 0;
+std::uint64_t trace_clock() { return g_trace_now; }
+
+struct Result {
+  double ns_per_op = 0;
+  Stats totals;
+  SimDriver driver;
+  std::uint64_t peak_active = 0;  // requested bytes, computed from the trace
+};
+
+Result replay_once(const Trace& tr, const Options& o) {
+  PoolOptions po;
+  po.leading_bits = o.leading_bits;
+  po.shards = 1;
+  po.release_after_ns = o.release_after_ns;
+  po.borrow_larger = o.borrow;
+  po.clock = trace_clock;
+  po.cost_clock = trace_clock;
+  Result r;
+  Pool pool(po);
+  std::vector<Arena*> arenas;
+  for (std::size_t i = 0; i < tr.arenas.size(); ++i) {
+    ArenaOptions ao;
+    ao.name = "replay " + std::to_string(i);
+    ao.group = tr.arenas[i];
+    ao.kind = "replay";
+    ao.max_pooled = o.max_pooled ? o.max_pooled : o.device_memory / 4;
+    ao.max_block = o.device_memory;
+    arenas.push_back(pool.add_arena(std::make_unique<SimBackend>(&r.driver), std::move(ao)));
+  }
+  std::vector<Block*> slots(tr.slots, nullptr);
+  std::vector<std::uint64_t> asked(tr.slots, 0);
+  std::uint64_t active = 0, next_trim = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Event& e : tr.events) {
+    g_trace_now = e.t_ns;
+    if (o.release_after_ns && e.t_ns >= next_trim) {  // the control thread's round
+      pool.trim_idle(e.t_ns);
+      next_trim = e.t_ns + std::max<std::uint64_t>(o.release_after_ns / 4, 1);
+    }
+    if (e.alloc) {
+      Block* b = pool.allocate(arenas[e.arena], e.requested ? e.requested : 1).block;
+      if (!b) {
+        std::fprintf(stderr, "bench_replay: %s: the simulated driver failed\n", tr.path.c_str());
+        std::exit(1);
+      }
+      slots[e.slot] = b;
+      asked[e.slot] = e.requested;
+      active += e.requested;
+      r.peak_active = std::max(r.peak_active, active);
+    } else {
+      pool.free(slots[e.slot]);
+      slots[e.slot] = nullptr;
+      active -= asked[e.slot];
+    }
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  r.ns_per_op = tr.events.empty() ? 0
+                                  : double(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()) /
+                                        double(tr.events.size());
+  r.totals = pool.totals();
+  for (Block* b : slots)
+    if (b) pool.free(b);
+  return r;
+}
+
+void report(const Trace& tr, const Options& o) {
+  std::vector<double> times;
+  Result last;
+  for (unsigned i = 0; i < std::max(1u, o.rounds); ++i) {
+    last = replay_once(tr, o);
+    times.push_back(last.ns_per_op);
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  const Stats& s = last.totals;
+  const std::uint64_t allocs = s.hits + s.misses;
+  const double hit_rate = allocs ? double(s.hits) / double(allocs) : 0;
+  const double ratio = last.peak_active ? double(last.driver.peak) / double(last.peak_active) : 0;
+  if (o.json) {
+    std::printf(
+        "{\"trace\":\"%s\",\"format\":\"%s\",\"events\":%zu,\"allocations\":%llu,\"unfreed\":%llu,"
+        "\"ns_per_op\":%.1f,\"ns_per_op_min\":%.1f,\"ns_per_op_max\":%.1f,\"rounds\":%zu,"
+        "\"hits\":%llu,\"misses\":%llu,\"hit_rate\":%.4f,\"peak_active_bytes\":%llu,"
+        "\"peak_managed_bytes\":%llu,\"managed_over_active\":%.4f,\"driver_allocs\":%llu,"
+        "\"driver_frees\":%llu,\"recorded_hits\":%llu,\"recorded_misses\":%llu,"
+        "\"recorded_managed_bytes\":%llu,"
+        "\"leading_bits\":%u,\"release_after_ns\":%llu,\"borrow\":%s}\n",
+        tr.path.c_str(), tr.format.c_str(), tr.events.size(), (unsigned long long)allocs,
+        (unsigned long long)tr.unfreed, median, times.front(), times.back(), times.size(),
+        (unsigned long long)s.hits, (unsigned long long)s.misses, hit_rate,
+        (unsigned long long)last.peak_active, (unsigned long long)last.driver.peak, ratio,
+        (unsigned long long)last.driver.allocs, (unsigned long long)last.driver.frees,
+        (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
+        (unsigned long long)tr.recorded_managed, o.leading_bits, (unsigned long long)o.release_after_ns,
+        o.borrow ? "true" : "false");
+    return;
+  }
+  std::printf("%s (%s trace): %zu events, %llu allocations, %llu never freed\n", tr.path.c_str(),
+              tr.format.c_str(), tr.events.size(), (unsigned long long)allocs,
+              (unsigned long long)tr.unfreed);
+  std::printf("  time per pool operation  %.1f ns (median of %zu rounds, %.1f-%.1f)\n", median,
+              times.size(), times.front(), times.back());
+  std::printf("  hits / misses            %llu / %llu (hit rate %.2f%%)\n",
+              (unsigned long long)s.hits, (unsigned long long)s.misses, 100 * hit_rate);
+  if (tr.format == "gpupool")
+    std::printf("  the program saw          %llu / %llu, %llu bytes allocated by misses (%.3fx "
+                "peak active)\n",
+                (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
+                (unsigned long long)tr.recorded_managed,
+                last.peak_active ? double(tr.recorded_managed) / double(last.peak_active) : 0.0);
+  std::printf("  peak active / managed    %llu / %llu bytes (managed %.3fx active)\n",
+              (unsigned long long)last.peak_active, (unsigned long long)last.driver.peak, ratio);
+  std::printf("  driver calls             %llu allocations, %llu releases\n",
+              (unsigned long long)last.driver.allocs, (unsigned long long)last.driver.frees);
+}
+
+bool size_arg(const char* s, std::uint64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (errno || end == s || s[0] == '-') return false;
+  std::uint64_t mult = 1;
+  if (*end == 'K' || *end == 'k') mult = 1ull << 10, ++end;
+  else if (*end == 'M') mult = 1ull << 20, ++end;
+  else if (*end == 'G') mult = 1ull << 30, ++end;
+  if (*end) return false;
+  *out = v * mult;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> paths;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_replay: %s needs a value\n", name);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    std::uint64_t v = 0;
+    if (a == "--json") o.json = true;
+    else if (a == "--no-borrow") o.borrow = false;
+    else if (a == "--rounds" && size_arg(value("--rounds"), &v) && v > 0) o.rounds = unsigned(v);
+    else if (a == "--leading-bits" && size_arg(value("--leading-bits"), &v) && v >= 1 && v <= 8)
+      o.leading_bits = unsigned(v);
+    else if (a == "--max-pooled" && size_arg(value("--max-pooled"), &v)) o.max_pooled = v;
+    else if (a == "--device-memory" && size_arg(value("--device-memory"), &v) && v > 0)
+      o.device_memory = v;
+    else if (a == "--release-after" && size_arg(value("--release-after"), &v)) o.release_after_ns = v;
+    else if (!a.empty() && a[0] != '-') paths.push_back(a);
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_replay TRACE... [--rounds N] [--leading-bits 1-8] "
+                   "[--max-pooled BYTES] [--device-memory BYTES] [--release-after NS] [--no-borrow] "
+                   "[--json]\n"
+                   "bench_replay: bad argument '%s'\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (paths.empty()) {
+    std::fprintf(stderr, "usage: bench_replay TRACE... [options]\n");
+    return 2;
+  }
+  std::vector<Trace> traces;
+  for (const std::string& p : paths) traces.push_back(read_trace(p));  // all checked first
+  for (const Trace& t : traces) report(t, o);
+  return 0;
+}

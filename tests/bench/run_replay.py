@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""bench_replay on small traces whose numbers are known, on garbage, and on
+the recorded workloads in traces/ (README, "Judging pool policy on recorded
+workloads").
+
+usage: run_replay.py BENCH_REPLAY CHECK    (CHECK: known, rmm, garbage, recorded)
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BENCH, CHECK = sys.argv[1:3]
+HERE = os.path.dirname(os.path.abspath(__file__))
+TMP = tempfile.mkdtemp(prefix="gpupool-replay-")
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAILED:", msg, file=sys.stderr)
+
+
+def write(name, text):
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def replay(path, *extra):
+    r = subprocess.run([BENCH, path, "--json", "--rounds", "1", *extra], capture_output=True,
+                       text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"bench_replay {path}: {r.returncode} {r.stderr}")
+    return json.loads(r.stdout)
+
+
+GPUPOOL_HEADER = "# gpupool trace 1\n# pid 1 start_unix_ns 0\narena 0 cuda cuda:0 cuda dev 0 ctx 0x1\n"
+
+if CHECK == "known":
+    # Written out of order (per thread, as the file is): a 1000-byte block,
+    # freed, asked for again (a hit); a 4096-byte one never freed; a 4097
+    # one, whose bin's smallest size is 4352 (4 leading bits).
+    t = write("known.trace", GPUPOOL_HEADER +
+              "a 30 7 0 c000 1000 1024 h\n"
+              "a 10 7 0 a000 1000 1024 m\n"
+              "f 20 7 0 a000 1000 1024\n"
+              "a 40 8 0 b000 4096 4096 m\n"
+              "a 50 8 0 d000 4097 4352 m\n"
+              "f 60 8 0 d000 4097 4352\n")
+    r = replay(t)
+    check((r["events"], r["allocations"], r["unfreed"]) == (6, 4, 2), f"counts: {r}")
+    check((r["hits"], r["misses"]) == (1, 3), f"hits/misses: {r}")
+    check((r["recorded_hits"], r["recorded_misses"]) == (1, 3), f"recorded: {r}")
+    check(r["recorded_managed_bytes"] == 1024 + 4096 + 4352, f"recorded managed: {r}")
+    # Peak active: 1000 + 4096 + 4097; managed: 1024 (bin of 1000) + 4096 + 4352.
+    check(r["peak_active_bytes"] == 1000 + 4096 + 4097, f"peak active: {r}")
+    check(r["peak_managed_bytes"] == 1024 + 4096 + 4352, f"peak managed: {r}")
+    check(r["driver_allocs"] == 3, f"driver allocs: {r}")
+    # With 1 leading bit, 4097 takes a 6144 block (two significant bits;
+    # waste under 1/2).
+    r1 = replay(t, "--leading-bits", "1")
+    check(r1["peak_managed_bytes"] == 1024 + 4096 + 6144, f"1 leading bit: {r1}")
+    # Idle release on the trace's own clock: a block held 100 ns is gone
+    # after 50 ns of idleness, so the second 1000-byte request misses.
+    r2 = replay(t, "--release-after", "5")
+    check((r2["hits"], r2["misses"]) == (0, 4), f"release after 5 ns: {r2}")
+    print(f"known: {r['hits']}/{r['misses']}, managed {r['peak_managed_bytes']}")
+
+elif CHECK == "rmm":
+    # RMM's logging_resource_adaptor: "%t,%H:%M:%S.%f,<action>,<ptr>,<size>,<stream>";
+    # older RMM wrote HH:MM:SS:micro, its docs seconds since the epoch.
+    t = write("rmm.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+              "140573312345856,14:38:07.000010,allocate,0x7f8a40000000,1000,0x0\n"
+              "140573312345856,14:38:07.000020,free,0x7f8a40000000,1000,0x0\n"
+              "140573312345856,14:38:07.000030,allocate failure,(nil),99999999999,0x0\n"
+              "140573312345857,14:38:07:000040,allocate,0x7f8a40000000,1000,0x0\n"
+              "140573312345857,1634567890.000050,allocate,0x7f8a50000000,2048,0x0\n")
+    r = replay(t)
+    check(r["format"] == "rmm" and r["events"] == 4 and (r["hits"], r["misses"]) == (1, 2),
+          f"rmm log: {r}")
+    check(r["peak_active_bytes"] == 3048 and r["unfreed"] == 2, f"rmm peaks: {r}")
+    print(f"rmm: {r['hits']}/{r['misses']}")
+
+elif CHECK == "garbage":
+    cases = {
+        "empty.trace": ("", 1),
+        "notrace.txt": ("hello\n", 1),
+        "badrecord.trace": (GPUPOOL_HEADER + "a 10 7 0 a000 1000 1024 m\nx 1 2 3\n", 5),
+        "badfree.trace": (GPUPOOL_HEADER + "f 10 7 0 a000 1000 1024\n", 4),
+        "noarena.trace": ("# gpupool trace 1\na 10 7 3 a000 1000 1024 m\n", 2),
+        "twice.trace": (GPUPOOL_HEADER + "a 10 7 0 a000 1 1 m\na 11 7 0 a000 1 1 m\n", 5),
+        "badrmm.csv": ("Thread,Time,Action,Pointer,Size,Stream\n1,2,allocate,0x10\n", 2),
+        "badtime.csv": ("Thread,Time,Action,Pointer,Size,Stream\n1,noon,allocate,0x10,1,0x0\n", 2),
+    }
+    for name, (text, line) in cases.items():
+        path = write(name, text)
+        r = subprocess.run([BENCH, path], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and
+              f"{path}:{line}:" in r.stderr, f"{name}: {r.returncode} {r.stdout!r} {r.stderr!r}")
+    r = subprocess.run([BENCH, os.path.join(TMP, "missing.trace")], capture_output=True, text=True)
+    check(r.returncode == 1 and "missing.trace" in r.stderr and "cannot open" in r.stderr,
+          f"missing file: {r.stderr!r}")
+    print(f"garbage: {len(cases)} files, each one error naming its line")
+
+elif CHECK == "recorded":
+    traces = sorted(glob.glob(os.path.join(HERE, "traces", "*.trace")))
+    check(traces, "no recorded traces")
+    for t in traces:
+        r = replay(t)
+        with open(t) as f:
+            records = sum(1 for line in f if line[:2] in ("a ", "f "))
+        check(r["events"] == records, f"{t}: {r['events']} events of {records} records")
+        check(r["allocations"] == r["recorded_hits"] + r["recorded_misses"], f"{t}: {r}")
+        check(r["managed_over_active"] >= 1, f"{t}: managed under active: {r}")
+        print(f"{os.path.basename(t)}: {r['events']} events, hit rate {r['hit_rate']:.4f} "
+              f"(the program: {r['recorded_hits']}/{r['recorded_misses']}), managed/active "
+              f"{r['managed_over_active']:.3f}, {r['ns_per_op']:.0f} ns/op")
+
+else:
+    sys.exit(f"unknown check {CHECK}")
+
+if failures:
+    sys.exit(f"{len(failures)} failure(s)")
+print("ok")
