@@ -119,6 +119,18 @@ void epoch_completed(CtxState* st, std::uint64_t s) {
 void synchronize_context(CtxState* st) {
   const Driver* d = driver();
   if (!d || !d->ctx_get_current || st->retired.load(std::memory_order_acquire)) return;
+  // Every fence taken before this call is at most `need`: a synchronization
+  // that completes an epoch >= need covers them, whoever ran it.
+  const std::uint64_t need = st->epoch_next.load(std::memory_order_seq_cst);
+  {
+    std::unique_lock lock(st->sync_mu);
+    for (;;) {
+      if (st->epoch_done.load(std::memory_order_acquire) >= need) return;
+      if (!st->syncing) break;
+      st->sync_cv.wait(lock);
+    }
+    st->syncing = true;
+  }
   const std::uint64_t s = st->epoch_next.fetch_add(1, std::memory_order_seq_cst);
   CUcontext cur = nullptr;
   d->ctx_get_current(&cur);
@@ -139,6 +151,11 @@ void synchronize_context(CtxState* st) {
   else
     log().debug("cuda: fence synchronize of context {} failed: {}", static_cast<void*>(st->ctx),
                 int(r));
+  {
+    std::lock_guard lock(st->sync_mu);
+    st->syncing = false;
+  }
+  st->sync_cv.notify_all();
 }
 
 // ---- contexts -------------------------------------------------------------
@@ -287,7 +304,13 @@ void child() {
   host_map().fork_parent();
   device_map().fork_parent();
   contexts().mu.unlock();
-  for (CtxState* st : contexts().fork_locked) new (&st->teardown_mu) std::shared_mutex;
+  for (CtxState* st : contexts().fork_locked) {
+    new (&st->teardown_mu) std::shared_mutex;
+    // A parent's thread may have been inside synchronize_context.
+    new (&st->sync_mu) std::mutex;
+    new (&st->sync_cv) std::condition_variable;
+    st->syncing = false;
+  }
   contexts().fork_locked.clear();
   t_cache = {};
 }

@@ -8,6 +8,7 @@
 #include <sched.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -40,6 +41,12 @@ struct CtxState {
   // sets epoch_done >= s when it succeeds.
   std::atomic<std::uint64_t> epoch_next{1};
   std::atomic<std::uint64_t> epoch_done{0};
+  // One fence synchronization at a time (synchronize_context): threads that
+  // need one while another runs wait for it, and those it does not cover
+  // (their fences came after it started) run the next one, once, together.
+  std::mutex sync_mu;
+  std::condition_variable sync_cv;
+  bool syncing = false;  // under sync_mu
 
   // Held shared while a backend call may touch this context's memory,
   // exclusively while the context is torn down, so the pool never frees a

@@ -51,8 +51,21 @@ void PtrMap::erase(Handle h) {
   delete e;
 }
 
+// A new buffer id. Each thread takes a range of them at a time: one shared
+// counter written by every allocation made allocating threads contend for
+// its cache line.
+std::uint64_t next_buffer_id() {
+  constexpr std::uint64_t kRange = 1024;
+  thread_local std::uint64_t next = 0, end = 0;
+  if (next == end) {
+    next = g_next_buffer_id.fetch_add(kRange, std::memory_order_relaxed);
+    end = next + kRange;
+  }
+  return next++;
+}
+
 void PtrMap::activate(Block* b) {
-  const std::uint64_t id = g_next_buffer_id.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t id = next_buffer_id();
   Shard& s = shard(b->handle);
   std::lock_guard sl(s.mu);
   if (auto it = s.map.find(b->handle); it != s.map.end()) {
