@@ -82,6 +82,11 @@ def main():
         "iter_ms_mean": statistics.fmean(iter_ms[args.warmup:]),
         "total_s": total_s,
     }
+    if args.pool == "cupy":
+        # CuPy's pools never shrink unless asked: their totals at the end are
+        # what they took from the driver at most.
+        res["pool_total_bytes"] = cp.get_default_memory_pool().total_bytes()
+        res["pool_used_bytes"] = cp.get_default_memory_pool().used_bytes()
     print("RESULT " + json.dumps(res), flush=True)
     return 0
 

@@ -175,6 +175,8 @@ def main():
             "train_s": train_s,
             "infer_ms_median": statistics.median(infer_ms[3:]),
             "max_memory_allocated": torch.cuda.max_memory_allocated(),
+            # The caching allocator's: what it held from the driver at most.
+            "max_memory_reserved": torch.cuda.max_memory_reserved(),
         }
         print("RESULT " + json.dumps(res), flush=True)
         del model, opt, xs, ys

@@ -334,13 +334,14 @@ void bench_threads(std::size_t size, int n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool async = false, quick = false;
+  bool async = false, quick = false, threads_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--label") && i + 1 < argc) g_label = argv[++i];
     else if (!std::strcmp(argv[i], "--async")) async = true;  // also time cuMemAllocAsync
+    else if (!std::strcmp(argv[i], "--threads-only")) threads_only = true;  // only bench_threads
     else if (!std::strcmp(argv[i], "--quick")) quick = true;  // smaller budget
     else {
-      std::fprintf(stderr, "usage: %s [--label NAME] [--async] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--label NAME] [--async] [--quick] [--threads-only]\n", argv[0]);
       return 2;
     }
   }
@@ -358,6 +359,7 @@ int main(int argc, char** argv) {
 
   std::vector<std::size_t> sizes;
   for (std::size_t s = 256; s <= (std::size_t(256) << 20); s *= 4) sizes.push_back(s);
+  if (threads_only) sizes.clear();
 
   for (int pass = 0; pass < 2; ++pass) {
     for (std::size_t s : sizes) {
@@ -375,6 +377,7 @@ int main(int argc, char** argv) {
   // The largest blocks: what the driver charges for them, against one pass
   // over them (README, "Large blocks": why GPUPOOL_MAX_POOLED is 25%).
   for (std::size_t s : {std::size_t(1) << 30, std::size_t(4) << 30, std::size_t(16) << 30}) {
+    if (threads_only) break;
     bench_device_pair(s);
     bench_device_split(s);
     if (async) bench_memset(s);
