@@ -36,6 +36,9 @@ const char* pid_help(const std::string& cmd);  // nullptr: not a PID command
 int cmd_ps(int argc, char** argv);
 const char* ps_help();
 std::string registry_path();
+// trace.cpp: gpupool trace convert
+int cmd_trace(int argc, char** argv);
+const char* trace_help();
 bool registry_processes(std::vector<node::ProcessEntry>* out);
 
 }  // namespace gpupool::launcher

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/pool.hpp"
+#include "interpose/control/trace_reader.hpp"
 
 using namespace gpupool;
 
@@ -132,15 +133,18 @@ struct Matcher {
     lines.push_back(line);
   }
   std::vector<std::size_t> lines;
+  bool frees_first = true;  // at equal times (the gpupool format's rule)
 
   void finish() {
     // Time order, frees before allocations at equal times (docs/trace.md).
     std::vector<std::size_t> order(tr.events.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    // An RMM log is written in order by one logger: at equal times (it
+    // keeps microseconds) its order stands.
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
       const Event &x = tr.events[a], &y = tr.events[b];
       if (x.t_ns != y.t_ns) return x.t_ns < y.t_ns;
-      return !x.alloc && y.alloc;
+      return frees_first && !x.alloc && y.alloc;
     });
     std::vector<Event> sorted;
     sorted.reserve(order.size());
@@ -165,40 +169,31 @@ struct Matcher {
   }
 };
 
-Trace read_gpupool(const std::string& path, std::ifstream& in) {
+// The gpupool format: its one reader (interpose/control/trace_reader.cpp).
+Trace read_gpupool(const std::string& path) {
+  trace::TraceFile f;
+  std::string error;
+  if (!trace::read_trace(path, &f, &error)) {
+    std::fprintf(stderr, "bench_replay: %s\n", error.c_str());
+    std::exit(1);
+  }
   Trace tr;
   tr.path = path;
   tr.format = "gpupool";
-  Matcher m{tr, {}, {}};
-  std::map<std::uint64_t, std::uint32_t> arena_of;  // trace id -> index
-  std::string line;
-  std::size_t n = 1;  // the header was line 1
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty() || line[0] == '#') continue;
-    const std::vector<std::string_view> f = split(line, ' ');
-    if (f[0] == "arena") {
-      std::uint64_t id = 0;
-      if (f.size() < 4 || !number(f[1], &id)) fail(path, n, "expected 'arena ID KIND GROUP NAME'");
-      arena_of[id] = static_cast<std::uint32_t>(tr.arenas.size());
-      tr.arenas.emplace_back(f[3]);
-      continue;
-    }
-    const bool alloc = f[0] == "a";
-    if (!alloc && f[0] != "f") fail(path, n, "expected a record ('a', 'f' or 'arena')");
-    std::uint64_t t = 0, tid = 0, id = 0, handle = 0, requested = 0, size = 0;
-    if (f.size() != (alloc ? 8u : 7u) || !number(f[1], &t) || !number(f[2], &tid) ||
-        !number(f[3], &id) || !number(f[4], &handle, 16) || !number(f[5], &requested) ||
-        !number(f[6], &size) || (alloc && f[7] != "h" && f[7] != "m"))
-      fail(path, n, alloc ? "expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m'"
-                          : "expected 'f T TID ARENA HANDLE REQUESTED SIZE'");
-    auto a = arena_of.find(id);
-    if (a == arena_of.end()) fail(path, n, "record of an arena not declared before");
-    if (alloc) (f[7] == "h" ? tr.recorded_hits : tr.recorded_misses)++;
-    if (alloc && f[7] == "m") tr.recorded_managed += size;
-    m.add(n, t, a->second, handle, requested, alloc);
+  for (const trace::ArenaDecl& a : f.arenas) tr.arenas.push_back(a.group);
+  tr.slots = f.slots;
+  tr.unfreed = f.unfreed;
+  for (const trace::Record& r : f.records) {
+    Event e;
+    e.t_ns = r.t_ns;
+    e.slot = r.slot;
+    e.arena = r.arena;
+    e.requested = r.requested;
+    e.alloc = r.alloc;
+    tr.events.push_back(e);
+    if (r.alloc) (r.hit ? tr.recorded_hits : tr.recorded_misses)++;
+    if (r.alloc && !r.hit) tr.recorded_managed += r.size;
   }
-  m.finish();
   return tr;
 }
 
@@ -207,7 +202,7 @@ Trace read_rmm(const std::string& path, std::ifstream& in) {
   tr.path = path;
   tr.format = "rmm";
   tr.arenas.push_back("rmm");
-  Matcher m{tr, {}, {}};
+  Matcher m{tr, {}, {}, false};
   std::string line;
   std::size_t n = 1;
   while (std::getline(in, line)) {
@@ -238,7 +233,7 @@ Trace read_trace(const std::string& path) {
   std::string first;
   std::getline(in, first);
   if (!first.empty() && first.back() == '\r') first.pop_back();
-  if (first == "# gpupool trace 1") return read_gpupool(path, in);
+  if (first == trace::kTraceHeader) return read_gpupool(path);
   if (first.rfind("Thread,Time,Action,Pointer,Size,Stream", 0) == 0) return read_rmm(path, in);
   fail(path, 1, "not a gpupool trace ('# gpupool trace 1') nor an RMM log "
                 "('Thread,Time,Action,Pointer,Size,Stream')");

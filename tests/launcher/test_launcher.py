@@ -316,6 +316,115 @@ class Pid(unittest.TestCase):
         self.assertEqual(rc, 0, err)
 
 
+class Trace(unittest.TestCase):
+    """gpupool trace convert: a known trace's numbers in both formats; a bad
+    trace gets one error naming its line and leaves no file; the trace of a
+    program killed with SIGKILL still converts."""
+
+    KNOWN = ("# gpupool trace 1\n# pid 77 start_unix_ns 1000000000000000000\n"
+             "arena 0 cuda cuda:0 cuda dev 0 ctx 0x1\n"
+             "arena 1 cuda-host cuda-host pinned flags 0x3\n"
+             # thread 8's records come after thread 7's, as the file has them
+             "a 1000 7 0 a000 1000 1024 m\n"
+             "f 3000 7 0 a000 1000 1024\n"
+             "a 4000 7 0 a000 900 1024 h\n"
+             "a 2000 8 1 b000 4096 4096 m\n"
+             "f 5000 8 1 b000 4096 4096\n")
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpupool-trace-")
+
+    def write(self, name, text):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_perfetto_counters(self):
+        src = self.write("known.trace", self.KNOWN)
+        out = os.path.join(self.tmp, "known.json")
+        r = gp("trace", "convert", src, "--to", "perfetto", "-o", out)
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        doc = json.load(open(out))
+        counters = [(e["ts"], e["name"], e["args"]) for e in doc["traceEvents"] if e["ph"] == "C"]
+        # Time order across threads; held is what was freed and not reused.
+        self.assertEqual(counters, [
+            (1.0, "memory cuda:0", {"active": 1000, "in_blocks": 1024, "held": 0}),
+            (2.0, "memory cuda-host", {"active": 4096, "in_blocks": 4096, "held": 0}),
+            (3.0, "memory cuda:0", {"active": 0, "in_blocks": 0, "held": 1024}),
+            (4.0, "memory cuda:0", {"active": 900, "in_blocks": 1024, "held": 0}),
+            (5.0, "memory cuda-host", {"active": 0, "in_blocks": 0, "held": 4096}),
+        ])
+        self.assertTrue(all(e["pid"] == 77 for e in doc["traceEvents"]))
+
+    def test_rmm_log(self):
+        src = self.write("known.trace", self.KNOWN)
+        r = gp("trace", "convert", src, "--to=rmm", "-o", "-")
+        self.assertEqual(r.returncode, OK, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[0], "Thread,Time,Action,Pointer,Size,Stream")
+        # 1e18 ns after the epoch is 2001-09-09 01:46:40 UTC.
+        self.assertEqual(lines[1:], [
+            "7,01:46:40.000001,allocate,0xa000,1000,0x0",
+            "8,01:46:40.000002,allocate,0xb000,4096,0x0",
+            "7,01:46:40.000003,free,0xa000,1000,0x0",
+            "7,01:46:40.000004,allocate,0xa000,900,0x0",
+            "8,01:46:40.000005,free,0xb000,4096,0x0",
+        ])
+
+    def test_bad_trace_one_error_no_output(self):
+        cases = {
+            "notrace": ("hello\n", 1),
+            "badline": (self.KNOWN + "a 6000 7 0 c000 12\n", 10),
+            "noarena": ("# gpupool trace 1\na 1 2 5 a0 1 1 m\n", 2),
+        }
+        for name, (text, line) in cases.items():
+            src = self.write(name + ".trace", text)
+            out = os.path.join(self.tmp, name + ".json")
+            r = gp("trace", "convert", src, "--to", "perfetto", "-o", out)
+            self.assertEqual(r.returncode, FAILED, name)
+            self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+            self.assertIn(f"{src}:{line}:", r.stderr)
+            self.assertEqual([n for n in os.listdir(self.tmp) if not n.endswith(".trace")], [],
+                             "output left behind")
+        # Records that do not pair (a killed program's lost records): left
+        # out, and said.
+        src = self.write("unpaired.trace", self.KNOWN + "f 6000 7 0 dead 1 1\n")
+        r = gp("trace", "convert", src, "--to", "rmm", "-o", "-")
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn("1 records do not pair", r.stderr)
+        self.assertEqual(len(r.stdout.splitlines()), 6)
+        r = gp("trace", "convert", os.path.join(self.tmp, "missing"), "--to", "rmm", "-o", "-")
+        self.assertEqual(r.returncode, FAILED)
+        self.assertIn("cannot open", r.stderr)
+        for bad in (["trace"], ["trace", "merge"], ["trace", "convert", "x", "--to", "csv", "-o", "-"],
+                    ["trace", "convert", "x", "--to", "rmm"]):
+            self.assertEqual(gp(*bad).returncode, USAGE, bad)
+
+    def test_killed_program(self):
+        trace = os.path.join(self.tmp, "killed.trace")
+        p = subprocess.Popen([HARNESS, "workload", "100000000"],
+                             env=clean_env(GPUPOOL_TRACE_FILE=trace), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while time.time() < deadline and (not os.path.exists(trace) or
+                                          os.path.getsize(trace) < 200000):
+            time.sleep(0.05)
+        p.kill()
+        p.wait()
+        # And a line cut short, as a kill during a write leaves it.
+        with open(trace, "a") as f:
+            f.write("a 99999999999 1 0 ab")
+        out = os.path.join(self.tmp, "killed.csv")
+        r = gp("trace", "convert", trace, "--to", "rmm", "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn("last line is incomplete", r.stderr)
+        with open(out) as f:
+            rows = f.read().splitlines()
+        self.assertGreater(len(rows), 1000)
+        self.assertTrue(all(row.count(",") == 5 for row in rows))
+
+
 class Install(unittest.TestCase):
     def test_install_prefix(self):
         with tempfile.TemporaryDirectory() as prefix:

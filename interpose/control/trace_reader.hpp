@@ -1,0 +1,52 @@
+// Reading a GPUPOOL_TRACE_FILE (docs/trace.md) back: the one parser of the
+// format, for `gpupool trace convert` and the replay benchmark. Checks
+// every line and every free against the allocations before it (in time
+// order); a problem is one message naming the file and line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpupool::trace {
+
+struct ArenaDecl {
+  std::uint64_t id = 0;
+  std::string kind, group, name;
+};
+
+struct Record {
+  std::uint64_t t_ns = 0;   // since the trace started
+  std::uint64_t tid = 0;
+  std::uint32_t arena = 0;  // index into TraceFile::arenas
+  std::uint64_t handle = 0;
+  std::uint64_t requested = 0, size = 0;
+  bool alloc = false;
+  bool hit = false;          // allocations
+  std::uint64_t slot = 0;    // the allocation a record is about (0, 1, ... in order)
+  std::size_t line = 0;
+};
+
+struct TraceFile {
+  std::string path;
+  std::uint64_t pid = 0, start_unix_ns = 0;
+  std::vector<ArenaDecl> arenas;
+  std::vector<Record> records;  // sorted: time order, frees first at equal times
+  std::uint64_t slots = 0;      // allocations
+  std::uint64_t unfreed = 0;    // allocations never freed
+  bool truncated_tail = false;  // the last line had no newline (the writer was killed): left out
+  // Lenient reads: records that do not pair (a free of a handle not active,
+  // an allocation of one still active), as a killed program's trace has
+  // when its last buffered records were lost. Left out (a free) or taken as
+  // freed unrecorded (the earlier allocation).
+  std::uint64_t unpaired = 0;
+};
+
+// True and *out filled, or false and *error = "PATH:LINE: what". Strict: a
+// record that does not pair is an error; lenient: it is counted (unpaired).
+bool read_trace(const std::string& path, TraceFile* out, std::string* error, bool lenient = false);
+
+// The first line of a trace file.
+inline constexpr const char* kTraceHeader = "# gpupool trace 1";
+
+}  // namespace gpupool::trace

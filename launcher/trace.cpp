@@ -1,0 +1,220 @@
+// gpupool trace convert: a GPUPOOL_TRACE_FILE to the formats other tools
+// read (docs/trace.md, "Converting").
+//
+//   perfetto  Chrome/Perfetto trace-event JSON: a counter track per pool
+//             group (active bytes, bytes in blocks, held bytes) and per
+//             process totals, which ui.perfetto.dev and chrome://tracing draw
+//   rmm       RMM's memory event log (Thread,Time,Action,Pointer,Size,Stream),
+//             which RMM's replay benchmark and gpupool's bench_replay read
+//
+// The whole input is read and checked before anything is written, and the
+// output appears under its name only when complete (written beside it,
+// then renamed): a bad trace leaves no partial file.
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "interpose/control/trace_reader.hpp"
+#include "launcher/launcher.hpp"
+
+namespace gpupool::launcher {
+namespace {
+
+const char kTraceHelp[] =
+    "Usage: gpupool trace convert TRACE --to FORMAT -o OUTPUT\n"
+    "\n"
+    "Convert a GPUPOOL_TRACE_FILE (docs/trace.md) for other tools.\n"
+    "\n"
+    "Formats:\n"
+    "  perfetto  Chrome/Perfetto trace-event JSON: counter tracks of active,\n"
+    "            in-block and held bytes per pool group (open in ui.perfetto.dev\n"
+    "            or chrome://tracing)\n"
+    "  rmm       RMM's memory event log, CSV: Thread,Time,Action,Pointer,Size,Stream\n"
+    "            (RMM's REPLAY_BENCHMARK, gpupool's bench_replay)\n"
+    "\n"
+    "OUTPUT '-' writes to standard output. A trace that is not valid gets one\n"
+    "error naming its file and line, and no output.\n";
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else o += c;
+  }
+  return o;
+}
+
+// Counters per group as the records go: what the program holds (requested
+// bytes), the blocks those sit in, and the blocks held for reuse. Held
+// counts blocks freed and not yet reused; the trace records no releases, so
+// after one (a cap, an idle release, out-of-memory) it is an upper bound.
+struct Counters {
+  std::uint64_t active = 0, in_blocks = 0, held = 0;
+};
+
+std::string perfetto(const trace::TraceFile& tr) {
+  std::string o = "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"source\":\"gpupool trace\",\"pid\":" +
+                  std::to_string(tr.pid) + "},\"traceEvents\":[\n";
+  const std::uint64_t pid = tr.pid;
+  o += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(pid) +
+       ",\"args\":{\"name\":\"gpupool " + std::to_string(pid) + "\"}}";
+  std::map<std::string, Counters> groups;
+  std::vector<std::uint64_t> requested(tr.slots), size(tr.slots);
+  char buf[64];
+  for (const trace::Record& r : tr.records) {
+    const std::string& g = tr.arenas[r.arena].group;
+    Counters& c = groups[g];
+    if (r.alloc) {
+      requested[r.slot] = r.requested;
+      size[r.slot] = r.size;
+      c.active += r.requested;
+      c.in_blocks += r.size;
+      if (r.hit) c.held -= std::min(c.held, r.size);
+    } else {
+      c.active -= std::min(c.active, requested[r.slot]);
+      c.in_blocks -= std::min(c.in_blocks, size[r.slot]);
+      c.held += size[r.slot];
+    }
+    // ts in microseconds (the format's unit), to the nanosecond.
+    std::snprintf(buf, sizeof buf, "%" PRIu64 ".%03" PRIu64, r.t_ns / 1000, r.t_ns % 1000);
+    o += ",\n{\"ph\":\"C\",\"name\":\"" + json_escape("memory " + g) + "\",\"pid\":" +
+         std::to_string(pid) + ",\"ts\":" + buf + ",\"args\":{\"active\":" +
+         std::to_string(c.active) + ",\"in_blocks\":" + std::to_string(c.in_blocks) +
+         ",\"held\":" + std::to_string(c.held) + "}}";
+  }
+  o += "\n]}\n";
+  return o;
+}
+
+std::string rmm(const trace::TraceFile& tr) {
+  std::string o = "Thread,Time,Action,Pointer,Size,Stream\n";
+  std::vector<std::uint64_t> requested(tr.slots);
+  char line[160];
+  for (const trace::Record& r : tr.records) {
+    if (r.alloc) requested[r.slot] = r.requested;
+    // RMM writes the wall clock, HH:MM:SS.micro (UTC here).
+    const std::uint64_t ns = tr.start_unix_ns + r.t_ns;
+    const time_t secs = static_cast<time_t>(ns / 1'000'000'000u);
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    std::snprintf(line, sizeof line, "%" PRIu64 ",%02d:%02d:%02d.%06" PRIu64 ",%s,0x%" PRIx64
+                  ",%" PRIu64 ",0x0\n",
+                  r.tid, tm.tm_hour, tm.tm_min, tm.tm_sec, (ns % 1'000'000'000u) / 1000,
+                  r.alloc ? "allocate" : "free", r.handle,
+                  r.alloc ? r.requested : requested[r.slot]);
+    o += line;
+  }
+  return o;
+}
+
+// Writes `data` to `path` whole or not at all: a temporary beside it, then
+// rename. '-' is standard output.
+bool write_whole(const std::string& path, const std::string& data, std::string* why) {
+  if (path == "-") {
+    if (std::fwrite(data.data(), 1, data.size(), stdout) != data.size() || std::fflush(stdout)) {
+      *why = std::string("writing standard output: ") + std::strerror(errno);
+      return false;
+    }
+    return true;
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wbx");
+  if (!f) {
+    *why = "cannot create " + tmp + ": " + std::strerror(errno);
+    return false;
+  }
+  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+  const int err = errno;
+  if (std::fclose(f) != 0 || !ok) {
+    *why = "writing " + tmp + ": " + std::strerror(ok ? errno : err);
+    std::remove(tmp.c_str());
+    return false;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    *why = "cannot rename to " + path + ": " + std::strerror(errno);
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* trace_help() { return kTraceHelp; }
+
+int cmd_trace(int argc, char** argv) {
+  if (argc == 0 || is_help(argv[0])) {
+    std::fputs(kTraceHelp, argc == 0 ? stderr : stdout);
+    return argc == 0 ? kUsage : kOk;
+  }
+  if (std::string(argv[0]) != "convert")
+    return usage_error(std::string("trace: unknown subcommand '") + argv[0] + "'", "trace");
+  std::string input, to, output;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (is_help(a)) {
+      std::fputs(kTraceHelp, stdout);
+      return kOk;
+    }
+    auto value = [&](std::string* dst) {
+      if (i + 1 >= argc) return false;
+      *dst = argv[++i];
+      return true;
+    };
+    if (a == "--to" || a == "-t") {
+      if (!value(&to)) return usage_error("trace convert: --to needs a format", "trace");
+    } else if (a.rfind("--to=", 0) == 0) {
+      to = a.substr(5);
+    } else if (a == "-o" || a == "--output") {
+      if (!value(&output)) return usage_error("trace convert: -o needs a file", "trace");
+    } else if (a.rfind("--output=", 0) == 0) {
+      output = a.substr(9);
+    } else if (!a.empty() && a[0] == '-' && a != "-") {
+      return usage_error("trace convert: unknown option '" + a + "'", "trace");
+    } else if (input.empty()) {
+      input = a;
+    } else {
+      return usage_error("trace convert: one TRACE at a time ('" + a + "')", "trace");
+    }
+  }
+  if (input.empty()) return usage_error("trace convert: which TRACE?", "trace");
+  if (to != "perfetto" && to != "rmm")
+    return usage_error("trace convert: --to must be perfetto or rmm" +
+                           (to.empty() ? std::string() : " (not '" + to + "')"),
+                       "trace");
+  if (output.empty()) return usage_error("trace convert: -o OUTPUT is needed ('-': stdout)", "trace");
+  trace::TraceFile tr;
+  std::string error;
+  if (!trace::read_trace(input, &tr, &error, /*lenient=*/true)) {
+    std::fprintf(stderr, "%s: trace convert: %s\n", kProg, error.c_str());
+    return kFailed;
+  }
+  if (tr.truncated_tail)
+    std::fprintf(stderr, "%s: trace convert: %s: the last line is incomplete (the program was "
+                         "killed while writing it); converted without it\n",
+                 kProg, input.c_str());
+  if (tr.unpaired)
+    std::fprintf(stderr, "%s: trace convert: %s: %" PRIu64 " records do not pair with the others "
+                         "(records lost when the program was killed?); converted without them\n",
+                 kProg, input.c_str(), tr.unpaired);
+  std::string why;
+  if (!write_whole(output, to == "perfetto" ? perfetto(tr) : rmm(tr), &why)) {
+    std::fprintf(stderr, "%s: trace convert: %s\n", kProg, why.c_str());
+    return kFailed;
+  }
+  return kOk;
+}
+
+}  // namespace gpupool::launcher
