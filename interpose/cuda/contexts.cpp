@@ -131,6 +131,18 @@ void synchronize_context(CtxState* st) {
     }
     st->syncing = true;
   }
+  // However this ends (a log line that cannot allocate throws), the next
+  // thread may synchronize and the waiting ones look again.
+  struct Done {
+    CtxState* st;
+    ~Done() {
+      {
+        std::lock_guard lock(st->sync_mu);
+        st->syncing = false;
+      }
+      st->sync_cv.notify_all();
+    }
+  } done{st};
   const std::uint64_t s = st->epoch_next.fetch_add(1, std::memory_order_seq_cst);
   CUcontext cur = nullptr;
   d->ctx_get_current(&cur);
@@ -151,11 +163,6 @@ void synchronize_context(CtxState* st) {
   else
     log().debug("cuda: fence synchronize of context {} failed: {}", static_cast<void*>(st->ctx),
                 int(r));
-  {
-    std::lock_guard lock(st->sync_mu);
-    st->syncing = false;
-  }
-  st->sync_cv.notify_all();
 }
 
 // ---- contexts -------------------------------------------------------------
