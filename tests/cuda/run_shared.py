@@ -199,8 +199,14 @@ def test_sigkill(tmp):
     while free_bytes(env) != CAPACITY:
         check(time.time() < deadline, "a killed process still counts")
         time.sleep(0.05)
-    with open("/proc/%d/stat" % a.p.pid) as f:
-        state = f.read().rsplit(")", 1)[1].split()[0]
+    # Its files close before it becomes a zombie (exit_files, then
+    # exit_notify): the state may lag the freed memory by a moment.
+    while True:
+        with open("/proc/%d/stat" % a.p.pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state == "Z" or time.time() > deadline:
+            break
+        time.sleep(0.01)
     check(state == "Z", "the killed process is %r, not a zombie" % state)
     b = hold(env, 10)
     for _ in range(5):
