@@ -9,6 +9,7 @@
 
 #include <charconv>
 #include <string>
+#include <vector>
 
 #include "config/io.hpp"
 #include "interpose/control/socket.hpp"
@@ -91,6 +92,73 @@ std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t by
     return got;
   }
   return 0;
+}
+
+// Other users' processes, all at once: we cannot see what they hold, so
+// each is asked; one that does not answer (stopped, busy) must not use up
+// the wait the others could have answered in. Each releases up to `bytes`.
+std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid,
+                            std::size_t bytes, std::uint64_t deadline) {
+  struct Asked {
+    io::OwnedFd fd;
+    std::string in;
+  };
+  std::vector<Asked> asked;
+  const std::string req = "release " + uuid_text(uuid) + " " + std::to_string(bytes) + "\n";
+  for (const Target& t : targets) {
+    if (asked.size() >= 256) break;
+    io::OwnedFd fd =
+        io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) break;
+    sockaddr_un addr;
+    const socklen_t len = control::socket_address(&addr, t.name);
+    // A Unix socket connects at once or not at all (a full backlog: busy).
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) continue;
+    ucred cred{};
+    socklen_t cl = sizeof cred;
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid != t.pid ||
+        cred.uid != t.uid)
+      continue;
+    // A few dozen bytes into an empty socket buffer: all or nothing.
+    if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
+      continue;
+    asked.push_back({std::move(fd), {}});
+  }
+  std::size_t released = 0, open = asked.size();
+  std::vector<pollfd> fds;
+  while (open > 0) {
+    const std::uint64_t now = mono_ns();
+    if (now >= deadline) break;
+    fds.clear();
+    for (const Asked& a : asked)
+      if (a.fd.valid()) fds.push_back({a.fd.get(), POLLIN, 0});
+    const int r = ::poll(fds.data(), fds.size(), static_cast<int>((deadline - now) / 1'000'000 + 1));
+    if (r < 0 && errno != EINTR) break;
+    for (Asked& a : asked) {
+      if (!a.fd.valid()) continue;
+      char buf[256];
+      bool done = false;
+      for (;;) {
+        const ssize_t n = ::recv(a.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0 && a.in.size() < 4096) {
+          a.in.append(buf, static_cast<std::size_t>(n));
+          continue;
+        }
+        done = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) || n > 0;
+        break;
+      }
+      if (!done) continue;
+      // "ok\nreleased <bytes>\n"; a refusal ("error denied ...") counts 0.
+      const std::string key = "ok\nreleased ";
+      std::uint64_t got = 0;
+      if (a.in.compare(0, key.size(), key) == 0)
+        std::from_chars(a.in.data() + key.size(), a.in.data() + a.in.size(), got);
+      released += static_cast<std::size_t>(std::min<std::uint64_t>(got, SIZE_MAX - released));
+      a.fd = {};
+      --open;
+    }
+  }
+  return released;
 }
 
 }  // namespace gpupool::node

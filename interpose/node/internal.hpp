@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "interpose/node/registry.hpp"
 
@@ -13,6 +15,16 @@ namespace gpupool::node {
 // Returns the bytes it released (0 on any failure, or when it refuses).
 std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
                         std::uint64_t deadline);
+
+// ask.cpp: asks every target at once (other users' processes), each for up
+// to `bytes`, answers awaited until `deadline`. Returns the bytes released.
+struct Target {
+  long pid = 0;
+  unsigned uid = 0;
+  std::string name;  // its control socket's abstract name
+};
+std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid,
+                            std::size_t bytes, std::uint64_t deadline);
 
 // nvml.cpp: the GPU's free and total memory, from NVML (libnvidia-ml.so.1,
 // loaded on first use). False when NVML or the device is not available.

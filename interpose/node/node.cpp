@@ -221,8 +221,7 @@ std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
   auto ask = [&](long pid, unsigned uid, const char* who) {
     const std::uint64_t t0 = mono_ns();
     const std::size_t got = ask_release(pid, uid, uuid, bytes - released, deadline);
-    if (got || uid == geteuid())
-      log().info("out of memory on {}: process {} ({}) released {} MiB in {:.1f} ms",
+    log().info("out of memory on {}: process {} ({}) released {} MiB in {:.1f} ms",
                  uuid_text(uuid), pid, who, got >> 20, double(mono_ns() - t0) / 1e6);
     released += got;
   };
@@ -262,14 +261,24 @@ std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
     }
   }
   // GPUPOOL_NEIGHBOURS=all: other users' gpupool processes, whose figures
-  // we cannot see; each releases what it holds there (if it also chose all).
-  if (rt->config.neighbours == config::Neighbours::all)
-    for (const control::SocketName& sock : control::listed_sockets()) {
-      if (released >= bytes || mono_ns() >= deadline) break;
-      if (sock.uid == geteuid() || sock.name != control::socket_name(sock.uid, sock.pid))
-        continue;  // ours, or a fallback name (asked through the usual one's candidates)
-      ask(sock.pid, sock.uid, "another user's");
+  // we cannot see: all asked at once, each releasing what it holds there
+  // (if it also chose all). Each listed name once: a process under a
+  // fallback name has it listed, and its usual name then belongs to whoever
+  // took it, whom the owner check refuses.
+  if (rt->config.neighbours == config::Neighbours::all && released < bytes &&
+      mono_ns() < deadline) {
+    std::vector<Target> others;
+    for (control::SocketName& sock : control::listed_sockets())
+      if (sock.uid != geteuid()) others.push_back({sock.pid, sock.uid, std::move(sock.name)});
+    if (!others.empty()) {
+      const std::uint64_t t0 = mono_ns();
+      const std::size_t got = ask_release_all(others, uuid, bytes - released, deadline);
+      log().info("out of memory on {}: {} processes of other users asked, {} MiB released in "
+                 "{:.1f} ms",
+                 uuid_text(uuid), others.size(), got >> 20, double(mono_ns() - t0) / 1e6);
+      released += got;
     }
+  }
   return released;
 }
 

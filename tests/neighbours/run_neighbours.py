@@ -398,7 +398,8 @@ elif CHECK == "users":
     try:
         check(n == full and err == 2, f"both all: the other user's neighbour got {n} of {full} "
               f"blocks, last error {err}; {nerr[-500:]}")
-        check("another user's" in nerr, f"neighbour did not say whom it asked: {nerr[-500:]}")
+        check("of other users asked" in nerr and "MiB released" in nerr,
+              f"neighbour did not say whom it asked: {nerr[-500:]}")
         # Nothing of A's can B see: not A's registry, not A's entries in its
         # own, not A's stats, nor can B change A's pool but by a release.
         reg_a = env(True, shared, A)["GPUPOOL_REGISTRY"]
