@@ -112,7 +112,24 @@ struct alignas(64) Arena::Shard {
   // is the most likely to be ready.
   Block* take(std::size_t bin, Backend& backend, bool* pending, std::size_t* pending_blocks) {
     if (bin >= bins.size() || bins[bin].empty()) return nullptr;
-    auto& v = bins[bin];
+    Block* b = take_ready(bins[bin], backend);
+    if (!b) {
+      *pending = true;
+      *pending_blocks += bins[bin].size();
+    }
+    return b;
+  }
+  // A ready held block of the smallest bin in (bin, last] (a request its own
+  // bin cannot serve, borrowing a larger block), or nullptr.
+  Block* take_larger(std::size_t bin, std::size_t last, Backend& backend) {
+    for (std::size_t k = bin + 1; k <= last && k < bins.size(); ++k)
+      if (!bins[k].empty())
+        if (Block* b = take_ready(bins[k], backend)) return b;
+    return nullptr;
+  }
+  // The newest block of a non-empty bin if the device is done with it, else
+  // the oldest if that one is, else nullptr (all pending).
+  Block* take_ready(BinQueue& v, Backend& backend) {
     Block* b = v.back();
     if (b->fence == 0 || backend.passed(b->fence)) {
       v.pop_back();
@@ -120,33 +137,10 @@ struct alignas(64) Arena::Shard {
       b = v.front();
       v.pop_front();
     } else {
-      *pending = true;
-      *pending_blocks += v.size();
       return nullptr;
     }
     unheld(b);
     return b;
-  }
-  // A ready held block of the smallest bin in (bin, last] (a request its own
-  // bin cannot serve, borrowing a larger block), or nullptr.
-  Block* take_larger(std::size_t bin, std::size_t last, Backend& backend) {
-    for (std::size_t k = bin + 1; k <= last && k < bins.size(); ++k) {
-      auto& v = bins[k];
-      if (v.empty()) continue;
-      Block* b = nullptr;
-      if (v.back()->fence == 0 || backend.passed(v.back()->fence)) {
-        b = v.back();
-        v.pop_back();
-      } else if (backend.passed(v.front()->fence)) {
-        b = v.front();
-        v.pop_front();
-      } else {
-        continue;
-      }
-      unheld(b);
-      return b;
-    }
-    return nullptr;
   }
 };
 
@@ -311,6 +305,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
     for (int attempt = 0; attempt < 2 && !b; ++attempt) {
       bool pending = false;
       std::size_t pending_blocks = 0;
+      bool counted = false;  // b's hit already counted in its own shard
       {
         std::lock_guard lock(mine.mu);
         b = mine.take(bin, backend, &pending, &pending_blocks);
@@ -318,6 +313,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
           b->requested = size;
           ++mine.c.hits;
           mine.add_active(b);
+          counted = true;
         }
       }
       // Another thread may hold the block this one needs, unless this
@@ -330,13 +326,6 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
         std::lock_guard lock(other.mu);
         b = other.take(bin, backend, &pending, &pending_blocks);
       }
-      if (b && b->shard != my) {
-        b->shard = my;
-        b->requested = size;
-        std::lock_guard lock(mine.mu);
-        ++mine.c.hits;
-        mine.add_active(b);
-      }
       // Nothing of this size: a held block up to twice as large serves it
       // rather than a fresh one (sizes a program uses in one phase and not
       // the next would otherwise each keep their own blocks).
@@ -347,13 +336,13 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
           std::lock_guard lock(sh.mu);
           b = sh.take_larger(bin, last > bin ? last - 1 : bin, backend);
         }
-        if (b) {
-          b->shard = my;
-          b->requested = size;
-          std::lock_guard lock(mine.mu);
-          ++mine.c.hits;
-          mine.add_active(b);
-        }
+      }
+      if (b && !counted) {
+        b->shard = my;
+        b->requested = size;
+        std::lock_guard lock(mine.mu);
+        ++mine.c.hits;
+        mine.add_active(b);
       }
       if (b) a.group_->unhold(b->size);
       if (b || !pending) break;

@@ -117,17 +117,26 @@ struct Model {
     FakeBackend be(devices[a.group]);
     bool grown = false;
     BackendResult r;
-    if (pooled && a.bins.count(bin) && !a.bins[bin].empty()) {
-      auto& q = a.bins[bin];
-      auto ready = [&](const MBlock& b) { return b.fence == 0 || b.fence <= dev.completed; };
-      MBlock b;
+    // The newest block of a non-empty bin if the device is done with it,
+    // else the oldest if that one is.
+    auto take_ready = [&](std::deque<MBlock>& q, MBlock* b) {
+      auto ready = [&](const MBlock& m) { return m.fence == 0 || m.fence <= dev.completed; };
       if (ready(q.back())) {
-        b = q.back();
+        *b = q.back();
         q.pop_back();
       } else if (ready(q.front())) {
-        b = q.front();
+        *b = q.front();
         q.pop_front();
-      } else if (q.size() < kMaxPendingBlocks && q.size() * q.back().size + want <= a.pending_growth &&
+      } else {
+        return false;
+      }
+      return true;
+    };
+    if (pooled && a.bins.count(bin) && !a.bins[bin].empty()) {
+      auto& q = a.bins[bin];
+      MBlock b;
+      if (take_ready(q, &b)) return hit(a, b, size);
+      if (q.size() < kMaxPendingBlocks && q.size() * q.back().size + want <= a.pending_growth &&
                  a.credit[bin] >= 0 && (r = be.allocate(want, 0)).status == BackendStatus::ok) {
         grown = true;  // a fresh block instead of waiting; no held memory released for it
         a.credit[bin] -= std::int64_t(alloc_cost);
@@ -147,20 +156,9 @@ struct Model {
     // size, serves it (the smallest such bin first).
     if (pooled && !grown && (!a.bins.count(bin) || a.bins[bin].empty())) {
       const std::size_t last = scheme.bin_number(2 * want);
-      auto ready = [&](const MBlock& b) { return b.fence == 0 || b.fence <= dev.completed; };
       for (auto it = a.bins.upper_bound(bin); it != a.bins.end() && it->first < last; ++it) {
-        auto& q = it->second;
-        if (q.empty()) continue;
         MBlock b;
-        if (ready(q.back())) {
-          b = q.back();
-          q.pop_back();
-        } else if (ready(q.front())) {
-          b = q.front();
-          q.pop_front();
-        } else {
-          continue;
-        }
+        if (it->second.empty() || !take_ready(it->second, &b)) continue;
         ++g_borrowed;
         return hit(a, b, size);
       }
