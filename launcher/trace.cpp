@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "interpose/control/stats_format.hpp"
 #include "interpose/control/trace_reader.hpp"
 #include "launcher/launcher.hpp"
 
@@ -42,19 +43,6 @@ const char kTraceHelp[] =
     "\n"
     "OUTPUT '-' writes to standard output. A trace that is not valid gets one\n"
     "error naming its file and line, and no output.\n";
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else o += c;
-  }
-  return o;
-}
 
 // Counters per group as the records go: what the program holds (requested
 // bytes), the blocks those sit in, and the blocks held for reuse. Held
@@ -89,7 +77,7 @@ std::string perfetto(const trace::TraceFile& tr) {
     }
     // ts in microseconds (the format's unit), to the nanosecond.
     std::snprintf(buf, sizeof buf, "%" PRIu64 ".%03" PRIu64, r.t_ns / 1000, r.t_ns % 1000);
-    o += ",\n{\"ph\":\"C\",\"name\":\"" + json_escape("memory " + g) + "\",\"pid\":" +
+    o += ",\n{\"ph\":\"C\",\"name\":\"" + stats::json_escape("memory " + g) + "\",\"pid\":" +
          std::to_string(pid) + ",\"ts\":" + buf + ",\"args\":{\"active\":" +
          std::to_string(c.active) + ",\"in_blocks\":" + std::to_string(c.in_blocks) +
          ",\"held\":" + std::to_string(c.held) + "}}";

@@ -112,28 +112,38 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
     tr.records.push_back(r);
   }
   if (n == 0) return fail(1, "empty file, not a gpupool trace");
-  // Time order, frees first at equal times (the file is ordered per thread).
-  std::stable_sort(tr.records.begin(), tr.records.end(), [](const Record& x, const Record& y) {
+  if (!pair_records(&tr, lenient, /*frees_first=*/true, error)) return false;
+  *out = std::move(tr);
+  return true;
+}
+
+bool pair_records(TraceFile* tr, bool lenient, bool frees_first, std::string* error) {
+  auto fail = [&](std::size_t line, const std::string& what) {
+    *error = tr->path + ":" + std::to_string(line) + ": " + what;
+    return false;
+  };
+  std::stable_sort(tr->records.begin(), tr->records.end(), [&](const Record& x, const Record& y) {
     if (x.t_ns != y.t_ns) return x.t_ns < y.t_ns;
-    return !x.alloc && y.alloc;
+    return frees_first && !x.alloc && y.alloc;
   });
   std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint64_t> active;  // (arena, handle) -> slot
   std::vector<Record> kept;
-  kept.reserve(tr.records.size());
-  for (Record& r : tr.records) {
+  kept.reserve(tr->records.size());
+  tr->slots = tr->unpaired = 0;
+  for (Record& r : tr->records) {
     const auto key = std::make_pair(r.arena, r.handle);
     if (r.alloc) {
       if (active.count(key)) {
         if (!lenient) return fail(r.line, "an allocation of a handle that is already active");
-        ++tr.unpaired;  // its free was lost: the earlier allocation counts as freed
+        ++tr->unpaired;  // its free was lost: the earlier allocation counts as freed
       }
-      r.slot = tr.slots++;
+      r.slot = tr->slots++;
       active[key] = r.slot;
     } else {
       const auto it = active.find(key);
       if (it == active.end()) {
         if (!lenient) return fail(r.line, "a free of a handle that is not active");
-        ++tr.unpaired;
+        ++tr->unpaired;
         continue;
       }
       r.slot = it->second;
@@ -141,9 +151,8 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
     }
     kept.push_back(r);
   }
-  tr.records = std::move(kept);
-  tr.unfreed = active.size();
-  *out = std::move(tr);
+  tr->records = std::move(kept);
+  tr->unfreed = active.size();
   return true;
 }
 

@@ -46,6 +46,12 @@ struct TraceFile {
 // record that does not pair is an error; lenient: it is counted (unpaired).
 bool read_trace(const std::string& path, TraceFile* out, std::string* error, bool lenient = false);
 
+// Puts tr.records (each with its line) in time order and pairs each free
+// with its allocation (slot, slots, unfreed, unpaired), as read_trace does.
+// frees_first: at equal times frees come first (this format, written per
+// thread); otherwise the records' order stands (a log written in order).
+bool pair_records(TraceFile* tr, bool lenient, bool frees_first, std::string* error);
+
 // The first line of a trace file.
 inline constexpr const char* kTraceHeader = "# gpupool trace 1";
 

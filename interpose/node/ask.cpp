@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <string>
 #include <vector>
@@ -29,6 +30,16 @@ bool wait_for(int fd, short events, std::uint64_t deadline) {
     if (r > 0) return (p.revents & (events | POLLHUP)) != 0;
     if (r < 0 && errno != EINTR) return false;
   }
+}
+
+// The bytes an answer says were released: "ok\nreleased <bytes>\n"; any
+// other answer (a refusal, "error denied ...") says none.
+std::size_t released_in(const std::string& answer) {
+  const std::string key = "ok\nreleased ";
+  std::uint64_t got = 0;
+  if (answer.compare(0, key.size(), key) == 0)
+    std::from_chars(answer.data() + key.size(), answer.data() + answer.size(), got);
+  return static_cast<std::size_t>(std::min<std::uint64_t>(got, SIZE_MAX));
 }
 
 // A connection to `name`, checked to be held by `pid` running as `uid`.
@@ -84,12 +95,7 @@ std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t by
       if (errno == EINTR) continue;
       if (errno != EAGAIN || !wait_for(fd.get(), POLLIN, deadline)) return 0;
     }
-    // "ok\nreleased <bytes>\n"
-    const std::string key = "ok\nreleased ";
-    if (in.compare(0, key.size(), key) != 0) return 0;
-    std::uint64_t got = 0;
-    std::from_chars(in.data() + key.size(), in.data() + in.size(), got);
-    return got;
+    return released_in(in);
   }
   return 0;
 }
@@ -148,12 +154,8 @@ std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid
         break;
       }
       if (!done) continue;
-      // "ok\nreleased <bytes>\n"; a refusal ("error denied ...") counts 0.
-      const std::string key = "ok\nreleased ";
-      std::uint64_t got = 0;
-      if (a.in.compare(0, key.size(), key) == 0)
-        std::from_chars(a.in.data() + key.size(), a.in.data() + a.in.size(), got);
-      released += static_cast<std::size_t>(std::min<std::uint64_t>(got, SIZE_MAX - released));
+      const std::size_t got = released_in(a.in);
+      released += std::min(got, SIZE_MAX - released);
       a.fd = {};
       --open;
     }

@@ -21,11 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "core/pool.hpp"
@@ -113,73 +111,12 @@ bool rmm_time(std::string_view s, std::uint64_t* ns) {
   return false;
 }
 
-// Pairs each free with its allocation: (arena, handle) -> slot of the active
-// allocation. Frees of unknown handles and allocations of active ones are
-// errors (the trace is not one program's).
-struct Matcher {
-  Trace& tr;
-  std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint64_t> active;
-  void add(std::size_t line, std::uint64_t t, std::uint32_t arena, std::uint64_t handle,
-           std::uint64_t requested, bool alloc) {
-    (void)line;
-    Event e;
-    e.t_ns = t;
-    e.arena = arena;
-    e.alloc = alloc;
-    e.requested = requested;
-    // Slots are assigned after sorting (see finish); keep the handle here.
-    e.slot = handle;
-    tr.events.push_back(e);
-    lines.push_back(line);
-  }
-  std::vector<std::size_t> lines;
-  bool frees_first = true;  // at equal times (the gpupool format's rule)
-
-  void finish() {
-    // Time order, frees before allocations at equal times (docs/trace.md).
-    std::vector<std::size_t> order(tr.events.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    // An RMM log is written in order by one logger: at equal times (it
-    // keeps microseconds) its order stands.
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      const Event &x = tr.events[a], &y = tr.events[b];
-      if (x.t_ns != y.t_ns) return x.t_ns < y.t_ns;
-      return frees_first && !x.alloc && y.alloc;
-    });
-    std::vector<Event> sorted;
-    sorted.reserve(order.size());
-    for (std::size_t i : order) {
-      Event e = tr.events[i];
-      const auto key = std::make_pair(e.arena, e.slot);
-      if (e.alloc) {
-        if (active.count(key))
-          fail(tr.path, lines[i], "allocation of a handle that is already active");
-        active[key] = tr.slots;
-        e.slot = tr.slots++;
-      } else {
-        auto it = active.find(key);
-        if (it == active.end()) fail(tr.path, lines[i], "free of a handle that is not active");
-        e.slot = it->second;
-        active.erase(it);
-      }
-      sorted.push_back(e);
-    }
-    tr.unfreed = active.size();
-    tr.events = std::move(sorted);
-  }
-};
-
-// The gpupool format: its one reader (interpose/control/trace_reader.cpp).
-Trace read_gpupool(const std::string& path) {
-  trace::TraceFile f;
-  std::string error;
-  if (!trace::read_trace(path, &f, &error)) {
-    std::fprintf(stderr, "bench_replay: %s\n", error.c_str());
-    std::exit(1);
-  }
+// A paired trace::TraceFile (interpose/control/trace_reader.cpp, which also
+// pairs the RMM log's records) as the replay's events.
+Trace to_replay(const trace::TraceFile& f, const char* format) {
   Trace tr;
-  tr.path = path;
-  tr.format = "gpupool";
+  tr.path = f.path;
+  tr.format = format;
   for (const trace::ArenaDecl& a : f.arenas) tr.arenas.push_back(a.group);
   tr.slots = f.slots;
   tr.unfreed = f.unfreed;
@@ -197,34 +134,51 @@ Trace read_gpupool(const std::string& path) {
   return tr;
 }
 
+// The gpupool format: its one reader.
+Trace read_gpupool(const std::string& path) {
+  trace::TraceFile f;
+  std::string error;
+  if (!trace::read_trace(path, &f, &error)) {
+    std::fprintf(stderr, "bench_replay: %s\n", error.c_str());
+    std::exit(1);
+  }
+  return to_replay(f, "gpupool");
+}
+
 Trace read_rmm(const std::string& path, std::ifstream& in) {
-  Trace tr;
-  tr.path = path;
-  tr.format = "rmm";
-  tr.arenas.push_back("rmm");
-  Matcher m{tr, {}, {}, false};
+  trace::TraceFile f;
+  f.path = path;
+  f.arenas.push_back({0, "rmm", "rmm", "rmm"});
   std::string line;
   std::size_t n = 1;
   while (std::getline(in, line)) {
     ++n;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
-    const std::vector<std::string_view> f = split(line, ',');
-    if (f.size() != 6) fail(path, n, "expected 6 fields: Thread,Time,Action,Pointer,Size,Stream");
-    std::uint64_t t = 0, ptr = 0, size = 0;
-    if (!rmm_time(f[1], &t)) fail(path, n, "Time is not HH:MM:SS.micro nor seconds");
-    if (f[2] == "allocate failure") continue;  // nothing was allocated
-    const bool alloc = f[2] == "allocate";
-    if (!alloc && f[2] != "free" && f[2] != "deallocate")
+    const std::vector<std::string_view> fs = split(line, ',');
+    if (fs.size() != 6) fail(path, n, "expected 6 fields: Thread,Time,Action,Pointer,Size,Stream");
+    trace::Record r;
+    r.line = n;
+    if (!rmm_time(fs[1], &r.t_ns)) fail(path, n, "Time is not HH:MM:SS.micro nor seconds");
+    if (fs[2] == "allocate failure") continue;  // nothing was allocated
+    r.alloc = fs[2] == "allocate";
+    if (!r.alloc && fs[2] != "free" && fs[2] != "deallocate")
       fail(path, n, "Action is not allocate, allocate failure, free or deallocate");
-    std::string_view p = f[3];
+    std::string_view p = fs[3];
     if (p.substr(0, 2) == "0x" || p.substr(0, 2) == "0X") p.remove_prefix(2);
-    if (!number(p, &ptr, 16)) fail(path, n, "Pointer is not a hexadecimal address");
-    if (!number(f[4], &size)) fail(path, n, "Size is not a byte count");
-    m.add(n, t, 0, ptr, size, alloc);
+    if (!number(p, &r.handle, 16)) fail(path, n, "Pointer is not a hexadecimal address");
+    if (!number(fs[4], &r.requested)) fail(path, n, "Size is not a byte count");
+    r.size = r.requested;
+    f.records.push_back(r);
   }
-  m.finish();
-  return tr;
+  // One logger writes an RMM log in order: at equal times (it keeps
+  // microseconds) its order stands.
+  std::string error;
+  if (!trace::pair_records(&f, /*lenient=*/false, /*frees_first=*/false, &error)) {
+    std::fprintf(stderr, "bench_replay: %s\n", error.c_str());
+    std::exit(1);
+  }
+  return to_replay(f, "rmm");
 }
 
 Trace read_trace(const std::string& path) {
