@@ -1,4 +1,5 @@
 #include "core/pool.hpp"
+#include "core/spin_lock.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -62,7 +63,7 @@ class BinQueue {
 // path writes only its own shard. Peaks are per shard: exact when one thread
 // allocates, the sum of per-shard peaks (an upper bound) when several do.
 struct alignas(64) Arena::Shard {
-  std::mutex mu;
+  SpinLock mu;
   std::vector<BinQueue> bins;  // by bin number; back = most recently freed
   Stats c;
   std::vector<BinGrowth> growth;  // by bin number (Pool::grow)
@@ -71,16 +72,11 @@ struct alignas(64) Arena::Shard {
     return growth[bin];
   }
 
-  void note_peaks() {
-    c.peak_active_blocks = std::max(c.peak_active_blocks, c.active_blocks);
-    c.peak_active_bytes = std::max(c.peak_active_bytes, c.active_bytes);
-    c.peak_held_blocks = std::max(c.peak_held_blocks, c.held_blocks);
-    c.peak_held_bytes = std::max(c.peak_held_bytes, c.held_bytes);
-  }
   void add_active(const Block* b) {
     ++c.active_blocks;
     c.active_bytes += b->requested;
-    note_peaks();
+    c.peak_active_blocks = std::max(c.peak_active_blocks, c.active_blocks);
+    c.peak_active_bytes = std::max(c.peak_active_bytes, c.active_bytes);
   }
   void remove_active(const Block* b) {
     --c.active_blocks;
@@ -100,7 +96,8 @@ struct alignas(64) Arena::Shard {
     bins[b->bin].push_back(b);
     ++c.held_blocks;
     c.held_bytes += b->size;
-    note_peaks();
+    c.peak_held_blocks = std::max(c.peak_held_blocks, c.held_blocks);
+    c.peak_held_bytes = std::max(c.peak_held_bytes, c.held_bytes);
   }
   void unheld(const Block* b) {
     --c.held_blocks;
@@ -207,18 +204,30 @@ unsigned take_slot() {
   return overflow.fetch_add(1, std::memory_order_relaxed);
 }
 
-struct ShardSlot {
-  unsigned value = take_slot();
-  ~ShardSlot() {
+// The slot is taken at a thread's first allocation and given back by a
+// thread_local with a destructor, which is only touched then: reading one
+// costs a TLS lookup and an initialisation check on every call, a plain
+// thread_local one lookup.
+struct SlotRelease {
+  unsigned value = 0;
+  ~SlotRelease() {
     if (value < kSlotWords * 64)
       g_slots_used[value / 64].fetch_and(~(std::uint64_t{1} << (value % 64)),
                                          std::memory_order_release);
   }
 };
+thread_local unsigned t_slot_plus_one = 0;  // 0: none taken yet
+
+[[gnu::noinline]] unsigned first_slot() {
+  thread_local SlotRelease release;
+  release.value = take_slot();
+  t_slot_plus_one = release.value + 1;
+  return release.value;
+}
 
 unsigned thread_slot() {
-  thread_local ShardSlot slot;
-  return slot.value;
+  const unsigned s = t_slot_plus_one;
+  return s ? s - 1 : first_slot();
 }
 
 unsigned default_shards() {
@@ -297,7 +306,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
   Arena::Shard& mine = a.shards_[my];
   const bool pooled = size <= a.options_.max_pooled && size <= a.options_.max_block;
   const std::size_t bin = bins_.bin_number(size);
-  const std::size_t want = pooled ? bins_.rounded(size, a.options_.max_block) : size;
+  const std::size_t want = pooled ? std::min(bins_.alloc_size(bin), a.options_.max_block) : size;
 
   Block* b = nullptr;
   std::optional<BackendResult> fresh;  // a block allocated instead of waiting

@@ -3,36 +3,46 @@
 namespace gpupool::cuda {
 namespace {
 
-// Process-wide buffer ids for pooled allocations. The driver's own ids are
-// small counters; ours live far above them, so the two never collide, and a
-// block handed out again gets a new one (as a new allocation would).
-std::atomic<std::uint64_t> g_next_buffer_id{std::uint64_t{1} << 62};
+// Buffer ids of pooled allocations. The driver's own ids are small
+// counters; ours live far above them, so the two never collide. A block
+// handed out again gets a new one, as a new allocation would: its driver
+// allocation's serial number (taken once, on the slow path) and how many
+// times it was handed out, so the hit path writes nothing shared.
+constexpr std::uint64_t kIdBase = std::uint64_t{1} << 62;
+std::atomic<std::uint64_t> g_next_serial{0};
+
+std::uint64_t buffer_id(std::uint64_t serial, std::uint32_t uses) {
+  return kIdBase | (serial % (std::uint64_t{1} << 30)) << 32 | uses;
+}
 
 char g_unallocated[64];
 
 }  // namespace
 
 void PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags) {
-  auto e = std::make_unique<Entry>(Entry{h, size, st, nullptr, 0, host_flags});
+  auto e = std::make_unique<Entry>(
+      Entry{h, size, st, nullptr, g_next_serial.fetch_add(1, std::memory_order_relaxed), 0,
+            host_flags});
   std::lock_guard rl(ranges_mu_);
   Shard& s = shard(h);
   std::lock_guard sl(s.mu);
-  // A stale entry at this address (its context was torn down under us) is
-  // replaced: the driver just handed the address out again.
-  if (auto it = s.map.find(h); it != s.map.end()) {
-    delete it->second;
-    s.map.erase(it);
-    ranges_.erase(h);
+  // Both maps or neither: what throws does so before anything changed, or
+  // is undone.
+  Entry* stale = s.map.find(h);
+  s.map.put(h, e.get());
+  if (stale) {
+    // Its context was torn down under us and the driver just handed the
+    // address out again: the new entry replaces it in both maps.
+    ranges_.find(h)->second = e.get();
+    delete stale;
+  } else {
+    try {
+      ranges_.emplace(h, e.get());
+    } catch (...) {
+      s.map.erase(h);
+      throw;
+    }
   }
-  // Both maps or neither (an insertion that throws leaves no half entry).
-  auto [at, inserted] = s.map.emplace(h, e.get());
-  try {
-    ranges_.emplace(h, e.get());
-  } catch (...) {
-    s.map.erase(at);
-    throw;
-  }
-  (void)inserted;
   e.release();
 }
 
@@ -42,49 +52,28 @@ void PtrMap::erase(Handle h) {
     std::lock_guard rl(ranges_mu_);
     Shard& s = shard(h);
     std::lock_guard sl(s.mu);
-    if (auto it = s.map.find(h); it != s.map.end()) {
-      e = it->second;
-      s.map.erase(it);
-      ranges_.erase(h);
-    }
+    if ((e = s.map.erase(h))) ranges_.erase(h);
   }
   delete e;
 }
 
-// A new buffer id. Each thread takes a range of them at a time: one shared
-// counter written by every allocation made allocating threads contend for
-// its cache line.
-std::uint64_t next_buffer_id() {
-  constexpr std::uint64_t kRange = 1024;
-  thread_local std::uint64_t next = 0, end = 0;
-  if (next == end) {
-    next = g_next_buffer_id.fetch_add(kRange, std::memory_order_relaxed);
-    end = next + kRange;
-  }
-  return next++;
-}
-
 void PtrMap::activate(Block* b) {
-  const std::uint64_t id = next_buffer_id();
   Shard& s = shard(b->handle);
   std::lock_guard sl(s.mu);
-  if (auto it = s.map.find(b->handle); it != s.map.end()) {
-    it->second->block = b;
-    it->second->buffer_id = id;
+  if (Entry* e = s.map.find(b->handle)) {
+    e->block = b;
+    ++e->uses;
   }
 }
 
 Block* PtrMap::deactivate(Handle h, bool* known) {
   Shard& s = shard(h);
   std::lock_guard sl(s.mu);
-  auto it = s.map.find(h);
-  if (it == s.map.end()) {
-    *known = false;
-    return nullptr;
-  }
-  *known = true;
-  Block* b = it->second->block;
-  it->second->block = nullptr;
+  Entry* e = s.map.find(h);
+  *known = e != nullptr;
+  if (!e) return nullptr;
+  Block* b = e->block;
+  e->block = nullptr;
   return b;
 }
 
@@ -103,7 +92,7 @@ PtrInfo PtrMap::find(Handle p) {
   info.size = e->size;
   info.active = e->block != nullptr;
   info.requested = e->block ? e->block->requested : 0;
-  info.buffer_id = e->buffer_id;
+  info.buffer_id = buffer_id(e->serial, e->uses);
   info.host_flags = e->host_flags;
   return info;
 }
@@ -135,7 +124,7 @@ void PtrMap::erase_context(CtxState* st, Pool& pool) {
       Shard& s = shard(e->handle);
       std::lock_guard sl(s.mu);
       active = e->block;
-      s.map.erase(e->handle);
+      s.map.erase(e->handle);  // never allocates
     }
     it = ranges_.erase(it);
     delete e;

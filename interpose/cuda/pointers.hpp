@@ -6,17 +6,15 @@
 
 #include <cuda.h>
 
-#include <sched.h>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "core/pool.hpp"
+#include "interpose/handle_table.hpp"
 
 namespace gpupool::cuda {
 
@@ -33,24 +31,6 @@ struct PtrInfo {
   unsigned host_flags = 0;  // pinned: the normalised flags the block was allocated for
 };
 
-// A lock for the pointer-map shards: held for a hash lookup or insert only.
-// Cheaper than a mutex when uncontended, and fork_prepare() takes all 64 of
-// a map's at once (more mutexes than ThreadSanitizer can track per thread).
-class SpinLock {
- public:
-  void lock() {
-    for (unsigned spins = 0; flag_.exchange(true, std::memory_order_acquire); ++spins) {
-      while (flag_.load(std::memory_order_relaxed)) {
-        if (++spins > 64) sched_yield();
-      }
-    }
-  }
-  void unlock() { flag_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> flag_{false};
-};
-
 class PtrMap {
  public:
   // Backend side (slow path): the driver allocated / is about to free it.
@@ -65,7 +45,6 @@ class PtrMap {
   PtrInfo find(Handle p);
   // The active block containing p, or nullptr.
   Block* active_block(Handle p);
-  // Context teardown: drop every entry of st, returning its active blocks.
   // Context teardown: drop every entry of st; its active blocks are
   // forgotten by the pool (the driver freed them).
   void erase_context(CtxState* st, Pool& pool);
@@ -79,12 +58,15 @@ class PtrMap {
     std::size_t size = 0;
     CtxState* st = nullptr;
     Block* block = nullptr;  // non-null while the program owns it
-    std::uint64_t buffer_id = 0;
+    std::uint64_t serial = 0;  // of the driver allocation (buffer ids)
+    std::uint32_t uses = 0;    // times handed out (buffer ids)
     unsigned host_flags = 0;
   };
+  // A shard's lock is held for one lookup or insert only; fork_prepare()
+  // takes all 64 at once.
   struct alignas(64) Shard {
     SpinLock mu;
-    std::unordered_map<Handle, Entry*> map;
+    HandleTable<Entry> map;
   };
   static constexpr unsigned kShards = 64;
   Shard& shard(Handle h) {

@@ -17,10 +17,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/pool.hpp"
+#include "interpose/handle_table.hpp"
 #include "interpose/node/registry.hpp"
 #include "interpose/opencl/api.hpp"
 #include "interpose/runtime.hpp"
@@ -123,22 +123,17 @@ class HandleMap {
   V* find(K k) {
     Shard& s = of(k);
     std::lock_guard lock(s.mu);
-    auto it = s.map.find(k);
-    return it == s.map.end() ? nullptr : it->second;
+    return s.map.find(key(k));
   }
   void put(K k, V* v) {
     Shard& s = of(k);
     std::lock_guard lock(s.mu);
-    s.map[k] = v;
+    s.map.put(key(k), v);
   }
   V* take(K k) {
     Shard& s = of(k);
     std::lock_guard lock(s.mu);
-    auto it = s.map.find(k);
-    if (it == s.map.end()) return nullptr;
-    V* v = it->second;
-    s.map.erase(it);
-    return v;
+    return s.map.erase(key(k));
   }
   void lock_all() {
     for (Shard& s : shards_) s.mu.lock();
@@ -148,12 +143,13 @@ class HandleMap {
   }
 
  private:
-  struct Shard {
-    std::mutex mu;
-    std::unordered_map<K, V*> map;
+  struct alignas(64) Shard {
+    SpinLock mu;
+    HandleTable<V> map;
   };
   static constexpr std::size_t kShards = 16;
-  Shard& of(K k) { return shards_[(reinterpret_cast<std::uintptr_t>(k) >> 6) % kShards]; }
+  static std::uintptr_t key(K k) { return reinterpret_cast<std::uintptr_t>(k); }
+  Shard& of(K k) { return shards_[(key(k) >> 6) % kShards]; }
   Shard shards_[kShards];
 };
 

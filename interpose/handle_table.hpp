@@ -1,0 +1,117 @@
+// The shim's lookup of its records by the program's handles (device
+// pointers, pinned addresses, cl_mem, cl_command_queue), on every hit path.
+//
+// HandleTable: open addressing with linear probing over a power-of-two array
+// of (handle, record) pairs. A lookup is a hash and, the table at most half
+// full, one or two adjacent slots; std::unordered_map costs a division and a
+// pointer chase per lookup and a heap node per insert (a quarter of a warm
+// cuMemAlloc+cuMemFree pair's samples on the stand-in driver were there).
+// Erasing shifts the following entries back (no tombstones), so erase never
+// allocates and a table that saw many handles come and go stays fast.
+// Handle 0 marks an empty slot: no live handle of these APIs is 0.
+// Callers shard the tables, each under a SpinLock (core/spin_lock.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/spin_lock.hpp"
+
+namespace gpupool {
+
+template <class V>
+class HandleTable {
+ public:
+  HandleTable() = default;
+  HandleTable(const HandleTable&) = delete;
+  HandleTable& operator=(const HandleTable&) = delete;
+
+  V* find(std::uintptr_t key) const {
+    if (!slots_) return nullptr;
+    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.key == key) return s.value;
+      if (s.key == 0) return nullptr;
+    }
+  }
+
+  // Inserts or replaces; returns the value it replaced (nullptr if none).
+  // Throws std::bad_alloc (growing) before changing anything.
+  V* put(std::uintptr_t key, V* value) {
+    if ((count_ + 1) * 2 > capacity()) grow();
+    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
+      Slot& s = slots_[i];
+      if (s.key == key) {
+        V* old = s.value;
+        s.value = value;
+        return old;
+      }
+      if (s.key == 0) {
+        s = {key, value};
+        ++count_;
+        return nullptr;
+      }
+    }
+  }
+
+  // Removes key; returns its value (nullptr if absent). Never allocates.
+  V* erase(std::uintptr_t key) {
+    if (!slots_) return nullptr;
+    std::size_t i = home(key);
+    while (slots_[i].key != key) {
+      if (slots_[i].key == 0) return nullptr;
+      i = (i + 1) & mask_;
+    }
+    V* old = slots_[i].value;
+    // Backward shift: move each following entry of the run into the hole
+    // unless its home lies cyclically in (hole, its slot].
+    for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
+      const std::size_t h = home(slots_[j].key);
+      const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+      if (!stays) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = {};
+    --count_;
+    return old;
+  }
+
+  std::size_t size() const { return count_; }
+
+ private:
+  struct Slot {
+    std::uintptr_t key = 0;
+    V* value = nullptr;
+  };
+  std::size_t capacity() const { return slots_ ? mask_ + 1 : 0; }
+  std::size_t home(std::uintptr_t key) const {
+    // A full mix, then the top bits: handles are aligned (their low bits
+    // alone would collide), and callers that shard by a multiplicative hash
+    // of the same handles leave those top bits equal within a shard.
+    std::uint64_t x = key;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return static_cast<std::size_t>(x >> shift_);
+  }
+  void grow() {
+    const std::size_t old_cap = capacity(), cap = old_cap ? old_cap * 2 : 16;
+    std::unique_ptr<Slot[]> bigger(new Slot[cap]);  // may throw: nothing changed yet
+    std::swap(slots_, bigger);
+    mask_ = cap - 1;
+    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(cap));
+    count_ = 0;
+    for (std::size_t i = 0; i < old_cap; ++i)
+      if (bigger[i].key != 0) put(bigger[i].key, bigger[i].value);
+  }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t mask_ = 0;
+  unsigned shift_ = 64;
+  std::size_t count_ = 0;
+};
+
+}  // namespace gpupool
