@@ -182,6 +182,22 @@ CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
   return st;
 }
 
+CUresult pitch_for(const Driver& d, CtxState* st, std::size_t width, unsigned element,
+                   std::size_t* pitch) {
+  std::lock_guard lock(st->pitch_mu);
+  for (const CtxState::Pitch& p : st->pitches)
+    if (p.width == width && p.element == element) return *pitch = p.pitch, CUDA_SUCCESS;
+  if (!d.mem_free) return CUDA_ERROR_NOT_SUPPORTED;
+  CUdeviceptr row = 0;
+  std::size_t learnt = 0;
+  const CUresult r = d.mem_alloc_pitch(&row, &learnt, width, 1, element);
+  if (r != CUDA_SUCCESS) return r;
+  d.mem_free(row);
+  st->pitches.push_back({width, element, learnt});  // may throw: nothing to undo
+  *pitch = learnt;
+  return CUDA_SUCCESS;
+}
+
 Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   const unsigned key = (flags | CU_MEMHOSTALLOC_DEVICEMAP) & 7u;
   if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;

@@ -54,6 +54,16 @@ struct CtxState {
   std::shared_mutex teardown_mu;
   std::atomic<bool> retired{false};
 
+  // The driver's row pitch by (width in bytes, element size), learnt once
+  // each (pitch_for).
+  struct Pitch {
+    std::size_t width;
+    unsigned element;
+    std::size_t pitch;
+  };
+  std::mutex pitch_mu;
+  std::vector<Pitch> pitches;  // under pitch_mu
+
   // Null once retired: the pool destroys retired arenas.
   std::atomic<Arena*> device_arena{nullptr};
   // Pinned arenas by normalised flags (flags | DEVICEMAP, 0..7).
@@ -72,6 +82,13 @@ void synchronize_context(CtxState* st);
 // nullptr when there is no usable current context (the caller then passes
 // the call to the driver, which returns its own error).
 CtxState* current_state(const Driver& d, Runtime& rt, bool create);
+
+// The row pitch the driver gives cuMemAllocPitch_v2 for rows of `width`
+// bytes and `element`-byte accesses in st's context (current), learnt from
+// one real call of one row the first time (the pitch depends on the row,
+// not on the height). Otherwise the driver's answer to that call.
+CUresult pitch_for(const Driver& d, CtxState* st, std::size_t width, unsigned element,
+                   std::size_t* pitch);
 
 // The pinned arena of `st` for these (valid) flags, created on first use.
 Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags);

@@ -25,6 +25,7 @@ using PFN_ctx = CUresult (*)(CUcontext);
 // is the hidden function gpupool_hook_N (cuda_hooks.cpp), exported as N.
 #define GPUPOOL_CUDA_HOOKS(X)                                                             \
   X(cuMemAlloc_v2, mem_alloc, decltype(&::cuMemAlloc_v2))                                 \
+  X(cuMemAllocPitch_v2, mem_alloc_pitch, decltype(&::cuMemAllocPitch_v2))                  \
   X(cuMemFree_v2, mem_free, decltype(&::cuMemFree_v2))                                    \
   X(cuMemAllocHost_v2, mem_alloc_host, decltype(&::cuMemAllocHost_v2))                    \
   X(cuMemHostAlloc, mem_host_alloc, decltype(&::cuMemHostAlloc))                          \

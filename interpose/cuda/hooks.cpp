@@ -156,6 +156,42 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t byt
   return CUDA_SUCCESS;
 } GPUPOOL_FALLBACK(mem_alloc, dptr, bytes)
 
+// A pitched allocation is a device allocation of pitch x height bytes with
+// the driver's pitch for the row: served by the pool like cuMemAlloc's
+// (cuMemFree gives it back). Whatever the driver would refuse (NULL
+// pointers, zero sizes, element sizes other than 4, 8, 16, rows wider than
+// it allows) goes to the driver for its own answer.
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch,
+                                                        size_t width, size_t height,
+                                                        unsigned int element) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_alloc_pitch) return kNoDriver;
+  auto pass = [&] { return d->mem_alloc_pitch(dptr, pitch, width, height, element); };
+  if (!dptr || !pitch || width == 0 || height == 0) return pass();
+  Runtime* rt = pooling(false);
+  if (!rt) return pass();
+  CtxState* st = current_state(*d, *rt, true);
+  Arena* arena = st ? st->device_arena.load(std::memory_order_acquire) : nullptr;
+  if (!arena) return pass();
+  std::size_t row = 0, bytes = 0;
+  CUresult learnt = pitch_for(*d, st, width, element, &row);
+  // One row did not fit: what we hold goes back first, as for any
+  // out-of-memory.
+  if (learnt == CUDA_ERROR_OUT_OF_MEMORY &&
+      rt->pool.release_group(device_group(st->dev), SIZE_MAX) > 0)
+    learnt = pitch_for(*d, st, width, element, &row);
+  if (learnt != CUDA_SUCCESS || __builtin_mul_overflow(row, height, &bytes)) return pass();
+  const AllocResult a = rt->pool.allocate(arena, bytes);
+  if (!a.block) {
+    *dptr = 0;
+    return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  device_map().activate(a.block);
+  *dptr = a.block->handle;
+  *pitch = row;
+  return CUDA_SUCCESS;
+} GPUPOOL_FALLBACK(mem_alloc_pitch, dptr, pitch, width, height, element)
+
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_free) return kNoDriver;

@@ -73,6 +73,7 @@ struct Api {
   CUresult (*primary_release)(CUdevice);
   CUresult (*primary_reset)(CUdevice);
   decltype(&cuMemAlloc_v2) mem_alloc;
+  decltype(&cuMemAllocPitch_v2) mem_alloc_pitch;
   decltype(&cuMemFree_v2) mem_free;
   decltype(&cuMemAllocHost_v2) mem_alloc_host;
   decltype(&cuMemHostAlloc) host_alloc;
@@ -126,6 +127,7 @@ void load_api() {
   api.primary_release = &cuDevicePrimaryCtxRelease_v2;
   api.primary_reset = &cuDevicePrimaryCtxReset_v2;
   api.mem_alloc = &cuMemAlloc_v2;
+  api.mem_alloc_pitch = &cuMemAllocPitch_v2;
   api.mem_free = &cuMemFree_v2;
   api.mem_alloc_host = &cuMemAllocHost_v2;
   api.host_alloc = &cuMemHostAlloc;
@@ -193,6 +195,7 @@ void load_api() {
     sym(api.primary_release, "cuDevicePrimaryCtxRelease_v2");
     sym(api.primary_reset, "cuDevicePrimaryCtxReset_v2");
     sym(api.mem_alloc, "cuMemAlloc_v2");
+    sym(api.mem_alloc_pitch, "cuMemAllocPitch_v2");
     sym(api.mem_free, "cuMemFree_v2");
     sym(api.mem_alloc_host, "cuMemAllocHost_v2");
     sym(api.host_alloc, "cuMemHostAlloc");
@@ -225,6 +228,7 @@ void load_api() {
   proc(api.primary_release, "cuDevicePrimaryCtxRelease", 7000);
   proc(api.primary_reset, "cuDevicePrimaryCtxReset", 7000);
   proc(api.mem_alloc, "cuMemAlloc", 3020);
+  proc(api.mem_alloc_pitch, "cuMemAllocPitch", 3020);
   proc(api.mem_free, "cuMemFree", 3020);
   proc(api.mem_alloc_host, "cuMemAllocHost", 3020);
   proc(api.host_alloc, "cuMemHostAlloc", 2020);
@@ -440,6 +444,61 @@ void random_ops(std::mt19937_64& rng, int ops, std::vector<Live>& live, std::mut
     else OK(api.mem_free(b.p));
   }
   live.clear();
+}
+
+// Pitched allocations (cudaMallocPitch, cudaMalloc3D): the driver's pitch
+// and errors, the block served and reused by the pool like any device
+// allocation.
+void scenario_pitch() {
+  setup();
+  const StandinCounters c0 = snap();
+  CUdeviceptr p = 0;
+  size_t pitch = 0;
+  OK(api.mem_alloc_pitch(&p, &pitch, 1000, 7, 4));
+  CHECK_EQ(pitch, 1024u);  // the stand-in's rows: multiples of 512 bytes
+  CHECK(p != 0 && p % 512 == 0);
+  fill(p, pitch * 7, 0x5a);
+  CHECK(all_equal(p, pitch * 7, 0x5a));
+  CUdeviceptr base = 0;
+  size_t range = 0;
+  OK(api.address_range(&base, &range, p + pitch * 7 - 1));
+  CHECK_EQ(base, p);
+  CHECK_EQ(range, pitch * 7);
+  OK(api.mem_free(p));
+  OK(api.ctx_sync());
+  // Another height of the same row, then a plain allocation of the freed
+  // block's size: from the pool, with no new driver call.
+  OK(api.mem_alloc_pitch(&p, &pitch, 1000, 5, 4));
+  CHECK_EQ(pitch, 1024u);
+  OK(api.mem_free(p));
+  OK(api.ctx_sync());
+  CUdeviceptr q = 0;
+  OK(api.mem_alloc(&q, 1024 * 7));
+  OK(api.mem_free(q));
+  const StandinCounters c1 = snap();
+  // Pooled: one row to learn the pitch, one block of 7 rows (the 5-row
+  // request and the plain one fit it: 7 168 bytes rounds to 7 168).
+  CHECK_EQ(c1.mem_alloc - c0.mem_alloc, g_pooled ? 2u : 3u);
+  CHECK_EQ(c1.mem_alloc_pitch_calls - c0.mem_alloc_pitch_calls, g_pooled ? 1u : 2u);
+
+  // The driver's errors, unchanged.
+  CHECK_EQ(api.mem_alloc_pitch(&p, &pitch, 1000, 7, 3), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(api.mem_alloc_pitch(&p, &pitch, 0, 7, 4), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(api.mem_alloc_pitch(&p, &pitch, 1000, 0, 4), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(api.mem_alloc_pitch(&p, nullptr, 1000, 7, 4), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(api.mem_alloc_pitch(&p, &pitch, SIZE_MAX / 2, 3, 16), CUDA_ERROR_INVALID_VALUE);
+  // Learning a new row's pitch when the GPU is full: what the pool holds is
+  // given back first (the program would have had that memory without us).
+  if (g_pooled) {
+    const StandinCounters c2 = snap();
+    api.fail_next("cuMemAllocPitch_v2", 1, CUDA_ERROR_OUT_OF_MEMORY);
+    OK(api.mem_alloc_pitch(&p, &pitch, 3000, 11, 8));
+    CHECK_EQ(pitch, 3072u);
+    CHECK(snap().mem_free > c2.mem_free);  // the held 7-row block
+    OK(api.mem_free(p));
+  }
+  // Out of memory: the driver's code.
+  CHECK_EQ(api.mem_alloc_pitch(&p, &pitch, 1000, size_t(1) << 40, 4), CUDA_ERROR_OUT_OF_MEMORY);
 }
 
 void scenario_overlap() {
@@ -1023,6 +1082,7 @@ int main(int argc, char** argv) {
   const std::string s = argv[2];
   if (s == "reuse") scenario_reuse();
   else if (s == "overlap") scenario_overlap();
+  else if (s == "pitch") scenario_pitch();
   else if (s == "threads") scenario_threads();
   else if (s == "errors") scenario_errors();
   else if (s == "ptrattr") scenario_ptrattr();

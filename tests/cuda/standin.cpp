@@ -670,19 +670,13 @@ SI(CUresult, cuDevicePrimaryCtxGetState, (CUdevice dev, unsigned int* flags, int
 
 // ---- memory ----------------------------------------------------------------
 
-SI(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t size)) {
-  std::lock_guard lock(g_mu);
-  if (CUresult e = state_error()) return e;
-  ++g_counters.mem_alloc_calls;
-  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
-  if (size == 0) {
-    *dptr = 0;
-    return CUDA_ERROR_INVALID_VALUE;
-  }
+namespace {
+// cuMemAlloc_v2's allocation, under g_mu, after its argument checks.
+CUresult device_alloc_locked(const char* function, CUdeviceptr* dptr, size_t size) {
   Ctx* c = nullptr;
   if (CUresult e = usable_current(&c)) return e;
   CUresult injected;
-  if (should_fail("cuMemAlloc_v2", &injected)) return injected;
+  if (should_fail(function, &injected)) return injected;
   // A failed allocation leaves *dptr = 0, as a size-0 one does (measured);
   // assumed for out-of-memory.
   if (!charge_device(c->dev, size)) {
@@ -700,6 +694,38 @@ SI(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t size)) {
   g_counters.last_alloc_size = size;
   *dptr = p;
   return CUDA_SUCCESS;
+}
+}  // namespace
+
+SI(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t size)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  ++g_counters.mem_alloc_calls;
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  if (size == 0) {
+    *dptr = 0;
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return device_alloc_locked("cuMemAlloc_v2", dptr, size);
+}
+
+// Rows padded to STANDIN_PITCH_ALIGN (default 512) bytes; element sizes 4,
+// 8 and 16 only, as the driver documents, and rows up to the H100's
+// CU_DEVICE_ATTRIBUTE_MAX_PITCH; counted as device allocations.
+SI(CUresult, cuMemAllocPitch_v2, (CUdeviceptr * dptr, size_t* pitch, size_t width, size_t height, unsigned int element)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  ++g_counters.mem_alloc_pitch_calls;
+  if (!dptr || !pitch || width == 0 || height == 0 || width > 2147483647 ||
+      (element != 4 && element != 8 && element != 16))
+    return CUDA_ERROR_INVALID_VALUE;
+  const char* align_env = getenv("STANDIN_PITCH_ALIGN");
+  const size_t align = align_env ? strtoull(align_env, nullptr, 0) : 512;
+  const size_t row = (width + align - 1) / align * align;
+  if (height > SIZE_MAX / row) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult r = device_alloc_locked("cuMemAllocPitch_v2", dptr, row * height);
+  if (r == CUDA_SUCCESS) *pitch = row;
+  return r;
 }
 
 SI(CUresult, cuMemFree_v2, (CUdeviceptr p)) {
@@ -893,7 +919,7 @@ const Export kExports[] = {
     E(cuCtxSetCurrent), E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2), E(cuCtxGetDevice),
     E(cuCtxSynchronize), E(cuCtxSynchronize_v2), E(cuDevicePrimaryCtxRetain),
     E(cuDevicePrimaryCtxRelease), E(cuDevicePrimaryCtxRelease_v2), E(cuDevicePrimaryCtxReset),
-    E(cuDevicePrimaryCtxReset_v2), E(cuDevicePrimaryCtxGetState), E(cuMemAlloc_v2), E(cuMemFree_v2),
+    E(cuDevicePrimaryCtxReset_v2), E(cuDevicePrimaryCtxGetState), E(cuMemAlloc_v2), E(cuMemAllocPitch_v2), E(cuMemFree_v2),
     E(cuMemAllocHost_v2), E(cuMemHostAlloc), E(cuMemFreeHost), E(cuMemGetInfo_v2),
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes),
     E(cuMemHostGetFlags), E(cuIpcGetMemHandle), E(cuMemsetD8Async), E(cuMemsetD8Async_ptsz),
@@ -931,6 +957,7 @@ const Version kVersions[] = {
     {"cuDevicePrimaryCtxReset", 11000, "cuDevicePrimaryCtxReset_v2"},
     {"cuDevicePrimaryCtxGetState", 7000, "cuDevicePrimaryCtxGetState"},
     {"cuMemAlloc", 3020, "cuMemAlloc_v2"},
+    {"cuMemAllocPitch", 3020, "cuMemAllocPitch_v2"},
     {"cuMemFree", 3020, "cuMemFree_v2"},
     {"cuMemAllocHost", 3020, "cuMemAllocHost_v2"},
     {"cuMemHostAlloc", 2020, "cuMemHostAlloc"},

@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 typedef struct StandinCounters {
-  uint64_t mem_alloc;        /* successful cuMemAlloc_v2 */
+  uint64_t mem_alloc;        /* successful cuMemAlloc_v2 and cuMemAllocPitch_v2 */
   uint64_t mem_alloc_calls;  /* all cuMemAlloc_v2 calls */
   uint64_t mem_free;         /* successful cuMemFree_v2 */
   uint64_t host_alloc;       /* successful cuMemHostAlloc / cuMemAllocHost_v2 */
@@ -23,6 +23,7 @@ typedef struct StandinCounters {
   uint64_t ipc_handles;
   uint64_t last_alloc_size;  /* size of the last successful cuMemAlloc_v2 */
   uint64_t ops_executed;     /* async operations run at a synchronization */
+  uint64_t mem_alloc_pitch_calls; /* all cuMemAllocPitch_v2 calls */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */

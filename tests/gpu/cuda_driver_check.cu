@@ -130,6 +130,76 @@ __global__ void spin(unsigned long long delay_ns) {
 }
 
 // ---------------------------------------------------------------------------
+// Pitched allocations: the driver's pitch and error codes for the same
+// arguments (SAME lines, compared with the run without gpupool), the whole
+// pitch x height range usable, texture-aligned, and reuse under gpupool.
+
+void check_pitch() {
+  int tex_align = 0;
+  REQUIRE(cuDeviceGetAttribute(&tex_align, CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, g_dev));
+  bool aligned = true, usable = true;
+  for (std::size_t w : {std::size_t(1), std::size_t(100), std::size_t(512), std::size_t(1000),
+                        std::size_t(4096), std::size_t(65537), MiB})
+    for (unsigned e : {4u, 8u, 16u})
+      for (std::size_t h : {std::size_t(1), std::size_t(3), std::size_t(1000)}) {
+        CUdeviceptr p = 0;
+        std::size_t pitch = 0;
+        const CUresult r = cuMemAllocPitch(&p, &pitch, w, h, e);
+        same(fmt("pitch.%zu.%zu.%u", w, h, e), fmt("rc=%d pitch=%zu", int(r), pitch));
+        if (r != CUDA_SUCCESS) continue;
+        aligned = aligned && p % tex_align == 0;
+        // The last byte of the last row is the program's.
+        unsigned char v = static_cast<unsigned char>(w + h + e), back = 0;
+        REQUIRE(cuMemsetD8(p, v, pitch * h));
+        REQUIRE(cuMemcpyDtoH(&back, p + pitch * h - 1, 1));
+        usable = usable && back == v;
+        std::size_t range = 0;
+        CUdeviceptr base = 0;
+        REQUIRE(cuMemGetAddressRange(&base, &range, p + pitch * h - 1));
+        usable = usable && base == p && range == pitch * h;
+        REQUIRE(cuMemFree(p));
+      }
+  same("pitch.aligned", fmt("every pointer a multiple of %d: %s", tex_align, aligned ? "yes" : "no"));
+  check(usable, "pitch.usable", "pitch x height bytes written, read back, and the range reported");
+  // The driver's errors for the same arguments.
+  struct Bad {
+    std::size_t w, h;
+    unsigned e;
+    bool null_pitch;
+  } bad[] = {{1000, 10, 0, false},  {1000, 10, 1, false}, {1000, 10, 2, false},
+             {1000, 10, 3, false},  {1000, 10, 32, false}, {0, 10, 4, false},
+             {1000, 0, 4, false},   {1000, 10, 4, true},  {std::size_t(1) << 40, 2, 4, false},
+             {1000, std::size_t(1) << 40, 4, false}};
+  for (const Bad& b : bad) {
+    CUdeviceptr p = 0;
+    std::size_t pitch = 0;
+    const CUresult r = cuMemAllocPitch(&p, b.null_pitch ? nullptr : &pitch, b.w, b.h, b.e);
+    same(fmt("pitch.error.%zu.%zu.%u%s", b.w, b.h, b.e, b.null_pitch ? ".nullpitch" : ""),
+         fmt("rc=%d", int(r)));
+    if (r == CUDA_SUCCESS) REQUIRE(cuMemFree(p));
+  }
+  // cudart's pitched calls reach the driver through cuGetProcAddress.
+  void* rp = nullptr;
+  std::size_t rpitch = 0;
+  const cudaError_t re = cudaMallocPitch(&rp, &rpitch, 1000, 100);
+  same("pitch.cudaMallocPitch", fmt("rc=%d pitch=%zu", int(re), rpitch));
+  cudaPitchedPtr pp{};
+  const cudaError_t r3 = cudaMalloc3D(&pp, make_cudaExtent(3000, 20, 10));
+  same("pitch.cudaMalloc3D", fmt("rc=%d pitch=%zu", int(r3), pp.pitch));
+  if (re == cudaSuccess) cudaFree(rp);
+  if (r3 == cudaSuccess) cudaFree(pp.ptr);
+  // Freed and asked again: the pool hands the same block back.
+  CUdeviceptr a = 0, b = 0;
+  std::size_t pa = 0, pb = 0;
+  REQUIRE(cuMemAllocPitch(&a, &pa, 1000, 100, 4));
+  REQUIRE(cuMemFree(a));
+  REQUIRE(cuCtxSynchronize());
+  REQUIRE(cuMemAllocPitch(&b, &pb, 1000, 100, 4));
+  info("pitch.reuse", fmt("same block again: %s", a == b ? "yes" : "no"));
+  REQUIRE(cuMemFree(b));
+}
+
+// ---------------------------------------------------------------------------
 // Error codes (the measured table).
 
 void check_error_codes() {
@@ -730,6 +800,7 @@ int main(int argc, char** argv) {
       {"threads", check_threads},
       {"ctx-destroy", check_context_destroy},
       {"primary-reset", check_primary_reset},
+      {"pitch", check_pitch},
       // Last: it leaves the device's memory held by gpupool.
       {"oom", check_oom_retry},
   };
