@@ -40,6 +40,7 @@ struct Config {
   std::uint64_t release_after_ns = 60'000'000'000;  // why: README, "Sharing a GPU"
   Reuse reuse = Reuse::safe;
   SizeSpec pending_growth;        // default 2%, see options.def
+  bool borrow = false;            // why off: options.def
   bool probe = true;
 
   Neighbours neighbours = Neighbours::user;

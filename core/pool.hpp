@@ -49,8 +49,10 @@ struct PoolOptions {
   bool hold = true;                     // false: start with holding stopped
   std::uint64_t release_after_ns = 0;   // 0: keep held blocks however long
   // A request whose bin has no held block takes one from a larger bin (less
-  // than twice its size) before asking the backend.
-  bool borrow_larger = true;
+  // than twice its size) before asking the backend. Off by default: the
+  // excess of a borrowed block cannot be released while it is active, so a
+  // program that fills the device would run out of memory sooner.
+  bool borrow_larger = false;
   unsigned shards = 0;                  // 0: one per hardware thread (max 64)
   std::uint64_t (*clock)() = nullptr;   // monotonic ns for held-block ages; tests inject one
   // Precise monotonic ns for what backend calls cost (the growth rule below);

@@ -54,6 +54,7 @@ void fork_child() {
 PoolOptions pool_options(const config::Config& c) {
   PoolOptions o;
   o.leading_bits = c.leading_bits;
+  o.borrow_larger = c.borrow;
   o.hold = c.hold;
   o.release_after_ns = c.release_after_ns;
   return o;

@@ -3,7 +3,7 @@
 // programs' allocations, on any machine, without a GPU.
 //
 //   bench_replay TRACE... [--rounds N] [--leading-bits B] [--max-pooled BYTES]
-//                [--device-memory BYTES] [--release-after NS] [--no-borrow] [--json]
+//                [--device-memory BYTES] [--release-after NS] [--borrow] [--json]
 //
 // TRACE: a GPUPOOL_TRACE_FILE (docs/trace.md) or an RMM memory event log
 // (CSV, "Thread,Time,Action,Pointer,Size,Stream"; RMM's
@@ -224,7 +224,7 @@ struct Options {
   std::uint64_t max_pooled = 0;  // 0: 25% of device_memory, as the shim's default
   std::uint64_t release_after_ns = 0;
   bool json = false;
-  bool borrow = true;
+  bool borrow = false;  // the library default (GPUPOOL_BORROW)
 };
 
 // The pool's clock in a replay is the trace's own.
@@ -375,7 +375,7 @@ int main(int argc, char** argv) {
     };
     std::uint64_t v = 0;
     if (a == "--json") o.json = true;
-    else if (a == "--no-borrow") o.borrow = false;
+    else if (a == "--borrow") o.borrow = true;
     else if (a == "--rounds" && size_arg(value("--rounds"), &v) && v > 0) o.rounds = unsigned(v);
     else if (a == "--leading-bits" && size_arg(value("--leading-bits"), &v) && v >= 1 && v <= 8)
       o.leading_bits = unsigned(v);
@@ -387,7 +387,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: bench_replay TRACE... [--rounds N] [--leading-bits 1-8] "
-                   "[--max-pooled BYTES] [--device-memory BYTES] [--release-after NS] [--no-borrow] "
+                   "[--max-pooled BYTES] [--device-memory BYTES] [--release-after NS] [--borrow] "
                    "[--json]\n"
                    "bench_replay: bad argument '%s'\n",
                    a.c_str());

@@ -48,6 +48,7 @@ struct Model {
   };
   BinScheme scheme{4};
   bool holding = true;
+  bool borrow = false;
   std::uint64_t release_after = 0;
   std::vector<MArena> arenas;
   std::vector<std::size_t> group_cap;
@@ -154,7 +155,7 @@ struct Model {
     }
     // Its bin empty: a ready held block of a larger bin, under twice the
     // size, serves it (the smallest such bin first).
-    if (pooled && !grown && (!a.bins.count(bin) || a.bins[bin].empty())) {
+    if (borrow && pooled && !grown && (!a.bins.count(bin) || a.bins[bin].empty())) {
       const std::size_t last = scheme.bin_number(2 * want);
       for (auto it = a.bins.upper_bound(bin); it != a.bins.end() && it->first < last; ++it) {
         MBlock b;
@@ -310,9 +311,11 @@ void run_seed(int seed) {
   po.clock = fake_clock;
   po.cost_clock = fake_cost_clock;
   po.release_after_ns = release_after;
+  po.borrow_larger = pick(4) != 0;
   Pool pool(po);
 
   Model m;
+  m.borrow = po.borrow_larger;
   m.release_after = release_after;
   m.group_cap = {cap, SIZE_MAX};
   m.alloc_cost = alloc_cost;
