@@ -37,6 +37,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 namespace {
 
 int g_failures = 0;
@@ -197,6 +199,148 @@ void check_pitch() {
   REQUIRE(cuMemAllocPitch(&b, &pb, 1000, 100, 4));
   info("pitch.reuse", fmt("same block again: %s", a == b ? "yes" : "no"));
   REQUIRE(cuMemFree(b));
+}
+
+// ---------------------------------------------------------------------------
+// What gpupool leaves to the driver keeps working next to pooled memory:
+// stream-ordered allocation, virtual memory management (cuMemCreate/Map,
+// what PyTorch's expandable segments and NCCL use), and IPC handles of a
+// pooled block opened in another process.
+
+// The other process: opens the handle on stdin, checks `words` words of
+// `value`, prints "IPC-CHILD ok" or what went wrong.
+int ipc_child() {
+  CUipcMemHandle h;
+  unsigned value = 0;
+  std::size_t words = 0;
+  if (std::fread(&h, sizeof h, 1, stdin) != 1 || std::fread(&value, sizeof value, 1, stdin) != 1 ||
+      std::fread(&words, sizeof words, 1, stdin) != 1) {
+    std::printf("IPC-CHILD bad input\n");
+    return 1;
+  }
+  CUdevice dev;
+  CUcontext ctx;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
+    std::printf("IPC-CHILD no context\n");
+    return 1;
+  }
+  CUdeviceptr p = 0;
+  const CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (r != CUDA_SUCCESS) {
+    std::printf("IPC-CHILD open -> %d\n", int(r));
+    return 1;
+  }
+  std::vector<unsigned> back(words);
+  if (cuMemcpyDtoH(back.data(), p, words * sizeof(unsigned)) != CUDA_SUCCESS) {
+    std::printf("IPC-CHILD copy failed\n");
+    return 1;
+  }
+  std::size_t bad = 0;
+  for (unsigned w : back) bad += w != value;
+  cuIpcCloseMemHandle(p);
+  std::printf(bad ? "IPC-CHILD %zu words wrong\n" : "IPC-CHILD ok\n", bad);
+  return bad ? 1 : 0;
+}
+
+void check_beside_pool() {
+  // Stream-ordered allocation (not pooled by gpupool) beside pooled blocks.
+  {
+    CUstream s;
+    REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr pooled = 0, async = 0;
+    REQUIRE(cuMemAlloc(&pooled, 4 * MiB));
+    REQUIRE(cuMemsetD32Async(pooled, 0x1234abcd, MiB, s));
+    const CUresult ra = cuMemAllocAsync(&async, 4 * MiB, s);
+    same("beside.async-alloc", fmt("rc=%d", int(ra)));
+    bool ok = ra == CUDA_SUCCESS;
+    if (ok) {
+      REQUIRE(cuMemcpyDtoDAsync(async, pooled, 4 * MiB, s));
+      std::vector<unsigned> back(MiB);
+      REQUIRE(cuMemcpyDtoHAsync(back.data(), async, 4 * MiB, s));
+      REQUIRE(cuStreamSynchronize(s));
+      ok = std::all_of(back.begin(), back.end(), [](unsigned w) { return w == 0x1234abcd; });
+      same("beside.async-free", fmt("rc=%d", int(cuMemFreeAsync(async, s))));
+      REQUIRE(cuStreamSynchronize(s));
+    }
+    check(ok, "beside.async", "cuMemAllocAsync memory copied from a pooled block, read back");
+    REQUIRE(cuMemFree(pooled));
+    REQUIRE(cuStreamDestroy(s));
+  }
+  // Virtual memory management.
+  {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = g_dev;
+    std::size_t gran = 0;
+    REQUIRE(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    const std::size_t bytes = 4 * gran;
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr va = 0;
+    bool ok = cuMemCreate(&h, bytes, &prop, 0) == CUDA_SUCCESS;
+    ok = ok && cuMemAddressReserve(&va, bytes, 0, 0, 0) == CUDA_SUCCESS;
+    ok = ok && cuMemMap(va, bytes, 0, h, 0) == CUDA_SUCCESS;
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    ok = ok && cuMemSetAccess(va, bytes, &access, 1) == CUDA_SUCCESS;
+    CUdeviceptr pooled = 0;
+    REQUIRE(cuMemAlloc(&pooled, bytes));
+    if (ok) {
+      REQUIRE(cuMemsetD32(pooled, 0x5eed, bytes / 4));
+      REQUIRE(cuMemcpyDtoD(va, pooled, bytes));
+      unsigned last = 0;
+      REQUIRE(cuMemcpyDtoH(&last, va + bytes - 4, 4));
+      ok = last == 0x5eed;
+      // Queries on a mapped address are the driver's (gpupool does not own it).
+      CUdeviceptr base = 0;
+      std::size_t range = 0;
+      const CUresult rr = cuMemGetAddressRange(&base, &range, va + 4);
+      same("beside.vmm-range", fmt("rc=%d base-offset=%lld size=%zu", int(rr),
+                                   (long long)(va - base), range));
+      ok = ok && cuMemUnmap(va, bytes) == CUDA_SUCCESS;
+    }
+    if (va) cuMemAddressFree(va, bytes);
+    cuMemRelease(h);
+    REQUIRE(cuMemFree(pooled));
+    check(ok, "beside.vmm", fmt("cuMemCreate+Map of %zu bytes, copied from a pooled block, read back", bytes));
+  }
+  // An IPC handle of a pooled block, opened by another process.
+  {
+    const std::size_t words = MiB;
+    CUdeviceptr p = 0;
+    REQUIRE(cuMemAlloc(&p, words * 4));
+    REQUIRE(cuMemsetD32(p, 0xc0ffee, words));
+    REQUIRE(cuCtxSynchronize());
+    CUipcMemHandle h;
+    const CUresult rh = cuIpcGetMemHandle(&h, p);
+    same("beside.ipc-handle", fmt("rc=%d", int(rh)));
+    std::string answer = "no handle";
+    if (rh == CUDA_SUCCESS) {
+      char self[4096] = {};
+      const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+      const std::string in = "/tmp/gpupool-ipc-" + std::to_string(getpid());
+      FILE* f = std::fopen(in.c_str(), "wb");
+      const unsigned value = 0xc0ffee;
+      if (n > 0 && f && std::fwrite(&h, sizeof h, 1, f) == 1 && std::fwrite(&value, sizeof value, 1, f) == 1 &&
+          std::fwrite(&words, sizeof words, 1, f) == 1) {
+        std::fclose(f);
+        f = nullptr;
+        const std::string cmd = std::string("'") + self + "' --ipc-child < " + in;
+        if (FILE* child = popen(cmd.c_str(), "r")) {
+          char line[256] = {};
+          answer = std::fgets(line, sizeof line, child) ? line : "no answer";
+          if (!answer.empty() && answer.back() == '\n') answer.pop_back();
+          pclose(child);
+        }
+      }
+      if (f) std::fclose(f);
+      std::remove(in.c_str());
+    }
+    check(answer == "IPC-CHILD ok", "beside.ipc",
+          "a pooled block's IPC handle opened in a second process reads the bytes: " + answer);
+    REQUIRE(cuMemFree(p));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -801,12 +945,14 @@ int main(int argc, char** argv) {
       {"ctx-destroy", check_context_destroy},
       {"primary-reset", check_primary_reset},
       {"pitch", check_pitch},
+      {"beside", check_beside_pool},
       // Last: it leaves the device's memory held by gpupool.
       {"oom", check_oom_retry},
   };
   bool oom = true;
   const char* after = nullptr;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--ipc-child")) return ipc_child();
     if (!std::strcmp(argv[i], "--report-hazard")) g_report_hazard = true;
     else if (!std::strcmp(argv[i], "--no-oom")) oom = false;
     else if (!std::strcmp(argv[i], "--after") && i + 1 < argc) after = argv[++i];
