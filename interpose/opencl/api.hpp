@@ -40,7 +40,10 @@ namespace gpupool::ocl {
   X(clEnqueueWriteBuffer)               \
   X(clEnqueueCopyBuffer)                \
   X(clEnqueueFillBuffer)                \
-  X(clEnqueueMapBuffer)
+  X(clEnqueueMapBuffer)                  \
+  X(clSVMAlloc)                         \
+  X(clSVMFree)                          \
+  X(clEnqueueSVMFree)
 
 #define GPUPOOL_CL_USED(Y)        \
   Y(clGetPlatformIDs)             \
@@ -52,6 +55,7 @@ namespace gpupool::ocl {
   Y(clSetEventCallback)           \
   Y(clEnqueueMigrateMemObjects)   \
   Y(clGetEventInfo)               \
+  Y(clGetCommandQueueInfo)        \
   Y(clWaitForEvents)              \
   Y(clReleaseEvent)
 

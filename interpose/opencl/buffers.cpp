@@ -24,17 +24,15 @@ std::mutex g_callback_locks[kCallbackLocks];
 // ---------------------------------------------------------------------------
 // The backend of one arena.
 
-class BufferBackend final : public Backend {
+class BufferBackend final : public ContextBackend {
  public:
   BufferBackend(std::shared_ptr<Ctx> ctx, cl_mem_flags flags, bool has_props, Props props,
                 const config::Config& cfg, std::string group)
-      : ctx_(std::move(ctx)),
-        group_(std::move(group)),
+      : ContextBackend(std::move(ctx), std::move(group), cfg),
         given_flags_(flags),
         real_flags_(flags & ~CL_MEM_COPY_HOST_PTR),
         has_props_(has_props),
         props_(std::move(props)),
-        immediate_(cfg.reuse == config::Reuse::immediate),
         probe_(cfg.probe) {}
 
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
@@ -82,26 +80,6 @@ class BufferBackend final : public Backend {
   }
   void drop(Handle h, std::size_t) override { delete buffers().take(reinterpret_cast<cl_mem>(h)); }
 
-  std::uint64_t fence() override {
-    return immediate_ ? 0 : ctx_->epoch.load(std::memory_order_seq_cst);
-  }
-  bool passed(std::uint64_t f) override {
-    if (f == 0 || ctx_->completed.load(std::memory_order_acquire) >= f) return true;
-    if (!ctx_->solo.load(std::memory_order_relaxed)) return false;
-    // Record the loan before confirming solo mode (seq_cst both sides): the
-    // thread that ends solo mode then sees it (end_solo()).
-    std::uint64_t lent = ctx_->solo_lent.load(std::memory_order_relaxed);
-    while (lent < f && !ctx_->solo_lent.compare_exchange_weak(lent, f)) {
-    }
-    return ctx_->solo.load(std::memory_order_seq_cst);
-  }
-  void wait_all() override { advance(*ctx_); }
-
-  // Other gpupool processes on this GPU may hold what we miss.
-  bool relieve(std::size_t bytes) override {
-    return ctx_->has_uuid && node::ask_neighbours(group_, bytes) > 0;
-  }
-
  private:
   // Make the allocation real now, so out-of-memory is reported here.
   cl_int probe(cl_mem m, std::size_t bytes) {
@@ -129,24 +107,19 @@ class BufferBackend final : public Backend {
     return st < 0 ? st : CL_SUCCESS;
   }
 
-  std::shared_ptr<Ctx> ctx_;
-  std::string group_;
   cl_mem_flags given_flags_, real_flags_;
   bool has_props_;
   Props props_;
-  bool immediate_, probe_;
+  bool probe_;
 };
 
 Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flags, bool has_props,
                  const Props& props) {
   std::lock_guard lock(ctx->mu);
   for (auto& a : ctx->arenas)
-    if (a.flags == flags && a.has_props == has_props && a.props == props) return a.arena;
+    if (!a.svm && a.flags == flags && a.has_props == has_props && a.props == props) return a.arena;
   const config::Config& cfg = rt.config;
-  // The memory the arena draws on: the GPU when it has a UUID (every
-  // context on it draws on the same memory), else the context's own.
-  const std::string group = ctx->has_uuid ? "opencl:" + node::uuid_text(ctx->uuid)
-                                          : fmt::format("opencl:{}", fmt::ptr(ctx->handle));
+  const std::string group = memory_group(*ctx);
   auto backend = std::make_unique<BufferBackend>(ctx, flags, has_props, props, cfg, group);
   ArenaOptions o;
   o.kind = "opencl";
@@ -161,12 +134,54 @@ Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flag
   o.max_pooled = cfg.max_pooled.resolve(ctx->global_mem);
   o.max_held = cfg.max_held.resolve(ctx->global_mem);
   Arena* arena = rt.pool.add_arena(std::move(backend), std::move(o));
-  ctx->arenas.push_back({flags, has_props, props, arena});
+  ctx->arenas.push_back({flags, has_props, props, arena, false});
   if (ctx->has_uuid) node::add_device(rt, ctx->uuid, group, ctx->global_mem);
   return arena;
 }
 
 }  // namespace
+
+ContextBackend::ContextBackend(std::shared_ptr<Ctx> ctx, std::string group,
+                               const config::Config& cfg)
+    : ctx_(std::move(ctx)), group_(std::move(group)), immediate_(cfg.reuse == config::Reuse::immediate) {}
+
+std::uint64_t ContextBackend::fence() {
+  return immediate_ ? 0 : ctx_->epoch.load(std::memory_order_seq_cst);
+}
+
+bool ContextBackend::passed(std::uint64_t f) {
+  if (f == 0 || ctx_->completed.load(std::memory_order_acquire) >= f) return true;
+  if (!ctx_->solo.load(std::memory_order_relaxed)) return false;
+  // Record the loan before confirming solo mode (seq_cst both sides): the
+  // thread that ends solo mode then sees it (end_solo()).
+  std::uint64_t lent = ctx_->solo_lent.load(std::memory_order_relaxed);
+  while (lent < f && !ctx_->solo_lent.compare_exchange_weak(lent, f)) {
+  }
+  return ctx_->solo.load(std::memory_order_seq_cst);
+}
+
+void ContextBackend::wait_all() { advance(*ctx_); }
+
+bool ContextBackend::relieve(std::size_t bytes) {
+  return ctx_->has_uuid && node::ask_neighbours(group_, bytes) > 0;
+}
+
+std::string memory_group(const Ctx& ctx) {
+  // The GPU when it has a UUID (every context on it draws on the same
+  // memory), else the context's own.
+  return ctx.has_uuid ? "opencl:" + node::uuid_text(ctx.uuid)
+                      : fmt::format("opencl:{}", fmt::ptr(ctx.handle));
+}
+
+void block_back(Runtime& rt, Ctx& ctx, Block* b) {
+  rt.pool.free(b);
+  const bool last = ctx.active.fetch_sub(1) == 1;
+  if (ctx.closed.load()) {
+    // The program released the context already: nothing more is held for it.
+    release_closed(rt, ctx);
+    if (last) finish_ctx(rt, ctx);
+  }
+}
 
 std::mutex& callback_lock(const Buffer* b) {
   return g_callback_locks[(reinterpret_cast<std::uintptr_t>(b) >> 6) % kCallbackLocks];
@@ -241,13 +256,7 @@ void buffer_died(Buffer* r) {
     if (!gone) next().clReleaseMemObject(m);
     return;
   }
-  rt->pool.free(b);
-  const bool last = ctx->active.fetch_sub(1) == 1;
-  if (ctx->closed.load()) {
-    // The program released the context already: nothing more is held for it.
-    release_closed(*rt, *ctx);
-    if (last) finish_ctx(*rt, *ctx);
-  }
+  block_back(*rt, *ctx, b);
 }
 
 }  // namespace
@@ -429,11 +438,13 @@ cl_int put_info(void* value, size_t value_size, size_t* size_ret, const void* sr
 
 void buffers_fork_lock() {
   buffers().lock_all();
+  svm_fork_lock();
   for (std::mutex& m : g_callback_locks) m.lock();
 }
 
 void buffers_fork_unlock() {
   for (std::mutex& m : g_callback_locks) m.unlock();
+  svm_fork_unlock();
   buffers().unlock_all();
 }
 

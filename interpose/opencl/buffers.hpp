@@ -44,6 +44,31 @@ struct Buffer {
 };
 
 HandleMap<cl_mem, Buffer>& buffers();
+
+// What the arenas of one context have in common (buffers, SVM): blocks are
+// fenced by the context's queues (contexts.hpp), and on out-of-memory the
+// node's other processes on the same GPU are asked.
+class ContextBackend : public Backend {
+ public:
+  ContextBackend(std::shared_ptr<Ctx> ctx, std::string group, const config::Config& cfg);
+  std::uint64_t fence() override;
+  bool passed(std::uint64_t f) override;
+  void wait_all() override;
+  bool relieve(std::size_t bytes) override;
+
+ protected:
+  std::shared_ptr<Ctx> ctx_;
+  std::string group_;
+  bool immediate_;  // GPUPOOL_REUSE=immediate: no fences
+};
+
+// The pool group of a context's memory: its GPU's when the device has a
+// UUID, else the context's own.
+std::string memory_group(const Ctx& ctx);
+
+// A pooled block of ctx's the program let go of goes back to the pool; a
+// context the program released finishes once none of its blocks is left.
+void block_back(Runtime& rt, Ctx& ctx, Block* b);
 // The lock of a buffer's destructor callbacks.
 std::mutex& callback_lock(const Buffer* b);
 
@@ -67,6 +92,16 @@ cl_int put_info(void* value, size_t value_size, size_t* size_ret, const void* sr
 // once it holds none of its buffers, retire its arenas.
 void release_closed(Runtime& rt, Ctx& ctx);
 void finish_ctx(Runtime& rt, Ctx& ctx);
+
+// Shared virtual memory (svm.cpp): clSVMAlloc, clSVMFree and
+// clEnqueueSVMFree from the pool, or passed to the implementation.
+void* svm_alloc(cl_context context, cl_svm_mem_flags flags, size_t size, cl_uint alignment);
+void svm_free(cl_context context, void* p);
+cl_int svm_enqueue_free(cl_command_queue q, cl_uint n, void* pointers[],
+                        void(CL_CALLBACK* free_func)(cl_command_queue, cl_uint, void*[], void*),
+                        void* user_data, cl_uint waits, const cl_event* wait_list, cl_event* event);
+void svm_fork_lock();
+void svm_fork_unlock();
 
 // fork(): the buffer map's and callbacks' locks.
 void buffers_fork_lock();

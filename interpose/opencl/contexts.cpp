@@ -124,7 +124,7 @@ void load_info(Ctx& ctx) {
   if (api.clGetContextInfo(ctx.handle, CL_CONTEXT_DEVICES, n, devs.data(), nullptr) != CL_SUCCESS)
     return;
   std::size_t max_alloc = SIZE_MAX, global = SIZE_MAX;
-  bool ocl12 = true;
+  bool ocl12 = true, svm = true;
   for (cl_device_id d : devs) {
     cl_ulong v = 0;
     if (api.clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof v, &v, nullptr) != CL_SUCCESS)
@@ -138,6 +138,11 @@ void load_info(Ctx& ctx) {
     int major = 0, minor = 0;
     if (std::sscanf(ver.c_str(), "OpenCL %d.%d", &major, &minor) != 2 || major * 100 + minor < 102)
       ocl12 = false;
+    cl_device_svm_capabilities caps = 0;
+    if (major < 2 ||
+        api.clGetDeviceInfo(d, CL_DEVICE_SVM_CAPABILITIES, sizeof caps, &caps, nullptr) != CL_SUCCESS ||
+        !(caps & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER))
+      svm = false;
   }
   ctx.device = devs[0];
   ctx.device_name = device_string(api, devs[0], CL_DEVICE_NAME);
@@ -152,6 +157,7 @@ void load_info(Ctx& ctx) {
   ctx.max_alloc = max_alloc;
   ctx.global_mem = global;
   ctx.ocl12 = ocl12 && api.clEnqueueMigrateMemObjects;
+  ctx.svm = svm && api.clSVMAlloc && api.clSVMFree;
   ctx.info_ok = max_alloc > 0;
 }
 

@@ -61,7 +61,7 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   std::atomic<int> refs{1};  // the program's references
   bool refs_known = true;    // false: seen first at a buffer, creation missed
   std::atomic<bool> closed{false};
-  std::atomic<std::int64_t> active{0};  // pooled buffers the program holds
+  std::atomic<std::int64_t> active{0};  // pooled buffers and SVM blocks the program holds
 
   std::once_flag info_once;
   bool info_ok = false;
@@ -70,6 +70,7 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   std::size_t max_alloc = 0;   // min CL_DEVICE_MAX_MEM_ALLOC_SIZE over the devices
   std::size_t global_mem = 0;  // min CL_DEVICE_GLOBAL_MEM_SIZE
   bool ocl12 = false;
+  bool svm = false;  // every device has coarse-grained SVM buffers (svm.cpp)
   // The device's UUID (cl_khr_device_uuid), for a context of one device
   // that has one: its buffers then draw on a GPU the node's other
   // processes can name (NVIDIA's is the CUDA UUID), and take part in
@@ -85,6 +86,7 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
     bool has_props;
     Props props;
     Arena* arena;
+    bool svm;  // shared virtual memory (svm.cpp), else buffers
   };
   std::vector<ArenaEntry> arenas;
   std::vector<Queue*> queues;

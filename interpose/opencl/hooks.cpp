@@ -493,6 +493,34 @@ GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(
              : missing(errcode_ret);
 }
 
+GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clSVMAlloc(cl_context c, cl_svm_mem_flags flags,
+                                                       size_t size, cl_uint alignment) try {
+  if (!next().clSVMAlloc) return nullptr;
+  return svm_alloc(c, flags, size, alignment);
+} catch (...) {
+  internal_failure(__func__);
+  return next().clSVMAlloc ? next().clSVMAlloc(c, flags, size, alignment) : nullptr;
+}
+
+// No fallback to the implementation here: a pooled pointer must never reach
+// its clSVMFree while the pool has it (svm_free allocates nothing).
+GPUPOOL_HOOK void CL_API_CALL gpupool_hook_clSVMFree(cl_context c, void* p) try {
+  if (next().clSVMFree) svm_free(c, p);
+} catch (...) {
+  internal_failure(__func__);
+}
+
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueSVMFree(
+    cl_command_queue q, cl_uint n, void* pointers[],
+    void(CL_CALLBACK* free_func)(cl_command_queue, cl_uint, void*[], void*), void* user_data,
+    cl_uint waits, const cl_event* wait_list, cl_event* event) try {
+  if (!next().clEnqueueSVMFree) return CL_INVALID_OPERATION;
+  return svm_enqueue_free(q, n, pointers, free_func, user_data, waits, wait_list, event);
+} catch (...) {
+  internal_failure(__func__);
+  return CL_OUT_OF_HOST_MEMORY;
+}
+
 // The exported names: aliases, so that the address the layer and a program
 // get is gpupool's own function even if another preloaded library exports
 // the same name.

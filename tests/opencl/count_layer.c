@@ -11,7 +11,7 @@
 static const struct _cl_icd_dispatch* next;
 static struct _cl_icd_dispatch table;
 
-static atomic_long n_create, n_release, n_retain, n_sub, n_migrate;
+static atomic_long n_create, n_release, n_retain, n_sub, n_migrate, n_svm_alloc, n_svm_free;
 
 static cl_mem CL_API_CALL create_buffer(cl_context c, cl_mem_flags f, size_t s, void* h, cl_int* e) {
   cl_mem m = next->clCreateBuffer(c, f, s, h, e);
@@ -44,12 +44,24 @@ static cl_int CL_API_CALL migrate(cl_command_queue q, cl_uint n, const cl_mem* m
   return next->clEnqueueMigrateMemObjects(q, n, m, f, nw, w, ev);
 }
 
+static void* CL_API_CALL svm_alloc(cl_context c, cl_svm_mem_flags f, size_t s, cl_uint a) {
+  void* p = next->clSVMAlloc(c, f, s, a);
+  if (p) atomic_fetch_add(&n_svm_alloc, 1);
+  return p;
+}
+static void CL_API_CALL svm_free(cl_context c, void* p) {
+  if (p) atomic_fetch_add(&n_svm_free, 1);
+  next->clSVMFree(c, p);
+}
+
 __attribute__((visibility("default"))) long count_layer_get(const char* what) {
   if (!strcmp(what, "create")) return atomic_load(&n_create);
   if (!strcmp(what, "release")) return atomic_load(&n_release);
   if (!strcmp(what, "retain")) return atomic_load(&n_retain);
   if (!strcmp(what, "sub")) return atomic_load(&n_sub);
   if (!strcmp(what, "migrate")) return atomic_load(&n_migrate);
+  if (!strcmp(what, "svm_alloc")) return atomic_load(&n_svm_alloc);
+  if (!strcmp(what, "svm_free")) return atomic_load(&n_svm_free);
   return -1;
 }
 
@@ -77,6 +89,10 @@ CL_API_ENTRY cl_int CL_API_CALL clInitLayer(cl_uint num_entries, const struct _c
   table.clRetainMemObject = retain_mem;
   table.clCreateSubBuffer = create_sub;
   table.clEnqueueMigrateMemObjects = migrate;
+  if (n > (cl_uint)(offsetof(struct _cl_icd_dispatch, clSVMFree) / sizeof(void*))) {
+    table.clSVMAlloc = svm_alloc;
+    table.clSVMFree = svm_free;
+  }
   *num_entries_ret = n;
   *layer_dispatch_ret = &table;
   return CL_SUCCESS;
