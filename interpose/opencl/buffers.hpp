@@ -41,6 +41,7 @@ struct Buffer {
   Buffer* parent = nullptr;   // sub-buffers
   std::vector<std::pair<void(CL_CALLBACK*)(cl_mem, void*), void*>>
       callbacks;  // under callback_lock(this)
+  std::atomic<bool> has_callbacks{false};  // callbacks is not empty
 };
 
 HandleMap<cl_mem, Buffer>& buffers();

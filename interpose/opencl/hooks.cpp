@@ -401,6 +401,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
   if (!fn) return CL_INVALID_VALUE;
   std::lock_guard lock(callback_lock(r));
   r->callbacks.emplace_back(fn, ud);
+  r->has_callbacks.store(true, std::memory_order_release);
   return CL_SUCCESS;
 } catch (...) {
   internal_failure(__func__);
