@@ -132,7 +132,10 @@ std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid
   }
   std::size_t released = 0, open = asked.size();
   std::vector<pollfd> fds;
-  while (open > 0) {
+  // Once enough is released, a process that has not answered (stopped,
+  // busy in a long driver call) must not hold up the program: the requests
+  // are sent, late answers change nothing.
+  while (open > 0 && released < bytes) {
     const std::uint64_t now = mono_ns();
     if (now >= deadline) break;
     fds.clear();

@@ -279,18 +279,6 @@ std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
       released += got;
     }
   }
-  // The memory may have come free with nobody we asked counting it: a
-  // holder's watch released it before its entry showed that, or before we
-  // read the registry at all (neighbours.ask_and_watch, 1 round in 20 with
-  // the tests run in parallel). The GPU's own figure tells: when it has the
-  // bytes free now, the caller tries again.
-  if (released < bytes) {
-    std::uint64_t free = 0, total = 0;
-    if (nvml_memory(uuid, &free, &total) && free >= bytes) {
-      log().info("out of memory on {}: {} MiB free now; retrying", uuid_text(uuid), free >> 20);
-      released = bytes;
-    }
-  }
   return released;
 }
 
