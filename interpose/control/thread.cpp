@@ -5,7 +5,18 @@
 // number (config/io.hpp): every descriptor here is checked before each use,
 // and one found closed or replaced is forgotten and built anew (a bounded
 // number of times; then the thread still serves signals, once a second).
+//
+// A program that closed 0, 1 or 2 gets those numbers back from its next
+// opens (daemons rely on it), and every descriptor this thread creates
+// (a dump's file, an accepted client, /proc reads, NVML's dlopen and its
+// device files) takes the lowest free number, if only for a moment. So
+// while one of 0-2 is closed the thread creates none: dumps, new clients,
+// rebuilds, publishing and the pressure watch wait, at most kStdioWait (a
+// program that keeps them closed longer is not about to reopen them).
+// What the program's own threads do inside its calls is not this thread's
+// concern: a single-threaded program is never opening files meanwhile.
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -45,6 +56,32 @@ void check_descriptors(State& st) {
   });
 }
 
+constexpr std::uint64_t kStdioWait = 1000 * kMs;
+// How often a thread that waits for 0-2 looks again.
+constexpr std::uint64_t kStdioPoll = 10 * kMs;
+
+bool stdio_closed() {
+  for (int fd = 0; fd <= 2; ++fd)
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) return true;
+  return false;
+}
+
+// Whether this thread may create descriptors now; `since` is when it first
+// found one of 0-2 closed (0: not waiting).
+bool may_create_descriptors(std::uint64_t now, std::uint64_t* since) {
+  if (!stdio_closed()) {
+    *since = 0;
+    return true;
+  }
+  if (*since == 0) {
+    *since = now;
+    log().debug("the program has closed 0, 1 or 2: gpupool's thread opens nothing until it "
+                "reopens them (at most {} ms)",
+                kStdioWait / kMs);
+  }
+  return now - *since >= kStdioWait;
+}
+
 void* control_thread(void* arg) {
   Runtime& rt = *static_cast<Runtime*>(arg);
   State& st = *g_state;
@@ -69,19 +106,23 @@ void* control_thread(void* arg) {
   std::uint64_t next_flush = st.tracer ? now + kFlushPeriod : UINT64_MAX;
   std::uint64_t next_check = now + kCheckPeriod;
   std::uint64_t next_node = now;
+  std::uint64_t stdio_closed_since = 0;
 
   std::vector<pollfd> fds;
   for (;;) {
     // A failure inside (out of host memory) costs this round, not the
     // thread: it is counted and the loop goes on.
     try {
-      check_descriptors(st);
       now = mono_ns();
+      bool may_open = may_create_descriptors(now, &stdio_closed_since);
+      if (may_open) check_descriptors(st);
       std::uint64_t next =
           std::min({next_interval, next_trim, next_prom, next_flush, next_check, next_node});
+      if (!may_open) next = std::min(next, now + kStdioPoll);
       fds.clear();
       const bool wake = st.wake_rd.valid();
-      const bool listening = st.listen.valid();
+      // New clients wait in the backlog meanwhile.
+      const bool listening = st.listen.valid() && may_open;
       if (wake) fds.push_back({st.wake_rd.get(), POLLIN, 0});
       if (listening) fds.push_back({st.listen.get(), POLLIN, 0});
       for (const Client& c : st.clients) {
@@ -105,8 +146,11 @@ void* control_thread(void* arg) {
         }
         ++k;
       }
+      now = mono_ns();
+      may_open = may_create_descriptors(now, &stdio_closed_since);
       unsigned taken[kActions];
-      for (unsigned a = 0; a < kActions; ++a) taken[a] = take_requests(static_cast<Action>(a));
+      for (unsigned a = 0; a < kActions; ++a)  // a dump asked for waits, still asked
+        taken[a] = a == kStats && !may_open ? 0 : take_requests(static_cast<Action>(a));
       // Release first, so that "USR2 then USR1" coalesced into one wake-up
       // still shows the released memory in the dump.
       if (taken[kStopHolding]) {
@@ -134,10 +178,10 @@ void* control_thread(void* arg) {
         }
         return !serve(rt, c, now);
       });
-      if (incoming) accept_clients(st);
+      if (incoming && may_open) accept_clients(st);
 
       now = mono_ns();
-      if (now >= next_interval) {
+      if (now >= next_interval && may_open) {
         dump(rt, "interval");
         next_interval = now + interval;
       }
@@ -149,7 +193,7 @@ void* control_thread(void* arg) {
         }
         next_trim = now + trim_period;
       }
-      if (now >= next_prom) {
+      if (now >= next_prom && may_open) {
         write_prometheus(rt);
         next_prom = now + prom_period;
       }
@@ -162,7 +206,7 @@ void* control_thread(void* arg) {
         // device wakes the thread (node::tick returns at once when nothing
         // is due).
         std::unique_lock lock(st.work_mu);
-        if (!exiting()) next_node = node::tick(rt, now);
+        if (!exiting() && may_open) next_node = node::tick(rt, now);
       }
       if (now >= next_check) {
         check_handlers();

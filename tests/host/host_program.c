@@ -9,8 +9,11 @@
  *   closefrom FILE   close every descriptor from 3 up, make a pipe and a
  *                    file of its own, say "ready", wait for a line on
  *                    stdin, then check both still hold what it put there
- *   stdio OUT ERR    close 0, 1 and 2 first; its next three opens must get
- *                    0, 1 and 2 back
+ *   stdio OUT ERR    close 0, 1 and 2 first, ask for a stats dump; 0-2 stay
+ *                    free while closed, its next three opens get them back,
+ *                    and the dump happens once they are open
+ *   stdio-kept-closed  close 0, 1 and 2, ask for a stats dump, which must
+ *                    still come
  *   serve            say "ready PID", wait for stdin to close
  *   fork-busy N      fork N children (each allocates, then exit()s) while
  *                    a thread allocates; a child not gone in 20 s is hung
@@ -238,23 +241,57 @@ static int closefrom_scenario(const char* path) {
   return pipe_ok && file_ok ? 0 : 1;
 }
 
+/* The program closed 0, 1 and 2. gpupool was asked for a stats dump (a
+   file to create): while 0-2 stay closed, nothing may take those numbers,
+   not even for a moment, so the dump must wait. Then the program's next
+   three opens get 0, 1 and 2, and the dump happens after all. */
 static int stdio_scenario(const char* out, const char* err) {
   churn(50);
-  /* Under gpupool, its stats signal (a dump, to GPUPOOL_STATS_FILE). */
-  if (dlsym(RTLD_DEFAULT, "gpupool_active")) raise(SIGUSR1);
-  usleep(100000);
+  const int pooled = dlsym(RTLD_DEFAULT, "gpupool_active") != NULL;
+  const char* stats = getenv("GPUPOOL_STATS_FILE");
+  if (pooled) raise(SIGUSR1);
+  long taken = 0;
+  for (const double until = now_s() + 0.3; now_s() < until;)
+    for (int fd = 0; fd <= 2; ++fd) taken += fcntl(fd, F_GETFD) >= 0;
+  const int dumped_meanwhile = pooled && stats && access(stats, F_OK) == 0;
   const int in = open("/dev/null", O_RDONLY);
   const int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   const int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   /* Daemons rely on getting 0, 1 and 2 back this way. */
-  if (in != 0 || o != 1 || e != 2) {
-    char msg[128];
-    int n = snprintf(msg, sizeof msg, "opens got %d %d %d, not 0 1 2\n", in, o, e);
+  char msg[160];
+  int n = 0;
+  if (in != 0 || o != 1 || e != 2)
+    n = snprintf(msg, sizeof msg, "opens got %d %d %d, not 0 1 2\n", in, o, e);
+  else if (taken)
+    n = snprintf(msg, sizeof msg, "0, 1 or 2 was open %ld times while the program had them closed\n",
+                 taken);
+  else if (dumped_meanwhile)
+    n = snprintf(msg, sizeof msg, "the stats file was created while 0, 1 and 2 were closed\n");
+  if (n) {
     if (o >= 0) (void)!write(o, msg, (size_t)n);
     return 10;
   }
+  for (const double until = now_s() + 20; pooled && stats && access(stats, F_OK) != 0;) {
+    if (now_s() > until) {
+      (void)!write(1, "no stats dump once 0-2 were open again\n", 39);
+      return 11;
+    }
+    usleep(10000);
+  }
   churn(50);
   (void)!write(1, "program out\n", 12);
+  return 0;
+}
+
+/* A program that keeps 0, 1 and 2 closed: the dump it asked for waits a
+   bounded time, then happens. */
+static int stdio_kept_closed_scenario(void) {
+  churn(50);
+  const char* stats = getenv("GPUPOOL_STATS_FILE");
+  if (!dlsym(RTLD_DEFAULT, "gpupool_active") || !stats) return 0;
+  raise(SIGUSR1);
+  for (const double until = now_s() + 20; access(stats, F_OK) != 0; usleep(10000))
+    if (now_s() > until) return 11;
   return 0;
 }
 
@@ -446,6 +483,14 @@ int main(int argc, char** argv) {
     close(2);
     gpu_init(argv[1]);
     return stdio_scenario(argv[3], argv[4]);
+  }
+  if (!strcmp(s, "stdio-kept-closed")) {
+    g_cuda = !strcmp(argv[1], "cuda");
+    close(0);
+    close(1);
+    close(2);
+    gpu_init(argv[1]);
+    return stdio_kept_closed_scenario();
   }
   gpu_init(argv[1]);
   if (!strcmp(s, "closefrom") && argc == 4) return closefrom_scenario(argv[3]);

@@ -154,7 +154,9 @@ def fds_closefrom(tmp):
 
 
 def fds_stdio(tmp):
-    """A program that closed 0, 1 and 2 gets them back from its next opens."""
+    """A program that closed 0, 1 and 2 gets them back from its next opens:
+    gpupool's thread creates no descriptor meanwhile (its stats dump waits),
+    and the dump still comes, also when the program keeps them closed."""
     for pooled in (False, True):
         out, err = os.path.join(tmp, f"out-{pooled}"), os.path.join(tmp, f"err-{pooled}")
         stats = os.path.join(tmp, f"stats-{pooled}")
@@ -164,6 +166,10 @@ def fds_stdio(tmp):
         check(text == "program out\n", f"pooled={pooled}: the program's stdout file has {text!r}")
         if pooled:
             check(len(lines(stats)) >= 1, "no stats dump after SIGUSR1")
+    stats = os.path.join(tmp, "stats-kept-closed")
+    r = run(["stdio-kept-closed"], env=env(True, GPUPOOL_STATS_FILE=stats))
+    check(r.returncode == 0 and len(lines(stats)) >= 1,
+          f"0-2 kept closed: exit {r.returncode}, no stats dump after SIGUSR1")
 
 
 # ---- fork -------------------------------------------------------------------
