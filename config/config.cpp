@@ -215,6 +215,46 @@ struct SizeOrPercent {
   static std::string show(const T& v) { return show_size(v); }
 };
 
+// GPUPOOL_SITES: a plain number counts allocations, a number with a unit is
+// bytes, so "64MiB" and "64" cannot be mistaken for each other.
+struct Sampling {
+  using T = SiteSampling;
+  static constexpr const char* type = "sampling";
+  static constexpr const char* accepted =
+      "off, all, N (one allocation in N) or a size with a unit (one allocation per that many "
+      "bytes asked for, e.g. 64MiB)";
+  static bool parse(std::string_view text, T* out, std::string* reason) {
+    const std::string_view v = trim(text);
+    if (v.empty()) { *reason = "is empty"; return false; }
+    const std::string l = lower(v);
+    if (l == "off" || l == "none" || l == "0") { *out = {}; return true; }
+    if (l == "all" || l == "on" || l == "1") { *out = {SiteSampling::Mode::every, 1}; return true; }
+    if (v.front() == '-') { *reason = "is negative"; return false; }
+    std::uint64_t n = 0;
+    std::size_t used = 0;
+    if (!take_u64(v, &n, &used) || used == 0) { *reason = "is not a count or a size"; return false; }
+    if (used == v.size()) { *out = {SiteSampling::Mode::every, n}; return true; }
+    SizeSpec size;
+    if (!size_from(v, false, &size, reason)) return false;
+    if (size.unlimited || size.bytes == 0) { *reason = "is not a size of at least one byte"; return false; }
+    *out = {SiteSampling::Mode::bytes, size.bytes};
+    return true;
+  }
+  static std::string show(const T& v) {
+    switch (v.mode) {
+      case SiteSampling::Mode::off: return "off";
+      case SiteSampling::Mode::every: return v.n == 1 ? "all" : std::to_string(v.n);
+      case SiteSampling::Mode::bytes: {
+        SizeSpec s;
+        s.unlimited = false;
+        s.bytes = v.n;
+        return show_size(s);
+      }
+    }
+    return "off";
+  }
+};
+
 struct Duration {
   using T = std::uint64_t;  // nanoseconds, 0 = off
   static constexpr const char* type = "duration";

@@ -22,6 +22,14 @@ struct SizeSpec {
 };
 
 enum class Reuse { safe, immediate };
+
+// Which allocations get their call stack recorded (GPUPOOL_SITES).
+struct SiteSampling {
+  enum class Mode { off, every, bytes };
+  Mode mode = Mode::off;
+  std::uint64_t n = 0;  // every: one allocation in n (1: all); bytes: one per n bytes asked for
+  bool on() const { return mode != Mode::off; }
+};
 // Which gpupool processes on the node share held memory with this one.
 enum class Neighbours { off, user, all };
 enum class StatsFormat { text, json };
@@ -58,6 +66,8 @@ struct Config {
   StatsFormat stats_format = StatsFormat::text;
   std::string prometheus_file;
   std::string trace_file;
+  SiteSampling sites;             // off
+  bool leaks = false;
 
   int signal_stats = 0;           // 0: none
   int signal_free_held = 0;

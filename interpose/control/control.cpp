@@ -73,6 +73,12 @@ void at_exit_locked_dump() {
   // Stats come from the pool's own counters: no driver call here.
   if (st.rt->config.stats_at_exit) dump_locked(*st.rt, "exit");
   else write_prometheus(*st.rt);
+  if (st.recorder) {
+    const std::string leaks = st.recorder->leak_report(static_cast<long>(getpid()));
+    std::string why;
+    if (!leaks.empty() && !append_dump(st.stats_path, leaks, &why))
+      st.dumps_dropped.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 // The files a process writes: %p is its pid. A forked child without %p in
@@ -91,6 +97,7 @@ void set_paths(State& st, bool child) {
 // the child gets a new one rather than the parent waiting for a dump.
 void fork_prepare() {
   if (!g_state) return;
+  if (g_state->recorder) g_state->recorder->fork_prepare();
   if (g_state->tracer) g_state->tracer->fork_prepare();
   g_state->warn_mu.lock();
 }
@@ -99,6 +106,7 @@ void fork_parent() {
   if (!g_state) return;
   g_state->warn_mu.unlock();
   if (g_state->tracer) g_state->tracer->fork_parent();
+  if (g_state->recorder) g_state->recorder->fork_parent();
 }
 
 void fork_child() {
@@ -107,6 +115,7 @@ void fork_child() {
   st.warn_mu.unlock();
   new (&st.work_mu) std::mutex;
   if (st.tracer) st.tracer->fork_child();
+  if (st.recorder) st.recorder->fork_child();
   unpublish_wake();
   st.thread_running.store(false);
 }
@@ -124,7 +133,7 @@ void fork_renew() {
   st.wake_builds = st.listen_builds = 0;
   st.dumps_dropped.store(0);
   if (st.tracer && !st.tracer->renew_in_child()) {
-    st.rt->pool.set_observer(nullptr);
+    st.recorder->drop_tracer();
     st.tracer = nullptr;
   }
   set_paths(st, /*child=*/true);
@@ -245,11 +254,15 @@ void start(Runtime& rt) {
   g_state = st;
   const config::Config& cfg = rt.config;
   set_paths(*st, /*child=*/false);
+  sites::Sites* sites = sites::Sites::create(cfg.sites);
   if (!cfg.trace_file.empty()) {
     std::string why;
-    st->tracer = trace::Tracer::open(cfg.trace_file, &why);
-    if (st->tracer) rt.pool.set_observer(st->tracer);
-    else add_warning("trace disabled: " + why);
+    st->tracer = trace::Tracer::open(cfg.trace_file, sites, &why);
+    if (!st->tracer) add_warning("trace disabled: " + why);
+  }
+  if (sites || st->tracer || cfg.leaks) {
+    st->recorder = new Recorder(sites, st->tracer, cfg.leaks);  // never destroyed: see recorder.hpp
+    rt.pool.set_observer(st->recorder);
   }
   build_wake(*st);
   install_handlers(cfg);

@@ -17,6 +17,7 @@
 #include "config/config.hpp"
 #include "config/io.hpp"
 #include "interpose/control/control.hpp"
+#include "interpose/control/recorder.hpp"
 #include "interpose/control/trace.hpp"
 #include "interpose/runtime.hpp"
 
@@ -55,6 +56,7 @@ struct State {
   int wake_builds = 0, listen_builds = 0;
 
   trace::Tracer* tracer = nullptr;
+  Recorder* recorder = nullptr;  // the pool's observer, when sites, a trace or leaks are on
   std::atomic<bool> thread_running{false};
   // Serializes dumps and pool actions between the control thread, the
   // at-exit dump and the C API. The exit handler waits for it a bounded

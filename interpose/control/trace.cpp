@@ -26,6 +26,7 @@ struct Record {
   std::uint64_t requested;
   std::uint64_t size;
   std::uint32_t tid;
+  std::uint32_t site;  // allocations: sites::kNoSite when not sampled
   char op;   // 'a' or 'f'
   char hit;  // 'h', 'm', or 0 for frees
 };
@@ -80,8 +81,10 @@ struct Tracer::Impl {
   std::uint64_t t0 = 0;
   std::atomic<ThreadBuf*> bufs{nullptr};
   pthread_key_t key{};
-  std::mutex write_mu;  // the file and the arena ids
+  std::mutex write_mu;  // the file, the arena ids and the declarations written
   std::vector<const Arena*> arena_ids;
+  sites::Sites* sites = nullptr;
+  std::size_t declarations_written = 0;  // of sites->declarations(), in this file
   std::atomic<std::uint64_t> written{0};
   std::atomic<std::uint64_t> dropped{0};
 
@@ -161,6 +164,8 @@ void Tracer::Impl::drain(ThreadBuf* b) {
   std::lock_guard write_lock(write_mu);
   std::string out;
   out.reserve((h - t) * 48);
+  // Every site these records name was declared before they were pushed.
+  if (sites) declarations_written = sites->declarations(declarations_written, &out);
   char line[160];
   for (std::uint64_t i = t; i != h; ++i) {
     const Record& r = b->recs[i % kRing];
@@ -183,6 +188,10 @@ void Tracer::Impl::drain(ThreadBuf* b) {
     if (r.op == 'a') {
       *p++ = ' ';
       *p++ = r.hit;
+      if (r.site != sites::kNoSite) {
+        *p++ = ' ';
+        p = put_dec(p, r.site);
+      }
     }
     *p++ = '\n';
     out.append(line, static_cast<std::size_t>(p - line));
@@ -223,14 +232,16 @@ bool Tracer::Impl::open_file(bool append, std::string* why) {
   char header[256];
   snprintf(
       header, sizeof header,
-      "# gpupool trace 1\n# pid %ld start_unix_ns %" PRIu64
+      "# gpupool trace 2\n# pid %ld start_unix_ns %" PRIu64
       "\n"
-      "# a t_ns tid arena handle requested size h|m / f t_ns tid arena handle requested size\n",
+      "# a t_ns tid arena handle requested size h|m [site] / f t_ns tid arena handle requested "
+      "size\n",
       static_cast<long>(getpid()),
       std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec));
   io::write_bounded(file.get(), header, std::strlen(header));
   t0 = mono_ns();
   arena_ids.clear();
+  declarations_written = 0;
   return true;
 }
 
@@ -239,9 +250,10 @@ Tracer::Tracer() : impl_(new Impl) {
   pthread_key_create(&impl_->key, release_buf);
 }
 
-Tracer* Tracer::open(const std::string& pattern, std::string* why) {
+Tracer* Tracer::open(const std::string& pattern, sites::Sites* sites, std::string* why) {
   auto* t = new Tracer;  // never destroyed: threads may trace during exit
   t->impl_->pattern = pattern;
+  t->impl_->sites = sites;
   if (!t->impl_->open_file(/*append=*/false, why)) {
     pthread_key_delete(t->impl_->key);
     delete t->impl_;
@@ -253,19 +265,20 @@ Tracer* Tracer::open(const std::string& pattern, std::string* why) {
 
 // Never throws into the pool: a record that cannot be kept (out of host
 // memory for a thread's buffer) is dropped and counted.
-void Tracer::on_allocate(const Arena& arena, const Block& block, bool hit) noexcept {
+void Tracer::allocated(const Arena& arena, const Block& block, bool hit,
+                       std::uint32_t site) noexcept {
   try {
     impl_->push(Record{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
-                    'a', hit ? 'h' : 'm'});
+                       site, 'a', hit ? 'h' : 'm'});
   } catch (...) {
     impl_->dropped.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
-void Tracer::on_free(const Arena& arena, const Block& block) noexcept {
+void Tracer::freed(const Arena& arena, const Block& block) noexcept {
   try {
-    impl_->push(
-        Record{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0, 'f', 0});
+    impl_->push(Record{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
+                       sites::kNoSite, 'f', 0});
   } catch (...) {
     impl_->dropped.fetch_add(1, std::memory_order_relaxed);
   }
@@ -275,7 +288,7 @@ void Tracer::flush() {
   for (ThreadBuf* b = impl_->bufs.load(std::memory_order_acquire); b; b = b->next) impl_->drain(b);
 }
 
-void Tracer::on_arena_destroyed(const Arena& arena) {
+void Tracer::arena_destroyed(const Arena& arena) {
   // Buffered records name the arena by pointer: write them out while it
   // exists. A new arena at the same address then gets a new id.
   flush();

@@ -11,20 +11,24 @@
 #include <string>
 
 #include "core/pool.hpp"
+#include "interpose/control/sites.hpp"
 
 namespace gpupool::trace {
 
-class Tracer final : public PoolObserver {
+// Fed by the control room's Recorder (recorder.hpp), the pool's observer.
+class Tracer final {
  public:
   // Opens the file `pattern` names (%p: the pid; a regular file of this
   // user, never a symlink) and writes the header. nullptr with *why set
-  // when it cannot.
-  static Tracer* open(const std::string& pattern, std::string* why);
+  // when it cannot. sites: where allocation sites are declared from (may be
+  // null).
+  static Tracer* open(const std::string& pattern, sites::Sites* sites, std::string* why);
 
-  void on_allocate(const Arena& arena, const Block& block, bool hit) noexcept override;
-  void on_free(const Arena& arena, const Block& block) noexcept override;
+  // Never throw: the pool is mid-operation.
+  void allocated(const Arena& arena, const Block& block, bool hit, std::uint32_t site) noexcept;
+  void freed(const Arena& arena, const Block& block) noexcept;
   // Writes out the records naming the arena and forgets its id.
-  void on_arena_destroyed(const Arena& arena) override;
+  void arena_destroyed(const Arena& arena);
 
   // Write out every thread's buffered records. Thread-safe.
   void flush();

@@ -68,9 +68,11 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
     const std::string_view line(all.data() + pos, eol - pos);
     pos = eol + 1;
     if (n == 1) {
-      if (line != kTraceHeader)
+      if (line == kTraceHeader) tr.version = 2;
+      else if (line == kTraceHeaderV1) tr.version = 1;
+      else
         return fail(1, std::string("not a gpupool trace (the first line is not '") + kTraceHeader +
-                           "')");
+                           "' or '" + kTraceHeaderV1 + "')");
       continue;
     }
     if (line.empty()) continue;
@@ -95,16 +97,81 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
       tr.arenas.push_back(std::move(a));
       continue;
     }
+    // Sites (version 2): declared before the records that name them.
+    auto rest_from = [&](std::size_t k) {
+      return k < f.size() ? std::string(line.substr(static_cast<std::size_t>(f[k].data() - line.data())))
+                          : std::string();
+    };
+    if (tr.version >= 2 && f[0] == "module") {
+      ModuleDecl m;
+      if (f.size() < 7 || !number(f[1], &m.id) || m.id != tr.modules.size() ||
+          !number(f[2], &m.start, 16) || !number(f[3], &m.end, 16) || !number(f[4], &m.bias, 16) ||
+          m.end < m.start)
+        return fail(n, "expected 'module ID START END BIAS BUILDID PATH' (ids in order from 0)");
+      if (f[5] != "-") m.build_id = std::string(f[5]);
+      m.path = rest_from(6);
+      tr.modules.push_back(std::move(m));
+      continue;
+    }
+    if (tr.version >= 2 && f[0] == "pyframe") {
+      PyFrameDecl p;
+      std::uint64_t ln = 0;
+      if (f.size() < 5 || !number(f[1], &p.id) || p.id != tr.pyframes.size() || !number(f[2], &ln) ||
+          ln > UINT32_MAX)
+        return fail(n, "expected 'pyframe ID LINE FUNC FILE' (ids in order from 0)");
+      p.line = static_cast<std::uint32_t>(ln);
+      p.func = std::string(f[3]);
+      p.file = rest_from(4);
+      tr.pyframes.push_back(std::move(p));
+      continue;
+    }
+    if (tr.version >= 2 && f[0] == "site") {
+      SiteDecl st;
+      bool ok = f.size() == 4 && number(f[1], &st.id) && st.id == tr.sites.size();
+      auto list = [&](std::string_view v, int base, auto&& add) {
+        if (v == "-") return true;
+        std::size_t i = 0;
+        while (i <= v.size()) {
+          std::size_t j = v.find(',', i);
+          if (j == std::string_view::npos) j = v.size();
+          std::uint64_t x = 0;
+          if (!number(v.substr(i, j - i), &x, base) || !add(x)) return false;
+          i = j + 1;
+        }
+        return true;
+      };
+      ok = ok && list(f[2], 16, [&](std::uint64_t x) { st.pcs.push_back(x); return true; }) &&
+           list(f[3], 10, [&](std::uint64_t x) {
+             if (x >= tr.pyframes.size()) return false;
+             st.pyframes.push_back(static_cast<std::uint32_t>(x));
+             return true;
+           });
+      if (!ok)
+        return fail(n, "expected 'site ID PC,PC,...|- PYFRAME,...|-' (ids in order from 0, "
+                       "Python frames declared before)");
+      tr.sites.push_back(std::move(st));
+      continue;
+    }
     Record r;
     r.line = n;
     r.alloc = f[0] == "a";
-    if (!r.alloc && f[0] != "f") return fail(n, "expected a record ('a', 'f' or 'arena')");
+    if (!r.alloc && f[0] != "f")
+      return fail(n, tr.version >= 2 ? "expected a record ('a', 'f', 'arena', 'module', 'pyframe' or 'site')"
+                                      : "expected a record ('a', 'f' or 'arena')");
     std::uint64_t id = 0;
-    if (f.size() != (r.alloc ? 8u : 7u) || !number(f[1], &r.t_ns) || !number(f[2], &r.tid) ||
+    // Version 2: an allocation may name its site.
+    const bool with_site = r.alloc && tr.version >= 2 && f.size() == 9;
+    if (f.size() != (r.alloc ? (with_site ? 9u : 8u) : 7u) || !number(f[1], &r.t_ns) || !number(f[2], &r.tid) ||
         !number(f[3], &id) || !number(f[4], &r.handle, 16) || !number(f[5], &r.requested) ||
         !number(f[6], &r.size) || (r.alloc && f[7] != "h" && f[7] != "m"))
-      return fail(n, r.alloc ? "expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m'"
+      return fail(n, r.alloc ? "expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m [SITE]'"
                              : "expected 'f T TID ARENA HANDLE REQUESTED SIZE'");
+    if (with_site) {
+      std::uint64_t site = 0;
+      if (!number(f[8], &site) || site >= tr.sites.size())
+        return fail(n, "an allocation of site " + std::string(f[8]) + ", not declared before");
+      r.site = static_cast<std::uint32_t>(site);
+    }
     const auto a = arena_of.find(id);
     if (a == arena_of.end()) return fail(n, "a record of arena " + std::to_string(id) + ", not declared before");
     r.arena = a->second;

@@ -15,6 +15,30 @@ struct ArenaDecl {
   std::string kind, group, name;
 };
 
+// An executable segment [start, end) of a loaded object; an address pc in it
+// is pc - bias in the file (build_id: hex, empty when unknown).
+struct ModuleDecl {
+  std::uint64_t id = 0, start = 0, end = 0, bias = 0;
+  std::string build_id, path;
+};
+
+// A Python code location.
+struct PyFrameDecl {
+  std::uint64_t id = 0;
+  std::uint32_t line = 0;
+  std::string func, file;
+};
+
+// An allocation site: return addresses, innermost first, and indexes into
+// TraceFile::pyframes, innermost first.
+struct SiteDecl {
+  std::uint64_t id = 0;
+  std::vector<std::uint64_t> pcs;
+  std::vector<std::uint32_t> pyframes;
+};
+
+inline constexpr std::uint32_t kNoSite = UINT32_MAX;
+
 struct Record {
   std::uint64_t t_ns = 0;   // since the trace started
   std::uint64_t tid = 0;
@@ -24,13 +48,18 @@ struct Record {
   bool alloc = false;
   bool hit = false;          // allocations
   std::uint64_t slot = 0;    // the allocation a record is about (0, 1, ... in order)
+  std::uint32_t site = kNoSite;  // allocations: index into TraceFile::sites
   std::size_t line = 0;
 };
 
 struct TraceFile {
   std::string path;
   std::uint64_t pid = 0, start_unix_ns = 0;
+  int version = 0;  // 1 or 2 (2 adds sites)
   std::vector<ArenaDecl> arenas;
+  std::vector<ModuleDecl> modules;
+  std::vector<PyFrameDecl> pyframes;
+  std::vector<SiteDecl> sites;
   std::vector<Record> records;  // sorted: time order, frees first at equal times
   std::uint64_t slots = 0;      // allocations
   std::uint64_t unfreed = 0;    // allocations never freed
@@ -52,7 +81,9 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
 // thread); otherwise the records' order stands (a log written in order).
 bool pair_records(TraceFile* tr, bool lenient, bool frees_first, std::string* error);
 
-// The first line of a trace file.
-inline constexpr const char* kTraceHeader = "# gpupool trace 1";
+// The first line of a trace file this version writes; version 1 (no sites)
+// is read too.
+inline constexpr const char* kTraceHeader = "# gpupool trace 2";
+inline constexpr const char* kTraceHeaderV1 = "# gpupool trace 1";
 
 }  // namespace gpupool::trace

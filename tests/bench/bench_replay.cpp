@@ -187,9 +187,9 @@ Trace read_trace(const std::string& path) {
   std::string first;
   std::getline(in, first);
   if (!first.empty() && first.back() == '\r') first.pop_back();
-  if (first == trace::kTraceHeader) return read_gpupool(path);
+  if (first == trace::kTraceHeader || first == trace::kTraceHeaderV1) return read_gpupool(path);
   if (first.rfind("Thread,Time,Action,Pointer,Size,Stream", 0) == 0) return read_rmm(path, in);
-  fail(path, 1, "not a gpupool trace ('# gpupool trace 1') nor an RMM log "
+  fail(path, 1, "not a gpupool trace ('# gpupool trace 2' or 1) nor an RMM log "
                 "('Thread,Time,Action,Pointer,Size,Stream')");
 }
 

@@ -93,7 +93,7 @@ def validate_dump(line, schema):
     return doc, errors
 
 
-_RECORD = re.compile(r"^([af]) (\d+) (\d+) (\d+) ([0-9a-f]+) (\d+) (\d+)(?: ([hm]))?$")
+_RECORD = re.compile(r"^([af]) (\d+) (\d+) (\d+) ([0-9a-f]+) (\d+) (\d+)(?: ([hm])(?: (\d+))?)?$")
 
 
 def replay_trace(path):
@@ -104,10 +104,16 @@ def replay_trace(path):
     problems = []
     with open(path) as f:
         lines = f.read().splitlines()
-    if not lines or not lines[0].startswith("# gpupool trace 1"):
-        problems.append("missing header '# gpupool trace 1'")
+    if not lines or lines[0] not in ("# gpupool trace 1", "# gpupool trace 2"):
+        problems.append("missing header '# gpupool trace 2'")
+    sites = set()
     for n, line in enumerate(lines, 1):
         if line.startswith("#") or not line:
+            continue
+        if line.startswith(("module ", "pyframe ")):
+            continue
+        if line.startswith("site "):
+            sites.add(int(line.split(" ")[1]))
             continue
         if line.startswith("arena "):
             parts = line.split(" ", 4)
@@ -118,7 +124,9 @@ def replay_trace(path):
         if not m:
             problems.append(f"line {n}: malformed: {line!r}")
             continue
-        op, t, tid, arena, handle, req, size, hit = m.groups()
+        op, t, tid, arena, handle, req, size, hit, site = m.groups()
+        if site is not None and int(site) not in sites:
+            problems.append(f"line {n}: site {site} used before its 'site' line")
         if int(arena) not in arenas:
             problems.append(f"line {n}: arena {arena} used before its 'arena' line")
         if (op == "a") != (hit is not None):

@@ -1,0 +1,141 @@
+#include "interpose/control/recorder.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <new>
+#include <vector>
+
+#ifndef GPUPOOL_VERSION
+#define GPUPOOL_VERSION "unknown"
+#endif
+
+namespace gpupool::control {
+namespace {
+
+std::string bytes_text(std::uint64_t b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+  return buf;
+}
+
+}  // namespace
+
+void Recorder::on_allocate(const Arena& arena, const Block& block, bool hit) noexcept {
+  const std::uint32_t site = sites_ ? sites_->capture(block.requested) : sites::kNoSite;
+  if (tracer_) tracer_->allocated(arena, block, hit, site);
+  if (!leaks_) return;
+  Shard& s = shard_of(block.handle);
+  std::lock_guard lock(s.mu);
+  try {
+    s.held[{&arena, block.handle}] = {&arena, block.requested, block.size, site};
+  } catch (...) {
+    unrecorded_.fetch_add(1, std::memory_order_relaxed);  // out of host memory: the leak report says how many it misses
+  }
+}
+
+void Recorder::on_free(const Arena& arena, const Block& block) noexcept {
+  if (tracer_) tracer_->freed(arena, block);
+  if (!leaks_) return;
+  Shard& s = shard_of(block.handle);
+  std::lock_guard lock(s.mu);
+  s.held.erase({&arena, block.handle});
+}
+
+void Recorder::on_arena_destroyed(const Arena& arena) {
+  if (tracer_) tracer_->arena_destroyed(arena);
+  if (!leaks_) return;
+  // A retired arena goes only once none of its blocks is active; the
+  // program's blocks of a destroyed context die with it all the same.
+  for (Shard& s : shards_) {
+    std::lock_guard lock(s.mu);
+    std::erase_if(s.held, [&](const auto& kv) { return kv.first.arena == &arena; });
+  }
+}
+
+std::string Recorder::leak_report(long pid) {
+  if (!leaks_) return {};
+  struct Group {
+    std::uint64_t bytes = 0, blocks = 0;
+  };
+  // (site, pool group) -> totals
+  std::map<std::pair<std::uint32_t, std::string>, Group> groups;
+  std::uint64_t total = 0, blocks = 0;
+  for (Shard& s : shards_) {
+    std::lock_guard lock(s.mu);
+    for (const auto& [key, h] : s.held) {
+      Group& g = groups[{h.site, h.arena->options().group}];
+      g.bytes += h.requested;
+      ++g.blocks;
+      total += h.requested;
+      ++blocks;
+    }
+  }
+  std::vector<std::pair<std::pair<std::uint32_t, std::string>, Group>> order(groups.begin(),
+                                                                            groups.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
+  char head[256];
+  std::snprintf(head, sizeof head,
+                "gpupool %s leaks: pid %ld: %" PRIu64 " block%s (%s) still held by the program at "
+                "exit, from %zu allocation site%s\n",
+                GPUPOOL_VERSION, pid, blocks, blocks == 1 ? "" : "s", bytes_text(total).c_str(),
+                order.size(), order.size() == 1 ? "" : "s");
+  std::string out = head;
+  if (blocks)
+    out += "  (frameworks keep memory until exit on purpose: a cache or a model's weights is not "
+           "a leak)\n";
+  if (!sites_ && blocks)
+    out += "  (no call stacks recorded: GPUPOOL_SITES=all records where each block was allocated)\n";
+  constexpr std::size_t kShown = 20;
+  std::uint64_t rest_bytes = 0, rest_blocks = 0;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const auto& [key, g] = order[i];
+    if (i >= kShown) {
+      rest_bytes += g.bytes;
+      rest_blocks += g.blocks;
+      continue;
+    }
+    out += "  " + bytes_text(g.bytes) + " in " + std::to_string(g.blocks) + " block" +
+           (g.blocks == 1 ? "" : "s") + ", " + key.second + ":\n";
+    if (sites_) {
+      out += key.first == sites::kNoSite ? "      (not sampled: GPUPOOL_SITES records a sample)\n"
+                                        : sites_->describe(key.first, "      ");
+    }
+  }
+  if (rest_blocks)
+    out += "  and " + bytes_text(rest_bytes) + " in " + std::to_string(rest_blocks) +
+           " blocks from " + std::to_string(order.size() - kShown) + " more sites\n";
+  if (const std::uint64_t lost = unrecorded_.load(std::memory_order_relaxed))
+    out += "  (" + std::to_string(lost) +
+           " allocations could not be remembered, out of host memory)\n";
+  return out;
+}
+
+void Recorder::fork_prepare() {
+  if (sites_) sites_->fork_prepare();
+  for (Shard& s : shards_) s.mu.lock();
+}
+
+void Recorder::fork_parent() {
+  for (Shard& s : shards_) s.mu.unlock();
+  if (sites_) sites_->fork_parent();
+}
+
+void Recorder::fork_child() {
+  for (Shard& s : shards_) {
+    s.held.clear();
+    s.mu.unlock();
+  }
+  if (sites_) sites_->fork_child();
+}
+
+}  // namespace gpupool::control

@@ -1,0 +1,73 @@
+// What gpupool records about the program's allocations, as the pool's one
+// observer: allocation sites (GPUPOOL_SITES), the trace (GPUPOOL_TRACE_FILE)
+// and the blocks the program holds, for the leak report at exit
+// (GPUPOOL_LEAKS). Exists only when one of them is on.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/pool.hpp"
+#include "interpose/control/sites.hpp"
+#include "interpose/control/trace.hpp"
+
+namespace gpupool::control {
+
+class Recorder final : public PoolObserver {
+ public:
+  // Either may be null; never destroyed (allocations go on during exit).
+  Recorder(sites::Sites* sites, trace::Tracer* tracer, bool leaks)
+      : sites_(sites), tracer_(tracer), leaks_(leaks) {}
+
+  void on_allocate(const Arena& arena, const Block& block, bool hit) noexcept override;
+  void on_free(const Arena& arena, const Block& block) noexcept override;
+  void on_arena_destroyed(const Arena& arena) override;
+
+  trace::Tracer* tracer() const { return tracer_; }
+  // A forked child that does not trace (trace.hpp).
+  void drop_tracer() { tracer_ = nullptr; }
+
+  // The blocks the program still holds, grouped by allocation site (by pool
+  // group without sites), largest first; empty when GPUPOOL_LEAKS is off.
+  std::string leak_report(long pid);
+
+  void fork_prepare();
+  void fork_parent();
+  // The parent's blocks are not the child's (runtime.hpp): forgotten.
+  void fork_child();
+
+ private:
+  struct Held {
+    const Arena* arena;
+    std::uint64_t requested, size;
+    std::uint32_t site;
+  };
+  struct Key {
+    const Arena* arena;
+    std::uint64_t handle;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const {
+      return std::hash<std::uint64_t>()(k.handle ^ (reinterpret_cast<std::uintptr_t>(k.arena) << 7));
+    }
+  };
+  // Sharded by handle: allocating threads rarely meet on one lock.
+  static constexpr unsigned kShards = 16;
+  struct alignas(64) Shard {
+    std::mutex mu;
+    std::unordered_map<Key, Held, KeyHash> held;
+  };
+  Shard& shard_of(std::uint64_t handle) { return shards_[(handle >> 8 ^ handle >> 20) % kShards]; }
+
+  sites::Sites* const sites_;
+  trace::Tracer* tracer_;
+  const bool leaks_;
+  Shard shards_[kShards];
+  std::atomic<std::uint64_t> unrecorded_{0};  // allocations whose block could not be remembered
+};
+
+}  // namespace gpupool::control

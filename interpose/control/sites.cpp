@@ -1,0 +1,368 @@
+#include "interpose/control/sites.hpp"
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <execinfo.h>
+#include <limits.h>
+#include <link.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace gpupool::sites {
+namespace {
+
+constexpr int kMaxNative = 48;
+constexpr int kMaxPython = 32;
+
+// ---- Python, found in the process, never imported --------------------------
+// CPython's stable C functions, looked up once with dlsym: a process without
+// Python (or with one older than 3.9, which lacks PyFrame_GetBack) records
+// native frames only.
+using PyObj = void;
+struct Python {
+  int (*is_initialized)();
+  int (*gil_check)();
+  PyObj* (*current_frame)();  // borrowed
+  PyObj* (*frame_code)(PyObj*);
+  PyObj* (*frame_back)(PyObj*);
+  int (*frame_line)(PyObj*);
+  PyObj* (*get_attr)(PyObj*, const char*);
+  const char* (*utf8)(PyObj*);
+  void (*incref)(PyObj*);
+  void (*decref)(PyObj*);
+  void (*err_fetch)(PyObj**, PyObj**, PyObj**);
+  void (*err_restore)(PyObj*, PyObj*, PyObj*);
+  void (*err_clear)();
+};
+
+template <typename F>
+bool find(F* out, const char* name) {
+  *out = reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+  return *out != nullptr;
+}
+
+const Python* python() {
+  static const Python* const py = []() -> const Python* {
+    static Python p;
+    const bool ok =
+        find(&p.is_initialized, "Py_IsInitialized") && find(&p.gil_check, "PyGILState_Check") &&
+        find(&p.current_frame, "PyEval_GetFrame") && find(&p.frame_code, "PyFrame_GetCode") &&
+        find(&p.frame_back, "PyFrame_GetBack") && find(&p.frame_line, "PyFrame_GetLineNumber") &&
+        find(&p.get_attr, "PyObject_GetAttrString") && find(&p.utf8, "PyUnicode_AsUTF8") &&
+        find(&p.incref, "Py_IncRef") && find(&p.decref, "Py_DecRef") &&
+        find(&p.err_fetch, "PyErr_Fetch") && find(&p.err_restore, "PyErr_Restore") &&
+        find(&p.err_clear, "PyErr_Clear");
+    return ok ? &p : nullptr;
+  }();
+  return py;
+}
+
+std::string py_text(const Python& py, PyObj* code, const char* name) {
+  PyObj* o = py.get_attr(code, name);
+  if (!o) {
+    py.err_clear();
+    return {};
+  }
+  const char* s = py.utf8(o);
+  std::string out = s ? s : "";
+  if (!s) py.err_clear();
+  py.decref(o);
+  return out;
+}
+
+// The calling thread's Python frames, innermost first, as "LINE FUNC\tFILE";
+// none unless Python runs and this thread holds the GIL. An exception the
+// program has set is kept as it was.
+void python_frames(std::vector<std::string>* out) {
+  const Python* py = python();
+  if (!py || !py->is_initialized() || !py->gil_check()) return;
+  PyObj *type = nullptr, *value = nullptr, *tb = nullptr;
+  py->err_fetch(&type, &value, &tb);
+  PyObj* f = py->current_frame();
+  if (f) py->incref(f);
+  for (int depth = 0; f && depth < kMaxPython; ++depth) {
+    PyObj* code = py->frame_code(f);
+    const int line = py->frame_line(f);
+    if (code) {
+      std::string func = py_text(*py, code, "co_qualname");
+      if (func.empty()) func = py_text(*py, code, "co_name");
+      for (char& c : func)
+        if (c == ' ' || c == '\t' || c == '\n') c = '_';
+      std::string file = py_text(*py, code, "co_filename");
+      for (char& c : file)
+        if (c == '\n' || c == '\t') c = ' ';
+      py->decref(code);
+      out->push_back(std::to_string(line) + " " + (func.empty() ? "?" : func) + "\t" + file);
+    }
+    PyObj* back = py->frame_back(f);
+    py->decref(f);
+    f = back;
+  }
+  if (f) py->decref(f);
+  py->err_restore(type, value, tb);
+}
+
+// ---- this library's own frames -----------------------------------------------
+// [start, end) of libgpupool's code: the frames of gpupool's hooks, which
+// every stack starts with, are left out.
+struct Range {
+  std::uint64_t start = 0, end = 0;
+};
+Range own_code() {
+  static const Range r = [] {
+    Range out;
+    Dl_info info{};
+    if (!dladdr(reinterpret_cast<void*>(&own_code), &info) || !info.dli_fbase) return out;
+    struct Find {
+      const void* base;
+      Range* out;
+    } find{info.dli_fbase, &out};
+    dl_iterate_phdr(
+        [](dl_phdr_info* i, size_t, void* p) {
+          auto* f = static_cast<Find*>(p);
+          if (reinterpret_cast<const void*>(i->dlpi_addr) != f->base) return 0;
+          for (int k = 0; k < i->dlpi_phnum; ++k) {
+            const ElfW(Phdr)& ph = i->dlpi_phdr[k];
+            if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
+            const std::uint64_t s = i->dlpi_addr + ph.p_vaddr;
+            *f->out = {s, s + ph.p_memsz};
+            return 1;
+          }
+          return 0;
+        },
+        &find);
+    return out;
+  }();
+  return r;
+}
+
+std::string hex(std::uint64_t v) {
+  char b[20];
+  std::snprintf(b, sizeof b, "%" PRIx64, v);
+  return b;
+}
+
+std::string base_name(const char* path) {
+  const char* slash = path ? std::strrchr(path, '/') : nullptr;
+  return slash ? slash + 1 : (path && *path ? path : "?");
+}
+
+// Per thread: how far to the next sampled allocation.
+thread_local std::uint64_t tl_count = 0;
+thread_local std::int64_t tl_bytes_left = -1;  // -1: not drawn yet
+thread_local std::uint64_t tl_random = 0;
+thread_local bool tl_inside = false;
+
+// Uniform in [1, 2n]: byte sampling at random points, so a program whose
+// allocations repeat with the sampling period is not always caught at the
+// same call.
+std::int64_t draw(std::uint64_t n) {
+  if (tl_random == 0) tl_random = reinterpret_cast<std::uint64_t>(&tl_random) | 1;
+  tl_random ^= tl_random << 13;
+  tl_random ^= tl_random >> 7;
+  tl_random ^= tl_random << 17;
+  return static_cast<std::int64_t>(1 + tl_random % (2 * n));
+}
+
+}  // namespace
+
+Sites* Sites::create(const config::SiteSampling& sampling) {
+  if (!sampling.on()) return nullptr;
+  // backtrace() loads libgcc_s on its first call: here, on the thread that
+  // starts gpupool, not inside some allocation.
+  void* warm[2];
+  backtrace(warm, 2);
+  own_code();
+  return new Sites(sampling);
+}
+
+std::uint32_t Sites::capture(std::uint64_t requested) noexcept {
+  if (tl_inside) return kNoSite;
+  if (sampling_.mode == config::SiteSampling::Mode::every) {
+    if (++tl_count < sampling_.n) return kNoSite;
+    tl_count = 0;
+  } else {
+    if (tl_bytes_left < 0) tl_bytes_left = draw(sampling_.n);
+    tl_bytes_left -= static_cast<std::int64_t>(std::min<std::uint64_t>(requested, INT64_MAX / 2));
+    if (tl_bytes_left > 0) return kNoSite;
+    tl_bytes_left = draw(sampling_.n);
+  }
+  tl_inside = true;
+  std::uint32_t id = kNoSite;
+  try {
+    void* raw[kMaxNative];
+    const int n = backtrace(raw, kMaxNative);
+    const Range self = own_code();
+    int skip = 0;
+    while (skip < n && reinterpret_cast<std::uint64_t>(raw[skip]) >= self.start &&
+           reinterpret_cast<std::uint64_t>(raw[skip]) < self.end)
+      ++skip;
+    std::uint64_t pcs[kMaxNative];
+    for (int i = skip; i < n; ++i) pcs[i - skip] = reinterpret_cast<std::uint64_t>(raw[i]);
+    std::vector<std::string> py;
+    python_frames(&py);
+    std::lock_guard lock(mu_);
+    id = intern(pcs, n - skip, py);
+    ++sampled_;
+  } catch (...) {
+    id = kNoSite;  // out of host memory: this allocation goes without a site
+  }
+  tl_inside = false;
+  return id;
+}
+
+void Sites::add_module_of(std::uint64_t pc) {
+  struct Find {
+    std::uint64_t pc;
+    Sites* self;
+  } find{pc, this};
+  dl_iterate_phdr(
+      [](dl_phdr_info* i, size_t, void* p) {
+        auto* f = static_cast<Find*>(p);
+        bool mine = false;
+        for (int k = 0; k < i->dlpi_phnum && !mine; ++k) {
+          const ElfW(Phdr)& ph = i->dlpi_phdr[k];
+          const std::uint64_t s = i->dlpi_addr + ph.p_vaddr;
+          mine = ph.p_type == PT_LOAD && (ph.p_flags & PF_X) && f->pc >= s && f->pc < s + ph.p_memsz;
+        }
+        if (!mine) return 0;
+        // The build id, from the object's notes as loaded.
+        std::string build_id;
+        for (int k = 0; k < i->dlpi_phnum && build_id.empty(); ++k) {
+          const ElfW(Phdr)& ph = i->dlpi_phdr[k];
+          if (ph.p_type != PT_NOTE) continue;
+          const char* p = reinterpret_cast<const char*>(i->dlpi_addr + ph.p_vaddr);
+          const char* end = p + ph.p_memsz;
+          while (p + sizeof(ElfW(Nhdr)) <= end) {
+            const auto* nh = reinterpret_cast<const ElfW(Nhdr)*>(p);
+            const char* name = p + sizeof(ElfW(Nhdr));
+            const char* desc = name + ((nh->n_namesz + 3) & ~3u);
+            if (desc + nh->n_descsz > end) break;
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && !std::memcmp(name, "GNU", 4)) {
+              for (unsigned b = 0; b < nh->n_descsz; ++b) {
+                char x[3];
+                std::snprintf(x, sizeof x, "%02x", static_cast<unsigned char>(desc[b]));
+                build_id += x;
+              }
+              break;
+            }
+            p = desc + ((nh->n_descsz + 3) & ~3u);
+          }
+        }
+        std::string path = i->dlpi_name ? i->dlpi_name : "";
+        if (path.empty()) {  // the main program
+          char exe[PATH_MAX];
+          const ssize_t m = readlink("/proc/self/exe", exe, sizeof exe - 1);
+          if (m > 0) path.assign(exe, static_cast<std::size_t>(m));
+        }
+        if (path.empty()) path = "?";
+        for (char& c : path)
+          if (c == '\n') c = ' ';
+        Sites& s = *f->self;
+        for (int k = 0; k < i->dlpi_phnum; ++k) {
+          const ElfW(Phdr)& ph = i->dlpi_phdr[k];
+          if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
+          const std::uint64_t start = i->dlpi_addr + ph.p_vaddr, end = start + ph.p_memsz;
+          s.decls_.push_back("module " + std::to_string(s.modules_.size()) + " " + hex(start) + " " +
+                             hex(end) + " " + hex(i->dlpi_addr) + " " +
+                             (build_id.empty() ? "-" : build_id) + " " + path + "\n");
+          s.modules_.push_back({start, end, i->dlpi_addr, path});
+        }
+        return 1;
+      },
+      &find);
+}
+
+std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
+                            const std::vector<std::string>& pyframes) {
+  std::vector<std::uint32_t> frame_ids;
+  for (const std::string& f : pyframes) {
+    auto [it, fresh] = pyframe_ids_.try_emplace(f, static_cast<std::uint32_t>(pyframe_text_.size()));
+    if (fresh) {
+      // f is "LINE FUNC\tFILE".
+      const std::size_t tab = f.find('\t');
+      const std::string line_func = f.substr(0, tab), file = f.substr(tab + 1);
+      decls_.push_back("pyframe " + std::to_string(it->second) + " " + line_func + " " + file + "\n");
+      const std::size_t sp = line_func.find(' ');
+      pyframe_text_.push_back(line_func.substr(sp + 1) + " (" + file + ":" +
+                              line_func.substr(0, sp) + ")");
+    }
+    frame_ids.push_back(it->second);
+  }
+  std::string key(reinterpret_cast<const char*>(pcs), sizeof(std::uint64_t) * npcs);
+  key.append(reinterpret_cast<const char*>(frame_ids.data()), sizeof(std::uint32_t) * frame_ids.size());
+  key.push_back(static_cast<char>(frame_ids.size()));
+  auto [it, fresh] = site_ids_.try_emplace(std::move(key), static_cast<std::uint32_t>(sites_.size()));
+  if (!fresh) return it->second;
+  for (int i = 0; i < npcs; ++i) {
+    bool known = false;
+    for (const Module& m : modules_) known = known || (pcs[i] >= m.start && pcs[i] < m.end);
+    if (!known) add_module_of(pcs[i]);
+  }
+  Site s;
+  s.pcs.assign(pcs, pcs + npcs);
+  s.pyframes = frame_ids;
+  std::string line = "site " + std::to_string(it->second) + " ";
+  for (int i = 0; i < npcs; ++i) line += (i ? "," : "") + hex(pcs[i]);
+  if (npcs == 0) line += "-";
+  line += " ";
+  for (std::size_t i = 0; i < frame_ids.size(); ++i) line += (i ? "," : "") + std::to_string(frame_ids[i]);
+  if (frame_ids.empty()) line += "-";
+  decls_.push_back(line + "\n");
+  sites_.push_back(std::move(s));
+  return it->second;
+}
+
+std::size_t Sites::declarations(std::size_t from, std::string* out) {
+  std::lock_guard lock(mu_);
+  for (std::size_t i = from; i < decls_.size(); ++i) *out += decls_[i];
+  return decls_.size();
+}
+
+std::string Sites::describe(std::uint32_t site, const char* indent) {
+  std::lock_guard lock(mu_);
+  if (site >= sites_.size()) return std::string(indent) + "(no site recorded)\n";
+  if (!symbols_) symbols_ = std::make_unique<symbols::Files>();
+  const Site& s = sites_[site];
+  std::string out;
+  for (std::uint32_t f : s.pyframes) out += std::string(indent) + "py  " + pyframe_text_[f] + "\n";
+  // Under Python the interpreter's own frames say little: fewer shown.
+  const std::size_t shown = s.pyframes.empty() ? 16 : 6;
+  for (std::size_t k = 0; k < s.pcs.size() && k < shown; ++k) {
+    const std::uint64_t pc = s.pcs[k];
+    const Module* m = nullptr;
+    for (const Module& x : modules_)
+      if (pc >= x.start && pc < x.end) m = &x;
+    std::string where;
+    if (!m) {
+      where = "0x" + hex(pc);
+    } else {
+      // A return address: the call is the byte before it.
+      const symbols::Function fn = symbols_->function_at(m->path, pc - 1 - m->bias);
+      where = fn.name.empty() ? base_name(m->path.c_str()) + "+0x" + hex(pc - m->bias)
+                              : fn.name + "+0x" + hex(fn.offset + 1) + " (" +
+                                    base_name(m->path.c_str()) + ")";
+    }
+    out += std::string(indent) + where + "\n";
+  }
+  if (s.pcs.size() > shown)
+    out += std::string(indent) + "(" + std::to_string(s.pcs.size() - shown) + " more frames)\n";
+  if (s.pcs.empty() && s.pyframes.empty()) out += std::string(indent) + "(empty stack)\n";
+  return out;
+}
+
+std::uint64_t Sites::sampled() const {
+  std::lock_guard lock(const_cast<std::mutex&>(mu_));
+  return sampled_;
+}
+
+void Sites::fork_prepare() { mu_.lock(); }
+void Sites::fork_parent() { mu_.unlock(); }
+void Sites::fork_child() { mu_.unlock(); }
+
+}  // namespace gpupool::sites

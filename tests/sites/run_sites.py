@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Allocation sites and the leak report (GPUPOOL_SITES, GPUPOOL_LEAKS), on
+real programs under the preloaded library on PoCL: what the program's user
+reads at exit, and what the trace records.
+
+usage: run_sites.py native SITES_PROGRAM | python SITES_PYTHON"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+CHECK, TARGET = sys.argv[1:3]
+PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAILED:", msg, file=sys.stderr)
+    return cond
+
+
+def run(cmd, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["LD_PRELOAD"] = PRELOAD
+    env.update(extra)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    check(r.returncode == 0 and "done" in r.stdout, f"{cmd} {extra}: exit {r.returncode}: {r.stderr[-2000:]}")
+    return r
+
+
+def leak_groups(stderr):
+    """[(bytes text, blocks, group, [frame lines])] from the leak report."""
+    groups, cur = [], None
+    lines = stderr.splitlines()
+    start = next((i for i, l in enumerate(lines) if " leaks: pid " in l), None)
+    if start is None:
+        return None
+    for line in lines[start + 1:]:
+        m = re.match(r"^  (\S+ \S+) in (\d+) blocks?, (\S+):$", line)
+        if m:
+            cur = (m.group(1), int(m.group(2)), m.group(3), [])
+            groups.append(cur)
+        elif line.startswith("      ") and cur:
+            cur[3].append(line.strip())
+        elif not line.startswith("  "):
+            break
+    return groups
+
+
+def trace_sites(path):
+    """(allocations with a site, allocations without, {site: [pcs]}, modules)."""
+    with_site = without = 0
+    sites, modules = {}, []
+    for line in open(path):
+        f = line.rstrip("\n").split(" ")
+        if f[0] == "module":
+            modules.append((int(f[2], 16), int(f[3], 16), " ".join(f[6:])))
+        elif f[0] == "site":
+            sites[int(f[1])] = [int(x, 16) for x in f[2].split(",")] if f[2] != "-" else []
+        elif f[0] == "a":
+            if len(f) == 9:
+                check(int(f[8]) in sites, f"{path}: site {f[8]} named before it was declared")
+                with_site += 1
+            else:
+                without += 1
+    return with_site, without, sites, modules
+
+
+def native(program):
+    weights, scratch = 8, 200
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "t")
+        r = run([program, str(weights), str(scratch)], GPUPOOL_SITES="all", GPUPOOL_LEAKS="1",
+                GPUPOOL_TRACE_FILE=trace)
+        groups = leak_groups(r.stderr)
+        if check(groups, f"no leak report at exit: {r.stderr[-2000:]}"):
+            # The kept buffers are the one group; released ones are not listed.
+            check(len(groups) == 1 and groups[0][:2] == ("8.0 MiB", weights),
+                  f"leak groups {[(g[0], g[1]) for g in groups]}, expected one of 8.0 MiB in {weights} blocks")
+            frames = groups[0][3]
+            check(any(f.startswith("keep_weights+") for f in frames[:3]),
+                  f"the leaking site's innermost frames {frames[:3]} do not name keep_weights")
+            check(not any("scratch_loop" in f for g in groups for f in g[3]),
+                  "scratch_loop's released buffers are listed as held")
+        with_site, without, sites, modules = trace_sites(trace)
+        allocs = weights + 2 * scratch
+        check(with_site == allocs and without == 0,
+              f"GPUPOOL_SITES=all: {with_site} allocations with a site, {without} without, of {allocs}")
+        # Two sites in scratch_loop (a thread's stack differs from main's) and
+        # one in keep_weights; every frame inside a declared module or not.
+        check(3 <= len(sites) <= 6, f"{len(sites)} distinct sites for 3 call paths")
+        prog = [m for m in modules if os.path.realpath(m[2]) == os.path.realpath(program)]
+        check(prog, f"no module line for {program}: {modules}")
+        covered = sum(1 for pcs in sites.values() for pc in pcs if any(a <= pc < b for a, b, _ in modules))
+        total = sum(len(p) for p in sites.values())
+        check(covered == total, f"{total - covered} of {total} frames outside every declared module")
+
+        # Sampling: one allocation in 4, counted per thread.
+        r = run([program, str(weights), str(scratch)], GPUPOOL_SITES="4", GPUPOOL_TRACE_FILE=trace)
+        with_site, without, _, _ = trace_sites(trace)
+        expected = scratch // 4 + (scratch + weights) // 4
+        check(with_site == expected and with_site + without == allocs,
+              f"GPUPOOL_SITES=4: {with_site} of {with_site + without} sampled, expected {expected} of {allocs}")
+        # By bytes: one per 1 MiB asked for, at random points: about the
+        # 20.5 MiB asked for / 1 MiB.
+        r = run([program, str(weights), str(scratch)], GPUPOOL_SITES="1MiB", GPUPOOL_TRACE_FILE=trace)
+        with_site, without, _, _ = trace_sites(trace)
+        check(8 <= with_site <= 40, f"GPUPOOL_SITES=1MiB: {with_site} sampled of ~20 MiB asked for")
+
+        # Leaks without sites: by pool group, and how to get sites.
+        r = run([program, str(weights), str(scratch)], GPUPOOL_LEAKS="1")
+        groups = leak_groups(r.stderr)
+        check(groups and groups[0][:2] == ("8.0 MiB", weights) and "GPUPOOL_SITES=all" in r.stderr,
+              f"GPUPOOL_LEAKS alone: {r.stderr[-1500:]}")
+        # Nothing asked for, nothing printed.
+        r = run([program, str(weights), str(scratch)])
+        check(" leaks: " not in r.stderr, f"a leak report nobody asked for: {r.stderr[-500:]}")
+        # A bad value: one message naming the variable, the value and what is accepted.
+        r = run([program, "1", "1"], GPUPOOL_SITES="sometimes", GPUPOOL_LEAKS="1")
+        msgs = [l for l in r.stderr.splitlines() if "GPUPOOL_SITES" in l and "sometimes" in l]
+        check(len(msgs) == 1 and "64MiB" in msgs[0], f"bad GPUPOOL_SITES: {r.stderr[-1000:]}")
+
+
+def python(script):
+    n = 5
+    line = next(i for i, l in enumerate(open(script), 1) if "# ALLOC LINE" in l)
+    for mode in ("gil", "nogil"):
+        r = run([sys.executable, script, mode, str(n)], GPUPOOL_SITES="all", GPUPOOL_LEAKS="1")
+        groups = leak_groups(r.stderr)
+        if not check(groups, f"{mode}: no leak report: {r.stderr[-2000:]}"):
+            continue
+        top = groups[0]
+        check(top[:2] == ("5.0 MiB", n), f"{mode}: top group {top[:3]}, expected 5.0 MiB in {n} blocks")
+        py = [f for f in top[3] if f.startswith("py ")]
+        if mode == "gil":
+            want = f"py  hold_buffers ({script}:{line})"
+            check(py and py[0] == want, f"gil: Python frames {py[:3]}, expected {want!r} first")
+            check(any(f.startswith("py  <module> (") for f in py), f"gil: no module frame in {py}")
+        else:
+            # The GIL was released: no Python frames may be taken, native ones are.
+            check(not py and top[3], f"nogil: frames {top[3][:4]}")
+
+
+{"native": native, "python": python}[CHECK](TARGET)
+if failures:
+    sys.exit(f"{len(failures)} failure(s)")
+print("ok")
