@@ -40,5 +40,8 @@ std::string registry_path();
 int cmd_trace(int argc, char** argv);
 const char* trace_help();
 bool registry_processes(std::vector<node::ProcessEntry>* out);
+// report.cpp: gpupool report
+int cmd_report(int argc, char** argv);
+const char* report_help();
 
 }  // namespace gpupool::launcher

@@ -4,6 +4,7 @@
 //   gpupool stats PID [--json] | free-held PID | stop-holding PID   talk.cpp
 //   gpupool ps [--json] (and free-held --all's list)                node.cpp
 //   gpupool trace convert TRACE --to perfetto|rmm -o OUTPUT        trace.cpp
+//   gpupool report TRACE -o OUTPUT.html                            report.cpp
 //   gpupool env | --version | --help | help COMMAND        here
 #include <errno.h>
 #include <limits.h>
@@ -54,6 +55,7 @@ const char kMainHelp[] =
     "  stop-holding PID                      release held memory and stop holding\n"
     "  ps [--json]                           list gpupool processes here, per GPU\n"
     "  trace convert TRACE --to FORMAT -o F  a GPUPOOL_TRACE_FILE for Perfetto or RMM\n"
+    "  report TRACE -o F.html                a page of plots and tables about a trace\n"
     "  env                                   list the GPUPOOL_* variables and values\n"
     "  help [COMMAND]                        show help for COMMAND\n"
     "\n"
@@ -122,6 +124,7 @@ int cmd_help(int argc, char** argv) {
   else if (c == "env") std::fputs(kEnvHelp, stdout);
   else if (c == "ps") std::fputs(ps_help(), stdout);
   else if (c == "trace") std::fputs(trace_help(), stdout);
+  else if (c == "report") std::fputs(report_help(), stdout);
   else if (c == "help") std::fputs(kMainHelp, stdout);
   else return usage_error("help: unknown command '" + c + "'");
   return kOk;
@@ -149,6 +152,7 @@ int main(int argc, char** argv) {
   if (cmd == "env") return cmd_env(argc - 2, argv + 2);
   if (cmd == "ps") return cmd_ps(argc - 2, argv + 2);
   if (cmd == "trace") return cmd_trace(argc - 2, argv + 2);
+  if (cmd == "report") return cmd_report(argc - 2, argv + 2);
   if (cmd == "help") return cmd_help(argc - 2, argv + 2);
   if (!cmd.empty() && cmd[0] == '-') return usage_error("unknown option '" + cmd + "'");
   return usage_error("unknown command '" + cmd + "'");

@@ -25,6 +25,7 @@
 #include "interpose/control/stats_format.hpp"
 #include "interpose/control/trace_reader.hpp"
 #include "launcher/launcher.hpp"
+#include "launcher/trace_tools.hpp"
 
 namespace gpupool::launcher {
 namespace {
@@ -44,14 +45,6 @@ const char kTraceHelp[] =
     "OUTPUT '-' writes to standard output. A trace that is not valid gets one\n"
     "error naming its file and line, and no output.\n";
 
-// Counters per group as the records go: what the program holds (requested
-// bytes), the blocks those sit in, and the blocks held for reuse. Held
-// counts blocks freed and not yet reused; the trace records no releases, so
-// after one (a cap, an idle release, out-of-memory) it is an upper bound.
-struct Counters {
-  std::uint64_t active = 0, in_blocks = 0, held = 0;
-};
-
 std::string perfetto(const trace::TraceFile& tr) {
   std::string o = "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"source\":\"gpupool trace\",\"pid\":" +
                   std::to_string(tr.pid) + "},\"traceEvents\":[\n";
@@ -59,22 +52,12 @@ std::string perfetto(const trace::TraceFile& tr) {
   o += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(pid) +
        ",\"args\":{\"name\":\"gpupool " + std::to_string(pid) + "\"}}";
   std::map<std::string, Counters> groups;
-  std::vector<std::uint64_t> requested(tr.slots), size(tr.slots);
+  SlotSizes slots(tr);
   char buf[64];
   for (const trace::Record& r : tr.records) {
     const std::string& g = tr.arenas[r.arena].group;
     Counters& c = groups[g];
-    if (r.alloc) {
-      requested[r.slot] = r.requested;
-      size[r.slot] = r.size;
-      c.active += r.requested;
-      c.in_blocks += r.size;
-      if (r.hit) c.held -= std::min(c.held, r.size);
-    } else {
-      c.active -= std::min(c.active, requested[r.slot]);
-      c.in_blocks -= std::min(c.in_blocks, size[r.slot]);
-      c.held += size[r.slot];
-    }
+    slots.apply(r, &c);
     // ts in microseconds (the format's unit), to the nanosecond.
     std::snprintf(buf, sizeof buf, "%" PRIu64 ".%03" PRIu64, r.t_ns / 1000, r.t_ns % 1000);
     o += ",\n{\"ph\":\"C\",\"name\":\"" + stats::json_escape("memory " + g) + "\",\"pid\":" +
@@ -105,37 +88,6 @@ std::string rmm(const trace::TraceFile& tr) {
     o += line;
   }
   return o;
-}
-
-// Writes `data` to `path` whole or not at all: a temporary beside it, then
-// rename. '-' is standard output.
-bool write_whole(const std::string& path, const std::string& data, std::string* why) {
-  if (path == "-") {
-    if (std::fwrite(data.data(), 1, data.size(), stdout) != data.size() || std::fflush(stdout)) {
-      *why = std::string("writing standard output: ") + std::strerror(errno);
-      return false;
-    }
-    return true;
-  }
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wbx");
-  if (!f) {
-    *why = "cannot create " + tmp + ": " + std::strerror(errno);
-    return false;
-  }
-  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
-  const int err = errno;
-  if (std::fclose(f) != 0 || !ok) {
-    *why = "writing " + tmp + ": " + std::strerror(ok ? errno : err);
-    std::remove(tmp.c_str());
-    return false;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    *why = "cannot rename to " + path + ": " + std::strerror(errno);
-    std::remove(tmp.c_str());
-    return false;
-  }
-  return true;
 }
 
 }  // namespace
@@ -184,19 +136,7 @@ int cmd_trace(int argc, char** argv) {
                        "trace");
   if (output.empty()) return usage_error("trace convert: -o OUTPUT is needed ('-': stdout)", "trace");
   trace::TraceFile tr;
-  std::string error;
-  if (!trace::read_trace(input, &tr, &error, /*lenient=*/true)) {
-    std::fprintf(stderr, "%s: trace convert: %s\n", kProg, error.c_str());
-    return kFailed;
-  }
-  if (tr.truncated_tail)
-    std::fprintf(stderr, "%s: trace convert: %s: the last line is incomplete (the program was "
-                         "killed while writing it); converted without it\n",
-                 kProg, input.c_str());
-  if (tr.unpaired)
-    std::fprintf(stderr, "%s: trace convert: %s: %" PRIu64 " records do not pair with the others "
-                         "(records lost when the program was killed?); converted without them\n",
-                 kProg, input.c_str(), tr.unpaired);
+  if (!read_trace_for("trace convert", input, &tr)) return kFailed;
   std::string why;
   if (!write_whole(output, to == "perfetto" ? perfetto(tr) : rmm(tr), &why)) {
     std::fprintf(stderr, "%s: trace convert: %s\n", kProg, why.c_str());

@@ -14,9 +14,10 @@ $sudo_ apt-get install -y -qq --no-install-recommends \
   libspdlog-dev libfmt-dev googletest libgtest-dev libbenchmark-dev \
   pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
   python3-pyopencl python3-numpy \
-  python3-pip python3-venv ninja-build >/dev/null
+  python3-pip python3-venv ninja-build chromium >/dev/null
 # (pip and venv: the wheel and its install, scripts/package-check.sh; Ninja:
-# its record of which headers each object was compiled from.)
+# its record of which headers each object was compiled from; Chromium: the
+# test that draws `gpupool report`'s page in a real browser.)
 if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ]; then
   # --user puts it in ~/.local, where python3 (and so CMake) finds it;
   # Debian's python3 refuses --user installs unless told

@@ -20,6 +20,7 @@ import gpupool_check  # noqa: E402
 LAUNCHER = os.environ["LAUNCHER"]
 HARNESS = os.environ["HARNESS"]
 CL_WORKLOAD = os.environ.get("CL_WORKLOAD", "")
+SITES_PROGRAM = os.environ.get("SITES_PROGRAM", "")
 SCHEMA = json.load(open(os.environ["SCHEMA"]))
 BUILD_DIR = os.environ["BUILD_DIR"]
 TEST_PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
@@ -82,7 +83,7 @@ class Usage(unittest.TestCase):
             self.assertEqual(r.returncode, OK)
             self.assertIn("Usage: gpupool COMMAND", r.stdout)
             self.assertIn("5 gpupool loaded but idle", r.stdout)
-        for cmd in ("run", "stats", "free-held", "stop-holding", "env"):
+        for cmd in ("run", "stats", "free-held", "stop-holding", "env", "report"):
             r = gp("help", cmd)
             self.assertEqual(r.returncode, OK)
             self.assertIn(f"Usage: gpupool {cmd}", r.stdout)
@@ -423,6 +424,163 @@ class Trace(unittest.TestCase):
             rows = f.read().splitlines()
         self.assertGreater(len(rows), 1000)
         self.assertTrue(all(row.count(",") == 5 for row in rows))
+
+
+class Report(unittest.TestCase):
+    """gpupool report: a known program's peaks and the site still holding at
+    the end, in the page's data and its tables; bad input gets one error and
+    no file; a killed program's trace and a million events still report; a
+    real browser draws the page without a script error."""
+
+    MIB = 1 << 20
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpupool-report-")
+
+    def report(self, trace, name="r.html"):
+        out = os.path.join(self.tmp, name)
+        r = gp("report", trace, "-o", out, timeout=300)
+        return r, out
+
+    @staticmethod
+    def data(html_path):
+        with open(html_path) as f:
+            text = f.read()
+        start = text.index('<script type="application/json" id="data">') + len(
+            '<script type="application/json" id="data">')
+        return json.loads(text[start:text.index("</script>", start)]), text
+
+    def known_trace(self):
+        if not SITES_PROGRAM:
+            self.skipTest("no sites_program (OpenCL not built)")
+        trace = os.path.join(self.tmp, "known.trace")
+        env = clean_env(GPUPOOL_SITES="all", GPUPOOL_TRACE_FILE=trace)
+        env["LD_PRELOAD"] = TEST_PRELOAD
+        # 8 buffers of 1 MiB kept, 2 x 200 of 64 KiB made and released first.
+        r = subprocess.run([SITES_PROGRAM, "8", "200"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return trace
+
+    def test_known_program(self):
+        r, out = self.report(self.known_trace())
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        d, html = self.data(out)
+        self.assertEqual(d["allocations"], 408)
+        self.assertEqual(d["frees"], 400)
+        (g,) = d["groups"]
+        # The scratch buffers are gone before the weights come: the peak is
+        # the weights, and they are what is left.
+        self.assertEqual(g["peak_active"]["bytes"], 8 * self.MIB)
+        self.assertEqual(d["peak"]["bytes"], 8 * self.MIB)
+        self.assertEqual(d["end"]["bytes"], 8 * self.MIB)
+        top = d["end"]["sites"][0]
+        self.assertEqual((top["blocks"], top["bytes"]), (8, 8 * self.MIB))
+        self.assertTrue(top["label"].startswith("keep_weights+"), top)
+        self.assertIn("main+", " ".join(top["frames"]))
+        self.assertEqual(len(d["end"]["sites"]), 1, d["end"]["sites"])
+        self.assertTrue(d["peak"]["sites"][0]["label"].startswith("keep_weights+"))
+        # What a reader sees without the script: the tables.
+        self.assertIn("<td>8.0 MiB</td><td>8</td>", html)
+        self.assertIn("<summary>keep_weights+", html)
+        self.assertLessEqual(max(len(x["t"]) for x in d["groups"]), 2000)
+
+    def test_browser_draws_it(self):
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        self.assertTrue(chromium, "chromium is needed (scripts/install-deps.sh installs it)")
+        r, out = self.report(self.known_trace())
+        self.assertEqual(r.returncode, OK, r.stderr)
+        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                              "--virtual-time-budget=5000", "--dump-dom", "file://" + out],
+                             capture_output=True, text=True, timeout=120).stdout
+        self.assertIn('data-status="ok"', dom, dom[-2000:])
+        # Memory for the one pool group, hits and misses, two size plots.
+        self.assertEqual(dom.count('class="plot"'), 4)
+        # A page whose script fails says so (the check can fail).
+        broken = os.path.join(self.tmp, "broken.html")
+        with open(out) as f:
+            page = f.read()
+        with open(broken, "w") as f:
+            f.write(page.replace('"groups":[', '"groups":7,"x":[', 1))
+        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                              "--virtual-time-budget=5000", "--dump-dom", "file://" + broken],
+                             capture_output=True, text=True, timeout=120).stdout
+        self.assertIn('data-status="error: ', dom)
+
+    def test_bad_trace_one_error_no_output(self):
+        good = ("# gpupool trace 2\n# pid 5 start_unix_ns 1\narena 0 cuda cuda:0 dev\n"
+                "a 10 1 0 a0 100 128 m\n")
+        cases = {"notrace": ("hello\n", 1), "badline": (good + "a 20 1 0\n", 5),
+                 "badsite": (good + "a 20 1 0 b0 1 1 m 3\n", 5)}
+        for name, (text, line) in cases.items():
+            src = os.path.join(self.tmp, name + ".trace")
+            with open(src, "w") as f:
+                f.write(text)
+            r, out = self.report(src, name + ".html")
+            self.assertEqual(r.returncode, FAILED, name)
+            self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+            self.assertIn(f"{src}:{line}:", r.stderr)
+            self.assertEqual([n for n in os.listdir(self.tmp) if not n.endswith(".trace")], [],
+                             "output left behind")
+        r, _ = self.report(os.path.join(self.tmp, "missing"))
+        self.assertEqual(r.returncode, FAILED)
+        self.assertIn("cannot open", r.stderr)
+        r = gp("report", "x.trace")
+        self.assertEqual(r.returncode, USAGE)
+
+    def test_killed_program(self):
+        trace = self.known_trace()
+        with open(trace, "a") as f:
+            f.write("a 99999999999 1 0 ab")
+        r, out = self.report(trace)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn("last line is incomplete", r.stderr)
+        self.assertEqual(self.data(out)[0]["allocations"], 408)
+
+    def test_million_events(self):
+        # 500,000 pairs in two groups; at step i group 1 holds i % 1000 + 1
+        # blocks of 4 KiB, so its exact peak is 1000 blocks, reached many
+        # times, while group 0 holds one block that grows once to 3 MiB.
+        trace = os.path.join(self.tmp, "big.trace")
+        lines = ["# gpupool trace 2", "# pid 9 start_unix_ns 1", "arena 0 cuda cuda:0 dev 0",
+                 "arena 1 cuda-host cuda-host pinned"]
+        t = 0
+        held = []
+        for i in range(250000):
+            t += 10
+            lines.append(f"a {t} 1 1 {i:x} 4096 4096 {'h' if i else 'm'}")
+            held.append(i)
+            if len(held) > i % 1000 + 1 or len(held) >= 1000:
+                while len(held) > i % 1000:
+                    t += 10
+                    lines.append(f"f {t} 1 1 {held.pop():x} 4096 4096")
+        n_group1 = len(lines) - 4
+        t += 10
+        lines.append(f"a {t} 2 0 ffff0 {3 * self.MIB} {3 * self.MIB} m")
+        while len(lines) - 4 < 1000000:
+            t += 10
+            lines.append(f"a {t} 2 0 {len(lines):x} 64 64 m")
+            t += 10
+            lines.append(f"f {t} 2 0 {len(lines) - 1:x} 64 64")
+        with open(trace, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        t0 = time.time()
+        r, out = self.report(trace)
+        took = time.time() - t0
+        self.assertEqual(r.returncode, OK, r.stderr)
+        d, _ = self.data(out)
+        allocs = sum(1 for l in lines if l.startswith("a "))
+        self.assertEqual(d["allocations"], allocs)
+        g = {x["name"]: x for x in d["groups"]}
+        self.assertEqual(g["cuda-host"]["peak_active"]["bytes"], 1000 * 4096)
+        self.assertEqual(g["cuda:0"]["peak_active"]["bytes"], 3 * self.MIB + 64)
+        for x in d["groups"]:
+            self.assertLessEqual(len(x["t"]), 2000)
+            # A peak survives the downsampling.
+            self.assertEqual(max(x["active"]), x["peak_active"]["bytes"])
+        self.assertGreater(n_group1, 0)
+        print(f"report of {len(lines) - 4} events: {took:.1f} s, {os.path.getsize(out)} bytes",
+              file=sys.stderr)
 
 
 class Install(unittest.TestCase):

@@ -181,7 +181,7 @@ elif CHECK == "ask_and_watch":
     for i in range(int(os.environ.get("ROUNDS", "20"))):
         n, err, _, herr, nerr = scenario(True, True, holder_env=watch)
         if n != full:
-            short.append((n, nerr[-600:]))
+            short.append((n, nerr[-600:], "holder: " + herr[-1500:]))
     print(f"{len(short)} of {os.environ.get('ROUNDS', '20')} rounds short of {full} blocks")
     check(not short, f"neighbour short of {full} blocks: {short[:2]}")
 

@@ -1,0 +1,587 @@
+// gpupool report TRACE -o report.html: one self-contained page (no network,
+// opens from disk) that shows where a program's memory went: memory over
+// time per pool group, hits and misses over time, the sizes asked for, the
+// peaks, and, with allocation sites (GPUPOOL_SITES), which call stacks held
+// the most at the peak and what was still held at the end.
+//
+// Exact figures (peaks, tables) are computed from every record; the plotted
+// series are downsampled to at most kPoints points each, keeping each
+// bucket's maximum so that no peak disappears. The page draws them with its
+// own inline script as SVG.
+//
+// Native frames are named here, from the modules' files (their symbol
+// tables); a file whose build id differs from the traced one is not trusted
+// and its frames show as module+offset.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "interpose/control/stats_format.hpp"
+#include "interpose/control/symbols.hpp"
+#include "launcher/launcher.hpp"
+#include "launcher/trace_tools.hpp"
+
+namespace gpupool::launcher {
+namespace {
+
+const char kReportHelp[] =
+    "Usage: gpupool report TRACE -o OUTPUT.html\n"
+    "\n"
+    "Write one self-contained HTML page about a GPUPOOL_TRACE_FILE (docs/trace.md,\n"
+    "\"Report\"): memory over time per pool group, hits and misses over time, the\n"
+    "sizes asked for, the peaks, and with allocation sites (GPUPOOL_SITES) the\n"
+    "call stacks holding the most memory at the peak and at the end. Opens from\n"
+    "disk, no network. A trace that is not valid gets one error naming its file\n"
+    "and line, and no output.\n";
+
+constexpr std::size_t kPoints = 2000;      // per plotted series
+constexpr std::size_t kRateBuckets = 200;  // hits and misses over time
+constexpr std::size_t kTopSites = 20;
+
+using stats::json_escape;
+
+std::string q(const std::string& s) { return "\"" + json_escape(s) + "\""; }
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string bytes_text(std::uint64_t b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+  return buf;
+}
+
+std::string seconds_text(std::uint64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f s", static_cast<double>(ns) / 1e9);
+  return buf;
+}
+
+// ---- sites, named ------------------------------------------------------------
+
+bool runtime_library(const std::string& path) {
+  const std::string base = path.substr(path.rfind('/') + 1);
+  for (const char* lib : {"libcuda.", "libcudart", "libOpenCL", "libpocl", "libnvidia-",
+                          "libgpupool", "libcublas", "libc10_cuda"})
+    if (base.rfind(lib, 0) == 0) return true;
+  return false;
+}
+
+struct NamedSite {
+  std::string label;                // what tables show
+  std::vector<std::string> frames;  // innermost first, Python first
+};
+
+class Namer {
+ public:
+  explicit Namer(const trace::TraceFile& tr) : tr_(tr) {}
+
+  const NamedSite& site(std::uint32_t s) {
+    auto it = named_.find(s);
+    if (it != named_.end()) return it->second;
+    NamedSite n;
+    if (s == trace::kNoSite) {
+      n.label = "(no call stack recorded)";
+      return named_.emplace(s, n).first->second;
+    }
+    const trace::SiteDecl& d = tr_.sites[s];
+    for (std::uint32_t f : d.pyframes) {
+      const trace::PyFrameDecl& p = tr_.pyframes[f];
+      n.frames.push_back("py " + p.func + " (" + p.file + ":" + std::to_string(p.line) + ")");
+    }
+    std::string first_own;
+    for (std::uint64_t pc : d.pcs) {
+      const trace::ModuleDecl* m = module_of(pc);
+      const std::string frame = name(pc, m);
+      if (first_own.empty() && m && !runtime_library(m->path)) first_own = frame;
+      n.frames.push_back(frame);
+    }
+    if (!d.pyframes.empty()) n.label = n.frames.front();
+    else if (!first_own.empty()) n.label = first_own;
+    else if (!n.frames.empty()) n.label = n.frames.front();
+    else n.label = "(empty stack)";
+    return named_.emplace(s, std::move(n)).first->second;
+  }
+
+ private:
+  const trace::ModuleDecl* module_of(std::uint64_t pc) const {
+    for (const trace::ModuleDecl& m : tr_.modules)
+      if (pc >= m.start && pc < m.end) return &m;
+    return nullptr;
+  }
+
+  std::string name(std::uint64_t pc, const trace::ModuleDecl* m) {
+    char hex[32];
+    if (!m) {
+      std::snprintf(hex, sizeof hex, "0x%" PRIx64, pc);
+      return hex;
+    }
+    const std::string base = m->path.substr(m->path.rfind('/') + 1);
+    std::snprintf(hex, sizeof hex, "+0x%" PRIx64, pc - m->bias);
+    // Only a file that is the one traced names anything.
+    bool same = true;
+    if (!m->build_id.empty()) {
+      auto [it, fresh] = same_file_.try_emplace(m->path, false);
+      if (fresh) it->second = files_.build_id(m->path) == m->build_id;
+      same = it->second;
+    }
+    if (!same) return base + hex + " (file changed since the trace)";
+    // A return address: the call is the byte before it.
+    const symbols::Function fn = files_.function_at(m->path, pc - 1 - m->bias);
+    if (fn.name.empty()) return base + hex;
+    std::snprintf(hex, sizeof hex, "+0x%" PRIx64, fn.offset + 1);
+    return fn.name + hex + " (" + base + ")";
+  }
+
+  const trace::TraceFile& tr_;
+  symbols::Files files_;
+  std::map<std::string, bool> same_file_;
+  std::unordered_map<std::uint32_t, NamedSite> named_;
+};
+
+// ---- the figures -------------------------------------------------------------
+
+struct Series {  // one group's plotted memory, downsampled
+  std::vector<std::uint64_t> t, active, in_blocks, managed;
+};
+
+struct Peak {
+  std::uint64_t bytes = 0, t_ns = 0;
+};
+
+struct Group {
+  std::string name;
+  Counters c;
+  Peak peak_active, peak_managed;
+  std::uint64_t allocs = 0, hits = 0;
+  // Bucket maxima, filled as the records go.
+  std::vector<std::uint64_t> b_active, b_in_blocks, b_managed;
+  std::vector<bool> touched;
+};
+
+struct Held {
+  std::uint64_t blocks = 0, bytes = 0;
+};
+
+std::string render(const trace::TraceFile& tr, const std::string& path) {
+  const std::uint64_t t_end = tr.records.empty() ? 0 : tr.records.back().t_ns;
+  const std::uint64_t span = std::max<std::uint64_t>(t_end, 1);
+  const std::size_t points = std::min<std::size_t>(kPoints, std::max<std::size_t>(tr.records.size(), 1));
+  auto bucket = [&](std::uint64_t t, std::size_t n) {
+    return std::min<std::size_t>(n - 1, static_cast<std::size_t>((static_cast<double>(t) / span) * n));
+  };
+
+  std::map<std::string, std::size_t> group_index;
+  std::vector<Group> groups;
+  std::vector<std::size_t> group_of_arena(tr.arenas.size());
+  for (std::size_t a = 0; a < tr.arenas.size(); ++a) {
+    auto [it, fresh] = group_index.try_emplace(tr.arenas[a].group, groups.size());
+    if (fresh) {
+      Group g;
+      g.name = tr.arenas[a].group;
+      g.b_active.assign(points, 0);
+      g.b_in_blocks.assign(points, 0);
+      g.b_managed.assign(points, 0);
+      g.touched.assign(points, false);
+      groups.push_back(std::move(g));
+    }
+    group_of_arena[a] = it->second;
+  }
+
+  // Pass 1: counters, peaks, bucket maxima, rates, sizes; the moment of the
+  // peak of all groups' active bytes together.
+  SlotSizes slots(tr);
+  std::vector<std::uint64_t> hits(kRateBuckets), misses(kRateBuckets);
+  std::map<int, std::pair<std::uint64_t, std::uint64_t>> sizes;  // log2 -> count, bytes
+  std::uint64_t total_active = 0, allocs = 0, frees = 0, hit_count = 0;
+  Peak total_peak;
+  std::size_t peak_index = 0;
+  for (std::size_t i = 0; i < tr.records.size(); ++i) {
+    const trace::Record& r = tr.records[i];
+    Group& g = groups[group_of_arena[r.arena]];
+    const std::uint64_t before = g.c.active;
+    slots.apply(r, &g.c);
+    total_active = total_active + g.c.active - before;
+    if (r.alloc) {
+      ++allocs;
+      ++g.allocs;
+      (r.hit ? hits : misses)[bucket(r.t_ns, kRateBuckets)]++;
+      if (r.hit) {
+        ++hit_count;
+        ++g.hits;
+      }
+      int lg = 0;
+      while (lg < 63 && (std::uint64_t(2) << lg) <= r.requested) ++lg;
+      auto& s = sizes[r.requested ? lg : -1];
+      ++s.first;
+      s.second += r.requested;
+    } else {
+      ++frees;
+    }
+    if (g.c.active > g.peak_active.bytes) g.peak_active = {g.c.active, r.t_ns};
+    if (g.c.managed() > g.peak_managed.bytes) g.peak_managed = {g.c.managed(), r.t_ns};
+    if (total_active > total_peak.bytes) {
+      total_peak = {total_active, r.t_ns};
+      peak_index = i;
+    }
+    const std::size_t b = bucket(r.t_ns, points);
+    g.b_active[b] = std::max(g.b_active[b], g.c.active);
+    g.b_in_blocks[b] = std::max(g.b_in_blocks[b], g.c.in_blocks);
+    g.b_managed[b] = std::max(g.b_managed[b], g.c.managed());
+    g.touched[b] = true;
+  }
+
+  // Pass 2: the blocks active at the peak and at the end, by site.
+  std::vector<std::uint32_t> site_of(tr.slots, trace::kNoSite);
+  std::vector<std::uint8_t> live(tr.slots, 0);
+  std::vector<std::size_t> group_of_slot(tr.slots, 0);
+  std::map<std::uint32_t, Held> at_peak;
+  for (std::size_t i = 0; i < tr.records.size(); ++i) {
+    const trace::Record& r = tr.records[i];
+    if (r.alloc) {
+      site_of[r.slot] = r.site;
+      live[r.slot] = 1;
+      group_of_slot[r.slot] = group_of_arena[r.arena];
+    } else {
+      live[r.slot] = 0;
+    }
+    if (i == peak_index && total_peak.bytes > 0)
+      for (std::uint64_t s = 0; s < tr.slots; ++s)
+        if (live[s]) {
+          Held& h = at_peak[site_of[s]];
+          ++h.blocks;
+          h.bytes += slots.requested[s];
+        }
+  }
+  std::map<std::pair<std::uint32_t, std::size_t>, Held> at_end;  // (site, group)
+  std::uint64_t end_blocks = 0, end_bytes = 0;
+  for (std::uint64_t s = 0; s < tr.slots; ++s)
+    if (live[s]) {
+      Held& h = at_end[{site_of[s], group_of_slot[s]}];
+      ++h.blocks;
+      h.bytes += slots.requested[s];
+      ++end_blocks;
+      end_bytes += slots.requested[s];
+    }
+
+  Namer namer(tr);
+  auto site_json = [&](std::uint32_t s, const Held& h, const std::string& group) {
+    const NamedSite& n = namer.site(s);
+    std::string o = "{\"label\":" + q(n.label) + ",\"blocks\":" + std::to_string(h.blocks) +
+                    ",\"bytes\":" + std::to_string(h.bytes) +
+                    (group.empty() ? "" : ",\"group\":" + q(group)) + ",\"frames\":[";
+    for (std::size_t k = 0; k < n.frames.size(); ++k) o += (k ? "," : "") + q(n.frames[k]);
+    return o + "]}";
+  };
+  auto by_bytes = [](auto& v) {
+    std::stable_sort(v.begin(), v.end(),
+                     [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
+  };
+  std::vector<std::pair<std::uint32_t, Held>> peak_sites(at_peak.begin(), at_peak.end());
+  by_bytes(peak_sites);
+  std::vector<std::pair<std::pair<std::uint32_t, std::size_t>, Held>> end_sites(at_end.begin(),
+                                                                              at_end.end());
+  by_bytes(end_sites);
+
+  // ---- the data the page draws, as JSON ----
+  std::string d = "{\"pid\":" + std::to_string(tr.pid) + ",\"path\":" + q(path) +
+                  ",\"start_unix_ns\":" + std::to_string(tr.start_unix_ns) +
+                  ",\"duration_ns\":" + std::to_string(t_end) +
+                  ",\"allocations\":" + std::to_string(allocs) + ",\"frees\":" + std::to_string(frees) +
+                  ",\"hits\":" + std::to_string(hit_count) +
+                  ",\"sites_recorded\":" + (tr.sites.empty() ? "false" : "true") + ",\"groups\":[";
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    const Group& g = groups[gi];
+    std::string t, a, ib, m;
+    std::uint64_t la = 0, lb = 0, lm = 0;  // carried across empty buckets
+    for (std::size_t b = 0; b < points; ++b) {
+      if (g.touched[b]) {
+        la = g.b_active[b];
+        lb = g.b_in_blocks[b];
+        lm = g.b_managed[b];
+      }
+      const std::string sep = b ? "," : "";
+      t += sep + std::to_string(static_cast<std::uint64_t>(static_cast<double>(span) * b / points));
+      a += sep + std::to_string(la);
+      ib += sep + std::to_string(lb);
+      m += sep + std::to_string(lm);
+    }
+    d += std::string(gi ? "," : "") + "{\"name\":" + q(g.name) + ",\"allocations\":" +
+         std::to_string(g.allocs) + ",\"hits\":" + std::to_string(g.hits) +
+         ",\"peak_active\":{\"bytes\":" + std::to_string(g.peak_active.bytes) + ",\"t_ns\":" +
+         std::to_string(g.peak_active.t_ns) + "},\"peak_managed\":{\"bytes\":" +
+         std::to_string(g.peak_managed.bytes) + ",\"t_ns\":" + std::to_string(g.peak_managed.t_ns) +
+         "},\"end\":{\"active\":" + std::to_string(g.c.active) + ",\"managed\":" +
+         std::to_string(g.c.managed()) + "},\"t\":[" + t + "],\"active\":[" + a +
+         "],\"in_blocks\":[" + ib + "],\"managed\":[" + m + "]}";
+  }
+  d += "],\"rates\":{\"t\":[";
+  for (std::size_t b = 0; b < kRateBuckets; ++b)
+    d += (b ? "," : "") + std::to_string(static_cast<std::uint64_t>(static_cast<double>(span) * b / kRateBuckets));
+  d += "],\"hits\":[";
+  for (std::size_t b = 0; b < kRateBuckets; ++b) d += (b ? "," : "") + std::to_string(hits[b]);
+  d += "],\"misses\":[";
+  for (std::size_t b = 0; b < kRateBuckets; ++b) d += (b ? "," : "") + std::to_string(misses[b]);
+  d += "]},\"sizes\":[";
+  bool first = true;
+  for (const auto& [lg, cb] : sizes) {
+    const std::uint64_t lo = lg < 0 ? 0 : std::uint64_t(1) << lg;
+    d += std::string(first ? "" : ",") + "{\"from\":" + std::to_string(lo) + ",\"count\":" +
+         std::to_string(cb.first) + ",\"bytes\":" + std::to_string(cb.second) + "}";
+    first = false;
+  }
+  d += "],\"peak\":{\"bytes\":" + std::to_string(total_peak.bytes) + ",\"t_ns\":" +
+       std::to_string(total_peak.t_ns) + ",\"sites\":[";
+  for (std::size_t k = 0; k < peak_sites.size() && k < kTopSites; ++k)
+    d += (k ? "," : "") + site_json(peak_sites[k].first, peak_sites[k].second, "");
+  d += "]},\"end\":{\"blocks\":" + std::to_string(end_blocks) + ",\"bytes\":" +
+       std::to_string(end_bytes) + ",\"sites\":[";
+  for (std::size_t k = 0; k < end_sites.size() && k < kTopSites; ++k)
+    d += (k ? "," : "") + site_json(end_sites[k].first.first, end_sites[k].second,
+                                    groups[end_sites[k].first.second].name);
+  d += "]}}";
+  // Inside <script>: no "</" may end it early.
+  std::string safe;
+  for (char c : d) safe += c == '<' ? std::string("\\u003c") : std::string(1, c);
+
+  // ---- the page: tables in HTML (readable without the script), plots drawn
+  // by the script from the data.
+  std::string h;
+  h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>gpupool report: pid " +
+       std::to_string(tr.pid) + "</title>\n<style>\n"
+       "body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222}\n"
+       "h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}\n"
+       "table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;text-align:right;border-bottom:1px solid #eee}\n"
+       "td.l,th.l{text-align:left}.note{color:#666;font-size:12px}\n"
+       "svg.plot{display:block;margin:8px 0;background:#fafafa;border:1px solid #e4e4e4}\n"
+       "details{margin:2px 0}summary{cursor:pointer}pre{margin:4px 0 8px 18px;font-size:12px;white-space:pre-wrap}\n"
+       "#status.error{color:#b00;font-weight:bold}\n"
+       "</style></head>\n<body>\n";
+  h += "<h1>gpupool report: pid " + std::to_string(tr.pid) + "</h1>\n<p>" + html_escape(path) + ": " +
+       std::to_string(allocs) + " allocations, " + std::to_string(frees) + " frees over " +
+       seconds_text(t_end) + "; " +
+       (allocs ? std::to_string(hit_count * 100 / allocs) : std::string("0")) +
+       "% served from held blocks. <span id=\"status\"></span></p>\n";
+  h += "<h2>Peaks</h2>\n<table><tr><th class=\"l\">pool group</th><th>peak active</th><th>at</th>"
+       "<th>peak managed</th><th>at</th><th>allocations</th><th>hits</th><th>active at end</th></tr>\n";
+  for (const Group& g : groups)
+    h += "<tr><td class=\"l\">" + html_escape(g.name) + "</td><td>" + bytes_text(g.peak_active.bytes) +
+         "</td><td>" + seconds_text(g.peak_active.t_ns) + "</td><td>" + bytes_text(g.peak_managed.bytes) +
+         "</td><td>" + seconds_text(g.peak_managed.t_ns) + "</td><td>" + std::to_string(g.allocs) +
+         "</td><td>" + std::to_string(g.hits) + "</td><td>" + bytes_text(g.c.active) + "</td></tr>\n";
+  h += "</table>\n<p class=\"note\">active: bytes the program asked for and holds; managed: the "
+       "blocks those sit in plus the blocks held for reuse. The trace records no releases, so "
+       "after one (a cap, an idle release, out-of-memory) held and managed are upper bounds. "
+       "Plots show each bucket's maximum; the figures in tables are exact.</p>\n";
+  h += "<h2>Memory over time</h2>\n<div id=\"memory\"></div>\n";
+  h += "<h2>Hits and misses over time</h2>\n<div id=\"rates\"></div>\n";
+  h += "<h2>Sizes asked for</h2>\n<div id=\"sizes\"></div>\n";
+  auto site_rows = [&](const std::string& title, const auto& rows, bool with_group, std::uint64_t total) {
+    std::string o = "<h2>" + title + "</h2>\n";
+    if (tr.sites.empty() && !rows.empty())
+      o += "<p class=\"note\">No call stacks in this trace: record them with GPUPOOL_SITES=all "
+           "(or a sampling rate).</p>\n";
+    o += "<p>" + bytes_text(total) + " in total.</p>\n<table><tr><th>bytes</th><th>blocks</th>" +
+         std::string(with_group ? "<th class=\"l\">pool group</th>" : "") +
+         "<th class=\"l\">allocation site</th></tr>\n";
+    for (std::size_t k = 0; k < rows.size() && k < kTopSites; ++k) {
+      const auto& [key, held] = rows[k];
+      std::uint32_t s;
+      std::string group;
+      if constexpr (std::is_same_v<std::decay_t<decltype(key)>, std::uint32_t>) {
+        s = key;
+      } else {
+        s = key.first;
+        group = groups[key.second].name;
+      }
+      const NamedSite& n = namer.site(s);
+      std::string frames;
+      for (const std::string& f : n.frames) frames += html_escape(f) + "\n";
+      o += "<tr><td>" + bytes_text(held.bytes) + "</td><td>" + std::to_string(held.blocks) + "</td>" +
+           (with_group ? "<td class=\"l\">" + html_escape(group) + "</td>" : "") +
+           "<td class=\"l\"><details><summary>" + html_escape(n.label) + "</summary><pre>" +
+           frames + "</pre></details></td></tr>\n";
+    }
+    return o + "</table>\n";
+  };
+  h += site_rows("Allocation sites holding the most at the peak (" + seconds_text(total_peak.t_ns) + ")",
+                 peak_sites, false, total_peak.bytes);
+  h += site_rows("Still held at the end of the trace", end_sites, true, end_bytes);
+  h += "<p class=\"note\">Frameworks keep memory until exit on purpose: a cache or a model's "
+       "weights still held at the end is not a leak.</p>\n";
+  h += "<script type=\"application/json\" id=\"data\">" + safe + "</script>\n";
+  h += R"JS(<script>
+"use strict";
+function fail(msg) {
+  document.body.dataset.status = "error: " + msg;
+  var s = document.getElementById("status");
+  s.className = "error";
+  s.textContent = "The page's script failed: " + msg;
+}
+window.onerror = function (msg) { fail(String(msg)); };
+var SVG = "http://www.w3.org/2000/svg";
+function el(name, attrs, parent) {
+  var e = document.createElementNS(SVG, name);
+  for (var k in attrs) e.setAttribute(k, attrs[k]);
+  if (parent) parent.appendChild(e);
+  return e;
+}
+function bytes(b) {
+  var u = ["B", "KiB", "MiB", "GiB", "TiB"], i = 0;
+  while (b >= 1024 && i < 4) { b /= 1024; i++; }
+  return (i ? b.toFixed(1) : b.toFixed(0)) + " " + u[i];
+}
+function secs(ns) {
+  if (ns < 1e6) return (ns / 1e3).toFixed(ns < 1e4 ? 1 : 0) + " µs";
+  if (ns < 1e9) return (ns / 1e6).toFixed(ns < 1e7 ? 2 : 1) + " ms";
+  return (ns / 1e9).toFixed(ns < 1e10 ? 2 : 1) + " s";
+}
+function count(v) { return Math.round(v).toString(); }
+// One plot. Lines: series over x (a number per point). Bars: one slot per
+// point, `slots` labels (or x formatted) under them.
+function plot(parent, title, x, series, fmtY, fmtX, kind, slots) {
+  var W = 1100, H = 250, L = 80, R = 16, T = 34, B = 34;
+  var svg = el("svg", {"class": "plot", width: W, height: H, viewBox: "0 0 " + W + " " + H}, parent);
+  el("text", {x: L, y: 16, "font-size": 13, "font-weight": "bold"}, svg).textContent = title;
+  var n = x.length, ymax = 1;
+  series.forEach(function (s) { s.v.forEach(function (v) { if (v > ymax) ymax = v; }); });
+  var bar = kind === "bar";
+  var xmax = bar ? n : Math.max(1, x[n - 1] || 1);
+  var sx = function (v) { return L + (W - L - R) * v / xmax; };
+  var sy = function (v) { return H - B - (H - T - B) * v / ymax; };
+  for (var i = 0; i <= 4; i++) {
+    var yv = ymax * i / 4;
+    el("line", {x1: L, x2: W - R, y1: sy(yv), y2: sy(yv), stroke: "#e2e2e2"}, svg);
+    el("text", {x: L - 6, y: sy(yv) + 4, "text-anchor": "end", "font-size": 11}, svg).textContent = fmtY(yv);
+  }
+  if (slots) {
+    var every = Math.ceil(slots.length / 12);
+    slots.forEach(function (label, j) {
+      if (j % every) return;
+      el("text", {x: sx(j + 0.5), y: H - B + 16, "text-anchor": "middle", "font-size": 11}, svg).textContent = label;
+    });
+  } else {
+    for (var k = 0; k <= 4; k++) {
+      var j = bar ? Math.min(n - 1, Math.round((n - 1) * k / 4)) : 0;
+      var xv = bar ? x[j] : xmax * k / 4;
+      el("text", {x: bar ? sx(j) : sx(xv), y: H - B + 16, "text-anchor": "middle", "font-size": 11}, svg)
+        .textContent = fmtX(xv);
+    }
+  }
+  // The legend, right-aligned above the plot area.
+  var lx = W - R;
+  series.slice().reverse().forEach(function (s) {
+    lx -= 24 + 7 * s.name.length;
+    el("rect", {x: lx, y: 20, width: 10, height: 10, fill: s.color}, svg);
+    el("text", {x: lx + 14, y: 29, "font-size": 12}, svg).textContent = s.name;
+  });
+  series.forEach(function (s, k) {
+    if (bar) {
+      var w = (W - L - R) / n / series.length;
+      s.v.forEach(function (v, j) {
+        if (v > 0)
+          el("rect", {x: sx(j) + k * w, y: sy(v), width: Math.max(0.8, w * 0.9), height: sy(0) - sy(v),
+                      fill: s.color}, svg);
+      });
+    } else {
+      var d = "";
+      s.v.forEach(function (v, j) { d += (j ? "L" : "M") + sx(x[j]).toFixed(1) + "," + sy(v).toFixed(1); });
+      el("path", {d: d, fill: "none", stroke: s.color, "stroke-width": 1.5}, svg);
+    }
+  });
+  return svg;
+}
+try {
+  var D = JSON.parse(document.getElementById("data").textContent);
+  var mem = document.getElementById("memory");
+  D.groups.forEach(function (g) {
+    plot(mem, g.name + " (peak active " + bytes(g.peak_active.bytes) + ", peak managed " +
+         bytes(g.peak_managed.bytes) + ")", g.t,
+         [{name: "managed", v: g.managed, color: "#d62728"},
+          {name: "in blocks", v: g.in_blocks, color: "#ff7f0e"},
+          {name: "active", v: g.active, color: "#1f77b4"}], bytes, secs, "line");
+  });
+  plot(document.getElementById("rates"), "allocations per " + secs(D.duration_ns / D.rates.t.length),
+       D.rates.t, [{name: "hits", v: D.rates.hits, color: "#2ca02c"},
+                   {name: "misses", v: D.rates.misses, color: "#d62728"}], count, secs, "bar");
+  var sz = document.getElementById("sizes");
+  var labels = D.sizes.map(function (s) { return s.from ? bytes(s.from) + "+" : "0 B"; });
+  plot(sz, "allocations by size asked for", labels, [{name: "count",
+       v: D.sizes.map(function (s) { return s.count; }), color: "#9467bd"}], count, null, "bar", labels);
+  plot(sz, "bytes asked for, by size", labels, [{name: "bytes",
+       v: D.sizes.map(function (s) { return s.bytes; }), color: "#8c564b"}], bytes, null, "bar", labels);
+  if (!document.body.dataset.status) document.body.dataset.status = "ok";
+} catch (e) {
+  fail(e && e.message ? e.message : String(e));
+}
+</script>
+</body></html>
+)JS";
+  return h;
+}
+
+}  // namespace
+
+const char* report_help() { return kReportHelp; }
+
+int cmd_report(int argc, char** argv) {
+  if (argc == 0) {
+    std::fputs(kReportHelp, stderr);
+    return kUsage;
+  }
+  std::string input, output;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (is_help(a)) {
+      std::fputs(kReportHelp, stdout);
+      return kOk;
+    }
+    if (a == "-o" || a == "--output") {
+      if (i + 1 >= argc) return usage_error("report: -o needs a file", "report");
+      output = argv[++i];
+    } else if (a.rfind("--output=", 0) == 0) {
+      output = a.substr(9);
+    } else if (!a.empty() && a[0] == '-' && a != "-") {
+      return usage_error("report: unknown option '" + a + "'", "report");
+    } else if (input.empty()) {
+      input = a;
+    } else {
+      return usage_error("report: one TRACE at a time ('" + a + "')", "report");
+    }
+  }
+  if (input.empty()) return usage_error("report: which TRACE?", "report");
+  if (output.empty()) return usage_error("report: -o OUTPUT.html is needed ('-': stdout)", "report");
+  trace::TraceFile tr;
+  if (!read_trace_for("report", input, &tr)) return kFailed;
+  std::string why;
+  if (!write_whole(output, render(tr, input), &why)) {
+    std::fprintf(stderr, "%s: report: %s\n", kProg, why.c_str());
+    return kFailed;
+  }
+  return kOk;
+}
+
+}  // namespace gpupool::launcher

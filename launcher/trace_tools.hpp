@@ -1,0 +1,52 @@
+// What `gpupool trace convert` and `gpupool report` share: reading a trace
+// the way both say it (the warnings for a killed program's trace), the
+// memory counters the records move, and writing an output whole or not at
+// all.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "interpose/control/trace_reader.hpp"
+
+namespace gpupool::launcher {
+
+// Reads `path` leniently; problems are printed as "gpupool CMD: ..." on
+// stderr. False on an error (nothing should be written then).
+bool read_trace_for(const char* cmd, const std::string& path, trace::TraceFile* tr);
+
+// One pool group's memory as the records go: what the program holds
+// (requested bytes), the blocks those sit in, and the blocks held for reuse.
+// Held counts blocks freed and not yet reused; the trace records no
+// releases, so after one (a cap, an idle release, out-of-memory) it is an
+// upper bound.
+struct Counters {
+  std::uint64_t active = 0, in_blocks = 0, held = 0;
+  std::uint64_t managed() const { return in_blocks + held; }
+};
+
+// Per allocation slot, what its free takes back.
+struct SlotSizes {
+  std::vector<std::uint64_t> requested, size;
+  explicit SlotSizes(const trace::TraceFile& tr) : requested(tr.slots), size(tr.slots) {}
+  // Applies record r to c.
+  void apply(const trace::Record& r, Counters* c) {
+    if (r.alloc) {
+      requested[r.slot] = r.requested;
+      size[r.slot] = r.size;
+      c->active += r.requested;
+      c->in_blocks += r.size;
+      if (r.hit) c->held -= std::min(c->held, r.size);
+    } else {
+      c->active -= std::min(c->active, requested[r.slot]);
+      c->in_blocks -= std::min(c->in_blocks, size[r.slot]);
+      c->held += size[r.slot];
+    }
+  }
+};
+
+// Writes `data` to `path` whole or not at all: a temporary beside it, then
+// rename. '-' is standard output.
+bool write_whole(const std::string& path, const std::string& data, std::string* why);
+
+}  // namespace gpupool::launcher
