@@ -20,7 +20,10 @@ namespace gpupool::control {
 namespace {
 
 constexpr std::uint64_t kRequestTimeoutNs = 2'000 * kMs;  // a client's whole request line
-constexpr std::size_t kMaxClients = 8;                    // past this, the oldest is dropped
+constexpr std::size_t kMaxClients = 8;  // past this, the oldest is dropped
+// Other users' (GPUPOOL_NEIGHBOURS=all) may take at most this many: their
+// connections push out their own oldest, never the user's.
+constexpr std::size_t kMaxForeignClients = 4;
 constexpr std::size_t kMaxRequest = 512;
 
 std::string held_summary(const Stats& before, const Stats& after) {
@@ -116,9 +119,15 @@ void accept_clients(State& st) {
       log().info("control socket: refused a connection from uid {}", cred.uid);
       continue;  // closed by c's destructor
     }
-    if (st.clients.size() >= kMaxClients) {
+    const auto oldest_foreign = std::find_if(st.clients.begin(), st.clients.end(),
+                                             [](const Client& x) { return x.foreign; });
+    const std::size_t foreign_now = static_cast<std::size_t>(std::count_if(
+        st.clients.begin(), st.clients.end(), [](const Client& x) { return x.foreign; }));
+    if (foreign && foreign_now >= kMaxForeignClients) {
+      st.clients.erase(oldest_foreign);
+    } else if (st.clients.size() >= kMaxClients) {
       log().info("control socket: {} clients at once; dropping the oldest", kMaxClients);
-      st.clients.erase(st.clients.begin());
+      st.clients.erase(oldest_foreign != st.clients.end() ? oldest_foreign : st.clients.begin());
     }
     Client cl;
     cl.fd = std::move(c);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,9 @@ std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t by
 // Other users' processes, all at once: we cannot see what they hold, so
 // each is asked; one that does not answer (stopped, busy) must not use up
 // the wait the others could have answered in. Each releases up to `bytes`.
+// Each process is asked once: a process may bind any number of names under
+// its own uid and pid (the owner check passes them all), and those must not
+// take the places of the processes that hold memory.
 std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid,
                             std::size_t bytes, std::uint64_t deadline) {
   struct Asked {
@@ -110,9 +114,11 @@ std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid
     std::string in;
   };
   std::vector<Asked> asked;
+  std::set<std::pair<unsigned, long>> reached;  // (uid, pid) asked
   const std::string req = "release " + uuid_text(uuid) + " " + std::to_string(bytes) + "\n";
   for (const Target& t : targets) {
     if (asked.size() >= 256) break;
+    if (reached.count({t.uid, t.pid})) continue;
     io::OwnedFd fd =
         io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd.valid()) break;
@@ -128,6 +134,7 @@ std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid
     // A few dozen bytes into an empty socket buffer: all or nothing.
     if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
       continue;
+    reached.insert({t.uid, t.pid});
     asked.push_back({std::move(fd), {}});
   }
   std::size_t released = 0, open = asked.size();

@@ -273,8 +273,8 @@ std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
     if (!others.empty()) {
       const std::uint64_t t0 = mono_ns();
       const std::size_t got = ask_release_all(others, uuid, bytes - released, deadline);
-      log().info("out of memory on {}: {} processes of other users asked, {} MiB released in "
-                 "{:.1f} ms",
+      log().info("out of memory on {}: other users' processes asked ({} control sockets "
+                 "listed), {} MiB released in {:.1f} ms",
                  uuid_text(uuid), others.size(), got >> 20, double(mono_ns() - t0) / 1e6);
       released += got;
     }

@@ -406,6 +406,67 @@ def socket_other_user(tmp):
         p.wait(timeout=60)
 
 
+def socket_foreign_flood(tmp):
+    """With GPUPOOL_NEIGHBOURS=all another user may connect (to ask for a
+    release), but its connections never push out the user's own: a client
+    of ours that takes its time is still answered while the other user
+    keeps opening idle connections."""
+    if not ROOT:
+        print("skipped (not root): needs a second user")
+        return
+    p, ready = start(["serve"], env=env(True, GPUPOOL_NEIGHBOURS="all"))
+    pid = int(ready.split()[1])
+    name = f"\0gpupool.{os.geteuid()}.{pid}"
+    stop_r, stop_w = os.pipe()
+
+    def flood():
+        os.close(stop_w)
+        os.set_blocking(stop_r, False)
+        held = []
+        while True:
+            try:
+                os.read(stop_r, 1)  # end of file: the test is done
+                return 0
+            except BlockingIOError:
+                pass
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(name)
+                held.append(s)  # idle: never sends anything
+            except OSError:
+                s.close()
+            time.sleep(0.005)
+
+    flooder = os.fork()
+    if flooder == 0:
+        os.setgroups([])
+        os.setgid(OTHER_UID)
+        os.setuid(OTHER_UID)
+        os._exit(flood())
+    os.close(stop_r)
+    try:
+        time.sleep(0.2)  # the flood is on
+        answered = 0
+        for _ in range(3):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(name)
+            time.sleep(0.3)  # dozens of foreign connections meanwhile
+            s.settimeout(5)
+            try:
+                s.sendall(b"ping\n")
+                answered += s.recv(64).startswith(b"ok")
+            except OSError:
+                pass  # dropped
+            s.close()
+        check(answered == 3, f"own clients answered during another user's flood: {answered} of 3")
+    finally:
+        os.close(stop_w)
+        os.kill(flooder, signal.SIGKILL)
+        os.waitpid(flooder, 0)
+        p.stdin.close()
+        p.wait(timeout=60)
+
+
 def socket_squatted(tmp):
     """A name bound ahead of time (by another user where possible) does not
     cut the process off from `gpupool stats`."""
@@ -562,6 +623,7 @@ CHECKS = {
     "socket.clients": socket_clients,
     "socket.other_user": socket_other_user,
     "socket.squatted": socket_squatted,
+    "socket.foreign_flood": socket_foreign_flood,
     "exit.stderr_blocked": exit_stderr_blocked,
     "memory.contexts": memory_contexts,
     "signals.kept": signals_kept,

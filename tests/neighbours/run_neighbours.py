@@ -386,6 +386,7 @@ elif CHECK == "users":
             h.finish()
             raise
 
+    SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     full = alone(True)
     for holder_scope, neighbour_scope in (("user", "all"), ("all", "user")):
         n, _, _, _, h = two_users(holder_scope, neighbour_scope)
@@ -398,7 +399,7 @@ elif CHECK == "users":
     try:
         check(n == full and err == 2, f"both all: the other user's neighbour got {n} of {full} "
               f"blocks, last error {err}; {nerr[-500:]}")
-        check("of other users asked" in nerr and "MiB released" in nerr,
+        check("other users' processes asked" in nerr and "MiB released" in nerr,
               f"neighbour did not say whom it asked: {nerr[-500:]}")
         # Nothing of A's can B see: not A's registry, not A's entries in its
         # own, not A's stats, nor can B change A's pool but by a release.
@@ -412,7 +413,6 @@ elif CHECK == "users":
         check(oct(os.stat(reg_a).st_mode & 0o777) == "0o600", "A's registry is not 0600")
         # A's control socket, asked by B directly: a release and nothing else.
         # (The system's Python: ours may live where B cannot read.)
-        SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
         asker = ("import socket, sys\n"
                  "s = socket.socket(socket.AF_UNIX)\n"
                  "s.connect('\\0gpupool.%d.%d')\n"
@@ -426,6 +426,32 @@ elif CHECK == "users":
     finally:
         herr = h.finish()
     check("for another gpupool process" in herr, f"holder did not release: {herr[-500:]}")
+    # One of A's processes binds 2000 names under its own uid and pid (so the
+    # owner check passes them all) and never answers: they must not crowd
+    # out A's real holder. Each process is asked once, whatever its names.
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (8192, 8192))
+    squat = ("import os, socket, sys\n"
+             "socks = []\n"
+             "for i in range(2000):\n"
+             "    s = socket.socket(socket.AF_UNIX)\n"
+             "    s.bind('\\0gpupool.%d.%d.s%d' % (os.geteuid(), os.getpid(), i))\n"
+             "    s.listen(4)\n"
+             "    socks.append(s)\n"
+             "print('ready', flush=True)\n"
+             "sys.stdin.read()\n")
+    squatter = subprocess.Popen([SYSTEM_PYTHON, "-c", squat], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, **as_user(A))
+    try:
+        check(squatter.stdout.readline().startswith("ready"), "the squatter did not start")
+        n, err, nerr, shared, h = two_users("all", "all")
+        h.finish()
+        print(f"both all, 2000 squatted names: {n} of {full} blocks")
+        check(n == full, f"with 2000 names of one process squatted, the neighbour got {n} of "
+              f"{full} blocks: {nerr[-600:]}")
+    finally:
+        squatter.stdin.close()
+        squatter.wait(timeout=30)
 
 elif CHECK == "many":
     # 32 processes joining at once each get their own entry.
