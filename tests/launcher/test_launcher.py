@@ -6,6 +6,7 @@ Run as: test_launcher.py [unittest args], with LAUNCHER, HARNESS, CL_WORKLOAD
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import gpupool_check  # noqa: E402
 LAUNCHER = os.environ["LAUNCHER"]
 HARNESS = os.environ["HARNESS"]
 CL_WORKLOAD = os.environ.get("CL_WORKLOAD", "")
-SITES_PROGRAM = os.environ.get("SITES_PROGRAM", "")
+REPORT_PROGRAM = os.environ.get("REPORT_PROGRAM", "")
 SCHEMA = json.load(open(os.environ["SCHEMA"]))
 BUILD_DIR = os.environ["BUILD_DIR"]
 TEST_PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
@@ -427,15 +428,26 @@ class Trace(unittest.TestCase):
 
 
 class Report(unittest.TestCase):
-    """gpupool report: a known program's peaks and the site still holding at
-    the end, in the page's data and its tables; bad input gets one error and
-    no file; a killed program's trace and a million events still report; a
-    real browser draws the page without a script error."""
+    """gpupool report: a known program's peaks, the sites holding them and
+    what it never released, in the page's data and in its tables; bad input
+    gets one error naming the file and line, and no file; a killed program's
+    trace and a million events still report, exactly; a real browser draws
+    the page without a script error."""
 
+    KIB = 1 << 10
     MIB = 1 << 20
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="gpupool-report-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write(self, name, text):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
 
     def report(self, trace, name="r.html"):
         out = os.path.join(self.tmp, name)
@@ -451,14 +463,12 @@ class Report(unittest.TestCase):
         return json.loads(text[start:text.index("</script>", start)]), text
 
     def known_trace(self):
-        if not SITES_PROGRAM:
-            self.skipTest("no sites_program (OpenCL not built)")
+        """The trace of tests/launcher/report_program.c, run on PoCL under
+        `gpupool run --trace` with every call stack recorded."""
+        if not REPORT_PROGRAM:
+            self.skipTest("no report_program (OpenCL not built)")
         trace = os.path.join(self.tmp, "known.trace")
-        env = clean_env(GPUPOOL_SITES="all", GPUPOOL_TRACE_FILE=trace)
-        env["LD_PRELOAD"] = TEST_PRELOAD
-        # 8 buffers of 1 MiB kept, 2 x 200 of 64 KiB made and released first.
-        r = subprocess.run([SITES_PROGRAM, "8", "200"], env=env, capture_output=True, text=True,
-                           timeout=120)
+        r = gp("run", "--trace", trace, "--set", "SITES=all", "--", REPORT_PROGRAM)
         self.assertEqual(r.returncode, 0, r.stderr)
         return trace
 
@@ -466,46 +476,152 @@ class Report(unittest.TestCase):
         r, out = self.report(self.known_trace())
         self.assertEqual((r.returncode, r.stderr), (OK, ""))
         d, html = self.data(out)
-        self.assertEqual(d["allocations"], 408)
-        self.assertEqual(d["frees"], 400)
+        self.assertEqual((d["allocations"], d["frees"]), (14, 10))
+        self.assertEqual(d["hits"], 5)  # the second forward() takes the held blocks
         (g,) = d["groups"]
-        # The scratch buffers are gone before the weights come: the peak is
-        # the weights, and they are what is left.
-        self.assertEqual(g["peak_active"]["bytes"], 8 * self.MIB)
-        self.assertEqual(d["peak"]["bytes"], 8 * self.MIB)
-        self.assertEqual(d["end"]["bytes"], 8 * self.MIB)
-        top = d["end"]["sites"][0]
-        self.assertEqual((top["blocks"], top["bytes"]), (8, 8 * self.MIB))
-        self.assertTrue(top["label"].startswith("keep_weights+"), top)
-        self.assertIn("main+", " ".join(top["frames"]))
-        self.assertEqual(len(d["end"]["sites"]), 1, d["end"]["sites"])
-        self.assertTrue(d["peak"]["sites"][0]["label"].startswith("keep_weights+"))
+        self.assertTrue(g["name"].startswith("opencl:"), g["name"])
+        # Peak active: the weights and the first forward()'s activations.
+        self.assertEqual(g["peak_active"]["bytes"], 13 * self.MIB)
+        self.assertEqual(d["peak"]["bytes"], 13 * self.MIB)
+        self.assertEqual(d["peak"]["t_ns"], g["peak_active"]["t_ns"])
+        # Peak managed: those blocks kept, plus the scratch, at the end.
+        self.assertEqual(g["peak_managed"]["bytes"], 13 * self.MIB + 64 * self.KIB)
+        self.assertEqual(g["end"]["managed"], 13 * self.MIB + 64 * self.KIB)
+        self.assertEqual(g["end"]["active"], 3 * self.MIB + 64 * self.KIB)
+        self.assertLess(g["peak_active"]["t_ns"], g["peak_managed"]["t_ns"])
+
+        def rows(part):
+            return [(x["label"].split("+")[0], x["blocks"], x["bytes"]) for x in d[part]["sites"]]
+
+        self.assertEqual(rows("peak"), [("forward", 5, 10 * self.MIB),
+                                        ("load_weights", 3, 3 * self.MIB)])
+        self.assertEqual(rows("end"), [("load_weights", 3, 3 * self.MIB),
+                                       ("keep_scratch", 1, 64 * self.KIB)])
+        self.assertEqual((d["end"]["blocks"], d["end"]["bytes"]), (4, 3 * self.MIB + 64 * self.KIB))
+        for site in d["peak"]["sites"] + d["end"]["sites"]:
+            # Named from the program's own symbol table, the caller too.
+            self.assertRegex(site["label"], r"^\w+\+0x[0-9a-f]+ \(report_program\)$")
+            self.assertTrue(any(f.startswith("main+") for f in site["frames"]), site)
+        self.assertTrue(all(x["group"] == g["name"] for x in d["end"]["sites"]))
+        # Sizes by power of two, the empty ones between included.
+        self.assertEqual([(x["from"], x["count"], x["bytes"]) for x in d["sizes"]],
+                         [(64 * self.KIB, 1, 64 * self.KIB), (128 * self.KIB, 0, 0),
+                          (256 * self.KIB, 0, 0), (512 * self.KIB, 0, 0),
+                          (self.MIB, 3, 3 * self.MIB), (2 * self.MIB, 10, 20 * self.MIB)])
+        self.assertEqual(sum(d["rates"]["hits"]), 5)
+        self.assertEqual(sum(d["rates"]["misses"]), 9)
+        self.assertEqual(max(g["active"]), 13 * self.MIB)
         # What a reader sees without the script: the tables.
-        self.assertIn("<td>8.0 MiB</td><td>8</td>", html)
-        self.assertIn("<summary>keep_weights+", html)
-        self.assertLessEqual(max(len(x["t"]) for x in d["groups"]), 2000)
+        peaks_row = html[html.index(f'<td class="l">{g["name"]}</td>'):]
+        peaks_row = peaks_row[:peaks_row.index("</tr>")]
+        self.assertRegex(peaks_row, r"<td>13\.0 MiB</td><td>[0-9.]+ [µm]?s</td><td>13\.1 MiB</td>")
+        self.assertIn("<td>14</td><td>5</td><td>3.1 MiB</td>", peaks_row)
+        self.assertRegex(html, r"<td>10\.0 MiB</td><td>5</td><td class=\"l\"><details><summary>forward\+")
+        self.assertRegex(html, r"<td>3\.0 MiB</td><td>3</td><td class=\"l\">opencl:.*?"
+                               r"<summary>load_weights\+")
+        self.assertRegex(html, r"<td>64\.0 KiB</td><td>1</td><td class=\"l\">opencl:.*?"
+                               r"<summary>keep_scratch\+")
+        self.assertIn("upper bound", html)
+
+    def test_site_labels(self):
+        # A site is labelled by its innermost Python frame, else by its first
+        # frame outside the GPU runtimes; a module file is looked up only for
+        # names, so these need not exist.
+        lines = ["# gpupool trace 2", "# pid 4 start_unix_ns 1",
+                 "module 0 1000 2000 0 - /nonexistent/libcuda.so.1",
+                 "module 1 5000 6000 4000 - /nonexistent/libtrain.so",
+                 "pyframe 0 42 Model.step /src/train.py",
+                 "site 0 1010,5020 -", "site 1 1010,5020 0",
+                 "arena 0 cuda cuda:0 dev 0",
+                 "a 1 1 0 a0 100 128 m 0", "a 2 1 0 b0 300 384 m 1"]
+        r, out = self.report(self.write("labels.trace", "\n".join(lines) + "\n"))
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        d, html = self.data(out)
+        self.assertEqual([(x["label"], x["frames"]) for x in d["end"]["sites"]], [
+            ("py Model.step (/src/train.py:42)",
+             ["py Model.step (/src/train.py:42)", "libcuda.so.1+0x1010", "libtrain.so+0x1020"]),
+            ("libtrain.so+0x1020", ["libcuda.so.1+0x1010", "libtrain.so+0x1020"])])
+        self.assertIn("<summary>py Model.step (/src/train.py:42)</summary>", html)
+        # A module file that is not the one traced (another build id) names
+        # nothing, and says so.
+        trace = self.known_trace()
+        with open(trace) as f:
+            text = f.read()
+        changed = re.sub(r"^(module \d+ \S+ \S+ \S+ )[0-9a-f]+( \S*report_program)$",
+                         r"\g<1>00ff\g<2>", text, flags=re.M)
+        self.assertNotEqual(changed, text)
+        r, out = self.report(self.write("changed.trace", changed), "changed.html")
+        self.assertEqual(r.returncode, OK, r.stderr)
+        d, _ = self.data(out)
+        for site in d["end"]["sites"]:
+            self.assertRegex(site["label"],
+                             r"^report_program\+0x[0-9a-f]+ \(file changed since the trace\)$")
+
+    def test_without_sites_by_arena(self):
+        # No call stacks: what is still held is shown per arena; beyond the
+        # 20 largest rows, the rest is summed up.
+        lines = ["# gpupool trace 1", "# pid 3 start_unix_ns 1"]
+        for a in range(22):
+            lines.append(f"arena {a} opencl opencl:dev ctx {a:#x} flags 0x1")
+        for a in range(22):
+            lines.append(f"a {a + 1} 1 {a} {a + 16:x} {(a + 1) * 1000} {(a + 1) * 1024} m")
+        r, out = self.report(self.write("arenas.trace", "\n".join(lines) + "\n"))
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        d, html = self.data(out)
+        self.assertEqual(d["end"]["rows"], 22)
+        self.assertEqual(d["end"]["bytes"], sum(range(1, 23)) * 1000)
+        self.assertEqual([(x["arena"], x["bytes"]) for x in d["end"]["sites"]],
+                         [(f"ctx {a:#x} flags 0x1", (a + 1) * 1000) for a in range(21, 1, -1)])
+        self.assertIn("No call stacks in this trace", html)
+        self.assertIn("2 more rows hold 2.9 KiB in 2 blocks.", html)
 
     def test_browser_draws_it(self):
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
         self.assertTrue(chromium, "chromium is needed (scripts/install-deps.sh installs it)")
+
+        def dom(page):
+            return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                                   "--virtual-time-budget=5000", "--dump-dom", "file://" + page],
+                                  capture_output=True, text=True, timeout=120).stdout
+
         r, out = self.report(self.known_trace())
         self.assertEqual(r.returncode, OK, r.stderr)
-        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                              "--virtual-time-budget=5000", "--dump-dom", "file://" + out],
-                             capture_output=True, text=True, timeout=120).stdout
-        self.assertIn('data-status="ok"', dom, dom[-2000:])
+        page = dom(out)
+        self.assertIn('data-status="ok"', page, page[-2000:])
         # Memory for the one pool group, hits and misses, two size plots.
-        self.assertEqual(dom.count('class="plot"'), 4)
-        # A page whose script fails says so (the check can fail).
+        self.assertEqual(page.count('class="plot"'), 4)
+        # Two pool groups, and a trace with no record at all.
+        r, two = self.report(self.write("two.trace", Trace.KNOWN), "two.html")
+        self.assertEqual(r.returncode, OK, r.stderr)
+        page = dom(two)
+        self.assertIn('data-status="ok"', page, page[-2000:])
+        self.assertEqual(page.count('class="plot"'), 5)
+        r, empty = self.report(self.write("empty.trace", "\n".join(Trace.KNOWN.splitlines()[:4])
+                                          + "\n"), "empty.html")
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn('data-status="ok"', dom(empty))
+        # A page whose script fails says so, on the page too (the check can fail).
         broken = os.path.join(self.tmp, "broken.html")
         with open(out) as f:
-            page = f.read()
+            text = f.read()
         with open(broken, "w") as f:
-            f.write(page.replace('"groups":[', '"groups":7,"x":[', 1))
-        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                              "--virtual-time-budget=5000", "--dump-dom", "file://" + broken],
-                             capture_output=True, text=True, timeout=120).stdout
-        self.assertIn('data-status="error: ', dom)
+            f.write(text.replace('"groups":[', '"groups":7,"x":[', 1))
+        page = dom(broken)
+        self.assertIn('data-status="error: ', page)
+        self.assertIn("The page's script failed: ", page)
+
+    def test_screenshot(self):
+        if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+            self.fail("chromium is needed (scripts/install-deps.sh installs it)")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                              "report-screenshot.sh")
+        png = os.path.join(self.tmp, "report.png")
+        r = subprocess.run([script, self.write("two.trace", Trace.KNOWN), png],
+                           env=clean_env(GPUPOOL=LAUNCHER), capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
     def test_bad_trace_one_error_no_output(self):
         good = ("# gpupool trace 2\n# pid 5 start_unix_ns 1\narena 0 cuda cuda:0 dev\n"
@@ -513,34 +629,51 @@ class Report(unittest.TestCase):
         cases = {"notrace": ("hello\n", 1), "badline": (good + "a 20 1 0\n", 5),
                  "badsite": (good + "a 20 1 0 b0 1 1 m 3\n", 5)}
         for name, (text, line) in cases.items():
-            src = os.path.join(self.tmp, name + ".trace")
-            with open(src, "w") as f:
-                f.write(text)
+            src = self.write(name + ".trace", text)
             r, out = self.report(src, name + ".html")
             self.assertEqual(r.returncode, FAILED, name)
             self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
             self.assertIn(f"{src}:{line}:", r.stderr)
             self.assertEqual([n for n in os.listdir(self.tmp) if not n.endswith(".trace")], [],
                              "output left behind")
-        r, _ = self.report(os.path.join(self.tmp, "missing"))
+        missing = os.path.join(self.tmp, "missing")
+        r, _ = self.report(missing, "missing.html")
         self.assertEqual(r.returncode, FAILED)
-        self.assertIn("cannot open", r.stderr)
-        r = gp("report", "x.trace")
-        self.assertEqual(r.returncode, USAGE)
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+        self.assertIn(f"{missing}:0: cannot open", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "missing.html")))
+        self.assertEqual(gp("report", "x.trace").returncode, USAGE)
+        self.assertEqual(gp("report", "x.trace", "-o").returncode, USAGE)
+        self.assertEqual(gp("report", "a", "b", "-o", "c").returncode, USAGE)
 
     def test_killed_program(self):
-        trace = self.known_trace()
+        trace = os.path.join(self.tmp, "killed.trace")
+        p = subprocess.Popen([HARNESS, "workload", "100000000"],
+                             env=clean_env(GPUPOOL_TRACE_FILE=trace), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while time.time() < deadline and (not os.path.exists(trace) or
+                                          os.path.getsize(trace) < 200000):
+            time.sleep(0.05)
+        p.kill()
+        p.wait()
+        # And a line cut short, as a kill during a write leaves it.
         with open(trace, "a") as f:
             f.write("a 99999999999 1 0 ab")
+        with open(trace) as f:
+            allocs = sum(1 for line in f if line.startswith("a ") and line.endswith("\n"))
         r, out = self.report(trace)
         self.assertEqual(r.returncode, OK, r.stderr)
         self.assertIn("last line is incomplete", r.stderr)
-        self.assertEqual(self.data(out)[0]["allocations"], 408)
+        d, _ = self.data(out)
+        self.assertGreater(allocs, 1000)
+        self.assertEqual(d["allocations"], allocs)
 
     def test_million_events(self):
-        # 500,000 pairs in two groups; at step i group 1 holds i % 1000 + 1
-        # blocks of 4 KiB, so its exact peak is 1000 blocks, reached many
-        # times, while group 0 holds one block that grows once to 3 MiB.
+        # 500,000 pairs in two groups. cuda-host: at step i it holds
+        # i % 1000 + 1 blocks of 4 KiB, so its exact peak is 1000 blocks,
+        # reached many times; then it frees them all and stays at 0 while
+        # cuda:0, holding one block of 3 MiB, goes on with pairs of 64 B.
         trace = os.path.join(self.tmp, "big.trace")
         lines = ["# gpupool trace 2", "# pid 9 start_unix_ns 1", "arena 0 cuda cuda:0 dev 0",
                  "arena 1 cuda-host cuda-host pinned"]
@@ -554,7 +687,9 @@ class Report(unittest.TestCase):
                 while len(held) > i % 1000:
                     t += 10
                     lines.append(f"f {t} 1 1 {held.pop():x} 4096 4096")
-        n_group1 = len(lines) - 4
+        while held:
+            t += 10
+            lines.append(f"f {t} 1 1 {held.pop():x} 4096 4096")
         t += 10
         lines.append(f"a {t} 2 0 ffff0 {3 * self.MIB} {3 * self.MIB} m")
         while len(lines) - 4 < 1000000:
@@ -562,23 +697,33 @@ class Report(unittest.TestCase):
             lines.append(f"a {t} 2 0 {len(lines):x} 64 64 m")
             t += 10
             lines.append(f"f {t} 2 0 {len(lines) - 1:x} 64 64")
-        with open(trace, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        self.write("big.trace", "\n".join(lines) + "\n")
         t0 = time.time()
         r, out = self.report(trace)
         took = time.time() - t0
         self.assertEqual(r.returncode, OK, r.stderr)
+        # About a second here; far more means the work is no longer linear.
+        self.assertLess(took, 60)
         d, _ = self.data(out)
-        allocs = sum(1 for l in lines if l.startswith("a "))
-        self.assertEqual(d["allocations"], allocs)
+        self.assertEqual(d["allocations"], sum(1 for x in lines if x.startswith("a ")))
+        self.assertEqual(d["frees"], sum(1 for x in lines if x.startswith("f ")))
+        self.assertEqual(d["allocations"] + d["frees"], len(lines) - 4)
         g = {x["name"]: x for x in d["groups"]}
         self.assertEqual(g["cuda-host"]["peak_active"]["bytes"], 1000 * 4096)
         self.assertEqual(g["cuda:0"]["peak_active"]["bytes"], 3 * self.MIB + 64)
+        self.assertEqual((d["end"]["blocks"], d["end"]["bytes"]), (1, 3 * self.MIB))
+        # All groups together: cuda-host's peak, before cuda:0 had any.
+        self.assertEqual(d["peak"]["bytes"], 1000 * 4096)
         for x in d["groups"]:
-            self.assertLessEqual(len(x["t"]), 2000)
+            for series in ("t", "active", "in_blocks", "managed"):
+                self.assertLessEqual(len(x[series]), 2000)
             # A peak survives the downsampling.
             self.assertEqual(max(x["active"]), x["peak_active"]["bytes"])
-        self.assertGreater(n_group1, 0)
+            self.assertEqual(max(x["managed"]), x["peak_managed"]["bytes"])
+        # Once cuda-host has freed all, its plot shows 0, not its last maximum.
+        self.assertEqual(g["cuda-host"]["active"][-1], 0)
+        self.assertEqual(g["cuda-host"]["in_blocks"][-1], 0)
+        self.assertEqual(g["cuda-host"]["end"]["active"], 0)
         print(f"report of {len(lines) - 4} events: {took:.1f} s, {os.path.getsize(out)} bytes",
               file=sys.stderr)
 
