@@ -200,9 +200,17 @@ bool pair_records(TraceFile* tr, bool lenient, bool frees_first, std::string* er
   for (Record& r : tr->records) {
     const auto key = std::make_pair(r.arena, r.handle);
     if (r.alloc) {
-      if (active.count(key)) {
+      if (const auto it = active.find(key); it != active.end()) {
         if (!lenient) return fail(r.line, "an allocation of a handle that is already active");
-        ++tr->unpaired;  // its free was lost: the earlier allocation counts as freed
+        // Its free was lost: the earlier allocation is freed here, by a free
+        // the reader adds, so that every figure built on the records agrees.
+        ++tr->unpaired;
+        Record lost = r;
+        lost.alloc = false;
+        lost.hit = false;
+        lost.site = kNoSite;
+        lost.slot = it->second;
+        kept.push_back(lost);
       }
       r.slot = tr->slots++;
       active[key] = r.slot;

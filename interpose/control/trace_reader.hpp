@@ -66,8 +66,9 @@ struct TraceFile {
   bool truncated_tail = false;  // the last line had no newline (the writer was killed): left out
   // Lenient reads: records that do not pair (a free of a handle not active,
   // an allocation of one still active), as a killed program's trace has
-  // when its last buffered records were lost. Left out (a free) or taken as
-  // freed unrecorded (the earlier allocation).
+  // when its last buffered records were lost. Left out (a free), or the
+  // earlier allocation freed by a free record the reader adds, at the time
+  // of the allocation that reuses its handle.
   std::uint64_t unpaired = 0;
 };
 

@@ -374,6 +374,21 @@ class Trace(unittest.TestCase):
             "8,01:46:40.000005,free,0xb000,4096,0x0",
         ])
 
+    def test_lost_free_is_a_free(self):
+        # A handle allocated again while active: its free was lost (a killed
+        # program). The earlier allocation counts as freed in every figure.
+        src = self.write("lost.trace", self.KNOWN + "a 6000 7 0 c000 500 512 m\n"
+                                                    "a 7000 7 0 c000 600 1024 m\n")
+        out = os.path.join(self.tmp, "lost.json")
+        r = gp("trace", "convert", src, "--to", "perfetto", "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn("1 records do not pair", r.stderr)
+        with open(out) as f:
+            doc = json.load(f)
+        last = [e["args"] for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == "memory cuda:0"][-1]
+        # 900 of KNOWN's a000 still active, and the second c000; not the first.
+        self.assertEqual((last["active"], last["in_blocks"]), (900 + 600, 1024 + 1024))
+
     def test_bad_trace_one_error_no_output(self):
         cases = {
             "notrace": ("hello\n", 1),
