@@ -424,14 +424,12 @@ std::optional<BackendResult> Pool::grow(Arena& a, unsigned shard, std::size_t bi
     g.growing = true;
   }
   // The arena's grown blocks of this size, this one included, fit the
-  // byte budget too (reserved now, given back if the allocation fails).
-  // kMaxPendingBlocks stays per shard: it bounds one thread's wait, not
-  // memory.
+  // budget too (reserved now, given back if the allocation fails).
   bool room;
   {
     std::lock_guard lock(a.slow_mu_);
     std::size_t& n = a.grown_[static_cast<std::uint32_t>(bin)];
-    room = bytes <= a.options_.pending_growth / (n + 1);
+    room = n < kMaxPendingBlocks && bytes <= a.options_.pending_growth / (n + 1);
     if (room) ++n;
   }
   BackendResult r;
