@@ -379,11 +379,9 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
   } catch (...) {
     // Nothing may be left half-done: the fresh allocation goes back.
     a.backend_->release(r.handle, exact ? size : want);
-    if (fresh) unmark_grown(a, bin);
     throw;
   }
   b->handle = r.handle;
-  b->grown = fresh.has_value();
   // An exact-size fallback block does not fit its bin: released at free.
   b->size = exact ? size : want;
   b->pooled = pooled && !exact;
@@ -423,27 +421,13 @@ std::optional<BackendResult> Pool::grow(Arena& a, unsigned shard, std::size_t bi
     if (g.growing || g.credit_ns < 0) return std::nullopt;
     g.growing = true;
   }
-  // The arena's grown blocks of this size, this one included, fit the
-  // budget too (reserved now, given back if the allocation fails).
-  bool room;
-  {
-    std::lock_guard lock(a.slow_mu_);
-    std::size_t& n = a.grown_[static_cast<std::uint32_t>(bin)];
-    room = n < kMaxPendingBlocks && bytes <= a.options_.pending_growth / (n + 1);
-    if (room) ++n;
-  }
-  BackendResult r;
-  std::uint64_t took = 0;
-  if (room) {
-    const std::uint64_t t0 = cost_now();
-    r = a.backend_->allocate(bytes, hint);
-    took = cost_now() - t0;
-    if (r.status != BackendStatus::ok) unmark_grown(a, bin);
-  }
+  const std::uint64_t t0 = cost_now();
+  BackendResult r = a.backend_->allocate(bytes, hint);
+  const std::uint64_t took = cost_now() - t0;
   std::lock_guard lock(s.mu);
   Arena::BinGrowth& g = s.growth_of(bin);
   g.growing = false;
-  if (!room || r.status != BackendStatus::ok) return std::nullopt;
+  if (r.status != BackendStatus::ok) return std::nullopt;
   g.credit_ns -= static_cast<std::int64_t>(took);
   return r;
 }
@@ -562,16 +546,9 @@ std::size_t Pool::release_largest(const std::vector<Arena*>& arenas, std::size_t
   return released;
 }
 
-void Pool::unmark_grown(Arena& a, std::size_t bin) {
-  std::lock_guard lock(a.slow_mu_);
-  auto it = a.grown_.find(static_cast<std::uint32_t>(bin));
-  if (it != a.grown_.end() && --it->second == 0) a.grown_.erase(it);
-}
-
 void Pool::release_block(Block* b) {
   Arena& a = *b->arena;
   a.backend_->release(b->handle, b->size);
-  if (b->grown) unmark_grown(a, b->bin);
   {
     std::lock_guard lock(a.slow_mu_);
     ++a.slow_.backend_frees;
@@ -583,7 +560,6 @@ void Pool::release_block(Block* b) {
 void Pool::drop_block(Block* b) {
   Arena& a = *b->arena;
   a.backend_->drop(b->handle, b->size);
-  if (b->grown) unmark_grown(a, b->bin);
   {
     std::lock_guard lock(a.slow_mu_);
     a.slow_.managed_bytes -= b->size;

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <optional>
 #include <shared_mutex>
 #include <string>
@@ -39,7 +38,6 @@ struct alignas(64) Block {
   Arena* arena = nullptr;
   // Pool-internal (Pool::never_reuse() is the backends' way to clear pooled).
   bool pooled = true;         // false: released at free (too large, exact-size fallback)
-  bool grown = false;         // allocated by Pool::grow instead of waiting (Arena::grown_)
   std::uint32_t bin = 0;
   std::uint32_t shard = 0;
   std::uint64_t fence = 0;
@@ -72,8 +70,7 @@ struct ArenaOptions {
   // When a bin holds only blocks whose fence has not passed, it may grow by a
   // fresh block instead of waiting: while those blocks and the new one fit in
   // this many bytes, fewer than kMaxPendingBlocks wait, and the bin's waits
-  // so far took at least as long as its growths (pool.cpp, Pool::grow). The
-  // blocks growth made, in all the arena's shards together, also fit.
+  // so far took at least as long as its growths (pool.cpp, Pool::grow).
   std::size_t pending_growth = 0;
 };
 
@@ -130,9 +127,6 @@ class Arena {
   // Slow-path counters (backend calls), under slow_mu_.
   mutable std::mutex slow_mu_;
   Stats slow_;
-  // Blocks that Pool::grow allocated and that still exist, per bin, under
-  // slow_mu_: the growth budget is the arena's, whichever shards grew.
-  std::unordered_map<std::uint32_t, std::size_t> grown_;
   // Per bin of a shard, under the shard's lock: ns the bin's waits took
   // less ns its growths took. The bin grows only while this is >= 0, one
   // thread at a time. Per shard, so that threads whose blocks all wait for
@@ -225,8 +219,6 @@ class Pool {
   std::size_t release_largest(const std::vector<Arena*>& arenas, std::size_t wanted);
   void enforce_cap(Arena& arena);
   void release_block(Block* block);
-  // One grown block of `bin` fewer (released, dropped, or never made).
-  void unmark_grown(Arena& arena, std::size_t bin);
   void drop_block(Block* block);
   void empty_held(Arena* arena, void (Pool::*dispose)(Block*));
   std::vector<Arena*> arenas_copy() const;

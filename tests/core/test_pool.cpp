@@ -1,11 +1,7 @@
 // The pool's behaviours one at a time, as a backend author relies on them.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <utility>
-#include <vector>
 
 #include "core/pool.hpp"
 #include "fake_backend.hpp"
@@ -371,46 +367,6 @@ TEST(Pool, PendingBlocksGrowWithinTheBudgetThenOneWaitFreesThemAll) {
   EXPECT_EQ(f.dev->allocs, 3u);
   EXPECT_EQ(f.arena->stats().fence_waits, 2u);
   EXPECT_EQ(f.arena->stats().held_bytes, 3 * block);
-}
-
-// The budget bounds a size's growth in the whole arena, not in each
-// thread's shard: threads that each free and reuse the size, the device
-// never idle, grow it together within GPUPOOL_PENDING_GROWTH (each thread's
-// shard took a whole budget before: 16 threads, 16 budgets).
-TEST(Pool, GrowthBudgetIsSharedByTheThreads) {
-  const std::size_t block = BinScheme(4).rounded(100);
-  Fixture f({.shards = 4}, {.pending_growth = 3 * block});
-  f.dev->fences = true;
-  // Four threads, each on a shard of its own, each with a block of the size
-  // (allocated while the others held theirs), pending once freed.
-  std::vector<Block*> first(4);
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::condition_variable cv;
-  int turn = -1;  // -1: all allocate their first block; then 0..3 in turn
-  int allocated = 0;
-  for (int t = 0; t < 4; ++t)
-    threads.emplace_back([&, t] {
-      first[t] = f.alloc(100);
-      std::unique_lock lock(mu);
-      ++allocated;
-      cv.notify_all();
-      cv.wait(lock, [&] { return turn == t; });
-      f.pool.free(first[t]);
-      for (int i = 0; i < 10; ++i) f.pool.free(f.alloc(100));
-      ++turn;
-      cv.notify_all();
-    });
-  {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return allocated == 4; });
-    turn = 0;
-    cv.notify_all();
-  }
-  for (std::thread& t : threads) t.join();
-  // Four blocks the program needed at once; growth adds at most the budget.
-  EXPECT_LE(f.dev->allocs * block, 4 * block + 3 * block) << f.dev->allocs << " blocks";
-  EXPECT_LE(f.arena->stats().held_bytes, 7 * block);
 }
 
 // However small the blocks, at most kMaxPendingBlocks wait for the device.
