@@ -198,10 +198,17 @@ std::uint32_t Sites::capture(std::uint64_t requested) noexcept {
     void* raw[kMaxNative];
     const int n = backtrace(raw, kMaxNative);
     const Range self = own_code();
+    auto ours = [&](int i) {
+      const auto pc = reinterpret_cast<std::uint64_t>(raw[i]);
+      return pc >= self.start && pc < self.end;
+    };
+    // The stack starts inside gpupool (this function, the pool, the hook),
+    // or in a sanitizer's backtrace interceptor just above that: both left
+    // out, from the first frame of the program's.
     int skip = 0;
-    while (skip < n && reinterpret_cast<std::uint64_t>(raw[skip]) >= self.start &&
-           reinterpret_cast<std::uint64_t>(raw[skip]) < self.end)
-      ++skip;
+    while (skip < n && skip < 4 && !ours(skip)) ++skip;
+    if (skip == n || skip == 4) skip = 0;
+    while (skip < n && ours(skip)) ++skip;
     std::uint64_t pcs[kMaxNative];
     for (int i = skip; i < n; ++i) pcs[i - skip] = reinterpret_cast<std::uint64_t>(raw[i]);
     std::vector<std::string> py;
