@@ -169,10 +169,6 @@ class Namer {
 
 // ---- the figures -------------------------------------------------------------
 
-struct Series {  // one group's plotted memory, downsampled
-  std::vector<std::uint64_t> t, active, in_blocks, managed;
-};
-
 struct Peak {
   std::uint64_t bytes = 0, t_ns = 0;
 };
