@@ -78,7 +78,7 @@ class DeviceBackend final : public ContextBackend {
 
   // Other gpupool processes on this GPU may hold what we miss.
   bool relieve(std::size_t bytes) override {
-    return node::ask_neighbours(device_group(st_->dev), bytes) > 0;
+    return node::ask_neighbours(device_group(st_->dev), bytes);
   }
 };
 
@@ -105,7 +105,7 @@ class HostBackend final : public ContextBackend {
 
   // Other gpupool processes on the node may hold pinned memory.
   bool relieve(std::size_t bytes) override {
-    return node::ask_neighbours("cuda-host", bytes) > 0;
+    return node::ask_neighbours("cuda-host", bytes);
   }
 
  private:

@@ -42,6 +42,9 @@ struct Device {
   // above the threshold (UINT64_MAX: not sampled yet).
   std::uint64_t others_at_ok = UINT64_MAX;
   std::uint64_t held = 0;  // at the last tick
+  // Managed bytes at the last publication, and when they last fell (memory
+  // went back to the driver: a release, a context gone). 0: never.
+  std::uint64_t managed = 0, returned_at = 0;
 };
 
 // Lock order: mu is taken after the CUDA room's locks (add_device runs
@@ -109,8 +112,11 @@ void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
   for (Device* d : devs) {
     const Stats t = rt.pool.group_totals(d->group);
     d->held = t.held_bytes;
+    if (t.managed_bytes < d->managed) d->returned_at = mono_ns();
+    d->managed = t.managed_bytes;
     auto u = std::find_if(out.begin(), out.end(), [&](const DeviceUse& x) { return x.uuid == d->uuid; });
-    if (u == out.end()) u = out.insert(out.end(), DeviceUse{d->uuid, 0, 0, 0, 0, 0});
+    if (u == out.end()) u = out.insert(out.end(), DeviceUse{d->uuid});
+    u->returned_at = std::max(u->returned_at, d->returned_at);
     u->held = add_sat(u->held, t.held_bytes);
     u->active = add_sat(u->active, t.active_bytes);
     u->managed = add_sat(u->managed, t.managed_bytes);
@@ -208,15 +214,16 @@ std::size_t others_held(const std::string& group) {
   return static_cast<std::size_t>(std::min<std::uint64_t>(sum, SIZE_MAX));
 }
 
-std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
+bool ask_neighbours(const std::string& group, std::size_t bytes) {
   State& s = state();
   Uuid uuid;
   Registry* reg = nullptr;
-  if (!find_device(s, group, &uuid, &reg)) return 0;
+  if (!find_device(s, group, &uuid, &reg)) return false;
   Runtime* rt = runtime_if_started();
   const std::uint64_t wait = rt ? rt->config.neighbour_wait_ns : 0;
-  if (wait == 0 || !rt || rt->config.neighbours == config::Neighbours::off) return 0;
-  const std::uint64_t deadline = mono_ns() + wait;
+  if (wait == 0 || !rt || rt->config.neighbours == config::Neighbours::off) return false;
+  const std::uint64_t start = mono_ns();
+  const std::uint64_t deadline = start + wait;
   std::size_t released = 0;
   auto ask = [&](long pid, unsigned uid, const char* who) {
     const std::uint64_t t0 = mono_ns();
@@ -233,7 +240,7 @@ std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
         if (u.uuid == uuid && u.held > 0) holders.push_back({u.held, p.pid});
     std::sort(holders.rbegin(), holders.rend());
     for (const auto& [held, pid] : holders) {
-      if (released >= bytes || mono_ns() >= deadline) return released;
+      if (released >= bytes || mono_ns() >= deadline) return true;
       ask(pid, geteuid(), ("holding " + std::to_string(held >> 20) + " MiB").c_str());
     }
   }
@@ -279,7 +286,23 @@ std::size_t ask_neighbours(const std::string& group, std::size_t bytes) {
       released += got;
     }
   }
-  return released;
+  // Nothing released for us, maybe because it was released before we
+  // looked: a holder's watch (or a free_held) may give its memory back
+  // between our failed allocation and our reading of the registry, and then
+  // holds nothing to be asked for (1 round in about 700 of the ask_and_watch
+  // test on a loaded 2-core machine). Its entry says when it last gave
+  // memory back: recently enough, and the caller tries once more.
+  if (reg && released == 0) {
+    const std::uint64_t since = start - std::min(start, wait);
+    for (const ProcessEntry& p : reg->processes(/*skip_self=*/true))
+      for (const DeviceUse& u : p.devices)
+        if (u.uuid == uuid && u.returned_at != 0 && u.returned_at >= since) {
+          log().info("out of memory on {}: process {} gave memory back {:.1f} ms ago; retrying",
+                     uuid_text(uuid), p.pid, double(start - std::min(start, u.returned_at)) / 1e6);
+          return true;
+        }
+  }
+  return released > 0;
 }
 
 std::string answer_release(Runtime& rt, std::string_view args) {

@@ -36,9 +36,10 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now_ns);
 
 // An allocation on `group`'s GPU ran out of memory and this process holds
 // nothing more there: ask the other gpupool processes holding the most on
-// that GPU to release, within GPUPOOL_NEIGHBOUR_WAIT. Returns the bytes they
-// released. Any thread; takes no pool lock.
-std::size_t ask_neighbours(const std::string& group, std::size_t bytes);
+// that GPU to release, within GPUPOOL_NEIGHBOUR_WAIT. True when another
+// process gave memory back meanwhile (asked or not), so that trying the
+// allocation again may succeed. Any thread; takes no pool lock.
+bool ask_neighbours(const std::string& group, std::size_t bytes);
 
 // Bytes the other gpupool processes hold on `group`'s GPU (what one request
 // would make free; cuMemGetInfo counts it).

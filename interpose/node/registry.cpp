@@ -30,7 +30,7 @@ static_assert(sizeof(Header) == 64);
 struct DeviceWords {
   std::uint64_t uuid[2];
   std::uint64_t held, active, managed, hits, misses;
-  std::uint64_t reserved;
+  std::uint64_t returned_at;  // was reserved (always 0) before it was used: same version
 };
 struct alignas(64) Slot {
   std::uint64_t owner;  // token of the owning process; 0: free
@@ -282,6 +282,7 @@ bool Registry::publish(const std::vector<DeviceUse>& devices) {
     st(w.managed, d.managed);
     st(w.hits, d.hits);
     st(w.misses, d.misses);
+    st(w.returned_at, d.returned_at);
   }
   st(s.count, n);
   st(s.seq, q + 2, std::memory_order_release);
@@ -325,6 +326,7 @@ std::vector<ProcessEntry> Registry::processes(bool skip_self) const {
         d.managed = ld(w.managed);
         d.hits = ld(w.hits);
         d.misses = ld(w.misses);
+        d.returned_at = ld(w.returned_at);
         e.devices.push_back(d);
       }
       std::uint64_t c[2] = {ld(s.comm[0]), ld(s.comm[1])};

@@ -43,6 +43,9 @@ struct DeviceUse {
   std::uint64_t active = 0;   // bytes in the program's hands
   std::uint64_t managed = 0;  // allocated from the driver: held + active blocks
   std::uint64_t hits = 0, misses = 0;
+  // When it last gave memory back to the driver there (CLOCK_MONOTONIC ns,
+  // stamped when published; 0: never, or a gpupool that does not say).
+  std::uint64_t returned_at = 0;
 };
 
 struct ProcessEntry {

@@ -163,7 +163,7 @@ bool ContextBackend::passed(std::uint64_t f) {
 void ContextBackend::wait_all() { advance(*ctx_); }
 
 bool ContextBackend::relieve(std::size_t bytes) {
-  return ctx_->has_uuid && node::ask_neighbours(group_, bytes) > 0;
+  return ctx_->has_uuid && node::ask_neighbours(group_, bytes);
 }
 
 std::string memory_group(const Ctx& ctx) {

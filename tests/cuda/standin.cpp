@@ -24,6 +24,11 @@
 // context and the libraries it loads do outside any allocator; creating one
 // where they do not fit fails with CUDA_ERROR_OUT_OF_MEMORY.
 //
+// STANDIN_OOM_DELAY_US=<n> (default 0): cuMemAlloc_v2 failing with
+// out-of-memory returns n µs later (the lock released meanwhile), so tests
+// can let another process act between the failure and what gpupool does
+// about it.
+//
 // Exports are defined under their real names with asm labels so that cuda.h's
 // _v2 macros do not get in the way; the library is linked -Bsymbolic so that
 // standin_own() reports its own addresses.
@@ -86,6 +91,7 @@ int g_devices = 2;
 std::size_t g_capacity = std::size_t{1} << 30;
 std::size_t g_host_capacity = std::size_t{1} << 30;
 std::size_t g_context_bytes = 0;  // STANDIN_CONTEXT_BYTES
+std::size_t g_oom_delay_us = 0;   // STANDIN_OOM_DELAY_US
 std::size_t g_used[8] = {};  // this process's; published to the shared file too
 bool g_shared = false;       // STANDIN_SHARED set
 pid_t g_shared_pid = 0;      // the process whose usage the shared file has
@@ -124,6 +130,7 @@ __attribute__((constructor)) void standin_load() {
   g_capacity = env_size("STANDIN_CAPACITY", g_capacity);
   g_host_capacity = env_size("STANDIN_HOST_CAPACITY", g_host_capacity);
   g_context_bytes = env_size("STANDIN_CONTEXT_BYTES", 0);
+  g_oom_delay_us = env_size("STANDIN_OOM_DELAY_US", 0);
   g_devices = static_cast<int>(std::min<std::size_t>(env_size("STANDIN_DEVICES", 2), 8));
   g_shared = sb_path() != nullptr;
   // Only an explicit host capacity is shared: tests that never asked for it
@@ -698,15 +705,20 @@ CUresult device_alloc_locked(const char* function, CUdeviceptr* dptr, size_t siz
 }  // namespace
 
 SI(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t size)) {
-  std::lock_guard lock(g_mu);
-  if (CUresult e = state_error()) return e;
-  ++g_counters.mem_alloc_calls;
-  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
-  if (size == 0) {
-    *dptr = 0;
-    return CUDA_ERROR_INVALID_VALUE;
+  CUresult r;
+  {
+    std::lock_guard lock(g_mu);
+    if (CUresult e = state_error()) return e;
+    ++g_counters.mem_alloc_calls;
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    if (size == 0) {
+      *dptr = 0;
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    r = device_alloc_locked("cuMemAlloc_v2", dptr, size);
   }
-  return device_alloc_locked("cuMemAlloc_v2", dptr, size);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && g_oom_delay_us) usleep(static_cast<useconds_t>(g_oom_delay_us));
+  return r;
 }
 
 // Rows padded to STANDIN_PITCH_ALIGN (default 512) bytes; element sizes 4,

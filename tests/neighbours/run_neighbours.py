@@ -88,10 +88,10 @@ def held_by(shared, pid, user=None):
 
 
 class Holder:
-    """cuda_neighbour hold: 12 x 16 MiB allocated and freed, then waits."""
+    """cuda_neighbour hold: 12 x 16 MiB (or `blocks`) allocated and freed, then waits."""
 
-    def __init__(self, shared, pooled=True, user=None, **extra):
-        self.p = subprocess.Popen([NEIGHBOUR, "hold", str(BLOCK_MIB), str(HOLD_BLOCKS)],
+    def __init__(self, shared, pooled=True, user=None, blocks=(BLOCK_MIB, HOLD_BLOCKS), **extra):
+        self.p = subprocess.Popen([NEIGHBOUR, "hold", str(blocks[0]), str(blocks[1])],
                                   env=env(pooled, shared, user, **extra), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   **as_user(user))
@@ -128,10 +128,11 @@ def fresh():
     return tempfile.mktemp(prefix="budget-", dir=TMP)
 
 
-def scenario(holder_pooled, neighbour_pooled, interval_ms=0, holder_env=None, neighbour_env=None):
+def scenario(holder_pooled, neighbour_pooled, interval_ms=0, holder_env=None, neighbour_env=None,
+             holder_blocks=(BLOCK_MIB, HOLD_BLOCKS)):
     """Blocks the neighbour gets while the holder holds."""
     shared = fresh()
-    h = Holder(shared, holder_pooled, **(holder_env or {}))
+    h = Holder(shared, holder_pooled, blocks=holder_blocks, **(holder_env or {}))
     try:
         n, err, took, nerr = grab(shared, neighbour_pooled, interval_ms, **(neighbour_env or {}))
     finally:
@@ -184,6 +185,31 @@ elif CHECK == "ask_and_watch":
             short.append((n, nerr[-600:], "holder: " + herr[-1500:]))
     print(f"{len(short)} of {os.environ.get('ROUNDS', '20')} rounds short of {full} blocks")
     check(not short, f"neighbour short of {full} blocks: {short[:2]}")
+
+elif CHECK == "released_first":
+    # ask_and_watch's rare round made certain. The holder holds one block of
+    # 192 MiB; its watch acts only when the GPU is full (1% free: 2.6 MiB),
+    # and the neighbour's failed allocation stays 200 ms in the driver
+    # (STANDIN_OOM_DELAY_US): the watch gives the block back meanwhile. When
+    # the neighbour looks, nobody holds anything to ask for; the holder's
+    # entry says it gave memory back just now, and the neighbour tries
+    # again. A stamp older than the neighbour's GPUPOOL_NEIGHBOUR_WAIT is not
+    # a reason to: with a 20 ms wait the neighbour stays short (the check
+    # can fail).
+    full = alone(True)
+    watch = {"GPUPOOL_PRESSURE_FREE": "1%", "GPUPOOL_PRESSURE_INTERVAL": "1ms"}
+    slow = {"STANDIN_OOM_DELAY_US": 200000}
+    said = "as other processes allocate: released"
+    one = (BLOCK_MIB * HOLD_BLOCKS, 1)
+    n0, _, _, herr0, _ = scenario(True, True, holder_env=watch, holder_blocks=one,
+                                  neighbour_env={**slow, "GPUPOOL_NEIGHBOUR_WAIT": "20ms"})
+    check(n0 < full and said in herr0,
+          f"old stamp: neighbour got {n0} of {full} blocks; holder: {herr0[-400:]}")
+    n, err, _, herr, nerr = scenario(True, True, holder_env=watch, neighbour_env=slow,
+                                     holder_blocks=one)
+    check(n == full and err == 2, f"neighbour got {n} of {full} blocks (err {err}): {nerr[-600:]}")
+    check(said in herr and "gave memory back" in nerr,
+          f"not the case tested: holder: {herr[-400:]} neighbour: {nerr[-400:]}")
 
 elif CHECK == "pressure":
     # A neighbour not under gpupool, allocating a block every 50 ms: the
