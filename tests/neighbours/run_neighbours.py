@@ -189,20 +189,22 @@ elif CHECK == "ask_and_watch":
 elif CHECK == "released_first":
     # ask_and_watch's rare round made certain. The holder holds one block of
     # 192 MiB; its watch acts only when the GPU is full (1% free: 2.6 MiB),
-    # and the neighbour's failed allocation stays 200 ms in the driver
+    # and the neighbour's failed allocation stays 400 ms in the driver
     # (STANDIN_OOM_DELAY_US): the watch gives the block back meanwhile. When
     # the neighbour looks, nobody holds anything to ask for; the holder's
-    # entry says it gave memory back just now, and the neighbour tries
-    # again. A stamp older than the neighbour's GPUPOOL_NEIGHBOUR_WAIT is not
-    # a reason to: with a 20 ms wait the neighbour stays short (the check
-    # can fail).
+    # entry says it gave memory back under 400 ms ago, within the 500 ms
+    # GPUPOOL_NEIGHBOUR_WAIT, and the neighbour tries again. A stamp older
+    # than the wait is not a reason to: with a 20 ms wait and a 1 s delay
+    # the neighbour stays short (the check can fail). The delays leave a
+    # slow holder (sanitizers, a loaded machine) hundreds of ms to act.
     full = alone(True)
     watch = {"GPUPOOL_PRESSURE_FREE": "1%", "GPUPOOL_PRESSURE_INTERVAL": "1ms"}
-    slow = {"STANDIN_OOM_DELAY_US": 200000}
+    slow = {"STANDIN_OOM_DELAY_US": 400000, "GPUPOOL_NEIGHBOUR_WAIT": "500ms"}
     said = "as other processes allocate: released"
     one = (BLOCK_MIB * HOLD_BLOCKS, 1)
     n0, _, _, herr0, _ = scenario(True, True, holder_env=watch, holder_blocks=one,
-                                  neighbour_env={**slow, "GPUPOOL_NEIGHBOUR_WAIT": "20ms"})
+                                  neighbour_env={"STANDIN_OOM_DELAY_US": 1000000,
+                                                 "GPUPOOL_NEIGHBOUR_WAIT": "20ms"})
     check(n0 < full and said in herr0,
           f"old stamp: neighbour got {n0} of {full} blocks; holder: {herr0[-400:]}")
     n, err, _, herr, nerr = scenario(True, True, holder_env=watch, neighbour_env=slow,
