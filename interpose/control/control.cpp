@@ -95,18 +95,21 @@ void set_paths(State& st, bool child) {
 
 // fork(): see runtime.hpp. The work lock serializes, it protects no data:
 // the child gets a new one rather than the parent waiting for a dump.
+// The tracer's locks before the recorder's: a drain holds a buffer's and the
+// file's lock while it asks the sites for their declarations (the sites'
+// lock, which the recorder's fork_prepare takes first).
 void fork_prepare() {
   if (!g_state) return;
-  if (g_state->recorder) g_state->recorder->fork_prepare();
   if (g_state->tracer) g_state->tracer->fork_prepare();
+  if (g_state->recorder) g_state->recorder->fork_prepare();
   g_state->warn_mu.lock();
 }
 
 void fork_parent() {
   if (!g_state) return;
   g_state->warn_mu.unlock();
-  if (g_state->tracer) g_state->tracer->fork_parent();
   if (g_state->recorder) g_state->recorder->fork_parent();
+  if (g_state->tracer) g_state->tracer->fork_parent();
 }
 
 void fork_child() {
@@ -114,8 +117,8 @@ void fork_child() {
   State& st = *g_state;
   st.warn_mu.unlock();
   new (&st.work_mu) std::mutex;
-  if (st.tracer) st.tracer->fork_child();
   if (st.recorder) st.recorder->fork_child();
+  if (st.tracer) st.tracer->fork_child();
   unpublish_wake();
   st.thread_running.store(false);
 }

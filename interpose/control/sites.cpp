@@ -7,6 +7,7 @@
 #include <link.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
@@ -20,13 +21,25 @@ constexpr int kMaxNative = 48;
 constexpr int kMaxPython = 32;
 
 // ---- Python, found in the process, never imported --------------------------
-// CPython's stable C functions, looked up once with dlsym: a process without
-// Python (or with one older than 3.9, which lacks PyFrame_GetBack) records
+// CPython's C functions, looked up once with dlsym: a process without
+// Python (or with one older than 3.10, which lacks PyGC_Disable) records
 // native frames only.
 using PyObj = void;
 struct Python {
   int (*is_initialized)();
   int (*gil_check)();
+  // The thread state running here (3.12+: this thread's while it holds the
+  // GIL, else NULL; before: the GIL holder's), and this thread's own.
+  // PyGILState_Check alone says yes for every thread once a subinterpreter
+  // exists (it turns its own check off).
+  PyObj* (*tstate_unchecked)();
+  PyObj* (*tstate_this_thread)();
+  // The collector off while frames are walked: frame objects made for the
+  // walk could trigger a collection, which would run the program's __del__
+  // methods inside its allocation call.
+  int (*gc_disable)();
+  int (*gc_enable)();
+  bool has_qualname;  // 3.11+ (Py_Version exists): code objects have co_qualname
   PyObj* (*current_frame)();  // borrowed
   PyObj* (*frame_code)(PyObj*);
   PyObj* (*frame_back)(PyObj*);
@@ -56,7 +69,12 @@ const Python* python() {
         find(&p.get_attr, "PyObject_GetAttrString") && find(&p.utf8, "PyUnicode_AsUTF8") &&
         find(&p.incref, "Py_IncRef") && find(&p.decref, "Py_DecRef") &&
         find(&p.err_fetch, "PyErr_Fetch") && find(&p.err_restore, "PyErr_Restore") &&
-        find(&p.err_clear, "PyErr_Clear");
+        find(&p.err_clear, "PyErr_Clear") &&
+        (find(&p.tstate_unchecked, "PyThreadState_GetUnchecked") ||
+         find(&p.tstate_unchecked, "_PyThreadState_UncheckedGet")) &&
+        find(&p.tstate_this_thread, "PyGILState_GetThisThreadState") &&
+        find(&p.gc_disable, "PyGC_Disable") && find(&p.gc_enable, "PyGC_Enable");
+    p.has_qualname = dlsym(RTLD_DEFAULT, "Py_Version") != nullptr;
     return ok ? &p : nullptr;
   }();
   return py;
@@ -77,33 +95,44 @@ std::string py_text(const Python& py, PyObj* code, const char* name) {
 
 // The calling thread's Python frames, innermost first, as "LINE FUNC\tFILE";
 // none unless Python runs and this thread holds the GIL. An exception the
-// program has set is kept as it was.
+// program has set, and the collector's state, are kept as they were.
 void python_frames(std::vector<std::string>* out) {
   const Python* py = python();
   if (!py || !py->is_initialized() || !py->gil_check()) return;
+  PyObj* running = py->tstate_unchecked();
+  if (!running || running != py->tstate_this_thread()) return;
   PyObj *type = nullptr, *value = nullptr, *tb = nullptr;
   py->err_fetch(&type, &value, &tb);
+  const int gc_was_on = py->gc_disable();
   PyObj* f = py->current_frame();
   if (f) py->incref(f);
-  for (int depth = 0; f && depth < kMaxPython; ++depth) {
-    PyObj* code = py->frame_code(f);
-    const int line = py->frame_line(f);
-    if (code) {
-      std::string func = py_text(*py, code, "co_qualname");
-      if (func.empty()) func = py_text(*py, code, "co_name");
-      for (char& c : func)
-        if (c == ' ' || c == '\t' || c == '\n') c = '_';
-      std::string file = py_text(*py, code, "co_filename");
-      for (char& c : file)
-        if (c == '\n' || c == '\t') c = ' ';
-      py->decref(code);
-      out->push_back(std::to_string(line) + " " + (func.empty() ? "?" : func) + "\t" + file);
+  try {
+    for (int depth = 0; f && depth < kMaxPython; ++depth) {
+      PyObj* code = py->frame_code(f);
+      // -1: an instruction without a line; the trace wants a number.
+      const int line = std::max(py->frame_line(f), 0);
+      if (code) {
+        std::string func = py->has_qualname ? py_text(*py, code, "co_qualname") : std::string();
+        if (func.empty()) func = py_text(*py, code, "co_name");
+        for (char& c : func)
+          if (c == ' ' || c == '\t' || c == '\n') c = '_';
+        std::string file = py_text(*py, code, "co_filename");
+        for (char& c : file)
+          if (c == '\n' || c == '\t') c = ' ';
+        py->decref(code);
+        // An empty name (compile(src, "", ...), or one UTF-8 cannot
+        // encode) would leave the trace line a field short.
+        out->push_back(std::to_string(line) + " " + (func.empty() ? "?" : func) + "\t" +
+                       (file.empty() ? "?" : file));
+      }
+      PyObj* back = py->frame_back(f);
+      py->decref(f);
+      f = back;
     }
-    PyObj* back = py->frame_back(f);
-    py->decref(f);
-    f = back;
+  } catch (...) {  // out of memory: the frames so far
   }
   if (f) py->decref(f);
+  if (gc_was_on) py->gc_enable();
   py->err_restore(type, value, tb);
 }
 
@@ -162,6 +191,7 @@ thread_local bool tl_inside = false;
 // allocations repeat with the sampling period is not always caught at the
 // same call.
 std::int64_t draw(std::uint64_t n) {
+  n = std::min<std::uint64_t>(n, std::uint64_t{1} << 61);  // 2n + 1 stays a positive int64
   if (tl_random == 0) tl_random = reinterpret_cast<std::uint64_t>(&tl_random) | 1;
   tl_random ^= tl_random << 13;
   tl_random ^= tl_random >> 7;

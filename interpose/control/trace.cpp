@@ -89,7 +89,8 @@ struct Tracer::Impl {
   std::atomic<std::uint64_t> dropped{0};
 
   bool open_file(bool append, std::string* why);  // under write_mu (or before any thread)
-  void write_out(const std::string& out, std::uint64_t records);  // under write_mu
+  // Under write_mu; false when the records were dropped.
+  bool write_out(const std::string& out, std::uint64_t records);
   ThreadBuf* mine();
   void push(Record r);
   void drain(ThreadBuf* b);
@@ -165,6 +166,9 @@ void Tracer::Impl::drain(ThreadBuf* b) {
   std::string out;
   out.reserve((h - t) * 48);
   // Every site these records name was declared before they were pushed.
+  // What a dropped batch declared is declared again with the next one:
+  // later records may name it, and a reader refuses an undeclared name.
+  const std::size_t declared_before = declarations_written, arenas_before = arena_ids.size();
   if (sites) declarations_written = sites->declarations(declarations_written, &out);
   char line[160];
   for (std::uint64_t i = t; i != h; ++i) {
@@ -198,11 +202,14 @@ void Tracer::Impl::drain(ThreadBuf* b) {
   }
   // Slots are free for the producer only once copied out.
   b->tail.store(h, std::memory_order_release);
-  write_out(out, h - t);
+  if (!write_out(out, h - t)) {
+    declarations_written = declared_before;
+    arena_ids.resize(arenas_before);
+  }
 }
 
-void Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
-  if (disabled) return;
+bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
+  if (disabled) return false;
   std::string why;
   // The program closed the descriptor (or reused its number): the records
   // go on at the end of the same file.
@@ -210,7 +217,7 @@ void Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
     file.forget();
   } else if (io::write_bounded(file.get(), out)) {
     written.fetch_add(records, std::memory_order_relaxed);
-    return;
+    return true;
   } else {
     why = std::string("cannot write the trace file: ") + strerror(errno);
   }
@@ -219,6 +226,7 @@ void Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
         "GPUPOOL_TRACE_FILE: {}; trace records are being dropped (counted in the stats "
         "warnings)",
         why);
+  return false;
 }
 
 bool Tracer::Impl::open_file(bool append, std::string* why) {

@@ -127,7 +127,7 @@ def native(program):
 def python(script):
     n = 5
     line = next(i for i, l in enumerate(open(script), 1) if "# ALLOC LINE" in l)
-    for mode in ("gil", "nogil"):
+    for mode in ("gil", "nogil", "subinterp"):
         r = run([sys.executable, script, mode, str(n)], GPUPOOL_SITES="all", GPUPOOL_LEAKS="1")
         groups = leak_groups(r.stderr)
         if not check(groups, f"{mode}: no leak report: {r.stderr[-2000:]}"):
@@ -141,7 +141,7 @@ def python(script):
             check(any(f.startswith("py  <module> (") for f in py), f"gil: no module frame in {py}")
         else:
             # The GIL was released: no Python frames may be taken, native ones are.
-            check(not py and top[3], f"nogil: frames {top[3][:4]}")
+            check(not py and top[3], f"{mode}: frames {top[3][:4]}")
 
 
 {"native": native, "python": python}[CHECK](TARGET)

@@ -2,13 +2,21 @@
 through ctypes: hold_buffers() keeps its buffers (the leak). With `gil`,
 through ctypes.PyDLL, which keeps the GIL during the call (as C extensions
 such as PyTorch's and CuPy's do); with `nogil`, through ctypes.CDLL, which
-releases it (no Python frames can be taken then).
+releases it (no Python frames can be taken then). `subinterp` is `nogil`
+after a subinterpreter was created, which turns PyGILState_Check's own check
+off for the rest of the process (it then says yes on every thread).
 
-usage: sites_python.py gil|nogil N"""
+usage: sites_python.py gil|nogil|subinterp N"""
 import ctypes
 import sys
 
 mode, n = sys.argv[1], int(sys.argv[2])
+if mode == "subinterp":
+    try:
+        import _xxsubinterpreters as interpreters
+    except ImportError:
+        import _interpreters as interpreters
+    interpreters.destroy(interpreters.create())
 lib = (ctypes.PyDLL if mode == "gil" else ctypes.CDLL)("libOpenCL.so.1")
 vp = ctypes.c_void_p
 lib.clCreateContext.restype = vp
