@@ -1,5 +1,7 @@
 #include "interpose/control/sites.hpp"
 
+#include "config/log.hpp"
+
 #include <dlfcn.h>
 #include <elf.h>
 #include <execinfo.h>
@@ -317,8 +319,23 @@ void Sites::add_module_of(std::uint64_t pc) {
 
 std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
                             const std::vector<std::string>& pyframes) {
+  // At the limit, only stacks already known get their site.
+  const bool full = sites_.size() >= kMaxSites;
+  auto over = [&] {
+    if (over_limit_++ == 0)
+      log().warn("GPUPOOL_SITES: {} distinct call stacks recorded; allocations from new ones "
+                 "are left without a site",
+                 kMaxSites);
+    return kNoSite;
+  };
   std::vector<std::uint32_t> frame_ids;
   for (const std::string& f : pyframes) {
+    if (full) {
+      const auto known = pyframe_ids_.find(f);
+      if (known == pyframe_ids_.end()) return over();
+      frame_ids.push_back(known->second);
+      continue;
+    }
     auto [it, fresh] = pyframe_ids_.try_emplace(f, static_cast<std::uint32_t>(pyframe_text_.size()));
     if (fresh) {
       // f is "LINE FUNC\tFILE".
@@ -334,6 +351,10 @@ std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
   std::string key(reinterpret_cast<const char*>(pcs), sizeof(std::uint64_t) * npcs);
   key.append(reinterpret_cast<const char*>(frame_ids.data()), sizeof(std::uint32_t) * frame_ids.size());
   key.push_back(static_cast<char>(frame_ids.size()));
+  if (full) {
+    const auto known = site_ids_.find(key);
+    return known != site_ids_.end() ? known->second : over();
+  }
   auto [it, fresh] = site_ids_.try_emplace(std::move(key), static_cast<std::uint32_t>(sites_.size()));
   if (!fresh) return it->second;
   for (int i = 0; i < npcs; ++i) {

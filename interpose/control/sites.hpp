@@ -77,6 +77,12 @@ class Sites {
   std::vector<Site> sites_;
   std::vector<std::string> decls_;
   std::uint64_t sampled_ = 0;
+  std::uint64_t over_limit_ = 0;  // sampled allocations of new stacks past kMaxSites
 };
+
+// Distinct stacks kept (about 1.5 KB each): a program whose stacks never
+// repeat (generated code, JIT addresses) stops adding sites there, with one
+// warning, rather than growing without bound.
+inline constexpr std::size_t kMaxSites = 16384;
 
 }  // namespace gpupool::sites
