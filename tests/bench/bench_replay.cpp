@@ -3,7 +3,8 @@
 // programs' allocations, on any machine, without a GPU.
 //
 //   bench_replay TRACE... [--rounds N] [--leading-bits B] [--max-pooled BYTES]
-//                [--device-memory BYTES] [--release-after NS] [--borrow] [--json]
+//                [--device-memory BYTES] [--release-after NS] [--max-held BYTES|Fx]
+//                [--borrow] [--json]
 //
 // TRACE: a GPUPOOL_TRACE_FILE (docs/trace.md) or an RMM memory event log
 // (CSV, "Thread,Time,Action,Pointer,Size,Stream"; RMM's
@@ -13,6 +14,12 @@
 // rounds), hit rate, peak active bytes (what the program asked for), peak
 // managed bytes (what the simulated driver gave), their ratio, and driver
 // calls; for a gpupool trace also the hits and misses the program saw.
+// Also the binned floor: the least peak managed of any pool that serves a
+// request only with a block of its own bin and keeps the blocks it
+// allocated (each bin needs as many blocks as it ever had active at once);
+// a pool can go under it only by releasing held blocks (--max-held: a cap
+// on held bytes, in bytes or as a multiple F of the trace's peak active,
+// which costs driver calls) or by splitting blocks.
 // A malformed trace gets one error naming the file and line, exit 1.
 #include <algorithm>
 #include <cerrno>
@@ -52,6 +59,7 @@ struct Trace {
   // not record releases), else an upper bound.
   std::uint64_t recorded_managed = 0;
   std::uint64_t unfreed = 0;                             // allocations never freed
+  std::uint64_t peak_active = 0;                         // requested bytes at once, at most
 };
 
 [[noreturn]] void fail(const std::string& path, std::size_t line, const std::string& what) {
@@ -130,6 +138,17 @@ Trace to_replay(const trace::TraceFile& f, const char* format) {
     tr.events.push_back(e);
     if (r.alloc) (r.hit ? tr.recorded_hits : tr.recorded_misses)++;
     if (r.alloc && !r.hit) tr.recorded_managed += r.size;
+  }
+  std::vector<std::uint64_t> asked(tr.slots, 0);
+  std::uint64_t active = 0;
+  for (const Event& e : tr.events) {
+    if (e.alloc) {
+      asked[e.slot] = e.requested;
+      active += e.requested;
+      tr.peak_active = std::max(tr.peak_active, active);
+    } else {
+      active -= asked[e.slot];
+    }
   }
   return tr;
 }
@@ -223,6 +242,8 @@ struct Options {
   std::uint64_t device_memory = 80ull << 30;
   std::uint64_t max_pooled = 0;  // 0: 25% of device_memory, as the shim's default
   std::uint64_t release_after_ns = 0;
+  std::uint64_t max_held = 0;        // 0: no cap
+  double max_held_of_active = 0;     // > 0: the cap is this times the trace's peak active
   bool json = false;
   bool borrow = false;  // the library default (GPUPOOL_BORROW)
 };
@@ -231,10 +252,59 @@ struct Options {
 std::uint64_t g_trace_now = 0;
 std::uint64_t trace_clock() { return g_trace_now; }
 
+// The pool's pooled size for a request, as replay_once's arenas have it (0:
+// not pooled, allocated exactly and released at free).
+std::uint64_t pooled_size(const BinScheme& bins, const Options& o, std::uint64_t size) {
+  const std::uint64_t max_pooled = o.max_pooled ? o.max_pooled : o.device_memory / 4;
+  if (size > max_pooled || size > o.device_memory) return 0;
+  return bins.rounded(size, o.device_memory);
+}
+
+// The binned floor (the header): per arena and bin, the most blocks active
+// at once so far, times the bin's size, summed, plus the unpooled requests
+// active; its peak over the trace.
+std::uint64_t binned_floor(const Trace& tr, const Options& o) {
+  const BinScheme bins(o.leading_bits);
+  struct Count {
+    std::uint64_t now = 0, most = 0;
+  };
+  std::vector<std::vector<Count>> per_arena(tr.arenas.size());
+  std::vector<std::uint64_t> slot_size(tr.slots, 0);  // pooled size, or 0
+  std::vector<std::uint64_t> slot_bin(tr.slots, 0);
+  std::uint64_t kept = 0, unpooled = 0, peak = 0;
+  for (const Event& e : tr.events) {
+    std::vector<Count>& counts = per_arena[e.arena];
+    if (e.alloc) {
+      const std::uint64_t asked = e.requested ? e.requested : 1;
+      const std::uint64_t size = pooled_size(bins, o, asked);
+      slot_size[e.slot] = size;
+      if (size == 0) {
+        slot_bin[e.slot] = asked;
+        unpooled += asked;
+      } else {
+        const std::size_t bin = bins.bin_number(asked);
+        slot_bin[e.slot] = bin;
+        if (counts.size() <= bin) counts.resize(bin + 1);
+        if (++counts[bin].now > counts[bin].most) {
+          counts[bin].most = counts[bin].now;
+          kept += size;
+        }
+      }
+      peak = std::max(peak, kept + unpooled);
+    } else if (slot_size[e.slot] == 0) {
+      unpooled -= slot_bin[e.slot];
+    } else {
+      --counts[slot_bin[e.slot]].now;
+    }
+  }
+  return peak;
+}
+
 struct Result {
   double ns_per_op = 0;
   Stats totals;
-  SimDriver driver;
+  SimDriver driver;  // the simulated driver, teardown included
+  SimDriver during;  // its counts when the trace's last event was replayed
   std::uint64_t peak_active = 0;  // requested bytes, computed from the trace
 };
 
@@ -256,6 +326,10 @@ Result replay_once(const Trace& tr, const Options& o) {
     ao.kind = "replay";
     ao.max_pooled = o.max_pooled ? o.max_pooled : o.device_memory / 4;
     ao.max_block = o.device_memory;
+    if (o.max_held_of_active > 0)
+      ao.max_held = static_cast<std::size_t>(o.max_held_of_active * double(tr.peak_active));
+    else if (o.max_held)
+      ao.max_held = o.max_held;
     arenas.push_back(pool.add_arena(std::make_unique<SimBackend>(&r.driver), std::move(ao)));
   }
   std::vector<Block*> slots(tr.slots, nullptr);
@@ -289,6 +363,7 @@ Result replay_once(const Trace& tr, const Options& o) {
                                   : double(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()) /
                                         double(tr.events.size());
   r.totals = pool.totals();
+  r.during = r.driver;
   for (Block* b : slots)
     if (b) pool.free(b);
   return r;
@@ -306,7 +381,11 @@ void report(const Trace& tr, const Options& o) {
   const Stats& s = last.totals;
   const std::uint64_t allocs = s.hits + s.misses;
   const double hit_rate = allocs ? double(s.hits) / double(allocs) : 0;
-  const double ratio = last.peak_active ? double(last.driver.peak) / double(last.peak_active) : 0;
+  const double ratio = last.peak_active ? double(last.during.peak) / double(last.peak_active) : 0;
+  const std::uint64_t floor = binned_floor(tr, o);
+  const double floor_ratio = last.peak_active ? double(floor) / double(last.peak_active) : 0;
+  const std::uint64_t max_held =
+      o.max_held_of_active > 0 ? std::uint64_t(o.max_held_of_active * double(tr.peak_active)) : o.max_held;
   if (o.json) {
     std::printf(
         "{\"trace\":\"%s\",\"format\":\"%s\",\"events\":%zu,\"allocations\":%llu,\"unfreed\":%llu,"
@@ -314,15 +393,17 @@ void report(const Trace& tr, const Options& o) {
         "\"hits\":%llu,\"misses\":%llu,\"hit_rate\":%.4f,\"peak_active_bytes\":%llu,"
         "\"peak_managed_bytes\":%llu,\"managed_over_active\":%.4f,\"driver_allocs\":%llu,"
         "\"driver_frees\":%llu,\"recorded_hits\":%llu,\"recorded_misses\":%llu,"
-        "\"recorded_managed_bytes\":%llu,"
+        "\"recorded_managed_bytes\":%llu,\"binned_floor_bytes\":%llu,\"floor_over_active\":%.4f,"
+        "\"max_held_bytes\":%llu,"
         "\"leading_bits\":%u,\"release_after_ns\":%llu,\"borrow\":%s}\n",
         tr.path.c_str(), tr.format.c_str(), tr.events.size(), (unsigned long long)allocs,
         (unsigned long long)tr.unfreed, median, times.front(), times.back(), times.size(),
         (unsigned long long)s.hits, (unsigned long long)s.misses, hit_rate,
-        (unsigned long long)last.peak_active, (unsigned long long)last.driver.peak, ratio,
-        (unsigned long long)last.driver.allocs, (unsigned long long)last.driver.frees,
+        (unsigned long long)last.peak_active, (unsigned long long)last.during.peak, ratio,
+        (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees,
         (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
-        (unsigned long long)tr.recorded_managed, o.leading_bits, (unsigned long long)o.release_after_ns,
+        (unsigned long long)tr.recorded_managed, (unsigned long long)floor, floor_ratio,
+        (unsigned long long)max_held, o.leading_bits, (unsigned long long)o.release_after_ns,
         o.borrow ? "true" : "false");
     return;
   }
@@ -340,9 +421,13 @@ void report(const Trace& tr, const Options& o) {
                 (unsigned long long)tr.recorded_managed,
                 last.peak_active ? double(tr.recorded_managed) / double(last.peak_active) : 0.0);
   std::printf("  peak active / managed    %llu / %llu bytes (managed %.3fx active)\n",
-              (unsigned long long)last.peak_active, (unsigned long long)last.driver.peak, ratio);
+              (unsigned long long)last.peak_active, (unsigned long long)last.during.peak, ratio);
+  std::printf("  binned floor             %llu bytes (%.3fx active: no binned pool that keeps its "
+              "blocks manages less)\n",
+              (unsigned long long)floor, floor_ratio);
+  if (max_held) std::printf("  held bytes capped at     %llu\n", (unsigned long long)max_held);
   std::printf("  driver calls             %llu allocations, %llu releases\n",
-              (unsigned long long)last.driver.allocs, (unsigned long long)last.driver.frees);
+              (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees);
 }
 
 bool size_arg(const char* s, std::uint64_t* out) {
@@ -357,6 +442,20 @@ bool size_arg(const char* s, std::uint64_t* out) {
   if (*end) return false;
   *out = v * mult;
   return true;
+}
+
+// --max-held: BYTES (K/M/G), or Fx, F times the trace's peak active.
+bool held_arg(const char* s, Options* o) {
+  const std::size_t n = std::strlen(s);
+  if (n >= 2 && s[n - 1] == 'x') {
+    char* end = nullptr;
+    errno = 0;
+    const double f = std::strtod(s, &end);
+    if (errno || end != s + n - 1 || !(f > 0) || f > 1e6) return false;
+    o->max_held_of_active = f;
+    return true;
+  }
+  return size_arg(s, &o->max_held) && o->max_held > 0;
 }
 
 }  // namespace
@@ -383,12 +482,13 @@ int main(int argc, char** argv) {
     else if (a == "--device-memory" && size_arg(value("--device-memory"), &v) && v > 0)
       o.device_memory = v;
     else if (a == "--release-after" && size_arg(value("--release-after"), &v)) o.release_after_ns = v;
+    else if (a == "--max-held" && held_arg(value("--max-held"), &o)) {}
     else if (!a.empty() && a[0] != '-') paths.push_back(a);
     else {
       std::fprintf(stderr,
                    "usage: bench_replay TRACE... [--rounds N] [--leading-bits 1-8] "
-                   "[--max-pooled BYTES] [--device-memory BYTES] [--release-after NS] [--borrow] "
-                   "[--json]\n"
+                   "[--max-pooled BYTES] [--device-memory BYTES] [--release-after NS] "
+                   "[--max-held BYTES|Fx] [--borrow] [--json]\n"
                    "bench_replay: bad argument '%s'\n",
                    a.c_str());
       return 2;

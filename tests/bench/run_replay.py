@@ -61,6 +61,16 @@ if CHECK == "known":
     check(r["peak_active_bytes"] == 1000 + 4096 + 4097, f"peak active: {r}")
     check(r["peak_managed_bytes"] == 1024 + 4096 + 4352, f"peak managed: {r}")
     check(r["driver_allocs"] == 3, f"driver allocs: {r}")
+    # The binned floor: one block of each bin was ever active at once.
+    check(r["binned_floor_bytes"] == 1024 + 4096 + 4352, f"binned floor: {r}")
+    # A cap on held bytes: 2000 holds the 1024 block, not the 4352 one
+    # (larger than the whole cap), which goes back to the driver at its free.
+    rc = replay(t, "--max-held", "2000")
+    check((rc["hits"], rc["misses"], rc["driver_frees"]) == (1, 3, 1), f"cap 2000: {rc}")
+    # 0.1x peak active (919 bytes) holds nothing: the second 1000 misses.
+    rc = replay(t, "--max-held", "0.1x")
+    check((rc["hits"], rc["misses"], rc["driver_frees"], rc["max_held_bytes"]) == (0, 4, 2, 919),
+          f"cap 0.1x: {rc}")
     # With 1 leading bit, 4097 takes a 6144 block (two significant bits;
     # waste under 1/2).
     r1 = replay(t, "--leading-bits", "1")
@@ -117,9 +127,13 @@ elif CHECK == "recorded":
         check(r["events"] == records, f"{t}: {r['events']} events of {records} records")
         check(r["allocations"] == r["recorded_hits"] + r["recorded_misses"], f"{t}: {r}")
         check(r["managed_over_active"] >= 1, f"{t}: managed under active: {r}")
+        # One thread, no fences, nothing released: the pool allocates only
+        # when no block of the bin is held, so it manages exactly the floor.
+        check(r["peak_managed_bytes"] == r["binned_floor_bytes"], f"{t}: not at the floor: {r}")
         print(f"{os.path.basename(t)}: {r['events']} events, hit rate {r['hit_rate']:.4f} "
               f"(the program: {r['recorded_hits']}/{r['recorded_misses']}), managed/active "
-              f"{r['managed_over_active']:.3f}, {r['ns_per_op']:.0f} ns/op")
+              f"{r['managed_over_active']:.3f} (floor {r['floor_over_active']:.3f}), "
+              f"{r['ns_per_op']:.0f} ns/op")
 
 else:
     sys.exit(f"unknown check {CHECK}")
