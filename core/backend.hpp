@@ -17,7 +17,8 @@ enum class BackendStatus { ok, out_of_memory, error };
 struct BackendResult {
   BackendStatus status = BackendStatus::error;
   Handle handle = 0;
-  int error = 0;  // the API's own error code when status != ok
+  int error = 0;         // the API's own error code when status != ok
+  void* data = nullptr;  // the backend's record of the allocation: Block::data
 };
 
 class Backend {

@@ -230,10 +230,7 @@ unsigned thread_slot() {
   return s ? s - 1 : first_slot();
 }
 
-unsigned default_shards() {
-  unsigned n = std::thread::hardware_concurrency();
-  return std::clamp(n, 1u, 64u);
-}
+unsigned default_shards() { return std::thread::hardware_concurrency(); }
 
 }  // namespace
 
@@ -262,7 +259,7 @@ std::uint64_t Pool::cost_now() const {
 Pool::Pool(PoolOptions options)
     : options_(options),
       bins_(std::clamp(options.leading_bits, 1u, BinScheme::kMaxLeadingBits)),
-      shard_count_(options.shards ? options.shards : default_shards()),
+      shard_count_(std::clamp(options.shards ? options.shards : default_shards(), 1u, kMaxShards)),
       holding_(options.hold),
       borrow_(options.borrow_larger) {}
 
@@ -347,7 +344,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
         }
       }
       if (b && !counted) {
-        b->shard = my;
+        b->shard = static_cast<std::uint8_t>(my);
         b->requested = size;
         std::lock_guard lock(mine.mu);
         ++mine.c.hits;
@@ -382,13 +379,14 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
     throw;
   }
   b->handle = r.handle;
+  b->data = r.data;
   // An exact-size fallback block does not fit its bin: released at free.
   b->size = exact ? size : want;
   b->pooled = pooled && !exact;
   b->requested = size;
   b->arena = arena;
-  b->bin = static_cast<std::uint32_t>(bin);
-  b->shard = my;
+  b->bin = static_cast<std::uint16_t>(bin);
+  b->shard = static_cast<std::uint8_t>(my);
   {
     std::lock_guard lock(mine.mu);
     ++mine.c.misses;

@@ -28,21 +28,28 @@ namespace gpupool {
 
 class Arena;
 
+// Shards per arena, at most (Block::shard is 8 bits).
+inline constexpr unsigned kMaxShards = 64;
+
 // One allocation handed out by the pool. The pool owns it; the backend's
 // handle stays valid while the block is active.
-// Cache-line aligned: blocks of different threads must not share a line.
+// One cache line: blocks of different threads must not share a line.
 struct alignas(64) Block {
   Handle handle = 0;
   std::size_t size = 0;       // what the backend allocated
   std::size_t requested = 0;  // what the program asked for (while active)
   Arena* arena = nullptr;
+  // The backend's own record of the allocation (BackendResult::data), so a
+  // hit reaches it without a lookup by handle.
+  void* data = nullptr;
   // Pool-internal (Pool::never_reuse() is the backends' way to clear pooled).
-  bool pooled = true;         // false: released at free (too large, exact-size fallback)
-  std::uint32_t bin = 0;
-  std::uint32_t shard = 0;
   std::uint64_t fence = 0;
   std::uint64_t freed_at_ns = 0;
+  std::uint16_t bin = 0;      // < BinScheme::bin_count() (at most 16385)
+  std::uint8_t shard = 0;     // < kMaxShards
+  bool pooled = true;         // false: released at free (too large, exact-size fallback)
 };
+static_assert(sizeof(Block) == 64);
 
 struct PoolOptions {
   unsigned leading_bits = 4;
@@ -53,7 +60,7 @@ struct PoolOptions {
   // excess of a borrowed block cannot be released while it is active, so a
   // program that fills the device would run out of memory sooner.
   bool borrow_larger = false;
-  unsigned shards = 0;                  // 0: one per hardware thread (max 64)
+  unsigned shards = 0;                  // 0: one per hardware thread; at most kMaxShards
   std::uint64_t (*clock)() = nullptr;   // monotonic ns for held-block ages; tests inject one
   // Precise monotonic ns for what backend calls cost (the growth rule below);
   // CLOCK_MONOTONIC by default, tests inject one.

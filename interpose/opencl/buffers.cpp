@@ -57,6 +57,7 @@ class BufferBackend final : public ContextBackend {
     // The record, or nothing at all: a buffer the pool cannot track goes
     // back at once, and the failure on to the hook (which asks the
     // implementation alone).
+    Buffer* record = nullptr;
     try {
       auto rec = std::make_unique<Buffer>();
       rec->mem = m;
@@ -65,12 +66,12 @@ class BufferBackend final : public ContextBackend {
       rec->has_props = has_props_;
       rec->props = props_;
       buffers().put(m, rec.get());
-      rec.release();
+      record = rec.release();
     } catch (...) {
       api.clReleaseMemObject(m);
       throw;
     }
-    return {BackendStatus::ok, reinterpret_cast<Handle>(m), 0};
+    return {BackendStatus::ok, reinterpret_cast<Handle>(m), 0, record};
   }
 
   void release(Handle h, std::size_t) override {
@@ -175,6 +176,17 @@ std::string memory_group(const Ctx& ctx) {
 
 void block_back(Runtime& rt, Ctx& ctx, Block* b) {
   rt.pool.free(b);
+  // Usually the context is open and another of its blocks is still out:
+  // one atomic step, and ctx is not touched after it. (The caller's count
+  // in ctx.active keeps ctx alive until then: the arenas whose backends own
+  // it are retired only once none is active.)
+  if (!ctx.closed.load()) {
+    std::int64_t n = ctx.active.load(std::memory_order_relaxed);
+    while (n > 1)
+      if (ctx.active.compare_exchange_weak(n, n - 1)) return;
+  }
+  // Perhaps the last one, or the context is closing: kept alive to the end.
+  const std::shared_ptr<Ctx> keep = ctx.shared_from_this();
   const bool last = ctx.active.fetch_sub(1) == 1;
   if (ctx.closed.load()) {
     // The program released the context already: nothing more is held for it.
@@ -225,10 +237,6 @@ void finish_ctx(Runtime& rt, Ctx& ctx) {
   for (cl_event e : evs) next().clReleaseEvent(e);
 }
 
-// The program let go of a pooled buffer for good (no reference, no
-// sub-buffer): run its destructor callbacks, then hand the block back.
-namespace {
-
 void buffer_died(Buffer* r) {
   std::vector<std::pair<void(CL_CALLBACK*)(cl_mem, void*), void*>> cbs;
   // Most buffers have none: no lock then (each atomic read-modify-write
@@ -245,10 +253,11 @@ void buffer_died(Buffer* r) {
   r->block = nullptr;
   // The pool may release the block (and its record) inside free(): take
   // what is needed from the record first.
-  std::shared_ptr<Ctx> ctx = r->ctx;
+  Ctx* ctx = r->ctx.get();
   Runtime* rt = runtime();
   if (!rt || !b) return;
   if (cl_gone() || b->arena->retired()) {
+    const std::shared_ptr<Ctx> keep = r->ctx;  // forget() deletes the record
     // During exit: no driver call, the process is going away. A forked
     // parent's buffer (its arena retired in the child): not pooled here;
     // its real object is released as the program's release would have.
@@ -262,10 +271,8 @@ void buffer_died(Buffer* r) {
   block_back(*rt, *ctx, b);
 }
 
-}  // namespace
-
 void drop_hold(Buffer* r) {
-  if (r->holds.fetch_sub(1) == 1) buffer_died(r);
+  if (static_cast<std::uint32_t>(r->counts.fetch_sub(1)) == 1) buffer_died(r);
 }
 
 // ---------------------------------------------------------------------------
@@ -396,25 +403,21 @@ cl_mem create_buffer(cl_context context, const cl_mem_properties* properties, bo
     return nullptr;
   }
   cl_mem m = reinterpret_cast<cl_mem>(res.block->handle);
-  Buffer* r = buffers().find(m);
-  if (!r) {  // cannot happen: every block's record lives as long as the block
-    rt->pool.forget(res.block);
-    return passthrough();
-  }
+  // The record lives as long as the block (BufferBackend::allocate).
+  Buffer* r = static_cast<Buffer*>(res.block->data);
   r->block = res.block;
   r->requested = size;
   ctx->active.fetch_add(1);
   if (copy) {
     cl_int err = write_initial(*ctx, res, m, size, host_ptr);
     if (err != CL_SUCCESS) {
-      r->holds.store(1);
+      r->counts.store(1);
       drop_hold(r);
       if (errcode_ret) *errcode_ret = err;
       return nullptr;
     }
   }
-  r->refs.store(1);
-  r->holds.store(1, std::memory_order_release);
+  r->counts.store(Buffer::kRef | 1, std::memory_order_release);
   if (errcode_ret) *errcode_ret = CL_SUCCESS;
   return m;
 }
@@ -423,7 +426,7 @@ cl_mem create_buffer(cl_context context, const cl_mem_properties* properties, bo
 
 Buffer* live_pooled(cl_mem m) {
   Buffer* r = buffers().find(m);
-  return r && !r->sub && r->holds.load(std::memory_order_acquire) > 0 ? r : nullptr;
+  return r && !r->sub && r->holds() > 0 ? r : nullptr;
 }
 
 bool out_of_range(const Buffer* r, size_t offset, size_t size) {

@@ -38,8 +38,7 @@ cl_mem record_sub(Buffer* root, cl_mem s, cl_int* errcode_ret) noexcept {
     r->mem = s;
     r->ctx = root->ctx;
     r->parent = root;
-    r->refs.store(1);
-    r->holds.store(1);
+    r->counts.store(Buffer::kRef | 1);
     buffers().put(s, r.get());
     r.release();
     return s;
@@ -270,9 +269,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
   if (!next().clRetainMemObject) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r) return next().clRetainMemObject(m);
-  if (r->holds.load() <= 0 || r->refs.load() <= 0) return CL_INVALID_MEM_OBJECT;
-  r->holds.fetch_add(1);
-  r->refs.fetch_add(1);
+  if (r->holds() == 0 || r->refs() == 0) return CL_INVALID_MEM_OBJECT;
+  r->counts.fetch_add(Buffer::kRef | 1);
   return CL_SUCCESS;
 } catch (...) {
   internal_failure(__func__);
@@ -283,15 +281,18 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
   if (!next().clReleaseMemObject) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r) return next().clReleaseMemObject(m);
-  int refs = r->refs.load();
+  // A buffer's reference holds its block; a sub-buffer's record holds its
+  // parent's (dropped below), not its own.
+  const std::uint64_t drop = r->sub ? Buffer::kRef : Buffer::kRef | 1;
+  std::uint64_t c = r->counts.load();
   do {
-    if (refs <= 0) return CL_INVALID_MEM_OBJECT;
-  } while (!r->refs.compare_exchange_weak(refs, refs - 1));
+    if ((c >> 32) == 0) return CL_INVALID_MEM_OBJECT;
+  } while (!r->counts.compare_exchange_weak(c, c - drop));
   if (!r->sub) {
-    drop_hold(r);
+    if (static_cast<std::uint32_t>(c - drop) == 0) buffer_died(r);
     return CL_SUCCESS;
   }
-  if (refs == 1) {
+  if ((c >> 32) == 1) {
     // A sub-buffer is a real object of its own: release it for real, then
     // let go of the parent it kept active.
     Buffer* parent = r->parent;
@@ -313,9 +314,9 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem
   if (!next().clGetMemObjectInfo) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r) return next().clGetMemObjectInfo(m, what, size, value, size_ret);
-  if (r->refs.load() <= 0) return CL_INVALID_MEM_OBJECT;
+  if (r->refs() == 0) return CL_INVALID_MEM_OBJECT;
   if (what == CL_MEM_REFERENCE_COUNT) {
-    const cl_uint n = static_cast<cl_uint>(r->refs.load());
+    const cl_uint n = r->refs();
     return put_info(value, size, size_ret, &n, sizeof n);
   }
   if (r->sub) {
@@ -359,7 +360,7 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
     // A sub-buffer of a sub-buffer: the implementation decides (PoCL refuses,
     // NVIDIA 580 accepts); one it makes keeps the pooled block active too.
     Buffer* root = parent->parent;
-    root->holds.fetch_add(1);
+    root->counts.fetch_add(1);
     cl_mem s = next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
     if (!s) {
       drop_hold(root);
@@ -367,7 +368,7 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
     }
     return record_sub(root, s, errcode_ret);
   }
-  if (parent->refs.load() <= 0) {
+  if (parent->refs() == 0) {
     if (errcode_ret) *errcode_ret = CL_INVALID_MEM_OBJECT;
     return nullptr;
   }
@@ -379,7 +380,7 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
       return nullptr;
     }
   }
-  parent->holds.fetch_add(1);
+  parent->counts.fetch_add(1);
   cl_mem s = next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
   if (!s) {
     drop_hold(parent);
@@ -397,7 +398,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
   if (!next().clSetMemObjectDestructorCallback) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r || r->sub) return next().clSetMemObjectDestructorCallback(m, fn, ud);
-  if (r->refs.load() <= 0) return CL_INVALID_MEM_OBJECT;
+  if (r->refs() == 0) return CL_INVALID_MEM_OBJECT;
   if (!fn) return CL_INVALID_VALUE;
   std::lock_guard lock(callback_lock(r));
   r->callbacks.emplace_back(fn, ud);

@@ -51,16 +51,17 @@ class SvmBackend final : public ContextBackend {
     const Api& api = next();
     void* p = api.clSVMAlloc(ctx_->handle, flags_, bytes, 0);
     if (!p) return {BackendStatus::out_of_memory, 0, 0};
+    SvmBlock* record = nullptr;
     try {
       auto rec = std::make_unique<SvmBlock>();
       rec->ctx = ctx_;
       svm_blocks().put(p, rec.get());
-      rec.release();
+      record = rec.release();
     } catch (...) {
       api.clSVMFree(ctx_->handle, p);
       throw;
     }
-    return {BackendStatus::ok, reinterpret_cast<Handle>(p), 0};
+    return {BackendStatus::ok, reinterpret_cast<Handle>(p), 0, record};
   }
 
   void release(Handle h, std::size_t) override {
@@ -116,11 +117,8 @@ void* svm_alloc(cl_context context, cl_svm_mem_flags flags, size_t size, cl_uint
   const AllocResult res = rt->pool.allocate(svm_arena(*rt, ctx, access ? access : CL_MEM_READ_WRITE), size);
   if (!res.block) return nullptr;
   void* p = reinterpret_cast<void*>(res.block->handle);
-  SvmBlock* r = svm_blocks().find(p);
-  if (!r) {  // cannot happen: every block's record lives as long as the block
-    rt->pool.forget(res.block);
-    return pass();
-  }
+  // The record lives as long as the block (SvmBackend::allocate).
+  SvmBlock* r = static_cast<SvmBlock*>(res.block->data);
   ctx->active.fetch_add(1);
   r->block.store(res.block, std::memory_order_release);
   return p;
@@ -136,10 +134,11 @@ void svm_free(cl_context context, void* p) {
   // which would free memory the pool holds.
   Block* b = r->block.exchange(nullptr, std::memory_order_acq_rel);
   if (!b) return;
-  std::shared_ptr<Ctx> ctx = r->ctx;  // the pool may delete the record
+  Ctx* ctx = r->ctx.get();  // block_back: the pool may delete the record
   Runtime* rt = runtime();
   if (!rt) return;
   if (cl_gone() || b->arena->retired()) {
+    const std::shared_ptr<Ctx> keep = r->ctx;  // forget() deletes the record
     // As for buffers (buffers.cpp): during exit nothing is called; a forked
     // parent's block is freed as the program asked.
     const bool gone = cl_gone();
