@@ -270,7 +270,10 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
   Buffer* r = buffers().find(m);
   if (!r) return next().clRetainMemObject(m);
   if (r->holds() == 0 || r->refs() == 0) return CL_INVALID_MEM_OBJECT;
-  r->counts.fetch_add(Buffer::kRef | 1);
+  // As release drops it: a buffer's reference with its hold, a
+  // sub-buffer's alone (its holds stay 1; a hold added here would never be
+  // dropped, and 2^32 of them would carry into the references).
+  r->counts.fetch_add(r->sub ? Buffer::kRef : Buffer::kRef | 1);
   return CL_SUCCESS;
 } catch (...) {
   internal_failure(__func__);
