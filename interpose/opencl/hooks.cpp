@@ -291,21 +291,26 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
   do {
     if ((c >> 32) == 0) return CL_INVALID_MEM_OBJECT;
   } while (!r->counts.compare_exchange_weak(c, c - drop));
-  if (!r->sub) {
-    if (static_cast<std::uint32_t>(c - drop) == 0) buffer_died(r);
-    return CL_SUCCESS;
+  // The release is gpupool's from here: a failure inside gpupool must not
+  // fall back to the implementation's release (below), which would release
+  // a block the pool holds, or a sub-buffer already released.
+  cl_int err = CL_SUCCESS;
+  try {
+    if (!r->sub) {
+      if (static_cast<std::uint32_t>(c - drop) == 0) buffer_died(r);
+    } else if ((c >> 32) == 1) {
+      // A sub-buffer is a real object of its own: release it for real, then
+      // let go of the parent it kept active.
+      Buffer* parent = r->parent;
+      buffers().take(m);
+      err = next().clReleaseMemObject(m);
+      delete r;
+      drop_hold(parent);
+    }
+  } catch (...) {
+    internal_failure(__func__);
   }
-  if ((c >> 32) == 1) {
-    // A sub-buffer is a real object of its own: release it for real, then
-    // let go of the parent it kept active.
-    Buffer* parent = r->parent;
-    buffers().take(m);
-    cl_int err = next().clReleaseMemObject(m);
-    delete r;
-    drop_hold(parent);
-    return err;
-  }
-  return CL_SUCCESS;
+  return err;
 } catch (...) {
   internal_failure(__func__);
   return next().clReleaseMemObject ? next().clReleaseMemObject(m) : CL_INVALID_OPERATION;
