@@ -252,11 +252,20 @@ struct Options {
 std::uint64_t g_trace_now = 0;
 std::uint64_t trace_clock() { return g_trace_now; }
 
+// The arenas' options that depend on the command line (replay_once).
+std::uint64_t max_pooled_of(const Options& o) {
+  return o.max_pooled ? o.max_pooled : o.device_memory / 4;  // the shim's default
+}
+std::uint64_t max_held_of(const Trace& tr, const Options& o) {  // 0: no cap
+  if (o.max_held_of_active > 0)
+    return static_cast<std::uint64_t>(o.max_held_of_active * double(tr.peak_active));
+  return o.max_held;
+}
+
 // The pool's pooled size for a request, as replay_once's arenas have it (0:
 // not pooled, allocated exactly and released at free).
 std::uint64_t pooled_size(const BinScheme& bins, const Options& o, std::uint64_t size) {
-  const std::uint64_t max_pooled = o.max_pooled ? o.max_pooled : o.device_memory / 4;
-  if (size > max_pooled || size > o.device_memory) return 0;
+  if (size > max_pooled_of(o) || size > o.device_memory) return 0;
   return bins.rounded(size, o.device_memory);
 }
 
@@ -269,33 +278,26 @@ std::uint64_t binned_floor(const Trace& tr, const Options& o) {
     std::uint64_t now = 0, most = 0;
   };
   std::vector<std::vector<Count>> per_arena(tr.arenas.size());
-  std::vector<std::uint64_t> slot_size(tr.slots, 0);  // pooled size, or 0
-  std::vector<std::uint64_t> slot_bin(tr.slots, 0);
+  std::vector<std::uint64_t> asked(tr.slots, 0);  // what each live allocation asked for
   std::uint64_t kept = 0, unpooled = 0, peak = 0;
   for (const Event& e : tr.events) {
     std::vector<Count>& counts = per_arena[e.arena];
-    if (e.alloc) {
-      const std::uint64_t asked = e.requested ? e.requested : 1;
-      const std::uint64_t size = pooled_size(bins, o, asked);
-      slot_size[e.slot] = size;
-      if (size == 0) {
-        slot_bin[e.slot] = asked;
-        unpooled += asked;
-      } else {
-        const std::size_t bin = bins.bin_number(asked);
-        slot_bin[e.slot] = bin;
-        if (counts.size() <= bin) counts.resize(bin + 1);
-        if (++counts[bin].now > counts[bin].most) {
-          counts[bin].most = counts[bin].now;
-          kept += size;
-        }
-      }
-      peak = std::max(peak, kept + unpooled);
-    } else if (slot_size[e.slot] == 0) {
-      unpooled -= slot_bin[e.slot];
-    } else {
-      --counts[slot_bin[e.slot]].now;
+    if (e.alloc) asked[e.slot] = e.requested ? e.requested : 1;
+    const std::uint64_t n = asked[e.slot], size = pooled_size(bins, o, n);
+    const std::size_t bin = bins.bin_number(n);
+    if (size != 0 && counts.size() <= bin) counts.resize(bin + 1);
+    if (!e.alloc) {
+      if (size == 0) unpooled -= n;
+      else --counts[bin].now;
+      continue;
     }
+    if (size == 0) {
+      unpooled += n;
+    } else if (++counts[bin].now > counts[bin].most) {
+      counts[bin].most = counts[bin].now;
+      kept += size;
+    }
+    peak = std::max(peak, kept + unpooled);
   }
   return peak;
 }
@@ -305,7 +307,6 @@ struct Result {
   Stats totals;
   SimDriver driver;  // the simulated driver, teardown included
   SimDriver during;  // its counts when the trace's last event was replayed
-  std::uint64_t peak_active = 0;  // requested bytes, computed from the trace
 };
 
 Result replay_once(const Trace& tr, const Options& o) {
@@ -324,17 +325,13 @@ Result replay_once(const Trace& tr, const Options& o) {
     ao.name = "replay " + std::to_string(i);
     ao.group = tr.arenas[i];
     ao.kind = "replay";
-    ao.max_pooled = o.max_pooled ? o.max_pooled : o.device_memory / 4;
+    ao.max_pooled = max_pooled_of(o);
     ao.max_block = o.device_memory;
-    if (o.max_held_of_active > 0)
-      ao.max_held = static_cast<std::size_t>(o.max_held_of_active * double(tr.peak_active));
-    else if (o.max_held)
-      ao.max_held = o.max_held;
+    if (const std::uint64_t cap = max_held_of(tr, o)) ao.max_held = cap;
     arenas.push_back(pool.add_arena(std::make_unique<SimBackend>(&r.driver), std::move(ao)));
   }
   std::vector<Block*> slots(tr.slots, nullptr);
-  std::vector<std::uint64_t> asked(tr.slots, 0);
-  std::uint64_t active = 0, next_trim = 0;
+  std::uint64_t next_trim = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (const Event& e : tr.events) {
     g_trace_now = e.t_ns;
@@ -349,13 +346,9 @@ Result replay_once(const Trace& tr, const Options& o) {
         std::exit(1);
       }
       slots[e.slot] = b;
-      asked[e.slot] = e.requested;
-      active += e.requested;
-      r.peak_active = std::max(r.peak_active, active);
     } else {
       pool.free(slots[e.slot]);
       slots[e.slot] = nullptr;
-      active -= asked[e.slot];
     }
   }
   const auto took = std::chrono::steady_clock::now() - t0;
@@ -381,11 +374,10 @@ void report(const Trace& tr, const Options& o) {
   const Stats& s = last.totals;
   const std::uint64_t allocs = s.hits + s.misses;
   const double hit_rate = allocs ? double(s.hits) / double(allocs) : 0;
-  const double ratio = last.peak_active ? double(last.during.peak) / double(last.peak_active) : 0;
+  const double ratio = tr.peak_active ? double(last.during.peak) / double(tr.peak_active) : 0;
   const std::uint64_t floor = binned_floor(tr, o);
-  const double floor_ratio = last.peak_active ? double(floor) / double(last.peak_active) : 0;
-  const std::uint64_t max_held =
-      o.max_held_of_active > 0 ? std::uint64_t(o.max_held_of_active * double(tr.peak_active)) : o.max_held;
+  const double floor_ratio = tr.peak_active ? double(floor) / double(tr.peak_active) : 0;
+  const std::uint64_t max_held = max_held_of(tr, o);
   if (o.json) {
     std::printf(
         "{\"trace\":\"%s\",\"format\":\"%s\",\"events\":%zu,\"allocations\":%llu,\"unfreed\":%llu,"
@@ -399,7 +391,7 @@ void report(const Trace& tr, const Options& o) {
         tr.path.c_str(), tr.format.c_str(), tr.events.size(), (unsigned long long)allocs,
         (unsigned long long)tr.unfreed, median, times.front(), times.back(), times.size(),
         (unsigned long long)s.hits, (unsigned long long)s.misses, hit_rate,
-        (unsigned long long)last.peak_active, (unsigned long long)last.during.peak, ratio,
+        (unsigned long long)tr.peak_active, (unsigned long long)last.during.peak, ratio,
         (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees,
         (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
         (unsigned long long)tr.recorded_managed, (unsigned long long)floor, floor_ratio,
@@ -419,9 +411,9 @@ void report(const Trace& tr, const Options& o) {
                 "peak active)\n",
                 (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
                 (unsigned long long)tr.recorded_managed,
-                last.peak_active ? double(tr.recorded_managed) / double(last.peak_active) : 0.0);
+                tr.peak_active ? double(tr.recorded_managed) / double(tr.peak_active) : 0.0);
   std::printf("  peak active / managed    %llu / %llu bytes (managed %.3fx active)\n",
-              (unsigned long long)last.peak_active, (unsigned long long)last.during.peak, ratio);
+              (unsigned long long)tr.peak_active, (unsigned long long)last.during.peak, ratio);
   std::printf("  binned floor             %llu bytes (%.3fx active: no binned pool that keeps its "
               "blocks manages less)\n",
               (unsigned long long)floor, floor_ratio);
