@@ -52,6 +52,7 @@ bool exiting();
 // The order is the order in which gpupool's code nests these locks: a part
 // only ever takes locks of parts after it while holding its own.
 enum class ForkPart : unsigned {
+  round,    // the control thread's round (it allocates, and takes every lock below)
   cuda,     // contexts' teardown locks, the context registry, pointer maps
   opencl,   // the context map, each context, buffer and queue registries
   node,     // no lock: waits for NVML calls in flight; the child starts anew (node.cpp)

@@ -142,8 +142,25 @@ void fork_renew() {
   set_paths(st, /*child=*/true);
 }
 
+// The control thread's round, first of all parts: fork() waits until the
+// thread is in poll(), so that nothing it does mid-round (a malloc, above
+// all: many allocators keep locks that a child inherits held, and
+// AddressSanitizer's and ThreadSanitizer's before LLVM 18 and 19 do) is cut
+// off in the child. The wait is one round at most; the child's thread is new.
+void fork_round_prepare() {
+  if (g_state) g_state->round_mu.lock();
+}
+void fork_round_parent() {
+  if (g_state) g_state->round_mu.unlock();
+}
+void fork_round_child() {
+  if (g_state) new (&g_state->round_mu) std::mutex;
+}
+
 const bool g_fork_registered =
     (set_fork_handlers(ForkPart::control, {fork_prepare, fork_parent, fork_child, fork_renew}),
+     set_fork_handlers(ForkPart::round, {fork_round_prepare, fork_round_parent, fork_round_child,
+                                         nullptr}),
      true);
 
 }  // namespace

@@ -62,6 +62,10 @@ struct State {
   // at-exit dump and the C API. The exit handler waits for it a bounded
   // time (try_lock, polled: timed locks escape ThreadSanitizer).
   std::mutex work_mu;
+  // Held by the control thread for each round of work (everything but its
+  // wait in poll), and by fork()'s prepare: the child never inherits a lock
+  // or an allocator's lock that this thread took mid-round (see fork_round).
+  std::mutex round_mu;
   std::mutex warn_mu;
   std::vector<std::string> warnings;
   std::string stats_path;       // %p expanded

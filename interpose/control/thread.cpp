@@ -113,6 +113,7 @@ void* control_thread(void* arg) {
     // A failure inside (out of host memory) costs this round, not the
     // thread: it is counted and the loop goes on.
     try {
+      std::unique_lock round(st.round_mu);
       now = mono_ns();
       bool may_open = may_create_descriptors(now, &stdio_closed_since);
       if (may_open) check_descriptors(st);
@@ -132,7 +133,9 @@ void* control_thread(void* arg) {
       const int timeout_ms =
           next <= now ? 0
                       : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
+      round.unlock();
       const int r = ::poll(fds.data(), fds.size(), timeout_ms);
+      round.lock();
       // Exit began: the at-exit handler owns the last dump; touch nothing that
       // static destructors may be tearing down.
       if (exiting()) break;
