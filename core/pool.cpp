@@ -567,8 +567,8 @@ void Pool::drop_block(Block* b) {
 
 void Pool::free(Block* b) {
   Arena& a = *b->arena;
-  if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, *b);
   if (a.retired()) return forget(b);
+  if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, *b);
 
   Backend& backend = *a.backend_;
   Arena::Shard& s = a.shards_[b->shard];
@@ -651,6 +651,9 @@ void Pool::enforce_cap(Arena& arena) {
 
 void Pool::forget(Block* b) {
   Arena& a = *b->arena;
+  // The block's end, as for a free: the driver freed it (with its context)
+  // or the program released it where no driver call is made.
+  if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, *b);
   const bool retired = a.retired();
   a.backend_->drop(b->handle, b->size);
   {

@@ -169,7 +169,7 @@ class Pool {
   // its parent's). The caller must not use `arena` afterwards.
   void retire_arena(Arena* arena, bool keep_stats = true);
   // Drop one active block without releasing it.
-  void forget(Block* block);
+  void forget(Block* block);  // the observer sees it as a free
   // Destroy retired arenas with no active block. Never waits: an arena in
   // use by a pool-wide operation (free_held, a snapshot...) is left for a
   // later call.
