@@ -21,7 +21,7 @@ one() {
 }
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r"
-  one "plain$r" GPUPOOL_UNUSED=1
+  one "plain$r"
   one "gpupool$r" LD_PRELOAD="$LIB"
   one "busy$r" LD_PRELOAD="$LIB" GPUPOOL_STATS_INTERVAL=1ms GPUPOOL_STATS_FILE=/dev/null
 done
