@@ -699,11 +699,17 @@ void Pool::empty_held(Arena* arena, void (Pool::*dispose)(Block*)) {
 
 void Pool::retire_arena(Arena* arena, bool keep_stats) {
   {
-    std::lock_guard lock(arenas_mu_);
-    arena->keep_stats_ = keep_stats;
+    // Held while the arena is emptied: once it is retired with no block
+    // active, reclaim() on another thread (the control thread's periodic
+    // check, a free) may destroy it.
+    std::shared_lock use(arenas_in_use_);
+    {
+      std::lock_guard lock(arenas_mu_);
+      arena->keep_stats_ = keep_stats;
+    }
+    arena->retired_.store(true, std::memory_order_release);
+    empty_held(arena, &Pool::drop_block);
   }
-  arena->retired_.store(true, std::memory_order_release);
-  empty_held(arena, &Pool::drop_block);
   reclaim();
 }
 

@@ -1,6 +1,9 @@
 // The pool's behaviours one at a time, as a backend author relies on them.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <functional>
+#include <thread>
 #include <utility>
 
 #include "core/pool.hpp"
@@ -459,6 +462,45 @@ TEST(Pool, RetiredArenaForgetsBlocksWithoutReleasingThem) {
   EXPECT_EQ(s.managed_bytes, 0u);
   EXPECT_EQ(s.misses, 2u);
   EXPECT_EQ(s.backend_allocs, 2u);
+}
+
+// retire_arena drops the held blocks of an arena that is already marked
+// retired with no block active: a reclaim() on another thread meanwhile (the
+// control thread's periodic check) must not destroy the arena under it.
+TEST(Pool, RetiringArenaIsNotDestroyedWhileItsHeldBlocksAreDropped) {
+  struct Watched : FakeBackend {
+    std::atomic<bool>* destroyed;
+    std::function<void()> on_drop;
+    Watched(std::shared_ptr<FakeDevice> d, std::atomic<bool>* flag) : FakeBackend(std::move(d)), destroyed(flag) {}
+    ~Watched() override { destroyed->store(true); }
+    void drop(Handle h, std::size_t bytes) override {
+      if (on_drop) on_drop();
+      FakeBackend::drop(h, bytes);
+    }
+  };
+  auto dev = std::make_shared<FakeDevice>();
+  std::atomic<bool> destroyed{false};
+  Pool pool;
+  auto backend = std::make_unique<Watched>(dev, &destroyed);
+  Watched* w = backend.get();
+  Arena* a = pool.add_arena(std::move(backend), {.name = "ctx", .group = "dev", .kind = "fake"});
+  Block* x = pool.allocate(a, 100).block;
+  Block* y = pool.allocate(a, 300).block;
+  pool.free(x);
+  pool.free(y);
+  int drops = 0;
+  bool destroyed_during_drop = false;
+  w->on_drop = [&] {
+    // Another thread's reclaim, run to its end before this drop goes on.
+    std::thread([&] { pool.reclaim(); }).join();
+    destroyed_during_drop = destroyed_during_drop || destroyed.load();
+    ++drops;
+  };
+  pool.retire_arena(a);
+  EXPECT_EQ(drops, 2);
+  EXPECT_FALSE(destroyed_during_drop) << "the arena was destroyed while it was being emptied";
+  EXPECT_TRUE(destroyed.load()) << "destroyed once emptied";
+  EXPECT_EQ(pool.arena_count(), 0u);
 }
 
 TEST(Pool, DestroyedArenasKeepOneRowPerKind) {
