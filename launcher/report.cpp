@@ -119,7 +119,7 @@ class Namer {
     }
     std::string first_own;
     for (std::uint64_t pc : d.pcs) {
-      const trace::ModuleDecl* m = module_of(pc);
+      const trace::ModuleDecl* m = module_of(pc, d.modules_end);
       const std::string frame = name(pc, m);
       if (first_own.empty() && m && !runtime_library(m->path)) first_own = frame;
       n.frames.push_back(frame);
@@ -132,9 +132,11 @@ class Namer {
   }
 
  private:
-  const trace::ModuleDecl* module_of(std::uint64_t pc) const {
-    for (const trace::ModuleDecl& m : tr_.modules)
-      if (pc >= m.start && pc < m.end) return &m;
+  // The last module declared before the site that covers pc: a library
+  // unloaded and another loaded at its addresses is declared again.
+  const trace::ModuleDecl* module_of(std::uint64_t pc, std::size_t modules_end) const {
+    for (std::size_t k = std::min(modules_end, tr_.modules.size()); k-- > 0;)
+      if (pc >= tr_.modules[k].start && pc < tr_.modules[k].end) return &tr_.modules[k];
     return nullptr;
   }
 

@@ -317,8 +317,29 @@ void Sites::add_module_of(std::uint64_t pc) {
       &find);
 }
 
+// A library unloaded (dlclose) since the last look: its addresses may hold
+// another one now. The stacks and modules known so far are kept for the
+// sites already declared, but new stacks are interned and their modules
+// looked up and declared anew. One call to the loader, which stops at the
+// first object (the counts are in every object's record).
+void Sites::note_unloads() {
+  unsigned long long subs = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* i, size_t size, void* p) {
+        if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof i->dlpi_subs)
+          *static_cast<unsigned long long*>(p) = i->dlpi_subs;
+        return 1;
+      },
+      &subs);
+  if (subs == unloads_seen_) return;
+  unloads_seen_ = subs;
+  modules_from_ = modules_.size();
+  site_ids_.clear();
+}
+
 std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
                             const std::vector<std::string>& pyframes) {
+  note_unloads();
   // At the limit, only stacks already known get their site.
   const bool full = sites_.size() >= kMaxSites;
   auto over = [&] {
@@ -359,12 +380,14 @@ std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
   if (!fresh) return it->second;
   for (int i = 0; i < npcs; ++i) {
     bool known = false;
-    for (const Module& m : modules_) known = known || (pcs[i] >= m.start && pcs[i] < m.end);
+    for (std::size_t k = modules_from_; k < modules_.size() && !known; ++k)
+      known = pcs[i] >= modules_[k].start && pcs[i] < modules_[k].end;
     if (!known) add_module_of(pcs[i]);
   }
   Site s;
   s.pcs.assign(pcs, pcs + npcs);
   s.pyframes = frame_ids;
+  s.modules_end = modules_.size();
   std::string line = "site " + std::to_string(it->second) + " ";
   for (int i = 0; i < npcs; ++i) line += (i ? "," : "") + hex(pcs[i]);
   if (npcs == 0) line += "-";
@@ -394,8 +417,8 @@ std::string Sites::describe(std::uint32_t site, const char* indent) {
   for (std::size_t k = 0; k < s.pcs.size() && k < shown; ++k) {
     const std::uint64_t pc = s.pcs[k];
     const Module* m = nullptr;
-    for (const Module& x : modules_)
-      if (pc >= x.start && pc < x.end) m = &x;
+    for (std::size_t k = s.modules_end; k-- > 0 && !m;)
+      if (pc >= modules_[k].start && pc < modules_[k].end) m = &modules_[k];
     std::string where;
     if (!m) {
       where = "0x" + hex(pc);

@@ -28,6 +28,9 @@ inline constexpr std::uint32_t kNoSite = UINT32_MAX;
 struct Site {
   std::vector<std::uint64_t> pcs;          // return addresses, innermost first
   std::vector<std::uint32_t> pyframes;     // ids into Sites' Python frames, innermost first
+  // Modules declared before this site: a pc is in the last of them that
+  // covers it (a library unloaded and another loaded at its addresses).
+  std::size_t modules_end = 0;
 };
 
 class Sites {
@@ -66,10 +69,16 @@ class Sites {
   std::uint32_t intern(const std::uint64_t* pcs, int npcs,
                        const std::vector<std::string>& pyframes);
   void add_module_of(std::uint64_t pc);
+  void note_unloads();
 
   const config::SiteSampling sampling_;
   std::mutex mu_;  // everything below
   std::vector<Module> modules_;
+  // Shared objects unloaded so far (glibc's count) when last looked; the
+  // modules before modules_from_ were declared before the latest unload and
+  // may no longer be what their addresses hold.
+  unsigned long long unloads_seen_ = 0;
+  std::size_t modules_from_ = 0;
   std::unique_ptr<symbols::Files> symbols_;  // describe()'s, made on first use
   std::unordered_map<std::string, std::uint32_t> pyframe_ids_;  // "line func\tfile"
   std::vector<std::string> pyframe_text_;                         // by id, "file:line func"

@@ -149,6 +149,7 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
       if (!ok)
         return fail(n, "expected 'site ID PC,PC,...|- PYFRAME,...|-' (ids in order from 0, "
                        "Python frames declared before)");
+      st.modules_end = tr.modules.size();
       tr.sites.push_back(std::move(st));
       continue;
     }

@@ -35,6 +35,9 @@ struct SiteDecl {
   std::uint64_t id = 0;
   std::vector<std::uint64_t> pcs;
   std::vector<std::uint32_t> pyframes;
+  // Modules declared before the site: a pc is in the last of them that
+  // covers it (docs/trace.md).
+  std::size_t modules_end = 0;
 };
 
 inline constexpr std::uint32_t kNoSite = UINT32_MAX;

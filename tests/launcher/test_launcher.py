@@ -572,6 +572,22 @@ class Report(unittest.TestCase):
             self.assertRegex(site["label"],
                              r"^report_program\+0x[0-9a-f]+ \(file changed since the trace\)$")
 
+    def test_module_reloaded_at_same_addresses(self):
+        # A library unloaded and another loaded at its addresses: each
+        # site's pc is in the last module declared before the site.
+        lines = ["# gpupool trace 2", "# pid 4 start_unix_ns 1",
+                 "module 0 5000 6000 4000 - /nonexistent/libold.so",
+                 "site 0 5020 -",
+                 "module 1 5000 6000 4000 - /nonexistent/libnew.so",
+                 "site 1 5020 -",
+                 "arena 0 cuda cuda:0 dev 0",
+                 "a 1 1 0 a0 100 128 m 0", "a 2 1 0 b0 300 384 m 1"]
+        r, out = self.report(self.write("reload.trace", "\n".join(lines) + "\n"))
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        d, _ = self.data(out)
+        self.assertEqual(sorted(x["label"] for x in d["end"]["sites"]),
+                         ["libnew.so+0x1020", "libold.so+0x1020"])
+
     def test_without_sites_by_arena(self):
         # No call stacks: what is still held is shown per arena; beyond the
         # 20 largest rows, the rest is summed up.

@@ -144,7 +144,40 @@ def python(script):
             check(not py and top[3], f"{mode}: frames {top[3][:4]}")
 
 
-{"native": native, "python": python}[CHECK](TARGET)
+def reload(targets):
+    """A library unloaded and another loaded at its addresses: the leak
+    report and the trace name each allocation's own library."""
+    program, lib_a, lib_b = targets.split(";")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "t")
+        r = run([program, lib_a, lib_b], GPUPOOL_SITES="all", GPUPOOL_LEAKS="1",
+                GPUPOOL_TRACE_FILE=trace)
+        if not check("same addresses" in r.stdout,
+                     f"the second library was not loaded where the first was: {r.stdout}"):
+            return
+        groups = leak_groups(r.stderr) or []
+        inner = sorted((g[0], g[3][0].split("+")[0] if g[3] else "") for g in groups)
+        check(inner == [("1.0 MiB", "alloc_in_a"), ("2.0 MiB", "alloc_in_b")],
+              f"leak groups' innermost frames {inner}, expected alloc_in_a for 1 MiB and "
+              f"alloc_in_b for 2 MiB: {r.stderr[-1500:]}")
+        # The trace: each site's innermost pc in the last module declared
+        # before it (docs/trace.md) is its own library.
+        modules, owner = [], {}
+        for line in open(trace):
+            f = line.rstrip("\n").split(" ")
+            if f[0] == "module":
+                modules.append((int(f[2], 16), int(f[3], 16), os.path.basename(" ".join(f[6:]))))
+            elif f[0] == "site" and f[2] != "-":
+                pc = int(f[2].split(",")[0], 16)
+                owner[int(f[1])] = next((m[2] for m in reversed(modules) if m[0] <= pc < m[1]), None)
+            elif f[0] == "a" and len(f) == 9:
+                owner.setdefault(("size", int(f[5])), owner.get(int(f[8])))
+        got = (owner.get(("size", 1 << 20)), owner.get(("size", 2 << 20)))
+        want = (os.path.basename(lib_a), os.path.basename(lib_b))
+        check(got == want, f"trace: the allocations' innermost modules {got}, expected {want}")
+
+
+{"native": native, "python": python, "reload": reload}[CHECK](TARGET)
 if failures:
     sys.exit(f"{len(failures)} failure(s)")
 print("ok")
