@@ -652,8 +652,10 @@ void Pool::enforce_cap(Arena& arena) {
 void Pool::forget(Block* b) {
   Arena& a = *b->arena;
   // The block's end, as for a free: the driver freed it (with its context)
-  // or the program released it where no driver call is made.
-  if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, *b);
+  // or the program released it where no driver call is made. Not for a
+  // forked child's copy of its parent's block.
+  if (a.counted())
+    if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, *b);
   const bool retired = a.retired();
   a.backend_->drop(b->handle, b->size);
   {
@@ -698,18 +700,19 @@ void Pool::empty_held(Arena* arena, void (Pool::*dispose)(Block*)) {
 }
 
 void Pool::retire_arena(Arena* arena, bool keep_stats) {
+  // Once retired with no block active, the arena may be destroyed by a
+  // reclaim() on another thread (the control thread's periodic check, a
+  // free): not while it is being emptied. A flag, not arenas_in_use_: the
+  // caller holds its context's teardown lock, which releases made under
+  // arenas_in_use_ take after it.
+  arena->emptying_.store(true, std::memory_order_release);
   {
-    // Held while the arena is emptied: once it is retired with no block
-    // active, reclaim() on another thread (the control thread's periodic
-    // check, a free) may destroy it.
-    std::shared_lock use(arenas_in_use_);
-    {
-      std::lock_guard lock(arenas_mu_);
-      arena->keep_stats_ = keep_stats;
-    }
-    arena->retired_.store(true, std::memory_order_release);
-    empty_held(arena, &Pool::drop_block);
+    std::lock_guard lock(arenas_mu_);
+    arena->keep_stats_.store(keep_stats, std::memory_order_release);
   }
+  arena->retired_.store(true, std::memory_order_release);
+  empty_held(arena, &Pool::drop_block);
+  arena->emptying_.store(false, std::memory_order_release);  // the last touch
   reclaim();
 }
 
@@ -727,14 +730,14 @@ void Pool::reclaim() {
   }
   {
     for (auto& a : arenas_) {
-      if (!a->retired()) continue;
+      if (!a->retired() || a->emptying_.load(std::memory_order_acquire)) continue;
       bool active = false;
       for (unsigned i = 0; i < a->shard_count_ && !active; ++i) {
         std::lock_guard slock(a->shards_[i].mu);
         active = a->shards_[i].c.active_blocks != 0;
       }
       if (active) continue;
-      if (a->keep_stats_) {
+      if (a->counted()) {
         auto it = std::find_if(retired_.begin(), retired_.end(),
                                [&](const Retired& r) { return r.kind == a->options_.kind; });
         if (it == retired_.end()) {
@@ -817,7 +820,8 @@ Stats Pool::totals() const {
     std::lock_guard lock(arenas_mu_);
     for (const Retired& r : retired_) t += r.stats;
   }
-  for (Arena* a : arenas_copy()) t += a->stats();
+  for (Arena* a : arenas_copy())
+    if (a->counted()) t += a->stats();
   return t;
 }
 
@@ -850,6 +854,7 @@ std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
     }
   }
   for (Arena* a : arenas_copy()) {
+    if (!a->counted()) continue;  // a forked child's copy of its parent's
     ArenaSnapshot snap;
     snap.name = a->options_.name;
     snap.group = a->options_.group;

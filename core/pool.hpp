@@ -130,7 +130,12 @@ class Arena {
   unsigned shard_count_;
   std::unique_ptr<Shard[]> shards_;
   std::atomic<bool> retired_{false};
-  bool keep_stats_ = true;  // retired: add the counters to the retired totals
+  std::atomic<bool> emptying_{false};  // retire_arena is dropping its held blocks
+  // false once retired without its counters (a forked child's copy of its
+  // parent's arena): its blocks and counters are the parent's, so neither
+  // the stats nor the observer see them.
+  std::atomic<bool> keep_stats_{true};
+  bool counted() const { return keep_stats_.load(std::memory_order_acquire); }
   // Slow-path counters (backend calls), under slow_mu_.
   mutable std::mutex slow_mu_;
   Stats slow_;
@@ -169,7 +174,7 @@ class Pool {
   // its parent's). The caller must not use `arena` afterwards.
   void retire_arena(Arena* arena, bool keep_stats = true);
   // Drop one active block without releasing it.
-  void forget(Block* block);  // the observer sees it as a free
+  void forget(Block* block);  // the observer sees it as a free (a counted arena's)
   // Destroy retired arenas with no active block. Never waits: an arena in
   // use by a pool-wide operation (free_held, a snapshot...) is left for a
   // later call.

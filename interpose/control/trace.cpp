@@ -334,6 +334,9 @@ void Tracer::fork_child() {
     b->in_use.store(false, std::memory_order_relaxed);
   }
   tl_slot = {};
+  // Nothing is written until renew_in_child gives the child a file of its
+  // own: the descriptor is still the parent's file.
+  t.disabled = true;
   fork_parent();
 }
 
@@ -353,6 +356,11 @@ bool Tracer::renew_in_child() {
     log().warn("GPUPOOL_TRACE_FILE: {}; this forked child does not trace", why);
     return false;
   }
+  // What was recorded since the fork (the child's start drops its parent's
+  // blocks, which are not its own) is left out.
+  for (ThreadBuf* b = t.bufs.load(std::memory_order_acquire); b; b = b->next)
+    b->tail.store(b->head.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  t.disabled = false;
   return true;
 }
 

@@ -539,6 +539,29 @@ TEST(Pool, ForkedChildDropsItsParentsCounters) {
   EXPECT_TRUE(f.pool.snapshot().empty());
 }
 
+// The same with a block the parent still had active at the fork: the arena
+// lives on until the block is dropped, but its counters, the block and its
+// end are the parent's, in the stats and for the observer (the trace).
+TEST(Pool, ForkedChildDoesNotReportItsParentsActiveBlocks) {
+  struct Counting : PoolObserver {
+    int frees = 0;
+    void on_allocate(const Arena&, const Block&, bool) noexcept override {}
+    void on_free(const Arena&, const Block&) noexcept override { ++frees; }
+  } obs;
+  Fixture f;
+  Block* kept = f.alloc(100);
+  f.pool.free(f.alloc(300));
+  f.pool.set_observer(&obs);
+  f.pool.retire_arena(f.arena, /*keep_stats=*/false);
+  EXPECT_EQ(f.pool.arena_count(), 1u);
+  EXPECT_EQ(f.pool.totals(), Stats{});
+  EXPECT_TRUE(f.pool.snapshot().empty());
+  f.pool.forget(kept);
+  EXPECT_EQ(obs.frees, 0);
+  EXPECT_EQ(f.pool.arena_count(), 0u);
+  EXPECT_EQ(f.pool.totals(), Stats{});
+}
+
 TEST(Pool, ReleaseHeldOfOneArena) {
   auto dev = std::make_shared<FakeDevice>();
   Pool pool;

@@ -19,7 +19,8 @@
  *                    a thread allocates; a child not gone in 20 s is hung
  *   fork-alloc       fork a child that creates buffers in the parent's
  *                    context and releases one the parent made
- *   fork-trace       allocate/free 150 times, fork a child that does 10
+ *   fork-trace       allocate/free 150 times, keep one block across a fork
+ *                    of a child that does 10
  *   exit             allocate for 1.5 s, then exit()
  *   contexts N       create, use and destroy N contexts; print RSS and the
  *                    size of one stats dump at N/3 and at the end
@@ -366,6 +367,9 @@ static int fork_alloc_scenario(void) {
 
 static int fork_trace_scenario(void) {
   churn(150);  /* 300 records, still buffered when the child is made */
+  /* Active across the fork: the child's start drops the parent's blocks
+   * (CUDA), which must not show in either process's trace. */
+  const uintptr_t kept = gpu_alloc(8192);
   pid_t pid = fork();
   if (pid < 0) die("fork", errno);
   if (pid == 0) {
@@ -378,6 +382,7 @@ static int fork_trace_scenario(void) {
   }
   int status = 0;
   if (wait_or_kill(pid, 20, &status) < 0) return 1;
+  gpu_free(kept);
   printf("child %d\n", (int)pid);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }

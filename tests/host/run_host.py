@@ -226,20 +226,21 @@ def fork_files(tmp):
         if f.startswith("trace."):
             tpid, n = trace_records(path)
             check(tpid == pid, f"{f} says pid {tpid}")
-            want = child_pooled if pid == child else 150
+            # The parent's 150 and the block it kept across the fork.
+            want = child_pooled if pid == child else 151
             check(n == {"a": want, "f": want}, f"{f}: {n} records, expected {want} of each")
         else:
             docs = [json.loads(ln) for ln in lines(path)]
             check(len(docs) == 1 and docs[0]["pid"] == pid, f"{f}: {docs}")
             hits_misses = sum(b["stats"]["hits"] + b["stats"]["misses"] for b in docs[0]["arenas"])
-            want = child_pooled if pid == child else 150
+            want = child_pooled if pid == child else 151
             check(hits_misses == want, f"{f}: {hits_misses} allocations counted, expected {want}")
     # Without %p the child leaves the parent's trace file alone.
     one = os.path.join(tmp, "trace")
     r = run(["fork-trace"], env=env(True, GPUPOOL_TRACE_FILE=one))
     check(r.returncode == 0, r.stderr)
     _, n = trace_records(one)
-    check(n == {"a": 150, "f": 150}, f"shared trace file: {n}, expected the parent's 150 of each")
+    check(n == {"a": 151, "f": 151}, f"shared trace file: {n}, expected the parent's 151 of each")
 
 
 # ---- files ------------------------------------------------------------------
