@@ -417,8 +417,8 @@ std::string Sites::describe(std::uint32_t site, const char* indent) {
   for (std::size_t k = 0; k < s.pcs.size() && k < shown; ++k) {
     const std::uint64_t pc = s.pcs[k];
     const Module* m = nullptr;
-    for (std::size_t k = s.modules_end; k-- > 0 && !m;)
-      if (pc >= modules_[k].start && pc < modules_[k].end) m = &modules_[k];
+    for (std::size_t j = s.modules_end; j-- > 0 && !m;)
+      if (pc >= modules_[j].start && pc < modules_[j].end) m = &modules_[j];
     std::string where;
     if (!m) {
       where = "0x" + hex(pc);
