@@ -1,4 +1,6 @@
 #include "core/pool.hpp"
+#include "core/arena.hpp"
+#include "core/segments.hpp"
 #include "core/spin_lock.hpp"
 
 #include <algorithm>
@@ -11,155 +13,13 @@
 namespace gpupool {
 
 
-// One bin's held blocks, oldest first. A queue over a vector: blocks leave
-// from the front (oldest, the first whose fence passes) as often as from the
-// back (newest, best in cache), and erasing the front of a vector would move
-// every other block each time (64 of them in a growing safe-reuse loop).
-class BinQueue {
- public:
-  bool empty() const { return head_ == v_.size(); }
-  std::size_t size() const { return v_.size() - head_; }
-  Block* front() const { return v_[head_]; }
-  Block* back() const { return v_.back(); }
-  Block* const* begin() const { return v_.data() + head_; }
-  Block* const* end() const { return v_.data() + v_.size(); }
-  void push_back(Block* b) { v_.push_back(b); }
-  // Room for one more push_back, so that it cannot throw. False when even
-  // that allocation fails.
-  bool reserve_one() noexcept {
-    if (v_.size() < v_.capacity()) return true;
-    try {
-      v_.reserve(std::max<std::size_t>(8, v_.capacity() * 2));
-      return true;
-    } catch (...) {
-      return false;
-    }
-  }
-  void pop_back() {
-    v_.pop_back();
-    if (empty()) clear();
-  }
-  // Drop the n oldest; the space they leave is reclaimed once it is at least
-  // half the vector, so each block is moved O(1) times on average.
-  void pop_front(std::size_t n = 1) {
-    head_ += n;
-    if (empty()) clear();
-    else if (head_ >= 16 && head_ * 2 >= v_.size()) {
-      v_.erase(v_.begin(), v_.begin() + static_cast<std::ptrdiff_t>(head_));
-      head_ = 0;
-    }
-  }
-  void clear() {
-    v_.clear();
-    head_ = 0;
-  }
-
- private:
-  std::vector<Block*> v_;
-  std::size_t head_ = 0;
-};
-
-// Held and active counts live in the shard a block belongs to, so the hit
-// path writes only its own shard. Peaks are per shard: exact when one thread
-// allocates, the sum of per-shard peaks (an upper bound) when several do.
-struct alignas(64) Arena::Shard {
-  SpinLock mu;
-  std::vector<BinQueue> bins;  // by bin number; back = most recently freed
-  Stats c;
-  std::vector<BinGrowth> growth;  // by bin number (Pool::grow)
-  BinGrowth& growth_of(std::size_t bin) {
-    if (growth.size() <= bin) growth.resize(bin + 1);
-    return growth[bin];
-  }
-
-  void add_active(const Block* b) {
-    ++c.active_blocks;
-    c.active_bytes += b->requested;
-    c.peak_active_blocks = std::max(c.peak_active_blocks, c.active_blocks);
-    c.peak_active_bytes = std::max(c.peak_active_bytes, c.active_bytes);
-  }
-  void remove_active(const Block* b) {
-    --c.active_blocks;
-    c.active_bytes -= b->requested;
-  }
-  // Room to hold a block of `bin` without allocating in push_held().
-  bool room_for(std::size_t bin) noexcept {
-    try {
-      if (bins.size() <= bin) bins.resize(bin + 1);
-    } catch (...) {
-      return false;
-    }
-    return bins[bin].reserve_one();
-  }
-  // After room_for(b->bin).
-  void push_held(Block* b) {
-    bins[b->bin].push_back(b);
-    ++c.held_blocks;
-    c.held_bytes += b->size;
-    c.peak_held_blocks = std::max(c.peak_held_blocks, c.held_blocks);
-    c.peak_held_bytes = std::max(c.peak_held_bytes, c.held_bytes);
-  }
-  void unheld(const Block* b) {
-    --c.held_blocks;
-    c.held_bytes -= b->size;
-  }
-  // A ready block of `bin`, or nullptr; *pending is set when the bin only has
-  // blocks whose fence has not passed, and their number added to
-  // *pending_blocks. Fences grow with push order, so the oldest block (front)
-  // is the most likely to be ready.
-  Block* take(std::size_t bin, Backend& backend, bool* pending, std::size_t* pending_blocks) {
-    if (bin >= bins.size() || bins[bin].empty()) return nullptr;
-    Block* b = take_ready(bins[bin], backend);
-    if (!b) {
-      *pending = true;
-      *pending_blocks += bins[bin].size();
-    }
-    return b;
-  }
-  // A ready held block of the smallest bin in (bin, last] (a request its own
-  // bin cannot serve, borrowing a larger block), or nullptr.
-  Block* take_larger(std::size_t bin, std::size_t last, Backend& backend) {
-    for (std::size_t k = bin + 1; k <= last && k < bins.size(); ++k)
-      if (!bins[k].empty())
-        if (Block* b = take_ready(bins[k], backend)) return b;
-    return nullptr;
-  }
-  // The newest block of a non-empty bin if the device is done with it, else
-  // the oldest if that one is, else nullptr (all pending).
-  Block* take_ready(BinQueue& v, Backend& backend) {
-    Block* b = v.back();
-    if (b->fence == 0 || backend.passed(b->fence)) {
-      v.pop_back();
-    } else if (backend.passed(v.front()->fence)) {
-      b = v.front();
-      v.pop_front();
-    } else {
-      return nullptr;
-    }
-    unheld(b);
-    return b;
-  }
-};
-
-// Arenas drawing on the same memory. The cap counter is kept only when a cap
-// is set, so an uncapped pool has no shared write on its hit path.
-struct Arena::Group {
-  std::string name;
-  std::size_t max_held = SIZE_MAX;
-  std::atomic<std::uint64_t> held_bytes{0};
-  std::vector<Arena*> arenas;  // under Pool::arenas_mu_
-  bool capped() const { return max_held != SIZE_MAX; }
-  void unhold(std::size_t bytes) {
-    if (capped()) held_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  }
-};
-
 Arena::Arena(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards, Group* group)
     : backend_(std::move(backend)),
       options_(std::move(options)),
       group_(group),
       shard_count_(shards),
-      shards_(new Shard[shards]) {}
+      shards_(new Shard[shards]),
+      segments_(options_.split_min ? new Segments : nullptr) {}
 
 Arena::~Arena() = default;
 
@@ -168,6 +28,10 @@ Stats Arena::stats() const {
   for (unsigned i = 0; i < shard_count_; ++i) {
     std::lock_guard lock(shards_[i].mu);
     s += shards_[i].c;
+  }
+  if (segments_) {
+    std::lock_guard lock(segments_->mu);
+    s += segments_->c;
   }
   std::lock_guard lock(slow_mu_);
   s += slow_;
@@ -304,6 +168,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
   const bool pooled = size <= a.options_.max_pooled && size <= a.options_.max_block;
   const std::size_t bin = bins_.bin_number(size);
   const std::size_t want = pooled ? std::min(bins_.alloc_size(bin), a.options_.max_block) : size;
+  if (pooled && a.segments_ && size >= a.options_.split_min) return allocate_split(a, my, size, hint);
 
   Block* b = nullptr;
   std::optional<BackendResult> fresh;  // a block allocated instead of waiting
@@ -512,20 +377,29 @@ std::size_t Pool::release_largest(const std::vector<Arena*>& arenas, std::size_t
     Arena* best_arena = nullptr;
     unsigned best_shard = 0;
     std::size_t best_bin = 0, best_size = 0;
-    for (Arena* x : arenas)
+    bool best_segment = false;  // a wholly free segment of best_arena
+    for (Arena* x : arenas) {
+      if (const std::size_t seg = largest_free_segment(*x); seg > best_size) {
+        best_arena = x, best_size = seg, best_segment = true;
+      }
       for (unsigned i = 0; i < x->shard_count_; ++i) {
         Arena::Shard& s = x->shards_[i];
         std::lock_guard lock(s.mu);
         for (std::size_t bin = s.bins.size(); bin-- > 0;)
           if (!s.bins[bin].empty()) {
             if (s.bins[bin].back()->size > best_size) {
-              best_arena = x, best_shard = i, best_bin = bin;
+              best_arena = x, best_shard = i, best_bin = bin, best_segment = false;
               best_size = s.bins[bin].back()->size;
             }
             break;
           }
       }
+    }
     if (!best_arena) break;
+    if (best_segment) {  // the largest wholly free one, whichever it is now
+      released += release_segments(*best_arena, 1, /*drop=*/false);
+      continue;
+    }
     Block* victim = nullptr;
     {
       Arena::Shard& s = best_arena->shards_[best_shard];
@@ -569,6 +443,7 @@ void Pool::free(Block* b) {
   Arena& a = *b->arena;
   if (a.retired()) return forget(b);
   if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, *b);
+  if (b->split) return free_split(b);
 
   Backend& backend = *a.backend_;
   Arena::Shard& s = a.shards_[b->shard];
@@ -616,19 +491,30 @@ void Pool::enforce_cap(Arena& arena) {
     unsigned oshard = 0;
     std::size_t obin = 0;
     std::uint64_t oldest = UINT64_MAX;
+    bool segment = false;  // the oldest is a wholly free segment of oa
     for (Arena* x : members) {
       if (x->retired()) continue;
+      if (const std::uint64_t t = oldest_free_segment(*x); t < oldest) {
+        oldest = t, oa = x, segment = true;
+      }
       for (unsigned i = 0; i < x->shard_count_; ++i) {
         Arena::Shard& s = x->shards_[i];
         std::lock_guard lock(s.mu);
         for (std::size_t bin = 0; bin < s.bins.size(); ++bin)
           if (!s.bins[bin].empty() && s.bins[bin].front()->freed_at_ns < oldest) {
             oldest = s.bins[bin].front()->freed_at_ns;
-            oa = x, oshard = i, obin = bin;
+            oa = x, oshard = i, obin = bin, segment = false;
           }
       }
     }
     if (!oa) return;
+    if (segment) {
+      std::size_t n = 0;
+      release_segments(*oa, 1, /*drop=*/false, oldest, &n);
+      std::lock_guard lock(oa->slow_mu_);
+      oa->slow_.trims += n;
+      continue;
+    }
     Block* victim = nullptr;
     {
       Arena::Shard& s = oa->shards_[oshard];
@@ -657,8 +543,10 @@ void Pool::forget(Block* b) {
   if (a.counted())
     if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, *b);
   const bool retired = a.retired();
-  a.backend_->drop(b->handle, b->size);
-  {
+  if (b->split) {
+    forget_split(b);
+  } else {
+    a.backend_->drop(b->handle, b->size);
     std::lock_guard lock(a.slow_mu_);
     a.slow_.managed_bytes -= b->size;
   }
@@ -697,6 +585,7 @@ void Pool::empty_held(Arena* arena, void (Pool::*dispose)(Block*)) {
       (this->*dispose)(b);
     }
   }
+  release_segments(*arena, SIZE_MAX, /*drop=*/dispose == &Pool::drop_block);
 }
 
 void Pool::retire_arena(Arena* arena, bool keep_stats) {
@@ -783,6 +672,15 @@ std::size_t Pool::trim_idle(std::uint64_t now) {
   std::shared_lock use(arenas_in_use_);
   for (Arena* a : arenas_copy()) {
     if (a->retired()) continue;
+    if (now >= options_.release_after_ns) {
+      std::size_t segments = 0;
+      release_segments(*a, SIZE_MAX, /*drop=*/false, now - options_.release_after_ns, &segments);
+      if (segments) {
+        std::lock_guard lock(a->slow_mu_);
+        a->slow_.trims += segments;
+      }
+      n += segments;
+    }
     for (unsigned i = 0; i < a->shard_count_; ++i) {
       std::vector<Block*> old;
       {
@@ -888,11 +786,13 @@ void Pool::fork_prepare() {
   for (auto& a : arenas_) {
     a->slow_mu_.lock();
     for (unsigned i = 0; i < a->shard_count_; ++i) a->shards_[i].mu.lock();
+    if (a->segments_) a->segments_->mu.lock();
   }
 }
 
 void Pool::fork_parent() {
   for (auto& a : arenas_) {
+    if (a->segments_) a->segments_->mu.unlock();
     for (unsigned i = 0; i < a->shard_count_; ++i) a->shards_[i].mu.unlock();
     a->slow_mu_.unlock();
   }
@@ -905,6 +805,8 @@ void Pool::fork_child() {
   for (auto& a : arenas_)
     for (unsigned i = 0; i < a->shard_count_; ++i)
       for (auto& g : a->shards_[i].growth) g.growing = false;
+  for (auto& a : arenas_)
+    if (a->segments_) a->segments_->growth.growing = false;
   new (&arenas_in_use_) std::shared_mutex;
   fork_parent();
 }

@@ -48,6 +48,9 @@ struct alignas(64) Block {
   std::uint16_t bin = 0;      // < BinScheme::bin_count() (at most 16385)
   std::uint8_t shard = 0;     // < kMaxShards
   bool pooled = true;         // false: released at free (too large, exact-size fallback)
+  // A piece of a segment (ArenaOptions::split_min): `handle` may lie inside
+  // a driver allocation shared with other pieces; `size` is the piece's.
+  bool split = false;
 };
 static_assert(sizeof(Block) == 64);
 
@@ -79,6 +82,15 @@ struct ArenaOptions {
   // this many bytes, fewer than kMaxPendingBlocks wait, and the bin's waits
   // so far took at least as long as its growths (pool.cpp, Pool::grow).
   std::size_t pending_growth = 0;
+  // 0: off. Requests of at least this many bytes (and at most max_pooled)
+  // are served by pieces of larger backend allocations, segments, split
+  // and merged as PyTorch's caching allocator does (core/segments.hpp): no
+  // binned rounding, and sizes of one phase reuse another's memory. Only
+  // for backends whose handles are addresses (handle + offset is the
+  // piece) and whose fences are ordered (passed(f) implies passed(g) for
+  // every g <= f). A segment goes back to the backend only when all of it
+  // is free.
+  std::size_t split_min = 0;
 };
 
 // At most this many blocks of one bin wait for the device at a time. A loop
@@ -122,6 +134,7 @@ class Arena {
   friend class Pool;
   struct Shard;
   struct Group;
+  struct Segments;
   Arena(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards, Group* group);
 
   std::unique_ptr<Backend> backend_;
@@ -129,6 +142,7 @@ class Arena {
   Group* group_;
   unsigned shard_count_;
   std::unique_ptr<Shard[]> shards_;
+  std::unique_ptr<Segments> segments_;  // when options_.split_min != 0
   std::atomic<bool> retired_{false};
   std::atomic<bool> emptying_{false};  // retire_arena is dropping its held blocks
   // false once retired without its counters (a forked child's copy of its
@@ -233,6 +247,18 @@ class Pool {
   void release_block(Block* block);
   void drop_block(Block* block);
   void empty_held(Arena* arena, void (Pool::*dispose)(Block*));
+
+  // Segments (core/segments.cpp).
+  AllocResult allocate_split(Arena& a, unsigned shard, std::size_t size, std::uint64_t hint);
+  void free_split(Block* b);
+  void forget_split(Block* b);
+  // Wholly free segments of `a` freed at or before `freed_by_ns`, largest
+  // first, until at least `wanted` bytes: released to the backend, or let
+  // go (drop: the driver freed them). Returns the bytes.
+  std::size_t release_segments(Arena& a, std::size_t wanted, bool drop,
+                               std::uint64_t freed_by_ns = UINT64_MAX, std::size_t* count = nullptr);
+  std::size_t largest_free_segment(Arena& a) const;
+  std::uint64_t oldest_free_segment(Arena& a) const;  // freed_at_ns, UINT64_MAX if none
   std::vector<Arena*> arenas_copy() const;
 
   PoolOptions options_;

@@ -4,7 +4,7 @@
 //
 //   bench_replay TRACE... [--rounds N] [--leading-bits B] [--max-pooled BYTES]
 //                [--device-memory BYTES] [--release-after NS] [--max-held BYTES|Fx]
-//                [--borrow] [--json]
+//                [--borrow] [--split BYTES] [--json]
 //
 // TRACE: a GPUPOOL_TRACE_FILE (docs/trace.md) or an RMM memory event log
 // (CSV, "Thread,Time,Action,Pointer,Size,Stream"; RMM's
@@ -19,7 +19,8 @@
 // allocated (each bin needs as many blocks as it ever had active at once);
 // a pool can go under it only by releasing held blocks (--max-held: a cap
 // on held bytes, in bytes or as a multiple F of the trace's peak active,
-// which costs driver calls) or by splitting blocks.
+// which costs driver calls) or by splitting blocks (--split: requests of at
+// least BYTES served by pieces of shared segments, GPUPOOL_SPLIT).
 // A malformed trace gets one error naming the file and line, exit 1.
 #include <algorithm>
 #include <cerrno>
@@ -246,6 +247,7 @@ struct Options {
   double max_held_of_active = 0;     // > 0: the cap is this times the trace's peak active
   bool json = false;
   bool borrow = false;  // the library default (GPUPOOL_BORROW)
+  std::uint64_t split_min = 0;  // 0: off (GPUPOOL_SPLIT)
 };
 
 // The pool's clock in a replay is the trace's own.
@@ -328,6 +330,7 @@ Result replay_once(const Trace& tr, const Options& o) {
     ao.max_pooled = max_pooled_of(o);
     ao.max_block = o.device_memory;
     if (const std::uint64_t cap = max_held_of(tr, o)) ao.max_held = cap;
+    ao.split_min = o.split_min;
     arenas.push_back(pool.add_arena(std::make_unique<SimBackend>(&r.driver), std::move(ao)));
   }
   std::vector<Block*> slots(tr.slots, nullptr);
@@ -387,7 +390,7 @@ void report(const Trace& tr, const Options& o) {
         "\"driver_frees\":%llu,\"recorded_hits\":%llu,\"recorded_misses\":%llu,"
         "\"recorded_managed_bytes\":%llu,\"binned_floor_bytes\":%llu,\"floor_over_active\":%.4f,"
         "\"max_held_bytes\":%llu,"
-        "\"leading_bits\":%u,\"release_after_ns\":%llu,\"borrow\":%s}\n",
+        "\"leading_bits\":%u,\"release_after_ns\":%llu,\"borrow\":%s,\"split_min\":%llu}\n",
         tr.path.c_str(), tr.format.c_str(), tr.events.size(), (unsigned long long)allocs,
         (unsigned long long)tr.unfreed, median, times.front(), times.back(), times.size(),
         (unsigned long long)s.hits, (unsigned long long)s.misses, hit_rate,
@@ -396,7 +399,7 @@ void report(const Trace& tr, const Options& o) {
         (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
         (unsigned long long)tr.recorded_managed, (unsigned long long)floor, floor_ratio,
         (unsigned long long)max_held, o.leading_bits, (unsigned long long)o.release_after_ns,
-        o.borrow ? "true" : "false");
+        o.borrow ? "true" : "false", (unsigned long long)o.split_min);
     return;
   }
   std::printf("%s (%s trace): %zu events, %llu allocations, %llu never freed\n", tr.path.c_str(),
@@ -475,12 +478,13 @@ int main(int argc, char** argv) {
       o.device_memory = v;
     else if (a == "--release-after" && size_arg(value("--release-after"), &v)) o.release_after_ns = v;
     else if (a == "--max-held" && held_arg(value("--max-held"), &o)) {}
+    else if (a == "--split" && size_arg(value("--split"), &v) && v > 0) o.split_min = v;
     else if (!a.empty() && a[0] != '-') paths.push_back(a);
     else {
       std::fprintf(stderr,
                    "usage: bench_replay TRACE... [--rounds N] [--leading-bits 1-8] "
                    "[--max-pooled BYTES] [--device-memory BYTES] [--release-after NS] "
-                   "[--max-held BYTES|Fx] [--borrow] [--json]\n"
+                   "[--max-held BYTES|Fx] [--borrow] [--split BYTES] [--json]\n"
                    "bench_replay: bad argument '%s'\n",
                    a.c_str());
       return 2;

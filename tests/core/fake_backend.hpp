@@ -65,7 +65,9 @@ class FakeBackend : public Backend {
     ++d.allocs;
     g_cost_ns += d.alloc_cost;
     Handle h = d.next_handle;
-    d.next_handle += 0x1000;
+    // Addresses as a device's: an allocation's bytes are its own (pieces
+    // of segments are handle + offset).
+    d.next_handle += (bytes + 0xfff) / 0x1000 * 0x1000 + 0x1000;
     d.live[h] = bytes;
     return {BackendStatus::ok, h, 0};
   }

@@ -1,0 +1,98 @@
+// Segments: large requests served by pieces of larger backend allocations.
+//
+// With ArenaOptions::split_min set, a request of at least that size is not
+// rounded to a bin. It takes the smallest free piece that fits (best fit)
+// and is ready (its fence passed), and the piece is split when what is left
+// is at least split_min; without one, the backend allocates a segment (the
+// request rounded up to kSegmentGranule) whose remainder stays free. A freed
+// piece merges with its free neighbours, so memory freed by one phase of a
+// program serves the sizes of the next (the binned pool keeps a block per
+// size ever active at once). A segment goes back to the backend only once
+// all of it is free. PyTorch's caching allocator splits its segments the
+// same way; the vocabulary here is the pool's (README, Memory overhead).
+//
+// Internal to core/: pool.cpp and segments.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "core/pool.hpp"
+
+namespace gpupool {
+
+// Pieces start and end on this (what cuMemAlloc aligns to, and PyTorch's
+// smallest block); segments are multiples of kSegmentGranule (the driver's
+// own page for device memory, so rounding takes nothing the driver would
+// not have taken anyway).
+inline constexpr std::size_t kPieceGranule = 512;
+inline constexpr std::size_t kSegmentGranule = std::size_t{2} << 20;
+
+struct Arena::Segments {
+  using FreeSet = std::set<std::pair<std::size_t, Handle>>;  // (size, address): best fit
+  struct Segment {
+    std::size_t size = 0;
+    void* data = nullptr;  // the backend's record (Block::data of its pieces)
+  };
+  struct Piece {
+    std::size_t size = 0;
+    Handle segment = 0;  // its segment's base
+    bool free = false;
+    std::uint64_t fence = 0;        // free pieces: ready once passed
+    std::uint64_t freed_at_ns = 0;  // free pieces: the latest free merged in
+    // Every piece owns one node of free_pieces: in the set while the piece
+    // is free, here while it is in use. So a free, which must not fail,
+    // allocates nothing: merging only lets pieces go.
+    FreeSet::node_type node;
+  };
+
+  std::mutex mu;  // a leaf: nothing else is locked or called under it but Backend::passed
+  std::map<Handle, Segment> segments;  // by base
+  std::map<Handle, Piece> pieces;      // every piece of every segment, by address
+  FreeSet free_pieces;
+  // Held counters of the free pieces (held_blocks, held_bytes and their
+  // peaks); hits, misses and active counts are the shards'.
+  Stats c;
+  BinGrowth growth;  // growth instead of a wait (Pool::grow), for all sizes
+
+  // A free piece that is a whole segment (it can go back to the backend).
+  bool whole(Handle at, const Piece& p) const {
+    return p.free && at == p.segment && segments.at(at).size == p.size;
+  }
+  // A piece with its node (may throw: the allocation path only).
+  static Piece make_piece(std::size_t size, Handle segment) {
+    FreeSet one;
+    one.emplace(size, segment);
+    Piece p;
+    p.size = size;
+    p.segment = segment;
+    p.node = one.extract(one.begin());
+    return p;
+  }
+  void add_free(Handle at, Piece& p) {
+    p.free = true;
+    p.node.value() = {p.size, at};
+    free_pieces.insert(std::move(p.node));
+    ++c.held_blocks;
+    c.held_bytes += p.size;
+    c.peak_held_blocks = std::max(c.peak_held_blocks, c.held_blocks);
+    c.peak_held_bytes = std::max(c.peak_held_bytes, c.held_bytes);
+  }
+  // The used piece at `at` is free now (fence, at t_ns): merged with its
+  // free neighbours of the same segment. Returns the merged free piece.
+  // Allocates nothing.
+  std::map<Handle, Piece>::iterator free_piece(Handle at, std::uint64_t fence, std::uint64_t t_ns);
+  void remove_free(Handle at, Piece& p) {
+    p.free = false;
+    p.node = free_pieces.extract({p.size, at});
+    --c.held_blocks;
+    c.held_bytes -= p.size;
+  }
+};
+
+}  // namespace gpupool
