@@ -255,6 +255,41 @@ struct Sampling {
   }
 };
 
+// GPUPOOL_SPLIT: off, on (1 MiB: PyTorch's line between its small and large
+// blocks), or the smallest request split, with a unit so that "1" reads as
+// on and not as one byte.
+struct Split {
+  using T = std::uint64_t;  // bytes, 0 = off
+  static constexpr std::uint64_t kOn = std::uint64_t{1} << 20;
+  static constexpr const char* type = "off, on or size";
+  static constexpr const char* accepted =
+      "off, on (1MiB) or a size with a unit of at least 4KiB (e.g. 4MiB)";
+  static bool parse(std::string_view text, T* out, std::string* reason) {
+    const std::string_view v = trim(text);
+    if (v.empty()) { *reason = "is empty"; return false; }
+    const std::string l = lower(v);
+    if (l == "off" || l == "none" || l == "0" || l == "no" || l == "false") { *out = 0; return true; }
+    if (l == "on" || l == "1" || l == "yes" || l == "true") { *out = kOn; return true; }
+    if (v.front() == '-') { *reason = "is negative"; return false; }
+    std::uint64_t n = 0;
+    std::size_t used = 0;
+    if (!take_u64(v, &n, &used) || used == 0) { *reason = "is not off, on or a size"; return false; }
+    if (used == v.size()) { *reason = "is a number without a unit"; return false; }
+    SizeSpec size;
+    if (!size_from(v, false, &size, reason)) return false;
+    if (size.unlimited || size.bytes < 4096) { *reason = "is under 4KiB"; return false; }
+    *out = size.bytes;
+    return true;
+  }
+  static std::string show(const T& v) {
+    if (v == 0) return "off";
+    SizeSpec s;
+    s.unlimited = false;
+    s.bytes = v;
+    return show_size(s);
+  }
+};
+
 struct Duration {
   using T = std::uint64_t;  // nanoseconds, 0 = off
   static constexpr const char* type = "duration";

@@ -49,6 +49,7 @@ struct Config {
   Reuse reuse = Reuse::safe;
   SizeSpec pending_growth;        // default 2%, see options.def
   bool borrow = false;            // why off: options.def
+  std::uint64_t split = 0;        // bytes, 0 = off; why off: README, Memory overhead
   bool probe = true;
 
   Neighbours neighbours = Neighbours::user;

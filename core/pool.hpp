@@ -178,7 +178,8 @@ class Pool {
   AllocResult allocate(Arena* arena, std::size_t size, std::uint64_t hint = 0);
   void free(Block* block);
   // An active block that must reach the backend when freed, never to be
-  // handed out again (e.g. another process may have it mapped).
+  // handed out again (e.g. another process may have it mapped). A piece of
+  // a split segment only when it is its whole segment.
   void never_reuse(Block* block) { block->pooled = false; }
 
   // The driver already freed the arena's memory (context destroyed): drop its

@@ -223,8 +223,10 @@ void Pool::free_split(Block* b) {
     auto it = sg.free_piece(b->handle, fence, t);
     if (sg.whole(it->first, it->second)) {
       // Checked under the store's lock: stop_holding() clears the flag
-      // before its free_held() takes this lock, so it never misses it.
-      if (!holding_.load(std::memory_order_acquire)) {
+      // before its free_held() takes this lock, so it never misses it. A
+      // block never to be reused (never_reuse: another process may map
+      // it) is its whole segment: it goes back at once.
+      if (!b->pooled || !holding_.load(std::memory_order_acquire)) {
         gone = it->first;
         gone_size = it->second.size;
         sg.remove_free(it->first, it->second);

@@ -85,6 +85,7 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
   o.max_pooled = rt.config.max_pooled.resolve(total);
   o.max_held = rt.config.max_held.resolve(total);
   o.pending_growth = rt.config.pending_growth.resolve(total);
+  o.split_min = rt.config.split;
   const bool fenced = rt.config.reuse == config::Reuse::safe;
   const std::string group = o.group;
   st->device_arena = rt.pool.add_arena(device_backend(st, fenced), std::move(o));

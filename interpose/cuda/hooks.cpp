@@ -44,6 +44,15 @@ PtrInfo find_any(CUdeviceptr p, bool* host = nullptr) {
 // True when p is free memory from the program's point of view although the
 // driver still has it: a held block, or the rounding padding after the
 // requested size.
+void log_once_split_ipc() {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  log().error(
+      "cuIpcGetMemHandle on a block split from a larger allocation (GPUPOOL_SPLIT) is refused "
+      "with CUDA_ERROR_NOT_SUPPORTED: another process would open the allocation's start, not "
+      "this block. Unset GPUPOOL_SPLIT to share device memory between processes.");
+}
+
 bool unallocated_for_program(const PtrInfo& i, CUdeviceptr p) {
   return i.found && (!i.active || p - i.base >= i.requested);
 }
@@ -52,8 +61,24 @@ bool unallocated_for_program(const PtrInfo& i, CUdeviceptr p) {
 void patch_attribute(CUpointer_attribute attr, void* data, const PtrInfo& i) {
   if (!data) return;
   if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = i.requested;
+  // A piece of a split segment starts where the program's allocation does,
+  // not where the driver's does.
+  if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data) = i.base;
   if (attr == CU_POINTER_ATTRIBUTE_BUFFER_ID)
     *static_cast<unsigned long long*>(data) = i.buffer_id;
+}
+
+// The pool's block into the device map for the program. Recording a piece
+// of a split segment may fail (no host memory): the block goes back to the
+// pool and the failure on to the hook, which asks the driver alone.
+CUdeviceptr hand_out_device(Pool& pool, Block* b) {
+  try {
+    device_map().activate(b);
+  } catch (...) {
+    pool.free(b);
+    throw;
+  }
+  return b->handle;
 }
 
 CUresult host_alloc(const Driver& d, void** pp, size_t bytes, unsigned flags, bool v2_alloc_host) {
@@ -151,8 +176,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t byt
     *dptr = 0;
     return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
   }
-  device_map().activate(a.block);
-  *dptr = a.block->handle;
+  *dptr = hand_out_device(rt->pool, a.block);
   return CUDA_SUCCESS;
 } GPUPOOL_FALLBACK(mem_alloc, dptr, bytes)
 
@@ -186,8 +210,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_
     *dptr = 0;
     return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
   }
-  device_map().activate(a.block);
-  *dptr = a.block->handle;
+  *dptr = hand_out_device(rt->pool, a.block);
   *pitch = row;
   return CUDA_SUCCESS;
 } GPUPOOL_FALLBACK(mem_alloc_pitch, dptr, pitch, width, height, element)
@@ -261,6 +284,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase,
     return d->mem_get_address_range(pbase, psize, unallocated_address());
   const CUresult r = d->mem_get_address_range(pbase, psize, dptr);
   if (r == CUDA_SUCCESS && psize) *psize = i.requested;
+  if (r == CUDA_SUCCESS && pbase) *pbase = i.base;  // a split piece's own start
   return r;
 } GPUPOOL_FALLBACK(mem_get_address_range, pbase, psize, dptr)
 
@@ -314,6 +338,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, C
   const PtrInfo i = runtime() ? device_map().find(dptr) : PtrInfo{};
   if (unallocated_for_program(i, dptr))
     return d->ipc_get_mem_handle(handle, unallocated_address());
+  // The driver's handle names the whole driver allocation: another process
+  // would open it at the segment's start, not at this piece, and the rest
+  // would be handed out here while that process maps it. (A piece that is
+  // its whole segment is shared as any block: released when freed.)
+  if (i.shares_allocation) {
+    log_once_split_ipc();
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   const CUresult r = d->ipc_get_mem_handle(handle, dptr);
   // Another process may map this block: it must never be handed out again
   // here, and its free must reach the driver.

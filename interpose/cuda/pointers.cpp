@@ -58,33 +58,96 @@ void PtrMap::erase(Handle h) {
 }
 
 void PtrMap::activate(Block* b) {
+  {
+    Shard& s = shard(b->handle);
+    std::lock_guard sl(s.mu);
+    if (Entry* e = s.map.find(b->handle)) {
+      e->block = b;
+      ++e->uses;
+      return;
+    }
+  }
+  if (b->split) add_piece(b);  // inside its segment: no entry of its own yet
+}
+
+// Slow path: a piece handed out inside its segment. Its entry lives while
+// the program owns it; held pieces are answered for by the segment's entry.
+void PtrMap::add_piece(Block* b) {
+  auto e = std::make_unique<Entry>();
+  e->handle = b->handle;
+  e->size = b->size;
+  e->block = b;
+  e->serial = g_next_serial.fetch_add(1, std::memory_order_relaxed);
+  e->uses = 1;
+  e->piece = true;
+  std::lock_guard rl(ranges_mu_);
+  auto seg = ranges_.upper_bound(b->handle);
+  if (seg == ranges_.begin()) return;  // cannot happen: every segment is recorded
+  e->st = std::prev(seg)->second->st;
+  e->host_flags = std::prev(seg)->second->host_flags;
   Shard& s = shard(b->handle);
   std::lock_guard sl(s.mu);
-  if (Entry* e = s.map.find(b->handle)) {
-    e->block = b;
-    ++e->uses;
+  pieces_.emplace(b->handle, e.get());  // may throw: nothing changed yet
+  try {
+    s.map.put(b->handle, e.get());
+  } catch (...) {
+    pieces_.erase(b->handle);
+    throw;
   }
+  e.release();
+}
+
+Block* PtrMap::remove_piece(Handle h) {
+  Entry* e = nullptr;
+  {
+    std::lock_guard rl(ranges_mu_);
+    Shard& s = shard(h);
+    std::lock_guard sl(s.mu);
+    e = s.map.find(h);
+    if (!e || !e->piece) return nullptr;  // a second free of it won the race
+    s.map.erase(h);
+    pieces_.erase(h);
+  }
+  Block* b = e->block;
+  delete e;
+  return b;
 }
 
 Block* PtrMap::deactivate(Handle h, bool* known) {
-  Shard& s = shard(h);
-  std::lock_guard sl(s.mu);
-  Entry* e = s.map.find(h);
-  *known = e != nullptr;
-  if (!e) return nullptr;
-  Block* b = e->block;
-  e->block = nullptr;
+  {
+    Shard& s = shard(h);
+    std::lock_guard sl(s.mu);
+    Entry* e = s.map.find(h);
+    *known = e != nullptr;
+    if (!e) return nullptr;
+    if (!e->piece) {
+      Block* b = e->block;
+      e->block = nullptr;
+      return b;
+    }
+  }
+  // A piece's entry goes with its free; freed twice, the second free is not
+  // ours (as a freed driver allocation's is not) and the driver answers.
+  Block* b = remove_piece(h);
+  *known = b != nullptr;
   return b;
+}
+
+PtrMap::Entry* PtrMap::containing(Handle p) {
+  auto piece = pieces_.upper_bound(p);
+  if (piece != pieces_.begin() && p - std::prev(piece)->second->handle < std::prev(piece)->second->size)
+    return std::prev(piece)->second;
+  auto it = ranges_.upper_bound(p);
+  if (it == ranges_.begin()) return nullptr;
+  Entry* e = std::prev(it)->second;
+  return p - e->handle < e->size ? e : nullptr;
 }
 
 PtrInfo PtrMap::find(Handle p) {
   PtrInfo info;
   std::lock_guard rl(ranges_mu_);
-  auto it = ranges_.upper_bound(p);
-  if (it == ranges_.begin()) return info;
-  --it;
-  Entry* e = it->second;
-  if (p - e->handle >= e->size) return info;
+  Entry* e = containing(p);
+  if (!e) return info;
   Shard& s = shard(e->handle);
   std::lock_guard sl(s.mu);
   info.found = true;
@@ -92,6 +155,7 @@ PtrInfo PtrMap::find(Handle p) {
   info.size = e->size;
   info.active = e->block != nullptr;
   info.requested = e->block ? e->block->requested : 0;
+  info.shares_allocation = e->block && e->block->split && (e->piece || e->block->size != e->size);
   info.buffer_id = buffer_id(e->serial, e->uses);
   info.host_flags = e->host_flags;
   return info;
@@ -99,11 +163,8 @@ PtrInfo PtrMap::find(Handle p) {
 
 Block* PtrMap::active_block(Handle p) {
   std::lock_guard rl(ranges_mu_);
-  auto it = ranges_.upper_bound(p);
-  if (it == ranges_.begin()) return nullptr;
-  --it;
-  Entry* e = it->second;
-  if (p - e->handle >= e->size) return nullptr;
+  Entry* e = containing(p);
+  if (!e) return nullptr;
   Shard& s = shard(e->handle);
   std::lock_guard sl(s.mu);
   return e->block;
@@ -129,6 +190,22 @@ void PtrMap::erase_context(CtxState* st, Pool& pool) {
     it = ranges_.erase(it);
     delete e;
     if (active) pool.forget(active);
+  }
+  for (auto it = pieces_.begin(); it != pieces_.end();) {
+    Entry* e = it->second;
+    if (e->st != st) {
+      ++it;
+      continue;
+    }
+    {
+      Shard& s = shard(e->handle);
+      std::lock_guard sl(s.mu);
+      s.map.erase(e->handle);
+    }
+    it = pieces_.erase(it);
+    Block* active = e->block;
+    delete e;
+    pool.forget(active);
   }
 }
 

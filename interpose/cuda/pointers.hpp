@@ -1,7 +1,9 @@
 // The pointer maps: every block the pool has from the driver, by address,
 // and whether the program owns it now. They tell a pooled pointer (freed
 // into the pool, answered for in queries) from one that goes straight to
-// the driver, for device and pinned memory alike.
+// the driver, for device and pinned memory alike. A piece of a split
+// segment (GPUPOOL_SPLIT) that does not start its driver allocation has an
+// entry of its own while the program owns it.
 #pragma once
 
 #include <cuda.h>
@@ -25,8 +27,11 @@ struct PtrInfo {
   bool found = false;   // inside a block the pool manages
   bool active = false;  // the program owns it (not held)
   Handle base = 0;
-  std::size_t size = 0;  // the driver allocation's size
+  std::size_t size = 0;  // the driver allocation's size (a piece's own)
   std::size_t requested = 0;
+  // A piece of a split segment that does not have its driver allocation to
+  // itself (other pieces share it, now or once it is freed).
+  bool shares_allocation = false;
   std::uint64_t buffer_id = 0;
   unsigned host_flags = 0;  // pinned: the normalised flags the block was allocated for
 };
@@ -36,9 +41,11 @@ class PtrMap {
   // Backend side (slow path): the driver allocated / is about to free it.
   void insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags = 0);
   void erase(Handle h);
-  // Hit path. activate: the pool handed `b` out. deactivate: the program
-  // frees h; *known = false if h is not ours; returns nullptr for a block
-  // that is ours but already free (a double free).
+  // Hit path. activate: the pool handed `b` out (may throw for a piece
+  // inside its segment, whose entry is made then: the caller gives the
+  // block back). deactivate: the program frees h; *known = false if h is
+  // not ours; returns nullptr for a block that is ours but already free (a
+  // double free).
   void activate(Block* b);
   Block* deactivate(Handle h, bool* known);
   // Queries on any address inside a block.
@@ -61,7 +68,13 @@ class PtrMap {
     std::uint64_t serial = 0;  // of the driver allocation (buffer ids)
     std::uint32_t uses = 0;    // times handed out (buffer ids)
     unsigned host_flags = 0;
+    bool piece = false;        // a piece inside a segment: in pieces_, gone when freed
   };
+  void add_piece(Block* b);
+  Block* remove_piece(Handle h);
+  // The entry of the active piece containing p, else of the driver
+  // allocation containing it, else nullptr. Under ranges_mu_.
+  Entry* containing(Handle p);
   // A shard's lock is held for one lookup or insert only; fork_prepare()
   // takes all 64 at once.
   struct alignas(64) Shard {
@@ -78,6 +91,7 @@ class PtrMap {
   // Lock order: ranges_mu_ before a shard's mu.
   std::mutex ranges_mu_;
   std::map<Handle, Entry*> ranges_;
+  std::map<Handle, Entry*> pieces_;  // active pieces inside segments, under ranges_mu_
 };
 
 PtrMap& device_map();

@@ -216,6 +216,25 @@ TEST(Values, Durations) {
   EXPECT_FALSE(parse_duration("10q", &ns, nullptr));
 }
 
+TEST(Values, Split) {
+  constexpr std::uint64_t MiB = 1 << 20;
+  const std::pair<const char*, std::uint64_t> cases[] = {
+      {"off", 0},       {"0", 0},         {"no", 0},          {"on", MiB},  {"1", MiB},
+      {"YES", MiB},     {"4MiB", 4 * MiB}, {"512K", 512 << 10}, {"4KiB", 4096}, {" 2M ", 2 * MiB}};
+  for (const auto& [text, want] : cases) {
+    const Parsed p = parse_env({std::string("GPUPOOL_SPLIT=") + text});
+    EXPECT_TRUE(p.diags.empty()) << text;
+    EXPECT_EQ(p.config.split, want) << text;
+  }
+  EXPECT_EQ(parse_env({}).config.split, 0u);
+  EXPECT_EQ(good("GPUPOOL_SPLIT", "on"), "1M");
+  EXPECT_EQ(good("GPUPOOL_SPLIT", "off"), "off");
+  for (const char* b : {"", "2", "4096", "1K", "-1M", "50%", "unlimited", "maybe", "1MiBs"})
+    bad("GPUPOOL_SPLIT", b);
+  EXPECT_NE(bad("GPUPOOL_SPLIT", "2").find("without a unit"), std::string::npos);
+  EXPECT_NE(bad("GPUPOOL_SPLIT", "1K").find("under 4KiB"), std::string::npos);
+}
+
 TEST(Values, Reuse) {
   EXPECT_EQ(parse_env({"GPUPOOL_REUSE=immediate"}).config.reuse, Reuse::immediate);
   EXPECT_EQ(parse_env({"GPUPOOL_REUSE= Immediate "}).config.reuse, Reuse::immediate);

@@ -291,3 +291,16 @@ TEST(Segments, RandomProgramsKeepPiecesDisjointAndAccountsExact) {
     ASSERT_EQ(s.backend_allocs, s.backend_frees);
   }
 }
+
+// A piece that is its whole segment and must never be reused (another
+// process maps it) goes back to the backend at its free, holding or not.
+TEST(Segments, APieceNeverToBeReusedIsReleasedAtItsFree) {
+  Fixture f;
+  Block* a = f.alloc(4 * MiB);
+  ASSERT_EQ(f.dev->live.at(a->handle), a->size);  // its segment, whole
+  f.pool.never_reuse(a);
+  f.pool.free(a);
+  EXPECT_EQ(f.dev->releases, 1u);
+  EXPECT_TRUE(f.dev->live.empty());
+  EXPECT_EQ(f.arena->stats().held_bytes, 0u);
+}

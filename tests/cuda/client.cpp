@@ -1068,6 +1068,82 @@ void scenario_lookup() {
 #endif
 }
 
+// GPUPOOL_SPLIT: sizes one phase never used are served from the memory the
+// phase before freed, each piece an allocation of its own to the program
+// (its range, attributes, contents and errors); a piece that shares its
+// driver allocation cannot be exported over IPC; whole segments go back.
+void scenario_split() {
+  setup();
+  const char* env = getenv("GPUPOOL_SPLIT");
+  const bool split = g_pooled && env && strcmp(env, "off") != 0 && strcmp(env, "0") != 0;
+  const StandinCounters c0 = snap();
+  constexpr size_t kBig = 8 << 20, kPiece = (3 << 20) + 100;
+  CUdeviceptr a[4];
+  for (int i = 0; i < 4; ++i) {
+    OK(api.mem_alloc(&a[i], kBig));
+    fill(a[i], kBig, static_cast<unsigned char>(i + 1));
+  }
+  for (CUdeviceptr p : a) OK(api.mem_free(p));
+  OK(api.ctx_sync());
+  std::vector<Live> live;
+  CUdeviceptr b[8];
+  for (int i = 0; i < 8; ++i) {
+    OK(api.mem_alloc(&b[i], kPiece));
+    const Live l{b[i], kPiece, static_cast<unsigned char>(0x40 + i), false};
+    check_no_overlap(live, l);
+    fill(b[i], kPiece, l.tag);
+    live.push_back(l);
+  }
+  // Split: phase one's four driver allocations serve all eight. Binned
+  // (or the driver alone): eight more.
+  CHECK_EQ(snap().mem_alloc - c0.mem_alloc, split ? 4u : 12u);
+  std::vector<unsigned long long> ids;
+  for (CUdeviceptr p : b) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    OK(api.address_range(&base, &size, p + 17));
+    CHECK_EQ(base, p);
+    CHECK_EQ(size, kPiece);
+    CUdeviceptr start = 0;
+    OK(api.ptr_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + kPiece - 1));
+    CHECK_EQ(start, p);
+    size_t range = 0;
+    OK(api.ptr_attr(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p));
+    CHECK_EQ(range, kPiece);
+    unsigned long long id = 0;
+    OK(api.ptr_attr(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p));
+    CHECK(std::find(ids.begin(), ids.end(), id) == ids.end());
+    ids.push_back(id);
+  }
+  // Neighbours freed (and merged): the others keep their bytes; a freed
+  // piece is unallocated, and a second free of it the driver's error.
+  OK(api.mem_free(b[1]));
+  OK(api.mem_free(b[2]));
+  CHECK(all_equal(b[0], kPiece, 0x40));
+  CHECK(all_equal(b[3], kPiece, 0x43));
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CHECK_EQ(api.address_range(&base, &size, b[1] + 5), CUDA_ERROR_NOT_FOUND);
+  CHECK_EQ(api.mem_free(b[1]), CUDA_ERROR_INVALID_VALUE);
+  // IPC: refused on a piece sharing its driver allocation; a request that
+  // gets a segment of its own is exported as any block, and its free
+  // reaches the driver.
+  CUipcMemHandle ipc;
+  CHECK_EQ(api.ipc_get(&ipc, b[3]), split ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS);
+  CUdeviceptr whole = 0;
+  OK(api.mem_alloc(&whole, 16 << 20));
+  OK(api.ipc_get(&ipc, whole));
+  StandinCounters c1 = snap();
+  OK(api.mem_free(whole));
+  CHECK_EQ(snap().mem_free - c1.mem_free, 1u);
+  for (int i : {0, 3, 4, 5, 6, 7}) OK(api.mem_free(b[i]));
+  OK(api.ctx_sync());
+  free_held();
+  // Everything went back: as many driver frees as driver allocations.
+  const StandinCounters c2 = snap();
+  CHECK_EQ(c2.mem_free - c0.mem_free, c2.mem_alloc - c0.mem_alloc);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1096,6 +1172,7 @@ int main(int argc, char** argv) {
   else if (s == "fork") scenario_fork();
   else if (s == "exit") scenario_exit();
   else if (s == "lookup") scenario_lookup();
+  else if (s == "split") scenario_split();
   else {
     fprintf(stderr, "unknown scenario %s\n", s.c_str());
     return 2;
