@@ -805,8 +805,6 @@ void Pool::fork_child() {
   for (auto& a : arenas_)
     for (unsigned i = 0; i < a->shard_count_; ++i)
       for (auto& g : a->shards_[i].growth) g.growing = false;
-  for (auto& a : arenas_)
-    if (a->segments_) a->segments_->growth.growing = false;
   new (&arenas_in_use_) std::shared_mutex;
   fork_parent();
 }

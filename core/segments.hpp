@@ -37,7 +37,9 @@ struct Arena::Segments {
   using FreeSet = std::set<std::pair<std::size_t, Handle>>;  // (size, address): best fit
   struct Segment {
     std::size_t size = 0;
-    void* data = nullptr;  // the backend's record (Block::data of its pieces)
+    void* data = nullptr;         // the backend's record (Block::data of its pieces)
+    std::size_t used = 0;         // its pieces in the program's hands; 0: it can go back
+    std::uint64_t freed_at_ns = 0;  // when `used` last fell to 0
   };
   struct Piece {
     std::size_t size = 0;
@@ -58,12 +60,7 @@ struct Arena::Segments {
   // Held counters of the free pieces (held_blocks, held_bytes and their
   // peaks); hits, misses and active counts are the shards'.
   Stats c;
-  BinGrowth growth;  // growth instead of a wait (Pool::grow), for all sizes
 
-  // A free piece that is a whole segment (it can go back to the backend).
-  bool whole(Handle at, const Piece& p) const {
-    return p.free && at == p.segment && segments.at(at).size == p.size;
-  }
   // A piece with its node (may throw: the allocation path only).
   static Piece make_piece(std::size_t size, Handle segment) {
     FreeSet one;
@@ -83,16 +80,32 @@ struct Arena::Segments {
     c.peak_held_blocks = std::max(c.peak_held_blocks, c.held_blocks);
     c.peak_held_bytes = std::max(c.peak_held_bytes, c.held_bytes);
   }
-  // The used piece at `at` is free now (fence, at t_ns): merged with its
-  // free neighbours of the same segment. Returns the merged free piece.
-  // Allocates nothing.
-  std::map<Handle, Piece>::iterator free_piece(Handle at, std::uint64_t fence, std::uint64_t t_ns);
   void remove_free(Handle at, Piece& p) {
     p.free = false;
     p.node = free_pieces.extract({p.size, at});
     --c.held_blocks;
     c.held_bytes -= p.size;
   }
+  static void absorb(Piece& into, const Piece& from);  // `from`, its right neighbour, merged in
+  static bool ready(const Piece& p, Backend& backend) {
+    return p.fence == 0 || backend.passed(p.fence);
+  }
+  // The used piece at `at` is free now (fence, at t_ns): merged with its
+  // free neighbours in the same segment that are as ready as it is (a piece
+  // the device may still use would hold back a ready neighbour's bytes
+  // until its fence passes). Allocates nothing.
+  std::map<Handle, Piece>::iterator free_piece(Handle at, std::uint64_t fence, std::uint64_t t_ns,
+                                              Backend& backend);
+  // Merge neighbouring free pieces that are both ready (their fences passed
+  // since they were freed). Returns whether any merged.
+  bool coalesce(Backend& backend);
+  // Whether free pieces in a row in one segment would serve `want` bytes
+  // once the device is done with the pending ones among them (the caller
+  // found no ready piece that fits); *pending: bytes of all pending pieces.
+  bool fits_once_ready(std::size_t want, Backend& backend, std::size_t* pending);
+  // A segment none of whose pieces is in use leaves the maps (its bytes go
+  // back to the backend, or are let go, by the caller). Allocates nothing.
+  void erase_segment(Handle base);
 };
 
 }  // namespace gpupool

@@ -4,7 +4,8 @@
 //
 //   bench_replay TRACE... [--rounds N] [--leading-bits B] [--max-pooled BYTES]
 //                [--device-memory BYTES] [--release-after NS] [--max-held BYTES|Fx]
-//                [--borrow] [--split BYTES] [--json]
+//                [--borrow] [--split BYTES] [--sync-gap NS] [--pending-growth BYTES]
+//                [--alloc-cost NS] [--wait-cost NS] [--json]
 //
 // TRACE: a GPUPOOL_TRACE_FILE (docs/trace.md) or an RMM memory event log
 // (CSV, "Thread,Time,Action,Pointer,Size,Stream"; RMM's
@@ -21,6 +22,12 @@
 // on held bytes, in bytes or as a multiple F of the trace's peak active,
 // which costs driver calls) or by splitting blocks (--split: requests of at
 // least BYTES served by pieces of shared segments, GPUPOOL_SPLIT).
+// --sync-gap NS replays safe reuse (GPUPOOL_REUSE=safe): a freed block
+// waits for the program's next synchronization, taken to be each pause of
+// NS or more between events, or for the pool's own wait; --pending-growth
+// is GPUPOOL_PENDING_GROWTH in bytes (0 by default here), and what the
+// growth rule weighs is --alloc-cost per driver allocation (50 us) against
+// --wait-cost per wait of the pool's (500 us).
 // A malformed trace gets one error naming the file and line, exit 1.
 #include <algorithm>
 #include <cerrno>
@@ -214,15 +221,27 @@ Trace read_trace(const std::string& path) {
 }
 
 // The driver, simulated: distinct handles, and the bytes it has given out.
+// With --sync-gap, safe reuse too: a freed block is pending until the
+// program synchronizes, taken to be wherever the trace pauses that long
+// (a loop's loss.item(), say), or until the pool waits.
 struct SimDriver {
   std::uint64_t next = 1 << 20, bytes = 0, peak = 0, allocs = 0, frees = 0;
+  bool fences = false;
+  std::uint64_t issued = 0, completed = 0, waits = 0;
+  // What an allocation and a wait take on the pool's cost clock (the growth
+  // rule weighs one against the other).
+  std::uint64_t alloc_cost_ns = 0, wait_cost_ns = 0;
 };
+
+std::uint64_t g_cost_now = 0;  // the replay's cost clock: trace time plus simulated costs
+std::uint64_t cost_clock() { return g_cost_now; }
 
 class SimBackend final : public Backend {
  public:
   explicit SimBackend(SimDriver* d) : d_(d) {}
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     ++d_->allocs;
+    g_cost_now += d_->alloc_cost_ns;
     d_->bytes += bytes;
     d_->peak = std::max(d_->peak, d_->bytes);
     const Handle h = d_->next;
@@ -232,6 +251,13 @@ class SimBackend final : public Backend {
   void release(Handle, std::size_t bytes) override {
     ++d_->frees;
     d_->bytes -= bytes;
+  }
+  std::uint64_t fence() override { return d_->fences ? ++d_->issued : 0; }
+  bool passed(std::uint64_t f) override { return f <= d_->completed; }
+  void wait_all() override {
+    ++d_->waits;
+    d_->completed = d_->issued;
+    g_cost_now += d_->wait_cost_ns;
   }
 
  private:
@@ -248,6 +274,9 @@ struct Options {
   bool json = false;
   bool borrow = false;  // the library default (GPUPOOL_BORROW)
   std::uint64_t split_min = 0;  // 0: off (GPUPOOL_SPLIT)
+  std::uint64_t sync_gap_ns = 0;  // 0: immediate reuse; else safe, synchronized at gaps this long
+  std::uint64_t pending_growth = 0;
+  std::uint64_t alloc_cost_ns = 50'000, wait_cost_ns = 500'000;
 };
 
 // The pool's clock in a replay is the trace's own.
@@ -318,7 +347,7 @@ Result replay_once(const Trace& tr, const Options& o) {
   po.release_after_ns = o.release_after_ns;
   po.borrow_larger = o.borrow;
   po.clock = trace_clock;
-  po.cost_clock = trace_clock;
+  po.cost_clock = cost_clock;
   Result r;
   Pool pool(po);
   std::vector<Arena*> arenas;
@@ -331,13 +360,20 @@ Result replay_once(const Trace& tr, const Options& o) {
     ao.max_block = o.device_memory;
     if (const std::uint64_t cap = max_held_of(tr, o)) ao.max_held = cap;
     ao.split_min = o.split_min;
+    ao.pending_growth = o.pending_growth;
     arenas.push_back(pool.add_arena(std::make_unique<SimBackend>(&r.driver), std::move(ao)));
   }
   std::vector<Block*> slots(tr.slots, nullptr);
-  std::uint64_t next_trim = 0;
+  std::uint64_t next_trim = 0, last_t = 0;
+  r.driver.fences = o.sync_gap_ns != 0;
+  r.driver.alloc_cost_ns = o.alloc_cost_ns;
+  r.driver.wait_cost_ns = o.wait_cost_ns;
   const auto t0 = std::chrono::steady_clock::now();
   for (const Event& e : tr.events) {
     g_trace_now = e.t_ns;
+    g_cost_now = std::max(g_cost_now, e.t_ns);
+    if (o.sync_gap_ns && e.t_ns - last_t >= o.sync_gap_ns) r.driver.completed = r.driver.issued;
+    last_t = e.t_ns;
     if (o.release_after_ns && e.t_ns >= next_trim) {  // the control thread's round
       pool.trim_idle(e.t_ns);
       next_trim = e.t_ns + std::max<std::uint64_t>(o.release_after_ns / 4, 1);
@@ -389,7 +425,7 @@ void report(const Trace& tr, const Options& o) {
         "\"peak_managed_bytes\":%llu,\"managed_over_active\":%.4f,\"driver_allocs\":%llu,"
         "\"driver_frees\":%llu,\"recorded_hits\":%llu,\"recorded_misses\":%llu,"
         "\"recorded_managed_bytes\":%llu,\"binned_floor_bytes\":%llu,\"floor_over_active\":%.4f,"
-        "\"max_held_bytes\":%llu,"
+        "\"max_held_bytes\":%llu,\"fence_waits\":%llu,"
         "\"leading_bits\":%u,\"release_after_ns\":%llu,\"borrow\":%s,\"split_min\":%llu}\n",
         tr.path.c_str(), tr.format.c_str(), tr.events.size(), (unsigned long long)allocs,
         (unsigned long long)tr.unfreed, median, times.front(), times.back(), times.size(),
@@ -398,7 +434,7 @@ void report(const Trace& tr, const Options& o) {
         (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees,
         (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
         (unsigned long long)tr.recorded_managed, (unsigned long long)floor, floor_ratio,
-        (unsigned long long)max_held, o.leading_bits, (unsigned long long)o.release_after_ns,
+        (unsigned long long)max_held, (unsigned long long)s.fence_waits, o.leading_bits, (unsigned long long)o.release_after_ns,
         o.borrow ? "true" : "false", (unsigned long long)o.split_min);
     return;
   }
@@ -421,6 +457,9 @@ void report(const Trace& tr, const Options& o) {
               "blocks manages less)\n",
               (unsigned long long)floor, floor_ratio);
   if (max_held) std::printf("  held bytes capped at     %llu\n", (unsigned long long)max_held);
+  if (o.sync_gap_ns)
+    std::printf("  pool's waits             %llu (safe reuse, synchronized at pauses of %llu ns)\n",
+                (unsigned long long)s.fence_waits, (unsigned long long)o.sync_gap_ns);
   std::printf("  driver calls             %llu allocations, %llu releases\n",
               (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees);
 }
@@ -479,12 +518,17 @@ int main(int argc, char** argv) {
     else if (a == "--release-after" && size_arg(value("--release-after"), &v)) o.release_after_ns = v;
     else if (a == "--max-held" && held_arg(value("--max-held"), &o)) {}
     else if (a == "--split" && size_arg(value("--split"), &v) && v > 0) o.split_min = v;
+    else if (a == "--sync-gap" && size_arg(value("--sync-gap"), &v) && v > 0) o.sync_gap_ns = v;
+    else if (a == "--pending-growth" && size_arg(value("--pending-growth"), &v)) o.pending_growth = v;
+    else if (a == "--alloc-cost" && size_arg(value("--alloc-cost"), &v)) o.alloc_cost_ns = v;
+    else if (a == "--wait-cost" && size_arg(value("--wait-cost"), &v)) o.wait_cost_ns = v;
     else if (!a.empty() && a[0] != '-') paths.push_back(a);
     else {
       std::fprintf(stderr,
                    "usage: bench_replay TRACE... [--rounds N] [--leading-bits 1-8] "
                    "[--max-pooled BYTES] [--device-memory BYTES] [--release-after NS] "
-                   "[--max-held BYTES|Fx] [--borrow] [--split BYTES] [--json]\n"
+                   "[--max-held BYTES|Fx] [--borrow] [--split BYTES] [--sync-gap NS] "
+                   "[--pending-growth BYTES] [--alloc-cost NS] [--wait-cost NS] [--json]\n"
                    "bench_replay: bad argument '%s'\n",
                    a.c_str());
       return 2;

@@ -175,19 +175,38 @@ TEST(Segments, PendingPiecesAreNotReusedUntilTheirFencePasses) {
   f.pool.free(r.block);
 }
 
-TEST(Segments, PendingPiecesGrowWithinTheBudgetInsteadOfWaiting) {
-  Fixture f({.pending_growth = 16 * MiB});
+// Splitting is for taking less memory: pending pieces are waited for, never
+// grown past, whatever the growth budget of the binned sizes.
+TEST(Segments, PendingPiecesAreWaitedForNotGrownPast) {
+  Fixture f({.pending_growth = 64 * MiB});
   f.dev->fences = true;
   f.pool.free(f.alloc(4 * MiB));
-  Block* b = f.alloc(4 * MiB);  // the first growth is free
-  EXPECT_EQ(f.dev->waits, 0u);
-  EXPECT_EQ(f.dev->allocs, 2u);
-  // A piece freed and merged with a pending one stays pending.
+  Block* b = f.alloc(4 * MiB);
+  EXPECT_EQ(f.dev->waits, 1u);
+  EXPECT_EQ(f.dev->allocs, 1u);
   f.pool.free(b);
-  f.dev->completed = f.dev->issued;
-  Block* c = f.alloc(4 * MiB);
-  EXPECT_EQ(f.dev->allocs, 2u);
-  f.pool.free(c);
+}
+
+// A ready piece much larger than the best fit is not cut up while the best
+// fit waits for the device.
+TEST(Segments, ThePendingBestFitIsWaitedForRatherThanALargeReadyPieceCut) {
+  Fixture f;
+  f.dev->fences = true;
+  Block* big = f.alloc(16 * MiB);
+  Block* small = f.alloc(2 * MiB);
+  const Handle hbig = big->handle, hsmall = small->handle;
+  f.pool.free(big);
+  f.dev->completed = f.dev->issued;  // the 16 MiB piece ready
+  f.pool.free(small);                // the 2 MiB one pending
+  AllocResult r = f.pool.allocate(f.arena, 2 * MiB);
+  EXPECT_EQ(r.block->handle, hsmall);
+  EXPECT_EQ(f.dev->waits, 1u);
+  // A fit within half again its size is taken at once.
+  f.pool.free(r.block);
+  AllocResult q = f.pool.allocate(f.arena, 12 * MiB);
+  EXPECT_EQ(q.block->handle, hbig);
+  EXPECT_EQ(f.dev->waits, 1u);
+  f.pool.free(q.block);
 }
 
 TEST(Segments, IdleWholeSegmentsAreReleasedAfterTheirTime) {
@@ -303,4 +322,38 @@ TEST(Segments, APieceNeverToBeReusedIsReleasedAtItsFree) {
   EXPECT_EQ(f.dev->releases, 1u);
   EXPECT_TRUE(f.dev->live.empty());
   EXPECT_EQ(f.arena->stats().held_bytes, 0u);
+}
+
+// Safe reuse: a freed piece the device may still use does not take a ready
+// neighbour's bytes with it (the ready one serves at once), and ready
+// neighbours freed apart are merged when a request needs them together.
+TEST(Segments, APendingPieceDoesNotHoldBackItsReadyNeighbour) {
+  Fixture f;
+  f.dev->fences = true;
+  f.pool.free(f.alloc(4 * MiB));
+  f.dev->completed = f.dev->issued;
+  Block* x = f.alloc(2 * MiB);
+  Block* y = f.alloc(2 * MiB);
+  const Handle hx = x->handle;
+  ASSERT_EQ(f.dev->allocs, 1u);
+  f.pool.free(x);
+  f.dev->completed = f.dev->issued;  // x ready
+  f.pool.free(y);                    // y pending
+  AllocResult r = f.pool.allocate(f.arena, 2 * MiB);
+  EXPECT_TRUE(r.hit);
+  EXPECT_EQ(r.block->handle, hx);
+  EXPECT_EQ(f.dev->waits, 0u);
+  f.pool.free(r.block);
+  // Freed apart (one ready, one pending), both ready now: merged for a
+  // request that needs the two.
+  f.dev->completed = f.dev->issued;
+  Block* x2 = f.alloc(2 * MiB);
+  f.pool.free(x2);
+  f.dev->completed = f.dev->issued;
+  r = f.pool.allocate(f.arena, 4 * MiB);
+  EXPECT_TRUE(r.hit);
+  EXPECT_EQ(r.block->handle, hx);
+  EXPECT_EQ(f.dev->allocs, 1u);
+  EXPECT_EQ(f.dev->waits, 0u);
+  f.pool.free(r.block);
 }
