@@ -126,12 +126,14 @@ AllocResult Pool::allocate_split(Arena& a, unsigned my, std::size_t size, std::u
             break;
           }
       }
-      // A ready piece half again as large as the best fit, which waits for
-      // the device, is not carved: the sizes a program reuses would scatter
-      // over its larger free pieces (a request that needs one of those whole
-      // later finds it cut up, and takes a new segment: 2.1x peak active
-      // instead of 1.43x on the CNN trace at batch 128).
-      if (best != sg.free_pieces.end() && best != fit && best->first > fit->first / 2 * 3) {
+      // A ready piece over a tenth larger than the best fit, which waits
+      // for the device, is not carved: the pieces would land where they
+      // would not without fences, the sizes a program reuses scattered over
+      // its larger free pieces, and a request that needs one of those whole
+      // later finds it cut up and takes a new segment (CNN at batch 128 on
+      // the H100: 2.10x peak active with half again as the bound, 1.43x
+      // replayed with a tenth; scripts/h100-split.sh).
+      if (best != sg.free_pieces.end() && best != fit && best->first > fit->first + fit->first / 10) {
         best = sg.free_pieces.end();
         wait = true;
       }

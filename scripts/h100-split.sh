@@ -68,7 +68,7 @@ else
     set -- ${loop/:/ }
     A="--model $1 --batch $2 --steps 30 --infer-iters 5"
     echo "== $1 batch $2: step_ms_median"
-    timeout 290 python3 "$S/interleave.py" --rounds "$ROUNDS" --metric 'step_ms_median": ([0-9.]+)' \
+    timeout 285 python3 "$S/interleave.py" --rounds "$ROUNDS" --metric 'step_ms_median": ([0-9.]+)' \
       caching="$T $A" gpupool="$NOCACHE $T $A" split="$NOCACHE GPUPOOL_SPLIT=on $T $A" \
       split-imm="$NOCACHE GPUPOOL_SPLIT=on GPUPOOL_REUSE=immediate $T $A"
   done 2>&1 | tee "$OUT/speed.log"

@@ -201,9 +201,9 @@ TEST(Segments, ThePendingBestFitIsWaitedForRatherThanALargeReadyPieceCut) {
   AllocResult r = f.pool.allocate(f.arena, 2 * MiB);
   EXPECT_EQ(r.block->handle, hsmall);
   EXPECT_EQ(f.dev->waits, 1u);
-  // A fit within half again its size is taken at once.
+  // A fit within a tenth of its size is taken at once.
   f.pool.free(r.block);
-  AllocResult q = f.pool.allocate(f.arena, 12 * MiB);
+  AllocResult q = f.pool.allocate(f.arena, 15 * MiB);
   EXPECT_EQ(q.block->handle, hbig);
   EXPECT_EQ(f.dev->waits, 1u);
   f.pool.free(q.block);
