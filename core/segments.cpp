@@ -126,14 +126,14 @@ AllocResult Pool::allocate_split(Arena& a, unsigned my, std::size_t size, std::u
             break;
           }
       }
-      // A ready piece over a tenth larger than the best fit, which waits
-      // for the device, is not carved: the pieces would land where they
-      // would not without fences, the sizes a program reuses scattered over
-      // its larger free pieces, and a request that needs one of those whole
-      // later finds it cut up and takes a new segment (CNN at batch 128 on
-      // the H100: 2.10x peak active with half again as the bound, 1.43x
-      // replayed with a tenth; scripts/h100-split.sh).
-      if (best != sg.free_pieces.end() && best != fit && best->first > fit->first + fit->first / 10) {
+      // The best fit waits for the device: wait for it too, rather than cut
+      // a larger ready piece. Pieces then land where they would without
+      // fences; cut from larger free pieces, the sizes a program reuses
+      // would scatter, and a request that needs one of those whole later
+      // finds it cut up and takes a new segment (the CNN at batch 128 on the
+      // H100 took 2.10x peak active so with a tenth larger allowed, 1.43x
+      // without; scripts/h100-split.sh, and bench_replay --sync-gap).
+      if (best != sg.free_pieces.end() && best->first > fit->first) {
         best = sg.free_pieces.end();
         wait = true;
       }

@@ -17,6 +17,8 @@ LIB=$(realpath "$1")
 WHAT=${2:-memory}
 ROUNDS=${3:-6}
 LOOPS=${LOOPS:-cnn:128 mnist:64}
+SPLIT_ONLY=${SPLIT_ONLY:-}   # memory: only the GPUPOOL_SPLIT=on runs (the others as before)
+IMMEDIATE=${IMMEDIATE-1}     # speed: also GPUPOOL_REUSE=immediate with splitting ('' leaves it out)
 OUT=${OUT:-./h100-split-out}
 S=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"
@@ -51,15 +53,15 @@ if [ "$WHAT" = memory ]; then
   for loop in "cnn 64" "cnn 128" "cnn 256" "cnn 512" "mlp 64" "mnist 64"; do
     set -- $loop
     args=(--model "$1" --batch "$2" --steps 40 --infer-iters 10)
-    one "torch-$1-$2-caching" timeout 200 python3 "$S/gpu_torch.py" "${args[@]}" --tag caching
-    pooled "torch-$1-$2-gpupool" off safe 2% python3 "$S/gpu_torch.py" "${args[@]}" --tag gpupool
+    [ -n "$SPLIT_ONLY" ] || one "torch-$1-$2-caching" timeout 200 python3 "$S/gpu_torch.py" "${args[@]}" --tag caching
+    [ -n "$SPLIT_ONLY" ] || pooled "torch-$1-$2-gpupool" off safe 2% python3 "$S/gpu_torch.py" "${args[@]}" --tag gpupool
     pooled "torch-$1-$2-split" on safe 2% python3 "$S/gpu_torch.py" "${args[@]}" --tag split
     # PyTorch's loops run on one stream: immediate reuse is what its own
     # allocator does there.
-    pooled "torch-$1-$2-splitimm" on immediate 2% python3 "$S/gpu_torch.py" "${args[@]}" --tag split-imm
+    [ -n "$SPLIT_ONLY" ] || pooled "torch-$1-$2-splitimm" on immediate 2% python3 "$S/gpu_torch.py" "${args[@]}" --tag split-imm
   done
-  one cupy-caching timeout 200 python3 "$S/gpu_cupy.py" --pool cupy --iters 60 --tag cupy-pool
-  pooled cupy-gpupool off safe 2% python3 "$S/gpu_cupy.py" --pool none --iters 60 --tag gpupool
+  [ -n "$SPLIT_ONLY" ] || one cupy-caching timeout 200 python3 "$S/gpu_cupy.py" --pool cupy --iters 60 --tag cupy-pool
+  [ -n "$SPLIT_ONLY" ] || pooled cupy-gpupool off safe 2% python3 "$S/gpu_cupy.py" --pool none --iters 60 --tag gpupool
   pooled cupy-split on safe 2% python3 "$S/gpu_cupy.py" --pool none --iters 60 --tag split
   tar -C "$W" -czf "$OUT/memory.tar.gz" .
   ls -la "$OUT"
@@ -68,8 +70,9 @@ else
     set -- ${loop/:/ }
     A="--model $1 --batch $2 --steps 30 --infer-iters 5"
     echo "== $1 batch $2: step_ms_median"
+    modes=(caching="$T $A" gpupool="$NOCACHE $T $A" split="$NOCACHE GPUPOOL_SPLIT=on $T $A")
+    [ -z "$IMMEDIATE" ] || modes+=(split-imm="$NOCACHE GPUPOOL_SPLIT=on GPUPOOL_REUSE=immediate $T $A")
     timeout 285 python3 "$S/interleave.py" --rounds "$ROUNDS" --metric 'step_ms_median": ([0-9.]+)' \
-      caching="$T $A" gpupool="$NOCACHE $T $A" split="$NOCACHE GPUPOOL_SPLIT=on $T $A" \
-      split-imm="$NOCACHE GPUPOOL_SPLIT=on GPUPOOL_REUSE=immediate $T $A"
+      "${modes[@]}"
   done 2>&1 | tee "$OUT/speed.log"
 fi

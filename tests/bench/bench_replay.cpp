@@ -23,8 +23,9 @@
 // which costs driver calls) or by splitting blocks (--split: requests of at
 // least BYTES served by pieces of shared segments, GPUPOOL_SPLIT).
 // --sync-gap NS replays safe reuse (GPUPOOL_REUSE=safe): a freed block
-// waits for the program's next synchronization, taken to be each pause of
-// NS or more between events, or for the pool's own wait; --pending-growth
+// waits for the program's next context synchronization, taken to be each
+// pause of NS or more between events, or for the pool's own wait (PyTorch
+// synchronizes streams, never the context: a gap longer than the trace); --pending-growth
 // is GPUPOOL_PENDING_GROWTH in bytes (0 by default here), and what the
 // growth rule weighs is --alloc-cost per driver allocation (50 us) against
 // --wait-cost per wait of the pool's (500 us).

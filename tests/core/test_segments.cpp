@@ -201,7 +201,7 @@ TEST(Segments, ThePendingBestFitIsWaitedForRatherThanALargeReadyPieceCut) {
   AllocResult r = f.pool.allocate(f.arena, 2 * MiB);
   EXPECT_EQ(r.block->handle, hsmall);
   EXPECT_EQ(f.dev->waits, 1u);
-  // A fit within a tenth of its size is taken at once.
+  // A ready best fit is taken at once.
   f.pool.free(r.block);
   AllocResult q = f.pool.allocate(f.arena, 15 * MiB);
   EXPECT_EQ(q.block->handle, hbig);
