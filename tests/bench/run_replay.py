@@ -3,7 +3,7 @@
 the recorded workloads in traces/ (README, "Judging pool policy on recorded
 workloads").
 
-usage: run_replay.py BENCH_REPLAY CHECK    (CHECK: known, rmm, garbage, recorded)
+usage: run_replay.py BENCH_REPLAY CHECK    (CHECK: known, rmm, garbage, recorded, split)
 """
 import glob
 import json
@@ -134,6 +134,40 @@ elif CHECK == "recorded":
               f"(the program: {r['recorded_hits']}/{r['recorded_misses']}), managed/active "
               f"{r['managed_over_active']:.3f} (floor {r['floor_over_active']:.3f}), "
               f"{r['ns_per_op']:.0f} ns/op")
+
+elif CHECK == "split":
+    # GPUPOOL_SPLIT replayed: a 4 MiB block freed serves a 1 MiB and a 2 MiB
+    # request (sizes the program never used) with no new driver allocation;
+    # under safe reuse with no synchronization of the program's, the freed
+    # block waits for one wait of the pool's.
+    MiB = 1 << 20
+    t = write("split.trace", GPUPOOL_HEADER +
+              f"a 10 7 0 a00000 {4 * MiB} {4 * MiB} m\n"
+              f"f 20 7 0 a00000 {4 * MiB} {4 * MiB}\n"
+              f"a 30 7 0 a00000 {MiB} {MiB} h\n"
+              f"a 40 7 0 b00000 {2 * MiB} {2 * MiB} h\n")
+    r = replay(t, "--split", "1M")
+    check((r["hits"], r["misses"], r["driver_allocs"]) == (2, 1, 1), f"split: {r}")
+    check(r["peak_managed_bytes"] == 4 * MiB and r["fence_waits"] == 0, f"split: {r}")
+    binned = replay(t)
+    check(binned["driver_allocs"] == 3, f"binned: {binned}")
+    safe = replay(t, "--split", "1M", "--sync-gap", str(1 << 62))
+    check((safe["driver_allocs"], safe["fence_waits"]) == (1, 1), f"split, safe: {safe}")
+    # The recorded workloads: splitting takes no more than binning, with
+    # immediate reuse and with safe reuse as PyTorch runs it (its programs
+    # synchronize streams, never the context).
+    for path in sorted(glob.glob(os.path.join(HERE, "traces", "*.trace"))):
+        # (No growth: the replay's costs of waits and allocations are guesses.)
+        safe = ("--sync-gap", str(1 << 62), "--pending-growth", "0")
+        b, i = replay(path), replay(path, "--split", "1M")
+        bs, sf = replay(path, *safe), replay(path, "--split", "1M", *safe)
+        for name, x, y in (("immediate", i, b), ("safe", sf, bs)):
+            check(x["peak_managed_bytes"] <= y["peak_managed_bytes"],
+                  f"{path}: split ({name}) took more than binned: {x} {y}")
+        print(f"{os.path.basename(path)}: managed/active binned {b['managed_over_active']:.3f}, "
+              f"split {i['managed_over_active']:.3f}; safe reuse, waits only: binned "
+              f"{bs['managed_over_active']:.3f}, split {sf['managed_over_active']:.3f} "
+              f"({sf['fence_waits']} waits)")
 
 else:
     sys.exit(f"unknown check {CHECK}")
