@@ -132,7 +132,7 @@ AllocResult Pool::allocate_split(Arena& a, unsigned my, std::size_t size, std::u
       // would scatter, and a request that needs one of those whole later
       // finds it cut up and takes a new segment (the CNN at batch 128 on the
       // H100 took 2.10x peak active so with a tenth larger allowed, 1.43x
-      // without; scripts/h100-split.sh, and bench_replay --sync-gap).
+      // without; scripts/h100-memory.sh, and bench_replay --sync-gap).
       if (best != sg.free_pieces.end() && best->first > fit->first) {
         best = sg.free_pieces.end();
         wait = true;

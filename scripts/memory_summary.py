@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Summarise scripts/h100-split.sh memory: the memory-overhead table.
+"""Summarise scripts/h100-memory.sh memory: the memory-overhead table.
 
-  scripts/split_summary.py DIR BENCH_REPLAY
+  scripts/memory_summary.py DIR BENCH_REPLAY
 
 DIR holds what memory.tar.gz unpacks to. For each loop: PyTorch's caching
 allocator's peak reserved / peak allocated, and for gpupool with and without
@@ -9,7 +9,7 @@ GPUPOOL_SPLIT the peak bytes it took from the driver (the exit dump's
 totals.peak_managed_bytes, exact: driver calls are counted under a lock)
 over the peak bytes the program asked for (from the trace, by bench_replay:
 exact, where the dump's per-thread peaks would be an upper bound). Also
-whether the three runs' losses, parameters and inference outputs (CuPy: the
+whether the runs' losses, parameters and inference outputs (CuPy: the
 checksum) are identical.
 """
 import glob
