@@ -31,6 +31,7 @@
 #define _GNU_SOURCE
 #include <CL/cl.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -401,13 +402,21 @@ static long rss_kib(void) {
   return resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
+// Bytes the process has from malloc and still uses (every malloc arena,
+// mmapped chunks too): what a leak grows, whatever the allocator keeps
+// resident for later (RSS moves with that, and with load on the machine).
+static long heap_kib(void) {
+  const struct mallinfo2 m = mallinfo2();
+  return (long)((m.uordblks + m.hblkhd) / 1024);
+}
+
 static size_t stats_size(void) {
   size_t (*stats_json)(char*, size_t) = (size_t(*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
   return stats_json ? stats_json(NULL, 0) : 0;
 }
 
 static int contexts_scenario(int n) {
-  long rss_third = 0;
+  long rss_third = 0, heap_third = 0;
   size_t dump_third = 0;
   for (int i = 0; i < n; ++i) {
     void* c = new_context();
@@ -420,10 +429,12 @@ static int contexts_scenario(int n) {
     if (g_cuda) cu_ctx_set_current(g_cu_ctx);
     if (i + 1 == n / 3) {
       rss_third = rss_kib();
+      heap_third = heap_kib();
       dump_third = stats_size();
     }
   }
-  printf("rss_kib %ld %ld dump_bytes %zu %zu\n", rss_third, rss_kib(), dump_third, stats_size());
+  printf("rss_kib %ld %ld heap_kib %ld %ld dump_bytes %zu %zu\n", rss_third, rss_kib(), heap_third,
+         heap_kib(), dump_third, stats_size());
   return 0;
 }
 

@@ -543,23 +543,29 @@ def memory_contexts(tmp):
     for pooled in (False, True):
         r = run(["contexts", str(n)], timeout=600, env=env(pooled))
         check(r.returncode == 0, f"pooled={pooled}: {r.stderr[-1000:]}")
-        m = re.search(r"rss_kib (\d+) (\d+) dump_bytes (\d+) (\d+)", r.stdout)
+        m = re.search(r"rss_kib (\d+) (\d+) heap_kib (\d+) (\d+) dump_bytes (\d+) (\d+)", r.stdout)
         if not check(m, r.stdout):
             return
         res[pooled] = [int(x) for x in m.groups()]
-        print(f"pooled={pooled}: RSS {res[pooled][0]} -> {res[pooled][1]} KiB over the last "
-              f"{n - n // 3} contexts; stats dump {res[pooled][2]} -> {res[pooled][3]} bytes")
-    raw_growth = res[False][1] - res[False][0]
-    growth = res[True][1] - res[True][0]
-    # Before: +30 MB (OpenCL, 3000) and +21 MB (CUDA, 2000) over all cycles.
-    # A sanitizer keeps freed memory aside on purpose: the size is not ours.
+        rss0, rss1, heap0, heap1, dump0, dump1 = res[pooled]
+        print(f"pooled={pooled}: over the last {n - n // 3} contexts RSS {rss0} -> {rss1} KiB, "
+              f"malloc in use {heap0} -> {heap1} KiB; stats dump {dump0} -> {dump1} bytes")
+    # Judged on what malloc has handed out and not got back (a leak grows
+    # it), not on RSS: what the allocator keeps resident moves with load on
+    # the machine (RSS grew 5 MB in 2 of 16 runs beside two busy loops, before
+    # and after the change that made this test look at it; the heap by no
+    # more than the contexts' records). Before: +30 MB (OpenCL, 3000) and
+    # +21 MB (CUDA, 2000) over all cycles. A sanitizer keeps freed memory
+    # aside on purpose: the size is not ours.
+    raw_growth = res[False][3] - res[False][2]
+    growth = res[True][3] - res[True][2]
     if SANITIZER:
-        print(f"RSS not judged under the {SANITIZER} sanitizer")
+        print(f"memory not judged under the {SANITIZER} sanitizer")
     else:
-        check(growth <= raw_growth + 2048,
-              f"gpupool grew the process by {growth} KiB (the program alone: {raw_growth} KiB)")
-    check(res[True][3] <= res[True][2] + 256 and res[True][3] < 16384,
-          f"the stats dump grew from {res[True][2]} to {res[True][3]} bytes")
+        check(growth <= raw_growth + 1024,
+              f"gpupool grew the heap by {growth} KiB (the program alone: {raw_growth} KiB)")
+    check(res[True][5] <= res[True][4] + 256 and res[True][5] < 16384,
+          f"the stats dump grew from {res[True][4]} to {res[True][5]} bytes")
 
 
 def signals_kept(tmp):
