@@ -474,7 +474,18 @@ void Pool::free(Block* b) {
   }
   // From here on `b` may belong to another thread.
   if (!held) return release_block(b);
-  if (over_cap) enforce_cap(a);
+  if (over_cap) enforce_cap_nothrow(a);
+}
+
+// A free must not fail: were it to throw, the hook would hand the pointer to
+// the driver, which would free memory the pool still holds (with splitting,
+// other blocks' too). Without memory to look at the group, the cap waits
+// for the next free.
+void Pool::enforce_cap_nothrow(Arena& arena) noexcept {
+  try {
+    enforce_cap(arena);
+  } catch (...) {
+  }
 }
 
 // Release the group's oldest held blocks until it is back under its cap.
@@ -726,6 +737,28 @@ Stats Pool::totals() const {
 std::size_t Pool::arena_count() const {
   std::lock_guard lock(arenas_mu_);
   return arenas_.size();
+}
+
+std::size_t Arena::releasable_bytes() const {
+  std::size_t n = 0;
+  for (unsigned i = 0; i < shard_count_; ++i) {
+    std::lock_guard lock(shards_[i].mu);
+    n += shards_[i].c.held_bytes;
+  }
+  if (segments_) {
+    std::lock_guard lock(segments_->mu);
+    for (const auto& [base, seg] : segments_->segments)
+      if (seg.used == 0) n += seg.size;
+  }
+  return n;
+}
+
+std::size_t Pool::group_releasable(const std::string& group) const {
+  std::size_t n = 0;
+  std::shared_lock use(arenas_in_use_);
+  for (Arena* a : arenas_copy())
+    if (!a->retired() && a->group_->name == group) n += a->releasable_bytes();
+  return n;
 }
 
 Stats Pool::group_totals(const std::string& group) const {

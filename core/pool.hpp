@@ -129,6 +129,10 @@ class Arena {
   Backend& backend() const { return *backend_; }
   bool retired() const { return retired_.load(std::memory_order_acquire); }
   Stats stats() const;
+  // Held bytes the pool could give back now: held blocks, and segments none
+  // of whose pieces is in use (free pieces of a partly used segment are
+  // held but stay until the program frees the rest).
+  std::size_t releasable_bytes() const;
 
  private:
   friend class Pool;
@@ -215,6 +219,7 @@ class Pool {
   // The counters of the live arenas of one group (no per-bin walk: cheap
   // enough to call every few milliseconds).
   Stats group_totals(const std::string& group) const;
+  std::size_t group_releasable(const std::string& group) const;  // Arena::releasable_bytes, summed
   // One row per arena, and one per kind for the destroyed retired arenas
   // carrying their counters, so the rows always add up to totals().
   std::vector<ArenaSnapshot> snapshot(std::size_t max_bins_per_arena = 8) const;
@@ -245,6 +250,7 @@ class Pool {
   std::size_t release_for_oom(Arena& arena, std::size_t wanted);  // bytes released
   std::size_t release_largest(const std::vector<Arena*>& arenas, std::size_t wanted);
   void enforce_cap(Arena& arena);
+  void enforce_cap_nothrow(Arena& arena) noexcept;
   void release_block(Block* block);
   void drop_block(Block* block);
   void empty_held(Arena* arena, void (Pool::*dispose)(Block*));

@@ -133,14 +133,16 @@ AllocResult Pool::allocate_split(Arena& a, unsigned my, std::size_t size, std::u
       // finds it cut up and takes a new segment (the CNN at batch 128 on the
       // H100 took 2.10x peak active so with a tenth larger allowed, 1.43x
       // without; scripts/h100-memory.sh, and bench_replay --sync-gap).
-      if (best != sg.free_pieces.end() && best->first > fit->first) {
+      if (attempt == 0 && best != sg.free_pieces.end() && best->first > fit->first) {
         best = sg.free_pieces.end();
         wait = true;
       }
       // None ready fits, but free pieces in a row would once the device is
       // done with them.
       std::size_t pending = 0;
-      if (best == sg.free_pieces.end() && !wait) wait = sg.fits_once_ready(want, backend, &pending);
+      // (After a wait, what is still pending came since: no second wait.)
+      if (attempt == 0 && best == sg.free_pieces.end() && !wait)
+        wait = sg.fits_once_ready(want, backend, &pending);
       if (best != sg.free_pieces.end()) {
         const Handle at = best->second;
         Arena::Segments::Piece& p = sg.pieces.find(at)->second;
@@ -253,12 +255,6 @@ void Pool::free_split(Block* b) {
   Arena::Segments& sg = *a.segments_;
   const std::uint64_t fence = a.backend_->fence();
   const std::uint64_t t = now();
-  {
-    Arena::Shard& s = a.shards_[b->shard];
-    std::lock_guard lock(s.mu);
-    s.remove_active(b);
-    if (fence != 0) ++s.c.pending_frees;
-  }
   Handle gone = 0;  // a whole segment to release at once (holding stopped)
   std::size_t gone_size = 0;
   bool over_cap = false;
@@ -272,7 +268,10 @@ void Pool::free_split(Block* b) {
       // before its free_held() takes this lock, so it never misses it. A
       // block never to be reused (never_reuse: another process may map
       // it) is its whole segment: it goes back at once.
-      if (!b->pooled || !holding_.load(std::memory_order_acquire)) {
+      // A segment larger than the whole cap would only push everything
+      // else out (as a binned block would).
+      if (!b->pooled || !holding_.load(std::memory_order_acquire) ||
+          (a.group_->capped() && seg.size > a.group_->max_held)) {
         gone = it->second.segment;
         gone_size = seg.size;
         sg.erase_segment(gone);
@@ -282,14 +281,22 @@ void Pool::free_split(Block* b) {
       }
     }
   }
-  delete b;
   if (gone) {
     a.backend_->release(gone, gone_size);
     std::lock_guard lock(a.slow_mu_);
     ++a.slow_.backend_frees;
     a.slow_.managed_bytes -= gone_size;
   }
-  if (over_cap) enforce_cap(a);
+  if (over_cap) enforce_cap_nothrow(a);
+  // The last touch of the arena, as in forget(): once no block is active, a
+  // retired arena may be destroyed by another thread.
+  {
+    Arena::Shard& s = a.shards_[b->shard];
+    std::lock_guard lock(s.mu);
+    s.remove_active(b);
+    if (fence != 0) ++s.c.pending_frees;
+  }
+  delete b;
 }
 
 // The driver already freed the piece's memory (its context is gone) or it is

@@ -53,7 +53,9 @@ struct Arena::Segments {
     FreeSet::node_type node;
   };
 
-  std::mutex mu;  // a leaf: nothing else is locked or called under it but Backend::passed
+  // A leaf: no other lock is taken and no backend call made under it but
+  // Backend::passed (the allocation path allocates under it).
+  std::mutex mu;
   std::map<Handle, Segment> segments;  // by base
   std::map<Handle, Piece> pieces;      // every piece of every segment, by address
   FreeSet free_pieces;

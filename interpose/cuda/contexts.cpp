@@ -283,7 +283,7 @@ std::size_t held_device_bytes(CUdevice dev) {
   std::size_t held = 0;
   for (CtxState* st : contexts().live)
     if (st->dev == dev)
-      held += st->device_arena.load(std::memory_order_acquire)->stats().held_bytes;
+      held += st->device_arena.load(std::memory_order_acquire)->releasable_bytes();
   return held;
 }
 

@@ -24,6 +24,20 @@ void PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flag
       Entry{h, size, st, nullptr, g_next_serial.fetch_add(1, std::memory_order_relaxed), 0,
             host_flags});
   std::lock_guard rl(ranges_mu_);
+  // The driver just gave out [h, h + size): pieces recorded inside it were
+  // of memory a context teardown freed (the program's blocks in the window
+  // between the driver's teardown and ours, erase_context). Nothing
+  // allocates here.
+  for (auto it = pieces_.lower_bound(h); it != pieces_.end() && it->first - h < size;) {
+    Entry* old = it->second;
+    {
+      Shard& ps = shard(old->handle);
+      std::lock_guard sl(ps.mu);
+      ps.map.erase(old->handle);
+    }
+    it = pieces_.erase(it);
+    delete old;
+  }
   Shard& s = shard(h);
   std::lock_guard sl(s.mu);
   // Both maps or neither: what throws does so before anything changed, or
@@ -61,7 +75,10 @@ void PtrMap::activate(Block* b) {
   {
     Shard& s = shard(b->handle);
     std::lock_guard sl(s.mu);
-    if (Entry* e = s.map.find(b->handle)) {
+    Entry* e = s.map.find(b->handle);
+    // A piece's entry goes with its free: one found here is of memory a
+    // context teardown freed (see insert), replaced below.
+    if (e && !e->piece) {
       e->block = b;
       ++e->uses;
       return;
@@ -87,14 +104,16 @@ void PtrMap::add_piece(Block* b) {
   e->host_flags = std::prev(seg)->second->host_flags;
   Shard& s = shard(b->handle);
   std::lock_guard sl(s.mu);
-  pieces_.emplace(b->handle, e.get());  // may throw: nothing changed yet
+  auto [slot, fresh] = pieces_.emplace(b->handle, e.get());  // may throw: nothing changed yet
+  Entry* const stale = fresh ? nullptr : slot->second;
   try {
     s.map.put(b->handle, e.get());
   } catch (...) {
-    pieces_.erase(b->handle);
+    if (fresh) pieces_.erase(slot);
     throw;
   }
-  e.release();
+  slot->second = e.release();
+  delete stale;  // a stale piece entry at this address (activate), replaced in both maps
 }
 
 Block* PtrMap::remove_piece(Handle h) {

@@ -111,13 +111,16 @@ void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
   std::vector<DeviceUse> out;  // one per GPU: CUDA and OpenCL on one GPU are summed
   for (Device* d : devs) {
     const Stats t = rt.pool.group_totals(d->group);
-    d->held = t.held_bytes;
+    // What could be given back (GPUPOOL_SPLIT: not a partly used segment's
+    // free pieces), not all that is held.
+    const std::uint64_t held = rt.pool.group_releasable(d->group);
+    d->held = held;
     if (t.managed_bytes < d->managed) d->returned_at = mono_ns();
     d->managed = t.managed_bytes;
     auto u = std::find_if(out.begin(), out.end(), [&](const DeviceUse& x) { return x.uuid == d->uuid; });
     if (u == out.end()) u = out.insert(out.end(), DeviceUse{d->uuid});
     u->returned_at = std::max(u->returned_at, d->returned_at);
-    u->held = add_sat(u->held, t.held_bytes);
+    u->held = add_sat(u->held, held);
     u->active = add_sat(u->active, t.active_bytes);
     u->managed = add_sat(u->managed, t.managed_bytes);
     u->hits = add_sat(u->hits, t.hits);

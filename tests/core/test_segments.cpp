@@ -357,3 +357,31 @@ TEST(Segments, APendingPieceDoesNotHoldBackItsReadyNeighbour) {
   EXPECT_EQ(f.dev->waits, 0u);
   f.pool.free(r.block);
 }
+
+// A segment larger than the whole cap goes back at its free rather than
+// push every other held block out (as a binned block larger than the cap).
+TEST(Segments, ASegmentLargerThanTheCapIsReleasedNotHeld) {
+  Fixture f({.max_held = 5 * MiB});
+  Block* small = f.alloc(512 << 10);  // binned
+  Block* big = f.alloc(8 * MiB);
+  f.pool.free(small);
+  f.pool.free(big);
+  EXPECT_EQ(f.dev->live.size(), 1u);  // the binned block, held
+  EXPECT_EQ(f.arena->stats().held_bytes, 512u << 10);
+  EXPECT_EQ(f.arena->stats().trims, 0u);
+}
+
+// What could be given back: held blocks and wholly free segments, not the
+// free pieces of a segment still partly in use.
+TEST(Segments, ReleasableBytesLeaveOutPartlyUsedSegments) {
+  Fixture f;
+  f.pool.free(f.alloc(4 * MiB));
+  Block* x = f.alloc(MiB);  // carved from the 4 MiB segment: 3 MiB free in it
+  f.pool.free(f.alloc(2 * MiB - 4096));  // a second segment... served by the 3 MiB rest
+  Block* s = f.alloc(512 << 10);
+  f.pool.free(s);  // a binned block, held
+  EXPECT_EQ(f.arena->stats().held_bytes, 3 * MiB + (512u << 10));
+  EXPECT_EQ(f.arena->releasable_bytes(), 512u << 10);
+  f.pool.free(x);
+  EXPECT_EQ(f.arena->releasable_bytes(), 4 * MiB + (512u << 10));
+}
