@@ -1142,6 +1142,34 @@ void scenario_split() {
   // Everything went back: as many driver frees as driver allocations.
   const StandinCounters c2 = snap();
   CHECK_EQ(c2.mem_free - c0.mem_free, c2.mem_alloc - c0.mem_alloc);
+  // A context destroyed while the program holds pieces of one segment: the
+  // driver freed them, so the program's frees get the driver's answer for
+  // freed memory, and nothing of that context is handed out again.
+  {
+    CUdevice dev;
+    OK(api.device_get(&dev, 0));
+    CUcontext cur = nullptr, other = nullptr;
+    OK(api.ctx_get_current(&cur));
+    OK(api.ctx_create(&other, nullptr, 0, dev));
+    CUdeviceptr seg = 0, p1 = 0, p2 = 0;
+    OK(api.mem_alloc(&seg, kBig));
+    OK(api.mem_free(seg));
+    OK(api.ctx_sync());
+    OK(api.mem_alloc(&p1, kPiece));
+    OK(api.mem_alloc(&p2, kPiece));
+    if (split) CHECK(p2 > p1 && p2 < p1 + kBig);  // one segment
+    const StandinCounters d0 = snap();
+    OK(api.ctx_destroy(other));
+    OK(api.ctx_set_current(cur));
+    CHECK_EQ(api.mem_free(p2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(api.mem_free(p1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(snap().dead_ptr_calls - d0.dead_ptr_calls, 2u);
+    CUdeviceptr q = 0;
+    OK(api.mem_alloc(&q, kPiece));
+    CHECK(q < p1 || q >= p1 + kBig || snap().mem_alloc > d0.mem_alloc);
+    OK(api.mem_free(q));
+    OK(api.ctx_sync());
+  }
 }
 
 }  // namespace
