@@ -939,6 +939,16 @@ void scenario_fork() {
   CUdeviceptr warm;  // gpupool starts (and registers its fork handlers) here
   OK(api.mem_alloc(&warm, 4096));
   OK(api.mem_free(warm));
+  // Large blocks the parent keeps across the forks (with GPUPOOL_SPLIT,
+  // two pieces of one segment): their bytes stay the parent's.
+  CUdeviceptr seg = 0, keep[2] = {};
+  OK(api.mem_alloc(&seg, 8 << 20));
+  OK(api.mem_free(seg));
+  OK(api.ctx_sync());
+  for (int i = 0; i < 2; ++i) {
+    OK(api.mem_alloc(&keep[i], (3 << 20) + 100));
+    fill(keep[i], (3 << 20) + 100, static_cast<unsigned char>(0x70 + i));
+  }
   std::atomic<bool> stop{false};
   std::thread worker([&] {
     OK(api.ctx_set_current(ctx));
@@ -959,6 +969,10 @@ void scenario_fork() {
         CUdeviceptr p;
         if (api.mem_alloc(&p, 4096 + k) != CUDA_SUCCESS) _exit(2);
         if (api.mem_free(p) != CUDA_SUCCESS) _exit(3);
+        if (k % 10 == 0) {  // a large one too (a piece, when splitting)
+          if (api.mem_alloc(&p, (2 << 20) + 512 * k) != CUDA_SUCCESS) _exit(6);
+          if (api.mem_free(p) != CUDA_SUCCESS) _exit(7);
+        }
         void* h;
         if (api.host_alloc(&h, 4096, 0) != CUDA_SUCCESS) _exit(4);
         if (api.free_host(h) != CUDA_SUCCESS) _exit(5);
@@ -973,6 +987,10 @@ void scenario_fork() {
   }
   stop = true;
   worker.join();
+  for (int i = 0; i < 2; ++i) {
+    CHECK(all_equal(keep[i], (3 << 20) + 100, static_cast<unsigned char>(0x70 + i)));
+    OK(api.mem_free(keep[i]));
+  }
 }
 
 // Exit: blocks alive and held at exit, atexit handlers and a static
