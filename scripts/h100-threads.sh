@@ -1,44 +1,55 @@
 #!/usr/bin/env bash
-# Thread scaling of the full shim path, two libraries interleaved in one
-# call (README, "Measured"): tests/gpu/bench_alloc --threads-only (warm
-# device pairs, 1-16 threads, 64 KiB and 4 MiB), safe and immediate reuse,
-# ROUNDS rounds alternating the libraries' order. Prints the median rate per
-# library, mode, size and thread count, and the 16-thread/1-thread scaling.
-#   scripts/h100-threads.sh LIB_A LIB_B [ROUNDS]
+# Thread scaling of the full shim path on the GPU machine (README,
+# "Measured"): tests/gpu/bench_alloc --scaling, where each round runs one
+# thread's batch and N threads' batch back to back, so the host's moment-to-
+# moment speed cancels in their ratio; beside warm device pairs (64 KiB and
+# 4 MiB) the same rounds measure workloads that share nothing ("host":
+# arithmetic; "ctx": the same and cuCtxGetCurrent), how far the host lets N
+# threads scale at all. Each library runs under safe and immediate reuse,
+# PROCS processes each, libraries and modes alternating. Prints per library
+# and mode the median (range) of the per-round scalings.
+#   scripts/h100-threads.sh LIB [LIB ...]     env: PROCS (3), ROUNDS (7), THREADS (16)
 set -eu -o pipefail
-A=$(realpath "$1")
-B=$(realpath "$2")
-ROUNDS=${3:-5}
 OUT=${OUT:-h100-out}
+PROCS=${PROCS:-3}
+ROUNDS=${ROUNDS:-7}
+THREADS=${THREADS:-16}
 mkdir -p "$OUT"
 T=$(mktemp -d)
 g++ -O2 -std=c++20 -I/usr/local/cuda/include -o "$T/bench_alloc" tests/gpu/bench_alloc.cpp \
   -L/usr/local/cuda/lib64/stubs -lcuda -lpthread
+libs=()
+for l in "$@"; do libs+=("$(realpath "$l")"); done
 : >"$OUT/threads.json"
-for r in $(seq 1 "$ROUNDS"); do
-  order=(a b)
-  ((r % 2 == 0)) && order=(b a)
-  for which in "${order[@]}"; do
-    lib=$A
-    [[ $which == b ]] && lib=$B
+for p in $(seq 1 "$PROCS"); do
+  for i in "${!libs[@]}"; do
+    # Rotate the order of the libraries from one process round to the next.
+    lib=${libs[$(((i + p) % ${#libs[@]}))]}
+    n=$(((i + p) % ${#libs[@]}))
     for mode in safe immediate; do
-      LD_PRELOAD=$lib GPUPOOL_REUSE=$mode "$T/bench_alloc" --threads-only --label "$which-$mode" \
-        | grep '^{' >>"$OUT/threads.json"
+      LD_PRELOAD=$lib GPUPOOL_REUSE=$mode "$T/bench_alloc" --scaling "$ROUNDS" \
+        --threads "$THREADS" --label "$n-$mode" | grep '^{' >>"$OUT/threads.json"
     done
   done
 done
-python3 - "$OUT/threads.json" "$A" "$B" <<'PY'
+{
+  echo "host: $(nproc) CPUs; $(lscpu 2>/dev/null | grep -E '^(Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|Model name)' | tr -s ' ' | paste -sd ';')"
+  for i in "${!libs[@]}"; do echo "library $i = ${libs[$i]}"; done
+  python3 - "$OUT/threads.json" "$THREADS" <<'PY'
 import collections, json, statistics, sys
-rates = collections.defaultdict(list)
+v = collections.defaultdict(list)
+one = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    rates[(r["label"], r["size"], r["threads"])].append(r["pairs_per_s"])
-print(f"a = {sys.argv[2]}\nb = {sys.argv[3]}")
-print("| library-mode | size | 1 thread (M pairs/s) | 16 threads | 16/1 | per-pair ns, 1 thread |")
+    key = (r["label"], r["workload"], r["size"])
+    v[key].append(r["scaling"])
+    one[key].append(r["one_ns"])
+print(f"| library-mode | workload | size | {sys.argv[2]} threads over 1, median (range) | rounds | 1 thread, ns per op, median |")
 print("|---|---|---|---|---|---|")
-for label in sorted({k[0] for k in rates}):
-    for size in sorted({k[1] for k in rates}):
-        one = statistics.median(rates[(label, size, 1)])
-        six = statistics.median(rates[(label, size, 16)])
-        print(f"| {label} | {size >> 10} KiB | {one / 1e6:.2f} | {six / 1e6:.2f} | {six / one:.2f} | {1e9 / one:.0f} |")
+for key in sorted(v):
+    s = v[key]
+    size = f"{key[2] >> 10} KiB" if key[2] else ""
+    print(f"| {key[0]} | {key[1]} | {size} | {statistics.median(s):.2f} ({min(s):.2f}-{max(s):.2f}) "
+          f"| {len(s)} | {statistics.median(one[key]):.1f} |")
 PY
+} | tee "$OUT/threads.md"

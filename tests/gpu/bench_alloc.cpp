@@ -21,6 +21,10 @@
 //   device_pair with "threads" N: N threads each doing pairs on the shared
 //                 context; "ns" is wall time per pair per thread and
 //                 "pairs_per_s" the aggregate rate
+//   scaling       (--scaling ROUNDS, alone) per round, one thread's batch and
+//                 N threads' batch back to back: warm pairs at 64 KiB and
+//                 4 MiB, and workloads sharing nothing ("host", "ctx"); "scaling"
+//                 is N x one thread's time over N threads' (bench_scaling)
 // "ns" is the median over repeats of (batch time / pairs in batch).
 //
 // Plain timing loops rather than Google Benchmark, which the GPU machine may
@@ -331,17 +335,140 @@ void bench_threads(std::size_t size, int n) {
   std::fflush(stdout);
 }
 
+// Thread scaling measured so that the host's own noise cancels: in each
+// round one thread's batch and N threads' batch run back to back (order
+// alternating), and the round's scaling is their rates' ratio. Beside the
+// warm pairs, the same workers run workloads that share nothing ("host":
+// arithmetic on a thread-local table; "ctx": the same and cuCtxGetCurrent,
+// the driver call the shim makes on every allocation): how far this host
+// lets N threads scale at all (hyperthreads, other tenants), in the same
+// rounds.
+// Rates between separate runs on these hosts differ by up to 2-3x at 16
+// threads, so a ratio of two separately taken medians says little.
+class Workers {
+ public:
+  explicit Workers(int n) {
+    for (int id = 0; id < n; ++id) ts_.emplace_back([this, id] { loop(id); });
+  }
+  ~Workers() {
+    stop_ = true;
+    gen_.fetch_add(1);
+    gen_.notify_all();
+    for (auto& t : ts_) t.join();
+  }
+  // Runs work(id, k) on threads 0..active-1 at once; wall ns until all are done.
+  double run(int active, std::function<void(int, long)> work, long k) {
+    work_ = std::move(work);
+    k_ = k;
+    active_ = active;
+    left_.store(int(ts_.size()));
+    auto t = Clock::now();
+    gen_.fetch_add(1);
+    gen_.notify_all();
+    for (int l = left_.load(); l != 0; l = left_.load()) left_.wait(l);
+    return since_ns(t);
+  }
+  bool failed() const { return failed_; }
+  void fail() { failed_ = true; }
+
+ private:
+  void loop(int id) {
+    if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) failed_ = true;
+    unsigned seen = 0;
+    for (;;) {
+      gen_.wait(seen);
+      seen = gen_.load();
+      if (stop_) return;
+      if (id < active_) work_(id, k_);
+      if (left_.fetch_sub(1) == 1) left_.notify_all();
+    }
+  }
+  std::vector<std::thread> ts_;
+  std::function<void(int, long)> work_;
+  long k_ = 0;
+  int active_ = 0;
+  std::atomic<unsigned> gen_{0};
+  std::atomic<int> left_{0};
+  std::atomic<bool> stop_{false}, failed_{false};
+};
+
+void bench_scaling(int threads, int rounds) {
+  Workers w(threads);
+  struct Load {
+    const char* name;
+    std::size_t size;  // 0: host or ctx (no allocation)
+    long k = 1;
+  };
+  // host: arithmetic on a thread-local table; ctx: the same with
+  // cuCtxGetCurrent (the one driver call of the shim's hit path).
+  std::vector<Load> loads = {{"pair", std::size_t(64) << 10}, {"pair", std::size_t(4) << 20},
+                             {"host", 0}, {"ctx", 0}};
+  auto work_of = [&](const Load& l) -> std::function<void(int, long)> {
+    if (l.size == 0) {
+      const bool ctx = l.name[0] == 'c';
+      return [&w, ctx](int, long k) {
+        std::uint64_t table[64] = {}, x = 88172645463325252ull;
+        for (long i = 0; i < k; ++i) {
+          CUcontext c = nullptr;
+          if (ctx && cuCtxGetCurrent(&c) != CUDA_SUCCESS) w.fail();
+          for (int j = 0; j < 8; ++j) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            table[x & 63] += x;
+          }
+        }
+        if (table[0] == 1) w.fail();  // keeps the table
+      };
+    }
+    const std::size_t size = l.size;
+    return [&w, size](int, long k) {
+      for (long i = 0; i < k; ++i) {
+        CUdeviceptr p = 0;
+        if (cuMemAlloc(&p, size) || cuMemFree(p)) w.fail();
+      }
+    };
+  };
+  // Calibrate: one thread's batch ~10 ms. Then warm every thread for ~300 ms
+  // of batches (the safe default grows its bins while its waits pay for it).
+  for (Load& l : loads) {
+    while (l.k < (1L << 24) && w.run(1, work_of(l), l.k) < 1e7) l.k *= 2;
+    for (auto t = Clock::now(); since_ns(t) < 3e8;) w.run(threads, work_of(l), l.k / 4 + 1);
+  }
+  for (int r = 0; r < rounds && !w.failed(); ++r) {
+    for (const Load& l : loads) {
+      double one = 0, many = 0;
+      if (r % 2 == 0) {
+        one = w.run(1, work_of(l), l.k);
+        many = w.run(threads, work_of(l), l.k);
+      } else {
+        many = w.run(threads, work_of(l), l.k);
+        one = w.run(1, work_of(l), l.k);
+      }
+      std::printf(
+          "{\"bench\":\"scaling\",\"label\":\"%s\",\"workload\":\"%s\",\"size\":%zu,"
+          "\"threads\":%d,\"round\":%d,\"one_ns\":%.1f,\"many_ns\":%.1f,\"scaling\":%.3f}\n",
+          g_label.c_str(), l.name, l.size, threads, r, one / l.k, many / l.k,
+          threads * one / many);
+    }
+    std::fflush(stdout);
+  }
+  if (w.failed()) std::fprintf(stderr, "bench_alloc: scaling: a call failed\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool async = false, quick = false, threads_only = false;
+  int scaling_rounds = 0, scaling_threads = 16;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--label") && i + 1 < argc) g_label = argv[++i];
     else if (!std::strcmp(argv[i], "--async")) async = true;  // also time cuMemAllocAsync
     else if (!std::strcmp(argv[i], "--threads-only")) threads_only = true;  // only bench_threads
     else if (!std::strcmp(argv[i], "--quick")) quick = true;  // smaller budget
+    else if (!std::strcmp(argv[i], "--scaling") && i + 1 < argc) scaling_rounds = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) scaling_threads = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--label NAME] [--async] [--quick] [--threads-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--label NAME] [--async] [--quick] [--threads-only] "
+                   "[--scaling ROUNDS [--threads N]]\n", argv[0]);
       return 2;
     }
   }
@@ -355,6 +482,11 @@ int main(int argc, char** argv) {
     REQUIRE(cuDeviceGetDefaultMemPool(&pool, g_dev));
     cuuint64_t keep = UINT64_MAX;
     REQUIRE(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+  }
+
+  if (scaling_rounds > 0) {
+    bench_scaling(scaling_threads, scaling_rounds);
+    return 0;
   }
 
   std::vector<std::size_t> sizes;
