@@ -9,7 +9,11 @@
 // Erasing shifts the following entries back (no tombstones), so erase never
 // allocates and a table that saw many handles come and go stays fast.
 // Handle 0 marks an empty slot: no live handle of these APIs is 0.
-// Callers shard the tables, each under a SpinLock (core/spin_lock.hpp).
+//
+// ShardedHandleTable: 2^ShardBits tables, each under its own SpinLock
+// (core/spin_lock.hpp), picked by a multiplicative hash of the handle:
+// threads working on different handles meet at a lock only when their
+// handles share a shard.
 #pragma once
 
 #include <cstddef>
@@ -112,6 +116,30 @@ class HandleTable {
   std::size_t mask_ = 0;
   unsigned shift_ = 64;
   std::size_t count_ = 0;
+};
+
+template <class V, unsigned ShardBits>
+class ShardedHandleTable {
+ public:
+  struct alignas(64) Shard {
+    SpinLock mu;
+    HandleTable<V> map;
+  };
+  static constexpr unsigned kShards = 1u << ShardBits;
+
+  Shard& shard(std::uintptr_t h) {
+    return shards_[static_cast<unsigned>((h * 0x9E3779B97F4A7C15ull) >> (64 - ShardBits))];
+  }
+  // Every shard locked (fork handlers), in one order.
+  void lock_all() {
+    for (Shard& s : shards_) s.mu.lock();
+  }
+  void unlock_all() {
+    for (Shard& s : shards_) s.mu.unlock();
+  }
+
+ private:
+  Shard shards_[kShards];
 };
 
 }  // namespace gpupool

@@ -230,11 +230,11 @@ void PtrMap::erase_context(CtxState* st, Pool& pool) {
 
 void PtrMap::fork_prepare() {
   ranges_mu_.lock();
-  for (Shard& s : shards_) s.mu.lock();
+  shards_.lock_all();
 }
 
 void PtrMap::fork_parent() {
-  for (Shard& s : shards_) s.mu.unlock();
+  shards_.unlock_all();
   ranges_mu_.unlock();
 }
 

@@ -123,36 +123,26 @@ template <class K, class V>
 class HandleMap {
  public:
   V* find(K k) {
-    Shard& s = of(k);
+    auto& s = shards_.shard(key(k));
     std::lock_guard lock(s.mu);
     return s.map.find(key(k));
   }
   void put(K k, V* v) {
-    Shard& s = of(k);
+    auto& s = shards_.shard(key(k));
     std::lock_guard lock(s.mu);
     s.map.put(key(k), v);
   }
   V* take(K k) {
-    Shard& s = of(k);
+    auto& s = shards_.shard(key(k));
     std::lock_guard lock(s.mu);
     return s.map.erase(key(k));
   }
-  void lock_all() {
-    for (Shard& s : shards_) s.mu.lock();
-  }
-  void unlock_all() {
-    for (Shard& s : shards_) s.mu.unlock();
-  }
+  void lock_all() { shards_.lock_all(); }
+  void unlock_all() { shards_.unlock_all(); }
 
  private:
-  struct alignas(64) Shard {
-    SpinLock mu;
-    HandleTable<V> map;
-  };
-  static constexpr std::size_t kShards = 16;
   static std::uintptr_t key(K k) { return reinterpret_cast<std::uintptr_t>(k); }
-  Shard& of(K k) { return shards_[(key(k) >> 6) % kShards]; }
-  Shard shards_[kShards];
+  ShardedHandleTable<V, 4> shards_;
 };
 
 HandleMap<cl_command_queue, Queue>& queues();
