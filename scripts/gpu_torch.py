@@ -173,7 +173,8 @@ def main():
             "step_ms_median": statistics.median(timed),
             "step_ms_mean": statistics.fmean(timed),
             "train_s": train_s,
-            "infer_ms_median": statistics.median(infer_ms[3:]),
+            # The first three inferences warm up; fewer than four: no figure.
+            "infer_ms_median": statistics.median(infer_ms[3:]) if len(infer_ms) > 3 else None,
             "max_memory_allocated": torch.cuda.max_memory_allocated(),
             # The caching allocator's: what it held from the driver at most.
             "max_memory_reserved": torch.cuda.max_memory_reserved(),

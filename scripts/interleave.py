@@ -19,6 +19,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 
 
 def run_one(cmd, metric):
@@ -37,6 +38,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--metric", required=True, help="regex, group 1 is the number")
+    ap.add_argument("--budget", type=float, default=0,
+                    help="seconds: start no round after this (then summarise the rounds done)")
     ap.add_argument("commands", nargs="+", help="name=shell command; the first is the baseline")
     a = ap.parse_args()
     named = []
@@ -49,7 +52,12 @@ def main():
         ap.error("--rounds must be at least 1")
 
     values = {name: [] for name, _ in named}
+    start = time.monotonic()
+    done = 0
     for r in range(a.rounds):
+        if r and a.budget and time.monotonic() - start > a.budget:
+            print(f"time budget of {a.budget:g} s spent: {r} of {a.rounds} rounds", flush=True)
+            break
         order = named[r % len(named):] + named[:r % len(named)]
         for name, cmd in order:
             values[name].append(run_one(cmd, a.metric))
@@ -57,9 +65,10 @@ def main():
         cells = " ".join(f"{n}={values[n][-1]:.4g}" for n, _ in named)
         ratios = " ".join(f"{n}/{named[0][0]}={values[n][-1] / base:.3f}" for n, _ in named[1:])
         print(f"round {r + 1}: {cells}  {ratios}", flush=True)
+        done = r + 1
 
     base_name = named[0][0]
-    print(f"\n{a.rounds} rounds, order rotated each round; ratio to {base_name} within each round")
+    print(f"\n{done} rounds, order rotated each round; ratio to {base_name} within each round")
     print("| command | median | min | max | median ratio | ratio range |")
     print("|---|---|---|---|---|---|")
     for name, _ in named:
