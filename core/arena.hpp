@@ -97,15 +97,9 @@ struct alignas(64) Arena::Shard {
   // After room_for(b->bin).
   void push_held(Block* b) {
     bins[b->bin].push_back(b);
-    ++c.held_blocks;
-    c.held_bytes += b->size;
-    c.peak_held_blocks = std::max(c.peak_held_blocks, c.held_blocks);
-    c.peak_held_bytes = std::max(c.peak_held_bytes, c.held_bytes);
+    c.add_held(b->size);
   }
-  void unheld(const Block* b) {
-    --c.held_blocks;
-    c.held_bytes -= b->size;
-  }
+  void unheld(const Block* b) { c.remove_held(b->size); }
   // A ready block of `bin`, or nullptr; *pending is set when the bin only has
   // blocks whose fence has not passed, and their number added to
   // *pending_blocks. Fences grow with push order, so the oldest block (front)

@@ -257,12 +257,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
     ++mine.c.misses;
     mine.add_active(b);
   }
-  {
-    std::lock_guard lock(a.slow_mu_);
-    ++a.slow_.backend_allocs;
-    a.slow_.managed_bytes += b->size;
-    a.slow_.peak_managed_bytes = std::max(a.slow_.peak_managed_bytes, a.slow_.managed_bytes);
-  }
+  took_memory(a, b->size);
   if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *b, false);
   return {b, BackendStatus::ok, 0, false};
 }
@@ -418,24 +413,34 @@ std::size_t Pool::release_largest(const std::vector<Arena*>& arenas, std::size_t
   return released;
 }
 
-void Pool::release_block(Block* b) {
-  Arena& a = *b->arena;
-  a.backend_->release(b->handle, b->size);
-  {
-    std::lock_guard lock(a.slow_mu_);
-    ++a.slow_.backend_frees;
-    a.slow_.managed_bytes -= b->size;
+// Driver memory came into the pool.
+void Pool::took_memory(Arena& a, std::size_t size) {
+  std::lock_guard lock(a.slow_mu_);
+  ++a.slow_.backend_allocs;
+  a.slow_.managed_bytes += size;
+  a.slow_.peak_managed_bytes = std::max(a.slow_.peak_managed_bytes, a.slow_.managed_bytes);
+}
+
+// Driver memory leaves the pool: given back (release), or only forgotten
+// (drop: the driver freed it with its context, or it is a forked parent's).
+void Pool::give_back(Arena& a, Handle h, std::size_t size, bool drop) {
+  if (drop) {
+    a.backend_->drop(h, size);
+  } else {
+    a.backend_->release(h, size);
   }
+  std::lock_guard lock(a.slow_mu_);
+  if (!drop) ++a.slow_.backend_frees;
+  a.slow_.managed_bytes -= size;
+}
+
+void Pool::release_block(Block* b) {
+  give_back(*b->arena, b->handle, b->size, /*drop=*/false);
   delete b;
 }
 
 void Pool::drop_block(Block* b) {
-  Arena& a = *b->arena;
-  a.backend_->drop(b->handle, b->size);
-  {
-    std::lock_guard lock(a.slow_mu_);
-    a.slow_.managed_bytes -= b->size;
-  }
+  give_back(*b->arena, b->handle, b->size, /*drop=*/true);
   delete b;
 }
 

@@ -251,6 +251,8 @@ class Pool {
   std::size_t release_largest(const std::vector<Arena*>& arenas, std::size_t wanted);
   void enforce_cap(Arena& arena);
   void enforce_cap_nothrow(Arena& arena) noexcept;
+  void took_memory(Arena& a, std::size_t size);
+  void give_back(Arena& a, Handle h, std::size_t size, bool drop);
   void release_block(Block* block);
   void drop_block(Block* block);
   void empty_held(Arena* arena, void (Pool::*dispose)(Block*));

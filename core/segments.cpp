@@ -239,12 +239,7 @@ AllocResult Pool::allocate_split(Arena& a, unsigned my, std::size_t size, std::u
     ++mine.c.misses;
     mine.add_active(b.get());
   }
-  {
-    std::lock_guard lock(a.slow_mu_);
-    ++a.slow_.backend_allocs;
-    a.slow_.managed_bytes += got;
-    a.slow_.peak_managed_bytes = std::max(a.slow_.peak_managed_bytes, a.slow_.managed_bytes);
-  }
+  took_memory(a, got);
   Block* out = b.release();
   if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *out, false);
   return {out, BackendStatus::ok, 0, false};
@@ -281,12 +276,7 @@ void Pool::free_split(Block* b) {
       }
     }
   }
-  if (gone) {
-    a.backend_->release(gone, gone_size);
-    std::lock_guard lock(a.slow_mu_);
-    ++a.slow_.backend_frees;
-    a.slow_.managed_bytes -= gone_size;
-  }
+  if (gone) give_back(a, gone, gone_size, /*drop=*/false);
   if (over_cap) enforce_cap_nothrow(a);
   // The last touch of the arena, as in forget(): once no block is active, a
   // retired arena may be destroyed by another thread.
@@ -316,11 +306,7 @@ void Pool::forget_split(Block* b) {
       sg.erase_segment(gone);
     }
   }
-  if (gone) {
-    a.backend_->drop(gone, gone_size);
-    std::lock_guard lock(a.slow_mu_);
-    a.slow_.managed_bytes -= gone_size;
-  }
+  if (gone) give_back(a, gone, gone_size, /*drop=*/true);
 }
 
 std::size_t Pool::release_segments(Arena& a, std::size_t wanted, bool drop,
@@ -342,16 +328,7 @@ std::size_t Pool::release_segments(Arena& a, std::size_t wanted, bool drop,
     }
     if (!base) break;
     a.group_->unhold(size);
-    if (drop) {
-      a.backend_->drop(base, size);
-    } else {
-      a.backend_->release(base, size);
-    }
-    {
-      std::lock_guard lock(a.slow_mu_);
-      if (!drop) ++a.slow_.backend_frees;
-      a.slow_.managed_bytes -= size;
-    }
+    give_back(a, base, size, drop);
     released += size;
     if (count) ++*count;
   }

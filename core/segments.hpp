@@ -77,16 +77,12 @@ struct Arena::Segments {
     p.free = true;
     p.node.value() = {p.size, at};
     free_pieces.insert(std::move(p.node));
-    ++c.held_blocks;
-    c.held_bytes += p.size;
-    c.peak_held_blocks = std::max(c.peak_held_blocks, c.held_blocks);
-    c.peak_held_bytes = std::max(c.peak_held_bytes, c.held_bytes);
+    c.add_held(p.size);
   }
   void remove_free(Handle at, Piece& p) {
     p.free = false;
     p.node = free_pieces.extract({p.size, at});
-    --c.held_blocks;
-    c.held_bytes -= p.size;
+    c.remove_held(p.size);
   }
   static void absorb(Piece& into, const Piece& from);  // `from`, its right neighbour, merged in
   static bool ready(const Piece& p, Backend& backend) {

@@ -2,6 +2,7 @@
 // managed bytes) plus what an operator needs to judge the pool.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,6 +45,19 @@ struct Stats {
     return *this;
   }
   bool operator==(const Stats&) const = default;
+
+  // A block (or a free piece of a segment) of `bytes` starts or stops
+  // being held.
+  void add_held(std::uint64_t bytes) {
+    ++held_blocks;
+    held_bytes += bytes;
+    peak_held_blocks = std::max(peak_held_blocks, held_blocks);
+    peak_held_bytes = std::max(peak_held_bytes, held_bytes);
+  }
+  void remove_held(std::uint64_t bytes) {
+    --held_blocks;
+    held_bytes -= bytes;
+  }
 };
 
 struct BinSnapshot {
