@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "core/pool.hpp"
-#include "fake_backend.hpp"
+#include "pool_fixture.hpp"
 
 using namespace gpupool;
 using gpupool::testing::FakeBackend;
@@ -15,24 +15,7 @@ using gpupool::testing::FakeDevice;
 
 namespace {
 
-struct Fixture {
-  std::shared_ptr<FakeDevice> dev = std::make_shared<FakeDevice>();
-  Pool pool;
-  Arena* arena;
-  explicit Fixture(PoolOptions po = {}, ArenaOptions ao = {}) : pool(with_cost_clock(po)) {
-    if (ao.group.empty()) ao.group = "dev";
-    arena = pool.add_arena(std::make_unique<FakeBackend>(dev), ao);
-  }
-  static PoolOptions with_cost_clock(PoolOptions po) {
-    if (!po.cost_clock) po.cost_clock = gpupool::testing::fake_cost_clock;
-    return po;
-  }
-  Block* alloc(std::size_t n) {
-    AllocResult r = pool.allocate(arena, n);
-    EXPECT_EQ(r.status, BackendStatus::ok);
-    return r.block;
-  }
-};
+using Fixture = gpupool::testing::PoolFixture;
 
 }  // namespace
 

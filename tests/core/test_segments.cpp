@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/pool.hpp"
-#include "fake_backend.hpp"
+#include "pool_fixture.hpp"
 
 using namespace gpupool;
 using gpupool::testing::FakeBackend;
@@ -18,23 +18,13 @@ namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-struct Fixture {
-  std::shared_ptr<FakeDevice> dev = std::make_shared<FakeDevice>();
-  Pool pool;
-  Arena* arena;
-  explicit Fixture(ArenaOptions ao = {}, PoolOptions po = {}) : pool(with_clocks(po)) {
-    if (ao.group.empty()) ao.group = "dev";
+// Splitting from 1 MiB unless ao says otherwise; arena options first, as
+// most of these tests set them.
+struct Fixture : gpupool::testing::PoolFixture {
+  explicit Fixture(ArenaOptions ao = {}, PoolOptions po = {}) : PoolFixture(po, split(ao)) {}
+  static ArenaOptions split(ArenaOptions ao) {
     if (!ao.split_min) ao.split_min = MiB;
-    arena = pool.add_arena(std::make_unique<FakeBackend>(dev), ao);
-  }
-  static PoolOptions with_clocks(PoolOptions po) {
-    if (!po.cost_clock) po.cost_clock = gpupool::testing::fake_cost_clock;
-    return po;
-  }
-  Block* alloc(std::size_t n) {
-    AllocResult r = pool.allocate(arena, n);
-    EXPECT_EQ(r.status, BackendStatus::ok);
-    return r.block;
+    return ao;
   }
 };
 
