@@ -215,6 +215,29 @@ struct SizeOrPercent {
   static std::string show(const T& v) { return show_size(v); }
 };
 
+// A plain count, or a size with a unit (*is_size): what GPUPOOL_SITES and
+// GPUPOOL_SPLIT accept besides their words. `what` names both for errors.
+bool count_or_size(std::string_view v, std::uint64_t* n, bool* is_size, std::string* reason,
+                   const char* what) {
+  if (v.front() == '-') { *reason = "is negative"; return false; }
+  std::size_t used = 0;
+  if (!take_u64(v, n, &used) || used == 0) { *reason = std::string("is not ") + what; return false; }
+  *is_size = used != v.size();
+  if (!*is_size) return true;
+  SizeSpec size;
+  if (!size_from(v, false, &size, reason)) return false;
+  if (size.unlimited) { *reason = "is not a size"; return false; }
+  *n = size.bytes;
+  return true;
+}
+
+std::string show_bytes(std::uint64_t bytes) {
+  SizeSpec s;
+  s.unlimited = false;
+  s.bytes = bytes;
+  return show_size(s);
+}
+
 // GPUPOOL_SITES: a plain number counts allocations, a number with a unit is
 // bytes, so "64MiB" and "64" cannot be mistaken for each other.
 struct Sampling {
@@ -229,27 +252,19 @@ struct Sampling {
     const std::string l = lower(v);
     if (l == "off" || l == "none" || l == "0") { *out = {}; return true; }
     if (l == "all" || l == "on" || l == "1") { *out = {SiteSampling::Mode::every, 1}; return true; }
-    if (v.front() == '-') { *reason = "is negative"; return false; }
     std::uint64_t n = 0;
-    std::size_t used = 0;
-    if (!take_u64(v, &n, &used) || used == 0) { *reason = "is not a count or a size"; return false; }
-    if (used == v.size()) { *out = {SiteSampling::Mode::every, n}; return true; }
-    SizeSpec size;
-    if (!size_from(v, false, &size, reason)) return false;
-    if (size.unlimited || size.bytes == 0) { *reason = "is not a size of at least one byte"; return false; }
-    *out = {SiteSampling::Mode::bytes, size.bytes};
+    bool is_size = false;
+    if (!count_or_size(v, &n, &is_size, reason, "a count or a size")) return false;
+    if (!is_size) { *out = {SiteSampling::Mode::every, n}; return true; }
+    if (n == 0) { *reason = "is not a size of at least one byte"; return false; }
+    *out = {SiteSampling::Mode::bytes, n};
     return true;
   }
   static std::string show(const T& v) {
     switch (v.mode) {
       case SiteSampling::Mode::off: return "off";
       case SiteSampling::Mode::every: return v.n == 1 ? "all" : std::to_string(v.n);
-      case SiteSampling::Mode::bytes: {
-        SizeSpec s;
-        s.unlimited = false;
-        s.bytes = v.n;
-        return show_size(s);
-      }
+      case SiteSampling::Mode::bytes: return show_bytes(v.n);
     }
     return "off";
   }
@@ -270,24 +285,15 @@ struct Split {
     const std::string l = lower(v);
     if (l == "off" || l == "none" || l == "0" || l == "no" || l == "false") { *out = 0; return true; }
     if (l == "on" || l == "1" || l == "yes" || l == "true") { *out = kOn; return true; }
-    if (v.front() == '-') { *reason = "is negative"; return false; }
     std::uint64_t n = 0;
-    std::size_t used = 0;
-    if (!take_u64(v, &n, &used) || used == 0) { *reason = "is not off, on or a size"; return false; }
-    if (used == v.size()) { *reason = "is a number without a unit"; return false; }
-    SizeSpec size;
-    if (!size_from(v, false, &size, reason)) return false;
-    if (size.unlimited || size.bytes < 4096) { *reason = "is under 4KiB"; return false; }
-    *out = size.bytes;
+    bool is_size = false;
+    if (!count_or_size(v, &n, &is_size, reason, "off, on or a size")) return false;
+    if (!is_size) { *reason = "is a number without a unit"; return false; }
+    if (n < 4096) { *reason = "is under 4KiB"; return false; }
+    *out = n;
     return true;
   }
-  static std::string show(const T& v) {
-    if (v == 0) return "off";
-    SizeSpec s;
-    s.unlimited = false;
-    s.bytes = v;
-    return show_size(s);
-  }
+  static std::string show(const T& v) { return v == 0 ? "off" : show_bytes(v); }
 };
 
 struct Duration {
