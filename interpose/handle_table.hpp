@@ -120,6 +120,8 @@ class HandleTable {
 
 template <class V, unsigned ShardBits>
 class ShardedHandleTable {
+  static_assert(ShardBits >= 1 && ShardBits < 32, "the shard is the hash's top ShardBits bits");
+
  public:
   struct alignas(64) Shard {
     SpinLock mu;

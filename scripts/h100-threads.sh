@@ -5,8 +5,9 @@
 # moment speed cancels in their ratio; beside warm device pairs (64 KiB and
 # 4 MiB) the same rounds measure workloads that share nothing ("host":
 # arithmetic; "ctx": the same and cuCtxGetCurrent), how far the host lets N
-# threads scale at all. Each library runs under safe and immediate reuse,
-# PROCS processes each, libraries and modes alternating. Prints per library
+# threads scale at all. Each library runs under safe and then immediate
+# reuse, PROCS processes each, the libraries' order rotating from one round
+# of processes to the next. Prints per library
 # and mode the median (range) of the per-round scalings.
 #   scripts/h100-threads.sh LIB [LIB ...]     env: PROCS (3), ROUNDS (7), THREADS (16)
 set -eu -o pipefail
@@ -14,12 +15,16 @@ OUT=${OUT:-h100-out}
 PROCS=${PROCS:-3}
 ROUNDS=${ROUNDS:-7}
 THREADS=${THREADS:-16}
+(($# > 0)) || { echo "usage: $0 LIB [LIB ...]" >&2; exit 2; }
+libs=()
+for l in "$@"; do
+  [[ -f $l ]] || { echo "h100-threads.sh: no library $l" >&2; exit 2; }
+  libs+=("$(realpath "$l")")
+done
 mkdir -p "$OUT"
 T=$(mktemp -d)
 g++ -O2 -std=c++20 -I/usr/local/cuda/include -o "$T/bench_alloc" tests/gpu/bench_alloc.cpp \
   -L/usr/local/cuda/lib64/stubs -lcuda -lpthread
-libs=()
-for l in "$@"; do libs+=("$(realpath "$l")"); done
 : >"$OUT/threads.json"
 for p in $(seq 1 "$PROCS"); do
   for i in "${!libs[@]}"; do

@@ -55,6 +55,10 @@ def fnum(v):
     return "-" if v is None else f"{v:,.0f}"
 
 
+def fmt_ms(v):
+    return "-" if v is None else f"{v:.3f}"
+
+
 def fx(v, digits=1):
     return "-" if v is None else f"{v:.{digits}f}×"
 
@@ -415,7 +419,7 @@ class Summary:
                 eq = lambda k: "-" if not base or r == nocache else ("yes" if x.get(k) == base.get(k) else "**NO**")  # noqa: E731
                 st = self.stats_text(r) if "gpupool" in r and bt == batches[0] else ""
                 self.md.append(f"| {r} | {bt} | {self.steps[r]['status']} | {x['step_ms_median']:.3f} | {x['train_s']:.2f} | "
-                               f"{x['infer_ms_median']:.3f} | {eq('losses')} | {eq('params_sha256')} | {eq('infer_sha256')} | {st} |")
+                               f"{fmt_ms(x['infer_ms_median'])} | {eq('losses')} | {eq('params_sha256')} | {eq('infer_sha256')} | {st} |")
         self.md.append("")
         if res[gp]:
             self.acc(f"PyTorch ({model}) under gpupool: pool hits", ((self.stats(gp) or {}).get("hits") or 0) > 0,

@@ -39,7 +39,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--metric", required=True, help="regex, group 1 is the number")
     ap.add_argument("--budget", type=float, default=0,
-                    help="seconds: start no round after this (then summarise the rounds done)")
+                    help="seconds: start no round that would end after this, judged by the "
+                         "longest round so far (then summarise the rounds done)")
     ap.add_argument("commands", nargs="+", help="name=shell command; the first is the baseline")
     a = ap.parse_args()
     named = []
@@ -54,10 +55,12 @@ def main():
     values = {name: [] for name, _ in named}
     start = time.monotonic()
     done = 0
+    longest = 0.0  # the longest round so far: the next is expected to fit the budget
     for r in range(a.rounds):
-        if r and a.budget and time.monotonic() - start > a.budget:
-            print(f"time budget of {a.budget:g} s spent: {r} of {a.rounds} rounds", flush=True)
+        if r and a.budget and time.monotonic() - start + longest > a.budget:
+            print(f"time budget of {a.budget:g} s: {r} of {a.rounds} rounds", flush=True)
             break
+        began = time.monotonic()
         order = named[r % len(named):] + named[:r % len(named)]
         for name, cmd in order:
             values[name].append(run_one(cmd, a.metric))
@@ -66,6 +69,7 @@ def main():
         ratios = " ".join(f"{n}/{named[0][0]}={values[n][-1] / base:.3f}" for n, _ in named[1:])
         print(f"round {r + 1}: {cells}  {ratios}", flush=True)
         done = r + 1
+        longest = max(longest, time.monotonic() - began)
 
     base_name = named[0][0]
     print(f"\n{done} rounds, order rotated each round; ratio to {base_name} within each round")

@@ -392,7 +392,8 @@ class Workers {
   std::atomic<bool> stop_{false}, failed_{false};
 };
 
-void bench_scaling(int threads, int rounds) {
+// False when a driver call failed (nothing measured after it is printed).
+bool bench_scaling(int threads, int rounds) {
   Workers w(threads);
   struct Load {
     const char* name;
@@ -430,8 +431,9 @@ void bench_scaling(int threads, int rounds) {
   // Calibrate: one thread's batch ~10 ms. Then warm every thread for ~300 ms
   // of batches (the safe default grows its bins while its waits pay for it).
   for (Load& l : loads) {
-    while (l.k < (1L << 24) && w.run(1, work_of(l), l.k) < 1e7) l.k *= 2;
-    for (auto t = Clock::now(); since_ns(t) < 3e8;) w.run(threads, work_of(l), l.k / 4 + 1);
+    while (!w.failed() && l.k < (1L << 24) && w.run(1, work_of(l), l.k) < 1e7) l.k *= 2;
+    for (auto t = Clock::now(); !w.failed() && since_ns(t) < 3e8;)
+      w.run(threads, work_of(l), l.k / 4 + 1);
   }
   for (int r = 0; r < rounds && !w.failed(); ++r) {
     for (const Load& l : loads) {
@@ -443,6 +445,7 @@ void bench_scaling(int threads, int rounds) {
         many = w.run(threads, work_of(l), l.k);
         one = w.run(1, work_of(l), l.k);
       }
+      if (w.failed()) break;
       std::printf(
           "{\"bench\":\"scaling\",\"label\":\"%s\",\"workload\":\"%s\",\"size\":%zu,"
           "\"threads\":%d,\"round\":%d,\"one_ns\":%.1f,\"many_ns\":%.1f,\"scaling\":%.3f}\n",
@@ -452,6 +455,7 @@ void bench_scaling(int threads, int rounds) {
     std::fflush(stdout);
   }
   if (w.failed()) std::fprintf(stderr, "bench_alloc: scaling: a call failed\n");
+  return !w.failed();
 }
 
 }  // namespace
@@ -472,6 +476,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (scaling_threads < 1) {
+    std::fprintf(stderr, "bench_alloc: --threads needs at least 1\n");
+    return 2;
+  }
   if (quick) g_budget_ms = 40, g_warm_ms = 50, g_warm_max_ms = 200;
   REQUIRE(cuInit(0));
   REQUIRE(cuDeviceGet(&g_dev, 0));
@@ -484,10 +492,7 @@ int main(int argc, char** argv) {
     REQUIRE(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
   }
 
-  if (scaling_rounds > 0) {
-    bench_scaling(scaling_threads, scaling_rounds);
-    return 0;
-  }
+  if (scaling_rounds > 0) return bench_scaling(scaling_threads, scaling_rounds) ? 0 : 1;
 
   std::vector<std::size_t> sizes;
   for (std::size_t s = 256; s <= (std::size_t(256) << 20); s *= 4) sizes.push_back(s);
