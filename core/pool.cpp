@@ -1,5 +1,6 @@
 #include "core/pool.hpp"
 #include "core/arena.hpp"
+#include "core/hot_tls.hpp"
 #include "core/segments.hpp"
 #include "core/spin_lock.hpp"
 
@@ -80,7 +81,7 @@ struct SlotRelease {
                                          std::memory_order_release);
   }
 };
-thread_local unsigned t_slot_plus_one = 0;  // 0: none taken yet
+GPUPOOL_HOT_TLS unsigned t_slot_plus_one = 0;  // 0: none taken yet
 
 [[gnu::noinline]] unsigned first_slot() {
   thread_local SlotRelease release;

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "config/log.hpp"
+#include "core/hot_tls.hpp"
 #include "interpose/cuda/memory.hpp"
 #include "interpose/cuda/pointers.hpp"
 #include "interpose/node/node.hpp"
@@ -50,7 +51,7 @@ struct ThreadCache {
   std::uint64_t generation = 0;
   CtxState* st = nullptr;
 };
-thread_local ThreadCache t_cache;
+GPUPOOL_HOT_TLS ThreadCache t_cache;
 
 std::size_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);

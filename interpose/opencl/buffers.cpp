@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "config/log.hpp"
+#include "core/hot_tls.hpp"
 #include "interpose/node/node.hpp"
 
 namespace gpupool::ocl {
@@ -347,7 +348,7 @@ struct LastArena {
   Ctx* ctx = nullptr;
   Arena* arena = nullptr;
 };
-thread_local LastArena t_last;
+GPUPOOL_HOT_TLS LastArena t_last;
 
 }  // namespace
 
