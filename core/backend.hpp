@@ -31,11 +31,13 @@ class Backend {
   // through Pool::allocate (pinned memory: its flags); blocks of one arena
   // must serve any hint alike.
   virtual BackendResult allocate(std::size_t bytes, std::uint64_t hint) = 0;
-  virtual void release(Handle handle, std::size_t bytes) = 0;
+  // `data` is the allocation's BackendResult::data, handed back with its end
+  // (after a context teardown another allocation may have the same handle).
+  virtual void release(Handle handle, std::size_t bytes, void* data) = 0;
   // The pool lets go of a block without releasing it (the driver freed it
   // with its context, or it is a forked parent's): drop what the backend
   // keeps about it. No API call.
-  virtual void drop(Handle /*handle*/, std::size_t /*bytes*/) {}
+  virtual void drop(Handle /*handle*/, std::size_t /*bytes*/, void* /*data*/) {}
 
   // Fences. A block the program frees is stamped with fence(); it is not
   // handed out again until passed(fence) is true. 0 means "reusable at once".

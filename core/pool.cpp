@@ -241,7 +241,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
     b = new Block;
   } catch (...) {
     // Nothing may be left half-done: the fresh allocation goes back.
-    a.backend_->release(r.handle, exact ? size : want);
+    a.backend_->release(r.handle, exact ? size : want, r.data);
     throw;
   }
   b->handle = r.handle;
@@ -424,11 +424,11 @@ void Pool::took_memory(Arena& a, std::size_t size) {
 
 // Driver memory leaves the pool: given back (release), or only forgotten
 // (drop: the driver freed it with its context, or it is a forked parent's).
-void Pool::give_back(Arena& a, Handle h, std::size_t size, bool drop) {
+void Pool::give_back(Arena& a, Handle h, std::size_t size, void* data, bool drop) {
   if (drop) {
-    a.backend_->drop(h, size);
+    a.backend_->drop(h, size, data);
   } else {
-    a.backend_->release(h, size);
+    a.backend_->release(h, size, data);
   }
   std::lock_guard lock(a.slow_mu_);
   if (!drop) ++a.slow_.backend_frees;
@@ -436,12 +436,12 @@ void Pool::give_back(Arena& a, Handle h, std::size_t size, bool drop) {
 }
 
 void Pool::release_block(Block* b) {
-  give_back(*b->arena, b->handle, b->size, /*drop=*/false);
+  give_back(*b->arena, b->handle, b->size, b->data, /*drop=*/false);
   delete b;
 }
 
 void Pool::drop_block(Block* b) {
-  give_back(*b->arena, b->handle, b->size, /*drop=*/true);
+  give_back(*b->arena, b->handle, b->size, b->data, /*drop=*/true);
   delete b;
 }
 
@@ -563,7 +563,7 @@ void Pool::forget(Block* b) {
   if (b->split) {
     forget_split(b);
   } else {
-    a.backend_->drop(b->handle, b->size);
+    a.backend_->drop(b->handle, b->size, b->data);
     std::lock_guard lock(a.slow_mu_);
     a.slow_.managed_bytes -= b->size;
   }

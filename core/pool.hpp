@@ -252,7 +252,7 @@ class Pool {
   void enforce_cap(Arena& arena);
   void enforce_cap_nothrow(Arena& arena) noexcept;
   void took_memory(Arena& a, std::size_t size);
-  void give_back(Arena& a, Handle h, std::size_t size, bool drop);
+  void give_back(Arena& a, Handle h, std::size_t size, void* data, bool drop);
   void release_block(Block* block);
   void drop_block(Block* block);
   void empty_held(Arena* arena, void (Pool::*dispose)(Block*));

@@ -87,12 +87,15 @@ bool Arena::Segments::fits_once_ready(std::size_t want, Backend& backend, std::s
   return fits && *pending != 0;
 }
 
-void Arena::Segments::erase_segment(Handle base) {
+void* Arena::Segments::erase_segment(Handle base) {
   for (auto it = pieces.find(base); it != pieces.end() && it->second.segment == base;) {
     remove_free(it->first, it->second);
     it = pieces.erase(it);
   }
-  segments.erase(base);
+  auto seg = segments.find(base);
+  void* data = seg->second.data;
+  segments.erase(seg);
+  return data;
 }
 
 AllocResult Pool::allocate_split(Arena& a, unsigned my, std::size_t size, std::uint64_t hint) {
@@ -228,7 +231,7 @@ AllocResult Pool::allocate_split(Arena& a, unsigned my, std::size_t size, std::u
       }
     }
   } catch (...) {
-    backend.release(h, got);
+    backend.release(h, got, r.data);
     throw;
   }
   b->handle = h;
@@ -252,6 +255,7 @@ void Pool::free_split(Block* b) {
   const std::uint64_t t = now();
   Handle gone = 0;  // a whole segment to release at once (holding stopped)
   std::size_t gone_size = 0;
+  void* gone_data = nullptr;
   bool over_cap = false;
   {
     std::lock_guard lock(sg.mu);
@@ -269,14 +273,14 @@ void Pool::free_split(Block* b) {
           (a.group_->capped() && seg.size > a.group_->max_held)) {
         gone = it->second.segment;
         gone_size = seg.size;
-        sg.erase_segment(gone);
+        gone_data = sg.erase_segment(gone);
       } else if (a.group_->capped()) {
         over_cap = a.group_->held_bytes.fetch_add(seg.size, std::memory_order_relaxed) + seg.size >
                    a.group_->max_held;
       }
     }
   }
-  if (gone) give_back(a, gone, gone_size, /*drop=*/false);
+  if (gone) give_back(a, gone, gone_size, gone_data, /*drop=*/false);
   if (over_cap) enforce_cap_nothrow(a);
   // The last touch of the arena, as in forget(): once no block is active, a
   // retired arena may be destroyed by another thread.
@@ -296,6 +300,7 @@ void Pool::forget_split(Block* b) {
   Arena::Segments& sg = *a.segments_;
   Handle gone = 0;
   std::size_t gone_size = 0;
+  void* gone_data = nullptr;
   {
     std::lock_guard lock(sg.mu);
     auto it = sg.free_piece(b->handle, 0, now(), *a.backend_);
@@ -303,10 +308,10 @@ void Pool::forget_split(Block* b) {
     if (--seg.used == 0) {
       gone = it->second.segment;
       gone_size = seg.size;
-      sg.erase_segment(gone);
+      gone_data = sg.erase_segment(gone);
     }
   }
-  if (gone) give_back(a, gone, gone_size, /*drop=*/true);
+  if (gone) give_back(a, gone, gone_size, gone_data, /*drop=*/true);
 }
 
 std::size_t Pool::release_segments(Arena& a, std::size_t wanted, bool drop,
@@ -317,6 +322,7 @@ std::size_t Pool::release_segments(Arena& a, std::size_t wanted, bool drop,
   while (released < wanted) {
     Handle base = 0;
     std::size_t size = 0;
+    void* data = nullptr;
     {
       std::lock_guard lock(sg.mu);
       for (const auto& [at, seg] : sg.segments)
@@ -324,11 +330,11 @@ std::size_t Pool::release_segments(Arena& a, std::size_t wanted, bool drop,
           base = at;
           size = seg.size;
         }
-      if (base) sg.erase_segment(base);
+      if (base) data = sg.erase_segment(base);
     }
     if (!base) break;
     a.group_->unhold(size);
-    give_back(a, base, size, drop);
+    give_back(a, base, size, data, drop);
     released += size;
     if (count) ++*count;
   }

@@ -103,7 +103,8 @@ struct Arena::Segments {
   bool fits_once_ready(std::size_t want, Backend& backend, std::size_t* pending);
   // A segment none of whose pieces is in use leaves the maps (its bytes go
   // back to the backend, or are let go, by the caller). Allocates nothing.
-  void erase_segment(Handle base);
+  // Returns the segment's backend record, for its release or drop.
+  void* erase_segment(Handle base);
 };
 
 }  // namespace gpupool

@@ -33,13 +33,15 @@ class ContextBackend : public Backend {
     return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error, 0,
             static_cast<int>(r)};
   }
-  // A fresh block into the pointer map. If that fails (out of host memory)
-  // the block goes back (`undo`) and the failure on to the hook, which asks
-  // the driver alone.
+  // A fresh block into the pointer map: its entry is the block's record
+  // (BackendResult::data), handed back at its release or drop. If that
+  // fails (out of host memory) the block goes back (`undo`) and the failure
+  // on to the hook, which asks the driver alone.
   template <class Undo>
-  void record(PtrMap& map, Handle h, std::size_t bytes, unsigned host_flags, Undo&& undo) {
+  BackendResult record(PtrMap& map, Handle h, std::size_t bytes, unsigned host_flags,
+                       Undo&& undo) {
     try {
-      map.insert(h, bytes, st_, host_flags);
+      return {BackendStatus::ok, h, 0, map.insert(h, bytes, st_, host_flags)};
     } catch (...) {
       undo();
       throw;
@@ -67,13 +69,16 @@ class DeviceBackend final : public ContextBackend {
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     CUdeviceptr p = 0;
     const CUresult r = driver()->mem_alloc(&p, bytes);
-    if (r == CUDA_SUCCESS) record(device_map(), p, bytes, 0, [&] { driver()->mem_free(p); });
-    return result(r, p);
+    if (r != CUDA_SUCCESS) return result(r, p);
+    return record(device_map(), p, bytes, 0, [&] { driver()->mem_free(p); });
   }
 
-  void release(Handle h, std::size_t) override {
-    device_map().erase(h);
+  void release(Handle h, std::size_t, void* data) override {
+    device_map().erase(static_cast<PtrMap::Entry*>(data));
     release_while_alive([&] { driver()->mem_free(h); });  // any (or no) current context
+  }
+  void drop(Handle, std::size_t, void* data) override {
+    device_map().erase(static_cast<PtrMap::Entry*>(data));
   }
 
   // Other gpupool processes on this GPU may hold what we miss.
@@ -93,14 +98,16 @@ class HostBackend final : public ContextBackend {
     void* p = nullptr;
     const CUresult r = driver()->mem_host_alloc(&p, bytes, static_cast<unsigned>(hint));
     const Handle h = reinterpret_cast<Handle>(p);
-    if (r == CUDA_SUCCESS)
-      record(host_map(), h, bytes, flags_, [&] { driver()->mem_free_host(p); });
-    return result(r, h);
+    if (r != CUDA_SUCCESS) return result(r, h);
+    return record(host_map(), h, bytes, flags_, [&] { driver()->mem_free_host(p); });
   }
 
-  void release(Handle h, std::size_t) override {
-    host_map().erase(h);
+  void release(Handle h, std::size_t, void* data) override {
+    host_map().erase(static_cast<PtrMap::Entry*>(data));
     release_while_alive([&] { driver()->mem_free_host(reinterpret_cast<void*>(h)); });
+  }
+  void drop(Handle, std::size_t, void* data) override {
+    host_map().erase(static_cast<PtrMap::Entry*>(data));
   }
 
   // Other gpupool processes on the node may hold pinned memory.

@@ -19,10 +19,13 @@ char g_unallocated[64];
 
 }  // namespace
 
-void PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags) {
-  auto e = std::make_unique<Entry>(
-      Entry{h, size, st, nullptr, g_next_serial.fetch_add(1, std::memory_order_relaxed), 0,
-            host_flags});
+PtrMap::Entry* PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags) {
+  auto e = std::make_unique<Entry>();
+  e->handle = h;
+  e->size = size;
+  e->st = st;
+  e->serial = g_next_serial.fetch_add(1, std::memory_order_relaxed);
+  e->host_flags = host_flags;
   std::lock_guard rl(ranges_mu_);
   // The driver just gave out [h, h + size): pieces recorded inside it were
   // of memory a context teardown freed (the program's blocks in the window
@@ -45,10 +48,11 @@ void PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flag
   Entry* stale = s.map.find(h);
   s.map.put(h, e.get());
   if (stale) {
-    // Its context was torn down under us and the driver just handed the
-    // address out again: the new entry replaces it in both maps.
+    // Its context was torn down while one of its blocks was on its way to
+    // the program, and the driver just handed the address out again: the
+    // new entry replaces it in both maps. The stale one stays the record of
+    // its block, whose drop deletes it (erase).
     ranges_.find(h)->second = e.get();
-    delete stale;
   } else {
     try {
       ranges_.emplace(h, e.get());
@@ -57,34 +61,46 @@ void PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flag
       throw;
     }
   }
-  e.release();
+  return e.release();
 }
 
-void PtrMap::erase(Handle h) {
-  Entry* e = nullptr;
+void PtrMap::erase(Entry* e) {
   {
     std::lock_guard rl(ranges_mu_);
-    Shard& s = shard(h);
+    Shard& s = shard(e->handle);
     std::lock_guard sl(s.mu);
-    if ((e = s.map.erase(h))) ranges_.erase(h);
+    // Not in the maps any more if a newer allocation at its address took
+    // its place (insert).
+    if (s.map.find(e->handle) == e) {
+      s.map.erase(e->handle);
+      ranges_.erase(e->handle);
+    }
   }
   delete e;
 }
 
 void PtrMap::activate(Block* b) {
+  if (!b->split) {
+    // Its record, alive until the pool releases or drops the block.
+    Entry* e = static_cast<Entry*>(b->data);
+    e->uses.store(e->uses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    e->block.store(b, std::memory_order_release);
+    return;
+  }
   {
     Shard& s = shard(b->handle);
     std::lock_guard sl(s.mu);
     Entry* e = s.map.find(b->handle);
-    // A piece's entry goes with its free: one found here is of memory a
-    // context teardown freed (see insert), replaced below.
+    // A piece that starts its segment is answered for by the segment's
+    // entry. A piece's own entry goes with its free: one found here is of
+    // memory a context teardown freed (see insert), replaced below.
     if (e && !e->piece) {
-      e->block = b;
-      ++e->uses;
+      e->uses.store(e->uses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      e->block.store(b, std::memory_order_release);
       return;
     }
   }
-  if (b->split) add_piece(b);  // inside its segment: no entry of its own yet
+  add_piece(b);  // inside its segment: no entry of its own yet
 }
 
 // Slow path: a piece handed out inside its segment. Its entry lives while
@@ -93,9 +109,9 @@ void PtrMap::add_piece(Block* b) {
   auto e = std::make_unique<Entry>();
   e->handle = b->handle;
   e->size = b->size;
-  e->block = b;
+  e->block.store(b, std::memory_order_relaxed);
   e->serial = g_next_serial.fetch_add(1, std::memory_order_relaxed);
-  e->uses = 1;
+  e->uses.store(1, std::memory_order_relaxed);
   e->piece = true;
   std::lock_guard rl(ranges_mu_);
   auto seg = ranges_.upper_bound(b->handle);
@@ -127,7 +143,7 @@ Block* PtrMap::remove_piece(Handle h) {
     s.map.erase(h);
     pieces_.erase(h);
   }
-  Block* b = e->block;
+  Block* b = e->block.load(std::memory_order_acquire);
   delete e;
   return b;
 }
@@ -140,8 +156,8 @@ Block* PtrMap::deactivate(Handle h, bool* known) {
     *known = e != nullptr;
     if (!e) return nullptr;
     if (!e->piece) {
-      Block* b = e->block;
-      e->block = nullptr;
+      Block* b = e->block.load(std::memory_order_acquire);
+      e->block.store(nullptr, std::memory_order_relaxed);
       return b;
     }
   }
@@ -169,13 +185,14 @@ PtrInfo PtrMap::find(Handle p) {
   if (!e) return info;
   Shard& s = shard(e->handle);
   std::lock_guard sl(s.mu);
+  const Block* b = e->block.load(std::memory_order_acquire);
   info.found = true;
   info.base = e->handle;
   info.size = e->size;
-  info.active = e->block != nullptr;
-  info.requested = e->block ? e->block->requested : 0;
-  info.shares_allocation = e->block && e->block->split && (e->piece || e->block->size != e->size);
-  info.buffer_id = buffer_id(e->serial, e->uses);
+  info.active = b != nullptr;
+  info.requested = b ? b->requested : 0;
+  info.shares_allocation = b && b->split && (e->piece || b->size != e->size);
+  info.buffer_id = buffer_id(e->serial, e->uses.load(std::memory_order_relaxed));
   info.host_flags = e->host_flags;
   return info;
 }
@@ -186,44 +203,55 @@ Block* PtrMap::active_block(Handle p) {
   if (!e) return nullptr;
   Shard& s = shard(e->handle);
   std::lock_guard sl(s.mu);
-  return e->block;
+  return e->block.load(std::memory_order_acquire);
+}
+
+Block* PtrMap::take_active_locked(CtxState* st, Handle* next_range, Handle* next_piece) {
+  for (auto it = ranges_.lower_bound(*next_range); it != ranges_.end(); ++it) {
+    Entry* e = it->second;
+    if (e->st != st) continue;
+    Shard& s = shard(e->handle);
+    std::lock_guard sl(s.mu);
+    if (Block* b = e->block.load(std::memory_order_acquire)) {
+      e->block.store(nullptr, std::memory_order_relaxed);
+      *next_range = it->first + 1;
+      return b;
+    }
+  }
+  *next_range = UINTPTR_MAX;
+  for (auto it = pieces_.lower_bound(*next_piece); it != pieces_.end();) {
+    Entry* e = it->second;
+    if (e->st != st) {
+      ++it;
+      continue;
+    }
+    {
+      Shard& s = shard(e->handle);
+      std::lock_guard sl(s.mu);
+      s.map.erase(e->handle);  // never allocates
+    }
+    *next_piece = it->first + 1;
+    it = pieces_.erase(it);
+    Block* b = e->block.load(std::memory_order_acquire);
+    delete e;
+    if (b) return b;  // a piece's entry lives while the program owns it: always
+  }
+  return nullptr;
 }
 
 void PtrMap::erase_context(CtxState* st, Pool& pool) {
   // Allocates nothing: it runs after the driver destroyed the context, where
-  // failing half-way would leave entries of freed memory behind.
-  std::lock_guard rl(ranges_mu_);
-  for (auto it = ranges_.begin(); it != ranges_.end();) {
-    Entry* e = it->second;
-    if (e->st != st) {
-      ++it;
-      continue;
-    }
+  // failing half-way would leave entries of freed memory behind. The pool
+  // forgets each block outside the map's locks: forgetting one drops its
+  // record (erase), and a piece's may drop its segment's.
+  Handle next_range = 0, next_piece = 0;
+  for (;;) {
     Block* active = nullptr;
     {
-      Shard& s = shard(e->handle);
-      std::lock_guard sl(s.mu);
-      active = e->block;
-      s.map.erase(e->handle);  // never allocates
+      std::lock_guard rl(ranges_mu_);
+      active = take_active_locked(st, &next_range, &next_piece);
     }
-    it = ranges_.erase(it);
-    delete e;
-    if (active) pool.forget(active);
-  }
-  for (auto it = pieces_.begin(); it != pieces_.end();) {
-    Entry* e = it->second;
-    if (e->st != st) {
-      ++it;
-      continue;
-    }
-    {
-      Shard& s = shard(e->handle);
-      std::lock_guard sl(s.mu);
-      s.map.erase(e->handle);
-    }
-    it = pieces_.erase(it);
-    Block* active = e->block;
-    delete e;
+    if (!active) return;
     pool.forget(active);
   }
 }

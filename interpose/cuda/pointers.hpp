@@ -4,6 +4,11 @@
 // the driver, for device and pinned memory alike. A piece of a split
 // segment (GPUPOOL_SPLIT) that does not start its driver allocation has an
 // entry of its own while the program owns it.
+//
+// An allocation's entry is its backend record (BackendResult::data, so
+// Block::data): made when the driver allocates, removed when the pool
+// releases or drops the block. A hit reaches it through the block, with no
+// lookup and no lock.
 #pragma once
 
 #include <cuda.h>
@@ -38,9 +43,11 @@ struct PtrInfo {
 
 class PtrMap {
  public:
-  // Backend side (slow path): the driver allocated / is about to free it.
-  void insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags = 0);
-  void erase(Handle h);
+  struct Entry;
+  // Backend side (slow path): the driver allocated it (returns the record
+  // for BackendResult::data) / the pool releases or drops it.
+  Entry* insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags = 0);
+  void erase(Entry* e);
   // Hit path. activate: the pool handed `b` out (may throw for a piece
   // inside its segment, whose entry is made then: the caller gives the
   // block back). deactivate: the program frees h; *known = false if h is
@@ -52,25 +59,34 @@ class PtrMap {
   PtrInfo find(Handle p);
   // The active block containing p, or nullptr.
   Block* active_block(Handle p);
-  // Context teardown: drop every entry of st; its active blocks are
-  // forgotten by the pool (the driver freed them).
+  // Context teardown: the pool forgets every block of st the program still
+  // owns (the driver freed them), which removes their entries. Entries of
+  // held blocks went when the pool dropped those.
   void erase_context(CtxState* st, Pool& pool);
 
   void fork_prepare();
   void fork_parent();
 
- private:
   struct Entry {
     Handle handle = 0;
     std::size_t size = 0;
     CtxState* st = nullptr;
-    Block* block = nullptr;  // non-null while the program owns it
-    std::uint64_t serial = 0;  // of the driver allocation (buffer ids)
-    std::uint32_t uses = 0;    // times handed out (buffer ids)
+    // Non-null while the program owns it. Set by activate() without the
+    // shard's lock (the pool has just handed the block to that thread
+    // alone); read and cleared under it.
+    std::atomic<Block*> block{nullptr};
+    std::uint64_t serial = 0;            // of the driver allocation (buffer ids)
+    std::atomic<std::uint32_t> uses{0};  // times handed out (buffer ids); activate() writes it
     unsigned host_flags = 0;
-    bool piece = false;        // a piece inside a segment: in pieces_, gone when freed
+    bool piece = false;  // a piece inside a segment: in pieces_, gone when freed
   };
+
+ private:
   void add_piece(Block* b);
+  // The next block of st the program owns at or after the cursors, taken
+  // out of the map (a piece's entry deleted, an allocation's cleared), or
+  // nullptr. Under ranges_mu_.
+  Block* take_active_locked(CtxState* st, Handle* next_range, Handle* next_piece);
   Block* remove_piece(Handle h);
   // The entry of the active piece containing p, else of the driver
   // allocation containing it, else nullptr. Under ranges_mu_.

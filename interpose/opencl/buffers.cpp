@@ -75,12 +75,12 @@ class BufferBackend final : public ContextBackend {
     return {BackendStatus::ok, reinterpret_cast<Handle>(m), 0, record};
   }
 
-  void release(Handle h, std::size_t) override {
+  void release(Handle h, std::size_t, void*) override {
     cl_mem m = reinterpret_cast<cl_mem>(h);
     delete buffers().take(m);
     if (!cl_gone()) next().clReleaseMemObject(m);
   }
-  void drop(Handle h, std::size_t) override { delete buffers().take(reinterpret_cast<cl_mem>(h)); }
+  void drop(Handle h, std::size_t, void*) override { delete buffers().take(reinterpret_cast<cl_mem>(h)); }
 
  private:
   // Make the allocation real now, so out-of-memory is reported here.

@@ -64,12 +64,12 @@ class SvmBackend final : public ContextBackend {
     return {BackendStatus::ok, reinterpret_cast<Handle>(p), 0, record};
   }
 
-  void release(Handle h, std::size_t) override {
+  void release(Handle h, std::size_t, void*) override {
     void* p = reinterpret_cast<void*>(h);
     delete svm_blocks().take(p);
     if (!cl_gone()) next().clSVMFree(ctx_->handle, p);
   }
-  void drop(Handle h, std::size_t) override { delete svm_blocks().take(reinterpret_cast<void*>(h)); }
+  void drop(Handle h, std::size_t, void*) override { delete svm_blocks().take(reinterpret_cast<void*>(h)); }
 
  private:
   cl_svm_mem_flags flags_;

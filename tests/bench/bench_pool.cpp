@@ -18,7 +18,7 @@ class NullBackend : public Backend {
   BackendResult allocate(std::size_t, std::uint64_t) override {
     return {BackendStatus::ok, next_.fetch_add(4096, std::memory_order_relaxed), 0};
   }
-  void release(Handle, std::size_t) override {}
+  void release(Handle, std::size_t, void*) override {}
 
  private:
   std::atomic<Handle> next_{4096};

@@ -249,7 +249,7 @@ class SimBackend final : public Backend {
     d_->next += (bytes + 4095) / 4096 * 4096 + 4096;
     return {BackendStatus::ok, h, 0};
   }
-  void release(Handle, std::size_t bytes) override {
+  void release(Handle, std::size_t bytes, void*) override {
     ++d_->frees;
     d_->bytes -= bytes;
   }

@@ -68,7 +68,7 @@ class CheckingBackend : public gpupool::Backend {
     live_bytes_ += bytes;
     return {gpupool::BackendStatus::ok, id + 1, 0};
   }
-  void release(gpupool::Handle h, std::size_t bytes) override {
+  void release(gpupool::Handle h, std::size_t bytes, void*) override {
     std::lock_guard lock(mu_);
     const std::size_t id = h - 1;
     if (id >= kMaxIds || !live_[id]) {

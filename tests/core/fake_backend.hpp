@@ -20,7 +20,7 @@ struct FakeDevice {
   std::size_t used = 0;
   std::uint64_t next_handle = 0x1000;
   std::map<Handle, std::size_t> live;  // handle -> bytes
-  std::uint64_t allocs = 0, alloc_failures = 0, releases = 0;
+  std::uint64_t allocs = 0, alloc_failures = 0, releases = 0, drops = 0;
   int inject_error = 0;  // next allocate fails with this non-OOM error
   std::mutex mu;         // for multi-threaded tests
 
@@ -69,17 +69,28 @@ class FakeBackend : public Backend {
     // of segments are handle + offset).
     d.next_handle += (bytes + 0xfff) / 0x1000 * 0x1000 + 0x1000;
     d.live[h] = bytes;
-    return {BackendStatus::ok, h, 0};
+    return {BackendStatus::ok, h, 0, record_of(h)};
   }
-  void release(Handle h, std::size_t bytes) override {
+  // Each allocation's record (BackendResult::data), which must come back
+  // with its release or drop.
+  static void* record_of(Handle h) { return reinterpret_cast<void*>(h ^ 0x5ec0'0000'0000'0000ull); }
+  void release(Handle h, std::size_t bytes, void* data) override {
     FakeDevice& d = *dev_;
     std::lock_guard lock(d.mu);
     auto it = d.live.find(h);
     if (it == d.live.end()) throw std::logic_error("release of a handle not live");
     if (it->second != bytes) throw std::logic_error("release with the wrong size");
+    if (data != record_of(h)) throw std::logic_error("release without the allocation's record");
     d.used -= bytes;
     d.live.erase(it);
     ++d.releases;
+  }
+  // The device freed it already (a context torn down): only the record goes.
+  void drop(Handle h, std::size_t, void* data) override {
+    FakeDevice& d = *dev_;
+    std::lock_guard lock(d.mu);
+    if (data != record_of(h)) throw std::logic_error("drop without the allocation's record");
+    ++d.drops;
   }
   std::uint64_t fence() override { return dev_->fences ? ++dev_->issued : 0; }
   bool passed(std::uint64_t f) override { return f <= dev_->completed; }

@@ -435,9 +435,13 @@ TEST(Pool, RetiredArenaForgetsBlocksWithoutReleasingThem) {
   f.pool.retire_arena(f.arena);
   EXPECT_TRUE(f.arena->retired());
   EXPECT_EQ(f.dev->releases, 0u) << "the driver already freed the context's memory";
+  // The backend lets go of each block's record (the shim's pointer-map
+  // entry), handed back with it: FakeBackend::drop checks it is this one.
+  EXPECT_EQ(f.dev->drops, 1u) << "the held block";
   EXPECT_EQ(f.pool.arena_count(), 1u) << "a block is still in the program's hands";
   f.pool.free(a);  // the program frees after the context died: nothing reaches the backend
   EXPECT_EQ(f.dev->releases, 0u);
+  EXPECT_EQ(f.dev->drops, 2u) << "the block the program held, at its free";
   // The arena is gone; what it did stays in the totals.
   EXPECT_EQ(f.pool.arena_count(), 0u);
   Stats s = f.pool.totals();
@@ -456,9 +460,9 @@ TEST(Pool, RetiringArenaIsNotDestroyedWhileItsHeldBlocksAreDropped) {
     std::function<void()> on_drop;
     Watched(std::shared_ptr<FakeDevice> d, std::atomic<bool>* flag) : FakeBackend(std::move(d)), destroyed(flag) {}
     ~Watched() override { destroyed->store(true); }
-    void drop(Handle h, std::size_t bytes) override {
+    void drop(Handle h, std::size_t bytes, void* data) override {
       if (on_drop) on_drop();
-      FakeBackend::drop(h, bytes);
+      FakeBackend::drop(h, bytes, data);
     }
   };
   auto dev = std::make_shared<FakeDevice>();

@@ -73,7 +73,7 @@ struct Model {
     a.s.held_bytes -= b.size;
   }
   void release(MArena& a, const MBlock& b) {
-    FakeBackend(devices[a.group]).release(b.handle, b.size);
+    FakeBackend(devices[a.group]).release(b.handle, b.size, FakeBackend::record_of(b.handle));
     ++a.s.backend_frees;
     a.s.managed_bytes -= b.size;
   }
