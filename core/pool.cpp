@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <ctime>
 #include <new>
 #include <optional>
@@ -622,8 +623,15 @@ void Pool::retire_arena(Arena* arena, bool keep_stats) {
   reclaim();
 }
 
-void Pool::reclaim() {
+void Pool::reclaim(std::uint64_t patience_ns) {
   std::unique_lock use(arenas_in_use_, std::try_to_lock);
+  // Bounded, and a try at a time: a writer waiting on the lock outright
+  // could wait as long as operations keep overlapping.
+  for (const std::uint64_t until = clock_ns(CLOCK_MONOTONIC) + patience_ns;
+       !use.owns_lock() && clock_ns(CLOCK_MONOTONIC) < until;) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    use.try_lock();
+  }
   if (!use.owns_lock()) return;
   std::vector<std::unique_ptr<Arena>> dead;
   std::unique_lock lock(arenas_mu_);

@@ -194,10 +194,12 @@ class Pool {
   void retire_arena(Arena* arena, bool keep_stats = true);
   // Drop one active block without releasing it.
   void forget(Block* block);  // the observer sees it as a free (a counted arena's)
-  // Destroy retired arenas with no active block. Never waits: an arena in
-  // use by a pool-wide operation (free_held, a snapshot...) is left for a
-  // later call.
-  void reclaim();
+  // Destroy retired arenas with no active block. By default never waits:
+  // while a pool-wide operation (free_held, a snapshot, the control
+  // thread's publishing...) uses the arenas, they are left for a later
+  // call. With `patience_ns`, tries again for up to that long (a context's
+  // teardown, once outside its locks, so that its arenas go with it).
+  void reclaim(std::uint64_t patience_ns = 0);
   // Release the held blocks of one arena (e.g. its context is going away).
   void release_held(Arena* arena);
 

@@ -104,14 +104,24 @@ CUresult host_alloc(const Driver& d, void** pp, size_t bytes, unsigned flags, bo
   return CUDA_SUCCESS;
 }
 
+// A torn-down context's arenas are destroyed before the call returns, not
+// at the control thread's next check (up to a second later, so a program
+// that destroys contexts in a loop would carry a few). Outside the teardown
+// lock: operations that hold the pool's arenas take such locks after it.
+constexpr std::uint64_t kReclaimPatienceNs = 50'000'000;
+
 CUresult ctx_destroy(CUcontext ctx, PFN_ctx real) {
   Runtime* rt = runtime();
   CtxState* st = rt && ctx ? find_state(ctx) : nullptr;
   if (!st) return real(ctx);
-  // Exclusive: no backend call frees this context's memory meanwhile.
-  std::unique_lock lock(st->teardown_mu);
-  const CUresult r = real(ctx);
-  if (r == CUDA_SUCCESS) retire_locked(st, *rt);
+  CUresult r;
+  {
+    // Exclusive: no backend call frees this context's memory meanwhile.
+    std::unique_lock lock(st->teardown_mu);
+    r = real(ctx);
+    if (r == CUDA_SUCCESS) retire_locked(st, *rt);
+  }
+  if (r == CUDA_SUCCESS) rt->pool.reclaim(kReclaimPatienceNs);
   return r;
 }
 
@@ -119,16 +129,23 @@ CUresult primary_release(CUdevice dev, PFN_dev real) {
   Runtime* rt = runtime();
   CtxState* st = rt ? primary_state(dev) : nullptr;
   if (!st) return real(dev);
-  std::unique_lock lock(st->teardown_mu);
-  const CUresult r = real(dev);
-  if (r != CUDA_SUCCESS) return r;
-  // Only the last release destroys the primary context.
-  const Driver* d = driver();
-  unsigned flags = 0;
-  int active = 1;
-  if (d->primary_get_state && d->primary_get_state(dev, &flags, &active) == CUDA_SUCCESS &&
-      !active)
-    retire_locked(st, *rt);
+  CUresult r;
+  bool retired = false;
+  {
+    std::unique_lock lock(st->teardown_mu);
+    r = real(dev);
+    if (r != CUDA_SUCCESS) return r;
+    // Only the last release destroys the primary context.
+    const Driver* d = driver();
+    unsigned flags = 0;
+    int active = 1;
+    if (d->primary_get_state && d->primary_get_state(dev, &flags, &active) == CUDA_SUCCESS &&
+        !active) {
+      retire_locked(st, *rt);
+      retired = true;
+    }
+  }
+  if (retired) rt->pool.reclaim(kReclaimPatienceNs);
   return r;
 }
 
@@ -136,9 +153,13 @@ CUresult primary_reset(CUdevice dev, PFN_dev real) {
   Runtime* rt = runtime();
   CtxState* st = rt ? primary_state(dev) : nullptr;
   if (!st) return real(dev);
-  std::unique_lock lock(st->teardown_mu);
-  const CUresult r = real(dev);
-  if (r == CUDA_SUCCESS) retire_locked(st, *rt);
+  CUresult r;
+  {
+    std::unique_lock lock(st->teardown_mu);
+    r = real(dev);
+    if (r == CUDA_SUCCESS) retire_locked(st, *rt);
+  }
+  if (r == CUDA_SUCCESS) rt->pool.reclaim(kReclaimPatienceNs);
   return r;
 }
 
