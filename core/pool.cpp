@@ -125,7 +125,8 @@ std::uint64_t Pool::cost_now() const {
 Pool::Pool(PoolOptions options)
     : options_(options),
       bins_(std::clamp(options.leading_bits, 1u, BinScheme::kMaxLeadingBits)),
-      shard_count_(std::clamp(options.shards ? options.shards : default_shards(), 1u, kMaxShards)),
+      shard_count_(std::bit_ceil(
+          std::clamp(options.shards ? options.shards : default_shards(), 1u, kMaxShards))),
       holding_(options.hold),
       borrow_(options.borrow_larger) {}
 
@@ -165,12 +166,15 @@ std::vector<Arena*> Pool::arenas_copy() const {
 AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
   Arena& a = *arena;
   Backend& backend = *a.backend_;
-  const unsigned my = thread_slot() % a.shard_count_;
+  const unsigned my = thread_slot() & (a.shard_count_ - 1);
   Arena::Shard& mine = a.shards_[my];
   const bool pooled = size <= a.options_.max_pooled && size <= a.options_.max_block;
   const std::size_t bin = bins_.bin_number(size);
-  const std::size_t want = pooled ? std::min(bins_.alloc_size(bin), a.options_.max_block) : size;
   if (pooled && a.segments_ && size >= a.options_.split_min) return allocate_split(a, my, size, hint);
+  // What a fresh block takes: not needed on a hit.
+  auto want_size = [&] {
+    return pooled ? std::min(bins_.alloc_size(bin), a.options_.max_block) : size;
+  };
 
   Block* b = nullptr;
   std::optional<BackendResult> fresh;  // a block allocated instead of waiting
@@ -195,7 +199,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
       // shard on each allocation would make threads meet at their locks).
       const bool own_pending = pending;
       for (unsigned i = 1; i < a.shard_count_ && !b && !(own_pending && attempt == 0); ++i) {
-        Arena::Shard& other = a.shards_[(my + i) % a.shard_count_];
+        Arena::Shard& other = a.shards_[(my + i) & (a.shard_count_ - 1)];
         std::lock_guard lock(other.mu);
         b = other.take(bin, backend, &pending, &pending_blocks);
       }
@@ -203,9 +207,10 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
       // rather than a fresh one (sizes a program uses in one phase and not
       // the next would otherwise each keep their own blocks).
       if (!b && !pending && borrow_) {
+        const std::size_t want = want_size();
         const std::size_t last = bins_.bin_number(want > SIZE_MAX / 2 ? SIZE_MAX : 2 * want);
         for (unsigned i = 0; i < a.shard_count_ && !b; ++i) {
-          Arena::Shard& sh = a.shards_[(my + i) % a.shard_count_];
+          Arena::Shard& sh = a.shards_[(my + i) & (a.shard_count_ - 1)];
           std::lock_guard lock(sh.mu);
           b = sh.take_larger(bin, last > bin ? last - 1 : bin, backend);
         }
@@ -221,7 +226,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
       if (b || !pending) break;
       // Only blocks the device may still use: grow the bin, or wait for
       // them all (see kMaxPendingBlocks).
-      if (attempt == 0 && (fresh = grow(a, my, bin, want, pending_blocks, hint))) break;
+      if (attempt == 0 && (fresh = grow(a, my, bin, want_size(), pending_blocks, hint))) break;
       wait_for_pending(a, my, bin);
     }
   }
@@ -231,6 +236,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
     return {b, BackendStatus::ok, 0, true};
   }
 
+  const std::size_t want = want_size();
   bool exact = false;
   BackendResult r = fresh ? *fresh : backend_allocate(a, want, size, hint, &exact);
   if (r.status != BackendStatus::ok) {
