@@ -12,12 +12,16 @@
 #include "interpose/node/node.hpp"
 
 namespace gpupool {
+
+std::atomic<Runtime*> detail::g_runtime{nullptr};
+std::atomic<bool> detail::g_renew_control{false};
+
 namespace {
 
+using detail::g_renew_control;
+using detail::g_runtime;
+
 std::atomic<bool> g_exiting{false};
-std::atomic<Runtime*> g_runtime{nullptr};
-// Set in a forked child: its next call restarts the control thread.
-std::atomic<bool> g_renew_control{false};
 
 // Constant-initialized: parts register from static initializers, in any
 // order, before or after the runtime starts.
@@ -101,7 +105,7 @@ void set_fork_handlers(ForkPart part, ForkHandlers handlers) {
   g_fork[static_cast<unsigned>(part)] = handlers;
 }
 
-Runtime* runtime() {
+Runtime* detail::runtime_slow() {
   Runtime* rt = g_runtime.load(std::memory_order_acquire);
   if (rt) {
     if (g_renew_control.load(std::memory_order_relaxed) &&

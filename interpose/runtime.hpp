@@ -3,6 +3,7 @@
 // load time, and never destroyed (hooks may run during exit).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "config/config.hpp"
@@ -17,11 +18,23 @@ struct Runtime {
   Pool pool;
 };
 
+namespace detail {
+extern std::atomic<Runtime*> g_runtime;
+// Set in a forked child: its next call restarts the control thread.
+extern std::atomic<bool> g_renew_control;
+Runtime* runtime_slow();
+}  // namespace detail
+
 // The runtime, created on first call. nullptr when GPUPOOL_DISABLE=1 (or when
 // the first call comes after exit began): hooks then pass calls straight
 // through. In a forked child, the first call also restarts what the child
-// did not inherit (the control thread).
-Runtime* runtime();
+// did not inherit (the control thread). Inline: every hook asks, once or
+// twice a call.
+inline Runtime* runtime() {
+  Runtime* rt = detail::g_runtime.load(std::memory_order_acquire);
+  if (rt && !detail::g_renew_control.load(std::memory_order_relaxed)) return rt;
+  return detail::runtime_slow();
+}
 
 // The runtime if it exists; never creates it.
 Runtime* runtime_if_started();

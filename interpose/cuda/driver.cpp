@@ -75,12 +75,14 @@ const Driver* init(bool may_load) {
     delete r;
     return &expected->driver;
   }
+  detail::g_driver.store(&r->driver, std::memory_order_release);
   return &r->driver;
 }
 
 }  // namespace
 
-const Driver* driver() { return init(true); }
+std::atomic<const Driver*> detail::g_driver{nullptr};
+const Driver* detail::resolve_driver() { return init(true); }
 const Driver* driver_if_loaded() { return init(false); }
 
 void* hook_for(void* real_function) {

@@ -10,6 +10,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstddef>
 
 namespace gpupool::cuda {
@@ -68,11 +69,19 @@ struct Driver {
 #undef GPUPOOL_CUDA_FIELD
 };
 
+namespace detail {
+extern std::atomic<const Driver*> g_driver;  // once resolved
+const Driver* resolve_driver();
+}  // namespace detail
+
 // The driver, resolved once: libcuda.so.1 as already loaded by the program
 // (also when it was loaded RTLD_LOCAL), else loaded privately. nullptr when
 // there is no libcuda at all. Loads and resolves symbols only: never
-// initialises CUDA.
-const Driver* driver();
+// initialises CUDA. Inline: every hook asks.
+inline const Driver* driver() {
+  if (const Driver* d = detail::g_driver.load(std::memory_order_acquire)) return d;
+  return detail::resolve_driver();
+}
 
 // Like driver(), but never loads libcuda: for the dlsym hook, which must not
 // drag the driver into a process that only asked about some other library.

@@ -266,18 +266,6 @@ void PtrMap::fork_parent() {
   ranges_mu_.unlock();
 }
 
-// Never destroyed: hooks run from atexit handlers and other threads during
-// exit, after static destructors.
-PtrMap& device_map() {
-  static PtrMap* m = new PtrMap;
-  return *m;
-}
-
-PtrMap& host_map() {
-  static PtrMap* m = new PtrMap;
-  return *m;
-}
-
 CUdeviceptr unallocated_address() { return reinterpret_cast<CUdeviceptr>(&g_unallocated[0]); }
 
 }  // namespace gpupool::cuda

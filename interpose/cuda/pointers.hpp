@@ -108,8 +108,16 @@ class PtrMap {
   std::map<Handle, Entry*> pieces_;  // active pieces inside segments, under ranges_mu_
 };
 
-PtrMap& device_map();
-PtrMap& host_map();
+// Never destroyed: hooks run from atexit handlers and other threads during
+// exit, after static destructors. Inline: on every hit path.
+inline PtrMap& device_map() {
+  static PtrMap* m = new PtrMap;
+  return *m;
+}
+inline PtrMap& host_map() {
+  static PtrMap* m = new PtrMap;
+  return *m;
+}
 
 // A known-unallocated address: queries about pointers that are free from the
 // program's point of view (held blocks, rounding padding) are asked about
