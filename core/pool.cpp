@@ -47,7 +47,7 @@ namespace {
 // wait is the bound the program was promised.
 constexpr int kRelieveRounds = 1;
 
-// A thread's slot picks its shard (slot % shards). A new thread takes the
+// A thread's slot picks its shard (the slot's low bits). A new thread takes the
 // lowest free slot and gives it back when it exits, so threads alive at the
 // same time land on different shards however many came and went before (a
 // counter put every other new thread on the main thread's shard with two
@@ -629,10 +629,17 @@ void Pool::retire_arena(Arena* arena, bool keep_stats) {
   reclaim();
 }
 
+bool Pool::any_retired() const {
+  std::lock_guard lock(arenas_mu_);
+  return std::any_of(arenas_.begin(), arenas_.end(),
+                     [](const std::unique_ptr<Arena>& a) { return a->retired(); });
+}
+
 void Pool::reclaim(std::uint64_t patience_ns) {
   std::unique_lock use(arenas_in_use_, std::try_to_lock);
   // Bounded, and a try at a time: a writer waiting on the lock outright
-  // could wait as long as operations keep overlapping.
+  // could wait as long as operations keep overlapping. Only for something.
+  if (!use.owns_lock() && patience_ns && !any_retired()) return;
   for (const std::uint64_t until = clock_ns(CLOCK_MONOTONIC) + patience_ns;
        !use.owns_lock() && clock_ns(CLOCK_MONOTONIC) < until;) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));

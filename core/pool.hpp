@@ -273,6 +273,7 @@ class Pool {
   std::size_t largest_free_segment(Arena& a) const;
   std::uint64_t oldest_free_segment(Arena& a) const;  // freed_at_ns, UINT64_MAX if none
   std::vector<Arena*> arenas_copy() const;
+  bool any_retired() const;  // an arena retired and not yet destroyed
 
   PoolOptions options_;
   BinScheme bins_;

@@ -72,13 +72,16 @@ void patch_attribute(CUpointer_attribute attr, void* data, const PtrInfo& i) {
 // of a split segment may fail (no host memory): the block goes back to the
 // pool and the failure on to the hook, which asks the driver alone.
 CUdeviceptr hand_out_device(Pool& pool, Block* b) {
+  // Read first: once the program owns it, a context teardown racing this
+  // call may forget (delete) the block.
+  const CUdeviceptr h = b->handle;
   try {
     device_map().activate(b);
   } catch (...) {
     pool.free(b);
     throw;
   }
-  return b->handle;
+  return h;
 }
 
 CUresult host_alloc(const Driver& d, void** pp, size_t bytes, unsigned flags, bool v2_alloc_host) {
@@ -99,8 +102,9 @@ CUresult host_alloc(const Driver& d, void** pp, size_t bytes, unsigned flags, bo
     *pp = nullptr;
     return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
   }
+  const Handle h = a.block->handle;  // before the program owns it (hand_out_device)
   host_map().activate(a.block);
-  *pp = reinterpret_cast<void*>(a.block->handle);
+  *pp = reinterpret_cast<void*>(h);
   return CUDA_SUCCESS;
 }
 

@@ -156,8 +156,10 @@ Block* PtrMap::deactivate(Handle h, bool* known) {
     *known = e != nullptr;
     if (!e) return nullptr;
     if (!e->piece) {
+      // Cleared only when found: a free of a block already free (a double
+      // free) must not undo an activate() racing it, which takes no lock.
       Block* b = e->block.load(std::memory_order_acquire);
-      e->block.store(nullptr, std::memory_order_relaxed);
+      if (b) e->block.store(nullptr, std::memory_order_relaxed);
       return b;
     }
   }
@@ -206,19 +208,28 @@ Block* PtrMap::active_block(Handle p) {
   return e->block.load(std::memory_order_acquire);
 }
 
-Block* PtrMap::take_active_locked(CtxState* st, Handle* next_range, Handle* next_piece) {
-  for (auto it = ranges_.lower_bound(*next_range); it != ranges_.end(); ++it) {
+Block* PtrMap::take_next_locked(CtxState* st, Handle* next_range, Handle* next_piece) {
+  for (auto it = ranges_.lower_bound(*next_range); it != ranges_.end();) {
     Entry* e = it->second;
-    if (e->st != st) continue;
-    Shard& s = shard(e->handle);
-    std::lock_guard sl(s.mu);
-    if (Block* b = e->block.load(std::memory_order_acquire)) {
-      e->block.store(nullptr, std::memory_order_relaxed);
-      *next_range = it->first + 1;
-      return b;
+    if (e->st != st) {
+      ++it;
+      continue;
     }
+    Block* b = nullptr;
+    {
+      Shard& s = shard(e->handle);
+      std::lock_guard sl(s.mu);
+      s.map.erase(e->handle);  // never allocates
+      b = e->block.load(std::memory_order_acquire);
+      e->block.store(nullptr, std::memory_order_relaxed);
+    }
+    *next_range = it->first + 1;
+    it = ranges_.erase(it);
+    // Not deleted: the entry is the record of its block or segment, deleted
+    // when that goes (erase). One the program owns goes now (the caller
+    // forgets it); a segment with pieces out goes with its last piece.
+    if (b) return b;
   }
-  *next_range = UINTPTR_MAX;
   for (auto it = pieces_.lower_bound(*next_piece); it != pieces_.end();) {
     Entry* e = it->second;
     if (e->st != st) {
@@ -233,7 +244,7 @@ Block* PtrMap::take_active_locked(CtxState* st, Handle* next_range, Handle* next
     *next_piece = it->first + 1;
     it = pieces_.erase(it);
     Block* b = e->block.load(std::memory_order_acquire);
-    delete e;
+    delete e;  // a piece's entry is the map's own
     if (b) return b;  // a piece's entry lives while the program owns it: always
   }
   return nullptr;
@@ -241,15 +252,18 @@ Block* PtrMap::take_active_locked(CtxState* st, Handle* next_range, Handle* next
 
 void PtrMap::erase_context(CtxState* st, Pool& pool) {
   // Allocates nothing: it runs after the driver destroyed the context, where
-  // failing half-way would leave entries of freed memory behind. The pool
-  // forgets each block outside the map's locks: forgetting one drops its
-  // record (erase), and a piece's may drop its segment's.
+  // failing half-way would leave entries of freed memory behind. Every
+  // entry of st leaves the maps (a later free of one of its addresses is
+  // the driver's to answer, and a new allocation there gets its own); the
+  // pool forgets each block the program owns outside the map's locks, since
+  // forgetting one drops its record (erase) and a piece's may drop its
+  // segment's.
   Handle next_range = 0, next_piece = 0;
   for (;;) {
     Block* active = nullptr;
     {
       std::lock_guard rl(ranges_mu_);
-      active = take_active_locked(st, &next_range, &next_piece);
+      active = take_next_locked(st, &next_range, &next_piece);
     }
     if (!active) return;
     pool.forget(active);

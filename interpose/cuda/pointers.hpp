@@ -59,9 +59,9 @@ class PtrMap {
   PtrInfo find(Handle p);
   // The active block containing p, or nullptr.
   Block* active_block(Handle p);
-  // Context teardown: the pool forgets every block of st the program still
-  // owns (the driver freed them), which removes their entries. Entries of
-  // held blocks went when the pool dropped those.
+  // Context teardown: every entry of st leaves the maps, and the pool
+  // forgets the blocks of st the program still owns (the driver freed
+  // them). Entries of held blocks went when the pool dropped those.
   void erase_context(CtxState* st, Pool& pool);
 
   void fork_prepare();
@@ -83,10 +83,11 @@ class PtrMap {
 
  private:
   void add_piece(Block* b);
-  // The next block of st the program owns at or after the cursors, taken
-  // out of the map (a piece's entry deleted, an allocation's cleared), or
-  // nullptr. Under ranges_mu_.
-  Block* take_active_locked(CtxState* st, Handle* next_range, Handle* next_piece);
+  // Takes the entries of st at or after the cursors out of the maps (a
+  // piece's deleted, an allocation's left to its block or segment) up to
+  // the next one whose block the program owns: that block, or nullptr at
+  // the end. Under ranges_mu_.
+  Block* take_next_locked(CtxState* st, Handle* next_range, Handle* next_piece);
   Block* remove_piece(Handle h);
   // The entry of the active piece containing p, else of the driver
   // allocation containing it, else nullptr. Under ranges_mu_.
