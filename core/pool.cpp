@@ -570,9 +570,7 @@ void Pool::forget(Block* b) {
   if (b->split) {
     forget_split(b);
   } else {
-    a.backend_->drop(b->handle, b->size, b->data);
-    std::lock_guard lock(a.slow_mu_);
-    a.slow_.managed_bytes -= b->size;
+    give_back(a, b->handle, b->size, b->data, /*drop=*/true);
   }
   // The last touch of the arena: once no block is active, reclaim() may
   // destroy a retired one.

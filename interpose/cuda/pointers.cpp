@@ -17,6 +17,13 @@ std::uint64_t buffer_id(std::uint64_t serial, std::uint32_t uses) {
 
 char g_unallocated[64];
 
+// The program owns `b` through entry `e` from now on: a new buffer id, then
+// the block (published last: find() reads the id of the block it sees).
+void hand_out(PtrMap::Entry* e, Block* b) {
+  e->uses.store(e->uses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  e->block.store(b, std::memory_order_release);
+}
+
 }  // namespace
 
 PtrMap::Entry* PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags) {
@@ -82,9 +89,7 @@ void PtrMap::erase(Entry* e) {
 void PtrMap::activate(Block* b) {
   if (!b->split) {
     // Its record, alive until the pool releases or drops the block.
-    Entry* e = static_cast<Entry*>(b->data);
-    e->uses.store(e->uses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    e->block.store(b, std::memory_order_release);
+    hand_out(static_cast<Entry*>(b->data), b);
     return;
   }
   {
@@ -95,8 +100,7 @@ void PtrMap::activate(Block* b) {
     // entry. A piece's own entry goes with its free: one found here is of
     // memory a context teardown freed (see insert), replaced below.
     if (e && !e->piece) {
-      e->uses.store(e->uses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      e->block.store(b, std::memory_order_release);
+      hand_out(e, b);
       return;
     }
   }
