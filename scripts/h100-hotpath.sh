@@ -4,8 +4,9 @@
 # immediate reuse) and NVIDIA OpenCL pairs at 64 KiB and 4 MiB, ROUNDS rounds
 # alternating the order; cuCtxGetCurrent alone (the driver call the shim
 # makes on every allocation); and where LIB_B's time goes (perf, when the
-# machine has it). Results under $OUT: hotpath.txt, perf-*.txt.
-#   scripts/h100-hotpath.sh LIB_A LIB_B [ROUNDS]
+# machine has it). Results under $OUT: hotpath.txt, hotpath-runs.txt (every
+# run, one line each), perf-*.txt.
+#   [SIZES="65536 4194304"] scripts/h100-hotpath.sh LIB_A LIB_B [ROUNDS]
 set -u -o pipefail
 A=$(realpath "$1")
 B=$(realpath "$2")
@@ -36,7 +37,7 @@ for r in $(seq 1 "$ROUNDS"); do
   for which in "${order[@]}"; do
     lib=$A
     [[ $which == b ]] && lib=$B
-    for size in 65536 4194304; do
+    for size in ${SIZES:-65536 4194304}; do
       for mode in safe immediate; do
         echo "$which cuda-$mode $(LD_PRELOAD=$lib GPUPOOL_REUSE=$mode "$T/cuda_pair" device $size 2000000)" >>"$R"
       done
@@ -51,6 +52,11 @@ done
   python3 - "$R" <<'PY'
 import collections, statistics, sys
 v = collections.defaultdict(list)
+def human(n):
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024 or n % 1024: return f"{n} {unit}"
+        n >>= 10
+    return f"{n} GiB"
 for line in open(sys.argv[1]):
     lib, case, _, size, ns = line.split()
     v[(case, int(size), lib)].append(float(ns))
@@ -59,10 +65,11 @@ print("|---|---|---|---|---|")
 for case, size in sorted({(k[0], k[1]) for k in v}):
     a, b = v[(case, size, "a")], v[(case, size, "b")]
     ratios = [y / x for x, y in zip(a, b)]
-    print(f"| {case} | {size >> 10} KiB | {statistics.median(a):.0f} ({min(a):.0f}-{max(a):.0f}) | "
+    print(f"| {case} | {human(size)} | {statistics.median(a):.0f} ({min(a):.0f}-{max(a):.0f}) | "
           f"{statistics.median(b):.0f} ({min(b):.0f}-{max(b):.0f}) | {statistics.median(ratios):.3f} |")
 PY
 } | tee "$OUT/hotpath.txt"
+cp "$R" "$OUT/hotpath-runs.txt"
 if command -v perf >/dev/null; then
   LD_PRELOAD=$B perf record -q -g -o "$T/cuda.data" "$T/cuda_pair" device 65536 5000000 >/dev/null 2>&1 &&
     perf report -i "$T/cuda.data" --no-children --stdio 2>/dev/null | grep -E '^ +[0-9.]+%' | head -40 >"$OUT/perf-cuda.txt"
