@@ -5,9 +5,14 @@
 
      pair_loop device SIZE PAIRS   cuMemAlloc_v2 + cuMemFree_v2 (built with -DPAIR_CUDA)
      pair_loop ctx 0 CALLS         cuCtxGetCurrent alone (what the shim calls per allocation)
+     pair_loop phases SIZE PAIRS   the device pair and cuCtxGetCurrent in 20 alternating
+                                   phases of one process: the pair's cost in the host's own
+                                   units, whatever speed the host gives this process
      pair_loop opencl SIZE PAIRS   clCreateBuffer + clReleaseMemObject, one in-order queue
                                    (built with -DPAIR_OPENCL)
-   Prints "<what> <size> <ns per pair>". */
+   Prints "<what> <size> <ns per pair>"; phases prints "phases <size> <pair ns>
+   <cuCtxGetCurrent ns> <pair/call ratio>", medians over the phases, then the
+   ratio's range. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,9 +32,23 @@ static double now_ns(void) {
   return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
+#ifdef PAIR_CUDA
+enum { kPhases = 20 };
+
+static int by_value(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double* v, int n) {
+  qsort(v, n, sizeof *v, by_value);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+#endif
+
 int main(int argc, char** argv) {
   if (argc != 4) {
-    fprintf(stderr, "usage: %s device|ctx|opencl SIZE PAIRS\n", argv[0]);
+    fprintf(stderr, "usage: %s device|ctx|phases|opencl SIZE PAIRS\n", argv[0]);
     return 2;
   }
   const char* what = argv[1];
@@ -51,6 +70,30 @@ int main(int argc, char** argv) {
     for (long i = 0; i < n; ++i)
       if (cuMemAlloc(&p, size) || cuMemFree(p)) return 1;
     t1 = now_ns();
+  } else if (!strcmp(what, "phases")) {
+    /* Each phase about as long as the other, so that both see the same
+       moments of the host. */
+    const long pairs = n / kPhases, calls = 8 * pairs;
+    double pair[kPhases], call[kPhases], ratio[kPhases];
+    CUcontext c;
+    for (int i = 0; i < 1000; ++i)
+      if (cuMemAlloc(&p, size) || cuMemFree(p)) return 1;
+    for (int k = 0; k < kPhases; ++k) {
+      double a = now_ns();
+      for (long i = 0; i < pairs; ++i)
+        if (cuMemAlloc(&p, size) || cuMemFree(p)) return 1;
+      double b = now_ns();
+      for (long i = 0; i < calls; ++i)
+        if (cuCtxGetCurrent(&c) || c != ctx) return 1;
+      double e = now_ns();
+      pair[k] = (b - a) / pairs;
+      call[k] = (e - b) / calls;
+      ratio[k] = pair[k] / call[k];
+    }
+    double r = median(ratio, kPhases);
+    printf("phases %zu %.1f %.1f %.2f %.2f-%.2f\n", size, median(pair, kPhases),
+           median(call, kPhases), r, ratio[0], ratio[kPhases - 1]);
+    return 0;
   } else if (!strcmp(what, "ctx")) {
     CUcontext c;
     t0 = now_ns();
@@ -58,7 +101,7 @@ int main(int argc, char** argv) {
       if (cuCtxGetCurrent(&c) || c != ctx) return 1;
     t1 = now_ns();
   } else {
-    fprintf(stderr, "pair_loop: built for CUDA: device or ctx\n");
+    fprintf(stderr, "pair_loop: built for CUDA: device, ctx or phases\n");
     return 2;
   }
 #endif
