@@ -14,10 +14,11 @@ namespace {
 // Memory of one context. Device and pinned blocks alike are fenced by the
 // context's work (cuMemFree and cuMemFreeHost both wait for all of it,
 // measured), and are given back to the driver only while the context lives
-// (once it is destroyed the driver has freed them) and before exit.
+// (once it is destroyed the driver has freed them) and before exit. Each
+// allocation's record is its entry in `map` (device or pinned pointers).
 class ContextBackend : public Backend {
  public:
-  ContextBackend(CtxState* st, bool fenced) : st_(st), fenced_(fenced) {}
+  ContextBackend(PtrMap& map, CtxState* st, bool fenced) : st_(st), map_(map), fenced_(fenced) {}
 
   std::uint64_t fence() override {
     return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
@@ -26,6 +27,8 @@ class ContextBackend : public Backend {
     return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
   }
   void wait_all() override { synchronize_context(st_); }
+  // The driver freed it with its context, or it is a forked parent's.
+  void drop(Handle, std::size_t, void* data) override { erase_record(data); }
 
  protected:
   static BackendResult result(CUresult r, Handle h) {
@@ -38,15 +41,15 @@ class ContextBackend : public Backend {
   // fails (out of host memory) the block goes back (`undo`) and the failure
   // on to the hook, which asks the driver alone.
   template <class Undo>
-  BackendResult record(PtrMap& map, Handle h, std::size_t bytes, unsigned host_flags,
-                       Undo&& undo) {
+  BackendResult record(Handle h, std::size_t bytes, unsigned host_flags, Undo&& undo) {
     try {
-      return {BackendStatus::ok, h, 0, map.insert(h, bytes, st_, host_flags)};
+      return {BackendStatus::ok, h, 0, map_.insert(h, bytes, st_, host_flags)};
     } catch (...) {
       undo();
       throw;
     }
   }
+  void erase_record(void* data) { map_.erase(static_cast<PtrMap::Entry*>(data)); }
   // free() unless the driver is being torn down or the context is gone.
   template <class Free>
   void release_while_alive(Free&& free) {
@@ -59,26 +62,24 @@ class ContextBackend : public Backend {
   CtxState* st_;
 
  private:
+  PtrMap& map_;
   bool fenced_;
 };
 
 class DeviceBackend final : public ContextBackend {
  public:
-  using ContextBackend::ContextBackend;
+  DeviceBackend(CtxState* st, bool fenced) : ContextBackend(device_map(), st, fenced) {}
 
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     CUdeviceptr p = 0;
     const CUresult r = driver()->mem_alloc(&p, bytes);
     if (r != CUDA_SUCCESS) return result(r, p);
-    return record(device_map(), p, bytes, 0, [&] { driver()->mem_free(p); });
+    return record(p, bytes, 0, [&] { driver()->mem_free(p); });
   }
 
   void release(Handle h, std::size_t, void* data) override {
-    device_map().erase(static_cast<PtrMap::Entry*>(data));
+    erase_record(data);
     release_while_alive([&] { driver()->mem_free(h); });  // any (or no) current context
-  }
-  void drop(Handle, std::size_t, void* data) override {
-    device_map().erase(static_cast<PtrMap::Entry*>(data));
   }
 
   // Other gpupool processes on this GPU may hold what we miss.
@@ -90,7 +91,7 @@ class DeviceBackend final : public ContextBackend {
 class HostBackend final : public ContextBackend {
  public:
   HostBackend(CtxState* st, bool fenced, unsigned flags)
-      : ContextBackend(st, fenced), flags_(flags) {}
+      : ContextBackend(host_map(), st, fenced), flags_(flags) {}
 
   // hint: the flags of the call being served (the first block of a
   // normalised family is allocated with exactly what the program asked for).
@@ -99,15 +100,12 @@ class HostBackend final : public ContextBackend {
     const CUresult r = driver()->mem_host_alloc(&p, bytes, static_cast<unsigned>(hint));
     const Handle h = reinterpret_cast<Handle>(p);
     if (r != CUDA_SUCCESS) return result(r, h);
-    return record(host_map(), h, bytes, flags_, [&] { driver()->mem_free_host(p); });
+    return record(h, bytes, flags_, [&] { driver()->mem_free_host(p); });
   }
 
   void release(Handle h, std::size_t, void* data) override {
-    host_map().erase(static_cast<PtrMap::Entry*>(data));
+    erase_record(data);
     release_while_alive([&] { driver()->mem_free_host(reinterpret_cast<void*>(h)); });
-  }
-  void drop(Handle, std::size_t, void* data) override {
-    host_map().erase(static_cast<PtrMap::Entry*>(data));
   }
 
   // Other gpupool processes on the node may hold pinned memory.
