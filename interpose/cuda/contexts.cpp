@@ -46,8 +46,12 @@ ContextList& contexts() { return leaked<ContextList>(); }
 // Bumped whenever a state is retired: thread caches compare it.
 std::atomic<std::uint64_t> g_generation{1};
 
+// The current context's record as this thread last found it: valid while
+// the current context has the same id (the same handle, with a driver
+// without ids) and no record was retired since.
 struct ThreadCache {
   CUcontext ctx = nullptr;
+  unsigned long long id = 0;
   std::uint64_t generation = 0;
   CtxState* st = nullptr;
 };
@@ -64,7 +68,27 @@ CtxState* find_live_locked(CUcontext ctx) {
   return nullptr;
 }
 
-CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
+// The context `ctx` names now: its id (0 with a driver without ids), false
+// when it names none (destroyed, or never a context).
+bool id_of(const Driver& d, CUcontext ctx, unsigned long long* id) {
+  *id = 0;
+  return !d.ctx_get_id || d.ctx_get_id(ctx, id) == CUDA_SUCCESS;
+}
+
+// st's context died without gpupool seeing it: its record goes, with no
+// driver call on its memory (the driver freed it with the context).
+void retire_dead(CtxState* st, Runtime& rt) {
+  {
+    std::unique_lock lock(st->teardown_mu);
+    if (st->retired.load(std::memory_order_acquire)) return;
+    log().debug("cuda: context {} (id {}) ended where gpupool did not see it",
+                static_cast<void*>(st->ctx), st->id);
+    retire_locked(st, rt);
+  }
+  reclaim_retired(rt);
+}
+
+CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long id) {
   CUdevice dev = 0;
   // Fails for a destroyed context: the caller passes the call through and
   // the driver reports it.
@@ -74,6 +98,7 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx) {
     return nullptr;
   auto* st = new CtxState;
   st->ctx = ctx;
+  st->id = id;
   st->dev = dev;
   st->device_total = total;
   for (const Primary& p : contexts().primaries)
@@ -169,19 +194,78 @@ void synchronize_context(CtxState* st) {
 
 // ---- contexts -------------------------------------------------------------
 
+namespace {
+
+// current_state's miss: the record of (ctx, id), made if `create`. A live
+// record with the handle and another id is of a context that died unseen:
+// it is retired first. So, before the first record of a context is made,
+// is any other that died unseen (its memory may be the new one's now).
+CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long id,
+                 bool create) {
+  for (bool swept = false;;) {
+    CtxState* stale = nullptr;
+    {
+      std::lock_guard lock(contexts().mu);
+      const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
+      CtxState* st = find_live_locked(ctx);
+      if (st && st->id == id) {
+        t_cache = {ctx, id, gen, st};
+        return st;
+      }
+      if (!st && !create) return nullptr;
+      if (!st && swept) {
+        st = create_state(d, rt, ctx, id);
+        if (st) t_cache = {ctx, id, gen, st};
+        return st;
+      }
+      stale = st;
+    }
+    if (stale) {
+      retire_dead(stale, rt);
+    } else {
+      retire_dead_contexts(d, rt);
+      swept = true;
+    }
+  }
+}
+
+}  // namespace
+
 CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
+  const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
+  unsigned long long id = 0;
+  if (d.ctx_get_id) {
+    // The current context by its identity: 201 without one, 709 for a
+    // destroyed one (the caller passes the call on for the driver's answer).
+    if (d.ctx_get_id(nullptr, &id) != CUDA_SUCCESS) return nullptr;
+    if (t_cache.id == id && t_cache.generation == gen) return t_cache.st;
+  }
   CUcontext ctx = nullptr;
   if (!d.ctx_get_current || d.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
-  const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
-  if (t_cache.ctx == ctx && t_cache.generation == gen) return t_cache.st;
-  CtxState* st;
+  if (!d.ctx_get_id && t_cache.ctx == ctx && t_cache.generation == gen) return t_cache.st;
+  return lookup(d, rt, ctx, id, create);
+}
+
+bool context_alive(const Driver& d, const CtxState* st) {
+  unsigned long long id = 0;
+  return id_of(d, st->ctx, &id) && id == st->id;
+}
+
+void retire_dead_contexts(const Driver& d, Runtime& rt) {
+  if (!d.ctx_get_id) return;
+  std::vector<CtxState*> live;
   {
     std::lock_guard lock(contexts().mu);
-    st = find_live_locked(ctx);
-    if (!st && create) st = create_state(d, rt, ctx);
+    live = contexts().live;
   }
-  if (st) t_cache = {ctx, gen, st};
-  return st;
+  // The driver is asked outside our locks.
+  for (CtxState* st : live)
+    if (!context_alive(d, st)) retire_dead(st, rt);
+}
+
+void reclaim_retired(Runtime& rt) {
+  constexpr std::uint64_t kPatienceNs = 50'000'000;
+  rt.pool.reclaim(kPatienceNs);
 }
 
 CUresult pitch_for(const Driver& d, CtxState* st, std::size_t width, unsigned element,
@@ -240,16 +324,33 @@ void note_primary(CUcontext ctx, CUdevice dev) noexcept {
   if (CtxState* st = find_live_locked(ctx)) st->primary = true;
 }
 
-CtxState* primary_state(CUdevice dev) {
-  std::lock_guard lock(contexts().mu);
-  for (CtxState* st : contexts().live)
-    if (st->primary && st->dev == dev) return st;
-  return nullptr;
+CtxState* primary_state(const Driver& d, Runtime& rt, CUdevice dev) {
+  for (;;) {
+    CtxState* st = nullptr;
+    {
+      std::lock_guard lock(contexts().mu);
+      for (CtxState* s : contexts().live)
+        if (s->primary && s->dev == dev) st = s;
+    }
+    if (!st || context_alive(d, st)) return st;
+    retire_dead(st, rt);  // reset or released where gpupool did not see it
+  }
 }
 
-CtxState* find_state(CUcontext ctx) {
-  std::lock_guard lock(contexts().mu);
-  return find_live_locked(ctx);
+CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx) {
+  unsigned long long id = 0;
+  const bool named = id_of(d, ctx, &id);
+  for (;;) {
+    CtxState* stale = nullptr;
+    {
+      std::lock_guard lock(contexts().mu);
+      CtxState* st = find_live_locked(ctx);
+      if (!st || (named && st->id == id)) return st;
+      stale = st;
+    }
+    retire_dead(stale, rt);
+    if (!named) return nullptr;
+  }
 }
 
 void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {

@@ -1,6 +1,15 @@
 // gpupool's CUDA contexts: one record per context (its arenas and its fence
 // epoch), found from the current context, retired when the driver destroys
 // the context (or in a forked child).
+//
+// A record belongs to one context's life, not to its handle: the driver
+// hands a dead context's handle to the next context it makes, and a primary
+// context comes back after a reset or its last release with the same handle
+// and none of its memory. The driver's context id (cuCtxGetId) is never
+// reused, so a record is the one for its id. A context may die where gpupool
+// does not see it (inside another library, through an export gpupool does
+// not hook): its record is recognised as dead before gpupool hands out or
+// frees anything of it, and dropped without driver calls on its memory.
 #pragma once
 
 #include <cuda.h>
@@ -31,6 +40,10 @@ namespace gpupool::cuda {
 // pointer to one (thread-local cache) after it was retired.
 struct CtxState {
   CUcontext ctx = nullptr;
+  // The driver's id of the context (cuCtxGetId), unique for the process's
+  // life; 0 with a driver that has no ids (before CUDA 12.0), whose records
+  // then end only through the hooks.
+  unsigned long long id = 0;
   CUdevice dev = 0;
   std::size_t device_total = 0;
   bool primary = false;  // the device's primary context (seen through cuDevicePrimaryCtxRetain)
@@ -80,8 +93,19 @@ void synchronize_context(CtxState* st);
 
 // The state of the current context, created on first use (create = true).
 // nullptr when there is no usable current context (the caller then passes
-// the call to the driver, which returns its own error).
+// the call to the driver, which returns its own error). The hit path: one
+// driver call (cuCtxGetId of the current context) and a thread-local
+// compare. A record left by a dead context with the same handle is retired
+// first.
 CtxState* current_state(const Driver& d, Runtime& rt, bool create);
+
+// True unless the driver says st's context is gone (its handle names no
+// context, or another one). Without context ids: true.
+bool context_alive(const Driver& d, const CtxState* st);
+
+// Retire the records of every context that died unseen (context_alive),
+// with no driver call on their memory.
+void retire_dead_contexts(const Driver& d, Runtime& rt);
 
 // The row pitch the driver gives cuMemAllocPitch_v2 for rows of `width`
 // bytes and `element`-byte accesses in st's context (current), learnt from
@@ -95,16 +119,24 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags);
 
 // The primary context of `dev` as we know it (nullptr: none with pooled
 // memory). Called by the primary-context hooks.
-CtxState* primary_state(CUdevice dev);
+CtxState* primary_state(const Driver& d, Runtime& rt, CUdevice dev);
 void note_primary(CUcontext ctx, CUdevice dev) noexcept;
-// A known, live context state for `ctx`, or nullptr.
-CtxState* find_state(CUcontext ctx);
+// The record of the live context `ctx` names now, or nullptr (a record of an
+// earlier context with that handle is retired first).
+CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx);
 
 // Drop every block of st from the pool and the pointer maps without freeing
 // anything (the driver did). Caller holds st->teardown_mu exclusively.
 // keep_stats: its counters stay in the totals (not in a forked child, where
 // they are the parent's).
 void retire_locked(CtxState* st, Runtime& rt, bool keep_stats = true);
+
+// A torn-down context's arenas are destroyed before the call that noticed
+// returns, not at the control thread's next check (up to a second later, so
+// a program that destroys contexts in a loop would carry a few). Called
+// outside the teardown lock: operations that hold the pool's arenas take
+// such locks after it.
+void reclaim_retired(Runtime& rt);
 
 // The pool group of the device memory of `dev` ("cuda:<ordinal>").
 std::string device_group(CUdevice dev);

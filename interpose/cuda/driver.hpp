@@ -39,6 +39,7 @@ using PFN_ctx = CUresult (*)(CUcontext);
   X(cuIpcGetMemHandle, ipc_get_mem_handle, decltype(&::cuIpcGetMemHandle))                \
   X(cuCtxDestroy, ctx_destroy_v1, PFN_ctx)                                                \
   X(cuCtxDestroy_v2, ctx_destroy, PFN_ctx)                                                \
+  X(cuCtxDetach, ctx_detach, PFN_ctx)                                                     \
   X(cuDevicePrimaryCtxRelease, primary_release_v1, PFN_dev)                               \
   X(cuDevicePrimaryCtxRelease_v2, primary_release, PFN_dev)                               \
   X(cuDevicePrimaryCtxReset, primary_reset_v1, PFN_dev)                                   \
@@ -52,6 +53,7 @@ using PFN_ctx = CUresult (*)(CUcontext);
 // Exports we call but do not hook.
 #define GPUPOOL_CUDA_USED(X)                                                 \
   X(cuCtxGetCurrent, ctx_get_current, decltype(&::cuCtxGetCurrent))          \
+  X(cuCtxGetId, ctx_get_id, decltype(&::cuCtxGetId))                         \
   X(cuCtxGetDevice, ctx_get_device, decltype(&::cuCtxGetDevice))             \
   X(cuCtxPushCurrent_v2, ctx_push, decltype(&::cuCtxPushCurrent_v2))         \
   X(cuCtxPopCurrent_v2, ctx_pop, decltype(&::cuCtxPopCurrent_v2))            \

@@ -108,15 +108,9 @@ CUresult host_alloc(const Driver& d, void** pp, size_t bytes, unsigned flags, bo
   return CUDA_SUCCESS;
 }
 
-// A torn-down context's arenas are destroyed before the call returns, not
-// at the control thread's next check (up to a second later, so a program
-// that destroys contexts in a loop would carry a few). Outside the teardown
-// lock: operations that hold the pool's arenas take such locks after it.
-constexpr std::uint64_t kReclaimPatienceNs = 50'000'000;
-
-CUresult ctx_destroy(CUcontext ctx, PFN_ctx real) {
+CUresult ctx_destroy(const Driver& d, CUcontext ctx, PFN_ctx real) {
   Runtime* rt = runtime();
-  CtxState* st = rt && ctx ? find_state(ctx) : nullptr;
+  CtxState* st = rt && ctx ? find_state(d, *rt, ctx) : nullptr;
   if (!st) return real(ctx);
   CUresult r;
   {
@@ -125,13 +119,34 @@ CUresult ctx_destroy(CUcontext ctx, PFN_ctx real) {
     r = real(ctx);
     if (r == CUDA_SUCCESS) retire_locked(st, *rt);
   }
-  if (r == CUDA_SUCCESS) rt->pool.reclaim(kReclaimPatienceNs);
+  if (r == CUDA_SUCCESS) reclaim_retired(*rt);
   return r;
 }
 
-CUresult primary_release(CUdevice dev, PFN_dev real) {
+// cuCtxDetach (deprecated; PyCUDA drops its contexts with it) destroys the
+// context only at its last user (cuCtxAttach adds users, the driver counts
+// them): whether this one did, the driver says afterwards.
+CUresult ctx_detach(const Driver& d, CUcontext ctx, PFN_ctx real) {
   Runtime* rt = runtime();
-  CtxState* st = rt ? primary_state(dev) : nullptr;
+  CtxState* st = rt && ctx ? find_state(d, *rt, ctx) : nullptr;
+  if (!st) return real(ctx);
+  CUresult r;
+  bool retired = false;
+  {
+    std::unique_lock lock(st->teardown_mu);
+    r = real(ctx);
+    if (r == CUDA_SUCCESS && !context_alive(d, st)) {
+      retire_locked(st, *rt);
+      retired = true;
+    }
+  }
+  if (retired) reclaim_retired(*rt);
+  return r;
+}
+
+CUresult primary_release(const Driver& d, CUdevice dev, PFN_dev real) {
+  Runtime* rt = runtime();
+  CtxState* st = rt ? primary_state(d, *rt, dev) : nullptr;
   if (!st) return real(dev);
   CUresult r;
   bool retired = false;
@@ -140,22 +155,21 @@ CUresult primary_release(CUdevice dev, PFN_dev real) {
     r = real(dev);
     if (r != CUDA_SUCCESS) return r;
     // Only the last release destroys the primary context.
-    const Driver* d = driver();
     unsigned flags = 0;
     int active = 1;
-    if (d->primary_get_state && d->primary_get_state(dev, &flags, &active) == CUDA_SUCCESS &&
+    if (d.primary_get_state && d.primary_get_state(dev, &flags, &active) == CUDA_SUCCESS &&
         !active) {
       retire_locked(st, *rt);
       retired = true;
     }
   }
-  if (retired) rt->pool.reclaim(kReclaimPatienceNs);
+  if (retired) reclaim_retired(*rt);
   return r;
 }
 
-CUresult primary_reset(CUdevice dev, PFN_dev real) {
+CUresult primary_reset(const Driver& d, CUdevice dev, PFN_dev real) {
   Runtime* rt = runtime();
-  CtxState* st = rt ? primary_state(dev) : nullptr;
+  CtxState* st = rt ? primary_state(d, *rt, dev) : nullptr;
   if (!st) return real(dev);
   CUresult r;
   {
@@ -163,7 +177,7 @@ CUresult primary_reset(CUdevice dev, PFN_dev real) {
     r = real(dev);
     if (r == CUDA_SUCCESS) retire_locked(st, *rt);
   }
-  if (r == CUDA_SUCCESS) rt->pool.reclaim(kReclaimPatienceNs);
+  if (r == CUDA_SUCCESS) reclaim_retired(*rt);
   return r;
 }
 
@@ -289,6 +303,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total
   // the context is made known first, so that its GPU is looked up even
   // before the program's first allocation).
   CUdevice dev = 0;
+  // What contexts that died unseen held is the driver's free memory already.
+  retire_dead_contexts(*d, *rt);
   if (rt->config.cuda) current_state(*d, *rt, true);
   if (d->ctx_get_device(&dev) == CUDA_SUCCESS) {
     const std::size_t mine = held_device_bytes(dev), others = node::others_held(device_group(dev));
@@ -382,37 +398,43 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, C
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy(CUcontext ctx) noexcept try {
   const Driver* d = driver();
   if (!d || !d->ctx_destroy_v1) return kNoDriver;
-  return ctx_destroy(ctx, d->ctx_destroy_v1);
+  return ctx_destroy(*d, ctx, d->ctx_destroy_v1);
 } GPUPOOL_FALLBACK(ctx_destroy_v1, ctx)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy_v2(CUcontext ctx) noexcept try {
   const Driver* d = driver();
   if (!d || !d->ctx_destroy) return kNoDriver;
-  return ctx_destroy(ctx, d->ctx_destroy);
+  return ctx_destroy(*d, ctx, d->ctx_destroy);
 } GPUPOOL_FALLBACK(ctx_destroy, ctx)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDetach(CUcontext ctx) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->ctx_detach) return kNoDriver;
+  return ctx_detach(*d, ctx, d->ctx_detach);
+} GPUPOOL_FALLBACK(ctx_detach, ctx)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept try {
   const Driver* d = driver();
   if (!d || !d->primary_release_v1) return kNoDriver;
-  return primary_release(dev, d->primary_release_v1);
+  return primary_release(*d, dev, d->primary_release_v1);
 } GPUPOOL_FALLBACK(primary_release_v1, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept try {
   const Driver* d = driver();
   if (!d || !d->primary_release) return kNoDriver;
-  return primary_release(dev, d->primary_release);
+  return primary_release(*d, dev, d->primary_release);
 } GPUPOOL_FALLBACK(primary_release, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept try {
   const Driver* d = driver();
   if (!d || !d->primary_reset_v1) return kNoDriver;
-  return primary_reset(dev, d->primary_reset_v1);
+  return primary_reset(*d, dev, d->primary_reset_v1);
 } GPUPOOL_FALLBACK(primary_reset_v1, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept try {
   const Driver* d = driver();
   if (!d || !d->primary_reset) return kNoDriver;
-  return primary_reset(dev, d->primary_reset);
+  return primary_reset(*d, dev, d->primary_reset);
 } GPUPOOL_FALLBACK(primary_reset, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) noexcept try {
@@ -442,7 +464,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) noexcept
   const Driver* d = driver();
   if (!d || !d->ctx_synchronize_v2) return kNoDriver;
   Runtime* rt = runtime();
-  CtxState* st = !rt ? nullptr : ctx ? find_state(ctx) : current_state(*d, *rt, false);
+  CtxState* st = !rt ? nullptr : ctx ? find_state(*d, *rt, ctx) : current_state(*d, *rt, false);
   const std::uint64_t s = st ? st->epoch_next.fetch_add(1, std::memory_order_seq_cst) : 0;
   const CUresult r = d->ctx_synchronize_v2(ctx);
   if (st && r == CUDA_SUCCESS) epoch_completed(st, s);

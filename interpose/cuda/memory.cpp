@@ -50,12 +50,16 @@ class ContextBackend : public Backend {
     }
   }
   void erase_record(void* data) { map_.erase(static_cast<PtrMap::Entry*>(data)); }
-  // free() unless the driver is being torn down or the context is gone.
+  // free() unless the driver is being torn down or the context is gone,
+  // also where gpupool did not see it go (the driver freed the memory with
+  // it, and its address may be another allocation's now). A release costs
+  // tens of microseconds; asking the driver, tens of nanoseconds.
   template <class Free>
   void release_while_alive(Free&& free) {
     if (exiting()) return;
     std::shared_lock lock(st_->teardown_mu);
     if (st_->retired.load(std::memory_order_acquire)) return;
+    if (!context_alive(*driver(), st_)) return;
     free();
   }
 

@@ -2,9 +2,22 @@
 //
 // It implements the part of the driver API that gpupool and the test clients
 // use, on host memory, with the real driver's error codes (the measured table
-// in shared/research/cuda-interposition.md), a capacity, contexts that can be
-// destroyed (and whose addresses are handed out again, as the real driver
-// may), primary contexts with reference counts, asynchronous work that runs
+// in shared/research/cuda-interposition.md), a capacity, and contexts with
+// the lifetimes of the real driver's (measured on the H100 and H200, driver
+// 580: tests/gpu/ctx_lifetime_probe.c):
+//   - a created context's handle is handed out again to the next context
+//     created after it dies (the lowest free slot first), and its memory
+//     dies with it (calls naming it are counted: dead_ptr_calls);
+//   - every context has a unique id (cuCtxGetId), never reused: a primary
+//     context that comes back to life after a reset or its last release has
+//     the same handle and a new id;
+//   - cuCtxAttach / cuCtxDetach count a created context's users, and the
+//     last detach destroys it (popping it if current);
+//   - primary contexts count retains; a reset destroys the context and
+//     keeps the count, the next retain makes it anew;
+//   - any thread may destroy any context, also one current elsewhere (which
+//     then gets CUDA_ERROR_CONTEXT_IS_DESTROYED);
+// asynchronous work that runs
 // only at a synchronization, cuGetProcAddress answering by name + version +
 // per-thread flag like the real one, call counters and failure injection.
 //
@@ -62,7 +75,9 @@ struct Ctx {
   int dev = 0;
   bool alive = true;
   bool primary = false;
-  unsigned refcount = 0;  // primary contexts
+  unsigned refcount = 0;  // primary contexts: retains
+  unsigned usage = 0;     // created contexts: cuCtxCreate and each cuCtxAttach
+  unsigned long long id = 0;  // cuCtxGetId: new at each creation or activation
   std::size_t charged = 0;  // STANDIN_CONTEXT_BYTES it holds while alive
   std::vector<Op> pending;
 };
@@ -100,8 +115,10 @@ bool g_host_shared = false;   // STANDIN_SHARED and STANDIN_HOST_CAPACITY both s
 std::uint64_t g_next_buffer_id = 1;
 std::map<std::uintptr_t, Alloc>& g_live = *new std::map<std::uintptr_t, Alloc>;  // by base
 std::map<std::uintptr_t, Alloc>& g_dead = *new std::map<std::uintptr_t, Alloc>;  // freed by a context teardown
-std::vector<Ctx*>& g_free_ctx = *new std::vector<Ctx*>;  // destroyed, addresses to hand out again
+// Every context ever made, in order: a created context's slot (its handle)
+// goes to the next context created once it dies, lowest slot first.
 std::vector<Ctx*>& g_all_ctx = *new std::vector<Ctx*>;
+unsigned long long g_next_ctx_id = 1;
 Ctx* g_primary[8] = {};
 std::vector<Fail>& g_fail = *new std::vector<Fail>;
 StandinCounters g_counters;
@@ -280,10 +297,41 @@ void give_host(std::size_t bytes) {
 
 // cuMemFree/cuMemFreeHost and context teardown (which frees the context's
 // pinned memory too) give the budget back here.
-void release_memory(const Alloc& a) {
+void uncharge_memory(const Alloc& a) {
   if (a.host) give_host(charge(a.size));
   else give_device(a.ctx->dev, charge(a.size));
+}
+
+void release_memory(const Alloc& a) {
+  uncharge_memory(a);
   free(reinterpret_cast<void*>(a.base));
+}
+
+// Memory that died with its context is poisoned and kept aside for a while
+// (the last 64 MiB of it) before its addresses can be handed out again, so
+// that a write into it shows (dead_writes, counted when it finally goes)
+// instead of corrupting whatever the address serves next.
+constexpr unsigned char kPoison = 0xDE;
+constexpr std::size_t kQuarantineBytes = std::size_t{64} << 20;
+std::vector<Alloc>& g_quarantine = *new std::vector<Alloc>;  // oldest first
+std::size_t g_quarantine_bytes = 0;
+
+void bury(const Alloc& a) {
+  memset(reinterpret_cast<void*>(a.base), kPoison, a.size);
+  g_quarantine.push_back(a);
+  g_quarantine_bytes += a.size;
+  while (g_quarantine_bytes > kQuarantineBytes) {
+    const Alloc old = g_quarantine.front();
+    g_quarantine.erase(g_quarantine.begin());
+    g_quarantine_bytes -= old.size;
+    const auto* b = reinterpret_cast<const unsigned char*>(old.base);
+    for (std::size_t i = 0; i < old.size; ++i)
+      if (b[i] != kPoison) {
+        ++g_counters.dead_writes;
+        break;
+      }
+    free(reinterpret_cast<void*>(old.base));
+  }
 }
 
 // An allocation of `size`, rounded as the driver's.
@@ -316,7 +364,8 @@ void teardown(Ctx* c) {
   for (auto it = g_live.begin(); it != g_live.end();) {
     if (it->second.ctx == c) {
       g_dead[it->first] = it->second;
-      release_memory(it->second);
+      uncharge_memory(it->second);
+      bury(it->second);
       it = g_live.erase(it);
     } else {
       ++it;
@@ -361,7 +410,6 @@ CUresult ctx_destroy(CUcontext ctx) {
   if (c->primary) return CUDA_ERROR_INVALID_CONTEXT;
   teardown(c);
   if (!t_stack.empty() && t_stack.back() == c) t_stack.pop_back();
-  g_free_ctx.push_back(c);
   return CUDA_SUCCESS;
 }
 
@@ -370,16 +418,16 @@ CUresult primary_release(CUdevice dev) {
   if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
   Ctx* c = g_primary[dev];
   if (!c || c->refcount == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  if (--c->refcount == 0) teardown(c);
+  if (--c->refcount == 0 && c->alive) teardown(c);
   return CUDA_SUCCESS;
 }
 
 CUresult primary_reset(CUdevice dev) {
   if (CUresult e = state_error()) return e;
   if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  // The retain count stays (measured): the next retain makes it anew.
   Ctx* c = g_primary[dev];
   if (c && c->alive) teardown(c);
-  if (c) c->refcount = 0;
   return CUDA_SUCCESS;
 }
 
@@ -512,11 +560,15 @@ static CUresult ctx_create(CUcontext* pctx, CUdevice dev) {
   // with out of memory, and nothing is created or pushed.
   std::size_t charged;
   if (!charge_context(dev, &charged)) return CUDA_ERROR_OUT_OF_MEMORY;
-  Ctx* c;
-  // Hand out a destroyed context's address again, as a real driver may.
-  if (!g_free_ctx.empty()) {
-    c = g_free_ctx.back();
-    g_free_ctx.pop_back();
+  // A destroyed context's handle is handed out again, as the real driver
+  // does: the lowest free slot.
+  Ctx* c = nullptr;
+  for (Ctx* old : g_all_ctx)
+    if (!old->alive && !old->primary) {
+      c = old;
+      break;
+    }
+  if (c) {
     *c = Ctx{};
   } else {
     c = new Ctx;
@@ -524,6 +576,8 @@ static CUresult ctx_create(CUcontext* pctx, CUdevice dev) {
   }
   c->dev = dev;
   c->charged = charged;
+  c->usage = 1;
+  c->id = g_next_ctx_id++;
   t_stack.push_back(c);
   *pctx = reinterpret_cast<CUcontext>(c);
   return CUDA_SUCCESS;
@@ -588,6 +642,46 @@ SI(CUresult, cuCtxPopCurrent_v2, (CUcontext * pctx)) {
   return CUDA_SUCCESS;
 }
 
+SI(CUresult, cuCtxGetId, (CUcontext ctx, unsigned long long* id)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!id) return CUDA_ERROR_INVALID_VALUE;
+  Ctx* c = ctx ? reinterpret_cast<Ctx*>(ctx) : current();
+  if (!c || !valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *id = c->id;
+  return CUDA_SUCCESS;
+}
+
+// One more user of the current context (deprecated, still exported: PyCUDA
+// calls it).
+SI(CUresult, cuCtxAttach, (CUcontext * pctx, unsigned int flags)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!pctx || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  if (c->primary) ++c->refcount;
+  else ++c->usage;
+  *pctx = reinterpret_cast<CUcontext>(c);
+  return CUDA_SUCCESS;
+}
+
+// One user fewer; the last destroys the context (popped if current), as
+// cuCtxDestroy does.
+SI(CUresult, cuCtxDetach, (CUcontext ctx)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  Ctx* c = reinterpret_cast<Ctx*>(ctx);
+  if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (c->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--c->usage > 0) return CUDA_SUCCESS;
+  teardown(c);
+  if (!t_stack.empty() && t_stack.back() == c) t_stack.pop_back();
+  return CUDA_SUCCESS;
+}
+
 SI(CUresult, cuCtxGetDevice, (CUdevice * dev)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
@@ -634,11 +728,13 @@ SI(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev)) {
     g_all_ctx.push_back(g_primary[dev]);
   }
   Ctx* c = g_primary[dev];
-  // Activation takes the context's memory (not each retain); if it does not
-  // fit the retain fails and the context stays inactive.
-  if (c->refcount == 0) {
+  // Activation (the first retain, or the first after a reset) takes the
+  // context's memory; if it does not fit the retain fails and the context
+  // stays inactive. A context made anew has a new id.
+  if (!c->alive) {
     if (!charge_context(dev, &c->charged)) return CUDA_ERROR_OUT_OF_MEMORY;
     c->alive = true;
+    c->id = g_next_ctx_id++;
   }
   ++c->refcount;
   *pctx = reinterpret_cast<CUcontext>(c);
@@ -929,6 +1025,7 @@ const Export kExports[] = {
     E(cuDeviceGetUuid), E(cuDeviceGetUuid_v2),
     E(cuCtxCreate_v2), E(cuCtxCreate_v4), E(cuCtxDestroy), E(cuCtxDestroy_v2), E(cuCtxGetCurrent),
     E(cuCtxSetCurrent), E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2), E(cuCtxGetDevice),
+    E(cuCtxGetId), E(cuCtxAttach), E(cuCtxDetach),
     E(cuCtxSynchronize), E(cuCtxSynchronize_v2), E(cuDevicePrimaryCtxRetain),
     E(cuDevicePrimaryCtxRelease), E(cuDevicePrimaryCtxRelease_v2), E(cuDevicePrimaryCtxReset),
     E(cuDevicePrimaryCtxReset_v2), E(cuDevicePrimaryCtxGetState), E(cuMemAlloc_v2), E(cuMemAllocPitch_v2), E(cuMemFree_v2),
@@ -961,6 +1058,9 @@ const Version kVersions[] = {
     {"cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"},
     {"cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"},
     {"cuCtxGetDevice", 2000, "cuCtxGetDevice"},
+    {"cuCtxGetId", 12000, "cuCtxGetId"},
+    {"cuCtxAttach", 2000, "cuCtxAttach"},
+    {"cuCtxDetach", 2000, "cuCtxDetach"},
     {"cuCtxSynchronize", 2000, "cuCtxSynchronize"},
     {"cuDevicePrimaryCtxRetain", 7000, "cuDevicePrimaryCtxRetain"},
     {"cuDevicePrimaryCtxRelease", 7000, "cuDevicePrimaryCtxRelease"},
@@ -1057,6 +1157,20 @@ extern "C" __attribute__((visibility("default"))) uint64_t standin_nvml_memory_i
 }
 
 extern "C" __attribute__((visibility("default"))) void* standin_own(const char* name) { return own(name); }
+
+extern "C" __attribute__((visibility("default"))) uint64_t standin_dead_writes(void) {
+  std::lock_guard lock(g_mu);
+  uint64_t written = 0;
+  for (const Alloc& a : g_quarantine) {
+    const auto* b = reinterpret_cast<const unsigned char*>(a.base);
+    for (std::size_t i = 0; i < a.size; ++i)
+      if (b[i] != kPoison) {
+        ++written;
+        break;
+      }
+  }
+  return g_counters.dead_writes + written;
+}
 
 extern "C" __attribute__((visibility("default"))) int standin_pending_ops(CUdeviceptr p, size_t n) {
   std::lock_guard lock(g_mu);

@@ -24,6 +24,9 @@ typedef struct StandinCounters {
   uint64_t last_alloc_size;  /* size of the last successful cuMemAlloc_v2 */
   uint64_t ops_executed;     /* async operations run at a synchronization */
   uint64_t mem_alloc_pitch_calls; /* all cuMemAllocPitch_v2 calls */
+  uint64_t dead_writes;      /* allocations that died with their context and were
+                                written afterwards (seen when their addresses are
+                                reused, or at standin_dead_writes()) */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */
@@ -63,6 +66,11 @@ size_t standin_used_all(int dev);
    processes; the stand-in libnvidia-ml.so.1 counts them); 0 without
    STANDIN_SHARED. */
 uint64_t standin_nvml_memory_info_calls(void);
+
+/* Checks every allocation that died with its context and is still kept
+   aside (the last 64 MiB of them) for writes after its death; returns
+   dead_writes. */
+uint64_t standin_dead_writes(void);
 
 /* The stand-in's own address of an export, to tell it from a hook. */
 void* standin_own(const char* name);
