@@ -372,8 +372,14 @@ std::size_t Pool::release_group(const std::string& group, std::size_t wanted) {
   return release_largest(mine, wanted);
 }
 
-// Caller holds arenas_in_use_ shared.
+// Caller holds arenas_in_use_ shared. Takes at most what the arenas held
+// when it started: blocks the program frees meanwhile are not chased (a
+// program that keeps freeing would otherwise keep the caller, the control
+// thread answering a request, releasing for as long as it runs).
 std::size_t Pool::release_largest(const std::vector<Arena*>& arenas, std::size_t wanted) {
+  std::size_t held_at_start = 0;
+  for (Arena* x : arenas) held_at_start += x->releasable_bytes();
+  wanted = std::min(wanted, held_at_start);
   std::size_t released = 0;
   while (released < wanted) {
     // Find the largest held block.

@@ -207,7 +207,8 @@ class Pool {
 
   // Release held blocks of the arenas of `group` (the memory one device
   // offers), largest first and the oldest of a size first, until at least
-  // `wanted` bytes are released or none is held; returns the bytes released.
+  // `wanted` bytes are released or as many as were held when it started
+  // (blocks freed meanwhile stay held); returns the bytes released.
   std::size_t release_group(const std::string& group, std::size_t wanted);
 
   // PyOpenCL's controls.

@@ -37,6 +37,10 @@ struct FakeDevice {
   std::function<std::size_t(std::size_t)> neighbour;
   std::uint64_t relieve_calls = 0;
   std::size_t used_when_relieved = 0;  // `used` when relieve was last called
+
+  // Called after each release, outside the device's lock: what the program
+  // does meanwhile (frees another block while a release is under way).
+  std::function<void()> after_release;
 };
 
 // The pool's cost clock in core tests (PoolOptions::cost_clock): it moves
@@ -76,7 +80,7 @@ class FakeBackend : public Backend {
   static void* record_of(Handle h) { return reinterpret_cast<void*>(h ^ 0x5ec0'0000'0000'0000ull); }
   void release(Handle h, std::size_t bytes, void* data) override {
     FakeDevice& d = *dev_;
-    std::lock_guard lock(d.mu);
+    std::unique_lock lock(d.mu);
     auto it = d.live.find(h);
     if (it == d.live.end()) throw std::logic_error("release of a handle not live");
     if (it->second != bytes) throw std::logic_error("release with the wrong size");
@@ -84,6 +88,8 @@ class FakeBackend : public Backend {
     d.used -= bytes;
     d.live.erase(it);
     ++d.releases;
+    lock.unlock();
+    if (d.after_release) d.after_release();
   }
   // The device freed it already (a context torn down): only the record goes.
   void drop(Handle h, std::size_t, void* data) override {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/pool.hpp"
 #include "pool_fixture.hpp"
@@ -224,6 +225,32 @@ TEST(Pool, ReleaseGroupReleasesThatGroupLargestFirst) {
   EXPECT_EQ(f.pool.release_group("dev", SIZE_MAX), 0u);
   EXPECT_EQ(other->releases, 0u) << "another group's blocks stay held";
   EXPECT_EQ(b->stats().held_blocks, 1u);
+}
+
+// A release (another process's request, `gpupool free-held --all --device`
+// with 2^64-1 bytes) takes what is held when it starts, once, and answers:
+// a program that keeps freeing meanwhile must not keep the control thread
+// releasing what it frees (issue 28: 7 s and 24 GB against such a program).
+TEST(Pool, ReleaseGroupTakesOnlyWhatWasHeldWhenItStarted) {
+  Fixture f;
+  std::vector<Block*> in_use;
+  for (int i = 0; i < 8; ++i) in_use.push_back(f.alloc(4096));
+  Block* held = f.alloc(4096);
+  const std::size_t size = held->size;
+  f.pool.free(held);
+  // Each block the release gives back, the program frees another meanwhile.
+  f.dev->after_release = [&] {
+    if (!in_use.empty()) {
+      Block* b = in_use.back();
+      in_use.pop_back();
+      f.pool.free(b);
+    }
+  };
+  EXPECT_EQ(f.pool.release_group("dev", SIZE_MAX), size) << "only the one block held at the start";
+  f.dev->after_release = nullptr;
+  EXPECT_EQ(f.dev->releases, 1u);
+  EXPECT_EQ(f.arena->stats().held_blocks, 1u) << "what the program freed meanwhile stays held";
+  for (Block* b : in_use) f.pool.free(b);
 }
 
 TEST(Pool, OtherBackendErrorsPassThroughWithoutRetry) {
