@@ -17,7 +17,9 @@ const char kPsHelp[] =
     "(by UUID), the bytes in the program's hands (active), freed and kept by\n"
     "gpupool (held), allocated from the driver (managed), and pool hits and\n"
     "misses. Figures are at most 100 ms old. The registry is\n"
-    "GPUPOOL_REGISTRY, else /dev/shm/gpupool.<uid>.\n"
+    "GPUPOOL_REGISTRY, else /run/user/<uid>/gpupool.registry where that\n"
+    "directory is the user's, /run/gpupool.registry for root, else\n"
+    "/dev/shm/gpupool-<uid>/registry.\n"
     "\n"
     "`gpupool free-held --all [--device UUID]` asks every one of them to\n"
     "release its held memory (on that GPU only, with --device).\n";
@@ -59,7 +61,11 @@ bool registry_processes(std::vector<node::ProcessEntry>* out) {
     std::fprintf(stderr, "%s: %s\n", kProg, why.c_str());
     return false;
   }
-  *out = reg->processes(/*skip_self=*/false);
+  *out = reg->processes(/*skip_self=*/false, &why);
+  if (!why.empty()) {
+    std::fprintf(stderr, "%s: %s\n", kProg, why.c_str());
+    return false;
+  }
   return true;
 }
 

@@ -83,6 +83,24 @@ void open_registry(Runtime& rt, State& s) {
                why);
 }
 
+// The registry stopped being one while in use (cut, replaced, its disk
+// full): said once; each later look fails the same way, at no other cost.
+void registry_unusable(const std::string& why) {
+  static std::atomic<bool> said{false};
+  if (!why.empty() && !said.exchange(true))
+    log().warn("node registry not usable any more ({}): other gpupool processes on this node "
+               "cannot ask this one for its held memory, nor it them",
+               why);
+}
+
+// Every live entry but this process's; an unusable registry lists nobody.
+std::vector<ProcessEntry> others(Registry* reg) {
+  std::string why;
+  std::vector<ProcessEntry> out = reg->processes(/*skip_self=*/true, &why);
+  registry_unusable(why);
+  return out;
+}
+
 // The devices and the registry, copied under the lock.
 std::vector<Device*> devices(State& s, Registry** reg = nullptr) {
   std::lock_guard lock(s.mu);
@@ -126,8 +144,16 @@ void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
     u->hits = add_sat(u->hits, t.hits);
     u->misses = add_sat(u->misses, t.misses);
   }
-  if (reg && !reg->publish(out))
-    log().debug("node registry: no free slot; this process is not listed");
+  if (!reg) return;
+  std::string why;
+  switch (reg->publish(out, &why)) {
+    case Registry::Outcome::ok: break;
+    case Registry::Outcome::full:
+      log().debug("node registry: no free slot; this process is not listed");
+      break;
+    case Registry::Outcome::busy: log().debug("node registry: {}; next time", why); break;
+    case Registry::Outcome::unusable: registry_unusable(why); break;
+  }
 }
 
 // One GPU whose free memory is low because other processes allocate:
@@ -211,7 +237,7 @@ std::size_t others_held(const std::string& group) {
   Registry* reg = nullptr;
   if (!find_device(s, group, &uuid, &reg) || !reg) return 0;
   std::uint64_t sum = 0;
-  for (const ProcessEntry& p : reg->processes(/*skip_self=*/true))
+  for (const ProcessEntry& p : others(reg))
     for (const DeviceUse& u : p.devices)
       if (u.uuid == uuid) sum = add_sat(sum, u.held);
   return static_cast<std::size_t>(std::min<std::uint64_t>(sum, SIZE_MAX));
@@ -238,7 +264,7 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
   // The user's processes holding the most first: the registry says who.
   std::vector<std::pair<std::uint64_t, long>> holders;
   if (reg) {
-    for (const ProcessEntry& p : reg->processes(/*skip_self=*/true))
+    for (const ProcessEntry& p : others(reg))
       for (const DeviceUse& u : p.devices)
         if (u.uuid == uuid && u.held > 0) holders.push_back({u.held, p.pid});
     std::sort(holders.rbegin(), holders.rend());
@@ -254,7 +280,7 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
   // asked holders no longer hold counts as released, so the caller retries.
   if (reg && released < bytes && !holders.empty()) {
     std::uint64_t dropped = 0;
-    const std::vector<ProcessEntry> now = reg->processes(/*skip_self=*/true);
+    const std::vector<ProcessEntry> now = others(reg);
     for (const auto& [held, pid] : holders) {
       std::uint64_t still = 0;
       for (const ProcessEntry& p : now)
@@ -297,7 +323,7 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
   // memory back: recently enough, and the caller tries once more.
   if (reg && released == 0) {
     const std::uint64_t since = start - std::min(start, wait);
-    for (const ProcessEntry& p : reg->processes(/*skip_self=*/true))
+    for (const ProcessEntry& p : others(reg))
       for (const DeviceUse& u : p.devices)
         if (u.uuid == uuid && u.returned_at != 0 && u.returned_at >= since) {
           log().info("out of memory on {}: process {} gave memory back {:.1f} ms ago; retrying",

@@ -4,21 +4,24 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+
+#include "config/io.hpp"
 
 namespace gpupool::node {
 namespace {
 
-// The file's layout. Every word is read and written through atomic_ref:
-// other processes change them at any time.
+// The file's layout. Version 2: read and written with pread/pwrite under
+// an open-file-description lock (version 1 was mapped and lock-free; the
+// two never share a file).
 constexpr char kMagic[8] = {'g', 'p', 'u', 'p', 'o', 'o', 'l', 'R'};
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;
 
 struct Header {
   char magic[8];
@@ -30,29 +33,27 @@ static_assert(sizeof(Header) == 64);
 struct DeviceWords {
   std::uint64_t uuid[2];
   std::uint64_t held, active, managed, hits, misses;
-  std::uint64_t returned_at;  // was reserved (always 0) before it was used: same version
+  std::uint64_t returned_at;
 };
 struct alignas(64) Slot {
   std::uint64_t owner;  // token of the owning process; 0: free
-  std::uint64_t seq;    // odd while the owner writes
+  std::uint64_t reserved0;
   std::uint64_t count;  // devices published
   std::uint64_t comm[2];
   std::uint64_t reserved[3];
   DeviceWords dev[kRegistryDevices];
 };
+constexpr std::size_t kSlotsAt = sizeof(Header);
 constexpr std::size_t kFileBytes = sizeof(Header) + sizeof(Slot) * kRegistrySlots;
 
-// The figures sit under a sequence counter (odd while written). Without
-// fences (ThreadSanitizer does not model them): the writer's stores are
-// releases, so none moves before the odd count nor after the even one; the
-// reader's loads are acquires, so the second look at the count comes after
-// every figure.
-using Ref = std::atomic_ref<std::uint64_t>;
-std::uint64_t ld(std::uint64_t& w, std::memory_order o = std::memory_order_acquire) {
-  return Ref(w).load(o);
-}
-void st(std::uint64_t& w, std::uint64_t v, std::memory_order o = std::memory_order_release) {
-  Ref(w).store(v, o);
+// A lock is held for a few microseconds by a running process; one held
+// longer belongs to a stopped one, and waiting for it must not stop us.
+constexpr std::uint64_t kLockPatienceNs = 20'000'000;
+
+std::uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::uint64_t(ts.tv_sec) * 1'000'000'000u + std::uint64_t(ts.tv_nsec);
 }
 
 // pid in the low 22 bits (Linux's pid_max limit), start time above.
@@ -62,51 +63,192 @@ std::uint64_t make_token(long pid, std::uint64_t start) {
 long token_pid(std::uint64_t t) { return static_cast<long>(t & ((1u << 22) - 1)); }
 std::uint64_t token_start(std::uint64_t t) { return t >> 22; }
 
-Slot* slots(void* map) {
-  return reinterpret_cast<Slot*>(static_cast<char*>(map) + sizeof(Header));
-}
-
 bool header_ok(const Header& h) {
   return std::memcmp(h.magic, kMagic, sizeof kMagic) == 0 && h.version == kVersion &&
          h.slots == kRegistrySlots && h.devices == kRegistryDevices && h.slot_bytes == sizeof(Slot);
 }
 
-void* map_fd(int fd) {
-  void* p = mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  return p == MAP_FAILED ? nullptr : p;
+bool read_all(int fd, void* out, std::size_t n, std::size_t at) {
+  char* p = static_cast<char*>(out);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;  // short: the file was cut
+    p += r, n -= static_cast<std::size_t>(r), at += static_cast<std::size_t>(r);
+  }
+  return true;
 }
 
-// A new registry under a private name, linked into place only once whole, so
-// nobody ever maps a half-written one. -1 when another process was first.
+bool write_all(int fd, const void* in, std::size_t n, std::size_t at) {
+  const char* p = static_cast<const char*>(in);
+  while (n > 0) {
+    const ssize_t r = ::pwrite(fd, p, n, static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r, n -= static_cast<std::size_t>(r), at += static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+// The registry file's directory: ours (or root's), and not one where others
+// may replace our files (writable by others and not sticky). A missing one
+// is made, private, when `create`.
+bool directory_ok(const std::string& path, bool create, std::string* why) {
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat s {};
+  if (lstat(dir.c_str(), &s) != 0 && errno == ENOENT && create) {
+    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      *why = "cannot create the directory " + dir + ": " + strerror(errno);
+      return false;
+    }
+  }
+  if (lstat(dir.c_str(), &s) != 0) {
+    if (errno == ENOENT) return true;  // the file's open says it is missing
+    *why = "cannot examine the directory " + dir + ": " + strerror(errno);
+    return false;
+  }
+  if (!S_ISDIR(s.st_mode)) {
+    *why = "the registry's directory " + dir + " is not a directory (a symbolic link?)";
+    return false;
+  }
+  if (s.st_uid != geteuid() && s.st_uid != 0) {
+    *why = "the registry's directory " + dir + " belongs to uid " + std::to_string(s.st_uid) +
+           ", not this user (another user took its name; GPUPOOL_REGISTRY can name a file in "
+           "a directory of yours)";
+    return false;
+  }
+  if ((s.st_mode & 022) && !(s.st_mode & S_ISVTX)) {
+    *why = "the registry's directory " + dir + " is writable by other users";
+    return false;
+  }
+  return true;
+}
+
+// The registry opened and checked: a regular file of this user, writable by
+// nobody else, of the layout's size and header. Invalid with *why set when
+// it is not one; invalid with *why empty when it is missing.
+io::OwnedFd open_checked(const std::string& path, std::string* why) {
+  why->clear();
+  io::OwnedFd fd = io::OwnedFd::adopt(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid()) {
+    if (errno != ENOENT) *why = "cannot open " + path + ": " + strerror(errno);
+    return {};
+  }
+  struct stat s {};
+  const char* bad = nullptr;
+  Header h{};
+  if (fstat(fd.get(), &s) != 0) bad = "cannot be examined";
+  else if (!S_ISREG(s.st_mode)) bad = "is not a regular file";
+  else if (s.st_uid != geteuid()) bad = "belongs to another user";
+  else if (s.st_mode & 022) bad = "is writable by other users";
+  else if (static_cast<std::size_t>(s.st_size) != kFileBytes) bad = "is not a gpupool registry (wrong size)";
+  else if (!read_all(fd.get(), &h, sizeof h, 0) || !header_ok(h)) bad = "is not a gpupool registry";
+  if (bad) {
+    *why = path + " " + bad;
+    return {};
+  }
+  return fd;
+}
+
+// The registry's one look, read or write: open, checked, locked (an
+// open-file-description lock, so threads of one process and a forked child
+// exclude each other too), and closed. The size is checked again under the
+// lock: nothing here is mapped, so a file cut meanwhile makes a read short
+// or a write fail, never a fault.
+class Look {
+ public:
+  Look(const std::string& path, bool write) {
+    fd_ = open_checked(path, &why_);
+    if (!fd_.valid()) {
+      if (why_.empty()) why_ = path + " is gone";
+      return;
+    }
+    struct flock l {};
+    l.l_type = write ? F_WRLCK : F_RDLCK;
+    l.l_whence = SEEK_SET;
+    const std::uint64_t give_up = now_ns() + kLockPatienceNs;
+    while (fcntl(fd_.get(), F_OFD_SETLK, &l) != 0) {
+      if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || now_ns() >= give_up) {
+        busy_ = true;
+        why_ = path + " is locked by a process that does not let go";
+        fd_ = {};
+        return;
+      }
+      const timespec pause{0, 100'000};
+      nanosleep(&pause, nullptr);
+    }
+    struct stat s {};
+    if (fstat(fd_.get(), &s) != 0 || static_cast<std::size_t>(s.st_size) != kFileBytes) {
+      why_ = path + " is not a gpupool registry (wrong size)";
+      unlock();
+    }
+  }
+  ~Look() { unlock(); }
+  Look(const Look&) = delete;
+  Look& operator=(const Look&) = delete;
+
+  bool ok() const { return fd_.valid(); }
+  bool busy() const { return busy_; }
+  int fd() const { return fd_.get(); }
+  const std::string& why() const { return why_; }
+  // A read or write that failed: the file changed under the lock's users.
+  void failed(const std::string& path, const char* what) {
+    why_ = path + ": " + what + ": " + (errno ? strerror(errno) : "the file was cut");
+    unlock();
+  }
+
+ private:
+  // Unlocked explicitly before the close: a child forked meanwhile has a
+  // copy of the descriptor, which would otherwise keep the lock.
+  void unlock() {
+    if (!fd_.valid()) return;
+    if (fd_.ours()) {
+      struct flock l {};
+      l.l_type = F_UNLCK;
+      l.l_whence = SEEK_SET;
+      fcntl(fd_.get(), F_OFD_SETLK, &l);
+    }
+    fd_ = {};
+  }
+  io::OwnedFd fd_;
+  std::string why_;
+  bool busy_ = false;
+};
+
+// A new registry under a private name, its blocks allocated (a full tmpfs
+// says so here, not later as a fault) and linked into place only once whole.
+// 0: linked; -1: another process was first; -2: failed, *why set. The
+// private name never outlives the call.
 int create(const std::string& path, std::string* why) {
   const std::string tmp = path + "." + std::to_string(getpid()) + ".new";
   unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  io::OwnedFd fd = io::OwnedFd::adopt(
+      ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
     *why = "cannot create " + tmp + ": " + strerror(errno);
     return -2;
   }
-  bool ok = ftruncate(fd, kFileBytes) == 0;
-  if (void* p = ok ? map_fd(fd) : nullptr) {
+  int err = posix_fallocate(fd.get(), 0, kFileBytes);
+  if (err != 0) {
+    *why = "cannot allocate " + std::to_string(kFileBytes) + " bytes for " + path + ": " + strerror(err);
+  } else {
     Header h{};
     std::memcpy(h.magic, kMagic, sizeof kMagic);
     h.version = kVersion;
     h.slots = kRegistrySlots;
     h.devices = kRegistryDevices;
     h.slot_bytes = sizeof(Slot);
-    std::memcpy(p, &h, sizeof h);
-    munmap(p, kFileBytes);
-  } else {
-    ok = false;
+    if (!write_all(fd.get(), &h, sizeof h, 0)) {
+      err = errno;
+      *why = "cannot write " + tmp + ": " + strerror(err);
+    } else if (link(tmp.c_str(), path.c_str()) != 0) {
+      err = errno;
+      if (err != EEXIST) *why = "cannot create " + path + ": " + strerror(err);
+    }
   }
-  const bool linked = ok && link(tmp.c_str(), path.c_str()) == 0;
-  const int link_errno = errno;
   unlink(tmp.c_str());
-  if (linked) return fd;
-  ::close(fd);
-  if (ok && link_errno == EEXIST) return -1;
-  *why = "cannot create " + path + ": " + strerror(ok ? link_errno : errno);
-  return -2;
+  return err == 0 ? 0 : err == EEXIST && why->empty() ? -1 : -2;
 }
 
 std::string comm_of_self() {
@@ -158,7 +300,22 @@ bool parse_uuid(std::string_view t, Uuid* out) {
   return true;
 }
 
-std::string default_registry_path() { return "/dev/shm/gpupool." + std::to_string(geteuid()); }
+std::string default_registry_path() {
+  const std::string uid = std::to_string(geteuid());
+  // A directory only this user (logind's /run/user/<uid>) or only root
+  // (/run) makes entries in: nobody else can take the name.
+  struct stat s {};
+  const std::string run_user = "/run/user/" + uid;
+  if (lstat(run_user.c_str(), &s) == 0 && S_ISDIR(s.st_mode) && s.st_uid == geteuid() &&
+      !(s.st_mode & 022))
+    return run_user + "/gpupool.registry";
+  if (geteuid() == 0 && lstat("/run", &s) == 0 && S_ISDIR(s.st_mode) && s.st_uid == 0 &&
+      !(s.st_mode & 022))
+    return "/run/gpupool.registry";
+  // Elsewhere a directory of the user's own, made private by its first
+  // process; one another user made first is refused (directory_ok).
+  return "/dev/shm/gpupool-" + uid + "/registry";
+}
 
 std::uint64_t process_start(long pid) {
   char path[64], buf[1024];
@@ -188,156 +345,130 @@ bool process_alive(long pid, std::uint64_t start) {
 
 std::unique_ptr<Registry> Registry::open(const std::string& path, std::string* why,
                                          bool create_missing) {
-  int fd = -1;
   why->clear();
-  for (int attempt = 0; attempt < 3 && fd < 0; ++attempt) {
-    fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT && !create_missing) return nullptr;
-    if (fd < 0 && errno == ENOENT) {
-      fd = create(path, why);
-      if (fd == -2) return nullptr;
-      continue;
+  if (!directory_ok(path, create_missing, why)) return nullptr;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (open_checked(path, why).valid()) {
+      std::unique_ptr<Registry> r(new Registry);
+      r->path_ = path;
+      return r;
     }
-    if (fd < 0) {
-      *why = "cannot open " + path + ": " + strerror(errno);
-      return nullptr;
-    }
+    if (!why->empty() || !create_missing) return nullptr;
+    if (create(path, why) == -2) return nullptr;
   }
-  if (fd < 0) {
-    *why = "cannot open " + path;
-    return nullptr;
-  }
-  struct stat s {};
-  const char* bad = nullptr;
-  if (fstat(fd, &s) != 0) bad = "cannot be examined";
-  else if (!S_ISREG(s.st_mode)) bad = "is not a regular file";
-  else if (s.st_uid != geteuid()) bad = "belongs to another user";
-  else if (s.st_mode & 022) bad = "is writable by other users";
-  else if (static_cast<std::size_t>(s.st_size) != kFileBytes) bad = "is not a gpupool registry (wrong size)";
-  void* p = bad ? nullptr : map_fd(fd);
-  ::close(fd);  // the mapping stays: no descriptor for the program to close under us
-  if (!bad && !p) bad = "cannot be mapped";
-  if (!bad && !header_ok(*static_cast<const Header*>(p))) bad = "is not a gpupool registry";
-  if (bad) {
-    if (p) munmap(p, kFileBytes);
-    *why = path + " " + bad;
-    return nullptr;
-  }
-  std::unique_ptr<Registry> r(new Registry);
-  r->map_ = p;
-  r->size_ = kFileBytes;
-  r->path_ = path;
-  return r;
+  *why = "cannot open " + path;
+  return nullptr;
 }
 
-Registry::~Registry() {
-  if (map_) munmap(map_, size_);
-}
+Registry::~Registry() = default;
 
-bool Registry::publish(const std::vector<DeviceUse>& devices) {
+Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::string* why) {
   const long pid = getpid();
   if (slot_ >= 0 && token_pid_ != pid) slot_ = -1;  // a forked child
-  Slot* all = slots(map_);
+  Look look(path_, /*write=*/true);
+  if (!look.ok()) {
+    *why = look.why();
+    return look.busy() ? Outcome::busy : Outcome::unusable;
+  }
+  std::uint64_t owner = 0;
   // Taken over by another process (it judged us dead): claim a new one.
-  if (slot_ >= 0 && ld(all[slot_].owner) != token_) slot_ = -1;
+  if (slot_ >= 0) {
+    if (!read_all(look.fd(), &owner, sizeof owner, kSlotsAt + sizeof(Slot) * slot_)) {
+      look.failed(path_, "cannot be read");
+      *why = look.why();
+      return Outcome::unusable;
+    }
+    if (owner != token_) slot_ = -1;
+  }
   if (slot_ < 0) {
     token_ = make_token(pid, process_start(pid));
     token_pid_ = pid;
+    std::vector<Slot> all(kRegistrySlots);
+    if (!read_all(look.fd(), all.data(), sizeof(Slot) * kRegistrySlots, kSlotsAt)) {
+      look.failed(path_, "cannot be read");
+      *why = look.why();
+      return Outcome::unusable;
+    }
     // A free slot, else one whose owner is gone.
     for (int pass = 0; pass < 2 && slot_ < 0; ++pass)
       for (unsigned i = 0; i < kRegistrySlots && slot_ < 0; ++i) {
-        std::uint64_t o = ld(all[i].owner);
-        if (pass == 0 ? o != 0 : (o == 0 || process_alive(token_pid(o), token_start(o))))
-          continue;
-        if (Ref(all[i].owner).compare_exchange_strong(o, token_, std::memory_order_acq_rel))
+        const std::uint64_t o = all[i].owner;
+        if (pass == 0 ? o == 0 : (o != 0 && !process_alive(token_pid(o), token_start(o))))
           slot_ = static_cast<int>(i);
       }
-    if (slot_ < 0) return false;
-    // The previous owner's figures go (it may have died mid-write: the
-    // count may be odd) before ours are written.
-    Slot& s = all[slot_];
-    const std::uint64_t q = ld(s.seq) | 1;
-    st(s.seq, q);
-    st(s.count, 0);
-    const std::string c = comm_of_self();
-    std::uint64_t words[2] = {};
-    std::memcpy(words, c.data(), std::min(c.size(), sizeof words));
-    st(s.comm[0], words[0]);
-    st(s.comm[1], words[1]);
-    st(s.seq, q + 1);
+    if (slot_ < 0) return Outcome::full;
   }
-  Slot& s = all[slot_];
-  const std::uint64_t q = ld(s.seq);
-  st(s.seq, q + 1);
+  Slot s{};
+  s.owner = token_;
+  const std::string c = comm_of_self();
+  std::memcpy(s.comm, c.data(), std::min(c.size(), sizeof s.comm));
   const std::size_t n = std::min<std::size_t>(devices.size(), kRegistryDevices);
   for (std::size_t i = 0; i < n; ++i) {
     const DeviceUse& d = devices[i];
-    std::uint64_t u[2];
-    std::memcpy(u, d.uuid.data(), sizeof u);
     DeviceWords& w = s.dev[i];
-    st(w.uuid[0], u[0]);
-    st(w.uuid[1], u[1]);
-    st(w.held, d.held);
-    st(w.active, d.active);
-    st(w.managed, d.managed);
-    st(w.hits, d.hits);
-    st(w.misses, d.misses);
-    st(w.returned_at, d.returned_at);
+    std::memcpy(w.uuid, d.uuid.data(), sizeof w.uuid);
+    w.held = d.held;
+    w.active = d.active;
+    w.managed = d.managed;
+    w.hits = d.hits;
+    w.misses = d.misses;
+    w.returned_at = d.returned_at;
   }
-  st(s.count, n);
-  st(s.seq, q + 2, std::memory_order_release);
-  return true;
+  s.count = n;
+  if (!write_all(look.fd(), &s, sizeof s, kSlotsAt + sizeof(Slot) * slot_)) {
+    look.failed(path_, "cannot be written");
+    *why = look.why();
+    slot_ = -1;
+    return Outcome::unusable;
+  }
+  return Outcome::ok;
 }
 
 void Registry::leave() {
   if (slot_ < 0 || token_pid_ != getpid()) return;
-  std::uint64_t t = token_;
-  Ref(slots(map_)[slot_].owner).compare_exchange_strong(t, 0, std::memory_order_acq_rel);
+  Look look(path_, /*write=*/true);
+  const std::size_t at = kSlotsAt + sizeof(Slot) * slot_;
+  std::uint64_t owner = 0;
+  if (look.ok() && read_all(look.fd(), &owner, sizeof owner, at) && owner == token_) {
+    owner = 0;
+    write_all(look.fd(), &owner, sizeof owner, at);
+  }
   slot_ = -1;
 }
 
-std::vector<ProcessEntry> Registry::processes(bool skip_self) const {
+std::vector<ProcessEntry> Registry::processes(bool skip_self, std::string* why) const {
   std::vector<ProcessEntry> out;
-  Slot* all = slots(map_);
-  const long self = getpid();
-  for (unsigned i = 0; i < kRegistrySlots; ++i) {
-    Slot& s = all[i];
-    const std::uint64_t owner = ld(s.owner, std::memory_order_acquire);
-    const long pid = token_pid(owner);
-    if (owner == 0 || (skip_self && pid == self)) continue;
-    ProcessEntry e;
-    bool consistent = false;
-    // A torn read (the owner was writing) is tried again a few times.
-    for (int attempt = 0; attempt < 8 && !consistent; ++attempt) {
-      const std::uint64_t q1 = ld(s.seq, std::memory_order_acquire);
-      if (q1 & 1) {
-        sched_yield();
-        continue;
-      }
-      e.devices.clear();
-      const std::uint64_t n = ld(s.count);
-      for (std::uint64_t k = 0; k < n && k < kRegistryDevices; ++k) {
-        DeviceWords& w = s.dev[k];
-        DeviceUse d;
-        std::uint64_t u[2] = {ld(w.uuid[0]), ld(w.uuid[1])};
-        std::memcpy(d.uuid.data(), u, sizeof u);
-        d.held = ld(w.held);
-        d.active = ld(w.active);
-        d.managed = ld(w.managed);
-        d.hits = ld(w.hits);
-        d.misses = ld(w.misses);
-        d.returned_at = ld(w.returned_at);
-        e.devices.push_back(d);
-      }
-      std::uint64_t c[2] = {ld(s.comm[0]), ld(s.comm[1])};
-      char name[17] = {};
-      std::memcpy(name, c, 16);
-      e.command.clear();
-      for (char ch : std::string_view(name, strnlen(name, 16)))
-        e.command += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
-      consistent = ld(s.seq) == q1 && ld(s.owner) == owner;
+  std::vector<Slot> all(kRegistrySlots);
+  {
+    Look look(path_, /*write=*/false);
+    if (!look.ok() || !read_all(look.fd(), all.data(), sizeof(Slot) * kRegistrySlots, kSlotsAt)) {
+      if (look.ok()) look.failed(path_, "cannot be read");
+      if (why) *why = look.busy() ? std::string() : look.why();
+      return out;
     }
-    if (!consistent || !process_alive(pid, token_start(owner))) continue;
+  }
+  const long self = getpid();
+  for (const Slot& s : all) {
+    const long pid = token_pid(s.owner);
+    if (s.owner == 0 || (skip_self && pid == self)) continue;
+    ProcessEntry e;
+    for (std::uint64_t k = 0; k < s.count && k < kRegistryDevices; ++k) {
+      const DeviceWords& w = s.dev[k];
+      DeviceUse d;
+      std::memcpy(d.uuid.data(), w.uuid, sizeof w.uuid);
+      d.held = w.held;
+      d.active = w.active;
+      d.managed = w.managed;
+      d.hits = w.hits;
+      d.misses = w.misses;
+      d.returned_at = w.returned_at;
+      e.devices.push_back(d);
+    }
+    char name[17] = {};
+    std::memcpy(name, s.comm, 16);
+    for (char ch : std::string_view(name, strnlen(name, 16)))
+      e.command += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
+    if (!process_alive(pid, token_start(s.owner))) continue;
     e.pid = pid;
     out.push_back(std::move(e));
   }

@@ -1,14 +1,18 @@
 // The node's registry of gpupool processes: what each holds on each GPU.
 //
-// One file per user, /dev/shm/gpupool.<euid> (GPUPOOL_REGISTRY), mapped
-// shared by every gpupool process of that user and by `gpupool ps`. It holds
-// a fixed table of slots; a process claims one with a compare-and-swap on
-// its owner word (pid and start time, so a reused pid is another owner) and
-// writes its figures under a sequence counter. No lock anywhere: a process
-// that dies, even mid-write, leaves a slot whose owner is gone, which every
-// reader skips and the next claimer takes over. Readers check everything
-// they read (header, counts, torn writes), and a file that is not this
-// layout, not a regular file of the user, or writable by others is not used.
+// One file per user (default_registry_path(), or GPUPOOL_REGISTRY), shared
+// by every gpupool process of that user and by `gpupool ps`. It holds a
+// fixed table of slots; a process claims one by writing its owner word (pid
+// and start time, so a reused pid is another owner) and then its figures.
+// Never mapped: every look opens the file, checks it, takes an
+// open-file-description lock (given up after 20 ms: a stopped holder stops
+// nobody), and reads or writes with pread/pwrite. So a file cut or a tmpfs
+// full while in use makes a read short or a write fail, which costs a
+// warning, never a fault (SIGBUS) in the program; and the file's blocks are
+// allocated when it is made. A process that dies leaves a slot whose owner
+// is gone, which every reader skips and the next claimer takes over. A file
+// that is not this layout, not a regular file of the user, or writable by
+// others, or in a directory another user owns, is not used.
 //
 // Devices are named by their UUID: ordinals differ between processes
 // (CUDA_VISIBLE_DEVICES).
@@ -70,28 +74,37 @@ class Registry {
 
   const std::string& path() const { return path_; }
 
+  enum class Outcome {
+    ok,
+    full,      // every slot is taken by a live process
+    busy,      // locked by a process that does not let go (stopped): next time
+    unusable,  // the file is no longer a registry (cut, replaced, disk full): *why
+  };
   // This process's figures (at most kRegistryDevices devices), claiming a
-  // slot on first use. False when every slot is taken by a live process.
-  bool publish(const std::vector<DeviceUse>& devices);
+  // slot on first use.
+  Outcome publish(const std::vector<DeviceUse>& devices, std::string* why);
   // Gives this process's slot back (exit).
   void leave();
   // In a forked child: the slot is the parent's; the child claims its own.
   void forget_slot() { slot_ = -1; }
 
-  // Every live process's entry, this one's included unless skip_self.
-  std::vector<ProcessEntry> processes(bool skip_self) const;
+  // Every live process's entry, this one's included unless skip_self. None,
+  // with *why set, when the file is no longer a registry.
+  std::vector<ProcessEntry> processes(bool skip_self, std::string* why = nullptr) const;
 
  private:
   Registry() = default;
-  void* map_ = nullptr;
-  std::size_t size_ = 0;
   std::string path_;
   int slot_ = -1;
   std::uint64_t token_ = 0;
   long token_pid_ = 0;
 };
 
-// /dev/shm/gpupool.<euid>.
+// Where nobody else can take the name: /run/user/<euid>/gpupool.registry
+// where logind made that directory, /run/gpupool.registry for root, else
+// /dev/shm/gpupool-<euid>/registry (the directory made private by the
+// user's first gpupool process; if another user made it first, the registry
+// is not used, and Registry::open says who took it).
 std::string default_registry_path();
 
 // Whether the process `pid` is alive and started at `start` (clock ticks

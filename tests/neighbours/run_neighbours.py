@@ -57,7 +57,9 @@ def env(pooled, shared, user=None, **extra):
         e["LD_PRELOAD"] = PRELOAD
     elif SANITIZER_RUNTIME:
         e["LD_PRELOAD"] = SANITIZER_RUNTIME
-    e.update({k: str(v) for k, v in extra.items()})
+    e.update({k: str(v) for k, v in extra.items() if v is not None})
+    for k in [k for k, v in extra.items() if v is None]:
+        e.pop(k)  # None: not set
     return e
 
 
@@ -146,6 +148,41 @@ NO_WATCH = {"GPUPOOL_PRESSURE_FREE": "0"}
 def alone(pooled):
     """Blocks a neighbour gets with nobody else on the GPU."""
     return grab(fresh(), pooled, **NO_WATCH)[0]
+
+def two_test_users():
+    """Two system users, and the programs copied where both can run them
+    (the build tree may be private); a folder both can use. Root only."""
+    global NEIGHBOUR, LAUNCHER, STANDIN, PRELOAD
+    if os.geteuid() != 0:
+        print("skipped: creating the second user needs root")
+        sys.exit(77)
+    import pwd
+    users = []
+    for name in ("gpupool-test-a", "gpupool-test-b"):
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                            "/usr/sbin/nologin", name], check=True)
+            pw = pwd.getpwnam(name)
+        users.append((pw.pw_uid, pw.pw_gid))
+    # The programs, where both users can run them (the build tree may be
+    # private); a budget file and registry folder both can use.
+    os.chmod(TMP, 0o1777)
+    bin_dir = os.path.join(TMP, "bin")
+    os.mkdir(bin_dir)
+    os.chmod(bin_dir, 0o755)
+    import shutil
+    NEIGHBOUR = shutil.copy(NEIGHBOUR, bin_dir)
+    LAUNCHER = shutil.copy(LAUNCHER, bin_dir)
+    STANDIN = shutil.copytree(STANDIN, os.path.join(bin_dir, "standin"))
+    PRELOAD = ":".join(shutil.copy(p, bin_dir) if "gpupool" in p else p for p in PRELOAD.split(":"))
+    for root, dirs, files in os.walk(bin_dir):
+        for f in dirs + files:
+            os.chmod(os.path.join(root, f), 0o755)
+
+    return users
+
 
 if CHECK == "baseline":
     # The stand-in as a shared GPU: a holder without gpupool gives all back.
@@ -384,35 +421,7 @@ elif CHECK == "users":
     # GPUPOOL_NEIGHBOURS=all: processes of two users share through requests
     # only. Each user's registry is its own (0600), the control socket
     # answers another user's process a release and nothing else.
-    if os.geteuid() != 0:
-        print("skipped: creating the second user needs root")
-        sys.exit(77)
-    import pwd
-    users = []
-    for name in ("gpupool-test-a", "gpupool-test-b"):
-        try:
-            pw = pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                            "/usr/sbin/nologin", name], check=True)
-            pw = pwd.getpwnam(name)
-        users.append((pw.pw_uid, pw.pw_gid))
-    A, B = users
-    # The programs, where both users can run them (the build tree may be
-    # private); a budget file and registry folder both can use.
-    os.chmod(TMP, 0o1777)
-    bin_dir = os.path.join(TMP, "bin")
-    os.mkdir(bin_dir)
-    os.chmod(bin_dir, 0o755)
-    import shutil
-    NEIGHBOUR = shutil.copy(NEIGHBOUR, bin_dir)
-    LAUNCHER = shutil.copy(LAUNCHER, bin_dir)
-    STANDIN = shutil.copytree(STANDIN, os.path.join(bin_dir, "standin"))
-    PRELOAD = ":".join(shutil.copy(p, bin_dir) if "gpupool" in p else p for p in PRELOAD.split(":"))
-    for root, dirs, files in os.walk(bin_dir):
-        for f in dirs + files:
-            os.chmod(os.path.join(root, f), 0o755)
-
+    A, B = two_test_users()
     def shared_budget():
         path = fresh()
         os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o666))
@@ -530,6 +539,175 @@ elif CHECK == "many":
     for p in procs:
         p.communicate(timeout=30)
     check(ps(shared) == [], "processes that exited are still listed")
+
+elif CHECK == "truncated":
+    # A registry truncated while in use (a cleaner, a same-user process)
+    # costs a warning, never the program: the holder publishes every 100 ms
+    # and reads every entry for cuMemGetInfo ("info"), after the cut too.
+    for size in (0, 100, 4096, 8192):
+        shared = fresh()
+        reg = os.path.join(TMP, f"registry-cut-{size}")
+        h = Holder(shared, True, GPUPOOL_REGISTRY=reg, **NO_WATCH)
+        os.truncate(reg, size)
+        h.p.stdin.write("info\n")
+        h.p.stdin.flush()
+        line = h.p.stdout.readline()
+        time.sleep(0.3)  # a few of the control thread's publishing rounds
+        err = h.finish()
+        check(h.p.returncode == 0 and line.startswith("free "),
+              f"registry cut to {size} bytes: holder rc {h.p.returncode}, said {line!r}; {err[-600:]}")
+        check(err.count("node registry") == 1 and reg in err,
+              f"registry cut to {size} bytes: not said once, naming it: {err[-800:]}")
+
+elif CHECK == "shm_full":
+    # A full tmpfs under the registry (a container's 64 MB /dev/shm filled
+    # by a data loader): the registry is not used, said once, and the
+    # program runs as without it; one made before the fill keeps working.
+    # In a private mount namespace with a tiny tmpfs of the test's own.
+    if os.environ.get("GPUPOOL_TEST_IN_NS") != "1":
+        probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                f"mount -t tmpfs -o size=64k tmpfs {TMP}"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            print("skipped: a private mount namespace with a tmpfs of the test's own needs "
+                  f"root or user namespaces (unshare -m; mount -t tmpfs): {probe.stderr.strip()}")
+            sys.exit(77)
+        os.environ["GPUPOOL_TEST_IN_NS"] = "1"
+        r = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable,
+                            *sys.argv])
+        sys.exit(r.returncode)
+    mnt = os.path.join(TMP, "shm")
+    os.mkdir(mnt)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", mnt], check=True)
+
+    def fill(name):
+        fd = os.open(os.path.join(mnt, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        for chunk in (1 << 16, 4096):
+            try:
+                while True:
+                    os.write(fd, b"x" * chunk)
+            except OSError:
+                pass
+        os.close(fd)
+
+    def unfill(name):
+        os.unlink(os.path.join(mnt, name))
+
+    full = alone(True)
+    # Full before any registry: not used, said once, nothing left behind.
+    reg = os.path.join(mnt, "registry")
+    fill("filler")
+    r = subprocess.run([NEIGHBOUR, "grab", str(BLOCK_MIB)],
+                       env=env(True, fresh(), GPUPOOL_REGISTRY=reg), capture_output=True,
+                       text=True, timeout=120)
+    got = [l for l in r.stdout.splitlines() if l.startswith("got ")]
+    check(r.returncode == 0 and got and int(got[0].split()[1]) == full,
+          f"full tmpfs: the program got rc {r.returncode} ({r.stdout[-200:]}); {r.stderr[-600:]}")
+    check(r.stderr.count("node registry not used") == 1 and reg in r.stderr,
+          f"full tmpfs: not said once, naming the registry: {r.stderr[-600:]}")
+    left = sorted(set(os.listdir(mnt)) - {"filler"})
+    check(left == [], f"full tmpfs: left behind {left}")
+    # Made while there was room, then the tmpfs filled: 8 processes join.
+    unfill("filler")
+    shared = fresh()
+    first = Holder(shared, True, GPUPOOL_REGISTRY=reg, **NO_WATCH)
+    fill("filler")
+    procs = [subprocess.Popen([NEIGHBOUR, "hold", "1", "1"],
+                              env=env(True, shared, GPUPOOL_REGISTRY=reg, **NO_WATCH),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    for p in procs:
+        p.stdout.readline()
+    time.sleep(0.5)  # a few publishing rounds each
+    r = subprocess.run([LAUNCHER, "ps", "--json"],
+                       env=env(False, shared, GPUPOOL_REGISTRY=reg), capture_output=True,
+                       text=True, timeout=30)
+    listed = {p["pid"] for p in json.loads(r.stdout)["processes"]} if r.returncode == 0 else set()
+    outs = []
+    for p in procs:
+        if p.poll() is None:
+            p.stdin.write("exit\n")
+            p.stdin.flush()
+        out, err = p.communicate(timeout=30)
+        outs.append((p.returncode, err[-300:]))
+    first.finish()
+    died = [o for o in outs if o[0] != 0]
+    check(not died, f"{len(died)} of 8 processes joining a registry on a full tmpfs died: {died[:2]}")
+    check({p.pid for p in procs} <= listed,
+          f"joined a registry made before the fill: {len(listed & {p.pid for p in procs})} of 8 listed")
+    subprocess.run(["umount", mnt])
+
+elif CHECK == "squatted":
+    # Another user cannot switch off a user's sharing by taking the
+    # registry's name first. The default name is in a directory only the
+    # user makes entries in (logind's /run/user/<uid>): what another user
+    # plants in /dev/shm, the old predictable name as a file or a symbolic
+    # link, or the fallback directory, changes nothing. Without
+    # /run/user/<uid>, a fallback taken first is refused, said once with
+    # who took it, and the program runs as without a registry.
+    A, B = two_test_users()
+    import shutil
+    default = {"GPUPOOL_REGISTRY": None, **NO_WATCH}
+
+    def budget():
+        path = fresh()
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o666))
+        os.chmod(path, 0o666)
+        return path
+
+    def as_b(code):
+        # (the system's Python: ours may live where B cannot read)
+        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        subprocess.run([python, "-c", code], check=True, **as_user(B))
+
+    def remove(path):
+        if os.path.islink(path) or os.path.isfile(path):
+            os.unlink(path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path)
+
+    old_name, fallback = f"/dev/shm/gpupool.{A[0]}", f"/dev/shm/gpupool-{A[0]}"
+    run_user = f"/run/user/{A[0]}"
+    made_run_user = not os.path.exists(run_user)
+    try:
+        os.makedirs(run_user, mode=0o700, exist_ok=True)
+        os.chown(run_user, A[0], A[1])
+        os.chmod(run_user, 0o700)
+        full = alone(True)
+        for plant in (f"open({old_name!r}, 'w').close()",
+                      f"import os; os.symlink('/tmp/elsewhere', {old_name!r})",
+                      f"import os; os.mkdir({fallback!r}, 0o777); os.chmod({fallback!r}, 0o777)"):
+            for path in (old_name, fallback):
+                remove(path)
+            as_b(plant)
+            shared = budget()
+            h = Holder(shared, True, A, **default)
+            try:
+                n, err, _, nerr = grab(shared, True, 0, A, **default)
+            finally:
+                herr = h.finish()
+            check(n == full and "node registry not used" not in nerr + herr,
+                  f"another user planted ({plant}): the user's neighbour got {n} of {full} "
+                  f"blocks; {nerr[-400:]} {herr[-400:]}")
+        # No /run/user/<uid>: the fallback directory, taken by B first.
+        for path in (old_name, fallback):
+            remove(path)
+        shutil.rmtree(os.path.join(run_user))
+        as_b(f"import os; os.mkdir({fallback!r}, 0o777); os.chmod({fallback!r}, 0o777)")
+        n, err, _, nerr = grab(budget(), True, 0, A, **default)
+        check(n == full and nerr.count("node registry not used") == 1 and
+              f"belongs to uid {B[0]}" in nerr,
+              f"fallback taken by another user: got {n} of {full} blocks; not said once with "
+              f"who took it: {nerr[-600:]}")
+        r = subprocess.run([LAUNCHER, "ps"], env=env(False, budget(), A, **default),
+                           capture_output=True, text=True, timeout=30, **as_user(A))
+        check(r.returncode == 1 and f"belongs to uid {B[0]}" in r.stderr,
+              f"gpupool ps with the fallback taken: {r.returncode} {r.stderr[-300:]}")
+    finally:
+        for path in (old_name, fallback):
+            remove(path)
+        if made_run_user and os.path.exists(run_user):
+            shutil.rmtree(run_user)
 
 else:
     sys.exit(f"unknown check {CHECK}")
