@@ -11,8 +11,11 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/openat2.h>
 
 #include <algorithm>
 #include <atomic>
@@ -128,6 +131,56 @@ bool write_plain(int fd, const char* p, std::size_t n) {
   return true;
 }
 
+
+// The directory of `path`, opened (O_PATH) without following a symbolic
+// link in any of its components: openat2's RESOLVE_NO_SYMLINKS where the
+// kernel has it (5.6), else one component at a time with O_NOFOLLOW. *name
+// is the last component. Invalid with *why set when refused.
+OwnedFd open_parent(const std::string& path, std::string* name, std::string* why) {
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  *name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name->empty() || *name == "." || *name == "..") {
+    *why = "refusing " + path + ": not a file name";
+    return {};
+  }
+  open_how how{};
+  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_SYMLINKS;
+  int fd = static_cast<int>(syscall(SYS_openat2, AT_FDCWD, dir.c_str(), &how, sizeof how));
+  if (fd < 0 && (errno == ENOSYS || errno == EPERM)) {  // no openat2 (or a seccomp filter)
+    fd = ::open(dir[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    std::size_t at = 0;
+    while (fd >= 0 && at < dir.size()) {
+      const std::size_t end = std::min(dir.find('/', at), dir.size());
+      const std::string part = dir.substr(at, end - at);
+      at = end + 1;
+      if (part.empty() || part == ".") continue;
+      const int next = ::openat(fd, part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      int e = errno;
+      // O_PATH|O_NOFOLLOW would open a link itself; O_DIRECTORY refuses it
+      // as ENOTDIR, which is said as the link it is.
+      struct stat st {};
+      if (next < 0 && e == ENOTDIR && fstatat(fd, part.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISLNK(st.st_mode))
+        e = ELOOP;
+      ::close(fd);
+      errno = e;
+      fd = next;
+    }
+  }
+  OwnedFd owned = OwnedFd::adopt(fd);
+  if (!owned.valid()) {
+    const int e = errno;
+    if (e == ELOOP || e == EXDEV)
+      *why = "refusing " + path + ": its directory is reached through a symbolic link "
+             "(gpupool's files are never followed)";
+    else
+      *why = "cannot open " + path + ": " + strerror(e);
+  }
+  return owned;
+}
+
 }  // namespace
 
 FileId id_of(int fd) {
@@ -200,7 +253,10 @@ OwnedFd open_output(const std::string& path, bool append, std::string* why) {
   // reader; non-regular files are refused below anyway.
   int flags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
   if (append) flags |= O_APPEND;
-  OwnedFd fd = OwnedFd::adopt(::open(path.c_str(), flags, 0644));
+  std::string name;
+  const OwnedFd dir = open_parent(path, &name, why);
+  if (!dir.valid()) return {};
+  OwnedFd fd = OwnedFd::adopt(::openat(dir.get(), name.c_str(), flags, 0644));
   if (!fd.valid()) {
     const int e = errno;
     if (e == ELOOP)
@@ -273,10 +329,15 @@ bool write_bounded(int fd, const void* data, std::size_t n, std::uint64_t timeou
 }
 
 bool replace_file(const std::string& path, const std::string& data, std::string* why) {
+  // Every name below is looked up in the directory opened without links.
+  std::string name;
+  const OwnedFd dir = open_parent(path, &name, why);
+  if (!dir.valid()) return false;
+  const int d = dir.get();
   for (int attempt = 0; attempt < 2; ++attempt) {
     struct stat st{};
     bool exists = true;
-    if (lstat(path.c_str(), &st) != 0) {
+    if (fstatat(d, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno != ENOENT) {
         *why = "cannot check " + path + ": " + strerror(errno);
         return false;
@@ -290,8 +351,19 @@ bool replace_file(const std::string& path, const std::string& data, std::string*
              ", not by this user (uid " + std::to_string(geteuid()) + ")";
       return false;
     }
-    std::string tmp = path + ".XXXXXX";
-    OwnedFd fd = OwnedFd::adopt(mkostemp(tmp.data(), O_CLOEXEC));
+    // A temporary name of our own beside it (mkostemp's, in the directory).
+    std::string tmp;
+    OwnedFd fd;
+    for (int tries = 0; tries < 16 && !fd.valid(); ++tries) {
+      char suffix[16];
+      timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      snprintf(suffix, sizeof suffix, ".%06lx", static_cast<unsigned long>(
+                                                    (ts.tv_nsec ^ (getpid() << 8) ^ tries * 7919) & 0xffffff));
+      tmp = name + suffix;
+      fd = OwnedFd::adopt(::openat(d, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+      if (!fd.valid() && errno != EEXIST) break;
+    }
     if (!fd.valid()) {
       *why = "cannot create a temporary file next to " + path + ": " + strerror(errno);
       return false;
@@ -306,25 +378,25 @@ bool replace_file(const std::string& path, const std::string& data, std::string*
       *why = "cannot write " + tmp + ": " + strerror(errno);
     }
     if (ok && exists) {
-      // Ours and regular a moment ago; rename() replaces the name itself,
+      // Ours and regular a moment ago; renameat() replaces the name itself,
       // never what a symbolic link put there since would point to.
-      if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      if (::renameat(d, tmp.c_str(), d, name.c_str()) != 0) {
         ok = false;
         *why = "cannot rename " + tmp + " to " + path + ": " + strerror(errno);
       }
     } else if (ok) {
       // Nothing was there: never replace what appeared meanwhile.
-      int r = renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE);
-      if (r != 0 && (errno == EINVAL || errno == ENOSYS)) r = ::link(tmp.c_str(), path.c_str());
+      int r = renameat2(d, tmp.c_str(), d, name.c_str(), RENAME_NOREPLACE);
+      if (r != 0 && (errno == EINVAL || errno == ENOSYS)) r = ::linkat(d, tmp.c_str(), d, name.c_str(), 0);
       if (r != 0) {
         const int e = errno;
-        ::unlink(tmp.c_str());
+        ::unlinkat(d, tmp.c_str(), 0);
         if (e == EEXIST) continue;  // look again at what is there now
         *why = "cannot create " + path + ": " + strerror(e);
         return false;
       }
     }
-    ::unlink(tmp.c_str());
+    ::unlinkat(d, tmp.c_str(), 0);
     return ok;
   }
   *why = "refusing to replace " + path + ": it keeps changing";

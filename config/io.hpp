@@ -9,8 +9,9 @@
 //   left alone. Nothing gpupool keeps open sits on 0, 1 or 2, which a program
 //   that closed them expects to get back from its next open().
 // - Files named by GPUPOOL_* variables are never followed through a symbolic
-//   link, never another user's, never anything but a regular file, and
-//   opening them never blocks (a FIFO nobody reads).
+//   link, in any component of their path (openat2's RESOLVE_NO_SYMLINKS, or
+//   a walk with O_NOFOLLOW), never another user's, never anything but a
+//   regular file, and opening them never blocks (a FIFO nobody reads).
 // - Writes to what gpupool does not own (stderr, a client socket) are bounded
 //   in time: a reader that stopped reading must not hang the program, its
 //   exit included.
@@ -70,7 +71,7 @@ int above_stdio(int fd);
 // "%p" -> pid, "%%" -> "%".
 std::string expand_path(const std::string& pattern, long pid);
 
-// Opens `path` for writing: never through a symbolic link in its last
+// Opens `path` for writing: never through a symbolic link in any
 // component, only a regular file owned by this user, without blocking.
 // append: O_APPEND; otherwise truncated once the checks passed. Empty with
 // *why set when refused.

@@ -90,6 +90,28 @@ TEST_F(Io, RefusesSymlink) {
   EXPECT_NE(access(nowhere.c_str(), F_OK), 0);
 }
 
+// A symbolic link anywhere in the path is refused, not only in the last
+// component: another user's link `shared/run -> /root/victimdir` must not
+// make root's trace truncate /root/victimdir/notes.txt (issue 28).
+TEST_F(Io, RefusesSymlinkInADirectoryComponent) {
+  const std::string victim = dir + "/victimdir", link = dir + "/run";
+  ASSERT_EQ(mkdir(victim.c_str(), 0700), 0);
+  { std::ofstream(victim + "/notes.txt") << "keep\n"; }
+  ASSERT_EQ(symlink(victim.c_str(), link.c_str()), 0);
+  std::string why;
+  EXPECT_FALSE(open_output(link + "/notes.txt", false, &why).valid()) << "truncated through the link";
+  EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
+  EXPECT_FALSE(open_output(link + "/notes.txt", true, &why).valid()) << "appended through the link";
+  EXPECT_FALSE(open_output(link + "/new.txt", true, &why).valid()) << "created through the link";
+  EXPECT_FALSE(replace_file(link + "/notes.txt", "x\n", &why)) << "replaced through the link";
+  EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
+  EXPECT_EQ(read_file(victim + "/notes.txt"), "keep\n");
+  EXPECT_NE(access((victim + "/new.txt").c_str(), F_OK), 0);
+  // The same directory named without the link is used as before.
+  EXPECT_TRUE(open_output(victim + "/notes.txt", true, &why).valid()) << why;
+  EXPECT_TRUE(replace_file(victim + "/metrics.prom", "a 1\n", &why)) << why;
+}
+
 TEST_F(Io, RefusesFifoWithoutBlockingAndDirectories) {
   const std::string fifo = dir + "/fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
@@ -143,7 +165,9 @@ TEST_F(Io, ClosedOrReplacedDescriptorIsNotOurs) {
   // The program closes the number and opens its own file there.
   ::close(n);
   EXPECT_FALSE(fd.ours());
-  const int theirs = ::open((dir + "/theirs").c_str(), O_CREAT | O_WRONLY, 0600);
+  const int opened = ::open((dir + "/theirs").c_str(), O_CREAT | O_WRONLY, 0600);
+  const int theirs = opened == n ? n : dup2(opened, n);
+  if (opened != n) ::close(opened);
   ASSERT_EQ(theirs, n);
   EXPECT_FALSE(fd.ours());
   fd.close();  // must leave the program's file open
