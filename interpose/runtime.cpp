@@ -105,6 +105,19 @@ void set_fork_handlers(ForkPart part, ForkHandlers handlers) {
   g_fork[static_cast<unsigned>(part)] = handlers;
 }
 
+namespace {
+void (*g_housekeeping[static_cast<unsigned>(ForkPart::count)])(Runtime&) = {};
+}  // namespace
+
+void set_housekeeping(ForkPart part, void (*check)(Runtime&)) {
+  g_housekeeping[static_cast<unsigned>(part)] = check;
+}
+
+void housekeeping(Runtime& rt) {
+  for (auto check : g_housekeeping)
+    if (check && !exiting()) check(rt);
+}
+
 Runtime* detail::runtime_slow() {
   Runtime* rt = g_runtime.load(std::memory_order_acquire);
   if (rt) {

@@ -84,4 +84,11 @@ struct ForkHandlers {
 // Called at static initialization (or before the runtime is created).
 void set_fork_handlers(ForkPart part, ForkHandlers handlers);
 
+// A check a part makes once a second on gpupool's control thread, for what
+// no call of the program's brings up (CUDA: contexts that ended where
+// gpupool did not see them). Registered at static initialization; run in
+// ForkPart order, never once exit began.
+void set_housekeeping(ForkPart part, void (*check)(Runtime&));
+void housekeeping(Runtime& rt);
+
 }  // namespace gpupool

@@ -213,6 +213,10 @@ void* control_thread(void* arg) {
       }
       if (now >= next_check) {
         check_handlers();
+        {
+          std::unique_lock lock(st.work_mu);
+          housekeeping(rt);
+        }
         rt.pool.reclaim();
         next_check = now + kCheckPeriod;
       }

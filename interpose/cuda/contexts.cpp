@@ -68,11 +68,42 @@ CtxState* find_live_locked(CUcontext ctx) {
   return nullptr;
 }
 
-// The context `ctx` names now: its id (0 with a driver without ids), false
-// when it names none (destroyed, or never a context).
+// Context ids in use: the driver has cuCtxGetId and answers it (a driver
+// that says CUDA_ERROR_NOT_SUPPORTED, as compatibility layers may, turns
+// them off for the process: records then go by handle, and end through the
+// hooks).
+std::atomic<bool> g_no_ids{false};
+
+bool ids(const Driver& d) { return d.ctx_get_id && !g_no_ids.load(std::memory_order_relaxed); }
+
+void turn_off_ids() {
+  if (g_no_ids.exchange(true)) return;
+  log().warn(
+      "cuda: the driver gives no context ids (cuCtxGetId: CUDA_ERROR_NOT_SUPPORTED); "
+      "gpupool tells contexts by handle, and sees a context end only through the calls it "
+      "intercepts");
+  g_generation.fetch_add(1, std::memory_order_acq_rel);  // thread caches keyed by id go
+}
+
+// cuCtxGetId's answer, the ids turned off on CUDA_ERROR_NOT_SUPPORTED.
+CUresult get_id(const Driver& d, CUcontext ctx, unsigned long long* id) {
+  const CUresult r = d.ctx_get_id(ctx, id);
+  if (r == CUDA_ERROR_NOT_SUPPORTED) turn_off_ids();
+  return r;
+}
+
+// A record is of the context (handle, id) names: by handle alone without
+// ids (id 0; the driver's ids start at 1).
+bool same_context(const CtxState* st, unsigned long long id) { return id == 0 || st->id == id; }
+
+// The context `ctx` names now: its id (0 without ids), false when it names
+// none (destroyed, or never a context). Without ids the driver is asked for
+// the context's API version, which it answers only for a live context.
 bool id_of(const Driver& d, CUcontext ctx, unsigned long long* id) {
   *id = 0;
-  return !d.ctx_get_id || d.ctx_get_id(ctx, id) == CUDA_SUCCESS;
+  if (ids(d)) return get_id(d, ctx, id) == CUDA_SUCCESS || !ids(d);
+  unsigned version = 0;
+  return !d.ctx_get_api_version || d.ctx_get_api_version(ctx, &version) == CUDA_SUCCESS;
 }
 
 // st's context died without gpupool seeing it: its record goes, with no
@@ -208,7 +239,7 @@ CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long
       std::lock_guard lock(contexts().mu);
       const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
       CtxState* st = find_live_locked(ctx);
-      if (st && st->id == id) {
+      if (st && same_context(st, id)) {
         t_cache = {ctx, id, gen, st};
         return st;
       }
@@ -234,25 +265,38 @@ CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long
 CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
   const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
   unsigned long long id = 0;
-  if (d.ctx_get_id) {
+  const bool by_id = ids(d);
+  if (by_id) {
     // The current context by its identity: 201 without one, 709 for a
     // destroyed one (the caller passes the call on for the driver's answer).
-    if (d.ctx_get_id(nullptr, &id) != CUDA_SUCCESS) return nullptr;
+    // Costs the same one driver call as cuCtxGetCurrent, about 8 ns more.
+    if (const CUresult r = d.ctx_get_id(nullptr, &id); r != CUDA_SUCCESS) {
+      if (r != CUDA_ERROR_NOT_SUPPORTED) return nullptr;
+      turn_off_ids();
+      return current_state(d, rt, create);  // by handle from now on
+    }
     if (t_cache.id == id && t_cache.generation == gen) return t_cache.st;
   }
   CUcontext ctx = nullptr;
   if (!d.ctx_get_current || d.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
-  if (!d.ctx_get_id && t_cache.ctx == ctx && t_cache.generation == gen) return t_cache.st;
+  if (by_id) {
+    // The handle must be of the context the id is: another thread may have
+    // ended that one and made a new one at the handle in between. Then the
+    // call goes to the driver as it is.
+    unsigned long long again = 0;
+    if (d.ctx_get_id(ctx, &again) != CUDA_SUCCESS || again != id) return nullptr;
+  } else if (t_cache.ctx == ctx && t_cache.generation == gen) {
+    return t_cache.st;
+  }
   return lookup(d, rt, ctx, id, create);
 }
 
 bool context_alive(const Driver& d, const CtxState* st) {
   unsigned long long id = 0;
-  return id_of(d, st->ctx, &id) && id == st->id;
+  return id_of(d, st->ctx, &id) && same_context(st, id);
 }
 
 void retire_dead_contexts(const Driver& d, Runtime& rt) {
-  if (!d.ctx_get_id) return;
   std::vector<CtxState*> live;
   {
     std::lock_guard lock(contexts().mu);
@@ -345,7 +389,7 @@ CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx) {
     {
       std::lock_guard lock(contexts().mu);
       CtxState* st = find_live_locked(ctx);
-      if (!st || (named && st->id == id)) return st;
+      if (!st || (named && same_context(st, id))) return st;
       stale = st;
     }
     retire_dead(stale, rt);
@@ -463,6 +507,14 @@ void renew() {
 
 const bool g_fork_registered =
     (set_fork_handlers(ForkPart::cuda, {prepare, parent, child, renew}), true);
+
+// Contexts that ended unseen while the program allocates only in others (or
+// not at all): their records go within a second, and with them the held
+// bytes that stats, cuMemGetInfo and the neighbours' requests would count.
+void check_contexts(Runtime& rt) {
+  if (const Driver* d = driver_if_loaded()) retire_dead_contexts(*d, rt);
+}
+const bool g_housekeeping_registered = (set_housekeeping(ForkPart::cuda, check_contexts), true);
 
 }  // namespace
 

@@ -54,6 +54,7 @@ using PFN_ctx = CUresult (*)(CUcontext);
 #define GPUPOOL_CUDA_USED(X)                                                 \
   X(cuCtxGetCurrent, ctx_get_current, decltype(&::cuCtxGetCurrent))          \
   X(cuCtxGetId, ctx_get_id, decltype(&::cuCtxGetId))                         \
+  X(cuCtxGetApiVersion, ctx_get_api_version, decltype(&::cuCtxGetApiVersion)) \
   X(cuCtxGetDevice, ctx_get_device, decltype(&::cuCtxGetDevice))             \
   X(cuCtxPushCurrent_v2, ctx_push, decltype(&::cuCtxPushCurrent_v2))         \
   X(cuCtxPopCurrent_v2, ctx_pop, decltype(&::cuCtxPopCurrent_v2))            \

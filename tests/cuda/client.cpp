@@ -1150,14 +1150,77 @@ void lifetime_other_thread(bool unseen) {
   OK(api.ctx_destroy(b));
 }
 
+// gpupool's live CUDA arenas of device 0, from its stats (-1 without
+// gpupool).
+int live_cuda_arenas() {
+  using Fn = size_t (*)(char*, size_t);
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "gpupool_stats_json"));
+  if (!fn) return -1;
+  std::string buf(1 << 20, '\0');
+  buf.resize(fn(buf.data(), buf.size()));
+  const std::string key = "\"kind\":\"cuda\",\"group\":\"cuda:0\",\"retired\":false";
+  int n = 0;
+  for (size_t at = buf.find(key); at != std::string::npos; at = buf.find(key, at + 1)) ++n;
+  return n;
+}
+
+// A context ends unseen while the program goes on in another one only: its
+// record goes all the same (gpupool's thread checks once a second), so a
+// free of one of its pointers then gets the driver's answer.
+void lifetime_unseen_elsewhere() {
+  CUcontext x = create_ctx(0);
+  CUdeviceptr orphan = 0;
+  OK(api.mem_alloc(&orphan, 9000));
+  CUdeviceptr p = 0;
+  OK(api.mem_alloc(&p, 70000));
+  OK(api.mem_free(p));
+  OK(api.ctx_pop(nullptr));
+  CUcontext y = create_ctx(0);
+  CHECK(y != x);
+  OK(api.mem_alloc(&p, 70000));
+  check_live(p, 70000, y, 9);
+  OK(api.mem_free(p));
+  const int before = live_cuda_arenas();
+  OK(api.ctx_push(x));
+  using CtxFn = CUresult (*)(CUcontext);
+  OK(own<CtxFn>("cuCtxDestroy_v2")(x));
+  CUcontext cur = nullptr;
+  OK(api.ctx_get_current(&cur));
+  CHECK(cur == y);
+  if (g_pooled) {
+    CHECK(before >= 2);
+    // Allocations in y alone, which never name x's handle.
+    int now = before;
+    for (int i = 0; i < 1000 && now != before - 1; ++i) {
+      OK(api.mem_alloc(&p, 70000));
+      OK(api.mem_free(p));
+      usleep(10000);
+      now = live_cuda_arenas();
+    }
+    CHECK_EQ(now, before - 1);
+  }
+  const StandinCounters c0 = snap();
+  CHECK_EQ(api.mem_free(orphan), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(snap().dead_ptr_calls - c0.dead_ptr_calls, 1u);
+  free_held();
+  CHECK_EQ(snap().dead_ptr_calls - c0.dead_ptr_calls, 1u);
+  OK(api.ctx_destroy(y));
+}
+
+// CLIENT_SEEN_ONLY=1: only the ends gpupool sees, for a driver without
+// context ids (STANDIN_CTX_ID=0), where those are all it can tell.
 void scenario_lifetime() {
   OK(api.init(0));
+  const char* seen = getenv("CLIENT_SEEN_ONLY");
+  const bool unseen = !(seen && atoi(seen) != 0);
   lifetime_detach_loop(false);
-  lifetime_detach_loop(true);
   lifetime_attach();
-  lifetime_primary_unseen();
   lifetime_other_thread(false);
+  if (!unseen) return;
+  lifetime_detach_loop(true);
+  lifetime_primary_unseen();
   lifetime_other_thread(true);
+  lifetime_unseen_elsewhere();
 }
 
 // fork() while another thread is inside the pool: the child allocates and

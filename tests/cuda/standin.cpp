@@ -5,9 +5,10 @@
 // in shared/research/cuda-interposition.md), a capacity, and contexts with
 // the lifetimes of the real driver's (measured on the H100 and H200, driver
 // 580: tests/gpu/ctx_lifetime_probe.c):
-//   - a created context's handle is handed out again to the next context
-//     created after it dies (the lowest free slot first), and its memory
-//     dies with it (calls naming it are counted: dead_ptr_calls);
+//   - a dead context's handle may be handed out to a context created after
+//     it (the real driver did so for some, not all; the stand-in always
+//     does, lowest free slot first: the harshest case), and its memory dies
+//     with it (calls naming it are counted: dead_ptr_calls);
 //   - every context has a unique id (cuCtxGetId), never reused: a primary
 //     context that comes back to life after a reset or its last release has
 //     the same handle and a new id;
@@ -642,14 +643,29 @@ SI(CUresult, cuCtxPopCurrent_v2, (CUcontext * pctx)) {
   return CUDA_SUCCESS;
 }
 
+// STANDIN_CTX_ID=0: a driver that gives no context ids (as a compatibility
+// layer may): CUDA_ERROR_NOT_SUPPORTED.
 SI(CUresult, cuCtxGetId, (CUcontext ctx, unsigned long long* id)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
+  static const bool ids = env_size("STANDIN_CTX_ID", 1) != 0;
+  if (!ids) return CUDA_ERROR_NOT_SUPPORTED;
   if (!id) return CUDA_ERROR_INVALID_VALUE;
   Ctx* c = ctx ? reinterpret_cast<Ctx*>(ctx) : current();
   if (!c || !valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
   if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   *id = c->id;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuCtxGetApiVersion, (CUcontext ctx, unsigned int* version)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!version) return CUDA_ERROR_INVALID_VALUE;
+  Ctx* c = ctx ? reinterpret_cast<Ctx*>(ctx) : current();
+  if (!c || !valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *version = 3020;
   return CUDA_SUCCESS;
 }
 
@@ -1025,7 +1041,7 @@ const Export kExports[] = {
     E(cuDeviceGetUuid), E(cuDeviceGetUuid_v2),
     E(cuCtxCreate_v2), E(cuCtxCreate_v4), E(cuCtxDestroy), E(cuCtxDestroy_v2), E(cuCtxGetCurrent),
     E(cuCtxSetCurrent), E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2), E(cuCtxGetDevice),
-    E(cuCtxGetId), E(cuCtxAttach), E(cuCtxDetach),
+    E(cuCtxGetId), E(cuCtxGetApiVersion), E(cuCtxAttach), E(cuCtxDetach),
     E(cuCtxSynchronize), E(cuCtxSynchronize_v2), E(cuDevicePrimaryCtxRetain),
     E(cuDevicePrimaryCtxRelease), E(cuDevicePrimaryCtxRelease_v2), E(cuDevicePrimaryCtxReset),
     E(cuDevicePrimaryCtxReset_v2), E(cuDevicePrimaryCtxGetState), E(cuMemAlloc_v2), E(cuMemAllocPitch_v2), E(cuMemFree_v2),
@@ -1059,6 +1075,7 @@ const Version kVersions[] = {
     {"cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"},
     {"cuCtxGetDevice", 2000, "cuCtxGetDevice"},
     {"cuCtxGetId", 12000, "cuCtxGetId"},
+    {"cuCtxGetApiVersion", 3020, "cuCtxGetApiVersion"},
     {"cuCtxAttach", 2000, "cuCtxAttach"},
     {"cuCtxDetach", 2000, "cuCtxDetach"},
     {"cuCtxSynchronize", 2000, "cuCtxSynchronize"},
