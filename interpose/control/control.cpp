@@ -23,9 +23,19 @@ namespace gpupool::control {
 State* g_state = nullptr;
 
 void add_warning(const std::string& w) {
+  {
+    std::lock_guard lock(g_state->warn_mu);
+    bool repeat = false;
+    for (State::Warning& k : g_state->warnings)
+      if (k.text == w) {
+        ++k.times;
+        repeat = true;
+        break;
+      }
+    if (!repeat) g_state->warnings.push_back({w, 1});
+    if (repeat) return;
+  }
   log().warn("{}", w);
-  std::lock_guard lock(g_state->warn_mu);
-  g_state->warnings.push_back(w);
 }
 
 namespace {
@@ -213,7 +223,9 @@ stats::Report report(Runtime& rt, const char* reason) {
   if (g_state) {
     {
       std::lock_guard lock(g_state->warn_mu);
-      r.warnings = g_state->warnings;
+      for (const State::Warning& w : g_state->warnings)
+        r.warnings.push_back(w.times == 1 ? w.text
+                                          : w.text + " (" + std::to_string(w.times) + " times)");
     }
     if (const std::uint64_t d = g_state->dumps_dropped.load())
       r.warnings.push_back(std::to_string(d) + " stats dump" + (d == 1 ? "" : "s") +

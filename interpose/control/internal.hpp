@@ -67,14 +67,23 @@ struct State {
   // or an allocator's lock that this thread took mid-round (see fork_round).
   std::mutex round_mu;
   std::mutex warn_mu;
-  std::vector<std::string> warnings;
+  // Each distinct warning once, with how often it came: a program that keeps
+  // swapping a signal handler repeats one warning forever. The texts are a
+  // few fixed phrases filled with signal names and error strings, so the
+  // list stays short however long the program runs.
+  struct Warning {
+    std::string text;
+    std::uint64_t times = 0;
+  };
+  std::vector<Warning> warnings;
   std::string stats_path;       // %p expanded
   std::string prometheus_path;  // %p expanded; empty: none
   std::atomic<std::uint64_t> dumps_dropped{0};
 };
 extern State* g_state;
 
-// Logged as a warning and kept for the dumps' warnings.
+// Logged as a warning the first time and kept for the dumps' warnings; a
+// repeat only counts ("... (3 times)" in the dumps).
 void add_warning(const std::string& w);
 
 // signals.cpp

@@ -336,6 +336,38 @@ int chain() {
   return g_failures.load() ? 1 : 0;
 }
 
+// A program that swaps gpupool's SIGUSR1 handler out and back in, again and
+// again: each swap is worth the same one warning, counted, so a long-lived
+// program's dumps (and gpupool's memory) stay the same size.
+int handler_swaps(int swaps) {
+  start_runtime();
+  struct sigaction ours {};
+  sigaction(SIGUSR1, nullptr, &ours);
+  std::size_t first_size = 0;
+  for (int i = 1; i <= swaps; ++i) {
+    signal(SIGUSR1, other_handler);
+    const std::string j = json_now();  // sees the program's handler
+    if (i == 1) first_size = j.size();
+    sigaction(SIGUSR1, &ours, nullptr);
+    json_now();  // sees gpupool's again
+  }
+  signal(SIGUSR1, other_handler);
+  const std::string j = json_now();
+  std::size_t copies = 0;
+  for (auto at = j.find("replaced gpupool's SIGUSR1"); at != std::string::npos;
+       at = j.find("replaced gpupool's SIGUSR1", at + 1))
+    ++copies;
+  if (copies != 1) std::fprintf(stderr, "FAILED: %zu copies of the warning in: %s\n", copies, j.c_str());
+  CHECK(copies == 1);
+  const std::string times = "(" + std::to_string(swaps + 1) + " times)";
+  if (j.find(times) == std::string::npos)
+    std::fprintf(stderr, "FAILED: no %s in: %s\n", times.c_str(), j.c_str());
+  CHECK(j.find(times) != std::string::npos);
+  // Only the count's digits may have grown.
+  CHECK(j.size() <= first_size + 16);
+  return g_failures.load() ? 1 : 0;
+}
+
 int symlink_refused() {
   start_runtime();
   // The stats file is a planted symlink: the dump must fail and the target
@@ -398,6 +430,7 @@ int main(int argc, char** argv) {
   if (mode == "storm" && argc == 4) return storm(std::atoi(argv[2]), std::atof(argv[3]));
   if (mode == "exit-race" && argc == 3) return exit_race(std::atoi(argv[2]));
   if (mode == "chain") return chain();
+  if (mode == "handler-swaps" && argc == 3) return handler_swaps(std::atoi(argv[2]));
   if (mode == "symlink") return symlink_refused();
   if (mode == "workload" && argc == 3) return workload(std::strtoull(argv[2], nullptr, 10));
   if (mode == "serve") return serve();

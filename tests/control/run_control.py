@@ -78,6 +78,11 @@ with tempfile.TemporaryDirectory() as tmp:
         if "replaced gpupool's SIGUSR1 handler" not in p.stderr:
             fail("the replaced handler was not logged")
 
+    elif scenario == "handler-swaps":
+        p = run(["handler-swaps", args[0]], json_env)
+        if p.returncode != 0:
+            fail(f"handler-swaps exited {p.returncode}")
+
     elif scenario == "symlink":
         target = os.path.join(tmp, "victim")
         with open(target, "w") as f:
