@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "config/io.hpp"
 #include "interpose/control/socket.hpp"
 #include "interpose/node/registry.hpp"
 #include "launcher/launcher.hpp"
@@ -41,7 +42,8 @@ const char kFreeHeldHelp[] =
     "\n"
     "Release every block process PID's pool holds (freed by the program, kept\n"
     "for reuse). The pool keeps holding blocks freed afterwards. --all asks\n"
-    "every gpupool process of this user on the node (`gpupool ps`); with\n"
+    "every gpupool process of this user on the node (`gpupool ps`) at once,\n"
+    "each once, --timeout being one deadline for all answers; with\n"
     "--device, only their blocks on that GPU (GPU-... as `gpupool ps` and\n"
     "nvidia-smi -L show it), or their pinned host memory (host).\n";
 
@@ -90,137 +92,189 @@ std::uint64_t now_ms() {
   return std::uint64_t(ts.tv_sec) * 1000 + std::uint64_t(ts.tv_nsec) / 1000000;
 }
 
-int talk(long pid, const std::string& request, double timeout_s, bool quiet_ok_line) {
-  const std::string who = "process " + std::to_string(pid);
-  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-    std::fprintf(stderr, "%s: no such process: %ld\n", kProg, pid);
-    return kNoProcess;
-  }
+// One request to one process: connected and sent, then its answer read
+// until the process closes or the deadline passes. --all keeps one per
+// process in flight at once, so a stopped process costs the deadline once,
+// not once per process.
+struct Asking {
+  long pid = 0;
+  std::string who;      // "process PID"
+  io::OwnedFd fd;       // valid while waiting for the answer
+  int result = kOk;     // once settled without an answer: why (message in `err`)
+  bool sent = false;
+  int send_errno = 0;
+  std::string reply;
+  bool closed = false;  // the process closed the connection: the answer is whole
+  std::string out, err;  // what to print on stdout and stderr
+};
+
+// Checks the process and connects to its socket, then sends the request.
+// false with a->result and a->err set when there is nobody to ask.
+bool ask(long pid, const std::string& request, Asking* a) {
+  a->pid = pid;
+  a->who = "process " + std::to_string(pid);
+  auto settle = [&](int result, std::string msg) {
+    a->result = result;
+    a->err = std::string(kProg) + ": " + msg + "\n";
+    return false;
+  };
+  const std::string no_such = "no such process: " + std::to_string(pid);
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return settle(kNoProcess, no_such);
   const auto euid = process_euid(pid);
-  if (!euid) {
-    std::fprintf(stderr, "%s: no such process: %ld\n", kProg, pid);
-    return kNoProcess;
-  }
-  if (*euid != geteuid()) {
-    std::fprintf(stderr,
-                 "%s: permission denied: %s belongs to uid %u; gpupool only talks to processes "
-                 "of the same user (run this as that user)\n",
-                 kProg, who.c_str(), *euid);
-    return kDenied;
-  }
+  if (!euid) return settle(kNoProcess, no_such);
+  if (*euid != geteuid())
+    return settle(kDenied, "permission denied: " + a->who + " belongs to uid " +
+                               std::to_string(*euid) +
+                               "; gpupool only talks to processes of the same user (run this "
+                               "as that user)");
   // The process's socket under any of its names, held by that very process
-  // as this user: a name squatter is skipped, never trusted.
-  int fd = -1;
+  // as this user: a name squatter is skipped, never trusted. Non-blocking:
+  // a stopped process's full queue must not stop us (EAGAIN).
   int connect_error = ECONNREFUSED;
   std::string squatter;
   for (const std::string& name : gpupool::control::socket_candidates(geteuid(), pid)) {
-    const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0) {
-      std::fprintf(stderr, "%s: socket: %s\n", kProg, std::strerror(errno));
-      return kFailed;
-    }
+    io::OwnedFd s =
+        io::OwnedFd::adopt(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!s.valid()) return settle(kFailed, std::string("socket: ") + std::strerror(errno));
     sockaddr_un addr;
     const socklen_t len = gpupool::control::socket_address(&addr, name);
-    if (connect(s, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    if (connect(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
       if (errno != ECONNREFUSED && errno != ENOENT) connect_error = errno;
-      close(s);
       continue;
     }
     ucred cred{};
     socklen_t clen = sizeof cred;
-    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.pid != pid ||
+    if (getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.pid != pid ||
         cred.uid != geteuid()) {
       squatter = "pid " + std::to_string(cred.pid) + ", uid " + std::to_string(cred.uid);
-      close(s);
       continue;
     }
-    fd = s;
+    a->fd = std::move(s);
     break;
   }
-  if (fd < 0) {
+  if (!a->fd.valid()) {
+    std::string note;
     if (!squatter.empty())
-      std::fprintf(stderr,
-                   "%s: note: the usual control socket name of %s is held by another "
-                   "process (%s); not trusting it\n",
-                   kProg, who.c_str(), squatter.c_str());
-    if (connect_error != ECONNREFUSED) {
-      std::fprintf(stderr, "%s: cannot reach %s: %s\n", kProg, who.c_str(),
-                   std::strerror(connect_error));
-      return kFailed;
-    }
-    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-      std::fprintf(stderr, "%s: no such process: %ld\n", kProg, pid);
-      return kNoProcess;
-    }
-    const int mapped = has_gpupool_mapped(pid);
-    if (mapped == 1) {
-      std::fprintf(stderr,
-                   "%s: %s has gpupool loaded but idle: its control starts at the program's "
-                   "first GPU call (or gpupool is disabled there)\n",
-                   kProg, who.c_str());
-      return kIdle;
-    }
-    if (mapped < 0) {
-      std::fprintf(stderr, "%s: permission denied: cannot inspect %s\n", kProg, who.c_str());
-      return kDenied;
-    }
-    std::fprintf(stderr, "%s: %s is not running gpupool (libgpupool.so is not loaded)\n", kProg,
-                 who.c_str());
-    return kNotGpupool;
+      note = std::string(kProg) + ": note: the usual control socket name of " + a->who +
+             " is held by another process (" + squatter + "); not trusting it\n";
+    if (connect_error == EAGAIN)
+      settle(kTimeout, "cannot reach " + a->who +
+                           ": its control socket's queue is full (is it stopped or hung?)");
+    else if (connect_error != ECONNREFUSED)
+      settle(kFailed, "cannot reach " + a->who + ": " + std::strerror(connect_error));
+    else if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      settle(kNoProcess, no_such);
+    else if (const int mapped = has_gpupool_mapped(pid); mapped == 1)
+      settle(kIdle, a->who + " has gpupool loaded but idle: its control starts at the "
+                             "program's first GPU call (or gpupool is disabled there)");
+    else if (mapped < 0)
+      settle(kDenied, "permission denied: cannot inspect " + a->who);
+    else
+      settle(kNotGpupool, a->who + " is not running gpupool (libgpupool.so is not loaded)");
+    a->err = note + a->err;
+    return false;
   }
   const std::string line = request + "\n";
   // A refusal may already be waiting even if the send fails: read it.
-  const bool sent =
-      send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
-  const int send_errno = errno;
-  std::string reply;
-  const std::uint64_t deadline = now_ms() + static_cast<std::uint64_t>(timeout_s * 1000);
+  a->sent = send(a->fd.get(), line.data(), line.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(line.size());
+  a->send_errno = errno;
+  return true;
+}
+
+// Reads every answer until each process has closed its end or `deadline`
+// (now_ms()) passes: one deadline for all of them.
+void read_answers(std::vector<Asking>& asks, std::uint64_t deadline) {
   for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<Asking*> of;
+    for (Asking& a : asks)
+      if (a.fd.valid() && !a.closed) {
+        fds.push_back({a.fd.get(), POLLIN, 0});
+        of.push_back(&a);
+      }
     const std::uint64_t now = now_ms();
-    if (now >= deadline) {
-      close(fd);
-      std::fprintf(stderr, "%s: no answer from %s within %gs (is it stopped or hung?)\n", kProg,
-                   who.c_str(), timeout_s);
-      return kTimeout;
+    if (fds.empty() || now >= deadline) return;
+    const std::uint64_t wait_ms = std::min<std::uint64_t>(deadline - now, 60'000);
+    const int r = poll(fds.data(), fds.size(), static_cast<int>(wait_ms));
+    if (r <= 0) continue;  // EINTR, or the deadline: checked above
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      char buf[65536];
+      const ssize_t n = recv(fds[i].fd, buf, sizeof buf, 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      // ECONNRESET after the answer: the process closed without reading all
+      // we sent (a refusal is sent before anything is read).
+      if (n <= 0) of[i]->closed = true;
+      else of[i]->reply.append(buf, static_cast<std::size_t>(n));
     }
-    pollfd p{fd, POLLIN, 0};
-    const int r = poll(&p, 1, static_cast<int>(deadline - now));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
-    char buf[65536];
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n < 0 && errno == EINTR) continue;
-    // ECONNRESET after the answer: the process closed without reading all
-    // we sent (a refusal is sent before anything is read).
-    if (n <= 0) break;
-    reply.append(buf, static_cast<std::size_t>(n));
   }
-  close(fd);
-  const auto nl = reply.find('\n');
-  const std::string status = reply.substr(0, nl);
-  const std::string body = nl == std::string::npos ? "" : reply.substr(nl + 1);
+}
+
+// What the answer (or its absence) means: the exit code, and a->out/err.
+int settle(Asking& a, double timeout_s) {
+  if (!a.fd.valid()) return a.result;
+  a.fd.close();
+  auto error = [&](int result, const std::string& msg) {
+    a.err = std::string(kProg) + ": " + msg + "\n";
+    return result;
+  };
+  if (!a.closed) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%g", timeout_s);
+    return error(kTimeout, "no answer from " + a.who + " within " + t +
+                               "s (is it stopped or hung?)");
+  }
+  const auto nl = a.reply.find('\n');
+  const std::string status = a.reply.substr(0, nl);
+  const std::string body = nl == std::string::npos ? "" : a.reply.substr(nl + 1);
   if (status == "ok") {
-    (void)quiet_ok_line;
-    std::fwrite(body.data(), 1, body.size(), stdout);
+    a.out = body;
     return kOk;
   }
-  if (status.rfind("error denied", 0) == 0) {
-    std::fprintf(stderr, "%s: permission denied by %s: %s\n", kProg, who.c_str(),
-                 status.substr(13).c_str());
-    return kDenied;
+  if (status.rfind("error denied", 0) == 0)
+    return error(kDenied, "permission denied by " + a.who + ": " + status.substr(13));
+  if (status.empty() && !a.sent)
+    return error(kFailed, "cannot send to " + a.who + ": " + std::strerror(a.send_errno));
+  if (status.empty()) return error(kFailed, a.who + " closed the connection without answering");
+  return error(kFailed, a.who + " answered: " +
+                            (status.rfind("error ", 0) == 0 ? status.substr(6) : status));
+}
+
+void print(const Asking& a) {
+  std::fwrite(a.out.data(), 1, a.out.size(), stdout);
+  std::fflush(stdout);
+  std::fputs(a.err.c_str(), stderr);
+}
+
+int talk(long pid, const std::string& request, double timeout_s) {
+  std::vector<Asking> asks(1);
+  if (ask(pid, request, &asks[0]))
+    read_answers(asks, now_ms() + static_cast<std::uint64_t>(timeout_s * 1000));
+  const int r = settle(asks[0], timeout_s);
+  print(asks[0]);
+  return r;
+}
+
+// free-held --all: every listed process once (a pid listed in several
+// slots is asked once), all at once, with one deadline for every answer.
+int talk_all(const std::vector<node::ProcessEntry>& procs, const std::string& request,
+             double timeout_s) {
+  std::vector<const node::ProcessEntry*> once;
+  for (const auto& p : procs)
+    if (std::none_of(once.begin(), once.end(), [&](auto* o) { return o->pid == p.pid; }))
+      once.push_back(&p);
+  std::vector<Asking> asks(once.size());
+  const std::uint64_t deadline = now_ms() + static_cast<std::uint64_t>(timeout_s * 1000);
+  for (std::size_t i = 0; i < once.size(); ++i) ask(once[i]->pid, request, &asks[i]);
+  read_answers(asks, deadline);
+  int worst = kOk;
+  for (std::size_t i = 0; i < once.size(); ++i) {
+    if (settle(asks[i], timeout_s) != kOk) worst = kFailed;
+    std::printf("process %ld (%s): ", once[i]->pid, once[i]->command.c_str());
+    print(asks[i]);
   }
-  if (status.empty() && !sent) {
-    std::fprintf(stderr, "%s: cannot send to %s: %s\n", kProg, who.c_str(),
-                 std::strerror(send_errno));
-    return kFailed;
-  }
-  if (status.empty()) {
-    std::fprintf(stderr, "%s: %s closed the connection without answering\n", kProg, who.c_str());
-    return kFailed;
-  }
-  std::fprintf(stderr, "%s: %s answered: %s\n", kProg, who.c_str(),
-               status.rfind("error ", 0) == 0 ? status.substr(6).c_str() : status.c_str());
-  return kFailed;
+  return worst;
 }
 
 }  // namespace
@@ -296,24 +350,21 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
     const std::string req = device ? "release " + node::uuid_text(*device) + " " +
                                          std::to_string(UINT64_MAX)
                                    : std::string("free-held");
-    int worst = kOk;
-    for (const auto& p : procs) {
-      if (device) {
-        bool there = false;
-        for (const auto& d : p.devices) there = there || d.uuid == *device;
-        if (!there) continue;
-      }
-      std::printf("process %ld (%s): ", p.pid, p.command.c_str());
-      std::fflush(stdout);
-      const int r = talk(p.pid, req, timeout, true);
-      if (r != kOk) worst = kFailed;
-    }
+    if (device)
+      procs.erase(std::remove_if(procs.begin(), procs.end(),
+                                 [&](const node::ProcessEntry& p) {
+                                   return std::none_of(
+                                       p.devices.begin(), p.devices.end(),
+                                       [&](const node::DeviceUse& d) { return d.uuid == *device; });
+                                 }),
+                  procs.end());
+    const int worst = talk_all(procs, req, timeout);
     if (procs.empty()) std::printf("no gpupool process of this user on this node\n");
     return worst;
   }
   if (!pid) return usage_error(cmd + ": no PID given", cmd.c_str());
   std::string request = cmd == "stats" ? (json ? "stats json" : "stats") : cmd;
-  return talk(*pid, request, timeout, false);
+  return talk(*pid, request, timeout);
 }
 
 // ---------------------------------------------------------------- env

@@ -540,6 +540,55 @@ elif CHECK == "many":
         p.communicate(timeout=30)
     check(ps(shared) == [], "processes that exited are still listed")
 
+elif CHECK == "stopped":
+    # free-held --all with a stopped process listed first, in every slot of
+    # the registry (a same-user process can write it): the others are asked
+    # at once, the stopped one once, and one deadline covers them all.
+    shared = fresh()
+    reg = os.path.join(TMP, "registry")
+    stopped, b, c = (Holder(shared, True, **NO_WATCH) for _ in range(3))
+    header, slot = 64, 1088  # interpose/node/registry.cpp: Header, Slot
+    with open(reg, "r+b") as f:
+        data = bytearray(f.read())
+        slots = [data[header + i * slot:header + (i + 1) * slot] for i in range(256)]
+        owner = [int.from_bytes(x[:8], "little") for x in slots]
+        first = next(i for i, o in enumerate(owner) if o & ((1 << 22) - 1) == stopped.p.pid)
+        check(first < min(i for i, o in enumerate(owner)
+                          if o & ((1 << 22) - 1) in (b.p.pid, c.p.pid)),
+              "the stopped process is not listed first")
+        for i, o in enumerate(owner):
+            if o == 0:
+                data[header + i * slot:header + (i + 1) * slot] = slots[first]
+        f.seek(0)
+        f.write(data)
+    check(sum(p["pid"] == stopped.p.pid for p in ps(shared)) > 200,
+          "the forged registry does not list the stopped process in every slot")
+    os.kill(stopped.p.pid, signal.SIGSTOP)
+    launcher = subprocess.Popen([LAUNCHER, "free-held", "--all", "--timeout", "120"],
+                                env=env(False, shared), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        # The running ones release while the stopped one has not answered.
+        deadline = time.time() + 30
+        while time.time() < deadline and (held_by(shared, b.p.pid) or held_by(shared, c.p.pid)):
+            time.sleep(0.1)
+        check(held_by(shared, b.p.pid) == 0 and held_by(shared, c.p.pid) == 0,
+              "the running processes were not asked while a stopped one was waited for")
+        check(launcher.poll() is None, "free-held --all did not wait for the stopped process")
+    finally:
+        os.kill(stopped.p.pid, signal.SIGCONT)
+    try:
+        out, err = launcher.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        out, err = launcher.communicate()
+    asked = out.count(f"process {stopped.p.pid} ")
+    check(launcher.returncode == 0 and asked == 1,
+          f"free-held --all: rc {launcher.returncode}, the stopped process asked {asked} "
+          f"times: {out[-300:]} {err[-300:]}")
+    for h in (stopped, b, c):
+        h.finish()
+
 elif CHECK == "truncated":
     # A registry truncated while in use (a cleaner, a same-user process)
     # costs a warning, never the program: the holder publishes every 100 ms
