@@ -54,7 +54,7 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
   if (req.rfind("release ", 0) == 0) {  // another gpupool process ran out of memory
     std::unique_lock lock(g_state->work_mu);
     if (exiting()) return "error exiting the process is exiting\n";
-    return node::answer_release(rt, std::string_view(req).substr(8));
+    return node::answer_release(rt, std::string_view(req).substr(8), foreign);
   }
   return "error bad-request unknown command '" + req.substr(0, 64) + "'\n";
 }

@@ -41,6 +41,10 @@ struct Device {
   // The pressure watch: the other processes' use when free memory was last
   // above the threshold (UINT64_MAX: not sampled yet).
   std::uint64_t others_at_ok = UINT64_MAX;
+  // The other processes' use when a release was last made for another
+  // user's process (UINT64_MAX: none yet); the next is made only once they
+  // use more (answer_release).
+  std::uint64_t others_at_foreign = UINT64_MAX;
   std::uint64_t held = 0;  // at the last tick
   // Managed bytes at the last publication, and when they last fell (memory
   // went back to the driver: a release, a context gone). 0: never.
@@ -156,20 +160,28 @@ void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
   }
 }
 
+// The GPU's free and total memory and what the other processes use of it,
+// from NVML; false when NVML cannot say.
+bool gpu_use(Runtime& rt, const Device& d, std::uint64_t* free, std::uint64_t* total,
+             std::uint64_t* others) {
+  if (!nvml_memory(d.uuid, free, total) || *total == 0) return false;
+  const std::uint64_t used = *total - std::min(*free, *total);
+  // This process's share: all it has on the GPU when NVML can say (its
+  // contexts, libraries and memory outside the pool too), else the pool's.
+  std::uint64_t mine = rt.pool.group_totals(d.group).managed_bytes, listed = 0;
+  if (nvml_process_used(d.uuid, static_cast<long>(getpid()), &listed)) mine = std::max(mine, listed);
+  *others = used - std::min(used, mine);
+  return true;
+}
+
 // One GPU whose free memory is low because other processes allocate:
 // release held blocks until twice the threshold is free (so a neighbour
 // growing step by step is not stopped at the next step). Control thread.
 void watch(Runtime& rt, Device& d) {
   const std::uint64_t threshold = rt.config.pressure_free.resolve(d.total);
-  std::uint64_t free = 0, total = 0;
-  if (!nvml_memory(d.uuid, &free, &total) || total == 0) return;
+  std::uint64_t free = 0, total = 0, others = 0;
+  if (!gpu_use(rt, d, &free, &total, &others)) return;
   const Stats t = rt.pool.group_totals(d.group);
-  const std::uint64_t used = total - std::min(free, total);
-  // This process's share: all it has on the GPU when NVML can say (its
-  // contexts, libraries and memory outside the pool too), else the pool's.
-  std::uint64_t mine = t.managed_bytes, listed = 0;
-  if (nvml_process_used(d.uuid, static_cast<long>(getpid()), &listed)) mine = std::max(mine, listed);
-  const std::uint64_t others = used - std::min(used, mine);
   if (free >= threshold || d.others_at_ok == UINT64_MAX) {
     d.others_at_ok = others;
     if (free >= threshold) return;
@@ -334,7 +346,7 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
   return released > 0;
 }
 
-std::string answer_release(Runtime& rt, std::string_view args) {
+std::string answer_release(Runtime& rt, std::string_view args, bool other_user) {
   const std::size_t sp = args.find(' ');
   Uuid uuid;
   std::uint64_t bytes = 0;
@@ -344,13 +356,36 @@ std::string answer_release(Runtime& rt, std::string_view args) {
   State& s = state();
   Registry* reg = nullptr;
   const std::vector<Device*> devs = devices(s, &reg);
-  const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, SIZE_MAX));
+  std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, SIZE_MAX));
+  // Another user's process says what it lacks and we cannot see its
+  // figures, so what it asks is checked against the GPU, as the pressure
+  // watch does: it gets what the GPU lacks for its request (the bytes asked,
+  // at most the GPU's size, less the free memory), and only if the other
+  // processes' use grew since the last release made for one of them (they
+  // took that memory). Asking again and again without allocating gets
+  // nothing; without NVML nothing is released for another user.
+  Device* watched = nullptr;
+  std::uint64_t others = 0;
+  if (other_user) {
+    for (Device* d : devs)
+      if (d->uuid == uuid && !watched) watched = d;
+    std::uint64_t free = 0, total = 0;
+    if (!watched || !gpu_use(rt, *watched, &free, &total, &others) ||
+        (watched->others_at_foreign != UINT64_MAX && others <= watched->others_at_foreign))
+      want = 0;
+    else {
+      const std::uint64_t asked = std::min<std::uint64_t>(bytes, total);
+      const std::uint64_t lacks = asked - std::min(free, asked);
+      want = static_cast<std::size_t>(std::min<std::uint64_t>(lacks, SIZE_MAX));
+    }
+  }
   std::size_t released = 0;
   for (Device* d : devs)
     if (d->uuid == uuid && released < want) released += rt.pool.release_group(d->group, want - released);
+  if (released && watched) watched->others_at_foreign = others;
   if (released) {
-    log().info("released {} MiB of held memory on {} for another gpupool process",
-               released >> 20, uuid_text(uuid));
+    log().info("released {} MiB of held memory on {} for another gpupool process{}",
+               released >> 20, uuid_text(uuid), other_user ? " (another user's)" : "");
     refresh(rt, devs, reg);
   }
   return "ok\nreleased " + std::to_string(released) + "\n";

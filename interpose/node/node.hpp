@@ -46,8 +46,11 @@ bool ask_neighbours(const std::string& group, std::size_t bytes);
 std::size_t others_held(const std::string& group);
 
 // A request from another process: "release <uuid> <bytes>". Releases this
-// process's held blocks on that GPU and returns the answer's body.
-std::string answer_release(Runtime& rt, std::string_view args);
+// process's held blocks on that GPU and returns the answer's body. For
+// another user's process (other_user), at most what the GPU lacks for the
+// request, and only once the other processes have used more of the GPU
+// since the last such release.
+std::string answer_release(Runtime& rt, std::string_view args, bool other_user);
 
 // Exit: the registry slot is given back.
 void at_exit() noexcept;

@@ -589,6 +589,49 @@ elif CHECK == "stopped":
     for h in (stopped, b, c):
         h.finish()
 
+elif CHECK == "asked_by_others":
+    # GPUPOOL_NEIGHBOURS=all: another user's process gets what it lacks, and
+    # more only once it has taken memory since: a client that keeps asking
+    # without allocating gets nothing more, one that allocates gets the GPU.
+    A, B = two_test_users()
+    full = alone(True)
+    shared = fresh()
+    os.close(os.open(shared, os.O_CREAT | os.O_RDWR, 0o666))
+    os.chmod(shared, 0o666)
+    h = Holder(shared, True, A, GPUPOOL_NEIGHBOURS="all", **NO_WATCH)
+    uuid = next(d["uuid"] for p in ps(shared, A) if p["pid"] == h.p.pid for d in p["devices"])
+    SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    asker = ("import socket, sys\n"
+             "s = socket.socket(socket.AF_UNIX)\n"
+             "s.connect('\\0gpupool.%d.%d')\n"
+             "s.sendall(sys.argv[1].encode() + b'\\n')\n"
+             "print(s.makefile().read(), end='')\n") % (A[0], h.p.pid)
+
+    def ask(nbytes):
+        r = subprocess.run([SYSTEM_PYTHON, "-c", asker, f"release {uuid} {nbytes}"],
+                           capture_output=True, text=True, timeout=30, **as_user(B))
+        if not r.stdout.startswith("ok\nreleased "):
+            raise RuntimeError(f"release asked by B: {r.stdout!r} {r.stderr[-300:]}")
+        return int(r.stdout.split()[2])
+
+    try:
+        held = HOLD_BLOCKS * BLOCK_MIB * MIB
+        # 64 MiB of the GPU are free: asking 16 MiB, B lacks nothing.
+        got = ask(16 * MIB)
+        check(got == 0, f"B asked 16 MiB with 64 MiB free and got {got >> 20} MiB")
+        got = ask(2**64 - 1)
+        check(got == held, f"B asked everything and got {got >> 20} of {held >> 20} MiB")
+        # A's program takes its blocks again and frees them: A holds again.
+        h.p.stdin.write("alloc 12\nfree\n")
+        h.p.stdin.flush()
+        expect_line(h.p, "freed")
+        got = [ask(2**64 - 1) for _ in range(5)]
+        check(got == [0] * 5, f"B, asking again without allocating, got {[g >> 20 for g in got]} MiB")
+        n, err, _, nerr = grab(shared, True, 0, B, GPUPOOL_NEIGHBOURS="all", **NO_WATCH)
+        check(n == full, f"B's program, allocating, got {n} of {full} blocks: {nerr[-500:]}")
+    finally:
+        herr = h.finish()
+
 elif CHECK == "truncated":
     # A registry truncated while in use (a cleaner, a same-user process)
     # costs a warning, never the program: the holder publishes every 100 ms
