@@ -21,6 +21,8 @@ using PFN_cuGetProcAddress_v2 = CUresult (*)(const char*, void**, int, cuuint64_
                                              CUdriverProcAddressQueryResult*);
 using PFN_dev = CUresult (*)(CUdevice);
 using PFN_ctx = CUresult (*)(CUcontext);
+using PFN_alloc_async = CUresult (*)(CUdeviceptr*, size_t, CUstream);
+using PFN_alloc_from_pool = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
 
 // Every export we hook: X(export name, Driver field). The hook for export N
 // is the hidden function gpupool_hook_N (cuda_hooks.cpp), exported as N.
@@ -37,6 +39,12 @@ using PFN_ctx = CUresult (*)(CUcontext);
   X(cuPointerGetAttributes, pointer_get_attributes, decltype(&::cuPointerGetAttributes))  \
   X(cuMemHostGetFlags, mem_host_get_flags, decltype(&::cuMemHostGetFlags))                \
   X(cuIpcGetMemHandle, ipc_get_mem_handle, decltype(&::cuIpcGetMemHandle))                \
+  X(cuMemAllocAsync, mem_alloc_async, PFN_alloc_async)                                    \
+  X(cuMemAllocAsync_ptsz, mem_alloc_async_ptsz, PFN_alloc_async)                          \
+  X(cuMemAllocFromPoolAsync, mem_alloc_from_pool, PFN_alloc_from_pool)                    \
+  X(cuMemAllocFromPoolAsync_ptsz, mem_alloc_from_pool_ptsz, PFN_alloc_from_pool)          \
+  X(cuMemCreate, mem_create, decltype(&::cuMemCreate))                                    \
+  X(cuMemAllocManaged, mem_alloc_managed, decltype(&::cuMemAllocManaged))                 \
   X(cuCtxDestroy, ctx_destroy_v1, PFN_ctx)                                                \
   X(cuCtxDestroy_v2, ctx_destroy, PFN_ctx)                                                \
   X(cuCtxDetach, ctx_detach, PFN_ctx)                                                     \

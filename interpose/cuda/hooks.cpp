@@ -108,6 +108,29 @@ CUresult host_alloc(const Driver& d, void** pp, size_t bytes, unsigned flags, bo
   return CUDA_SUCCESS;
 }
 
+// An allocation gpupool does not serve (stream-ordered, virtual memory,
+// managed) ran out of device memory: what gpupool holds of that device (the
+// current context's, or `dev`) goes back, other gpupool processes on the GPU
+// are asked, and the call is made again, once. Memory held for the
+// program's pooled allocations must never fail its others.
+template <class Call>
+CUresult retry_out_of_memory(const Driver& d, int dev, std::size_t bytes, Call&& call) {
+  CUresult r = call();
+  if (r != CUDA_ERROR_OUT_OF_MEMORY) return r;
+  Runtime* rt = runtime_if_started();
+  if (!rt) return r;
+  if (dev < 0) {
+    CUdevice cur = 0;
+    if (!d.ctx_get_device || d.ctx_get_device(&cur) != CUDA_SUCCESS) return r;
+    dev = cur;
+  }
+  const std::string group = device_group(dev);
+  if (rt->pool.release_group(group, SIZE_MAX) == 0 && !node::ask_neighbours(group, bytes)) return r;
+  log().debug("cuda: an allocation gpupool does not serve ({} bytes) ran out of memory: "
+              "retried after releasing held memory", bytes);
+  return call();
+}
+
 CUresult ctx_destroy(const Driver& d, CUcontext ctx, PFN_ctx real) {
   Runtime* rt = runtime();
   CtxState* st = rt && ctx ? find_state(d, *rt, ctx) : nullptr;
@@ -394,6 +417,58 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, C
     if (Block* b = device_map().active_block(dptr)) runtime()->pool.never_reuse(b);
   return r;
 } GPUPOOL_FALLBACK(ipc_get_mem_handle, handle, dptr)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes,
+                                                     CUstream s) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_alloc_async) return kNoDriver;
+  return retry_out_of_memory(*d, -1, bytes, [&] { return d->mem_alloc_async(dptr, bytes, s); });
+} GPUPOOL_FALLBACK(mem_alloc_async, dptr, bytes, s)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
+                                                          CUstream s) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_alloc_async_ptsz) return kNoDriver;
+  return retry_out_of_memory(*d, -1, bytes,
+                             [&] { return d->mem_alloc_async_ptsz(dptr, bytes, s); });
+} GPUPOOL_FALLBACK(mem_alloc_async_ptsz, dptr, bytes, s)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes,
+                                                             CUmemoryPool pool,
+                                                             CUstream s) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_alloc_from_pool) return kNoDriver;
+  return retry_out_of_memory(*d, -1, bytes,
+                             [&] { return d->mem_alloc_from_pool(dptr, bytes, pool, s); });
+} GPUPOOL_FALLBACK(mem_alloc_from_pool, dptr, bytes, pool, s)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
+                                                                  CUmemoryPool pool,
+                                                                  CUstream s) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_alloc_from_pool_ptsz) return kNoDriver;
+  return retry_out_of_memory(*d, -1, bytes,
+                             [&] { return d->mem_alloc_from_pool_ptsz(dptr, bytes, pool, s); });
+} GPUPOOL_FALLBACK(mem_alloc_from_pool_ptsz, dptr, bytes, pool, s)
+
+// Physical memory of the virtual memory API (PyTorch's expandable
+// segments): on the device the properties name.
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
+                                                 const CUmemAllocationProp* prop,
+                                                 unsigned long long flags) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_create) return kNoDriver;
+  const int dev = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
+  return retry_out_of_memory(*d, dev, bytes, [&] { return d->mem_create(handle, bytes, prop, flags); });
+} GPUPOOL_FALLBACK(mem_create, handle, bytes, prop, flags)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes,
+                                                       unsigned int flags) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_alloc_managed) return kNoDriver;
+  return retry_out_of_memory(*d, -1, bytes,
+                             [&] { return d->mem_alloc_managed(dptr, bytes, flags); });
+} GPUPOOL_FALLBACK(mem_alloc_managed, dptr, bytes, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy(CUcontext ctx) noexcept try {
   const Driver* d = driver();

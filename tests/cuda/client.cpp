@@ -87,6 +87,9 @@ struct Api {
   decltype(&cuMemHostGetFlags) host_get_flags;
   decltype(&cuIpcGetMemHandle) ipc_get;
   CUresult (*memset_async)(CUdeviceptr, unsigned char, size_t, CUstream);
+  CUresult (*mem_alloc_async)(CUdeviceptr*, size_t, CUstream);
+  CUresult (*mem_free_async)(CUdeviceptr, CUstream);
+  decltype(&cuMemAllocManaged) mem_alloc_managed;
 
   // The stand-in's test interface.
   decltype(&standin_counters) counters;
@@ -147,6 +150,9 @@ void load_api() {
   api.host_get_flags = &cuMemHostGetFlags;
   api.ipc_get = &cuIpcGetMemHandle;
   api.memset_async = &cuMemsetD8Async;
+  api.mem_alloc_async = &cuMemAllocAsync;
+  api.mem_free_async = &cuMemFreeAsync;
+  api.mem_alloc_managed = &cuMemAllocManaged;
   api.counters = &standin_counters;
   api.fail_next = &standin_fail_next;
   api.used = &standin_used;
@@ -219,6 +225,9 @@ void load_api() {
     sym(api.host_get_flags, "cuMemHostGetFlags");
     sym(api.ipc_get, "cuIpcGetMemHandle");
     sym(api.memset_async, "cuMemsetD8Async");
+    sym(api.mem_alloc_async, "cuMemAllocAsync");
+    sym(api.mem_free_async, "cuMemFreeAsync");
+    sym(api.mem_alloc_managed, "cuMemAllocManaged");
     return;
   }
   CHECK(g_mode == "procaddr");
@@ -254,6 +263,9 @@ void load_api() {
   proc(api.host_get_flags, "cuMemHostGetFlags", 2030);
   proc(api.ipc_get, "cuIpcGetMemHandle", 4010);
   proc(api.memset_async, "cuMemsetD8Async", 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+  proc(api.mem_alloc_async, "cuMemAllocAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+  proc(api.mem_free_async, "cuMemFreeAsync", 11020);
+  proc(api.mem_alloc_managed, "cuMemAllocManaged", 6000);
 }
 #endif
 
@@ -784,6 +796,21 @@ void scenario_oom() {
   exact = 0xdead;
   CHECK_EQ(api.mem_alloc(&exact, 100 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
   CHECK_EQ(exact, 0u);
+
+  // Allocations gpupool does not serve (stream-ordered, managed) get what
+  // it holds: with 54 MiB held of 63.5, 40 MiB fit only once it lets go.
+  OK(api.ctx_sync());
+  for (auto& p : b) OK(api.mem_alloc(&p, 9 * MiB));
+  for (auto& p : b) OK(api.mem_free(p));
+  OK(api.ctx_sync());
+  CUdeviceptr other = 0;
+  OK(api.mem_alloc_async(&other, 40 * MiB, nullptr));
+  OK(api.mem_free_async(other, nullptr));
+  for (auto& p : b) OK(api.mem_alloc(&p, 9 * MiB));
+  for (auto& p : b) OK(api.mem_free(p));
+  OK(api.ctx_sync());
+  OK(api.mem_alloc_managed(&other, 40 * MiB, CU_MEM_ATTACH_GLOBAL));
+  OK(api.mem_free(other));
   OK(api.mem_free(keep));
 }
 

@@ -90,6 +90,9 @@ struct Alloc {
   bool host = false;
   unsigned flags = 0;
   std::uint64_t buffer_id = 0;
+  // cuMemAllocAsync and cuMemAllocManaged memory: a context's end does not
+  // free it (the real driver's stream-ordered memory is no context's).
+  bool outlives_context = false;
 };
 
 struct Fail {
@@ -363,7 +366,7 @@ void uncharge_context(Ctx* c) {
 void teardown(Ctx* c) {
   c->pending.clear();
   for (auto it = g_live.begin(); it != g_live.end();) {
-    if (it->second.ctx == c) {
+    if (it->second.ctx == c && !it->second.outlives_context) {
       g_dead[it->first] = it->second;
       uncharge_memory(it->second);
       bury(it->second);
@@ -816,6 +819,33 @@ CUresult device_alloc_locked(const char* function, CUdeviceptr* dptr, size_t siz
 }
 }  // namespace
 
+// Stream-ordered and managed allocations, as far as gpupool meets them:
+// device memory it does not pool, out of the same capacity (allocated at
+// once; cuMemFreeAsync frees at once, as cuMemFree).
+static CUresult other_alloc(const char* function, CUdeviceptr* dptr, size_t size) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult r = device_alloc_locked(function, dptr, size);
+  if (r == CUDA_SUCCESS) g_live[*dptr].outlives_context = true;
+  return r;
+}
+
+SI(CUresult, cuMemAllocAsync, (CUdeviceptr * dptr, size_t size, CUstream s)) {
+  (void)s;
+  return other_alloc("cuMemAllocAsync", dptr, size);
+}
+
+SI(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t size, CUstream s)) {
+  (void)s;
+  return other_alloc("cuMemAllocAsync", dptr, size);
+}
+
+SI(CUresult, cuMemAllocManaged, (CUdeviceptr * dptr, size_t size, unsigned int flags)) {
+  (void)flags;
+  return other_alloc("cuMemAllocManaged", dptr, size);
+}
+
 SI(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t size)) {
   CUresult r;
   {
@@ -871,6 +901,11 @@ SI(CUresult, cuMemFree_v2, (CUdeviceptr p)) {
   g_live.erase(it);
   ++g_counters.mem_free;
   return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemFreeAsync, (CUdeviceptr p, CUstream s)) {
+  (void)s;
+  return si_cuMemFree_v2(p);
 }
 
 SI(CUresult, cuMemAllocHost_v2, (void** pp, size_t size)) {
@@ -1046,6 +1081,7 @@ const Export kExports[] = {
     E(cuDevicePrimaryCtxRelease), E(cuDevicePrimaryCtxRelease_v2), E(cuDevicePrimaryCtxReset),
     E(cuDevicePrimaryCtxReset_v2), E(cuDevicePrimaryCtxGetState), E(cuMemAlloc_v2), E(cuMemAllocPitch_v2), E(cuMemFree_v2),
     E(cuMemAllocHost_v2), E(cuMemHostAlloc), E(cuMemFreeHost), E(cuMemGetInfo_v2),
+    E(cuMemAllocAsync), E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemAllocManaged),
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes),
     E(cuMemHostGetFlags), E(cuIpcGetMemHandle), E(cuMemsetD8Async), E(cuMemsetD8Async_ptsz),
     E(cuGetExportTable), E(cuGetProcAddress), E(cuGetProcAddress_v2),
@@ -1088,6 +1124,9 @@ const Version kVersions[] = {
     {"cuMemAlloc", 3020, "cuMemAlloc_v2"},
     {"cuMemAllocPitch", 3020, "cuMemAllocPitch_v2"},
     {"cuMemFree", 3020, "cuMemFree_v2"},
+    {"cuMemAllocAsync", 11020, "cuMemAllocAsync"},
+    {"cuMemFreeAsync", 11020, "cuMemFreeAsync"},
+    {"cuMemAllocManaged", 6000, "cuMemAllocManaged"},
     {"cuMemAllocHost", 3020, "cuMemAllocHost_v2"},
     {"cuMemHostAlloc", 2020, "cuMemHostAlloc"},
     {"cuMemFreeHost", 2000, "cuMemFreeHost"},
