@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Run HERE (with network), not on the GPU machine: fills .peers/ (kept out of
+# git through .git/info/exclude; name it in the device call's `carry`) with
+# what scripts/peers/run.sh needs there and the machine lacks:
+#   wheels/            PyCUDA's sdist (built there), PyOpenCL's wheel, and the
+#                      cp312 manylinux wheels of their dependencies, pytest and
+#                      pytest-xdist, cffi and filecheck (numba-cuda's tests import them; run.sh
+#                      installs only those the machine lacks)
+#   pyopencl-tests/    PyOpenCL's test/ from the sdist of the wheel's version
+#   cupy-tests/        CuPy's tests for memory, streams and core arrays, and the
+#                      conftest.py and pyproject.toml (pytest settings) they use,
+#                      at the tag of the machine's CuPy
+#   numba-cuda-testing/ numba-cuda's testing/pytest.ini and conftest.py at the
+#                      tag of the machine's numba-cuda (its tests ship in its wheel)
+#   SOURCES.txt        what came from where, with sha256 sums
+# Versions: the GPU machine's CuPy and numba-cuda (KINDS.md); the newest PyCUDA
+# and PyOpenCL unless PYCUDA_VERSION / PYOPENCL_VERSION say otherwise.
+# CUPY_GIT / NUMBA_CUDA_GIT: a clone or bare mirror to read instead of GitHub.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+P=$ROOT/.peers
+CUPY_VERSION=${CUPY_VERSION:-14.2.0}
+NUMBA_CUDA_VERSION=${NUMBA_CUDA_VERSION:-0.30.4}
+CUPY_GIT=${CUPY_GIT:-https://github.com/cupy/cupy.git}
+NUMBA_CUDA_GIT=${NUMBA_CUDA_GIT:-https://github.com/NVIDIA/numba-cuda.git}
+PY=${PYTHON:-python3}
+PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+  --platform manylinux2014_x86_64 --platform any)
+
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qxF '/.peers/' "$exclude" 2>/dev/null || echo '/.peers/' >>"$exclude"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+rm -rf "$P"
+mkdir -p "$P/wheels" "$P/pyopencl-tests" "$P/cupy-tests" "$P/numba-cuda-testing"
+
+# --- wheels and the PyCUDA sdist (--no-binary pycuda only: :all: would build numpy too)
+"$PY" -m pip download -q --no-deps --no-binary pycuda -d "$P/wheels" "pycuda${PYCUDA_VERSION:+==$PYCUDA_VERSION}"
+"$PY" -m pip download -q --no-deps "${PLAT[@]}" -d "$P/wheels" \
+  "pyopencl${PYOPENCL_VERSION:+==$PYOPENCL_VERSION}" pytools platformdirs mako markupsafe \
+  typing_extensions siphash24 pytest pluggy iniconfig packaging pygments pytest-xdist execnet \
+  cffi pycparser filecheck  # numba-cuda's test group: numba.cuda.testing imports filecheck
+
+# every Requires-Dist (no extras, no old-Python markers) must be among the files
+echo "Requires-Dist check:"
+"$PY" - "$P/wheels" <<'EOF'
+import glob, os, re, sys, tarfile, zipfile
+d = sys.argv[1]
+have = {re.split(r"[-]", os.path.basename(f))[0].lower().replace("_", "-") for f in os.listdir(d)}
+bad = 0
+for w in sorted(glob.glob(os.path.join(d, "*.whl"))):
+    meta = next(n for n in zipfile.ZipFile(w).namelist() if n.endswith(".dist-info/METADATA"))
+    for line in zipfile.ZipFile(w).read(meta).decode().splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = line.split(":", 1)[1].strip()
+        if "extra ==" in req or "python_version <" in req or 'sys_platform == "win32"' in req:
+            continue
+        name = re.split(r"[ <>=!;\[(]", req)[0].lower().replace("_", "-")
+        ok = name in have or name == "numpy"   # numpy: the GPU machine has it
+        bad += not ok
+        print(f"  {'ok ' if ok else 'MISSING'} {os.path.basename(w).split('-')[0]} -> {req}")
+sys.exit(1 if bad else 0)
+EOF
+
+# --- PyOpenCL's tests at its wheel's version (the sdist holds test/)
+pv=$(basename "$(compgen -G "$P/wheels/pyopencl-*.whl" | head -n 1)" | cut -d- -f2)
+"$PY" -m pip download -q --no-deps --no-binary pyopencl -d "$tmp" "pyopencl==$pv"
+tar xzf "$tmp/pyopencl-$pv.tar.gz" -C "$tmp"
+cp -r "$tmp/pyopencl-$pv/test/." "$P/pyopencl-tests/"
+cat >"$P/pyopencl-tests/pytest.ini" <<EOF
+# From PyOpenCL $pv's pyproject.toml [tool.pytest.ini_options].
+[pytest]
+markers =
+    bitonic: tests involving bitonic sort
+EOF
+
+# --- files of a git repository at a tag: git_files URL_OR_DIR TAG DEST PATH...
+git_files() {
+  local src=$1 tag=$2 dest=$3
+  shift 3
+  if [[ -d $src ]]; then
+    git -C "$src" archive "$tag" "$@" | tar x -C "$dest"
+  else
+    local c
+    c=$tmp/clone-$(basename "$src" .git)
+    [[ -d $c ]] || git clone -q --depth 1 --branch "$tag" "$src" "$c"
+    git -C "$c" archive "$tag" "$@" | tar x -C "$dest"
+  fi
+  echo "$tag $(git -C "${c:-$src}" rev-parse "$tag^{commit}" 2>/dev/null || echo '?')" >"$tmp/rev-$(basename "$dest")"
+}
+
+# CuPy: memory, streams, pinned memory, device and driver, and core arrays
+CT=tests/cupy_tests
+git_files "$CUPY_GIT" "v$CUPY_VERSION" "$P/cupy-tests" pyproject.toml tests/conftest.py \
+  $CT/__init__.py $CT/cuda_tests/__init__.py $CT/core_tests/__init__.py \
+  $CT/cuda_tests/test_memory.py $CT/cuda_tests/test_stream.py $CT/cuda_tests/test_pinned_memory.py \
+  $CT/cuda_tests/test_device.py $CT/cuda_tests/test_driver.py $CT/cuda_tests/test_memory_hook.py \
+  $CT/core_tests/test_ndarray.py $CT/core_tests/test_ndarray_copy_and_view.py \
+  $CT/core_tests/test_elementwise.py $CT/core_tests/test_dlpack.py $CT/core_tests/test_ndarray_get.py \
+  $CT/core_tests/test_ndarray_cuda_array_interface.py $CT/core_tests/test_multithreading.py \
+  $CT/core_tests/test_ndarray_owndata.py
+# numba-cuda: how its CI runs its tests with pytest
+git_files "$NUMBA_CUDA_GIT" "v$NUMBA_CUDA_VERSION" "$tmp" testing/pytest.ini testing/conftest.py
+cp "$tmp"/testing/pytest.ini "$tmp"/testing/conftest.py "$P/numba-cuda-testing/"
+
+{
+  echo "# .peers/: made by scripts/peers/fetch.sh on $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "pyopencl-tests/: test/ of the pyopencl-$pv sdist (PyPI)"
+  echo "cupy-tests/: $CUPY_GIT at $(cat "$tmp/rev-cupy-tests")"
+  echo "numba-cuda-testing/: $NUMBA_CUDA_GIT testing/ at $(cat "$tmp/rev-$(basename "$tmp")" 2>/dev/null || echo "v$NUMBA_CUDA_VERSION")"
+  echo "wheels/ (PyPI):"
+  (cd "$P/wheels" && sha256sum -- *)
+} >"$P/SOURCES.txt"
+cat "$P/SOURCES.txt"
+echo "total: $(du -sh "$P" | cut -f1)"

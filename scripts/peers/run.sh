@@ -1,0 +1,557 @@
+#!/usr/bin/env bash
+# Issue 24, parts 3 to 5: the peers' own test suites on the GPU machine, each
+# run twice (without gpupool, and with LD_PRELOAD=LIB), in one device call,
+# plus the JAX and PyCUDA allocation loops, interleaved, for the speed.
+#
+#   bash scripts/peers/run.sh LIB OUTDIR [SUITE...]
+#     LIB     a built libgpupool.so (carried: the device machine builds nothing of ours here)
+#     OUTDIR  where the results go ($OUT in a device call): four files,
+#             peers-run.log, peers-summary.txt, compat.md, peers-results.tar.gz
+#     SUITE   pycuda numba cupy jax pyopencl (default: all)
+#
+# What it needs besides the machine's own packages is carried in .peers/
+# (made by scripts/peers/fetch.sh, listed in .peers/SOURCES.txt): PyCUDA's
+# sdist (built there, in the background, while other work runs), the wheels
+# of PyCUDA's and PyOpenCL's dependencies, of pytest, pytest-xdist, cffi and
+# filecheck (installed only where the machine lacks them), PyOpenCL's wheel
+# and its own test files at the same version, CuPy's tests at the installed
+# CuPy's tag, numba-cuda's pytest.ini and conftest.py (its tests ship in its
+# wheel). scripts/peers/README.md says what runs and why.
+#
+# Order (the deadline PEERS_DEADLINE, default 540 s, bounds everything):
+#   A  pycuda build (background) | JAX loop, 3 modes x PEERS_JAX_ROUNDS rounds
+#      (a quiet GPU for the timing; the build takes one core)
+#   B  every suite's tests, both runs of each at once (pytest-xdist workers),
+#      each run under `timeout -s INT` so that pytest still writes its junit
+#      XML; PyCUDA's start when its build is done
+#   C  PyCUDA's gpuarray loop, 3 modes x PEERS_PYCUDA_ROUNDS rounds (quiet GPU)
+#   D  scripts/peers/compare.py: per suite, the outcomes without / with
+#      gpupool and every test whose outcome differs; compat.md
+# Missing pieces (a package, the GPU, OpenCL, the library) give SKIP lines,
+# never a hang.
+set -u -o pipefail
+
+usage() {
+  sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+(($# >= 2)) || usage
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+HERE=$ROOT/scripts/peers
+LIB_ARG=$1
+OUTDIR=$2
+shift 2
+ALL=(pycuda numba cupy jax pyopencl)
+SUITES=("$@")
+((${#SUITES[@]})) || SUITES=("${ALL[@]}")
+for s in "${SUITES[@]}"; do
+  [[ " ${ALL[*]} " == *" $s "* ]] || { echo "run.sh: unknown suite '$s' (known: ${ALL[*]})" >&2; exit 2; }
+done
+want() { [[ " ${SUITES[*]} " == *" $1 "* ]]; }
+
+PEERS=${PEERS_DIR:-$ROOT/.peers}
+WORK=${PEERS_WORK:-/tmp/gpupool-peers}
+RES=$WORK/results
+DEADLINE=${PEERS_DEADLINE:-540}
+PY=${PEERS_PY:-python3}
+FINAL=${PEERS_FINAL_RESERVE:-25}            # seconds kept for compare.py and the tarball
+LOOP_RESERVE=${PEERS_LOOP_RESERVE:-100}     # seconds kept for phase C
+JAX_BUDGET=${PEERS_JAX_BUDGET:-150}         # phase A's JAX rounds end by this many seconds
+JAX_ROUNDS=${PEERS_JAX_ROUNDS:-5}
+PYCUDA_ROUNDS=${PEERS_PYCUDA_ROUNDS:-10}
+NCPU=$(nproc 2>/dev/null || echo 4)
+# xdist workers per run (two runs of each suite go at once)
+W_PYCUDA=${PEERS_PYCUDA_WORKERS:-6}
+W_NUMBA=${PEERS_NUMBA_WORKERS:-3}
+W_CUPY=${PEERS_CUPY_WORKERS:-3}
+W_PYOPENCL=${PEERS_PYOPENCL_WORKERS:-3}
+T0=$SECONDS
+
+# The selections (README.md says why these). numba-cuda 0.30.4's tests that allocate
+# (modules of its wheel's numba.cuda.tests)
+NUMBA_TESTS=${PEERS_NUMBA_TESTS:-"
+  cudadrv.test_cuda_memory cudadrv.test_deallocations cudadrv.test_context_stack
+  cudadrv.test_cuda_ndarray cudadrv.test_cuda_array_slicing cudadrv.test_array_attr
+  cudadrv.test_host_alloc cudadrv.test_pinned cudadrv.test_streams cudadrv.test_events
+  cudadrv.test_emm_plugins cudadrv.test_reset_device cudadrv.test_select_device
+  cudadrv.test_cuda_auto_context cudadrv.test_cuda_driver cudadrv.test_runtime
+  cudapy.test_ipc cudapy.test_stream_api cudapy.test_array cudapy.test_cuda_array_interface
+  cudapy.test_multithreads cudapy.test_multiprocessing cudapy.test_sync cudapy.test_transpose
+  cudapy.test_array_args cudapy.test_retrieve_autoconverted_arrays
+  cudapy.test_device_array_capture cudapy.test_slicing"}
+CUPY_TESTS=${PEERS_CUPY_TESTS:-"
+  cuda_tests/test_memory.py cuda_tests/test_stream.py cuda_tests/test_pinned_memory.py
+  cuda_tests/test_device.py cuda_tests/test_driver.py cuda_tests/test_memory_hook.py
+  core_tests/test_ndarray.py core_tests/test_ndarray_copy_and_view.py core_tests/test_elementwise.py
+  core_tests/test_dlpack.py core_tests/test_ndarray_get.py core_tests/test_ndarray_cuda_array_interface.py
+  core_tests/test_multithreading.py core_tests/test_ndarray_owndata.py"}
+PYOPENCL_TESTS=${PEERS_PYOPENCL_TESTS:-"
+  test_array.py test_wrapper.py test_algorithm.py test_clmath.py test_enqueue_copy.py
+  test_clrandom.py test_arrays_in_structs.py"}
+PYCUDA_TESTS=${PEERS_PYCUDA_TESTS:-"test_driver.py test_cumath.py test_gpuarray.py"}
+
+mkdir -p "$OUTDIR" || exit 1
+OUTDIR=$(cd "$OUTDIR" && pwd)
+LOG=$OUTDIR/peers-run.log
+rm -f "$LOG" "$OUTDIR"/peers-summary.txt "$OUTDIR"/compat.md "$OUTDIR"/peers-results.tar.gz
+rm -rf "$WORK"
+mkdir -p "$WORK"/site "$WORK"/cache "$WORK"/src "$WORK"/vendors \
+  "$RES"/junit "$RES"/logs "$RES"/meta "$RES"/loops "$RES"/gpstats "$RES"/gplog || exit 1
+
+unset LD_PRELOAD  # each run says whether it has gpupool
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
+export PYTHONPATH=$HERE/plugins:$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+
+squeeze() { xargs <<<"$1"; }  # one line, single spaces
+# count_groups "a.x a.y b.z" . -> "2 a + 1 b modules"
+count_groups() { tr ' ' '\n' <<<"$1" | grep . | cut -d"$2" -f1 | uniq -c | awk '{ s = s (NR > 1 ? " + " : "") $1 " " $2 } END { print s " modules" }'; }
+say() { printf '[%3ds] %s\n' $((SECONDS - T0)) "$*" | tee -a "$LOG"; }
+left() { echo $((DEADLINE - (SECONDS - T0))); }
+# meta SUITE KEY VALUE: what compare.py puts in the table (library, version, tests, skip)
+meta() { printf '%s=%s\n' "$2" "$3" >>"$RES/meta/$1.info"; }
+skip_suite() { meta "$1" skip "$2"; say "SKIP $1: $2"; }
+
+say "peers run: suites ${SUITES[*]}; deadline ${DEADLINE}s; $NCPU cores; python $(command -v "$PY")"
+timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1 |
+  sed "s/\$/; $(nproc) cores; $(date -u '+%Y-%m-%d %H:%M UTC')/" >"$RES/meta/machine.txt"
+say "machine: $(cat "$RES/meta/machine.txt")"
+
+# ---- the library ------------------------------------------------------------
+GP_OK=0
+LIB=$(readlink -f -- "$LIB_ARG" 2>/dev/null || true)
+if [[ -z $LIB || ! -f $LIB ]]; then
+  GP_WHY="library '$LIB_ARG' not found"
+else
+  pre=$(LD_PRELOAD=$LIB /bin/true 2>&1)
+  if grep -qiE 'ld\.so|cannot be preloaded|cannot open shared object|undefined symbol' <<<"$pre"; then
+    GP_WHY="LD_PRELOAD=$LIB does not load: $pre"
+  else
+    GP_OK=1
+    [[ -n $pre ]] && say "note: under LD_PRELOAD=$LIB, /bin/true printed: $pre"
+  fi
+fi
+if ((GP_OK)); then say "gpupool: $LIB"; else say "WARNING: $GP_WHY: every 'with gpupool' run is skipped"; fi
+printf 'lib=%s\nok=%s\n' "$LIB_ARG" "$GP_OK" >"$RES/meta/gpupool.info"
+
+# MENV: the environment of a run. plain: no gpupool at all; gpupool: the
+# preload, its log in a file (never on the tests' stderr) and its stats at
+# exit, all processes of the run appending to one file.
+mode_env() {
+  MENV=()
+  [[ $1 == gpupool ]] && MENV=(LD_PRELOAD="$LIB" GPUPOOL_LOG="${PEERS_GPUPOOL_LOG:-warn}"
+    GPUPOOL_LOG_FILE="$RES/gplog/$2.log" GPUPOOL_STATS_AT_EXIT=1 GPUPOOL_STATS_FORMAT=json
+    GPUPOOL_STATS_FILE="$RES/gpstats/$2.jsonl")
+  return 0
+}
+MODES=(plain)
+((GP_OK)) && MODES+=(gpupool)
+
+# ---- carried wheels: only what the machine lacks ------------------------------
+WHEELS=$PEERS/wheels
+if [[ -d $WHEELS ]]; then
+  mapfile -t missing < <(cd "$WHEELS" && "$PY" - <<'EOF'
+import glob, importlib.util
+names = {"pytest_xdist": "xdist"}
+# numba-cuda's pytest.ini wants pytest 8 or newer: an older one brings the carried stack
+stack = {"pytest", "pluggy", "iniconfig", "xdist", "execnet"}
+old_pytest = False
+if importlib.util.find_spec("pytest") is not None:
+    import pytest
+    old_pytest = int(pytest.__version__.split(".")[0]) < 8
+for w in sorted(glob.glob("*.whl")):
+    mod = w.split("-")[0].lower()
+    mod = names.get(mod, mod)
+    if importlib.util.find_spec(mod) is None or (old_pytest and mod in stack):
+        print(w)
+EOF
+  )
+  if ((${#missing[@]})); then
+    say "installing ${#missing[@]} carried wheels the machine lacks: ${missing[*]}"
+    if ! (cd "$WHEELS" && timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile \
+      --no-cache-dir --target "$WORK/site" "${missing[@]}") >>"$RES/logs/setup.log" 2>&1; then
+      say "one pip call failed; installing them one by one"
+      for w in "${missing[@]}"; do
+        (cd "$WHEELS" && timeout 60 "$PY" -m pip install -q --no-index --no-deps --no-compile \
+          --no-cache-dir --target "$WORK/site" "$w") >>"$RES/logs/setup.log" 2>&1 ||
+          say "  could not install $w (see setup.log)"
+      done
+    fi
+  else
+    say "the machine has every carried wheel's package"
+  fi
+else
+  say "WARNING: $WHEELS missing (carry .peers): PyCUDA and PyOpenCL cannot be installed"
+fi
+"$PY" - >"$RES/meta/versions.txt" 2>&1 <<'EOF'
+import importlib.metadata as md, sys
+print("python", sys.version.split()[0])
+for d in ["pytest", "pytest-xdist", "pytest-benchmark", "numpy", "numba", "numba-cuda",
+          "cupy-cuda13x", "cupy-cuda12x", "jax", "jaxlib", "jax-cuda13-plugin", "pyopencl",
+          "pytools", "cuda-bindings"]:
+    try:
+        print(d, md.version(d))
+    except md.PackageNotFoundError:
+        pass
+EOF
+say "versions: $(tr '\n' ' ' <"$RES/meta/versions.txt")"
+if ! "$PY" -c 'import pytest' 2>/dev/null; then
+  say "WARNING: pytest is not importable: every test suite is skipped"
+  HAVE_PYTEST=0
+else
+  HAVE_PYTEST=1
+fi
+XDIST=0
+"$PY" -c 'import xdist' 2>/dev/null && XDIST=1
+# pytest-timeout where the machine has it: a test that hangs fails alone, the run goes on
+PT_TIMEOUT=()
+((HAVE_PYTEST)) && (cd "$WORK" && "$PY" -m pytest --help 2>/dev/null) | grep -q -- '--timeout=' &&
+  PT_TIMEOUT=(--timeout "${PEERS_TEST_TIMEOUT:-150}")
+say "pytest-xdist: $( ((XDIST)) && echo yes || echo no); pytest-timeout: ${PT_TIMEOUT[*]:-no}"
+((XDIST)) || say "pytest-xdist is not importable: each run goes in one process (slower)"
+# XA: pytest-xdist's arguments for N workers (none without xdist)
+nflag() {
+  XA=()
+  ((XDIST && $1 > 1)) && XA=(-n "$1" "${@:2}")
+  return 0
+}
+words() { read -r -d '' -a WORDS <<<"$1"; return 0; }  # WORDS: the words of $1
+
+pyver() { "$PY" -c "$1" 2>/dev/null | tail -n 1; }
+
+# ---- run_pytest SUITE MODE CWD END [VAR=VALUE...] -- PYTEST-ARGS...
+# One run of a suite, in CWD, until END seconds after the start at the
+# latest (then SIGINT: pytest still writes its XML; SIGKILL 20 s later).
+run_pytest() {
+  local suite=$1 mode=$2 cwd=$3 end=$4
+  shift 4
+  local envs=()
+  while (($#)) && [[ $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  local tag=$suite--$mode t t1 rc
+  t=$((end - (SECONDS - T0)))
+  if ((t < 20)); then
+    echo "skip 0 0" >"$RES/meta/$tag.rc"
+    say "$tag: not started (out of time)"
+    return 0
+  fi
+  mode_env "$mode" "$tag"
+  t1=$SECONDS
+  local cmd="pytest $*"
+  ((${#cmd} > 240)) && cmd="${cmd:0:240}..."
+  say "$tag: start (limit ${t}s): $cmd"
+  (cd "$cwd" && timeout -s INT -k 20 "$t" env -u LD_PRELOAD "${envs[@]}" "${MENV[@]}" \
+    "$PY" -m pytest -v -rfEs -p no:cacheprovider -p peers_sigint "${PT_TIMEOUT[@]}" \
+    --junitxml="$RES/junit/$tag.xml" "$@") >"$RES/logs/$tag.log" 2>&1 </dev/null
+  rc=$?
+  echo "$rc $((SECONDS - t1)) $t" >"$RES/meta/$tag.rc"
+  say "$tag: rc $rc in $((SECONDS - t1))s$( ((rc == 124)) && echo ' (TIMED OUT: partial results)')"
+  return 0
+}
+
+TEST_PIDS=()
+
+# ---- phase A: the PyCUDA build in the background ------------------------------
+BUILD_PID=
+PYSITE=${PEERS_PYCUDA_SITE:-$WORK/site-pycuda}  # PyCUDA goes there (or is there already)
+SDIST=$(compgen -G "$WHEELS/pycuda-*.tar.gz" | head -n 1)
+if want pycuda; then
+  meta pycuda library PyCUDA
+  meta pycuda tests "$(squeeze "$PYCUDA_TESTS")"
+  if [[ -z $SDIST ]]; then
+    skip_suite pycuda "no pycuda-*.tar.gz in $WHEELS"
+  elif ! command -v nvcc >/dev/null; then
+    skip_suite pycuda "nvcc not found (PATH has /usr/local/cuda/bin when it exists)"
+  elif [[ -n ${PEERS_PYCUDA_SITE:-} ]]; then
+    say "pycuda: not built: PEERS_PYCUDA_SITE=$PYSITE holds it"
+    (echo 0 >"$WORK/pycuda-build.rc") &
+    BUILD_PID=$!
+  else
+    say "pycuda: building $(basename "$SDIST") in the background"
+    (timeout $(($(left) - LOOP_RESERVE - FINAL - 60)) "$PY" -m pip install -v --no-index \
+      --find-links "$WHEELS" --no-build-isolation --no-deps --no-cache-dir \
+      --target "$PYSITE" "$SDIST" >"$RES/logs/pycuda-build.log" 2>&1 </dev/null
+    echo $? >"$WORK/pycuda-build.rc") &
+    BUILD_PID=$!
+  fi
+fi
+
+# ---- phase A: the JAX loop, interleaved, while the GPU is otherwise idle ------
+jax_rounds() {
+  local out=$RES/loops/jax.txt flags=--xla_gpu_autotune_level=0 probe r i m t1 longest=0 rstart
+  if ! "$PY" -c 'import jax' 2>/dev/null; then skip_suite jax "jax is not importable"; return; fi
+  # Autotuning off: XLA then picks the same kernels in every process, so the
+  # bits can be compared; probed first, since XLA aborts on an unknown flag.
+  probe=$(XLA_FLAGS=$flags XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 "$PY" -c \
+    'import jax, jax.numpy as jnp; x = jnp.ones((64, 64)); (x @ x).block_until_ready(); print("PROBE", jax.__version__, jax.devices()[0].device_kind)' 2>&1)
+  if ! grep -q '^PROBE' <<<"$probe"; then
+    say "jax: probe with XLA_FLAGS=$flags failed; without it: $(tail -n 2 <<<"$probe" | tr '\n' ' ')"
+    flags=
+    probe=$(XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 "$PY" -c \
+      'import jax, jax.numpy as jnp; x = jnp.ones((64, 64)); (x @ x).block_until_ready(); print("PROBE", jax.__version__, jax.devices()[0].device_kind)' 2>&1)
+    if ! grep -q '^PROBE' <<<"$probe"; then
+      skip_suite jax "JAX cannot run on the GPU: $(tail -n 3 <<<"$probe" | tr '\n' ' ')"
+      return
+    fi
+  fi
+  meta jax library JAX
+  meta jax version "$(grep '^PROBE' <<<"$probe" | awk '{print $2}')"
+  meta jax tests "scripts/peers/jax_loop.py: jit MLP, ${JAX_ROUNDS} rounds x (platform, platform+gpupool, bfc)${flags:+, XLA_FLAGS=$flags}"
+  say "jax: $(grep '^PROBE' <<<"$probe"); XLA_FLAGS=${flags:-none}"
+  local modes=(platform) jargs
+  words "${PEERS_JAX_ARGS:-}"  # more jax_loop.py arguments
+  jargs=("${WORDS[@]}")
+  ((GP_OK)) && modes+=(platform-gpupool)
+  modes+=(bfc)
+  for ((r = 1; r <= JAX_ROUNDS; r++)); do
+    if ((r > 1 && (SECONDS - T0) + longest > JAX_BUDGET)); then
+      say "jax: stopping after $((r - 1)) rounds (phase A budget ${JAX_BUDGET}s)"
+      break
+    fi
+    rstart=$SECONDS
+    for ((i = 0; i < ${#modes[@]}; i++)); do
+      m=${modes[$(((i + r - 1) % ${#modes[@]}))]}  # rotate the order every round
+      local envs=(XLA_FLAGS="$flags")
+      case $m in
+        platform) mode_env plain x ;;
+        platform-gpupool) mode_env gpupool jax ;;
+        bfc) mode_env plain x ;;
+      esac
+      [[ $m == platform* ]] && envs+=(XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform)
+      t1=$SECONDS
+      {
+        echo "=== round $r mode $m"
+        timeout -k 5 90 env -u LD_PRELOAD -u XLA_PYTHON_CLIENT_PREALLOCATE -u XLA_PYTHON_CLIENT_ALLOCATOR \
+          "${envs[@]}" "${MENV[@]}" "$PY" "$HERE/jax_loop.py" --mode "$m" --round "$r" "${jargs[@]}" 2>&1 </dev/null
+        echo "=== rc $? in $((SECONDS - t1))s"
+      } >>"$RES/logs/jax.log"
+    done
+    ((SECONDS - rstart > longest)) && longest=$((SECONDS - rstart))
+    say "jax: round $r done in $((SECONDS - rstart))s"
+  done
+  grep -h '^RESULT' "$RES/logs/jax.log" >"$out"
+}
+if want jax; then jax_rounds; fi
+
+# ---- phase B: the test suites, both runs of each at once ----------------------
+TESTS_END=$((DEADLINE - FINAL))
+want pycuda && TESTS_END=$((DEADLINE - FINAL - LOOP_RESERVE))
+
+start_numba() {
+  meta numba library numba-cuda
+  meta numba version "$(pyver 'import importlib.metadata as m; print(m.version("numba-cuda"))')"
+  local mods=() m
+  for m in $NUMBA_TESTS; do mods+=("numba.cuda.tests.$m"); done
+  meta numba tests "$(count_groups "$NUMBA_TESTS" .) of numba.cuda.tests"
+  meta numba tests_full "numba.cuda.tests.{$(squeeze "$NUMBA_TESTS" | tr ' ' ',')}"
+  if ! "$PY" -c 'import numba.cuda.tests.cudadrv.test_cuda_memory' >"$RES/logs/numba-import.log" 2>&1; then
+    skip_suite numba "numba-cuda's tests are not importable: $(tail -n 1 "$RES/logs/numba-import.log")"
+    return
+  fi
+  local where
+  where=$(pyver 'import numba.cuda.tests as t; print(t.__file__)')
+  say "numba: numba.cuda.tests from $where"
+  [[ $where == */numba_cuda/* ]] || meta numba version "$(pyver 'import importlib.metadata as m; print(m.version("numba-cuda"))') (WARNING: numba.cuda.tests is numba's own, $where)"
+  if [[ ! -f $PEERS/numba-cuda-testing/pytest.ini ]]; then
+    skip_suite numba "$PEERS/numba-cuda-testing/pytest.ini missing"
+    return
+  fi
+  for mode in "${MODES[@]}"; do
+    local d=$WORK/numba-$mode
+    mkdir -p "$d"
+    cp "$PEERS"/numba-cuda-testing/pytest.ini "$d"/
+    # Its conftest.py (the initialize_from_pytest_config fixture) sits beside the tests in
+    # numba-cuda's tree, not in the wheel: pytest would not find it from the installed
+    # tests, so it is loaded as a plugin (-p numba_cuda_conftest).
+    cp "$PEERS"/numba-cuda-testing/conftest.py "$d"/numba_cuda_conftest.py
+    # numba-cuda's CI has pytest-benchmark; without it its addopts would not parse
+    # Its addopts name the whole package (--pyargs numba.cuda.tests): keep --pyargs, run the selection.
+    sed -i 's/--pyargs numba\.cuda\.tests/--pyargs/' "$d/pytest.ini"
+    # numba-cuda 0.30.4 on numpy 2.5 warns at import (np.timedelta64("nat")), which its
+    # filterwarnings=error turns into a collection error, both ways: not what is compared here.
+    sed -i "/^    error$/a\\    ignore:.*'generic' unit for NumPy timedelta is deprecated.*:DeprecationWarning" "$d/pytest.ini"
+    "$PY" -c 'import pytest_benchmark' 2>/dev/null || sed -i 's/--benchmark-disable //; /pytest_benchmark/d' "$d/pytest.ini"
+    # numba-cuda's CI: pytest -v -n auto --dist loadscope (CUDATestCase needs whole classes per worker).
+    # --rootdir=/: the tests live in site-packages, outside the rootdir, where pytest would give
+    # them ids without their module ("::TestX::test_y"); from / every id names its file.
+    nflag "$W_NUMBA" --dist loadscope
+    run_pytest numba "$mode" "$d" "$TESTS_END" PYTHONPATH="$d:${PYTHONPATH:-}" -- -c "$d/pytest.ini" \
+      --rootdir=/ -p numba_cuda_conftest "${XA[@]}" "${mods[@]}" &
+    TEST_PIDS+=($!)
+  done
+}
+
+start_cupy() {
+  meta cupy library CuPy
+  meta cupy version "$(pyver 'import cupy; print(cupy.__version__)')"
+  # CuPy's own CI subsampling (its conftest.py and cupy.testing): 1 + n/15 of each test's
+  # parametrizations and dtype loops, the same in both runs (one seed; PEERS_CUPY_SUBSAMPLE=0: all)
+  local sub=()
+  [[ ${PEERS_CUPY_SUBSAMPLE:-1} == 1 ]] && sub=(CUPY_TEST_RANDOM_SUBSAMPLE=1 _CUPY_TEST_SUBSAMPLE_SEED="${PEERS_CUPY_SEED:-24}")
+  meta cupy tests "$(count_groups "$CUPY_TESTS" /) of tests/cupy_tests, CuPy's pools off$( ((${#sub[@]})) && echo ", CuPy's CI subsampling (seed ${PEERS_CUPY_SEED:-24})")"
+  meta cupy tests_full "tests/cupy_tests/{$(squeeze "$CUPY_TESTS" | tr ' ' ',')}"
+  if ! "$PY" -c 'import cupy' >"$RES/logs/cupy-import.log" 2>&1; then
+    skip_suite cupy "cupy is not importable: $(tail -n 1 "$RES/logs/cupy-import.log")"
+    return
+  fi
+  if [[ ! -d $PEERS/cupy-tests/tests ]]; then skip_suite cupy "$PEERS/cupy-tests missing"; return; fi
+  local files=() f
+  for f in $CUPY_TESTS; do files+=("tests/cupy_tests/$f"); done
+  for mode in "${MODES[@]}"; do
+    local d=$WORK/cupy-$mode
+    cp -r "$PEERS/cupy-tests" "$d"
+    # one kernel cache for both runs: CuPy writes its entries atomically
+    nflag "$W_CUPY"
+    run_pytest cupy "$mode" "$d" "$TESTS_END" CUPY_CACHE_DIR="$WORK/cache/cupy" "${sub[@]}" -- \
+      "${XA[@]}" -p peers_cupy_nopool "${files[@]}" &
+    TEST_PIDS+=($!)
+  done
+}
+
+ocl_setup() {  # OCL_OK=1 and OCL_ENV when an OpenCL implementation is found
+  OCL_OK=0
+  OCL_ENV=()
+  local icd=${PEERS_OPENCL_ICD:-}
+  if [[ -z $icd ]]; then
+    icd=$(ldconfig -p 2>/dev/null | awk '$1 == "libnvidia-opencl.so.1" { print $NF; exit }')
+    for f in /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 /usr/lib64/libnvidia-opencl.so.1 \
+      /usr/local/nvidia/lib64/libnvidia-opencl.so.1 /usr/local/nvidia/lib/libnvidia-opencl.so.1 \
+      /usr/lib/libnvidia-opencl.so.1; do
+      [[ -z $icd && -e $f ]] && icd=$f
+    done
+  fi
+  [[ -n $icd ]] || return 0
+  echo "$icd" >"$WORK/vendors/peers.icd"
+  OCL_ENV=(OCL_ICD_VENDORS="$WORK/vendors")
+  OCL_OK=1
+  OCL_ICD=$icd
+}
+
+start_pyopencl() {
+  meta pyopencl library PyOpenCL
+  meta pyopencl tests "$(squeeze "$PYOPENCL_TESTS")"
+  ocl_setup
+  if ((!OCL_OK)); then skip_suite pyopencl "no OpenCL implementation found (libnvidia-opencl.so.1)"; return; fi
+  local v
+  v=$(env "${OCL_ENV[@]}" timeout 60 "$PY" -c 'import pyopencl as cl; print(cl.VERSION_TEXT, "on", "; ".join(p.name + ": " + ", ".join(d.name for d in p.get_devices()) for p in cl.get_platforms()))' 2>&1 | tail -n 1)
+  meta pyopencl version "$v"
+  if [[ $v != [0-9]* ]]; then skip_suite pyopencl "pyopencl does not import or sees no platform: $v"; return; fi
+  say "pyopencl: $v (ICD $OCL_ICD)"
+  if [[ ! -d $PEERS/pyopencl-tests ]]; then skip_suite pyopencl "$PEERS/pyopencl-tests missing"; return; fi
+  for mode in "${MODES[@]}"; do
+    local d=$WORK/pyopencl-$mode
+    cp -r "$PEERS/pyopencl-tests" "$d"
+    # PyOpenCL's binary cache per run (it locks its entries; two runs need not wait for each other)
+    nflag "$W_PYOPENCL"
+    words "$PYOPENCL_TESTS"
+    run_pytest pyopencl "$mode" "$d" "$TESTS_END" "${OCL_ENV[@]}" XDG_CACHE_HOME="$WORK/cache/xdg-pyopencl-$mode" -- \
+      "${XA[@]}" "${WORDS[@]}" &
+    TEST_PIDS+=($!)
+  done
+}
+
+start_pycuda() {
+  local rc=1
+  wait "$BUILD_PID"
+  [[ -f $WORK/pycuda-build.rc ]] && rc=$(cat "$WORK/pycuda-build.rc")
+  if [[ $rc != 0 ]]; then
+    skip_suite pycuda "build failed (rc $rc): $(grep -iE 'error' "$RES/logs/pycuda-build.log" | tail -n 2 | tr '\n' ' ')"
+    return
+  fi
+  local v
+  v=$(PYTHONPATH=$PYSITE:$PYTHONPATH pyver 'import pycuda, pycuda.driver as d; d.init(); print(pycuda.VERSION_TEXT)')
+  meta pycuda version "$v"
+  if [[ $v != [0-9]* ]]; then
+    skip_suite pycuda "built but 'import pycuda.driver' fails: $(PYTHONPATH=$PYSITE:$PYTHONPATH "$PY" -c 'import pycuda.driver' 2>&1 | tail -n 1)"
+    return
+  fi
+  say "pycuda $v built"
+  PYCUDA_OK=1
+  if ! want pycuda || [[ -z $PYCUDA_TESTS ]]; then return; fi
+  tar xzf "$SDIST" -C "$WORK/src" || { skip_suite pycuda "cannot unpack $SDIST"; return; }
+  local src
+  src=$(compgen -G "$WORK/src/pycuda-*/test" | head -n 1)
+  for mode in "${MODES[@]}"; do
+    local d=$WORK/pycuda-$mode
+    mkdir -p "$d"
+    cp "$src"/*.py "$d"/
+    cp "$HERE/pycuda_conftest.py" "$d/conftest.py"
+    nflag "$W_PYCUDA"
+    words "$PYCUDA_TESTS"
+    run_pytest pycuda "$mode" "$d" "$TESTS_END" PYTHONPATH="$PYSITE:$PYTHONPATH" \
+      PEERS_PYCUDA_CACHE="$WORK/cache/pycuda-$mode" -- "${XA[@]}" "${WORDS[@]}" &
+    TEST_PIDS+=($!)
+  done
+}
+
+PYCUDA_OK=0
+if ((HAVE_PYTEST)); then
+  want numba && start_numba
+  want cupy && start_cupy
+  want pyopencl && start_pyopencl
+else
+  for s in numba cupy pyopencl; do want "$s" && skip_suite "$s" "pytest is not importable"; done
+  PYCUDA_TESTS=
+fi
+[[ -n $BUILD_PID ]] && start_pycuda
+((${#TEST_PIDS[@]})) && wait "${TEST_PIDS[@]}"
+say "phase B done"
+
+# ---- phase C: PyCUDA's gpuarray loop, interleaved -----------------------------
+pycuda_rounds() {
+  local out=$RES/loops/pycuda.txt r i m t1 rstart longest=0 need warm=0
+  local modes=(nopool)
+  ((GP_OK)) && modes+=(gpupool gpupool-immediate)
+  modes+=(dmpool)
+  local largs
+  words "${PEERS_PYCUDA_LOOP_ARGS:-}"  # more pycuda_loop.py arguments
+  largs=("${WORDS[@]}")
+  local penv=(PYTHONPATH="$PYSITE:$PYTHONPATH" PYCUDA_CACHE_DIR="$WORK/cache/pycuda-loop")
+  mkdir -p "$WORK/cache/pycuda-loop"  # PyCUDA writes its cache there but does not make it
+  for ((r = 0; r <= PYCUDA_ROUNDS; r++)); do  # round 0 warms the compile cache, untimed
+    # a round is judged by the longest so far; the first by three warm-up runs
+    need=$longest
+    ((r == 1)) && need=$((3 * warm))
+    if ((r > 0 && $(left) - FINAL < need + 5)); then
+      say "pycuda loop: stopping after $((r - 1)) rounds (out of time)"
+      break
+    fi
+    rstart=$SECONDS
+    for ((i = 0; i < ${#modes[@]}; i++)); do
+      m=${modes[$(((i + r) % ${#modes[@]}))]}
+      ((r == 0)) && m=nopool
+      if [[ $m == gpupool* ]]; then mode_env gpupool pycuda_loop; else mode_env plain x; fi
+      [[ $m == gpupool-immediate ]] && MENV+=(GPUPOOL_REUSE=immediate)
+      t1=$SECONDS
+      {
+        echo "=== round $r mode $m"
+        timeout -k 5 60 env -u LD_PRELOAD "${penv[@]}" "${MENV[@]}" "$PY" "$HERE/pycuda_loop.py" \
+          --mode "$m" --round "$r" "${largs[@]}" 2>&1 </dev/null
+        echo "=== rc $? in $((SECONDS - t1))s"
+      } >>"$RES/logs/pycuda_loop.log"
+      ((r == 0)) && break
+    done
+    if ((r == 0)); then
+      warm=$((SECONDS - rstart))
+    elif ((SECONDS - rstart > longest)); then
+      longest=$((SECONDS - rstart))
+    fi
+  done
+  grep -h '^RESULT' "$RES/logs/pycuda_loop.log" | grep -v ' round=0 ' >"$out"
+  say "pycuda loop: $(wc -l <"$out") timed runs"
+}
+if ((PYCUDA_OK)); then pycuda_rounds; fi
+
+# ---- phase D: compare, and pack ----------------------------------------------
+say "comparing"
+timeout 60 "$PY" "$HERE/compare.py" "$RES" --out "$OUTDIR" >"$OUTDIR/peers-summary.txt" 2>&1 ||
+  echo "compare.py failed (rc $?)" >>"$OUTDIR/peers-summary.txt"
+cp "$OUTDIR/peers-summary.txt" "$RES/"
+cp "$LOG" "$RES/" 2>/dev/null
+# compare.py has read everything: cut runaway files (stats, logs) so the tarball stays small
+find "$RES" -type f -size +4M -exec truncate -s 4M {} + 2>/dev/null
+tar czf "$OUTDIR/peers-results.tar.gz" -C "$WORK" results 2>>"$LOG"
+say "done: $(cd "$OUTDIR" && echo *) ($(du -sh "$OUTDIR/peers-results.tar.gz" | cut -f1) tarball)"
+cat "$OUTDIR/peers-summary.txt"
+exit 0
