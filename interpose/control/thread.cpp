@@ -11,6 +11,7 @@
 // (a dump's file, an accepted client, /proc reads, NVML's dlopen and its
 // device files) takes the lowest free number, if only for a moment. So
 // while one of 0-2 is closed the thread creates none: dumps, new clients,
+// requests (a release publishes, a stats request may read symbols),
 // rebuilds, publishing and the pressure watch wait, at most kStdioWait (a
 // program that keeps them closed longer is not about to reopen them).
 // What the program's own threads do inside its calls is not this thread's
@@ -127,6 +128,13 @@ void* control_thread(void* arg) {
       if (wake) fds.push_back({st.wake_rd.get(), POLLIN, 0});
       if (listening) fds.push_back({st.listen.get(), POLLIN, 0});
       for (const Client& c : st.clients) {
+        // A request is not read while 0-2 are closed (answering one may open
+        // files: the registry, NVML); its client waits, not polled, so the
+        // thread does not spin on it (a negative descriptor is skipped).
+        if (!may_open && !c.answering) {
+          fds.push_back({-1, 0, 0});
+          continue;
+        }
         fds.push_back({c.fd.get(), static_cast<short>(c.answering ? POLLOUT : POLLIN), 0});
         next = std::min(next, c.deadline);
       }
@@ -173,6 +181,7 @@ void* control_thread(void* arg) {
       std::size_t i = 0;
       std::erase_if(st.clients, [&](Client& c) {
         const std::size_t j = k + i++;
+        if (!may_open && !c.answering) return false;  // waits for 0-2, at most kStdioWait
         const bool ready = r > 0 && j < fds.size() && fds[j].revents != 0;
         if (!ready && now < c.deadline) return false;
         if (!c.fd.ours()) {

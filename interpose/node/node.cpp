@@ -354,8 +354,7 @@ std::string answer_release(Runtime& rt, std::string_view args, bool other_user) 
       std::from_chars(args.data() + sp + 1, args.data() + args.size(), bytes).ec != std::errc())
     return "error bad-request expected 'release GPU-<uuid> <bytes>'\n";
   State& s = state();
-  Registry* reg = nullptr;
-  const std::vector<Device*> devs = devices(s, &reg);
+  const std::vector<Device*> devs = devices(s);
   std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, SIZE_MAX));
   // Another user's process says what it lacks and we cannot see its
   // figures, so what it asks is checked against the GPU, as the pressure
@@ -386,7 +385,9 @@ std::string answer_release(Runtime& rt, std::string_view args, bool other_user) 
   if (released) {
     log().info("released {} MiB of held memory on {} for another gpupool process{}",
                released >> 20, uuid_text(uuid), other_user ? " (another user's)" : "");
-    refresh(rt, devs, reg);
+    // Published by this thread's next tick, not here: publishing opens the
+    // registry, and the tick waits while the program has 0-2 closed.
+    s.publish_now.store(true, std::memory_order_release);
   }
   return "ok\nreleased " + std::to_string(released) + "\n";
 }

@@ -397,11 +397,11 @@ Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::
           slot_ = static_cast<int>(i);
       }
     if (slot_ < 0) return Outcome::full;
+    comm_ = comm_of_self();  // once per claim: each publish opens only the registry
   }
   Slot s{};
   s.owner = token_;
-  const std::string c = comm_of_self();
-  std::memcpy(s.comm, c.data(), std::min(c.size(), sizeof s.comm));
+  std::memcpy(s.comm, comm_.data(), std::min(comm_.size(), sizeof s.comm));
   const std::size_t n = std::min<std::size_t>(devices.size(), kRegistryDevices);
   for (std::size_t i = 0; i < n; ++i) {
     const DeviceUse& d = devices[i];

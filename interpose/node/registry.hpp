@@ -98,6 +98,7 @@ class Registry {
   int slot_ = -1;
   std::uint64_t token_ = 0;
   long token_pid_ = 0;
+  std::string comm_;  // the command, read when the slot was claimed
 };
 
 // Where nobody else can take the name: /run/user/<euid>/gpupool.registry

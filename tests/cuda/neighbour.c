@@ -16,6 +16,12 @@
  *                   the primary context current again: "ctx <CUresult>"
  *                   (the memory a context takes shows up on the device;
  *                   the extra contexts are destroyed at exit)
+ *         stdio     close 0, 1 and 2 (a daemon about to reopen them), talking
+ *                   on copies of stdin and stdout meanwhile: "closed"; count
+ *                   how often one of 0-2 was open until the line "reopen",
+ *                   then open /dev/null three times:
+ *                   "reopened <fd> <fd> <fd> taken <count>" (0 1 2 expected);
+ *                   stdin and stdout are the copies again, stderr /dev/null
  *   neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]]
  *       allocate until the allocation fails (or MAX_BLOCKS), INTERVAL_MS apart:
  *       "block <i> <microseconds that call took>" per block, then
@@ -41,7 +47,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <time.h>
+#include <unistd.h>
 
 __attribute__((format(printf, 1, 2))) static void say(const char* fmt, ...) {
   va_list ap;
@@ -162,6 +171,29 @@ static void destroy_extra(void) {
   while (g_n_extra > 0) check(cuCtxDestroy(g_extra[--g_n_extra]), "cuCtxDestroy");
 }
 
+static void stdio_closed(void) {
+  fflush(stdout);
+  const int in = fcntl(0, F_DUPFD_CLOEXEC, 10), out = fcntl(1, F_DUPFD_CLOEXEC, 10);
+  if (in < 0 || out < 0) check(CUDA_ERROR_UNKNOWN, "fcntl(F_DUPFD)");
+  close(0);
+  close(1);
+  close(2);
+  dprintf(out, "closed\n");
+  long taken = 0;
+  for (char c = 0; c != '\n';) {
+    for (int fd = 0; fd <= 2; ++fd) taken += fcntl(fd, F_GETFD) >= 0;
+    struct pollfd p = {in, POLLIN, 0};
+    if (poll(&p, 1, 0) > 0 && read(in, &c, 1) <= 0) break;
+  }
+  const int a = open("/dev/null", O_RDONLY), b = open("/dev/null", O_WRONLY),
+            e = open("/dev/null", O_WRONLY);
+  dprintf(out, "reopened %d %d %d taken %ld\n", a, b, e, taken);
+  dup2(in, 0);
+  dup2(out, 1);
+  close(in);
+  close(out);
+}
+
 static int hold(size_t bytes, size_t count) {
   Blocks b = {0};
   say("allocated %zu", alloc_blocks(&b, bytes, count));
@@ -181,6 +213,8 @@ static int hold(size_t bytes, size_t count) {
       info();
     } else if (strcmp(line, "ctx") == 0) {
       say("ctx %d", (int)extra_context());
+    } else if (strcmp(line, "stdio") == 0) {
+      stdio_closed();
     } else if (line[0]) {
       fprintf(stderr, "neighbour: unknown command '%s'\n", line);
     }
