@@ -17,9 +17,8 @@ const char kPsHelp[] =
     "(by UUID), the bytes in the program's hands (active), freed and kept by\n"
     "gpupool (held), allocated from the driver (managed), and pool hits and\n"
     "misses. Figures are at most 100 ms old. The registry is\n"
-    "GPUPOOL_REGISTRY, else /run/user/<uid>/gpupool.registry where that\n"
-    "directory is the user's, /run/gpupool.registry for root, else\n"
-    "/dev/shm/gpupool-<uid>/registry.\n"
+    "GPUPOOL_REGISTRY, else /dev/shm/gpupool-<uid>/registry\n"
+    "(/run/gpupool.registry for root).\n"
     "\n"
     "`gpupool free-held --all [--device UUID]` asks every one of them to\n"
     "release its held memory (on that GPU only, with --device).\n";

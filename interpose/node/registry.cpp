@@ -301,20 +301,17 @@ bool parse_uuid(std::string_view t, Uuid* out) {
 }
 
 std::string default_registry_path() {
-  const std::string uid = std::to_string(geteuid());
-  // A directory only this user (logind's /run/user/<uid>) or only root
-  // (/run) makes entries in: nobody else can take the name.
+  // The same for every process of the user, whatever its session: a job
+  // started from ssh and one started by cron or after logout must find
+  // each other (logind's /run/user/<uid> exists only while a session does).
+  // Root's is in /run, where only root makes entries.
   struct stat s {};
-  const std::string run_user = "/run/user/" + uid;
-  if (lstat(run_user.c_str(), &s) == 0 && S_ISDIR(s.st_mode) && s.st_uid == geteuid() &&
-      !(s.st_mode & 022))
-    return run_user + "/gpupool.registry";
   if (geteuid() == 0 && lstat("/run", &s) == 0 && S_ISDIR(s.st_mode) && s.st_uid == 0 &&
       !(s.st_mode & 022))
     return "/run/gpupool.registry";
-  // Elsewhere a directory of the user's own, made private by its first
-  // process; one another user made first is refused (directory_ok).
-  return "/dev/shm/gpupool-" + uid + "/registry";
+  // A directory of the user's own, made private by its first process; one
+  // another user made first is refused, naming its owner (directory_ok).
+  return "/dev/shm/gpupool-" + std::to_string(geteuid()) + "/registry";
 }
 
 std::uint64_t process_start(long pid) {
@@ -365,6 +362,14 @@ Registry::~Registry() = default;
 Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::string* why) {
   const long pid = getpid();
   if (slot_ >= 0 && token_pid_ != pid) slot_ = -1;  // a forked child
+  // Removed under us (logout with logind's RemoveIPC empties /dev/shm of
+  // the user's files; a cleaner): made again, so that processes outliving
+  // a session keep finding each other.
+  struct stat st {};
+  if (lstat(path_.c_str(), &st) != 0 && errno == ENOENT) {
+    std::string ignored;
+    if (directory_ok(path_, /*create=*/true, &ignored)) create(path_, &ignored);
+  }
   Look look(path_, /*write=*/true);
   if (!look.ok()) {
     *why = look.why();

@@ -101,11 +101,11 @@ class Registry {
   std::string comm_;  // the command, read when the slot was claimed
 };
 
-// Where nobody else can take the name: /run/user/<euid>/gpupool.registry
-// where logind made that directory, /run/gpupool.registry for root, else
-// /dev/shm/gpupool-<euid>/registry (the directory made private by the
-// user's first gpupool process; if another user made it first, the registry
-// is not used, and Registry::open says who took it).
+// The same in every session of the user: /run/gpupool.registry for root
+// (where /run is root's alone), else /dev/shm/gpupool-<euid>/registry (the
+// directory made private by the user's first gpupool process; if another
+// user made it first, the registry is not used, and Registry::open says who
+// took it).
 std::string default_registry_path();
 
 // Whether the process `pid` is alive and started at `start` (clock ticks

@@ -74,16 +74,16 @@ def expect_line(p, prefix, timeout=20):
     raise RuntimeError(f"no '{prefix}' line from the holder")
 
 
-def ps(shared, user=None):
-    r = subprocess.run([LAUNCHER, "ps", "--json"], env=env(False, shared, user),
+def ps(shared, user=None, **extra):
+    r = subprocess.run([LAUNCHER, "ps", "--json"], env=env(False, shared, user, **extra),
                        capture_output=True, text=True, timeout=30, **as_user(user))
     if r.returncode != 0:
         raise RuntimeError(f"gpupool ps: {r.returncode} {r.stderr}")
     return json.loads(r.stdout)["processes"]
 
 
-def held_by(shared, pid, user=None):
-    for p in ps(shared, user):
+def held_by(shared, pid, user=None, **extra):
+    for p in ps(shared, user, **extra):
         if p["pid"] == pid:
             return sum(d["held_bytes"] for d in p["devices"])
     return None
@@ -102,7 +102,8 @@ class Holder:
         if pooled and extra.get("GPUPOOL_NEIGHBOURS", "1") != "0":
             # Published within the control thread's next round.
             deadline = time.time() + 10
-            while (held_by(shared, self.p.pid, user) or 0) == 0 and time.time() < deadline:
+            reg = {k: v for k, v in extra.items() if k == "GPUPOOL_REGISTRY"}  # its registry
+            while (held_by(shared, self.p.pid, user, **reg) or 0) == 0 and time.time() < deadline:
                 time.sleep(0.05)
 
     def finish(self):
@@ -790,14 +791,59 @@ elif CHECK == "shm_full":
           f"joined a registry made before the fill: {len(listed & {p.pid for p in procs})} of 8 listed")
     subprocess.run(["umount", mnt])
 
+elif CHECK == "sessions":
+    # One default registry in every session of the user: a job started in a
+    # login session (logind's /run/user/<uid> present) and one started
+    # after logout (cron, nohup, a batch job: no /run/user/<uid>) ask each
+    # other, and `gpupool ps` lists both, also when logout removed the
+    # registry. Before, the first used
+    # /run/user/<uid>/gpupool.registry and the second
+    # /dev/shm/gpupool-<uid>/registry: neither saw the other, nobody said so.
+    A, B = two_test_users()
+    import shutil
+    default = {"GPUPOOL_REGISTRY": None, **NO_WATCH}
+    run_user, own_dir = f"/run/user/{A[0]}", f"/dev/shm/gpupool-{A[0]}"
+    if os.path.exists(run_user):
+        print(f"skipped: {run_user} exists (a session of the test user)")
+        sys.exit(77)
+    shared = fresh()
+    os.close(os.open(shared, os.O_CREAT | os.O_RDWR, 0o666))
+    os.chmod(shared, 0o666)
+    try:
+        full = alone(True)
+        os.makedirs(run_user, mode=0o700)  # the user logs in
+        os.chown(run_user, A[0], A[1])
+        h = Holder(shared, True, A, **default)
+        shutil.rmtree(run_user)  # and out; the job goes on
+        # Logout may also remove the user's files in /dev/shm (logind's
+        # RemoveIPC): the running job makes its registry again.
+        shutil.rmtree(own_dir)
+        deadline = time.time() + 10
+        while not held_by(shared, h.p.pid, A, **default) and time.time() < deadline:
+            time.sleep(0.05)
+        check(held_by(shared, h.p.pid, A, **default),
+              "the registry removed at logout was not made again by the running job")
+        try:
+            n, err, _, nerr = grab(shared, True, 0, A, **default)
+            r = subprocess.run([LAUNCHER, "ps", "--json"], env=env(False, shared, A, **default),
+                               capture_output=True, text=True, timeout=30, **as_user(A))
+        finally:
+            herr = h.finish()
+        check(n == full, f"a job started after logout got {n} of {full} blocks beside one "
+              f"started in the session: {nerr[-400:]}")
+        listed = [p["pid"] for p in json.loads(r.stdout)["processes"]] if r.returncode == 0 else []
+        check(h.p.pid in listed, f"gpupool ps after logout: {r.returncode} {listed} {r.stderr}")
+    finally:
+        for path in (run_user, own_dir):
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+
 elif CHECK == "squatted":
-    # Another user cannot switch off a user's sharing by taking the
-    # registry's name first. The default name is in a directory only the
-    # user makes entries in (logind's /run/user/<uid>): what another user
-    # plants in /dev/shm, the old predictable name as a file or a symbolic
-    # link, or the fallback directory, changes nothing. Without
-    # /run/user/<uid>, a fallback taken first is refused, said once with
-    # who took it, and the program runs as without a registry.
+    # Another user cannot switch off a user's sharing by taking the old
+    # predictable name /dev/shm/gpupool.<uid> (a file or a symbolic link):
+    # the default is a directory of the user's own. That directory taken
+    # first by another user (made by them, or a link) is refused, said once
+    # with who took it, and the program runs as without a registry.
     A, B = two_test_users()
     import shutil
     default = {"GPUPOOL_REGISTRY": None, **NO_WATCH}
@@ -819,18 +865,12 @@ elif CHECK == "squatted":
         elif os.path.isdir(path):
             shutil.rmtree(path)
 
-    old_name, fallback = f"/dev/shm/gpupool.{A[0]}", f"/dev/shm/gpupool-{A[0]}"
-    run_user = f"/run/user/{A[0]}"
-    made_run_user = not os.path.exists(run_user)
+    old_name, own_dir = f"/dev/shm/gpupool.{A[0]}", f"/dev/shm/gpupool-{A[0]}"
     try:
-        os.makedirs(run_user, mode=0o700, exist_ok=True)
-        os.chown(run_user, A[0], A[1])
-        os.chmod(run_user, 0o700)
         full = alone(True)
         for plant in (f"open({old_name!r}, 'w').close()",
-                      f"import os; os.symlink('/tmp/elsewhere', {old_name!r})",
-                      f"import os; os.mkdir({fallback!r}, 0o777); os.chmod({fallback!r}, 0o777)"):
-            for path in (old_name, fallback):
+                      f"import os; os.symlink('/tmp/elsewhere', {old_name!r})"):
+            for path in (old_name, own_dir):
                 remove(path)
             as_b(plant)
             shared = budget()
@@ -842,25 +882,23 @@ elif CHECK == "squatted":
             check(n == full and "node registry not used" not in nerr + herr,
                   f"another user planted ({plant}): the user's neighbour got {n} of {full} "
                   f"blocks; {nerr[-400:]} {herr[-400:]}")
-        # No /run/user/<uid>: the fallback directory, taken by B first.
-        for path in (old_name, fallback):
-            remove(path)
-        shutil.rmtree(os.path.join(run_user))
-        as_b(f"import os; os.mkdir({fallback!r}, 0o777); os.chmod({fallback!r}, 0o777)")
-        n, err, _, nerr = grab(budget(), True, 0, A, **default)
-        check(n == full and nerr.count("node registry not used") == 1 and
-              f"belongs to uid {B[0]}" in nerr,
-              f"fallback taken by another user: got {n} of {full} blocks; not said once with "
-              f"who took it: {nerr[-600:]}")
-        r = subprocess.run([LAUNCHER, "ps"], env=env(False, budget(), A, **default),
-                           capture_output=True, text=True, timeout=30, **as_user(A))
-        check(r.returncode == 1 and f"belongs to uid {B[0]}" in r.stderr,
-              f"gpupool ps with the fallback taken: {r.returncode} {r.stderr[-300:]}")
+        for plant, said in ((f"import os; os.mkdir({own_dir!r}, 0o777); os.chmod({own_dir!r}, 0o777)",
+                             f"belongs to uid {B[0]}"),
+                            (f"import os; os.symlink('/tmp', {own_dir!r})", "symbolic link")):
+            for path in (old_name, own_dir):
+                remove(path)
+            as_b(plant)
+            n, err, _, nerr = grab(budget(), True, 0, A, **default)
+            check(n == full and nerr.count("node registry not used") == 1 and said in nerr,
+                  f"default directory taken by another user ({plant}): got {n} of {full} "
+                  f"blocks; not said once with who took it: {nerr[-600:]}")
+            r = subprocess.run([LAUNCHER, "ps"], env=env(False, budget(), A, **default),
+                               capture_output=True, text=True, timeout=30, **as_user(A))
+            check(r.returncode == 1 and said in r.stderr,
+                  f"gpupool ps with the default directory taken: {r.returncode} {r.stderr[-300:]}")
     finally:
-        for path in (old_name, fallback):
+        for path in (old_name, own_dir):
             remove(path)
-        if made_run_user and os.path.exists(run_user):
-            shutil.rmtree(run_user)
 
 else:
     sys.exit(f"unknown check {CHECK}")
