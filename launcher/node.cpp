@@ -60,9 +60,13 @@ bool registry_processes(std::vector<node::ProcessEntry>* out) {
     std::fprintf(stderr, "%s: %s\n", kProg, why.c_str());
     return false;
   }
-  *out = reg->processes(/*skip_self=*/false, &why);
+  // A person waits: a lock held a second is a stopped process, said so,
+  // never taken for "nobody there".
+  bool busy = false;
+  *out = reg->processes(/*skip_self=*/false, &why, &busy, 1'000'000'000);
   if (!why.empty()) {
-    std::fprintf(stderr, "%s: %s\n", kProg, why.c_str());
+    std::fprintf(stderr, "%s: %s%s\n", kProg, why.c_str(),
+                 busy ? " (for over a second: a stopped gpupool process? `fuser` names it)" : "");
     return false;
   }
   return true;

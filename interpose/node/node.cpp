@@ -100,8 +100,9 @@ void registry_unusable(const std::string& why) {
 // Every live entry but this process's; an unusable registry lists nobody.
 std::vector<ProcessEntry> others(Registry* reg) {
   std::string why;
-  std::vector<ProcessEntry> out = reg->processes(/*skip_self=*/true, &why);
-  registry_unusable(why);
+  bool busy = false;
+  std::vector<ProcessEntry> out = reg->processes(/*skip_self=*/true, &why, &busy);
+  if (!busy) registry_unusable(why);
   return out;
 }
 

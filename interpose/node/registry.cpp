@@ -46,9 +46,10 @@ struct alignas(64) Slot {
 constexpr std::size_t kSlotsAt = sizeof(Header);
 constexpr std::size_t kFileBytes = sizeof(Header) + sizeof(Slot) * kRegistrySlots;
 
-// A lock is held for a few microseconds by a running process; one held
-// longer belongs to a stopped one, and waiting for it must not stop us.
-constexpr std::uint64_t kLockPatienceNs = 20'000'000;
+// After a lock held past the patience (its holder is stopped), the
+// registry is left alone this long: a cuMemGetInfo or a publish meanwhile
+// does not wait again.
+constexpr std::uint64_t kBusyPauseNs = 1'000'000'000;
 
 std::uint64_t now_ns() {
   timespec ts;
@@ -158,7 +159,7 @@ io::OwnedFd open_checked(const std::string& path, std::string* why) {
 // or a write fail, never a fault.
 class Look {
  public:
-  Look(const std::string& path, bool write) {
+  Look(const std::string& path, bool write, std::uint64_t patience_ns = kRegistryPatienceNs) {
     fd_ = open_checked(path, &why_);
     if (!fd_.valid()) {
       if (why_.empty()) why_ = path + " is gone";
@@ -167,7 +168,7 @@ class Look {
     struct flock l {};
     l.l_type = write ? F_WRLCK : F_RDLCK;
     l.l_whence = SEEK_SET;
-    const std::uint64_t give_up = now_ns() + kLockPatienceNs;
+    const std::uint64_t give_up = now_ns() + patience_ns;
     while (fcntl(fd_.get(), F_OFD_SETLK, &l) != 0) {
       if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || now_ns() >= give_up) {
         busy_ = true;
@@ -362,6 +363,7 @@ Registry::~Registry() = default;
 Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::string* why) {
   const long pid = getpid();
   if (slot_ >= 0 && token_pid_ != pid) slot_ = -1;  // a forked child
+  if (paused(why)) return Outcome::busy;
   // Removed under us (logout with logind's RemoveIPC empties /dev/shm of
   // the user's files; a cleaner): made again, so that processes outliving
   // a session keep finding each other.
@@ -373,7 +375,9 @@ Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::
   Look look(path_, /*write=*/true);
   if (!look.ok()) {
     *why = look.why();
-    return look.busy() ? Outcome::busy : Outcome::unusable;
+    if (!look.busy()) return Outcome::unusable;
+    pause();
+    return Outcome::busy;
   }
   std::uint64_t owner = 0;
   // Taken over by another process (it judged us dead): claim a new one.
@@ -441,14 +445,34 @@ void Registry::leave() {
   slot_ = -1;
 }
 
-std::vector<ProcessEntry> Registry::processes(bool skip_self, std::string* why) const {
+bool Registry::paused(std::string* why) const {
+  if (now_ns() >= busy_until_.load(std::memory_order_relaxed)) return false;
+  *why = path_ + " was locked by a process that does not let go; left alone for a second";
+  return true;
+}
+
+void Registry::pause() const {
+  busy_until_.store(now_ns() + kBusyPauseNs, std::memory_order_relaxed);
+}
+
+std::vector<ProcessEntry> Registry::processes(bool skip_self, std::string* why, bool* busy,
+                                              std::uint64_t patience_ns) const {
   std::vector<ProcessEntry> out;
   std::vector<Slot> all(kRegistrySlots);
+  std::string said;
+  if (busy) *busy = false;
+  if (paused(&said)) {
+    if (why) *why = said;
+    if (busy) *busy = true;
+    return out;
+  }
   {
-    Look look(path_, /*write=*/false);
+    Look look(path_, /*write=*/false, patience_ns);
     if (!look.ok() || !read_all(look.fd(), all.data(), sizeof(Slot) * kRegistrySlots, kSlotsAt)) {
       if (look.ok()) look.failed(path_, "cannot be read");
-      if (why) *why = look.busy() ? std::string() : look.why();
+      if (look.busy()) pause();
+      if (why) *why = look.why();
+      if (busy) *busy = look.busy();
       return out;
     }
   }

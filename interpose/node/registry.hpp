@@ -19,6 +19,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -59,6 +60,10 @@ struct ProcessEntry {
 };
 
 inline constexpr unsigned kRegistrySlots = 256;
+// How long a look waits for the registry's lock. A running process holds it
+// for microseconds; one held longer belongs to a stopped process, and
+// waiting for it must not stop us.
+inline constexpr std::uint64_t kRegistryPatienceNs = 20'000'000;
 inline constexpr unsigned kRegistryDevices = 16;  // per process
 
 class Registry {
@@ -89,12 +94,21 @@ class Registry {
   void forget_slot() { slot_ = -1; }
 
   // Every live process's entry, this one's included unless skip_self. None,
-  // with *why set, when the file is no longer a registry.
-  std::vector<ProcessEntry> processes(bool skip_self, std::string* why = nullptr) const;
+  // with *why set, when the file is no longer a registry, or (*busy set)
+  // when its lock was held past `patience_ns`; after that the registry is
+  // left alone for a second, so a stopped lock holder costs one wait.
+  std::vector<ProcessEntry> processes(bool skip_self, std::string* why = nullptr,
+                                      bool* busy = nullptr,
+                                      std::uint64_t patience_ns = kRegistryPatienceNs) const;
 
  private:
   Registry() = default;
+  // Whether the registry is left alone now (a lock was held too long), *why
+  // then set; pause() starts that second.
+  bool paused(std::string* why) const;
+  void pause() const;
   std::string path_;
+  mutable std::atomic<std::uint64_t> busy_until_{0};  // CLOCK_MONOTONIC ns
   int slot_ = -1;
   std::uint64_t token_ = 0;
   long token_pid_ = 0;

@@ -12,6 +12,8 @@
  *         alloc K   allocate K more blocks, keep them: "allocated <k>"
  *         free      free the kept blocks: "freed"
  *         info      "free <bytes> total <bytes>"
+ *         infos N   N calls of cuMemGetInfo_v2: "infos" and how long each
+ *                   took, in microseconds
  *         ctx       create one more context on the device (cuCtxCreate), make
  *                   the primary context current again: "ctx <CUresult>"
  *                   (the memory a context takes shows up on the device;
@@ -136,6 +138,17 @@ static void info(void) {
   say("free %zu total %zu", free_bytes, total);
 }
 
+static void infos(unsigned long long n) {
+  size_t free_bytes = 0, total = 0;
+  printf("infos");
+  for (unsigned long long i = 0; i < n; ++i) {
+    const double t0 = now_us();
+    check(cuMemGetInfo_v2(&free_bytes, &total), "cuMemGetInfo_v2");
+    printf(" %.0f", now_us() - t0);
+  }
+  say("%s", "");
+}
+
 /* Contexts made by "ctx", destroyed when hold ends. */
 static CUcontext* g_extra;
 static size_t g_n_extra;
@@ -209,6 +222,8 @@ static int hold(size_t bytes, size_t count) {
     } else if (strcmp(line, "free") == 0) {
       free_all(&b);
       say("freed");
+    } else if (sscanf(line, "infos %llu", &k) == 1) {
+      infos(k);
     } else if (strcmp(line, "info") == 0) {
       info();
     } else if (strcmp(line, "ctx") == 0) {

@@ -694,6 +694,46 @@ elif CHECK == "stdio_closed":
     else:
         check(False, "0-2 were closed for 0.9 s or more in every round")
 
+elif CHECK == "locked":
+    # The registry locked by a process that does not let go (a stopped
+    # gpupool process in the middle of a look; here the test holds the
+    # lock). `gpupool ps` and `free-held --all` say so and fail, rather than
+    # saying nobody is there (before: rc 0, "no gpupool process"), and wait
+    # up to a second for it; cuMemGetInfo waits out the lock (20 ms) once,
+    # not on every call (before: 20 ms each).
+    import fcntl
+    import threading
+    shared = fresh()
+    reg = os.path.join(TMP, "registry")
+    h = Holder(shared, True, **NO_WATCH)
+    try:
+        lock = os.open(reg, os.O_RDWR)
+        fcntl.lockf(lock, fcntl.LOCK_EX)
+        for cmd in (["ps"], ["ps", "--json"], ["free-held", "--all"]):
+            r = subprocess.run([LAUNCHER, *cmd], env=env(False, shared), capture_output=True,
+                               text=True, timeout=60)
+            check(r.returncode == 1 and "locked" in r.stderr and reg in r.stderr,
+                  f"gpupool {' '.join(cmd)} with the registry locked: rc {r.returncode} "
+                  f"{r.stdout[-200:]!r} {r.stderr[-300:]!r}")
+        h.p.stdin.write("infos 50\n")
+        h.p.stdin.flush()
+        took = [int(t) for t in expect_line(h.p, "infos").split()[1:]]
+        waited = sum(t >= 20000 for t in took)
+        check(len(took) == 50 and waited <= 5,
+              f"cuMemGetInfo with the registry locked: {waited} of 50 calls waited 20 ms or more")
+        # A lock let go within the second: ps waits for it and lists the holder.
+        unlock = threading.Timer(0.3, fcntl.lockf, (lock, fcntl.LOCK_UN))
+        unlock.start()
+        try:
+            listed = [p["pid"] for p in ps(shared)]
+        except RuntimeError as e:
+            listed = [str(e)]
+        unlock.join()
+        check(h.p.pid in listed, f"gpupool ps, the lock let go after 0.3 s: {listed}")
+        os.close(lock)
+    finally:
+        h.finish()
+
 elif CHECK == "truncated":
     # A registry truncated while in use (a cleaner, a same-user process)
     # costs a warning, never the program: the holder publishes every 100 ms
