@@ -15,7 +15,10 @@
 #include <time.h>
 #include <unistd.h>
 
+// openat2 (Linux 5.6): where the headers lack it, the component walk alone.
+#if __has_include(<linux/openat2.h>)
 #include <linux/openat2.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -131,11 +134,8 @@ bool write_plain(int fd, const char* p, std::size_t n) {
   return true;
 }
 
+}  // namespace
 
-// The directory of `path`, opened (O_PATH) without following a symbolic
-// link in any of its components: openat2's RESOLVE_NO_SYMLINKS where the
-// kernel has it (5.6), else one component at a time with O_NOFOLLOW. *name
-// is the last component. Invalid with *why set when refused.
 OwnedFd open_parent(const std::string& path, std::string* name, std::string* why) {
   const std::size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
@@ -144,10 +144,15 @@ OwnedFd open_parent(const std::string& path, std::string* name, std::string* why
     *why = "refusing " + path + ": not a file name";
     return {};
   }
+#if defined(SYS_openat2) && defined(RESOLVE_NO_SYMLINKS)
   open_how how{};
   how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
   how.resolve = RESOLVE_NO_SYMLINKS;
   int fd = static_cast<int>(syscall(SYS_openat2, AT_FDCWD, dir.c_str(), &how, sizeof how));
+#else
+  int fd = -1;
+  errno = ENOSYS;
+#endif
   if (fd < 0 && (errno == ENOSYS || errno == EPERM)) {  // no openat2 (or a seccomp filter)
     fd = ::open(dir[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
     std::size_t at = 0;
@@ -172,16 +177,20 @@ OwnedFd open_parent(const std::string& path, std::string* name, std::string* why
   OwnedFd owned = OwnedFd::adopt(fd);
   if (!owned.valid()) {
     const int e = errno;
-    if (e == ELOOP || e == EXDEV)
+    if (e == ELOOP || e == EXDEV) {
+      // What to do instead: the same file named without the link (resolved
+      // here only for the message, nothing is opened through it).
+      char real[PATH_MAX];
       *why = "refusing " + path + ": its directory is reached through a symbolic link "
-             "(gpupool's files are never followed)";
-    else
+             "(gpupool never follows one in the path of its files)";
+      if (realpath(dir.c_str(), real))
+        *why += "; name it without the link: " + std::string(real) +
+                (std::string(real) == "/" ? "" : "/") + *name;
+    } else
       *why = "cannot open " + path + ": " + strerror(e);
   }
   return owned;
 }
-
-}  // namespace
 
 FileId id_of(int fd) {
   struct stat st;

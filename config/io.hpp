@@ -71,6 +71,13 @@ int above_stdio(int fd);
 // "%p" -> pid, "%%" -> "%".
 std::string expand_path(const std::string& pattern, long pid);
 
+// The directory of `path`, opened (O_PATH, above 2) without following a
+// symbolic link in any of its components: openat2's RESOLVE_NO_SYMLINKS
+// where the kernel has it (5.6), else one component at a time with
+// O_NOFOLLOW. *name is the last component, to be opened relative to it.
+// Empty with *why set when refused (a link: *why names the path without it).
+OwnedFd open_parent(const std::string& path, std::string* name, std::string* why);
+
 // Opens `path` for writing: never through a symbolic link in any
 // component, only a regular file owned by this user, without blocking.
 // append: O_APPEND; otherwise truncated once the checks passed. Empty with

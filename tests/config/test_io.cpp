@@ -101,6 +101,11 @@ TEST_F(Io, RefusesSymlinkInADirectoryComponent) {
   std::string why;
   EXPECT_FALSE(open_output(link + "/notes.txt", false, &why).valid()) << "truncated through the link";
   EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
+  // It says what to do: name the file without the link.
+  char real[PATH_MAX];
+  ASSERT_NE(realpath(victim.c_str(), real), nullptr);
+  EXPECT_NE(why.find(std::string("without the link: ") + real + "/notes.txt"), std::string::npos)
+      << why;
   EXPECT_FALSE(open_output(link + "/notes.txt", true, &why).valid()) << "appended through the link";
   EXPECT_FALSE(open_output(link + "/new.txt", true, &why).valid()) << "created through the link";
   EXPECT_FALSE(replace_file(link + "/notes.txt", "x\n", &why)) << "replaced through the link";
