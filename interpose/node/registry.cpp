@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,10 +70,16 @@ bool header_ok(const Header& h) {
          h.slots == kRegistrySlots && h.devices == kRegistryDevices && h.slot_bytes == sizeof(Slot);
 }
 
-bool read_all(int fd, void* out, std::size_t n, std::size_t at) {
+// Each pread/pwrite only while the number is still the registry's: the
+// program may close it and reuse the number between two calls.
+bool read_all(const io::OwnedFd& fd, void* out, std::size_t n, std::size_t at) {
   char* p = static_cast<char*>(out);
   while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(at));
+    if (!fd.ours()) {
+      errno = EBADF;
+      return false;
+    }
+    const ssize_t r = ::pread(fd.get(), p, n, static_cast<off_t>(at));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;  // short: the file was cut
     p += r, n -= static_cast<std::size_t>(r), at += static_cast<std::size_t>(r);
@@ -80,10 +87,14 @@ bool read_all(int fd, void* out, std::size_t n, std::size_t at) {
   return true;
 }
 
-bool write_all(int fd, const void* in, std::size_t n, std::size_t at) {
+bool write_all(const io::OwnedFd& fd, const void* in, std::size_t n, std::size_t at) {
   const char* p = static_cast<const char*>(in);
   while (n > 0) {
-    const ssize_t r = ::pwrite(fd, p, n, static_cast<off_t>(at));
+    if (!fd.ours()) {
+      errno = EBADF;
+      return false;
+    }
+    const ssize_t r = ::pwrite(fd.get(), p, n, static_cast<off_t>(at));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     p += r, n -= static_cast<std::size_t>(r), at += static_cast<std::size_t>(r);
@@ -91,39 +102,53 @@ bool write_all(int fd, const void* in, std::size_t n, std::size_t at) {
   return true;
 }
 
-// The registry file's directory: ours (or root's), and not one where others
-// may replace our files (writable by others and not sticky). A missing one
-// is made, private, when `create`.
-bool directory_ok(const std::string& path, bool create, std::string* why) {
+// The registry file's directory, opened without following a symbolic link
+// in any component of the path (io::open_parent, as every GPUPOOL_* file):
+// ours (or root's), and not one where others may replace our files
+// (writable by others and not sticky). A missing one is made, private,
+// when `create`; when not, it is missing: invalid with *why empty. *name is
+// the file's name in it.
+io::OwnedFd open_directory(const std::string& path, bool create, std::string* name,
+                           std::string* why) {
   const std::size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   struct stat s {};
-  if (lstat(dir.c_str(), &s) != 0 && errno == ENOENT && create) {
-    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+  if (lstat(dir.c_str(), &s) != 0 && errno == ENOENT) {
+    if (!create) return {};
+    // Made in its own parent, itself opened without links.
+    std::string dir_name;
+    const io::OwnedFd parent = io::open_parent(dir, &dir_name, why);
+    if (!parent.valid()) return {};
+    if (mkdirat(parent.get(), dir_name.c_str(), 0700) != 0 && errno != EEXIST) {
       *why = "cannot create the directory " + dir + ": " + strerror(errno);
-      return false;
+      return {};
     }
   }
-  if (lstat(dir.c_str(), &s) != 0) {
-    if (errno == ENOENT) return true;  // the file's open says it is missing
-    *why = "cannot examine the directory " + dir + ": " + strerror(errno);
-    return false;
+  // Another user's link in its place took the name: said as such (the path
+  // it points to is theirs to choose, not a path to use instead).
+  if (lstat(dir.c_str(), &s) == 0 && S_ISLNK(s.st_mode) && s.st_uid != geteuid()) {
+    *why = "the registry's directory " + dir + " is a symbolic link of uid " +
+           std::to_string(s.st_uid) + " (another user took its name; remove it, or set "
+           "GPUPOOL_REGISTRY to a file in a directory of yours)";
+    return {};
   }
-  if (!S_ISDIR(s.st_mode)) {
-    *why = "the registry's directory " + dir + " is not a directory (a symbolic link?)";
-    return false;
+  io::OwnedFd d = io::open_parent(path, name, why);
+  if (!d.valid()) return {};
+  if (fstat(d.get(), &s) != 0) {
+    *why = "cannot examine the directory " + dir + ": " + strerror(errno);
+    return {};
   }
   if (s.st_uid != geteuid() && s.st_uid != 0) {
     *why = "the registry's directory " + dir + " belongs to uid " + std::to_string(s.st_uid) +
-           ", not this user (another user took its name; GPUPOOL_REGISTRY can name a file in "
-           "a directory of yours)";
-    return false;
+           ", not this user (another user took its name; remove it, or set GPUPOOL_REGISTRY "
+           "to a file in a directory of yours)";
+    return {};
   }
   if ((s.st_mode & 022) && !(s.st_mode & S_ISVTX)) {
     *why = "the registry's directory " + dir + " is writable by other users";
-    return false;
+    return {};
   }
-  return true;
+  return d;
 }
 
 // The registry opened and checked: a regular file of this user, writable by
@@ -131,7 +156,11 @@ bool directory_ok(const std::string& path, bool create, std::string* why) {
 // it is not one; invalid with *why empty when it is missing.
 io::OwnedFd open_checked(const std::string& path, std::string* why) {
   why->clear();
-  io::OwnedFd fd = io::OwnedFd::adopt(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  std::string name;
+  const io::OwnedFd dir = open_directory(path, /*create=*/false, &name, why);
+  if (!dir.valid()) return {};
+  io::OwnedFd fd = io::OwnedFd::adopt(
+      ::openat(dir.get(), name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) {
     if (errno != ENOENT) *why = "cannot open " + path + ": " + strerror(errno);
     return {};
@@ -144,7 +173,7 @@ io::OwnedFd open_checked(const std::string& path, std::string* why) {
   else if (s.st_uid != geteuid()) bad = "belongs to another user";
   else if (s.st_mode & 022) bad = "is writable by other users";
   else if (static_cast<std::size_t>(s.st_size) != kFileBytes) bad = "is not a gpupool registry (wrong size)";
-  else if (!read_all(fd.get(), &h, sizeof h, 0) || !header_ok(h)) bad = "is not a gpupool registry";
+  else if (!read_all(fd, &h, sizeof h, 0) || !header_ok(h)) bad = "is not a gpupool registry";
   if (bad) {
     *why = path + " " + bad;
     return {};
@@ -191,7 +220,7 @@ class Look {
 
   bool ok() const { return fd_.valid(); }
   bool busy() const { return busy_; }
-  int fd() const { return fd_.get(); }
+  const io::OwnedFd& owned() const { return fd_; }
   const std::string& why() const { return why_; }
   // A read or write that failed: the file changed under the lock's users.
   void failed(const std::string& path, const char* what) {
@@ -219,15 +248,32 @@ class Look {
 
 // A new registry under a private name, its blocks allocated (a full tmpfs
 // says so here, not later as a fault) and linked into place only once whole.
-// 0: linked; -1: another process was first; -2: failed, *why set. The
-// private name never outlives the call.
+// The name is random, so no other process (another PID namespace's same
+// pid included) makes or removes the same one. 0: linked; -1: another
+// process was first; -2: failed, *why set. The private name never outlives
+// the call.
 int create(const std::string& path, std::string* why) {
-  const std::string tmp = path + "." + std::to_string(getpid()) + ".new";
-  unlink(tmp.c_str());
-  io::OwnedFd fd = io::OwnedFd::adopt(
-      ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  std::string name;
+  const io::OwnedFd dir = open_directory(path, /*create=*/true, &name, why);
+  if (!dir.valid()) {
+    if (why->empty()) *why = "cannot create " + path;
+    return -2;
+  }
+  std::string tmp;
+  io::OwnedFd fd;
+  for (int tries = 0; tries < 8 && !fd.valid(); ++tries) {
+    std::uint64_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof r))
+      r = now_ns() ^ (std::uint64_t(getpid()) << 32) ^ std::uint64_t(tries);
+    char suffix[32];
+    std::snprintf(suffix, sizeof suffix, ".%016llx.new", static_cast<unsigned long long>(r));
+    tmp = name + suffix;
+    fd = io::OwnedFd::adopt(::openat(dir.get(), tmp.c_str(),
+                                     O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd.valid() && errno != EEXIST) break;
+  }
   if (!fd.valid()) {
-    *why = "cannot create " + tmp + ": " + strerror(errno);
+    *why = "cannot create a file beside " + path + ": " + strerror(errno);
     return -2;
   }
   int err = posix_fallocate(fd.get(), 0, kFileBytes);
@@ -240,15 +286,15 @@ int create(const std::string& path, std::string* why) {
     h.slots = kRegistrySlots;
     h.devices = kRegistryDevices;
     h.slot_bytes = sizeof(Slot);
-    if (!write_all(fd.get(), &h, sizeof h, 0)) {
+    if (!write_all(fd, &h, sizeof h, 0)) {
       err = errno;
-      *why = "cannot write " + tmp + ": " + strerror(err);
-    } else if (link(tmp.c_str(), path.c_str()) != 0) {
+      *why = "cannot write a new registry beside " + path + ": " + strerror(err);
+    } else if (linkat(dir.get(), tmp.c_str(), dir.get(), name.c_str(), 0) != 0) {
       err = errno;
       if (err != EEXIST) *why = "cannot create " + path + ": " + strerror(err);
     }
   }
-  unlink(tmp.c_str());
+  unlinkat(dir.get(), tmp.c_str(), 0);
   return err == 0 ? 0 : err == EEXIST && why->empty() ? -1 : -2;
 }
 
@@ -311,7 +357,7 @@ std::string default_registry_path() {
       !(s.st_mode & 022))
     return "/run/gpupool.registry";
   // A directory of the user's own, made private by its first process; one
-  // another user made first is refused, naming its owner (directory_ok).
+  // another user made first is refused, naming its owner (open_directory).
   return "/dev/shm/gpupool-" + std::to_string(geteuid()) + "/registry";
 }
 
@@ -344,7 +390,6 @@ bool process_alive(long pid, std::uint64_t start) {
 std::unique_ptr<Registry> Registry::open(const std::string& path, std::string* why,
                                          bool create_missing) {
   why->clear();
-  if (!directory_ok(path, create_missing, why)) return nullptr;
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (open_checked(path, why).valid()) {
       std::unique_ptr<Registry> r(new Registry);
@@ -370,7 +415,7 @@ Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::
   struct stat st {};
   if (lstat(path_.c_str(), &st) != 0 && errno == ENOENT) {
     std::string ignored;
-    if (directory_ok(path_, /*create=*/true, &ignored)) create(path_, &ignored);
+    create(path_, &ignored);
   }
   Look look(path_, /*write=*/true);
   if (!look.ok()) {
@@ -382,7 +427,7 @@ Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::
   std::uint64_t owner = 0;
   // Taken over by another process (it judged us dead): claim a new one.
   if (slot_ >= 0) {
-    if (!read_all(look.fd(), &owner, sizeof owner, kSlotsAt + sizeof(Slot) * slot_)) {
+    if (!read_all(look.owned(), &owner, sizeof owner, kSlotsAt + sizeof(Slot) * slot_)) {
       look.failed(path_, "cannot be read");
       *why = look.why();
       return Outcome::unusable;
@@ -393,7 +438,7 @@ Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::
     token_ = make_token(pid, process_start(pid));
     token_pid_ = pid;
     std::vector<Slot> all(kRegistrySlots);
-    if (!read_all(look.fd(), all.data(), sizeof(Slot) * kRegistrySlots, kSlotsAt)) {
+    if (!read_all(look.owned(), all.data(), sizeof(Slot) * kRegistrySlots, kSlotsAt)) {
       look.failed(path_, "cannot be read");
       *why = look.why();
       return Outcome::unusable;
@@ -424,7 +469,7 @@ Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::
     w.returned_at = d.returned_at;
   }
   s.count = n;
-  if (!write_all(look.fd(), &s, sizeof s, kSlotsAt + sizeof(Slot) * slot_)) {
+  if (!write_all(look.owned(), &s, sizeof s, kSlotsAt + sizeof(Slot) * slot_)) {
     look.failed(path_, "cannot be written");
     *why = look.why();
     slot_ = -1;
@@ -438,9 +483,9 @@ void Registry::leave() {
   Look look(path_, /*write=*/true);
   const std::size_t at = kSlotsAt + sizeof(Slot) * slot_;
   std::uint64_t owner = 0;
-  if (look.ok() && read_all(look.fd(), &owner, sizeof owner, at) && owner == token_) {
+  if (look.ok() && read_all(look.owned(), &owner, sizeof owner, at) && owner == token_) {
     owner = 0;
-    write_all(look.fd(), &owner, sizeof owner, at);
+    write_all(look.owned(), &owner, sizeof owner, at);
   }
   slot_ = -1;
 }
@@ -468,7 +513,7 @@ std::vector<ProcessEntry> Registry::processes(bool skip_self, std::string* why, 
   }
   {
     Look look(path_, /*write=*/false, patience_ns);
-    if (!look.ok() || !read_all(look.fd(), all.data(), sizeof(Slot) * kRegistrySlots, kSlotsAt)) {
+    if (!look.ok() || !read_all(look.owned(), all.data(), sizeof(Slot) * kRegistrySlots, kSlotsAt)) {
       if (look.ok()) look.failed(path_, "cannot be read");
       if (look.busy()) pause();
       if (why) *why = look.why();

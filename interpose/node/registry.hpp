@@ -12,7 +12,8 @@
 // allocated when it is made. A process that dies leaves a slot whose owner
 // is gone, which every reader skips and the next claimer takes over. A file
 // that is not this layout, not a regular file of the user, or writable by
-// others, or in a directory another user owns, is not used.
+// others, or in a directory another user owns or one reached through a
+// symbolic link, is not used.
 //
 // Devices are named by their UUID: ordinals differ between processes
 // (CUDA_VISIBLE_DEVICES).

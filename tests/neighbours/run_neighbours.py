@@ -734,6 +734,27 @@ elif CHECK == "locked":
     finally:
         h.finish()
 
+elif CHECK == "linked":
+    # GPUPOOL_REGISTRY follows no symbolic link in any component of its
+    # path, as the other GPUPOOL_* files (README, Files): refused, said once
+    # with the path to set instead, and the program runs as without it.
+    # Before, only the last component was checked: a directory reached
+    # through a link was used.
+    real, link = os.path.join(TMP, "real"), os.path.join(TMP, "link")
+    os.makedirs(os.path.join(real, "sub"), 0o700)
+    os.symlink(real, link)
+    reg = os.path.join(link, "sub", "registry")
+    n, err, _, nerr = grab(fresh(), True, GPUPOOL_REGISTRY=reg)
+    check(n == alone(True) and nerr.count("node registry not used") == 1 and
+          "symbolic link" in nerr and
+          f"without the link: {os.path.realpath(real)}/sub/registry" in nerr,
+          f"a registry behind a link: got {n} blocks; {nerr[-600:]}")
+    made = os.listdir(os.path.join(real, "sub"))
+    check(made == [], f"made through the link: {made}")
+    r = subprocess.run([LAUNCHER, "ps"], env=env(False, fresh(), GPUPOOL_REGISTRY=reg),
+                       capture_output=True, text=True, timeout=30)
+    check(r.returncode == 1 and "symbolic link" in r.stderr, f"gpupool ps: {r.returncode} {r.stderr}")
+
 elif CHECK == "truncated":
     # A registry truncated while in use (a cleaner, a same-user process)
     # costs a warning, never the program: the holder publishes every 100 ms
@@ -924,7 +945,8 @@ elif CHECK == "squatted":
                   f"blocks; {nerr[-400:]} {herr[-400:]}")
         for plant, said in ((f"import os; os.mkdir({own_dir!r}, 0o777); os.chmod({own_dir!r}, 0o777)",
                              f"belongs to uid {B[0]}"),
-                            (f"import os; os.symlink('/tmp', {own_dir!r})", "symbolic link")):
+                            (f"import os; os.symlink('/tmp', {own_dir!r})",
+                             f"symbolic link of uid {B[0]}")):
             for path in (old_name, own_dir):
                 remove(path)
             as_b(plant)
