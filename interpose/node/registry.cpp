@@ -151,9 +151,9 @@ io::OwnedFd open_directory(const std::string& path, bool create, std::string* na
   return d;
 }
 
-// The registry opened and checked: a regular file of this user, writable by
-// nobody else, of the layout's size and header. Invalid with *why set when
-// it is not one; invalid with *why empty when it is missing.
+// The registry opened and checked: a regular file of this user, 0600 (no
+// group or other read or write), of the layout's size and header. Invalid
+// with *why set when it is not one; invalid with *why empty when missing.
 io::OwnedFd open_checked(const std::string& path, std::string* why) {
   why->clear();
   std::string name;
@@ -172,6 +172,8 @@ io::OwnedFd open_checked(const std::string& path, std::string* why) {
   else if (!S_ISREG(s.st_mode)) bad = "is not a regular file";
   else if (s.st_uid != geteuid()) bad = "belongs to another user";
   else if (s.st_mode & 022) bad = "is writable by other users";
+  // 0600, as made: others may not read what the user's processes hold.
+  else if (s.st_mode & 044) bad = "is readable by other users (it must be 0600)";
   else if (static_cast<std::size_t>(s.st_size) != kFileBytes) bad = "is not a gpupool registry (wrong size)";
   else if (!read_all(fd, &h, sizeof h, 0) || !header_ok(h)) bad = "is not a gpupool registry";
   if (bad) {

@@ -417,6 +417,13 @@ elif CHECK == "garbage":
     os.chmod(reg, 0o666)
     n, _, _, nerr = grab(shared, True)
     check("writable by other users" in nerr, f"a world-writable registry was used: {nerr[-500:]}")
+    # One others may read (0644: README promises 0600) is not used either:
+    # it would show them what the user's processes hold.
+    os.unlink(reg)
+    grab(shared, True)  # makes a good one
+    os.chmod(reg, 0o644)
+    n, _, _, nerr = grab(shared, True)
+    check("readable by other users" in nerr, f"a registry others may read was used: {nerr[-500:]}")
 
 elif CHECK == "users":
     # GPUPOOL_NEIGHBOURS=all: processes of two users share through requests
