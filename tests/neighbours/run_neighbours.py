@@ -12,6 +12,7 @@ neighbour gets all 16. Each check also runs the holder without what it
 tests, and sees the neighbour get less: the check can fail.
 """
 import json
+import fcntl
 import os
 import signal
 import subprocess
@@ -557,6 +558,10 @@ elif CHECK == "stopped":
     stopped, b, c = (Holder(shared, True, **NO_WATCH) for _ in range(3))
     header, slot = 64, 1088  # interpose/node/registry.cpp: Header, Slot
     with open(reg, "r+b") as f:
+        # Under the registry's lock (a record lock conflicts with gpupool's
+        # OFD lock): a holder publishing between our read and write would
+        # otherwise undo the forgery or be undone by it.
+        fcntl.lockf(f, fcntl.LOCK_EX)
         data = bytearray(f.read())
         slots = [data[header + i * slot:header + (i + 1) * slot] for i in range(256)]
         owner = [int.from_bytes(x[:8], "little") for x in slots]
