@@ -657,7 +657,13 @@ elif CHECK == "stdio_closed":
     import threading
     shared = fresh()
     for attempt in range(5):
-        h = Holder(shared, True, **NO_WATCH)
+        # Logging warnings only: an info line written to a stderr that is a
+        # pipe opens /proc/self/fd/2 for a non-blocking copy, which takes the
+        # lowest free number for a moment, and a program closing 0-2 at that
+        # moment sees it (issue 28, item 7, still open; under
+        # ThreadSanitizer's timing this test lost its release that way).
+        # This test is about the control thread's requests.
+        h = Holder(shared, True, GPUPOOL_LOG="warn", **NO_WATCH)
         held = HOLD_BLOCKS * BLOCK_MIB * MIB
         deadline = time.time() + 10  # all its blocks published (the first publish may see some)
         while held_by(shared, h.p.pid) != held and time.time() < deadline:
@@ -668,10 +674,16 @@ elif CHECK == "stdio_closed":
         # 0-2 (new ones wait in the backlog meanwhile) asks then.
         client = socket.socket(socket.AF_UNIX)
         client.connect("\0gpupool.%d.%d" % (os.geteuid(), h.p.pid))
+        connected = time.monotonic()
         client.settimeout(30)
         time.sleep(0.2)  # accepted within the control thread's next round
+        sent_after = []
 
         def ask():
+            # A request has 2 s to arrive from the accept (README, control
+            # socket): a round whose program took longer to close 0-2 (a
+            # slow build: ThreadSanitizer) is run again, not judged.
+            sent_after.append(time.monotonic() - connected)
             client.sendall(f"release {uuid} {2**64 - 1}\n".encode())
             answer.append(client.makefile().read())
 
@@ -693,18 +705,21 @@ elif CHECK == "stdio_closed":
         while (held_by(shared, h.p.pid) or 0) != 0 and time.time() < deadline:
             time.sleep(0.05)
         after = held_by(shared, h.p.pid)
-        h.finish()
-        if closed_for >= 0.9:
-            print(f"round {attempt}: 0-2 closed for {closed_for:.2f} s, again")
+        err = h.finish()
+        if closed_for >= 0.9 or not sent_after or sent_after[0] >= 1.5:
+            print(f"round {attempt}: 0-2 closed for {closed_for:.2f} s, request sent "
+                  f"{sent_after[0] if sent_after else -1:.2f} s after connecting, again")
             continue
         check(reopened == "reopened 0 1 2 taken 0", f"the program's opens: {reopened}")
         check(meanwhile == held, f"published while 0-2 were closed: held {held} -> {meanwhile}")
         check(answer and answer[0].startswith("ok\nreleased ") and int(answer[0].split()[2]) > 0,
-              f"the release asked while 0-2 were closed: {answer}")
+              f"the release asked while 0-2 were closed: {answer} (sent after "
+              f"{sent_after}, closed for {closed_for:.2f} s; its stderr: {err[-1500:]})")
         check(after == 0, f"not published once 0-2 were open again: held {after}")
         break
     else:
-        check(False, "0-2 were closed for 0.9 s or more in every round")
+        check(False, "0-2 were closed for 0.9 s or more, or the request came 1.5 s or more "
+              "after connecting, in every round")
 
 elif CHECK == "locked":
     # The registry locked by a process that does not let go (a stopped
