@@ -13,11 +13,12 @@ $sudo_ apt-get install -y -qq --no-install-recommends \
   build-essential cmake clang libclang-rt-14-dev \
   libspdlog-dev libfmt-dev googletest libgtest-dev libbenchmark-dev \
   pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
-  python3-pyopencl python3-numpy \
+  python3-pyopencl python3-numpy python3-pytest \
   python3-pip python3-venv ninja-build chromium >/dev/null
 # (pip and venv: the wheel and its install, scripts/package-check.sh; Ninja:
 # its record of which headers each object was compiled from; Chromium: the
-# test that draws `gpupool report`'s page in a real browser.)
+# test that draws `gpupool report`'s page in a real browser; pytest:
+# PyOpenCL's own suite, below.)
 if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ]; then
   # --user puts it in ~/.local, where python3 (and so CMake) finds it;
   # Debian's python3 refuses --user installs unless told
@@ -25,5 +26,25 @@ if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ]; then
   # dependencies and replaces no Debian package.
   echo "install-deps.sh: no CUDA Toolkit: installing cuda.h from NVIDIA's nvidia-cuda-runtime wheel (pip --user)"
   python3 -m pip install -q --user --break-system-packages 'nvidia-cuda-runtime>=13.0,<14'
+fi
+# PyOpenCL's own test suite, of the version Debian installed (ctest
+# peers.pyopencl_suite runs it on PoCL without and with gpupool): the test/
+# folder of its sdist from PyPI, into build-peers/ (ignored by git; the project
+# copies no other project's code). --no-build-isolation: pip prepares the
+# sdist's metadata with Debian's setuptools instead of building its build
+# requirements (numpy among them) from source (9 minutes here). Without
+# PyPI the test reports SKIP.
+peers="$(cd "$(dirname "$0")/.." && pwd)/build-peers"
+ver=$(/usr/bin/python3 -c 'import pyopencl; print(pyopencl.VERSION_TEXT)' 2>/dev/null) || ver=
+if [ -n "$ver" ] && [ ! -d "$peers/pyopencl-$ver/test" ]; then
+  dl=$(mktemp -d)
+  if /usr/bin/python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+       -d "$dl" "pyopencl==$ver" &&
+     mkdir -p "$peers" && tar -xzf "$dl"/pyopencl-*.tar.gz -C "$peers" "pyopencl-$ver/test"; then
+    echo "install-deps.sh: PyOpenCL $ver's tests in $peers/pyopencl-$ver/test"
+  else
+    echo "install-deps.sh: WARNING: could not download PyOpenCL $ver's sdist: peers.pyopencl_suite will SKIP" >&2
+  fi
+  rm -rf "$dl"
 fi
 echo "install-deps.sh: dependencies installed"
