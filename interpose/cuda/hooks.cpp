@@ -131,19 +131,31 @@ CUresult retry_out_of_memory(const Driver& d, int dev, std::size_t bytes, Call&&
   return call();
 }
 
+// A call that may end st's context: made with st's teardown lock held
+// exclusively (no backend call frees the context's memory meanwhile); if it
+// succeeded and `ended()` says the context is gone, st's blocks are dropped
+// there and its arenas destroyed once the lock is let go.
+template <class Real, class Ended>
+CUresult end_context(CtxState* st, Runtime& rt, Real&& real, Ended&& ended) {
+  CUresult r;
+  bool retired = false;
+  {
+    std::unique_lock lock(st->teardown_mu);
+    r = real();
+    if (r == CUDA_SUCCESS && ended()) {
+      retire_locked(st, rt);
+      retired = true;
+    }
+  }
+  if (retired) reclaim_retired(rt);
+  return r;
+}
+
 CUresult ctx_destroy(const Driver& d, CUcontext ctx, PFN_ctx real) {
   Runtime* rt = runtime();
   CtxState* st = rt && ctx ? find_state(d, *rt, ctx) : nullptr;
   if (!st) return real(ctx);
-  CUresult r;
-  {
-    // Exclusive: no backend call frees this context's memory meanwhile.
-    std::unique_lock lock(st->teardown_mu);
-    r = real(ctx);
-    if (r == CUDA_SUCCESS) retire_locked(st, *rt);
-  }
-  if (r == CUDA_SUCCESS) reclaim_retired(*rt);
-  return r;
+  return end_context(st, *rt, [&] { return real(ctx); }, [] { return true; });
 }
 
 // cuCtxDetach (deprecated; PyCUDA drops its contexts with it) destroys the
@@ -153,55 +165,27 @@ CUresult ctx_detach(const Driver& d, CUcontext ctx, PFN_ctx real) {
   Runtime* rt = runtime();
   CtxState* st = rt && ctx ? find_state(d, *rt, ctx) : nullptr;
   if (!st) return real(ctx);
-  CUresult r;
-  bool retired = false;
-  {
-    std::unique_lock lock(st->teardown_mu);
-    r = real(ctx);
-    if (r == CUDA_SUCCESS && !context_alive(d, st)) {
-      retire_locked(st, *rt);
-      retired = true;
-    }
-  }
-  if (retired) reclaim_retired(*rt);
-  return r;
+  return end_context(st, *rt, [&] { return real(ctx); }, [&] { return !context_alive(d, st); });
 }
 
+// Only the last release destroys the primary context.
 CUresult primary_release(const Driver& d, CUdevice dev, PFN_dev real) {
   Runtime* rt = runtime();
   CtxState* st = rt ? primary_state(d, *rt, dev) : nullptr;
   if (!st) return real(dev);
-  CUresult r;
-  bool retired = false;
-  {
-    std::unique_lock lock(st->teardown_mu);
-    r = real(dev);
-    if (r != CUDA_SUCCESS) return r;
-    // Only the last release destroys the primary context.
+  return end_context(st, *rt, [&] { return real(dev); }, [&] {
     unsigned flags = 0;
     int active = 1;
-    if (d.primary_get_state && d.primary_get_state(dev, &flags, &active) == CUDA_SUCCESS &&
-        !active) {
-      retire_locked(st, *rt);
-      retired = true;
-    }
-  }
-  if (retired) reclaim_retired(*rt);
-  return r;
+    return d.primary_get_state && d.primary_get_state(dev, &flags, &active) == CUDA_SUCCESS &&
+           !active;
+  });
 }
 
 CUresult primary_reset(const Driver& d, CUdevice dev, PFN_dev real) {
   Runtime* rt = runtime();
   CtxState* st = rt ? primary_state(d, *rt, dev) : nullptr;
   if (!st) return real(dev);
-  CUresult r;
-  {
-    std::unique_lock lock(st->teardown_mu);
-    r = real(dev);
-    if (r == CUDA_SUCCESS) retire_locked(st, *rt);
-  }
-  if (r == CUDA_SUCCESS) reclaim_retired(*rt);
-  return r;
+  return end_context(st, *rt, [&] { return real(dev); }, [] { return true; });
 }
 
 }  // namespace
