@@ -71,35 +71,29 @@ bool header_ok(const Header& h) {
 }
 
 // Each pread/pwrite only while the number is still the registry's: the
-// program may close it and reuse the number between two calls.
-bool read_all(const io::OwnedFd& fd, void* out, std::size_t n, std::size_t at) {
-  char* p = static_cast<char*>(out);
+// program may close it and reuse the number between two calls. A short
+// transfer (0 bytes) means the file was cut.
+template <class Byte, class Transfer>
+bool transfer_all(const io::OwnedFd& fd, Byte* p, std::size_t n, std::size_t at, Transfer io) {
   while (n > 0) {
     if (!fd.ours()) {
       errno = EBADF;
       return false;
     }
-    const ssize_t r = ::pread(fd.get(), p, n, static_cast<off_t>(at));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;  // short: the file was cut
-    p += r, n -= static_cast<std::size_t>(r), at += static_cast<std::size_t>(r);
-  }
-  return true;
-}
-
-bool write_all(const io::OwnedFd& fd, const void* in, std::size_t n, std::size_t at) {
-  const char* p = static_cast<const char*>(in);
-  while (n > 0) {
-    if (!fd.ours()) {
-      errno = EBADF;
-      return false;
-    }
-    const ssize_t r = ::pwrite(fd.get(), p, n, static_cast<off_t>(at));
+    const ssize_t r = io(fd.get(), p, n, static_cast<off_t>(at));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     p += r, n -= static_cast<std::size_t>(r), at += static_cast<std::size_t>(r);
   }
   return true;
+}
+
+bool read_all(const io::OwnedFd& fd, void* out, std::size_t n, std::size_t at) {
+  return transfer_all(fd, static_cast<char*>(out), n, at, ::pread);
+}
+
+bool write_all(const io::OwnedFd& fd, const void* in, std::size_t n, std::size_t at) {
+  return transfer_all(fd, static_cast<const char*>(in), n, at, ::pwrite);
 }
 
 // The registry file's directory, opened without following a symbolic link
