@@ -28,6 +28,9 @@ import sys
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "peers"))
+import junit_diff  # noqa: E402  (the tree's junit reader)
+
 SUITE_ORDER = ["pycuda", "numba", "cupy", "pyopencl"]
 MODES = ["plain", "gpupool"]
 MODE_NAME = {"plain": "without gpupool", "gpupool": "with gpupool"}
@@ -54,22 +57,9 @@ def put(results, tid, outcome, msg):
 
 
 def parse_junit(path):
-    """{test id: (outcome, message)} from pytest's junit XML."""
-    results = {}
-    root = ET.parse(path).getroot()
-    for tc in root.iter("testcase"):
-        tid = f"{tc.get('classname', '')}::{tc.get('name', '')}"
-        fail, err, skip = tc.find("failure"), tc.find("error"), tc.find("skipped")
-        if fail is not None:
-            put(results, tid, "failed", first_line(fail.get("message") or fail.text))
-        elif err is not None:
-            put(results, tid, "error", first_line(err.get("message") or err.text))
-        elif skip is not None:
-            kind = "xfailed" if "xfail" in (skip.get("type") or "") else "skipped"
-            put(results, tid, kind, first_line(skip.get("message") or skip.text))
-        else:
-            put(results, tid, "passed", "")
-    return results
+    """{test id: (outcome, message)} from pytest's junit XML: the one reader,
+    tests/peers/junit_diff.py's, which CI's comparison on PoCL uses too."""
+    return {norm_id(tid): v for tid, v in junit_diff.load(path).items()}
 
 
 # test ids may hold spaces (PyOpenCL's "<context factory for <pyopencl.Device ...>>")
