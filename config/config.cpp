@@ -339,17 +339,20 @@ struct Duration {
 
 struct ReuseKind {
   using T = Reuse;
-  static constexpr const char* type = "safe or immediate";
-  static constexpr const char* accepted = "safe or immediate";
+  static constexpr const char* type = "safe, fenced or immediate";
+  static constexpr const char* accepted = "safe, fenced or immediate";
   static bool parse(std::string_view text, T* out, std::string* reason) {
     const std::string v = lower(trim(text));
     if (v.empty()) { *reason = "is empty"; return false; }
     if (v == "safe") { *out = Reuse::safe; return true; }
+    if (v == "fenced") { *out = Reuse::fenced; return true; }
     if (v == "immediate") { *out = Reuse::immediate; return true; }
     *reason = "is not a reuse mode";
     return false;
   }
-  static std::string show(T v) { return v == Reuse::safe ? "safe" : "immediate"; }
+  static std::string show(T v) {
+    return v == Reuse::safe ? "safe" : v == Reuse::fenced ? "fenced" : "immediate";
+  }
 };
 
 struct NeighbourScope {

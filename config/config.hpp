@@ -21,7 +21,7 @@ struct SizeSpec {
   std::size_t resolve(std::size_t capacity) const;
 };
 
-enum class Reuse { safe, immediate };
+enum class Reuse { safe, fenced, immediate };
 
 // Which allocations get their call stack recorded (GPUPOOL_SITES).
 struct SiteSampling {

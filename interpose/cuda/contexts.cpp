@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -22,7 +23,7 @@ namespace {
 // ---- contexts -------------------------------------------------------------
 
 // All states ever created (never freed) and the live ones by context.
-// Lock order: a state's teardown_mu, then contexts().mu, then pointer-map locks.
+// Lock order: solo_mu(), a state's teardown_mu, contexts().mu, pointer-map locks.
 // Created on first use and never destroyed: hooks may run before this
 // library's static constructors (from another library's constructor) and
 // while static destructors run at exit (other threads, atexit handlers).
@@ -56,6 +57,10 @@ struct ThreadCache {
   CtxState* st = nullptr;
 };
 GPUPOOL_HOT_TLS ThreadCache t_cache;
+
+// end_solo()'s lock: a second caller waits for the first one's wait. First
+// in the lock order (before teardown_mu and contexts().mu; fork takes it).
+std::mutex& solo_mu() { return leaked<std::mutex>(); }
 
 std::size_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
@@ -143,9 +148,10 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned lon
   o.max_held = rt.config.max_held.resolve(total);
   o.pending_growth = rt.config.pending_growth.resolve(total);
   o.split_min = rt.config.split;
-  const bool fenced = rt.config.reuse == config::Reuse::safe;
+  const bool fenced = rt.config.reuse != config::Reuse::immediate;
   const std::string group = o.group;
-  st->device_arena = rt.pool.add_arena(device_backend(st, fenced), std::move(o));
+  st->device_arena = rt.pool.add_arena(
+      device_backend(st, fenced, rt.config.reuse == config::Reuse::safe), std::move(o));
   // The GPU's name across processes, for the node's neighbours.
   CUuuid u{};
   if ((d.device_get_uuid_v2 && d.device_get_uuid_v2(&u, dev) == CUDA_SUCCESS) ||
@@ -223,6 +229,66 @@ void synchronize_context(CtxState* st) {
                 int(r));
 }
 
+// ---- the solo rule -----------------------------------------------------------
+
+namespace detail {
+std::atomic<bool> g_solo{true};
+std::atomic<const void*> g_solo_thread{nullptr};
+GPUPOOL_HOT_TLS char t_solo_self;
+}  // namespace detail
+
+void end_solo(const char* why) {
+  std::lock_guard lock(solo_mu());
+  if (!detail::g_solo.load(std::memory_order_relaxed)) return;
+  // seq_cst, then read the loans: a thread in solo_covers() either recorded
+  // its loan before (seen here) or sees the rule ended.
+  detail::g_solo.store(false, std::memory_order_seq_cst);
+  log().debug("cuda: freed blocks wait for the device from now on ({})", why);
+  std::vector<CtxState*> live;
+  {
+    std::lock_guard l(contexts().mu);
+    live = contexts().live;
+  }
+  for (CtxState* st : live)
+    if (st->solo_lent.load(std::memory_order_seq_cst) >
+        st->epoch_done.load(std::memory_order_acquire))
+      synchronize_context(st);
+}
+
+bool solo_covers(CtxState* st, std::uint64_t fence) {
+  if (!detail::g_solo.load(std::memory_order_relaxed)) return false;
+  // The loan first, then the rule again (seq_cst both sides, as end_solo).
+  // Always a write, so that end_solo's read of it is ordered with ours.
+  std::uint64_t lent = st->solo_lent.load(std::memory_order_relaxed);
+  while (!st->solo_lent.compare_exchange_weak(lent, lent < fence ? fence : lent,
+                                               std::memory_order_seq_cst,
+                                               std::memory_order_relaxed)) {
+  }
+  return detail::g_solo.load(std::memory_order_seq_cst);
+}
+
+void solo_note_symbol(const char* name, unsigned long long flags) {
+  if (!detail::g_solo.load(std::memory_order_relaxed)) return;
+  const std::string_view n = name ? name : "";
+  if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) || n.ends_with("_ptsz") ||
+      n.ends_with("_ptds"))
+    end_solo("a per-thread default stream entry point");
+}
+
+namespace {
+
+// A thread's first look for its context: the first such thread is the one
+// the rule allows; any other ends it.
+void solo_note_thread() {
+  if (!detail::g_solo.load(std::memory_order_relaxed)) return;
+  const void* expected = nullptr;
+  const void* self = &detail::t_solo_self;
+  if (!detail::g_solo_thread.compare_exchange_strong(expected, self) && expected != self)
+    end_solo("a second thread allocates device memory");
+}
+
+}  // namespace
+
 // ---- contexts -------------------------------------------------------------
 
 namespace {
@@ -233,8 +299,10 @@ namespace {
 // is any other that died unseen (its memory may be the new one's now).
 CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long id,
                  bool create) {
+  solo_note_thread();
   for (bool swept = false;;) {
     CtxState* stale = nullptr;
+    CtxState* made = nullptr;
     {
       std::lock_guard lock(contexts().mu);
       const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
@@ -245,11 +313,17 @@ CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long
       }
       if (!st && !create) return nullptr;
       if (!st && swept) {
-        st = create_state(d, rt, ctx, id);
-        if (st) t_cache = {ctx, id, gen, st};
-        return st;
+        made = create_state(d, rt, ctx, id);
+        if (!made) return nullptr;
+        t_cache = {ctx, id, gen, made};
+        if (contexts().live.size() == 1) return made;
       }
       stale = st;
+    }
+    if (made) {
+      // Outside the lock: the wait may push the other context.
+      end_solo("a second context");
+      return made;
     }
     if (stale) {
       retire_dead(stale, rt);
@@ -346,7 +420,7 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   // 256 MiB), so after its first growth a bin grows again only after
   // hundreds of idle-device waits (pool.cpp); the budget is host memory's.
   o.pending_growth = rt.config.pending_growth.resolve(host_total);
-  const bool fenced = rt.config.reuse == config::Reuse::safe;
+  const bool fenced = rt.config.reuse != config::Reuse::immediate;
   Arena* a = rt.pool.add_arena(host_backend(st, fenced, key), std::move(o));
   st->host_arenas[key].store(a, std::memory_order_release);
   // Pinned memory is the node's host memory: other gpupool processes may
@@ -438,9 +512,10 @@ std::size_t held_device_bytes(CUdevice dev) {
 namespace {
 
 void prepare() {
-  // Teardown locks first (they come first in the lock order), then the
-  // registry, then the maps. A state created between the snapshot and the
-  // registry lock is locked in the next round.
+  // The solo rule's lock, then the teardown locks (the lock order), then
+  // the registry, then the maps. A state created between the snapshot and
+  // the registry lock is locked in the next round.
+  solo_mu().lock();
   for (;;) {
     std::vector<CtxState*> all;
     {
@@ -465,6 +540,7 @@ void parent() {
   contexts().mu.unlock();
   for (CtxState* st : contexts().fork_locked) st->teardown_mu.unlock();
   contexts().fork_locked.clear();
+  solo_mu().unlock();
 }
 
 // The child's only thread is the one that forked, which holds every lock:
@@ -483,6 +559,7 @@ void child() {
   }
   contexts().fork_locked.clear();
   t_cache = {};
+  solo_mu().unlock();
 }
 
 // The parent's contexts are not the child's: CUDA does not carry a context

@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/hot_tls.hpp"
 #include "core/pool.hpp"
 #include "interpose/cuda/driver.hpp"
 
@@ -60,6 +61,9 @@ struct CtxState {
   std::mutex sync_mu;
   std::condition_variable sync_cv;
   bool syncing = false;  // under sync_mu
+  // The highest fence of a block handed out by the solo rule (solo_covers):
+  // if it has not passed when the rule ends, end_solo() waits for it.
+  std::atomic<std::uint64_t> solo_lent{0};
 
   // Held shared while a backend call may touch this context's memory,
   // exclusively while the context is torn down, so the pool never frees a
@@ -90,6 +94,46 @@ void epoch_completed(CtxState* st, std::uint64_t s);
 // Synchronize st's context (pushing it if it is not current) and complete
 // its epoch. Used when the pool needs a pending block.
 void synchronize_context(CtxState* st);
+
+// ---- the solo rule ----------------------------------------------------------
+// PyCUDA's DeviceMemoryPool hands a freed block out again at once: all the
+// program's device work is in the order of the legacy default stream, so
+// what it does with the block next runs after what it did before the free.
+// Safe reuse does the same while that order provably holds (as for an
+// OpenCL context with a single in-order queue): the process has one
+// context, has created no stream, asked for no per-thread default stream
+// and enabled no peer access, and one thread allocates and frees device
+// memory (per-thread default streams of different threads run side by
+// side; one thread's is ordered with the legacy stream). Pinned blocks
+// never: the host writes them at once. At the first sign of another order
+// the rule ends for the whole process, and blocks it lent whose old work
+// may still run are waited for before the call that ended it returns.
+namespace detail {
+extern std::atomic<bool> g_solo;
+extern std::atomic<const void*> g_solo_thread;
+extern GPUPOOL_HOT_TLS char t_solo_self;  // its address names the thread
+}  // namespace detail
+
+// The rule ends (idempotent; a second caller returns once the first one's
+// wait is done). `why` goes to the debug log.
+void end_solo(const char* why);
+
+// A device block freed on this thread (DeviceBackend::fence): on any thread
+// but the one that allocates, the rule ends. The hit path: a relaxed load.
+inline void solo_note_free() {
+  if (detail::g_solo.load(std::memory_order_relaxed) &&
+      detail::g_solo_thread.load(std::memory_order_relaxed) != &detail::t_solo_self)
+    end_solo("a second thread frees device memory");
+}
+
+// The program asked for a driver entry point (cuGetProcAddress, dlsym): a
+// per-thread default stream one (the flag, or a _ptsz/_ptds name) ends the
+// rule, which cannot see which threads' streams such entry points use.
+void solo_note_symbol(const char* name, unsigned long long flags);
+
+// A block of st with `fence` not yet passed may be handed out under the
+// rule: true while the rule holds, the loan recorded first.
+bool solo_covers(CtxState* st, std::uint64_t fence);
 
 // The state of the current context, created on first use (create = true).
 // nullptr when there is no usable current context (the caller then passes

@@ -9,6 +9,7 @@
 // not hook (cuGetExportTable, cuInit, ...) come back untouched.
 #include <dlfcn.h>
 
+#include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
 #include "interpose/runtime.hpp"
 
@@ -57,7 +58,10 @@ void* gpupool_dlsym_cu(void* handle, const char* name) noexcept {
   // Only a libcuda the program already loaded: its entry points are the
   // only ones we could substitute, and we must not load a driver here.
   try {
-    if (gpupool::cuda::driver_if_loaded()) hook = gpupool::cuda::hook_for(r);
+    if (gpupool::cuda::driver_if_loaded()) {
+      hook = gpupool::cuda::hook_for(r);
+      gpupool::cuda::solo_note_symbol(name, 0);
+    }
   } catch (...) {
     gpupool::internal_failure("dlsym");  // the program gets the driver's own function
   }

@@ -53,6 +53,10 @@ using PFN_alloc_from_pool = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUs
   X(cuDevicePrimaryCtxReset, primary_reset_v1, PFN_dev)                                   \
   X(cuDevicePrimaryCtxReset_v2, primary_reset, PFN_dev)                                   \
   X(cuDevicePrimaryCtxRetain, primary_retain, decltype(&::cuDevicePrimaryCtxRetain))      \
+  X(cuStreamCreate, stream_create, decltype(&::cuStreamCreate))                            \
+  X(cuStreamCreateWithPriority, stream_create_prio, decltype(&::cuStreamCreateWithPriority)) \
+  X(cuGreenCtxStreamCreate, green_stream_create, decltype(&::cuGreenCtxStreamCreate))      \
+  X(cuCtxEnablePeerAccess, ctx_enable_peer_access, decltype(&::cuCtxEnablePeerAccess))    \
   X(cuCtxSynchronize, ctx_synchronize, decltype(&::cuCtxSynchronize))                     \
   X(cuCtxSynchronize_v2, ctx_synchronize_v2, decltype(&::cuCtxSynchronize_v2))            \
   X(cuGetProcAddress, get_proc_address_v1, PFN_cuGetProcAddress_v1)                       \

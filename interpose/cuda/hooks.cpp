@@ -506,6 +506,40 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, C
   return r;
 } GPUPOOL_FALLBACK(primary_retain, pctx, dev)
 
+// A second order of device work (contexts.hpp, the solo rule): the rule
+// ends before the driver is asked, so no work of the new stream or peer
+// can overtake work on a block the rule lent.
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreate(CUstream* s, unsigned int flags) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->stream_create) return kNoDriver;
+  end_solo("a stream");
+  return d->stream_create(s, flags);
+} GPUPOOL_FALLBACK(stream_create, s, flags)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreateWithPriority(CUstream* s, unsigned int flags,
+                                                                int priority) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->stream_create_prio) return kNoDriver;
+  end_solo("a stream");
+  return d->stream_create_prio(s, flags, priority);
+} GPUPOOL_FALLBACK(stream_create_prio, s, flags, priority)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuGreenCtxStreamCreate(CUstream* s, CUgreenCtx g,
+                                                            unsigned int flags,
+                                                            int priority) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->green_stream_create) return kNoDriver;
+  end_solo("a stream");
+  return d->green_stream_create(s, g, flags, priority);
+} GPUPOOL_FALLBACK(green_stream_create, s, g, flags, priority)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->ctx_enable_peer_access) return kNoDriver;
+  end_solo("peer access");
+  return d->ctx_enable_peer_access(peer, flags);
+} GPUPOOL_FALLBACK(ctx_enable_peer_access, peer, flags)
+
 // A synchronization of the whole context the program makes itself (what
 // cudaDeviceSynchronize calls) completes every fence taken before it.
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize() noexcept try {
@@ -540,8 +574,10 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress_v2(const char* symbol, voi
   const Driver* d = driver();
   if (!d || !d->get_proc_address) return kNoDriver;
   const CUresult r = d->get_proc_address(symbol, pfn, version, flags, status);
-  if (r == CUDA_SUCCESS && pfn && *pfn)
+  if (r == CUDA_SUCCESS && pfn && *pfn) {
     if (void* h = hook_for(*pfn)) *pfn = h;
+    solo_note_symbol(symbol, flags);
+  }
   return r;
 } GPUPOOL_FALLBACK(get_proc_address, symbol, pfn, version, flags, status)
 
@@ -550,8 +586,10 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress(const char* symbol, void**
   const Driver* d = driver();
   if (!d || !d->get_proc_address_v1) return kNoDriver;
   const CUresult r = d->get_proc_address_v1(symbol, pfn, version, flags);
-  if (r == CUDA_SUCCESS && pfn && *pfn)
+  if (r == CUDA_SUCCESS && pfn && *pfn) {
     if (void* h = hook_for(*pfn)) *pfn = h;
+    solo_note_symbol(symbol, flags);
+  }
   return r;
 } GPUPOOL_FALLBACK(get_proc_address_v1, symbol, pfn, version, flags)
 

@@ -18,7 +18,7 @@ namespace {
 // allocation's record is its entry in `map` (device or pinned pointers).
 class ContextBackend : public Backend {
  public:
-  ContextBackend(PtrMap& map, CtxState* st, bool fenced) : st_(st), map_(map), fenced_(fenced) {}
+  ContextBackend(PtrMap& map, CtxState* st, bool fenced) : st_(st), fenced_(fenced), map_(map) {}
 
   std::uint64_t fence() override {
     return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
@@ -64,15 +64,25 @@ class ContextBackend : public Backend {
   }
 
   CtxState* st_;
+  bool fenced_;
 
  private:
   PtrMap& map_;
-  bool fenced_;
 };
 
 class DeviceBackend final : public ContextBackend {
  public:
-  DeviceBackend(CtxState* st, bool fenced) : ContextBackend(device_map(), st, fenced) {}
+  DeviceBackend(CtxState* st, bool fenced, bool solo)
+      : ContextBackend(device_map(), st, fenced), solo_(fenced && solo) {}
+
+  // The solo rule (contexts.hpp): device blocks only.
+  std::uint64_t fence() override {
+    if (solo_) solo_note_free();
+    return ContextBackend::fence();
+  }
+  bool passed(std::uint64_t f) override {
+    return ContextBackend::passed(f) || (solo_ && solo_covers(st_, f));
+  }
 
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     CUdeviceptr p = 0;
@@ -90,6 +100,9 @@ class DeviceBackend final : public ContextBackend {
   bool relieve(std::size_t bytes) override {
     return node::ask_neighbours(device_group(st_->dev), bytes);
   }
+
+ private:
+  bool solo_;
 };
 
 class HostBackend final : public ContextBackend {
@@ -123,8 +136,8 @@ class HostBackend final : public ContextBackend {
 
 }  // namespace
 
-std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced) {
-  return std::make_unique<DeviceBackend>(st, fenced);
+std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced, bool solo) {
+  return std::make_unique<DeviceBackend>(st, fenced, solo);
 }
 
 std::unique_ptr<Backend> host_backend(CtxState* st, bool fenced, unsigned flags) {

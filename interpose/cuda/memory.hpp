@@ -13,7 +13,9 @@ namespace gpupool::cuda {
 struct CtxState;
 
 // fenced: GPUPOOL_REUSE=safe (a freed block waits for the context's work).
-std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced);
+// fenced: freed blocks wait for the device; solo: unless the solo rule
+// (contexts.hpp) says the program's next use of them is ordered after it.
+std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced, bool solo);
 // flags: the arena's normalised flags (DEVICEMAP set), what the pointer
 // maps report for its blocks.
 std::unique_ptr<Backend> host_backend(CtxState* st, bool fenced, unsigned flags);

@@ -268,7 +268,9 @@ void track_queue(cl_context c, cl_command_queue q, bool in_order) {
   {
     std::lock_guard lock(ctx->mu);
     ctx->queues.push_back(qi);
-    if (++ctx->queues_ever == 1 && in_order && !cl_gone()) {
+    Runtime* rt = runtime_if_started();
+    const bool solo_allowed = !rt || rt->config.reuse != config::Reuse::fenced;
+    if (++ctx->queues_ever == 1 && in_order && solo_allowed && !cl_gone()) {
       ctx->solo_q = q;
       ctx->solo.store(true, std::memory_order_seq_cst);
     } else {

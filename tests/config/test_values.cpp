@@ -239,6 +239,7 @@ TEST(Values, Reuse) {
   EXPECT_EQ(parse_env({"GPUPOOL_REUSE=immediate"}).config.reuse, Reuse::immediate);
   EXPECT_EQ(parse_env({"GPUPOOL_REUSE= Immediate "}).config.reuse, Reuse::immediate);
   EXPECT_EQ(parse_env({"GPUPOOL_REUSE=SAFE"}).config.reuse, Reuse::safe);
+  EXPECT_EQ(parse_env({"GPUPOOL_REUSE=fenced"}).config.reuse, Reuse::fenced);
   for (const char* b : {"", "fast", "unsafe", "1", "safe immediate"}) bad("GPUPOOL_REUSE", b);
 }
 

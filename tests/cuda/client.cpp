@@ -90,6 +90,9 @@ struct Api {
   CUresult (*mem_alloc_async)(CUdeviceptr*, size_t, CUstream);
   CUresult (*mem_free_async)(CUdeviceptr, CUstream);
   decltype(&cuMemAllocManaged) mem_alloc_managed;
+  decltype(&cuStreamCreate) stream_create;
+  decltype(&cuCtxEnablePeerAccess) enable_peer;
+  GetProcV2 get_proc;
 
   // The stand-in's test interface.
   decltype(&standin_counters) counters;
@@ -153,6 +156,9 @@ void load_api() {
   api.mem_alloc_async = &cuMemAllocAsync;
   api.mem_free_async = &cuMemFreeAsync;
   api.mem_alloc_managed = &cuMemAllocManaged;
+  api.stream_create = &cuStreamCreate;
+  api.enable_peer = &cuCtxEnablePeerAccess;
+  api.get_proc = &cuGetProcAddress_v2;
   api.counters = &standin_counters;
   api.fail_next = &standin_fail_next;
   api.used = &standin_used;
@@ -228,6 +234,9 @@ void load_api() {
     sym(api.mem_alloc_async, "cuMemAllocAsync");
     sym(api.mem_free_async, "cuMemFreeAsync");
     sym(api.mem_alloc_managed, "cuMemAllocManaged");
+    sym(api.stream_create, "cuStreamCreate");
+    sym(api.enable_peer, "cuCtxEnablePeerAccess");
+    sym(api.get_proc, "cuGetProcAddress_v2");
     return;
   }
   CHECK(g_mode == "procaddr");
@@ -266,6 +275,9 @@ void load_api() {
   proc(api.mem_alloc_async, "cuMemAllocAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
   proc(api.mem_free_async, "cuMemFreeAsync", 11020);
   proc(api.mem_alloc_managed, "cuMemAllocManaged", 6000);
+  proc(api.stream_create, "cuStreamCreate", 2000);
+  proc(api.enable_peer, "cuCtxEnablePeerAccess", 4000);
+  api.get_proc = g_gpa;
 }
 #endif
 
@@ -307,6 +319,10 @@ bool all_equal(CUdeviceptr p, size_t n, unsigned char v) {
 // Repeated alloc+free pairs: the driver sees one allocation when pooled.
 void scenario_reuse() {
   setup();
+  // A stream of the program's own: fences decide every reuse (no solo rule,
+  // scenario_solo).
+  CUstream stream = nullptr;
+  OK(api.stream_create(&stream, CU_STREAM_NON_BLOCKING));
   StandinCounters c0 = snap();
   for (int i = 0; i < 100; ++i) {
     CUdeviceptr p = 0;
@@ -818,6 +834,10 @@ void scenario_oom() {
 // its free may still write it (safe), or is (immediate).
 void scenario_fence() {
   setup();
+  // A stream of the program's own: fences decide every reuse (no solo rule,
+  // scenario_solo).
+  CUstream stream = nullptr;
+  OK(api.stream_create(&stream, CU_STREAM_NON_BLOCKING));
   const size_t n = 4096;
   CUdeviceptr p = 0;
   OK(api.mem_alloc(&p, n));
@@ -880,6 +900,134 @@ void scenario_fence() {
   const int hp = api.pending_ops(reinterpret_cast<CUdeviceptr>(h2), n);
   CHECK_EQ(hp, g_pooled && g_immediate ? 1 : 0);
   OK(api.free_host(h2));
+}
+
+// The solo rule (safe reuse in stream order): one thread, one context, no
+// stream of the program's own. A freed block whose old work is still queued
+// on the legacy stream is handed out again at once, as PyCUDA's
+// DeviceMemoryPool does (the program's next work on it is queued behind);
+// pinned blocks never. CLIENT_SOLO_END names the first sign of another order,
+// which ends the rule after the old work of every block it lent is done.
+void scenario_solo() {
+  const char* env_end = getenv("CLIENT_SOLO_END");
+  CHECK(env_end != nullptr);
+  const std::string end = env_end;
+  CUcontext ctx = setup();
+  const size_t n = 4096;
+  // procaddr asks for per-thread entry points, as cudart built for them
+  // does: no rule there.
+  const char* reuse = getenv("GPUPOOL_REUSE");
+  const bool fenced = reuse && strcmp(reuse, "fenced") == 0;
+  const bool solo = g_pooled && !g_immediate && !fenced && g_mode != "procaddr";
+
+  CUdeviceptr p = 0, q = 0;
+  OK(api.mem_alloc(&p, n));
+  OK(api.memset_async(p, 0xEE, n, nullptr));  // queued until a synchronization
+  OK(api.mem_free(p));
+  StandinCounters c0 = snap();
+  OK(api.mem_alloc(&q, n));
+  StandinCounters c1 = snap();
+  const int pending = api.pending_ops(q, n);
+  fprintf(stderr, "solo: reused=%d syncs=%llu pending=%d\n", q == p,
+          (unsigned long long)(c1.ctx_sync - c0.ctx_sync), pending);
+  if (solo || (g_pooled && g_immediate)) {
+    CHECK_EQ(q, p);
+    CHECK_EQ(c1.ctx_sync - c0.ctx_sync, 0u);
+    CHECK_EQ(c1.mem_alloc - c0.mem_alloc, 0u);
+    CHECK_EQ(pending, 1);
+  } else {
+    CHECK_EQ(pending, 0);
+  }
+  // The program's next work on it is queued behind the old: no harm.
+  OK(api.memset_async(q, 0x22, n, nullptr));
+  OK(api.ctx_sync());
+  CHECK(all_equal(q, n, 0x22));
+
+  // Pinned blocks wait for their fence all the same: the host writes them
+  // at once.
+  void* h = nullptr;
+  void* h2 = nullptr;
+  OK(api.host_alloc(&h, n, 0));
+  OK(api.memset_async(reinterpret_cast<CUdeviceptr>(h), 0xEE, n, nullptr));
+  OK(api.free_host(h));
+  OK(api.host_alloc(&h2, n, 0));
+  CHECK_EQ(api.pending_ops(reinterpret_cast<CUdeviceptr>(h2), n), g_pooled && g_immediate ? 1 : 0);
+  OK(api.free_host(h2));
+  OK(api.ctx_sync());
+
+  // Lent again, its old work queued, and then the end.
+  CUdeviceptr r = 0;
+  OK(api.memset_async(q, 0xEE, n, nullptr));
+  OK(api.mem_free(q));
+  OK(api.mem_alloc(&r, n));
+  if (solo) CHECK_EQ(api.pending_ops(r, n), 1);
+  StandinCounters c2 = snap();
+  CUstream ended_by = nullptr;
+  if (end == "stream") {
+    OK(api.stream_create(&ended_by, CU_STREAM_NON_BLOCKING));
+  } else if (end == "peer") {
+    CUcontext b = create_ctx(0);  // current now; never allocates
+    OK(api.ctx_set_current(ctx));
+    OK(api.enable_peer(b, 0));
+  } else if (end == "context") {
+    create_ctx(0);  // current now
+    CUdeviceptr x = 0;
+    OK(api.mem_alloc(&x, 2 * n));
+    OK(api.mem_free(x));
+    OK(api.ctx_set_current(ctx));
+  } else if (end == "thread_alloc") {
+    std::thread([&] {
+      OK(api.ctx_set_current(ctx));
+      CUdeviceptr x = 0;
+      OK(api.mem_alloc(&x, 2 * n));
+      OK(api.mem_free(x));
+    }).join();
+  } else if (end == "thread_free") {
+    CUdeviceptr x = 0;
+    OK(api.mem_alloc(&x, 2 * n));
+    std::thread([&] { OK(api.mem_free(x)); }).join();
+  } else if (end == "symbol") {
+    // A per-thread default stream entry point: by name through dlsym in the
+    // dlsym modes, else by cuGetProcAddress's flag.
+    void* fn = nullptr;
+#ifndef CLIENT_LINKED
+    if (g_mode != "procaddr") fn = dlsym(g_handle, "cuMemsetD8Async_ptsz");
+#endif
+    if (!fn)
+      OK(api.get_proc("cuMemsetD8Async", &fn, 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                      nullptr));
+    CHECK(fn != nullptr);
+  } else {
+    fprintf(stderr, "unknown CLIENT_SOLO_END %s\n", end.c_str());
+    exit(2);
+  }
+  StandinCounters c3 = snap();
+  fprintf(stderr, "solo ended by %s: syncs=%llu pending=%d\n", end.c_str(),
+          (unsigned long long)(c3.ctx_sync - c2.ctx_sync), api.pending_ops(r, n));
+  if (solo) {
+    // One wait for the lent block's old work, before the call returned.
+    CHECK_EQ(c3.ctx_sync - c2.ctx_sync, 1u);
+    CHECK_EQ(api.pending_ops(r, n), 0);
+  }
+  // A non-blocking stream's work runs at once: had the old work still been
+  // queued, it would land on top of the program's new data.
+  CUstream s2 = nullptr;
+  OK(api.stream_create(&s2, CU_STREAM_NON_BLOCKING));
+  OK(api.memset_async(r, 0x33, n, s2));
+  OK(api.ctx_sync());
+  const bool corrupted = !all_equal(r, n, 0x33);
+  CHECK_EQ(corrupted, g_pooled && g_immediate);
+  OK(api.mem_free(r));
+
+  // From now on freed blocks wait for the device.
+  CUdeviceptr y = 0, z = 0;
+  OK(api.mem_alloc(&y, n));
+  OK(api.memset_async(y, 0xEE, n, nullptr));
+  OK(api.mem_free(y));
+  OK(api.mem_alloc(&z, n));
+  CHECK_EQ(api.pending_ops(z, n), g_pooled && g_immediate ? 1 : 0);
+  OK(api.mem_free(z));
+  OK(api.ctx_sync());
 }
 
 // Context teardown: the pool drops the context's blocks without freeing
@@ -1532,6 +1680,7 @@ int main(int argc, char** argv) {
   else if (s == "ptrattr") scenario_ptrattr();
   else if (s == "oom") scenario_oom();
   else if (s == "fence") scenario_fence();
+  else if (s == "solo") scenario_solo();
   else if (s == "context") scenario_context();
   else if (s == "fork") scenario_fork();
   else if (s == "lifetime") scenario_lifetime();

@@ -1015,31 +1015,96 @@ SI(CUresult, cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr p)) {
   return CUDA_SUCCESS;
 }
 
-// Asynchronous work: queued on the current context, run at its next
-// synchronization (or a free there). Writing a block after the program
-// reused it is the corruption the fence tests look for.
-static CUresult memset_async(CUdeviceptr dst, unsigned char value, size_t n) {
+// ---- streams ---------------------------------------------------------------
+// Streams the program makes. Work on the legacy stream (0), a per-thread
+// default stream or a blocking stream is queued behind the context's
+// earlier work, as the real driver orders it; work on a non-blocking stream
+// runs at once, ahead of whatever is still queued (the stream was idle):
+// the overtaking a pool must not let touch a block whose old work is queued.
+constexpr std::uint32_t kStreamMagic = 0x5354524d;  // "STRM"
+struct Stream {
+  std::uint32_t magic = kStreamMagic;
+  Ctx* ctx = nullptr;
+  unsigned flags = 0;
+  bool alive = true;
+};
+
+Stream* stream_of(CUstream s) {
+  if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return nullptr;
+  return reinterpret_cast<Stream*>(s);
+}
+
+static CUresult stream_create(CUstream* s, unsigned flags) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   Ctx* c = nullptr;
   if (CUresult e = usable_current(&c)) return e;
+  if (!s || (flags & ~unsigned(CU_STREAM_NON_BLOCKING))) return CUDA_ERROR_INVALID_VALUE;
+  auto* st = new Stream;  // never freed: a destroyed handle stays recognisable
+  st->ctx = c;
+  st->flags = flags;
+  *s = reinterpret_cast<CUstream>(st);
+  ++g_counters.streams_created;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuStreamCreate, (CUstream * s, unsigned int flags)) { return stream_create(s, flags); }
+
+SI(CUresult, cuStreamCreateWithPriority, (CUstream * s, unsigned int flags, int priority)) {
+  (void)priority;
+  return stream_create(s, flags);
+}
+
+SI(CUresult, cuStreamDestroy_v2, (CUstream s)) {
+  std::lock_guard lock(g_mu);
+  Stream* st = stream_of(s);
+  if (!st || st->magic != kStreamMagic || !st->alive) return CUDA_ERROR_INVALID_HANDLE;
+  st->alive = false;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_ctx(peer) || !reinterpret_cast<Ctx*>(peer)->alive) return CUDA_ERROR_INVALID_CONTEXT;
+  return CUDA_SUCCESS;
+}
+
+// Asynchronous work: queued on the current context, run at its next
+// synchronization (or a free there), unless its stream overtakes (above).
+// Writing a block after the program reused it is the corruption the fence
+// tests look for.
+static CUresult memset_async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  Stream* st = stream_of(s);
+  if (st && (st->magic != kStreamMagic || !st->alive || st->ctx != c))
+    return CUDA_ERROR_INVALID_HANDLE;
   const Alloc* a = containing(g_live, dst);
   if (!a || dst + n > a->base + a->size) {
     note_dead(dst);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  c->pending.push_back(Op{dst, n, value});
+  if (st && (st->flags & CU_STREAM_NON_BLOCKING)) {
+    memset(reinterpret_cast<void*>(dst), value, n);
+    ++g_counters.ops_executed;
+  } else {
+    c->pending.push_back(Op{dst, n, value});
+  }
   return CUDA_SUCCESS;
 }
 
 SI(CUresult, cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t n, CUstream s)) {
-  (void)s;
-  return memset_async(dst, value, n);
+  return memset_async(dst, value, n, s);
 }
 
 SI(CUresult, cuMemsetD8Async_ptsz, (CUdeviceptr dst, unsigned char value, size_t n, CUstream s)) {
-  (void)s;
-  return memset_async(dst, value, n);
+  return memset_async(dst, value, n, s);
 }
 
 SI(CUresult, cuGetExportTable, (const void** table, const CUuuid* id)) {
@@ -1084,6 +1149,8 @@ const Export kExports[] = {
     E(cuMemAllocAsync), E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemAllocManaged),
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes),
     E(cuMemHostGetFlags), E(cuIpcGetMemHandle), E(cuMemsetD8Async), E(cuMemsetD8Async_ptsz),
+    E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2),
+    E(cuCtxEnablePeerAccess),
     E(cuGetExportTable), E(cuGetProcAddress), E(cuGetProcAddress_v2),
 };
 
@@ -1137,6 +1204,10 @@ const Version kVersions[] = {
     {"cuMemHostGetFlags", 2030, "cuMemHostGetFlags"},
     {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle"},
     {"cuMemsetD8Async", 3020, "cuMemsetD8Async"},
+    {"cuStreamCreate", 2000, "cuStreamCreate"},
+    {"cuStreamCreateWithPriority", 5050, "cuStreamCreateWithPriority"},
+    {"cuStreamDestroy", 4000, "cuStreamDestroy_v2"},
+    {"cuCtxEnablePeerAccess", 4000, "cuCtxEnablePeerAccess"},
     {"cuGetExportTable", 3000, "cuGetExportTable"},
     {"cuGetProcAddress", 11030, "cuGetProcAddress"},
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2"},

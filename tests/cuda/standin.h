@@ -27,6 +27,7 @@ typedef struct StandinCounters {
   uint64_t dead_writes;      /* allocations that died with their context and were
                                 written afterwards (seen when their addresses are
                                 reused, or at standin_dead_writes()) */
+  uint64_t streams_created;  /* successful cuStreamCreate / WithPriority */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */

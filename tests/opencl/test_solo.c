@@ -3,7 +3,9 @@
    the older command still sees its data; a COPY_HOST_PTR create on a reused
    block neither blocks behind a gated command nor overtakes it; and when a
    second queue appears while such a block is out, that queue waits for the
-   older work (hazard barrier) instead of racing it. */
+   older work (hazard barrier) instead of racing it. CLTEST_SOLO_EXPECT=1 (or
+   0) also checks that variant 0's new buffer is (or is not) the released
+   one: GPUPOOL_REUSE=fenced never reuses a block the device may still use. */
 #include "cltest.h"
 
 #define N 32768
@@ -56,6 +58,9 @@ int main(void) {
     }
     REQUIRE(y, "create y: %d", err);
     fprintf(stderr, "variant %d: new buffer %s the released one\n", variant, y == x ? "reuses" : "is not");
+    const char* expect = getenv("CLTEST_SOLO_EXPECT");
+    if (expect && variant == 0)
+      CHECK((y == x) == (atoi(expect) != 0), "variant 0: reuse %d, expected %s", y == x, expect);
     CHECK_ERR(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
     CHECK_ERR(clFinish(q), CL_SUCCESS);
     if (q2) CHECK_ERR(clFinish(q2), CL_SUCCESS);
