@@ -123,7 +123,7 @@ const RunOption kRunOptions[] = {
     {"--max-pooled", "GPUPOOL_MAX_POOLED", true, nullptr, false, "SIZE", "largest pooled request"},
     {"--release-after", "GPUPOOL_RELEASE_AFTER", true, nullptr, false, "TIME",
      "release blocks idle this long (10s)"},
-    {"--reuse", "GPUPOOL_REUSE", true, nullptr, false, "safe|immediate", ""},
+    {"--reuse", "GPUPOOL_REUSE", true, nullptr, false, "safe|fenced|immediate", ""},
     {"--leading-bits", "GPUPOOL_LEADING_BITS", true, nullptr, false, "N", ""},
     {"--no-hold", "GPUPOOL_HOLD", false, "0", false, "", "start with holding stopped"},
     {"--no-probe", "GPUPOOL_PROBE", false, "0", false, "", ""},
