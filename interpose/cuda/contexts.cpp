@@ -240,31 +240,17 @@ GPUPOOL_HOT_TLS char t_solo_self;
 void end_solo(const char* why) {
   std::lock_guard lock(solo_mu());
   if (!detail::g_solo.load(std::memory_order_relaxed)) return;
-  // seq_cst, then read the loans: a thread in solo_covers() either recorded
-  // its loan before (seen here) or sees the rule ended.
   detail::g_solo.store(false, std::memory_order_seq_cst);
+  // Only safe reuse frees blocks without a fence under the rule.
+  Runtime* rt = runtime_if_started();
+  if (!rt || rt->config.reuse != config::Reuse::safe) return;
   log().debug("cuda: freed blocks wait for the device from now on ({})", why);
   std::vector<CtxState*> live;
   {
     std::lock_guard l(contexts().mu);
     live = contexts().live;
   }
-  for (CtxState* st : live)
-    if (st->solo_lent.load(std::memory_order_seq_cst) >
-        st->epoch_done.load(std::memory_order_acquire))
-      synchronize_context(st);
-}
-
-bool solo_covers(CtxState* st, std::uint64_t fence) {
-  if (!detail::g_solo.load(std::memory_order_relaxed)) return false;
-  // The loan first, then the rule again (seq_cst both sides, as end_solo).
-  // Always a write, so that end_solo's read of it is ordered with ours.
-  std::uint64_t lent = st->solo_lent.load(std::memory_order_relaxed);
-  while (!st->solo_lent.compare_exchange_weak(lent, lent < fence ? fence : lent,
-                                               std::memory_order_seq_cst,
-                                               std::memory_order_relaxed)) {
-  }
-  return detail::g_solo.load(std::memory_order_seq_cst);
+  for (CtxState* st : live) synchronize_context(st);
 }
 
 void solo_note_symbol(const char* name, unsigned long long flags) {

@@ -61,9 +61,6 @@ struct CtxState {
   std::mutex sync_mu;
   std::condition_variable sync_cv;
   bool syncing = false;  // under sync_mu
-  // The highest fence of a block handed out by the solo rule (solo_covers):
-  // if it has not passed when the rule ends, end_solo() waits for it.
-  std::atomic<std::uint64_t> solo_lent{0};
 
   // Held shared while a backend call may touch this context's memory,
   // exclusively while the context is torn down, so the pool never frees a
@@ -106,8 +103,13 @@ void synchronize_context(CtxState* st);
 // memory (per-thread default streams of different threads run side by
 // side; one thread's is ordered with the legacy stream). Pinned blocks
 // never: the host writes them at once. At the first sign of another order
-// the rule ends for the whole process, and blocks it lent whose old work
-// may still run are waited for before the call that ended it returns.
+// the rule ends for the whole process: every context is synchronized
+// before the call that ended it returns, so that the old work of blocks
+// freed under the rule (they carry no fence) is done before any other order
+// can reach them. That covers a free racing the end: the free saw the rule
+// hold, so its block's old work was submitted before the end's
+// (sequentially consistent) store, and the synchronization that follows
+// the store waits for all work submitted before it.
 namespace detail {
 extern std::atomic<bool> g_solo;
 extern std::atomic<const void*> g_solo_thread;
@@ -118,12 +120,14 @@ extern GPUPOOL_HOT_TLS char t_solo_self;  // its address names the thread
 // wait is done). `why` goes to the debug log.
 void end_solo(const char* why);
 
-// A device block freed on this thread (DeviceBackend::fence): on any thread
-// but the one that allocates, the rule ends. The hit path: a relaxed load.
-inline void solo_note_free() {
-  if (detail::g_solo.load(std::memory_order_relaxed) &&
-      detail::g_solo_thread.load(std::memory_order_relaxed) != &detail::t_solo_self)
-    end_solo("a second thread frees device memory");
+// A device block is freed on this thread (DeviceBackend::fence): true if
+// the rule holds, so the block needs no fence. On any thread but the one
+// that allocates, the rule ends first. The hit path: two relaxed loads.
+inline bool solo_free() {
+  if (!detail::g_solo.load(std::memory_order_relaxed)) return false;
+  if (detail::g_solo_thread.load(std::memory_order_relaxed) == &detail::t_solo_self) return true;
+  end_solo("a second thread frees device memory");
+  return false;
 }
 
 // The program asked for a driver entry point (cuGetProcAddress, dlsym): a
@@ -131,9 +135,6 @@ inline void solo_note_free() {
 // rule, which cannot see which threads' streams such entry points use.
 void solo_note_symbol(const char* name, unsigned long long flags);
 
-// A block of st with `fence` not yet passed may be handed out under the
-// rule: true while the rule holds, the loan recorded first.
-bool solo_covers(CtxState* st, std::uint64_t fence);
 
 // The state of the current context, created on first use (create = true).
 // nullptr when there is no usable current context (the caller then passes

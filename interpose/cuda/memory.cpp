@@ -76,13 +76,7 @@ class DeviceBackend final : public ContextBackend {
       : ContextBackend(device_map(), st, fenced), solo_(fenced && solo) {}
 
   // The solo rule (contexts.hpp): device blocks only.
-  std::uint64_t fence() override {
-    if (solo_) solo_note_free();
-    return ContextBackend::fence();
-  }
-  bool passed(std::uint64_t f) override {
-    return ContextBackend::passed(f) || (solo_ && solo_covers(st_, f));
-  }
+  std::uint64_t fence() override { return solo_ && solo_free() ? 0 : ContextBackend::fence(); }
 
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     CUdeviceptr p = 0;
