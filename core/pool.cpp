@@ -709,48 +709,67 @@ void Pool::stop_holding() {
 }
 
 std::size_t Pool::trim_idle(std::uint64_t now) {
-  if (options_.release_after_ns == 0) return 0;
-  std::size_t n = 0;
+  if (options_.release_after_ns == 0 || now < options_.release_after_ns) return 0;
+  std::size_t blocks = 0;
+  release_freed_by(nullptr, now - options_.release_after_ns, &blocks);
+  return blocks;
+}
+
+std::size_t Pool::release_idle(const std::string& group, std::uint64_t idle_ns,
+                               std::size_t* blocks) {
+  const std::uint64_t t = now();
+  if (t < idle_ns) return 0;
+  return release_freed_by(&group, t - idle_ns, blocks);
+}
+
+// Held blocks and wholly free segments freed at or before `freed_by_ns`,
+// of every arena or of `group`'s: taken out under each shard's lock, then
+// released largest first with no pool lock held (the program allocates
+// meanwhile). Counted as trims. Returns the bytes; *blocks gets how many.
+std::size_t Pool::release_freed_by(const std::string* group, std::uint64_t freed_by_ns,
+                                   std::size_t* blocks) {
+  std::size_t bytes = 0, n = 0;
   std::shared_lock use(arenas_in_use_);
+  std::vector<Block*> old;
   for (Arena* a : arenas_copy()) {
-    if (a->retired()) continue;
-    if (now >= options_.release_after_ns) {
-      std::size_t segments = 0;
-      release_segments(*a, SIZE_MAX, /*drop=*/false, now - options_.release_after_ns, &segments);
-      if (segments) {
-        std::lock_guard lock(a->slow_mu_);
-        a->slow_.trims += segments;
-      }
-      n += segments;
+    if (a->retired() || (group && a->group_->name != *group)) continue;
+    std::size_t segments = 0;
+    bytes += release_segments(*a, SIZE_MAX, /*drop=*/false, freed_by_ns, &segments);
+    if (segments) {
+      std::lock_guard lock(a->slow_mu_);
+      a->slow_.trims += segments;
     }
+    n += segments;
     for (unsigned i = 0; i < a->shard_count_; ++i) {
-      std::vector<Block*> old;
-      {
-        Arena::Shard& s = a->shards_[i];
-        std::lock_guard lock(s.mu);
-        if (s.c.held_blocks == 0) continue;  // the common case once a second: no walk
-        for (auto& v : s.bins) {
-          auto end = v.begin();
-          while (end != v.end() && (*end)->freed_at_ns + options_.release_after_ns <= now) ++end;
-          for (auto it = v.begin(); it != end; ++it) {
-            s.unheld(*it);
-            old.push_back(*it);
-          }
-          v.pop_front(static_cast<std::size_t>(end - v.begin()));
+      Arena::Shard& s = a->shards_[i];
+      std::lock_guard lock(s.mu);
+      if (s.c.held_blocks == 0) continue;  // the common case once a second: no walk
+      for (auto& v : s.bins) {
+        // Oldest first in each bin.
+        auto end = v.begin();
+        while (end != v.end() && (*end)->freed_at_ns <= freed_by_ns) ++end;
+        for (auto it = v.begin(); it != end; ++it) {
+          s.unheld(*it);
+          old.push_back(*it);
         }
-      }
-      for (Block* b : old) {
-        a->group_->unhold(b->size);
-        {
-          std::lock_guard lock(a->slow_mu_);
-          ++a->slow_.trims;
-        }
-        release_block(b);
-        ++n;
+        v.pop_front(static_cast<std::size_t>(end - v.begin()));
       }
     }
   }
-  return n;
+  std::stable_sort(old.begin(), old.end(), [](const Block* x, const Block* y) { return x->size > y->size; });
+  for (Block* b : old) {
+    Arena& a = *b->arena;
+    a.group_->unhold(b->size);
+    {
+      std::lock_guard lock(a.slow_mu_);
+      ++a.slow_.trims;
+    }
+    bytes += b->size;
+    release_block(b);
+    ++n;
+  }
+  if (blocks) *blocks = n;
+  return bytes;
 }
 
 Stats Pool::totals() const {

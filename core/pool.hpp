@@ -218,6 +218,10 @@ class Pool {
 
   // Release blocks held unused for longer than release_after; returns how many.
   std::size_t trim_idle(std::uint64_t now_ns);
+  // Release `group`'s blocks held unused for at least `idle_ns`, largest
+  // first (a process arrived on the GPU); returns the bytes, *blocks how many.
+  std::size_t release_idle(const std::string& group, std::uint64_t idle_ns,
+                           std::size_t* blocks = nullptr);
   std::uint64_t release_after_ns() const { return options_.release_after_ns; }
 
   Stats totals() const;
@@ -271,6 +275,8 @@ class Pool {
   // go (drop: the driver freed them). Returns the bytes.
   std::size_t release_segments(Arena& a, std::size_t wanted, bool drop,
                                std::uint64_t freed_by_ns = UINT64_MAX, std::size_t* count = nullptr);
+  std::size_t release_freed_by(const std::string* group, std::uint64_t freed_by_ns,
+                               std::size_t* blocks);
   std::size_t largest_free_segment(Arena& a) const;
   std::uint64_t oldest_free_segment(Arena& a) const;  // freed_at_ns, UINT64_MAX if none
   std::vector<Arena*> arenas_copy() const;

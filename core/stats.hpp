@@ -29,7 +29,7 @@ namespace gpupool {
   X(backend_allocs, counter, "successful backend allocations")                               \
   X(backend_frees, counter, "backend releases")                                              \
   X(oom_retries, counter, "backend allocations retried after releasing held blocks")         \
-  X(trims, counter, "held blocks released for the cap or for idleness")                      \
+  X(trims, counter, "held blocks released for the cap, for idleness, or for a process that arrived on the GPU") \
   X(pending_frees, counter, "frees whose block the device might still use (fenced)")         \
   X(fence_waits, counter, "bulk waits because only pending blocks could serve a request")
 

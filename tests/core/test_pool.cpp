@@ -332,6 +332,39 @@ TEST(Pool, IdleBlocksAreReleasedAfterTheirTime) {
   EXPECT_EQ(f.arena->stats().trims, 2u);
 }
 
+// A process arrived on the GPU: the group's blocks idle at least that long
+// go, largest first; blocks reused recently and other groups' stay.
+TEST(Pool, ReleaseIdleTakesTheGroupsLongIdleBlocksLargestFirst) {
+  static std::uint64_t t = 0;
+  auto other = std::make_shared<FakeDevice>();
+  Fixture f({.clock = [] { return t; }});
+  Arena* b = f.pool.add_arena(std::make_unique<FakeBackend>(other), {.group = "other"});
+  t = 1000;
+  Block* small = f.alloc(256);
+  Block* large = f.alloc(4096);
+  Block* recent = f.alloc(1024);
+  Block* elsewhere = f.pool.allocate(b, 8192).block;
+  const std::size_t small_size = small->size, large_size = large->size;
+  const Handle h_small = small->handle, h_large = large->handle, h_recent = recent->handle;
+  f.pool.free(small);
+  f.pool.free(large);
+  f.pool.free(elsewhere);
+  t = 1900;
+  f.pool.free(recent);
+  t = 2000;
+  std::size_t blocks = 0;
+  EXPECT_EQ(f.pool.release_idle("dev", 1000, &blocks), small_size + large_size);
+  EXPECT_EQ(blocks, 2u);
+  EXPECT_FALSE(f.dev->live.count(h_small));
+  EXPECT_FALSE(f.dev->live.count(h_large));
+  EXPECT_TRUE(f.dev->live.count(h_recent)) << "freed 100 ns ago: kept";
+  EXPECT_EQ(other->live.size(), 1u) << "another group's block stays";
+  EXPECT_EQ(f.arena->stats().trims, 2u);
+  EXPECT_EQ(f.pool.release_idle("dev", 1000), 0u);
+  t = 2900;
+  EXPECT_EQ(f.pool.release_idle("dev", 1000), f.pool.bins().alloc_size(f.pool.bins().bin_number(1024)));
+}
+
 TEST(Pool, PendingBlocksWaitForTheirFenceAndOneBulkWaitClearsThem) {
   Fixture f;
   f.dev->fences = true;
