@@ -569,12 +569,13 @@ struct Spawned {
   Job* job;  // waited for by its caller, counted busy; or
   void (*raw)(void*);
   void* arg;
+  bool private_table = true;  // false: made where none could be
 };
 
 void* spawned_main(void* p) {
   Spawned s = *static_cast<Spawned*>(p);
   delete static_cast<Spawned*>(p);
-  t_private = true;
+  t_private = s.private_table;
   if (s.job) {
     Files& f = *g_files;
     std::unique_lock lk(f.mu);
@@ -589,12 +590,18 @@ void* spawned_main(void* p) {
 // A new thread of the private table; called on a private thread (it shares
 // the creator's table).
 bool spawn(Spawned* s) {
+  // Every signal blocked, as on the files thread (the creator may be a
+  // program thread where no private table could be made).
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_t tid;
   const int err = pthread_create(&tid, &attr, spawned_main, s);
   pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (err != 0) delete s;
   return err == 0;
 }
@@ -663,7 +670,8 @@ void in_private_own_thread_work(Work fn) {
 bool start_private_thread(void (*fn)(void*), void* arg) {
   if (!g_enabled.load(std::memory_order_acquire)) return false;
   bool started = false;
-  in_private([&] { started = t_private && spawn(new Spawned{nullptr, fn, arg}); });
+  // Without a private table, a thread of the program's, as before.
+  in_private([&] { started = spawn(new Spawned{nullptr, fn, arg, t_private}); });
   return started;
 }
 

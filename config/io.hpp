@@ -163,9 +163,9 @@ void in_private_own_thread(F&& fn) {
   in_private_own_thread_work(Work(fn));
 }
 
-// Starts fn on a new detached thread of the private table (a server loop).
-// False if it could not be started, or no private table exists (then
-// nothing runs).
+// Starts fn on a new detached thread of the private table (a server loop);
+// where none could be made, on an ordinary thread. False if it could not
+// be started.
 bool start_private_thread(void (*fn)(void*), void* arg);
 
 // The calling thread works in the private table.
