@@ -1,9 +1,12 @@
 #include "config/io.hpp"
 
+#include "config/log.hpp"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,6 +25,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <new>
 
 namespace gpupool::io {
 namespace {
@@ -308,25 +315,38 @@ bool write_bounded(int fd, const void* data, std::size_t n, std::uint64_t timeou
   if (is_stuck(id)) timeout_ns = 0;
   const std::uint64_t deadline = mono_ns() + timeout_ns;
   NoSigpipe guard;
-  bool ok;
+  bool ok = false;
   if (S_ISSOCK(st.st_mode)) {
     ok = pump(fd, p, n, /*socket=*/true, deadline, guard);
   } else if (S_ISFIFO(st.st_mode)) {
     // An open file description of our own for the same pipe, so that it
-    // can be non-blocking without changing the program's.
+    // can be non-blocking without changing the program's. Opened on the
+    // files thread, through this thread's table in /proc: a descriptor
+    // opened here would take the lowest free number of the program's.
     char proc[64];
-    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
-    const int own = above_stdio(::open(proc, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
-    if (own >= 0 && id_of(own) == id) {
-      ok = pump(own, p, n, /*socket=*/false, deadline, guard);
-    } else if (own < 0 && errno == ENXIO) {
+    snprintf(proc, sizeof proc, "/proc/self/task/%ld/fd/%d", static_cast<long>(syscall(SYS_gettid)), fd);
+    int state = 0;  // 1: written (ok says how), 2: no reader, 0: not reopened
+    in_private([&] {
+      const int own = ::open(proc, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+      if (own < 0) {
+        if (errno == ENXIO) state = 2;
+        return;
+      }
+      if (id_of(own) == id) {
+        NoSigpipe here;  // on this thread, which writes
+        ok = pump(own, p, n, /*socket=*/false, deadline, here);
+        state = 1;
+      }
+      ::close(own);
+    });
+    if (state == 1) {
+    } else if (state == 2) {
       ok = false;  // no reader: the write would only raise SIGPIPE
     } else if (fcntl(fd, F_GETFL) & O_NONBLOCK) {
       ok = pump(fd, p, n, /*socket=*/false, deadline, guard);
     } else {
       ok = pump_blocking(fd, p, n, deadline, guard);
     }
-    if (own >= 0) ::close(own);
   } else if (fcntl(fd, F_GETFL) & O_NONBLOCK) {
     ok = pump(fd, p, n, /*socket=*/false, deadline, guard);
   } else {
@@ -334,6 +354,20 @@ bool write_bounded(int fd, const void* data, std::size_t n, std::uint64_t timeou
     ok = pump_blocking(fd, p, n, deadline, guard);
   }
   note_outcome(id, ok);
+  return ok;
+}
+
+bool write_stderr(const void* data, std::size_t n, std::uint64_t timeout_ns) {
+  if (!on_private_thread()) return write_bounded(STDERR_FILENO, data, n, timeout_ns);
+  // The program's table as its first thread has it (a tty reopened without
+  // becoming the controlling one; a socket cannot be reopened: dropped).
+  // A file is appended to: a description of our own has its own offset.
+  struct stat st {};
+  const int append = stat("/proc/self/fd/2", &st) == 0 && S_ISREG(st.st_mode) ? O_APPEND : 0;
+  const int own = ::open("/proc/self/fd/2", O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY | append);
+  if (own < 0) return false;
+  const bool ok = write_bounded(own, data, n, timeout_ns);
+  ::close(own);
   return ok;
 }
 
@@ -410,6 +444,277 @@ bool replace_file(const std::string& path, const std::string& data, std::string*
   }
   *why = "refusing to replace " + path + ": it keeps changing";
   return false;
+}
+
+}  // namespace gpupool::io
+
+// ---- The files thread ------------------------------------------------------
+
+namespace gpupool::io {
+namespace {
+
+struct Job {
+  Work fn;
+  Job* next = nullptr;  // the queue, through the callers' stacks
+  bool done = false;
+  std::exception_ptr failed;  // rethrown to the caller
+};
+
+// Never destroyed: jobs come until the process is gone (exit dumps, logs).
+struct Files {
+  std::mutex mu;
+  std::condition_variable cv;  // a job queued or done, the gate opened, a start
+  Job* head = nullptr;  // the queue, oldest first
+  Job* tail = nullptr;
+  pid_t pid = 0;         // the process whose files thread runs (0: none yet)
+  bool starting = false;
+  bool inline_only = false;  // no private table here: work runs where asked
+  bool gate = false;         // fork() is waiting: no new work starts
+  int busy = 0;              // private threads inside a job or PrivateWork
+  bool said = false;         // inline_only logged
+  int unshare_errno = 0;
+};
+
+std::atomic<bool> g_enabled{false};
+Files* g_files = new Files;
+thread_local bool t_private = false;
+
+// The calling thread's table made its own, emptied. 0-2 become /dev/null
+// there, so that the private numbers start at 3 (as gpupool's always did)
+// and a stray use of 0-2 on this thread reaches nothing of the program's.
+bool make_private_table() {
+  if (unshare(CLONE_FILES) != 0) return false;
+#ifdef SYS_close_range
+  if (syscall(SYS_close_range, 0u, ~0u, 0u) != 0)
+#endif
+  {
+    // No close_range (Linux before 5.9): every number the limit allows.
+    const long max = std::min<long>(sysconf(_SC_OPEN_MAX), 1 << 20);
+    for (int fd = 0; fd < max; ++fd) ::close(fd);
+  }
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::open("/dev/null", O_RDWR | O_CLOEXEC) != fd) break;
+  return true;
+}
+
+void run_job(Files& f, std::unique_lock<std::mutex>& lk, Job* job) {
+  ++f.busy;
+  lk.unlock();
+  try {
+    job->fn();
+  } catch (...) {
+    job->failed = std::current_exception();
+  }
+  lk.lock();
+  --f.busy;
+  job->done = true;
+  f.cv.notify_all();
+}
+
+void* files_main(void*) {
+  Files& f = *g_files;
+#ifdef __GLIBC__
+  // Named by itself: naming another thread opens /proc/self/task/TID/comm.
+  pthread_setname_np(pthread_self(), "gpupool-files");
+#endif
+  const bool ok = make_private_table();
+  const int e = errno;
+  std::unique_lock lk(f.mu);
+  f.unshare_errno = e;
+  f.starting = false;
+  f.inline_only = !ok;
+  f.cv.notify_all();
+  if (!ok) return nullptr;  // inline from now on in this process
+  t_private = true;
+  for (;;) {
+    f.cv.wait(lk, [&] { return !f.gate && f.head; });
+    Job* job = f.head;
+    f.head = job->next;
+    if (!f.head) f.tail = nullptr;
+    run_job(f, lk, job);
+  }
+}
+
+// Starts the files thread if this process has none. Called with f.mu held;
+// false: work runs inline.
+bool ensure_started(Files& f, std::unique_lock<std::mutex>& lk) {
+  const pid_t self = getpid();
+  if (f.pid == self && !f.starting) return !f.inline_only;
+  if (f.pid != self) {
+    f.pid = self;
+    f.starting = true;
+    f.inline_only = false;
+    // Every signal blocked: the program's signals land on its own threads.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t tid;
+    const int err = pthread_create(&tid, &attr, files_main, nullptr);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (err != 0) {
+      f.starting = false;
+      f.pid = 0;  // tried again next time
+      return false;
+    }
+  }
+  f.cv.wait(lk, [&] { return !f.starting; });
+  return !f.inline_only;
+}
+
+struct Spawned {
+  Job* job;  // waited for by its caller, counted busy; or
+  void (*raw)(void*);
+  void* arg;
+  bool private_table = true;  // false: made where none could be
+};
+
+void* spawned_main(void* p) {
+  Spawned s = *static_cast<Spawned*>(p);
+  delete static_cast<Spawned*>(p);
+  t_private = s.private_table;
+  if (s.job) {
+    Files& f = *g_files;
+    std::unique_lock lk(f.mu);
+    --f.busy;  // counted by its creator until run_job counts it
+    run_job(f, lk, s.job);
+  } else {
+    s.raw(s.arg);
+  }
+  return nullptr;
+}
+
+// A new thread of the private table; called on a private thread (it shares
+// the creator's table).
+bool spawn(Spawned* s) {
+  // Every signal blocked, as on the files thread (the creator may be a
+  // program thread where no private table could be made).
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t tid;
+  const int err = pthread_create(&tid, &attr, spawned_main, s);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (err != 0) delete s;
+  return err == 0;
+}
+
+}  // namespace
+
+void enable_private_files() { g_enabled.store(true, std::memory_order_release); }
+
+bool on_private_thread() { return t_private; }
+
+void in_private_work(Work fn) {
+  if (t_private || !g_enabled.load(std::memory_order_acquire)) {
+    fn();
+    return;
+  }
+  Files& f = *g_files;
+  std::unique_lock lk(f.mu);
+  if (!ensure_started(f, lk)) {
+    const bool say = f.inline_only && !f.said;
+    f.said = f.said || say;
+    lk.unlock();
+    if (say)
+      log().debug("no private descriptor table for gpupool's files (unshare: {}); they are "
+                  "opened among the program's and moved above 2",
+                  strerror(f.unshare_errno));
+    fn();
+    return;
+  }
+  Job job{fn};
+  (f.tail ? f.tail->next : f.head) = &job;
+  f.tail = &job;
+  f.cv.notify_all();
+  f.cv.wait(lk, [&] { return job.done; });
+  if (job.failed) std::rethrow_exception(job.failed);
+}
+
+void in_private_own_thread_work(Work fn) {
+  if (t_private || !g_enabled.load(std::memory_order_acquire)) {
+    fn();
+    return;
+  }
+  Job job{fn};
+  bool started = false;
+  in_private([&] {
+    {
+      // Counted busy from here, so that fork() waits for it too.
+      std::lock_guard lk(g_files->mu);
+      ++g_files->busy;
+    }
+    started = t_private && spawn(new Spawned{&job, nullptr, nullptr});
+    if (!started) {
+      std::lock_guard lk(g_files->mu);
+      --g_files->busy;
+    }
+  });
+  if (!started) {
+    in_private_work(fn);  // on the files thread, or inline without a table
+    return;
+  }
+  Files& f = *g_files;
+  std::unique_lock lk(f.mu);
+  f.cv.wait(lk, [&] { return job.done; });
+  if (job.failed) std::rethrow_exception(job.failed);
+}
+
+bool start_private_thread(void (*fn)(void*), void* arg) {
+  if (!g_enabled.load(std::memory_order_acquire)) return false;
+  bool started = false;
+  // Without a private table, a thread of the program's, as before.
+  in_private([&] { started = spawn(new Spawned{nullptr, fn, arg, t_private}); });
+  return started;
+}
+
+PrivateWork::PrivateWork() {
+  Files& f = *g_files;
+  std::unique_lock lk(f.mu);
+  f.cv.wait(lk, [&] { return !f.gate; });
+  ++f.busy;
+}
+
+PrivateWork::~PrivateWork() {
+  Files& f = *g_files;
+  std::lock_guard lk(f.mu);
+  --f.busy;
+  f.cv.notify_all();
+}
+
+void private_fork_prepare() {
+  Files& f = *g_files;
+  std::unique_lock lk(f.mu);
+  f.gate = true;
+  f.cv.wait(lk, [&] { return f.busy == 0; });
+  lk.release();  // held until parent or child
+}
+
+void private_fork_parent() {
+  Files& f = *g_files;
+  f.gate = false;
+  f.cv.notify_all();
+  f.mu.unlock();
+}
+
+void private_fork_child() {
+  // No private thread here: the parent's jobs are the parent's.
+  Files& f = *g_files;
+  new (&f.mu) std::mutex;
+  new (&f.cv) std::condition_variable;
+  f.head = f.tail = nullptr;
+  f.pid = 0;
+  f.starting = false;
+  f.inline_only = false;
+  f.gate = false;
+  f.busy = 0;
 }
 
 }  // namespace gpupool::io

@@ -15,6 +15,12 @@
 // - Writes to what gpupool does not own (stderr, a client socket) are bounded
 //   in time: a reader that stopped reading must not hang the program, its
 //   exit included.
+// - In the preloaded library, every descriptor gpupool creates is created
+//   on its files thread (in_private), whose descriptor table is its own: a
+//   new descriptor takes the lowest free number of that table, never one of
+//   the program's (a program that just closed 0 gets 0 from its next open,
+//   whatever gpupool opens meanwhile). Such a descriptor is used, and
+//   closed, only on a thread of that table.
 #pragma once
 
 #include <sys/types.h>
@@ -22,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace gpupool::io {
 
@@ -99,9 +106,85 @@ inline bool write_bounded(int fd, const std::string& s,
   return write_bounded(fd, s.data(), s.size(), timeout_ns);
 }
 
+// Writes to the program's stderr as write_bounded does, from any thread:
+// a private thread reaches it through /proc (its own 0-2 are /dev/null).
+bool write_stderr(const void* data, std::size_t n, std::uint64_t timeout_ns = kWriteTimeoutNs);
+inline bool write_stderr(const std::string& s, std::uint64_t timeout_ns = kWriteTimeoutNs) {
+  return write_stderr(s.data(), s.size(), timeout_ns);
+}
+
 // Replaces `path` atomically (a temporary file beside it, then rename), so
 // a reader never sees half a file. Only a regular file of this user is ever
 // replaced; where nothing is, nothing that appears meanwhile is replaced.
 bool replace_file(const std::string& path, const std::string& data, std::string* why);
+
+// ---- The files thread ----------------------------------------------------
+//
+// A thread that unshares its descriptor table at its start (unshare
+// CLONE_FILES) and closes every descriptor of the copy, so that it holds no
+// reference to the program's files (a copied pipe end would keep the
+// program's reader from seeing EOF). It never calls a GPU driver or NVML:
+// their descriptors are in the program's table. Where no private table can
+// be made (a seccomp filter), in_private runs the work where it is called,
+// as before (numbers moved above 2 at once), said once in the debug log.
+
+// Turns the files thread on for this process (the preloaded library does,
+// at start); until then, and in other programs, in_private runs inline.
+void enable_private_files();
+
+// A callable by reference, without allocating (host memory may be out).
+class Work {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, Work>>>
+  Work(F& f) : obj_(&f), call_([](void* o) { (*static_cast<F*>(o))(); }) {}
+  void operator()() const { call_(obj_); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*);
+};
+
+// Runs fn on the files thread and waits for it; inline on a thread of the
+// private table. fn must not log (the log may be waiting for this thread).
+// Every descriptor fn creates, uses and closes is the private table's. An
+// exception fn throws comes out here.
+void in_private_work(Work fn);
+template <class F>
+void in_private(F&& fn) {
+  in_private_work(Work(fn));
+}
+
+// Runs fn on a new thread of the private table and waits for it: work that
+// may wait long (asking another process) without holding up the files
+// thread.
+void in_private_own_thread_work(Work fn);
+template <class F>
+void in_private_own_thread(F&& fn) {
+  in_private_own_thread_work(Work(fn));
+}
+
+// Starts fn on a new detached thread of the private table (a server loop);
+// where none could be made, on an ordinary thread. False if it could not
+// be started.
+bool start_private_thread(void (*fn)(void*), void* arg);
+
+// The calling thread works in the private table.
+bool on_private_thread();
+
+// Brackets a private thread's work between waits, so that fork() does not
+// cut it off: fork waits until no private thread is inside one.
+class PrivateWork {
+ public:
+  PrivateWork();
+  ~PrivateWork();
+  PrivateWork(const PrivateWork&) = delete;
+  PrivateWork& operator=(const PrivateWork&) = delete;
+};
+
+// fork(): prepare waits until the private threads are between jobs and
+// holds them there; the child has none (they start again on demand).
+void private_fork_prepare();
+void private_fork_parent();
+void private_fork_child();
 
 }  // namespace gpupool::io

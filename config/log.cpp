@@ -43,7 +43,9 @@ class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
   bool open(std::string* why) {
     if (pattern_.empty()) return true;
     // A failure here is reported by the caller, once.
-    warned_ = !reopen(why);
+    bool ok = false;
+    io::in_private([&] { ok = reopen(why); });
+    warned_ = !ok;
     return !warned_;
   }
 
@@ -56,17 +58,24 @@ class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
     formatter_->format(msg, buf);
     if (!pattern_.empty()) {
       std::string why;
-      if ((!file_.ours() || pid_ != getpid()) && !reopen(&why) && !warned_) {
+      bool reopened = true, written = false;
+      // The file is the files thread's (config/io.hpp), and so is every
+      // use of it.
+      io::in_private([&] {
+        if (!file_.ours() || pid_ != getpid()) reopened = reopen(&why);
+        written = file_.valid() &&
+                  io::write_bounded(file_.get(), buf.data(), buf.size(), kLineTimeoutNs);
+      });
+      if (!reopened && !warned_) {
         warned_ = true;
         const std::string line = "gpupool[" + std::to_string(getpid()) + "]: warning: " + why +
                                  "; logging to stderr\n";
-        io::write_bounded(STDERR_FILENO, line, kLineTimeoutNs);
+        io::write_stderr(line.data(), line.size(), kLineTimeoutNs);
       }
-      if (file_.valid() && io::write_bounded(file_.get(), buf.data(), buf.size(), kLineTimeoutNs))
-        return;
+      if (written) return;
     }
     // Nowhere to report a failing log: the line is dropped.
-    io::write_bounded(STDERR_FILENO, buf.data(), buf.size(), kLineTimeoutNs);
+    io::write_stderr(buf.data(), buf.size(), kLineTimeoutNs);
   }
   void flush_() override {}
 

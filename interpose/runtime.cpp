@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "config/io.hpp"
 #include "config/log.hpp"
 #include "interpose/control/control.hpp"
 #include "interpose/node/node.hpp"
@@ -67,6 +68,11 @@ PoolOptions pool_options(const config::Config& c) {
 Runtime* create() {
   const config::Config& cfg = config::get();
   if (cfg.disable) return nullptr;
+  // From here on, gpupool's descriptors are created in a table of their own.
+  io::enable_private_files();
+  // The time zone, read once by the first local time: here, inside the
+  // program's own call, not later on one of gpupool's threads.
+  tzset();
   // Never destroyed: hooks may still run from other threads or atexit
   // handlers while the process exits.
   auto* rt = new Runtime{cfg, Pool(pool_options(cfg))};
@@ -88,6 +94,8 @@ Runtime* create() {
                                      },
                                      nullptr});
   set_fork_handlers(ForkPart::log, {log_fork_prepare, log_fork_release, log_fork_release, nullptr});
+  set_fork_handlers(ForkPart::files, {io::private_fork_prepare, io::private_fork_parent,
+                                      io::private_fork_child, nullptr});
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   log().debug("runtime started: leading_bits={} hold={}", cfg.leading_bits, cfg.hold);
   return rt;

@@ -73,6 +73,8 @@ enum class ForkPart : unsigned {
   trace,    // per-thread buffers, the trace file
   control,  // warnings (its work lock protects no data: made new in the child)
   log,      // the logger's sink
+  files,    // the files thread's queue: last, since every part above may
+            // hand it work while holding its own locks (config/io.hpp)
   count
 };
 struct ForkHandlers {

@@ -50,16 +50,25 @@ double unix_time() {
 // dump: with O_APPEND, dumps of processes sharing a file do not interleave.
 bool append_dump(const std::string& path, const std::string& data, std::string* why) {
   if (path.empty()) {
-    if (!io::write_bounded(STDERR_FILENO, data)) {
+    if (!io::write_stderr(data)) {
       *why = "stderr does not take it (closed, or nobody reads it)";
       return false;
     }
     return true;
   }
-  io::OwnedFd fd = io::open_output(path, /*append=*/true, why);
-  if (!fd.valid()) return false;
-  const bool ok = io::write_bounded(fd.get(), data);
-  if (!ok) *why = "cannot write " + path + ": " + strerror(errno);
+  bool ok = false;
+  io::in_private([&] {  // opened, written and closed on the files thread
+    io::OwnedFd fd = io::open_output(path, /*append=*/true, why);
+    if (!fd.valid()) return;
+    ok = io::write_bounded(fd.get(), data);
+    if (!ok) *why = "cannot write " + path + ": " + strerror(errno);
+  });
+  return ok;
+}
+
+bool replace_file(const std::string& path, const std::string& data, std::string* why) {
+  bool ok = false;
+  io::in_private([&] { ok = io::replace_file(path, data, why); });
   return ok;
 }
 
@@ -113,10 +122,12 @@ void fork_prepare() {
   if (g_state->tracer) g_state->tracer->fork_prepare();
   if (g_state->recorder) g_state->recorder->fork_prepare();
   g_state->warn_mu.lock();
+  g_state->req_mu.lock();
 }
 
 void fork_parent() {
   if (!g_state) return;
+  g_state->req_mu.unlock();
   g_state->warn_mu.unlock();
   if (g_state->recorder) g_state->recorder->fork_parent();
   if (g_state->tracer) g_state->tracer->fork_parent();
@@ -127,9 +138,12 @@ void fork_child() {
   State& st = *g_state;
   st.warn_mu.unlock();
   new (&st.work_mu) std::mutex;
+  // The server thread and its requests are the parent's.
+  new (&st.req_mu) std::mutex;
+  new (&st.req_cv) std::condition_variable;
+  new (&st.requests) std::deque<State::Request*>;
   if (st.recorder) st.recorder->fork_child();
   if (st.tracer) st.tracer->fork_child();
-  unpublish_wake();
   st.thread_running.store(false);
 }
 
@@ -137,13 +151,9 @@ void fork_child() {
 void fork_renew() {
   if (!g_state) return;
   State& st = *g_state;
-  // The parent's channel, socket and clients: the parent's to serve.
-  st.wake_rd.close();
-  st.wake_wr.close();
-  st.listen.close();
-  for (Client& c : st.clients) c.fd.close();
-  st.clients.clear();
-  st.wake_builds = st.listen_builds = 0;
+  // The parent's socket and clients were in its files thread's table,
+  // which the child does not have: nothing to close.
+  st.listen.forget();
   st.dumps_dropped.store(0);
   if (st.tracer && !st.tracer->renew_in_child()) {
     st.recorder->drop_tracer();
@@ -153,7 +163,7 @@ void fork_renew() {
 }
 
 // The control thread's round, first of all parts: fork() waits until the
-// thread is in poll(), so that nothing it does mid-round (a malloc, above
+// thread waits for a poke, so that nothing it does mid-round (a malloc, above
 // all: many allocators keep locks that a child inherits held, and
 // AddressSanitizer's and ThreadSanitizer's before LLVM 18 and 19 do) is cut
 // off in the child. The wait is one round at most; the child's thread is new.
@@ -187,7 +197,7 @@ bool dump_locked(Runtime& rt, const char* reason) {
     log().error("stats dump not written: {} (later ones that fail are counted in the warnings)",
                 why);
   if (!st.prometheus_path.empty() &&
-      !io::replace_file(st.prometheus_path, stats::to_prometheus(r), &why))
+      !replace_file(st.prometheus_path, stats::to_prometheus(r), &why))
     log().error("Prometheus file not written: {}", why);
   return ok;
 }
@@ -196,7 +206,7 @@ void write_prometheus(Runtime& rt) {
   State& st = *g_state;
   if (st.prometheus_path.empty()) return;
   std::string why;
-  if (!io::replace_file(st.prometheus_path, stats::to_prometheus(report(rt, "interval")), &why))
+  if (!replace_file(st.prometheus_path, stats::to_prometheus(report(rt, "interval")), &why))
     log().error("Prometheus file not written: {}", why);
 }
 
@@ -278,6 +288,27 @@ bool stop_holding(Runtime& rt) {
   return true;
 }
 
+namespace {
+
+// The control socket, bound on the files thread, and its thread.
+void listen(Runtime& rt) {
+  State& st = *g_state;
+  st.socket_taken.clear();
+  st.listen_error = 0;
+  io::in_private([&] { build_listen(st); });
+  if (!st.socket_taken.empty())
+    log().info("control socket: @{} is taken by another process; using @{}", st.socket_taken,
+               st.socket_name);
+  if (!st.listen.valid()) {
+    add_warning(std::string("control socket unavailable (") + strerror(st.listen_error) +
+                "): `gpupool stats PID` cannot reach this process; signals still work");
+    return;
+  }
+  start_server(rt);
+}
+
+}  // namespace
+
 void start(Runtime& rt) {
   if (g_state) return;
   (void)g_fork_registered;
@@ -296,11 +327,10 @@ void start(Runtime& rt) {
     st->recorder = new Recorder(sites, st->tracer, cfg.leaks);  // never destroyed: see recorder.hpp
     rt.pool.set_observer(st->recorder);
   }
-  build_wake(*st);
   install_handlers(cfg);
   // Bound before the first intercepted call returns: from then on `gpupool
   // stats PID` reaches the process (queued until the thread runs).
-  build_listen(*st);
+  listen(rt);
   start_thread(rt);
 }
 
@@ -316,8 +346,7 @@ void at_exit() noexcept {
 void restart(Runtime& rt) {
   State* st = g_state;
   if (!st || st->thread_running.load() || exiting()) return;
-  build_wake(*st);
-  build_listen(*st);
+  listen(rt);
   start_thread(rt);
 }
 

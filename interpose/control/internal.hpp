@@ -1,15 +1,17 @@
 // What the control files share; nothing outside interpose/control uses it.
 //
-//   signals.cpp  the signal handlers and the wake channel they poke
-//   thread.cpp   the control thread: wakes, requests, periodic work, and
-//                the descriptors it keeps (built anew when the program
-//                closes them)
-//   server.cpp   the control socket: accepting, reading, answering
+//   signals.cpp  the signal handlers and the wake word they poke
+//   thread.cpp   the control thread: wakes, requests, periodic work
+//   server.cpp   the control socket: its thread (in gpupool's private
+//                descriptor table, config/io.hpp) accepts, reads, and
+//                sends the answers the control thread gives
 //   control.cpp  start, dumps, the exit dump, fork, the public calls
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,10 +30,8 @@ inline constexpr const char* kActionNames[kActions] = {"stats", "free_held", "st
 inline constexpr const char* kLauncherVerbs[kActions] = {"stats", "free-held", "stop-holding"};
 
 inline constexpr std::uint64_t kMs = 1'000'000;
-// How often a descriptor of each kind is built anew in one process.
-inline constexpr int kMaxRebuilds = 16;
 
-// One connection to the control socket.
+// One connection to the control socket (the server thread's).
 struct Client {
   io::OwnedFd fd;
   std::string in;   // the request so far
@@ -48,12 +48,23 @@ struct Client {
 // thread and hooks may run while the process exits.
 struct State {
   Runtime* rt = nullptr;
-  // The control thread's (and start's, restart's and the fork child's).
-  io::OwnedFd wake_rd, wake_wr;
+  // The control socket, a number of the private table: only the server
+  // thread (and start, on the files thread) uses it.
   io::OwnedFd listen;
   std::string socket_name;
-  std::vector<Client> clients;
-  int wake_builds = 0, listen_builds = 0;
+  std::string socket_taken;  // the usual name, when another process holds it
+  int listen_error = 0;      // why there is no socket
+  // Requests the server thread read, answered by the control thread (which
+  // may call the driver; the server thread must not).
+  struct Request {
+    std::string line;
+    bool foreign = false;
+    std::string answer;
+    bool done = false;
+  };
+  std::mutex req_mu;
+  std::condition_variable req_cv;
+  std::deque<Request*> requests;
 
   trace::Tracer* tracer = nullptr;
   Recorder* recorder = nullptr;  // the pool's observer, when sites, a trace or leaks are on
@@ -63,7 +74,7 @@ struct State {
   // time (try_lock, polled: timed locks escape ThreadSanitizer).
   std::mutex work_mu;
   // Held by the control thread for each round of work (everything but its
-  // wait in poll), and by fork()'s prepare: the child never inherits a lock
+  // wait for a poke), and by fork()'s prepare: the child never inherits a lock
   // or an allocator's lock that this thread took mid-round (see fork_round).
   std::mutex round_mu;
   std::mutex warn_mu;
@@ -90,25 +101,27 @@ void add_warning(const std::string& w);
 void install_handlers(const config::Config& cfg);
 // Says once when the program replaced (or restored) one of our handlers.
 void check_handlers();
-// The channel the handlers write to (the write end of st.wake_*), or none.
-void publish_wake(const io::OwnedFd& write_end);
-void unpublish_wake();
 // Wakes the control thread. Async-signal-safe.
 void poke();
+// The pokes so far; wait_for_poke sleeps until another comes (or timeout).
+std::uint32_t pokes_seen();
+void wait_for_poke(std::uint32_t seen, std::uint64_t timeout_ns);
 // The requests for an action since the last call (coalesced).
 unsigned take_requests(Action action);
 // Our handler is the one installed for signo.
 bool handler_installed(int signo);
 
 // thread.cpp
-void build_wake(State& st);
 void start_thread(Runtime& rt);
 
 // server.cpp
+// Binds the control socket; on the files thread.
 void build_listen(State& st);
-void accept_clients(State& st);
-// Reads, answers, sends; false once the client is done or given up on.
-bool serve(Runtime& rt, Client& c, std::uint64_t now);
+// Starts the server thread on the socket build_listen bound.
+void start_server(Runtime& rt);
+// The control thread: answers the requests the server thread queued.
+void answer_requests(Runtime& rt);
+bool requests_waiting();
 
 // control.cpp
 // Callers hold st.work_mu.

@@ -1,8 +1,13 @@
-// The control socket (socket.hpp has its names and protocol). The control
-// thread never waits for one client: requests and answers are non-blocking,
-// with deadlines, and other users are refused as they connect, before
-// anything of theirs is read.
+// The control socket (socket.hpp has its names and protocol). Its own
+// thread, in gpupool's private descriptor table (config/io.hpp), accepts
+// and reads: its descriptors never take a number of the program's. It
+// never waits for one client: requests and answers are non-blocking, with
+// deadlines, and other users are refused as they connect, before anything
+// of theirs is read. A complete request goes to the control thread, which
+// may call the driver (this thread must not), and the answer comes back.
 #include <errno.h>
+#include <poll.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -10,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "config/log.hpp"
 #include "interpose/control/internal.hpp"
@@ -62,11 +68,9 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
 }  // namespace
 
 // The control socket, under the usual name or, when another process holds
-// that, under a random one (control_socket.hpp).
+// that, under a random one (control_socket.hpp). On the files thread.
 void build_listen(State& st) {
   st.listen.forget();
-  if (st.listen_builds >= kMaxRebuilds) return;
-  ++st.listen_builds;
   io::OwnedFd fd =
       io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return;
@@ -84,26 +88,29 @@ void build_listen(State& st) {
     }
     char hex[17];
     for (int i = 0; i < 8; ++i) std::snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
-    log().info("control socket: @{} is taken by another process; using @{}.{}", name, name, hex);
+    st.socket_taken = name;
     name = socket_name(uid, pid, hex);
     len = socket_address(&addr, name);
     r = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len);
   }
   if (r != 0 || ::listen(fd.get(), 64) != 0) {
-    add_warning(std::string("control socket unavailable (") + strerror(errno) +
-                "): `gpupool stats PID` cannot reach this process; signals still work");
+    st.listen_error = errno;
     return;
   }
   st.socket_name = name;
   st.listen = std::move(fd);
 }
 
+namespace {
+
 // New connections: another user's is refused at once, before anything of
 // theirs is read, unless GPUPOOL_NEIGHBOURS=all lets it ask for a release;
 // the others join the clients (the oldest dropped past the limit).
-void accept_clients(State& st) {
+// Nothing is logged here (fork() may hold the log while it waits for this
+// work): what to say goes to `notes`, logged after.
+void accept_clients(State& st, std::vector<Client>& clients, std::vector<std::string>& notes) {
   const bool all_users = st.rt && st.rt->config.neighbours == config::Neighbours::all;
-  for (int n = 0; n < 16 && st.listen.ours(); ++n) {
+  for (int n = 0; n < 16; ++n) {
     io::OwnedFd c = io::OwnedFd::adopt(
         accept4(st.listen.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!c.valid()) return;
@@ -116,57 +123,58 @@ void accept_clients(State& st) {
                               std::to_string(geteuid()) + ")\n";
       ssize_t ignored = ::send(c.get(), msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       (void)ignored;
-      log().info("control socket: refused a connection from uid {}", cred.uid);
+      notes.push_back("control socket: refused a connection from uid " + std::to_string(cred.uid));
       continue;  // closed by c's destructor
     }
-    const auto oldest_foreign = std::find_if(st.clients.begin(), st.clients.end(),
+    const auto oldest_foreign = std::find_if(clients.begin(), clients.end(),
                                              [](const Client& x) { return x.foreign; });
     const std::size_t foreign_now = static_cast<std::size_t>(std::count_if(
-        st.clients.begin(), st.clients.end(), [](const Client& x) { return x.foreign; }));
+        clients.begin(), clients.end(), [](const Client& x) { return x.foreign; }));
     if (foreign && foreign_now >= kMaxForeignClients) {
-      st.clients.erase(oldest_foreign);
-    } else if (st.clients.size() >= kMaxClients) {
-      log().info("control socket: {} clients at once; dropping the oldest", kMaxClients);
-      st.clients.erase(oldest_foreign != st.clients.end() ? oldest_foreign : st.clients.begin());
+      clients.erase(oldest_foreign);
+    } else if (clients.size() >= kMaxClients) {
+      notes.push_back("control socket: " + std::to_string(kMaxClients) +
+                      " clients at once; dropping the oldest");
+      clients.erase(oldest_foreign != clients.end() ? oldest_foreign : clients.begin());
     }
     Client cl;
     cl.fd = std::move(c);
     cl.foreign = foreign;
     cl.deadline = mono_ns() + kRequestTimeoutNs;
-    st.clients.push_back(std::move(cl));
+    clients.push_back(std::move(cl));
   }
 }
 
-// Reads what the client sent, answers once the line is complete, sends what
-// the socket takes. False when the client is done (or given up on).
-bool serve(Runtime& rt, Client& c, std::uint64_t now) {
-  if (!c.answering) {
-    char buf[256];
-    for (;;) {
-      const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
-      if (n > 0) {
-        c.in.append(buf, static_cast<std::size_t>(n));
-        if (c.in.find('\n') != std::string::npos || c.in.size() >= kMaxRequest) break;
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (now >= c.deadline) {
-          log().info("control socket: a client sent no complete request within {} ms; dropped",
-                     kRequestTimeoutNs / kMs);
-          return false;
-        }
-        return true;
-      }
-      if (n < 0 || c.in.empty()) return false;  // an error, or closed without asking
-      break;                                    // closed after a request without a newline
+// Reads what the client sent. False when the client is done (or given up
+// on); true with c.answering set once its request line is complete.
+bool read_request(Client& c, std::uint64_t now, std::vector<std::string>& notes) {
+  char buf[256];
+  for (;;) {
+    const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      c.in.append(buf, static_cast<std::size_t>(n));
+      if (c.in.find('\n') != std::string::npos || c.in.size() >= kMaxRequest) break;
+      continue;
     }
-    c.in = c.in.substr(0, c.in.find('\n'));
-    log().debug("control socket: '{}'", c.in);
-    c.out = handle_request(rt, c.in, c.foreign);
-    c.answering = true;
-    c.deadline = mono_ns() + io::kWriteTimeoutNs;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (now >= c.deadline) {
+        notes.push_back("control socket: a client sent no complete request within " +
+                        std::to_string(kRequestTimeoutNs / kMs) + " ms; dropped");
+        return false;
+      }
+      return true;
+    }
+    if (n < 0 || c.in.empty()) return false;  // an error, or closed without asking
+    break;                                    // closed after a request without a newline
   }
+  c.in = c.in.substr(0, c.in.find('\n'));
+  c.answering = true;
+  return true;
+}
+
+// Sends what the socket takes. False when done (answered, or given up on).
+bool send_answer(Client& c) {
   while (c.sent < c.out.size()) {
     const ssize_t n = ::send(c.fd.get(), c.out.data() + c.sent, c.out.size() - c.sent,
                              MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -179,6 +187,120 @@ bool serve(Runtime& rt, Client& c, std::uint64_t now) {
     return false;
   }
   return false;  // answered
+}
+
+// The control thread's answer to one request; waits for it (not counted as
+// private work, so fork() never waits for this wait).
+std::string ask_control(State& st, const Client& c) {
+  State::Request req;
+  req.line = c.in;
+  req.foreign = c.foreign;
+  std::unique_lock lock(st.req_mu);
+  st.requests.push_back(&req);
+  lock.unlock();
+  poke();
+  lock.lock();
+  while (!req.done) {
+    if (exiting() || !st.thread_running.load()) {
+      std::erase(st.requests, &req);
+      return "error exiting the process is exiting\n";
+    }
+    st.req_cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  return std::move(req.answer);
+}
+
+void server_main(void* arg) {
+  State& st = *static_cast<State*>(arg);
+#ifdef __GLIBC__
+  pthread_setname_np(pthread_self(), "gpupool-sock");
+#endif
+  std::vector<Client> clients;
+  std::vector<pollfd> fds;
+  for (;;) {
+    std::uint64_t now = mono_ns();
+    std::uint64_t next = UINT64_MAX;
+    fds.clear();
+    fds.push_back({st.listen.get(), POLLIN, 0});
+    for (const Client& c : clients) {
+      fds.push_back({c.fd.get(), static_cast<short>(c.answering ? POLLOUT : POLLIN), 0});
+      next = std::min(next, c.deadline);
+    }
+    const int timeout_ms =
+        next == UINT64_MAX ? -1
+        : next <= now      ? 0
+                           : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
+    const int r = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (r < 0 && errno != EINTR) return;
+    std::vector<Client*> asking;
+    std::vector<std::string> notes;
+    {
+      io::PrivateWork work;  // fork() waits for this, never for the answers
+      now = mono_ns();
+      std::size_t i = 1;
+      std::erase_if(clients, [&](Client& c) {
+        const std::size_t j = i++;
+        const bool ready = r > 0 && (fds[j].revents != 0);
+        if (!ready && now < c.deadline) return false;
+        if (c.answering) return !send_answer(c);
+        return !read_request(c, now, notes);
+      });
+      for (Client& c : clients)
+        if (c.answering && c.out.empty()) asking.push_back(&c);
+      if (r > 0 && (fds[0].revents & POLLIN)) accept_clients(st, clients, notes);
+    }
+    for (const std::string& n : notes) log().info("{}", n);
+    for (Client* c : asking) {
+      log().debug("control socket: '{}'", c->in);
+      c->out = ask_control(st, *c);
+      c->deadline = mono_ns() + io::kWriteTimeoutNs;
+    }
+    if (!asking.empty()) {
+      io::PrivateWork work;
+      std::erase_if(clients, [](Client& c) { return c.answering && !c.out.empty() && !send_answer(c); });
+    }
+  }
+}
+
+}  // namespace
+
+void start_server(Runtime& rt) {
+  State& st = *g_state;
+  if (!st.listen.valid()) return;
+  if (!io::start_private_thread(server_main, &st))
+    add_warning("control socket thread not started: `gpupool stats PID` cannot reach this process");
+  (void)rt;
+}
+
+bool requests_waiting() {
+  State& st = *g_state;
+  std::lock_guard lock(st.req_mu);
+  return !st.requests.empty();
+}
+
+// On the control thread.
+void answer_requests(Runtime& rt) {
+  State& st = *g_state;
+  for (;;) {
+    State::Request* req = nullptr;
+    {
+      std::lock_guard lock(st.req_mu);
+      if (st.requests.empty()) return;
+      req = st.requests.front();
+      st.requests.pop_front();
+    }
+    std::string answer;
+    try {
+      answer = handle_request(rt, req->line, req->foreign);
+    } catch (...) {
+      internal_failure("gpupool's control socket");
+      answer = "error internal gpupool failed inside (out of host memory?)\n";
+    }
+    std::lock_guard lock(st.req_mu);
+    req->answer = std::move(answer);
+    req->done = true;
+    st.req_cv.notify_all();
+  }
 }
 
 }  // namespace gpupool::control

@@ -1,14 +1,19 @@
-// Signal handlers only bump an atomic counter per action and send one byte
-// on a non-blocking socket pair (both async-signal-safe, no lock), so a
-// signal landing inside an allocation cannot deadlock. The control thread,
-// which blocks every signal, wakes on it, takes each counter and does the
-// work. Counters are taken after draining the channel, and set before
-// writing to it, so a request is never lost, only coalesced with one
-// pending.
+// Signal handlers only bump an atomic counter per action and then the wake
+// word, and wake the control thread waiting on it with a futex (both
+// async-signal-safe, no lock, no descriptor), so a signal landing inside an
+// allocation cannot deadlock, and the program, which may close any
+// descriptor, cannot cut the channel. The control thread, which blocks every
+// signal, wakes, takes each counter and does the work. Counters are taken
+// after the wake word is read, and set before it is bumped, so a request is
+// never lost, only coalesced with one pending.
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "config/log.hpp"
 #include "interpose/control/internal.hpp"
@@ -25,17 +30,12 @@ struct Slot {
   std::atomic<bool> installed{false};  // our handler is the current one
 };
 
-// The wake channel's write end as the signal handler sees it: immutable once
-// published, never freed (a handler may be reading an old one).
-struct Wake {
-  int fd;
-  io::FileId id;
-};
-
 // Read by the signal handler: plain globals with constant initialization.
 Slot g_slots[kActions];
 std::atomic<int> g_nslots{0};
-std::atomic<const Wake*> g_wake{nullptr};
+// Bumped by every poke; the control thread sleeps while it is unchanged.
+std::atomic<std::uint32_t> g_wake{0};
+static_assert(sizeof g_wake == sizeof(std::uint32_t) && std::atomic<std::uint32_t>::is_always_lock_free);
 std::atomic<unsigned> g_pending[kActions];
 
 void on_signal(int sig, siginfo_t* info, void* uctx) {
@@ -63,22 +63,21 @@ void on_signal(int sig, siginfo_t* info, void* uctx) {
 
 }  // namespace
 
-// Wakes the control thread. Async-signal-safe. A channel the program closed
-// or replaced is not written to: the control thread notices within a second.
+// Wakes the control thread. Async-signal-safe.
 void poke() {
-  const Wake* w = g_wake.load(std::memory_order_acquire);
-  if (!w || io::id_of(w->fd) != w->id) return;
-  const char byte = 1;
-  // EAGAIN: the channel is full, so the control thread is due to wake anyway.
-  ssize_t ignored = ::send(w->fd, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-  (void)ignored;
+  g_wake.fetch_add(1, std::memory_order_release);
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&g_wake), FUTEX_WAKE_PRIVATE, INT_MAX,
+          nullptr, nullptr, 0);
 }
 
-void publish_wake(const io::OwnedFd& write_end) {
-  g_wake.store(new Wake{write_end.get(), write_end.id()}, std::memory_order_release);
-}
+std::uint32_t pokes_seen() { return g_wake.load(std::memory_order_acquire); }
 
-void unpublish_wake() { g_wake.store(nullptr, std::memory_order_release); }
+void wait_for_poke(std::uint32_t seen, std::uint64_t timeout_ns) {
+  const timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000),
+                    static_cast<long>(timeout_ns % 1'000'000'000)};
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&g_wake), FUTEX_WAIT_PRIVATE, seen, &ts,
+          nullptr, 0);
+}
 
 unsigned take_requests(Action action) {
   return g_pending[action].exchange(0, std::memory_order_acquire);

@@ -1,5 +1,7 @@
 #include "interpose/control/symbols.hpp"
 
+#include "config/io.hpp"
+
 #include <cxxabi.h>
 #include <elf.h>
 #include <fcntl.h>
@@ -33,17 +35,21 @@ struct Mapping {
   const unsigned char* p = nullptr;
   std::size_t n = 0;
   Mapping(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    struct stat st{};
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
-      void* m = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-      if (m != MAP_FAILED) {
-        p = static_cast<const unsigned char*>(m);
-        n = static_cast<std::size_t>(st.st_size);
+    // Opened on gpupool's files thread (config/io.hpp); the mapping is the
+    // process's.
+    io::in_private([&] {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return;
+      struct stat st{};
+      if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        void* m = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m != MAP_FAILED) {
+          p = static_cast<const unsigned char*>(m);
+          n = static_cast<std::size_t>(st.st_size);
+        }
       }
-    }
-    ::close(fd);
+      ::close(fd);
+    });
   }
   ~Mapping() {
     if (p) munmap(const_cast<unsigned char*>(p), n);

@@ -1,28 +1,25 @@
-// The control thread: it wakes on the channel the signal handlers poke,
-// on the control socket and on its timers, and does the work.
+// The control thread: it wakes when a signal handler or the control
+// socket's thread pokes it (signals.cpp), or on its timers, and does the
+// work: everything that may call a GPU driver or NVML runs here.
 //
-// The program may close any descriptor, gpupool's included, and reuse the
-// number (config/io.hpp): every descriptor here is checked before each use,
-// and one found closed or replaced is forgotten and built anew (a bounded
-// number of times; then the thread still serves signals, once a second).
+// It keeps no descriptor: the files it writes and the control socket are
+// made and used on gpupool's files thread and server thread, whose
+// descriptor table is their own (config/io.hpp), so the program, which may
+// close or reuse any number, never sees gpupool take one of its numbers.
 //
-// A program that closed 0, 1 or 2 gets those numbers back from its next
-// opens (daemons rely on it), and every descriptor this thread creates
-// (a dump's file, an accepted client, /proc reads, NVML's dlopen and its
-// device files) takes the lowest free number, if only for a moment. So
-// while one of 0-2 is closed the thread creates none: dumps, new clients,
-// requests (a release publishes, a stats request may read symbols),
-// rebuilds, publishing and the pressure watch wait, at most kStdioWait (a
-// program that keeps them closed longer is not about to reopen them).
-// What the program's own threads do inside its calls is not this thread's
-// concern: a single-threaded program is never opening files meanwhile.
+// What remains in the program's table is the driver's and NVML's (NVML's
+// dlopen and device files, a driver call that opens something): those take
+// the lowest free number. So while one of 0-2 is closed, the work here
+// waits (dumps, requests, publishing and the pressure watch), at most
+// kStdioWait (a program that keeps them closed longer is not about to
+// reopen them). What the program's own threads do inside its calls is not
+// this thread's concern: a single-threaded program is never opening files
+// meanwhile.
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 
@@ -32,30 +29,6 @@
 
 namespace gpupool::control {
 namespace {
-
-// Every descriptor still the one gpupool opened; lost ones are forgotten
-// (never closed: the number is the program's now) and built anew.
-void check_descriptors(State& st) {
-  if (st.wake_rd.valid() && (!st.wake_rd.ours() || !st.wake_wr.ours())) {
-    // One end closed under us: the other is no use alone.
-    st.wake_rd.close();
-    st.wake_wr.close();
-    log().info(
-        "the program closed gpupool's control channel; {}",
-        st.wake_builds < kMaxRebuilds ? "opening a new one" : "serving signals once a second");
-    build_wake(st);
-  }
-  if (st.listen.valid() && !st.listen.ours()) {
-    log().info("the program closed gpupool's control socket; {}",
-               st.listen_builds < kMaxRebuilds ? "opening a new one" : "it stays closed");
-    build_listen(st);
-  }
-  std::erase_if(st.clients, [](Client& c) {
-    if (c.fd.ours()) return false;
-    c.fd.forget();
-    return true;
-  });
-}
 
 constexpr std::uint64_t kStdioWait = 1000 * kMs;
 // How often a thread that waits for 0-2 looks again.
@@ -76,7 +49,7 @@ bool may_create_descriptors(std::uint64_t now, std::uint64_t* since) {
   }
   if (*since == 0) {
     *since = now;
-    log().debug("the program has closed 0, 1 or 2: gpupool's thread opens nothing until it "
+    log().debug("the program has closed 0, 1 or 2: gpupool's control thread waits until it "
                 "reopens them (at most {} ms)",
                 kStdioWait / kMs);
   }
@@ -85,6 +58,10 @@ bool may_create_descriptors(std::uint64_t now, std::uint64_t* since) {
 
 void* control_thread(void* arg) {
   Runtime& rt = *static_cast<Runtime*>(arg);
+#ifdef __GLIBC__
+  // Named by itself: naming another thread opens /proc/self/task/TID/comm.
+  pthread_setname_np(pthread_self(), "gpupool-ctl");
+#endif
   State& st = *g_state;
   const config::Config& cfg = rt.config;
 
@@ -108,8 +85,8 @@ void* control_thread(void* arg) {
   std::uint64_t next_check = now + kCheckPeriod;
   std::uint64_t next_node = now;
   std::uint64_t stdio_closed_since = 0;
+  std::uint32_t seen = pokes_seen();
 
-  std::vector<pollfd> fds;
   for (;;) {
     // A failure inside (out of host memory) costs this round, not the
     // thread: it is counted and the loop goes on.
@@ -117,46 +94,21 @@ void* control_thread(void* arg) {
       std::unique_lock round(st.round_mu);
       now = mono_ns();
       bool may_open = may_create_descriptors(now, &stdio_closed_since);
-      if (may_open) check_descriptors(st);
       std::uint64_t next =
           std::min({next_interval, next_trim, next_prom, next_flush, next_check, next_node});
       if (!may_open) next = std::min(next, now + kStdioPoll);
-      fds.clear();
-      const bool wake = st.wake_rd.valid();
-      // New clients wait in the backlog meanwhile.
-      const bool listening = st.listen.valid() && may_open;
-      if (wake) fds.push_back({st.wake_rd.get(), POLLIN, 0});
-      if (listening) fds.push_back({st.listen.get(), POLLIN, 0});
-      for (const Client& c : st.clients) {
-        // A request is not read while 0-2 are closed (answering one may open
-        // files: the registry, NVML); its client waits, not polled, so the
-        // thread does not spin on it (a negative descriptor is skipped).
-        if (!may_open && !c.answering) {
-          fds.push_back({-1, 0, 0});
-          continue;
-        }
-        fds.push_back({c.fd.get(), static_cast<short>(c.answering ? POLLOUT : POLLIN), 0});
-        next = std::min(next, c.deadline);
-      }
-      const int timeout_ms =
-          next <= now ? 0
-                      : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
+      // Requests from the control socket wait while 0-2 are closed
+      // (answering one may open files: NVML).
+      if (may_open && requests_waiting()) next = now;
       round.unlock();
-      const int r = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (next > now) wait_for_poke(seen, std::min<std::uint64_t>(next - now, 60'000 * kMs));
       round.lock();
+      // Read before looking at what the pokes asked for: one that comes
+      // after this ends the next wait at once.
+      seen = pokes_seen();
       // Exit began: the at-exit handler owns the last dump; touch nothing that
       // static destructors may be tearing down.
       if (exiting()) break;
-      if (r < 0 && errno != EINTR) break;
-      std::size_t k = 0;
-      if (wake) {
-        if (r > 0 && (fds[k].revents & POLLIN) && st.wake_rd.ours()) {
-          char buf[64];
-          while (::recv(st.wake_rd.get(), buf, sizeof buf, MSG_DONTWAIT) > 0) {
-          }
-        }
-        ++k;
-      }
       now = mono_ns();
       may_open = may_create_descriptors(now, &stdio_closed_since);
       unsigned taken[kActions];
@@ -174,23 +126,7 @@ void* control_thread(void* arg) {
       }
       if (taken[kStats]) dump(rt, "signal");
 
-      const bool incoming = listening && r > 0 && (fds[k].revents & POLLIN);
-      if (listening) ++k;
-      // Clients first (the fds after k are theirs, in order), then new ones.
-      now = mono_ns();
-      std::size_t i = 0;
-      std::erase_if(st.clients, [&](Client& c) {
-        const std::size_t j = k + i++;
-        if (!may_open && !c.answering) return false;  // waits for 0-2, at most kStdioWait
-        const bool ready = r > 0 && j < fds.size() && fds[j].revents != 0;
-        if (!ready && now < c.deadline) return false;
-        if (!c.fd.ours()) {
-          c.fd.forget();
-          return true;
-        }
-        return !serve(rt, c, now);
-      });
-      if (incoming && may_open) accept_clients(st);
+      if (may_open) answer_requests(rt);
 
       now = mono_ns();
       if (now >= next_interval && may_open) {
@@ -241,29 +177,6 @@ void* control_thread(void* arg) {
 
 }  // namespace
 
-// A new wake channel, published to the signal handler.
-void build_wake(State& st) {
-  unpublish_wake();
-  st.wake_rd.forget();
-  st.wake_wr.forget();
-  if (st.wake_builds >= kMaxRebuilds) return;
-  ++st.wake_builds;
-  int p[2];
-  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, p) != 0) {
-    add_warning(std::string("control channel unavailable (socketpair: ") + strerror(errno) +
-                "); signals are served once a second");
-    return;
-  }
-  st.wake_rd = io::OwnedFd::adopt(p[0]);
-  st.wake_wr = io::OwnedFd::adopt(p[1]);
-  if (!st.wake_rd.valid() || !st.wake_wr.valid()) {
-    st.wake_rd.close();
-    st.wake_wr.close();
-    return;
-  }
-  publish_wake(st.wake_wr);
-}
-
 void start_thread(Runtime& rt) {
   State& st = *g_state;
   // The thread inherits a full signal mask: program signals always land on
@@ -284,9 +197,6 @@ void start_thread(Runtime& rt) {
     add_warning(std::string("control thread not started: ") + strerror(err));
     return;
   }
-#ifdef __GLIBC__
-  pthread_setname_np(tid, "gpupool-ctl");
-#endif
 }
 
 }  // namespace gpupool::control

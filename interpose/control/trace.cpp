@@ -89,6 +89,7 @@ struct Tracer::Impl {
   std::atomic<std::uint64_t> dropped{0};
 
   bool open_file(bool append, std::string* why);  // under write_mu (or before any thread)
+  bool open_file_here(bool append, std::string* why);  // on the files thread
   // Under write_mu; false when the records were dropped.
   bool write_out(const std::string& out, std::uint64_t records);
   ThreadBuf* mine();
@@ -211,15 +212,22 @@ void Tracer::Impl::drain(ThreadBuf* b) {
 bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
   if (disabled) return false;
   std::string why;
-  // The program closed the descriptor (or reused its number): the records
-  // go on at the end of the same file.
-  if (!file.ours() && !open_file(/*append=*/true, &why)) {
-    file.forget();
-  } else if (io::write_bounded(file.get(), out)) {
+  bool ok = false;
+  // The file is the files thread's (config/io.hpp): so is every use of it.
+  io::in_private([&] {
+    // Closed (or its number reused) under us: the records go on at the end
+    // of the same file.
+    if (!file.ours() && !open_file(/*append=*/true, &why)) {
+      file.forget();
+    } else if (io::write_bounded(file.get(), out)) {
+      ok = true;
+    } else {
+      why = std::string("cannot write the trace file: ") + strerror(errno);
+    }
+  });
+  if (ok) {
     written.fetch_add(records, std::memory_order_relaxed);
     return true;
-  } else {
-    why = std::string("cannot write the trace file: ") + strerror(errno);
   }
   if (dropped.fetch_add(records, std::memory_order_relaxed) == 0)
     log().warn(
@@ -230,6 +238,12 @@ bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
 }
 
 bool Tracer::Impl::open_file(bool append, std::string* why) {
+  bool ok = false;
+  io::in_private([&] { ok = open_file_here(append, why); });
+  return ok;
+}
+
+bool Tracer::Impl::open_file_here(bool append, std::string* why) {
   const std::string path = io::expand_path(pattern, static_cast<long>(getpid()));
   file.forget();
   file = io::open_output(path, append, why);

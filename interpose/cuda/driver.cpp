@@ -1,8 +1,10 @@
 #include "interpose/cuda/driver.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
+#include <cstring>
 
 namespace gpupool::cuda {
 namespace {
@@ -83,7 +85,26 @@ const Driver* init(bool may_load) {
 
 std::atomic<const Driver*> detail::g_driver{nullptr};
 const Driver* detail::resolve_driver() { return init(true); }
-const Driver* driver_if_loaded() { return init(false); }
+namespace {
+// Whether a libcuda is mapped, from the loader's list. dlopen(RTLD_NOLOAD)
+// of a library that is not loaded still searches the library path, opening
+// files among the program's descriptors; the control thread asks every
+// second (config/io.hpp: gpupool takes none of the program's numbers).
+bool libcuda_mapped() {
+  return dl_iterate_phdr(
+             [](dl_phdr_info* info, std::size_t, void*) {
+               const char* slash = info->dlpi_name ? std::strrchr(info->dlpi_name, '/') : nullptr;
+               const char* base = slash ? slash + 1 : info->dlpi_name;
+               return base && std::strncmp(base, "libcuda.so", 10) == 0 ? 1 : 0;
+             },
+             nullptr) != 0;
+}
+}  // namespace
+
+const Driver* driver_if_loaded() {
+  if (Resolved* r = g_resolved.load(std::memory_order_acquire)) return &r->driver;
+  return libcuda_mapped() ? init(false) : nullptr;
+}
 
 void* hook_for(void* real_function) {
   const Resolved* r = g_resolved.load(std::memory_order_acquire);

@@ -67,8 +67,10 @@ io::OwnedFd connect_to(const std::string& name, long pid, unsigned uid, std::uin
 
 }  // namespace
 
-std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
-                        std::uint64_t deadline) {
+namespace {
+
+std::size_t ask_release_here(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
+                             std::uint64_t deadline) {
   for (const std::string& name : control::socket_candidates(uid, pid)) {
     io::OwnedFd fd = connect_to(name, pid, uid, deadline);
     if (!fd.valid()) continue;
@@ -101,14 +103,29 @@ std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t by
   return 0;
 }
 
+}  // namespace
+
+// The sockets are made and used on a thread of gpupool's private
+// descriptor table (config/io.hpp), one of their own: the caller is the
+// program's allocating thread, and the wait must not hold up gpupool's
+// other files.
+std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
+                        std::uint64_t deadline) {
+  std::size_t got = 0;
+  io::in_private_own_thread([&] { got = ask_release_here(pid, uid, uuid, bytes, deadline); });
+  return got;
+}
+
 // Other users' processes, all at once: we cannot see what they hold, so
 // each is asked; one that does not answer (stopped, busy) must not use up
 // the wait the others could have answered in. Each releases up to `bytes`.
 // Each process is asked once: a process may bind any number of names under
 // its own uid and pid (the owner check passes them all), and those must not
 // take the places of the processes that hold memory.
-std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid,
-                            std::size_t bytes, std::uint64_t deadline) {
+namespace {
+
+std::size_t ask_release_all_here(const std::vector<Target>& targets, const Uuid& uuid,
+                                 std::size_t bytes, std::uint64_t deadline) {
   struct Asked {
     io::OwnedFd fd;
     std::string in;
@@ -171,6 +188,15 @@ std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid
     }
   }
   return released;
+}
+
+}  // namespace
+
+std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid,
+                            std::size_t bytes, std::uint64_t deadline) {
+  std::size_t got = 0;
+  io::in_private_own_thread([&] { got = ask_release_all_here(targets, uuid, bytes, deadline); });
+  return got;
 }
 
 }  // namespace gpupool::node

@@ -383,8 +383,17 @@ bool process_alive(long pid, std::uint64_t start) {
   return s == 0 || start == 0 ? true : s == start;  // unknown start time: trust kill()
 }
 
+// Each look opens, locks, reads or writes and closes the file: on gpupool's
+// files thread (config/io.hpp), never among the program's descriptors.
 std::unique_ptr<Registry> Registry::open(const std::string& path, std::string* why,
                                          bool create_missing) {
+  std::unique_ptr<Registry> r;
+  io::in_private([&] { r = open_here(path, why, create_missing); });
+  return r;
+}
+
+std::unique_ptr<Registry> Registry::open_here(const std::string& path, std::string* why,
+                                              bool create_missing) {
   why->clear();
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (open_checked(path, why).valid()) {
@@ -402,6 +411,12 @@ std::unique_ptr<Registry> Registry::open(const std::string& path, std::string* w
 Registry::~Registry() = default;
 
 Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::string* why) {
+  Outcome o = Outcome::unusable;
+  io::in_private([&] { o = publish_here(devices, why); });
+  return o;
+}
+
+Registry::Outcome Registry::publish_here(const std::vector<DeviceUse>& devices, std::string* why) {
   const long pid = getpid();
   if (slot_ >= 0 && token_pid_ != pid) slot_ = -1;  // a forked child
   if (paused(why)) return Outcome::busy;
@@ -475,6 +490,10 @@ Registry::Outcome Registry::publish(const std::vector<DeviceUse>& devices, std::
 }
 
 void Registry::leave() {
+  io::in_private([&] { leave_here(); });
+}
+
+void Registry::leave_here() {
   if (slot_ < 0 || token_pid_ != getpid()) return;
   Look look(path_, /*write=*/true);
   const std::size_t at = kSlotsAt + sizeof(Slot) * slot_;
@@ -498,6 +517,13 @@ void Registry::pause() const {
 
 std::vector<ProcessEntry> Registry::processes(bool skip_self, std::string* why, bool* busy,
                                               std::uint64_t patience_ns) const {
+  std::vector<ProcessEntry> out;
+  io::in_private([&] { out = processes_here(skip_self, why, busy, patience_ns); });
+  return out;
+}
+
+std::vector<ProcessEntry> Registry::processes_here(bool skip_self, std::string* why, bool* busy,
+                                                   std::uint64_t patience_ns) const {
   std::vector<ProcessEntry> out;
   std::vector<Slot> all(kRegistrySlots);
   std::string said;

@@ -104,6 +104,13 @@ class Registry {
 
  private:
   Registry() = default;
+  // The calls above, on the files thread.
+  static std::unique_ptr<Registry> open_here(const std::string& path, std::string* why,
+                                             bool create);
+  Outcome publish_here(const std::vector<DeviceUse>& devices, std::string* why);
+  void leave_here();
+  std::vector<ProcessEntry> processes_here(bool skip_self, std::string* why, bool* busy,
+                                           std::uint64_t patience_ns) const;
   // Whether the registry is left alone now (a lock was held too long), *why
   // then set; pause() starts that second.
   bool paused(std::string* why) const;

@@ -14,6 +14,10 @@
  *                    and the dump happens once they are open
  *   stdio-kept-closed  close 0, 1 and 2, ask for a stats dump, which must
  *                    still come
+ *   stdio-race SECONDS  for that long, close 0, 1 and 2 and reopen them
+ *                    (stderr: the original one, a pipe, reopened), checking
+ *                    that the opens got exactly 0, 1 and 2 while gpupool
+ *                    dumps and logs around it; print "rounds N wrong W"
  *   serve            say "ready PID", wait for stdin to close
  *   fork-busy N      fork N children (each allocates, then exit()s) while
  *                    a thread allocates; a child not gone in 20 s is hung
@@ -297,6 +301,58 @@ static int stdio_kept_closed_scenario(void) {
   return 0;
 }
 
+/* Daemons and shells close 0-2 and reopen them while other threads run:
+   whatever gpupool's threads open meanwhile must never take those numbers,
+   not even for a moment (issue 28, item 7). stderr stays the same pipe (its
+   reopening goes through /proc), so gpupool's log lines to it keep coming;
+   SIGUSR2 every few rounds asks for a release, which logs one. */
+static int high(int fd) {
+  const int moved = fcntl(fd, F_DUPFD_CLOEXEC, 100);
+  close(fd);
+  return moved;
+}
+
+static int stdio_race_scenario(double seconds) {
+  churn(20);
+  const int pooled = dlsym(RTLD_DEFAULT, "gpupool_active") != NULL;
+  const int saved = fcntl(2, F_DUPFD_CLOEXEC, 100);
+  const int null_in = high(open("/dev/null", O_RDONLY));
+  const int null_out = high(open("/dev/null", O_WRONLY));
+  if (saved < 0 || null_in < 0 || null_out < 0) die("dup stderr", errno);
+  char err_path[64];
+  snprintf(err_path, sizeof err_path, "/proc/self/fd/%d", saved);
+  long rounds = 0, wrong = 0;
+  int first[3] = {-1, -1, -1};
+  for (const double until = now_s() + seconds; now_s() < until; ++rounds) {
+    if (pooled && rounds % 16 == 0) raise(SIGUSR2);
+    close(0);
+    close(1);
+    close(2);
+    const int in = open("/dev/null", O_RDONLY);
+    const int out = open("/dev/null", O_WRONLY);
+    const int err = open(err_path, O_WRONLY);
+    if (in != 0 || out != 1 || err != 2) {
+      if (!wrong) first[0] = in, first[1] = out, first[2] = err;
+      ++wrong;
+      /* Put 0-2 back in place for the next round (dup2 takes no free number). */
+      const int got[3] = {in, out, err};
+      for (int i = 0; i < 3; ++i)
+        if (got[i] > 2) close(got[i]);
+      dup2(null_in, 0);
+      dup2(null_out, 1);
+      dup2(saved, 2);
+    }
+    /* A little time with 0-2 open, for gpupool's threads to run. */
+    if (rounds % 4 == 0) usleep(50);
+  }
+  char line[160];
+  const int n = snprintf(line, sizeof line, "rounds %ld wrong %ld first %d %d %d\n", rounds, wrong,
+                         first[0], first[1], first[2]);
+  (void)!write(saved, line, (size_t)n);
+  churn(20);
+  return wrong ? 1 : 0;
+}
+
 static volatile int g_stop;
 
 static void* churner(void* arg) {
@@ -509,6 +565,7 @@ int main(int argc, char** argv) {
     return stdio_kept_closed_scenario();
   }
   gpu_init(argv[1]);
+  if (!strcmp(s, "stdio-race") && argc == 4) return stdio_race_scenario(atof(argv[3]));
   if (!strcmp(s, "closefrom") && argc == 4) return closefrom_scenario(argv[3]);
   if (!strcmp(s, "serve")) {
     churn(50);

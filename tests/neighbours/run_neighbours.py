@@ -657,13 +657,12 @@ elif CHECK == "stdio_closed":
     import threading
     shared = fresh()
     for attempt in range(5):
-        # Logging warnings only: an info line written to a stderr that is a
-        # pipe opens /proc/self/fd/2 for a non-blocking copy, which takes the
-        # lowest free number for a moment, and a program closing 0-2 at that
-        # moment sees it (issue 28, item 7, still open; under
-        # ThreadSanitizer's timing this test lost its release that way).
-        # This test is about the control thread's requests.
-        h = Holder(shared, True, GPUPOOL_LOG="warn", **NO_WATCH)
+        # Logging at info (Holder's) to a stderr that is a pipe: the line's
+        # non-blocking copy of it is opened in gpupool's own descriptor
+        # table, never at a number the program just closed (issue 28,
+        # item 7; before, this test lost its release that way under
+        # ThreadSanitizer, and held its log to warnings).
+        h = Holder(shared, True, **NO_WATCH)
         held = HOLD_BLOCKS * BLOCK_MIB * MIB
         deadline = time.time() + 10  # all its blocks published (the first publish may see some)
         while held_by(shared, h.p.pid) != held and time.time() < deadline:
