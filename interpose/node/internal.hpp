@@ -33,6 +33,9 @@ bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total);
 // every allocation, pooled or not). False when NVML cannot say (no such
 // query, the pid is in another PID namespace).
 bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used);
+// The pids NVML lists as computing on the GPU, sorted (host pids, also
+// for a process in a PID namespace). False when NVML cannot say.
+bool nvml_processes(const Uuid& uuid, std::vector<unsigned>* pids);
 // fork(): prepare waits until the control thread is out of NVML (and
 // keeps it out until parent/child).
 void nvml_fork_prepare() noexcept;

@@ -1,6 +1,12 @@
 #include "interpose/node/node.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <string_view>
 
 #include <algorithm>
 #include <charconv>
@@ -10,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "config/io.hpp"
 #include "config/log.hpp"
 #include "interpose/control/control.hpp"
 #include "interpose/control/socket.hpp"
@@ -49,6 +56,14 @@ struct Device {
   // Managed bytes at the last publication, and when they last fell (memory
   // went back to the driver: a release, a context gone). 0: never.
   std::uint64_t managed = 0, returned_at = 0;
+  // Arrivals: the pids NVML listed on the GPU at the last look, sorted. The
+  // first look (again after a time holding nothing) only learns who is
+  // there.
+  std::vector<unsigned> pids;
+  bool pids_looked = false;
+  // After an arrival, until then (mono ns), blocks reaching the idle age go
+  // back as well: the newcomer may take its memory seconds after it came.
+  std::uint64_t arrival_until = 0;
 };
 
 // Lock order: mu is taken after the CUDA room's locks (add_device runs
@@ -198,6 +213,85 @@ void watch(Runtime& rt, Device& d) {
                uuid_text(d.uuid), free >> 20, threshold >> 20, released >> 20);
 }
 
+constexpr std::uint64_t kArrivalWindowNs = 5000 * kMs;
+
+// `pid` runs gpupool: the registry lists it, or it has the library mapped
+// (a child that has not published yet: DataLoader workers, MPI ranks under
+// gpupool). Such processes ask for memory themselves. /proc/PID/maps is
+// read in gpupool's own descriptor table; in another PID namespace the
+// number names nobody here (or someone else) and the answer is no.
+bool gpupool_process(unsigned pid, const std::vector<ProcessEntry>& listed) {
+  for (const ProcessEntry& p : listed)
+    if (p.pid == static_cast<long>(pid)) return true;
+  bool found = false;
+  io::in_private([&] {
+    char path[48];
+    std::snprintf(path, sizeof path, "/proc/%u/maps", pid);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return;
+    static constexpr char kName[] = "libgpupool";
+    constexpr std::size_t keep = sizeof kName - 2;  // a name cut by a read
+    char buf[16384];
+    std::size_t have = 0;
+    for (;;) {
+      const ssize_t n = ::read(fd, buf + have, sizeof buf - have);
+      if (n <= 0) break;
+      have += static_cast<std::size_t>(n);
+      if (std::string_view(buf, have).find(kName) != std::string_view::npos) {
+        found = true;
+        break;
+      }
+      const std::size_t tail = std::min(have, keep);
+      std::memmove(buf, buf + have - tail, tail);
+      have = tail;
+    }
+    ::close(fd);
+  });
+  return found;
+}
+
+// A process that is not a gpupool process appeared on the GPU: it did not
+// ask, and it may take all the memory it sees at once (JAX, vLLM, a
+// training job's first step). The blocks this process has not reused for
+// GPUPOOL_ARRIVAL_IDLE go back at once, the largest first, and for the next
+// few seconds as more reach that age; blocks in use by a busy loop stay.
+// Control thread.
+void arrivals(Runtime& rt, State& s, Device& d, Registry* reg, std::uint64_t now) {
+  std::vector<unsigned> pids;
+  if (!nvml_processes(d.uuid, &pids)) return;
+  std::vector<unsigned> fresh;
+  std::set_difference(pids.begin(), pids.end(), d.pids.begin(), d.pids.end(),
+                      std::back_inserter(fresh));
+  const bool first = !d.pids_looked;
+  d.pids = std::move(pids);
+  d.pids_looked = true;
+  unsigned arrived = 0;
+  if (!first && !fresh.empty()) {
+    const std::vector<ProcessEntry> listed = reg ? others(reg) : std::vector<ProcessEntry>{};
+    for (unsigned pid : fresh)
+      if (static_cast<long>(pid) != getpid() && !gpupool_process(pid, listed)) {
+        arrived = pid;
+        break;
+      }
+  }
+  if (arrived) d.arrival_until = now + kArrivalWindowNs;
+  if (now >= d.arrival_until) return;
+  const std::uint64_t t0 = mono_ns();
+  std::size_t blocks = 0;
+  const std::size_t bytes = rt.pool.release_idle(d.group, rt.config.arrival_idle_ns, &blocks);
+  if (bytes == 0) return;
+  s.publish_now.store(true, std::memory_order_release);
+  const double ms = double(mono_ns() - t0) / 1e6;
+  if (arrived)
+    log().info("{}: process {} arrived on the GPU: released {} MiB ({} blocks unused for "
+               "GPUPOOL_ARRIVAL_IDLE or longer) in {:.1f} ms",
+               uuid_text(d.uuid), arrived, bytes >> 20, blocks, ms);
+  else
+    log().debug("{}: after an arrival, {} MiB more ({} blocks) reached GPUPOOL_ARRIVAL_IDLE "
+                "and were released",
+                uuid_text(d.uuid), bytes >> 20, blocks);
+}
+
 }  // namespace
 
 void add_device(Runtime& rt, const Uuid& uuid, const std::string& group, std::size_t total) {
@@ -232,10 +326,17 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now) {
   for (const Device* d : devs) holding = holding || (d->held > 0 && d->uuid != kHostMemory);
   const config::SizeSpec& pf = rt.config.pressure_free;
   const bool watching = pf.unlimited || (pf.percent ? pf.fraction > 0 : pf.bytes > 0);
-  if (interval && holding && watching) {
+  const bool arrivals_on = rt.config.arrival_idle_ns > 0;
+  if (interval && holding && (watching || arrivals_on)) {
     if (now >= s.next_watch) {
-      for (Device* d : devs)
-        if (d->held > 0 && d->uuid != kHostMemory) watch(rt, *d);  // NVML sees GPUs only
+      for (Device* d : devs) {
+        if (d->held == 0 || d->uuid == kHostMemory) {  // NVML sees GPUs only
+          d->pids_looked = false;  // who comes meanwhile is no arrival
+          continue;
+        }
+        if (arrivals_on) arrivals(rt, s, *d, reg, now);
+        if (watching) watch(rt, *d);
+      }
       s.next_watch = now + interval;
       refresh(rt, devs, reg);
     }

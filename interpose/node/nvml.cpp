@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <new>
@@ -136,6 +137,23 @@ bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used) {
       return true;
     }
   return false;  // not listed (another PID namespace, or nothing used yet)
+}
+
+bool nvml_processes(const Uuid& uuid, std::vector<unsigned>* pids) {
+  Gate gate;
+  Session* sp = g_session.load(std::memory_order_acquire);
+  if (!sp || !gate.open()) return false;
+  std::lock_guard lock(sp->mu);
+  Nvml& n = sp->nvml;
+  nvmlDevice_t dev = device_of(n, uuid);
+  if (!dev || !n.processes) return false;
+  nvmlProcessInfo_v1_t infos[64];
+  unsigned count = 64;
+  if (n.processes(dev, &count, infos) != kNvmlSuccess) return false;
+  pids->clear();
+  for (unsigned i = 0; i < count && i < 64; ++i) pids->push_back(infos[i].pid);
+  std::sort(pids->begin(), pids->end());
+  return true;
 }
 
 bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total) {

@@ -39,6 +39,9 @@
  *   neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]] host
  * ("info" still reports device memory.)
  *
+ * NEIGHBOUR_START_DELAY_MS: wait that long after the context exists, before
+ * the command (a program that loads a model before it allocates).
+ *
  * Every line is flushed at once; errors go to stderr with exit status 1.
  * Device 0, or the ordinal in NEIGHBOUR_DEVICE (so that two processes can
  * name one GPU by different ordinals, with CUDA_VISIBLE_DEVICES). */
@@ -276,6 +279,8 @@ int main(int argc, char** argv) {
   CUcontext ctx;
   check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
   check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  const char* delay = getenv("NEIGHBOUR_START_DELAY_MS");
+  if (delay && *delay) sleep_ms(strtol(delay, NULL, 0));
 
   const char* cmd = argv[1];
   if (argc > 3 && strcmp(argv[argc - 1], "host") == 0 && strcmp(cmd, "info") != 0) {

@@ -289,6 +289,40 @@ elif CHECK == "pressure":
     check(n == n0, f"without NVML the neighbour got {n}, not {n0}")
     check(herr.count("NVML did not start") == 1, f"NVML failure not said once: {herr[-800:]}")
 
+elif CHECK == "arrival":
+    # A process that is not gpupool's comes to the GPU (NVML lists it once
+    # its context exists: STANDIN_CONTEXT_BYTES), loads for 300 ms, then
+    # takes all it can at once. The holder, idle longer than
+    # GPUPOOL_ARRIVAL_IDLE, gives its blocks back when it sees it arrive:
+    # the newcomer gets what it gets beside a holder without gpupool. The
+    # pressure watch is off, so only the arrival can help.
+    arrive = {"NEIGHBOUR_START_DELAY_MS": 300, "STANDIN_CONTEXT_BYTES": 512}
+    quiet = {**NO_WATCH, "GPUPOOL_ARRIVAL_IDLE": "300ms"}
+
+    def arrival(holder_pooled, neighbour_pooled, holder_env):
+        shared = fresh()
+        h = Holder(shared, holder_pooled, **holder_env)
+        time.sleep(0.5)  # the holder's blocks idle past GPUPOOL_ARRIVAL_IDLE
+        try:
+            n, err, _, nerr = grab(shared, neighbour_pooled, **arrive)
+        finally:
+            herr = h.finish()
+        return n, herr, nerr
+
+    raw, _, _ = arrival(False, False, {})
+    n, herr, nerr = arrival(True, False, quiet)
+    check(n == raw, f"beside an idle holder the newcomer got {n} of {raw} blocks: {herr[-800:]}")
+    check("arrived on the GPU" in herr, f"the holder did not say why it released: {herr[-600:]}")
+    off, herr, _ = arrival(True, False, {**quiet, "GPUPOOL_ARRIVAL_IDLE": "0"})
+    check(off <= raw - HOLD_BLOCKS, f"arrivals not watched, yet the newcomer got {off} of {raw}")
+    # A holder busy with its blocks (reused within GPUPOOL_ARRIVAL_IDLE) keeps them.
+    busy, herr, _ = arrival(True, False, {**quiet, "GPUPOOL_ARRIVAL_IDLE": "1m"})
+    check(busy <= raw - HOLD_BLOCKS, f"blocks idle under GPUPOOL_ARRIVAL_IDLE went: {busy} of {raw}")
+    # A gpupool process asks for itself: its arrival releases nothing (it
+    # may still ask when it runs out, which the log says differently).
+    _, herr, _ = arrival(True, True, quiet)
+    check("arrived on the GPU" not in herr, f"a gpupool newcomer counted as an arrival: {herr[-600:]}")
+
 elif CHECK == "self":
     # Pressure the holder makes itself is not a reason to release: a process
     # alone at the edge of its GPU keeps its pool, also when what grows is
