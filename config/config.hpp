@@ -56,7 +56,7 @@ struct Config {
   std::uint64_t neighbour_wait_ns = 500'000'000;
   SizeSpec pressure_free;         // default 4%, see options.def
   std::uint64_t pressure_interval_ns = 20'000'000;
-  std::uint64_t arrival_idle_ns = 1'000'000'000;
+  std::uint64_t arrival_idle_ns = 200'000'000;
   std::string registry;           // empty: node::default_registry_path()
 
   LogLevel log_level = LogLevel::warn;

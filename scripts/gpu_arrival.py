@@ -2,7 +2,7 @@
 """An arriving neighbour on a real GPU (issue 25; README: "Sharing a GPU").
 
 A holder (tests/cuda/neighbour.c "hold") allocates HOLD_GIB blocks of 1 GiB,
-frees them and stays idle; 1.5 s later a program without gpupool starts and
+frees them and stays idle; IDLE seconds later (--idle, 1.5) a program without gpupool starts and
 takes memory at once. Each case runs beside a holder without gpupool (the
 reference) and beside one under gpupool, in this one call.
 
@@ -33,6 +33,7 @@ ap.add_argument("lib")
 ap.add_argument("neighbour")
 ap.add_argument("--hold-gib", type=int, default=60)
 ap.add_argument("--cases", default="c,c-load,torch,memgetinfo,jax,loop,release")
+ap.add_argument("--idle", type=float, default=1.5)
 a = ap.parse_args()
 LIB = os.path.realpath(a.lib)
 GIB = 1 << 30
@@ -66,6 +67,8 @@ TORCH_LOOP = r"""
 import sys, time, torch
 t_end = time.time() + float(sys.argv[1])
 torch.empty(1, device="cuda")
+print("started", flush=True)
+t_end = time.time() + float(sys.argv[1])
 out = []
 while time.time() < t_end:
     t0 = time.time()
@@ -126,7 +129,7 @@ def side_by_side(case):
     notes = []
     for pooled in (False, True):
         h = holder(pooled)
-        time.sleep(1.5)  # idle past GPUPOOL_ARRIVAL_IDLE (1 s)
+        time.sleep(a.idle)  # idle past GPUPOOL_ARRIVAL_IDLE or not
         cmd, extra = newcomer(case)
         t0 = time.time()
         r = subprocess.run(cmd, env=env(False, **extra), capture_output=True, text=True, timeout=240)
@@ -142,7 +145,7 @@ def side_by_side(case):
     return got, notes
 
 
-print(f"Holder: {a.hold_gib} x 1 GiB allocated, freed, idle 1.5 s (cuda_neighbour hold).")
+print(f"Holder: {a.hold_gib} x 1 GiB allocated, freed, idle {a.idle} s (cuda_neighbour hold).")
 print("| newcomer (no gpupool) | beside a holder without gpupool | beside a holder under gpupool | ratio |")
 print("|---|---|---|---|")
 for case in a.cases.split(","):
@@ -158,6 +161,7 @@ for case in a.cases.split(","):
         p = subprocess.Popen([sys.executable, "-c", TORCH_LOOP, "6"],
                              env=env(True, PYTORCH_NO_CUDA_MEMORY_CACHING=1), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
+        p.stdout.readline()  # "started": torch is up
         time.sleep(2.0)
         t_arrive = time.time()
         r = subprocess.run([a.neighbour, "grab", "1024", "0", "20"], env=env(False),
