@@ -144,7 +144,8 @@ def scenario(holder_pooled, neighbour_pooled, interval_ms=0, holder_env=None, ne
     return n, err, took, herr, nerr
 
 
-NO_WATCH = {"GPUPOOL_PRESSURE_FREE": "0"}
+# Neither the pressure watch nor arrivals: only requests release.
+NO_WATCH = {"GPUPOOL_PRESSURE_FREE": "0", "GPUPOOL_ARRIVAL_IDLE": "0"}
 
 
 def alone(pooled):
@@ -272,8 +273,10 @@ elif CHECK == "pressure":
     # A neighbour not under gpupool, allocating a block every 50 ms: the
     # holder sees the GPU's free memory fall (NVML) and releases.
     # 19% of 256 MiB: 48.6 MiB, three blocks.
-    watch = {"GPUPOOL_PRESSURE_FREE": "19%", "GPUPOOL_PRESSURE_INTERVAL": "10ms"}
-    n0, _, _, _, _ = scenario(True, False, 50, holder_env={"GPUPOOL_PRESSURE_FREE": "0"})
+    # (Arrivals off: the newcomer would be seen arriving, the other way to help.)
+    watch = {"GPUPOOL_PRESSURE_FREE": "19%", "GPUPOOL_PRESSURE_INTERVAL": "10ms",
+             "GPUPOOL_ARRIVAL_IDLE": "0"}
+    n0, _, _, _, _ = scenario(True, False, 50, holder_env=NO_WATCH)
     check(n0 <= ALL_BLOCKS - HOLD_BLOCKS, f"no watch: neighbour got {n0} blocks")
     n, err, _, herr, _ = scenario(True, False, 50, holder_env=watch)
     check(n >= ALL_BLOCKS - 1, f"plain neighbour got {n} of {ALL_BLOCKS} blocks with the watch on")
