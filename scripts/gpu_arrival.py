@@ -70,15 +70,18 @@ torch.empty(1, device="cuda")
 print("started", flush=True)
 t_end = time.time() + float(sys.argv[1])
 out = []
+bad = 0
 while time.time() < t_end:
     t0 = time.time()
     xs = [torch.empty(256 << 20, dtype=torch.uint8, device="cuda") for _ in range(8)]
     for x in xs: x.fill_(1)
-    s = sum(int(x[:16].sum()) for x in xs)
+    s = sum(int(x.sum(dtype=torch.int64)) for x in xs)
+    bad += s != 8 * (256 << 20)
     del xs
     torch.cuda.synchronize()
     out.append((t0, time.time() - t0))
 for t0, dt in out: print(f"step {t0:.4f} {dt * 1e3:.3f}")
+print(f"wrong sums {bad}")
 """
 
 
@@ -177,7 +180,9 @@ for case in a.cases.split(","):
               f"{med(lambda t: t < t_arrive)} | during: {med(lambda t: t_arrive <= t < t_left + 1)}, "
               f"after: {med(lambda t: t >= t_left + 1)} | newcomer got {m.group(1) if m else '?'} of 20 |",
               flush=True)
-        print(f"  holder said: {re.findall(r'arrived on the GPU.*', err)[:2]}", flush=True)
+        said = re.findall(r"arrived on the GPU.*", err)[:2]
+        wrong = re.findall(r"wrong sums \d+", out)
+        print(f"  holder said: {said}; {wrong}", flush=True)
     elif case == "release":
         for mib, count in ((1024, a.hold_gib), (2, 2000)):
             h = holder(True, mib, count)
