@@ -1,7 +1,5 @@
 #include "config/io.hpp"
 
-#include "config/log.hpp"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -471,8 +469,7 @@ struct Files {
   bool inline_only = false;  // no private table here: work runs where asked
   bool gate = false;         // fork() is waiting: no new work starts
   int busy = 0;              // private threads inside a job or PrivateWork
-  bool said = false;         // inline_only logged
-  int unshare_errno = 0;
+  int unshare_errno = 0;     // why inline_only
 };
 
 std::atomic<bool> g_enabled{false};
@@ -612,6 +609,15 @@ void enable_private_files() { g_enabled.store(true, std::memory_order_release); 
 
 bool on_private_thread() { return t_private; }
 
+int start_private_files() {
+  if (t_private || !g_enabled.load(std::memory_order_acquire)) return 0;
+  Files& f = *g_files;
+  std::unique_lock lk(f.mu);
+  return ensure_started(f, lk) || !f.inline_only ? 0 : f.unshare_errno;
+}
+
+// Nothing here logs (io.hpp: start_private_files): the first call may come
+// from the logger's sink, which holds its lock meanwhile.
 void in_private_work(Work fn) {
   if (t_private || !g_enabled.load(std::memory_order_acquire)) {
     fn();
@@ -620,13 +626,7 @@ void in_private_work(Work fn) {
   Files& f = *g_files;
   std::unique_lock lk(f.mu);
   if (!ensure_started(f, lk)) {
-    const bool say = f.inline_only && !f.said;
-    f.said = f.said || say;
     lk.unlock();
-    if (say)
-      log().debug("no private descriptor table for gpupool's files (unshare: {}); they are "
-                  "opened among the program's and moved above 2",
-                  strerror(f.unshare_errno));
     fn();
     return;
   }

@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <pthread.h>
+#include <string.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -69,7 +70,13 @@ Runtime* create() {
   const config::Config& cfg = config::get();
   if (cfg.disable) return nullptr;
   // From here on, gpupool's descriptors are created in a table of their own.
+  // Where none can be made it is said here, in the program's call: the
+  // first file work may come from inside the logger, which must not log.
   io::enable_private_files();
+  if (const int e = io::start_private_files())
+    log().debug("no private descriptor table for gpupool's files (unshare: {}); they are "
+                "opened among the program's and moved above 2",
+                strerror(e));
   // The time zone, read once by the first local time: here, inside the
   // program's own call, not later on one of gpupool's threads.
   tzset();
