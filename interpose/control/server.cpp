@@ -190,7 +190,10 @@ bool send_answer(Client& c) {
 }
 
 // The control thread's answer to one request; waits for it (not counted as
-// private work, so fork() never waits for this wait).
+// private work, so fork() never waits for this wait). The request lives on
+// this stack: once the control thread has taken it from the queue, it
+// writes the answer here, so this returns before that only while the
+// request is still queued (taken back).
 std::string ask_control(State& st, const Client& c) {
   State::Request req;
   req.line = c.in;
@@ -201,10 +204,10 @@ std::string ask_control(State& st, const Client& c) {
   poke();
   lock.lock();
   while (!req.done) {
-    if (exiting() || !st.thread_running.load()) {
-      std::erase(st.requests, &req);
+    if ((exiting() || !st.thread_running.load()) && std::erase(st.requests, &req) != 0)
       return "error exiting the process is exiting\n";
-    }
+    // Being answered (answer_requests always finishes one it took), or
+    // still queued for a control thread that runs.
     st.req_cv.wait_for(lock, std::chrono::milliseconds(100));
   }
   return std::move(req.answer);
