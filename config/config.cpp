@@ -832,6 +832,8 @@ const Config& parsed_config() { return parsed().config; }
 const std::vector<Diagnostic>& parsed_diagnostics() { return parsed().diagnostics; }
 }  // namespace detail
 
+const Config& get_unlogged() { return detail::parsed_config(); }
+
 const Config& get() {
   const Config& c = detail::parsed_config();
   // Makes sure the diagnostics have been logged (once, by log()).

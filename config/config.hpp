@@ -96,6 +96,11 @@ Config load(const char* const* envp, bool secure, std::vector<Diagnostic>* diagn
 // are logged once, through the gpupool logger.
 const Config& get();
 
+// get() without logging (and so without building the logger, which opens
+// GPUPOOL_LOG_FILE): for the preloaded library's start, which turns its
+// files thread on first (config/io.hpp).
+const Config& get_unlogged();
+
 // One row of the table, for `gpupool env` and the README check.
 struct OptionInfo {
   const char* name;

@@ -1,7 +1,5 @@
 #include "config/io.hpp"
 
-#include "config/log.hpp"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -128,6 +126,15 @@ bool pump_blocking(int fd, const char* p, std::size_t n, std::uint64_t deadline,
     n -= static_cast<std::size_t>(w);
   }
   return true;
+}
+
+// fstat() of the file a write goes to, by itself and never inlined:
+// ThreadSanitizer models a descriptor as memory, and reports the program's
+// open() or close() of 2 against gpupool's look at its current stderr; that
+// is the case gpupool is written for (the number is checked, not trusted),
+// and tests/tsan.supp suppresses this function, not its callers.
+[[gnu::noinline]] bool stat_of_write_target(int fd, struct stat* st) {
+  return fstat(fd, st) == 0;
 }
 
 bool write_plain(int fd, const char* p, std::size_t n) {
@@ -308,7 +315,7 @@ OwnedFd open_output(const std::string& path, bool append, std::string* why) {
 bool write_bounded(int fd, const void* data, std::size_t n, std::uint64_t timeout_ns) {
   const char* p = static_cast<const char*>(data);
   struct stat st;
-  if (fstat(fd, &st) != 0) return false;
+  if (!stat_of_write_target(fd, &st)) return false;
   // Regular files and block devices never wait for a reader.
   if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) return write_plain(fd, p, n);
   const FileId id{st.st_dev, st.st_ino};
@@ -323,11 +330,13 @@ bool write_bounded(int fd, const void* data, std::size_t n, std::uint64_t timeou
     // can be non-blocking without changing the program's. Opened on the
     // files thread, through this thread's table in /proc: a descriptor
     // opened here would take the lowest free number of the program's.
+    // Without a private table it runs here all the same: moved above 2 at
+    // once (a program that closed 0 gets 0 back from its next open).
     char proc[64];
     snprintf(proc, sizeof proc, "/proc/self/task/%ld/fd/%d", static_cast<long>(syscall(SYS_gettid)), fd);
     int state = 0;  // 1: written (ok says how), 2: no reader, 0: not reopened
     in_private([&] {
-      const int own = ::open(proc, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+      const int own = above_stdio(::open(proc, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
       if (own < 0) {
         if (errno == ENXIO) state = 2;
         return;
@@ -471,8 +480,7 @@ struct Files {
   bool inline_only = false;  // no private table here: work runs where asked
   bool gate = false;         // fork() is waiting: no new work starts
   int busy = 0;              // private threads inside a job or PrivateWork
-  bool said = false;         // inline_only logged
-  int unshare_errno = 0;
+  int unshare_errno = 0;     // why inline_only
 };
 
 std::atomic<bool> g_enabled{false};
@@ -612,6 +620,15 @@ void enable_private_files() { g_enabled.store(true, std::memory_order_release); 
 
 bool on_private_thread() { return t_private; }
 
+int start_private_files() {
+  if (t_private || !g_enabled.load(std::memory_order_acquire)) return 0;
+  Files& f = *g_files;
+  std::unique_lock lk(f.mu);
+  return ensure_started(f, lk) || !f.inline_only ? 0 : f.unshare_errno;
+}
+
+// Nothing here logs (io.hpp: start_private_files): the first call may come
+// from the logger's sink, which holds its lock meanwhile.
 void in_private_work(Work fn) {
   if (t_private || !g_enabled.load(std::memory_order_acquire)) {
     fn();
@@ -620,13 +637,7 @@ void in_private_work(Work fn) {
   Files& f = *g_files;
   std::unique_lock lk(f.mu);
   if (!ensure_started(f, lk)) {
-    const bool say = f.inline_only && !f.said;
-    f.said = f.said || say;
     lk.unlock();
-    if (say)
-      log().debug("no private descriptor table for gpupool's files (unshare: {}); they are "
-                  "opened among the program's and moved above 2",
-                  strerror(f.unshare_errno));
     fn();
     return;
   }

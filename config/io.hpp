@@ -126,11 +126,20 @@ bool replace_file(const std::string& path, const std::string& data, std::string*
 // program's reader from seeing EOF). It never calls a GPU driver or NVML:
 // their descriptors are in the program's table. Where no private table can
 // be made (a seccomp filter), in_private runs the work where it is called,
-// as before (numbers moved above 2 at once), said once in the debug log.
+// as before (numbers moved above 2 at once); the library's start says so in
+// the debug log (start_private_files).
 
 // Turns the files thread on for this process (the preloaded library does,
 // at start); until then, and in other programs, in_private runs inline.
 void enable_private_files();
+
+// Starts the files thread now if this process has none. 0 when gpupool's
+// files get a table of their own (or the thread could not be started yet:
+// tried again at the next in_private); else unshare's errno, and
+// in_private runs work where it is called. Logs nothing, and neither does
+// in_private: the logger's sink calls in_private with its lock held, so a
+// line logged from there would wait for itself. The caller says it.
+int start_private_files();
 
 // A callable by reference, without allocating (host memory may be out).
 class Work {

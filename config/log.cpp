@@ -52,6 +52,17 @@ class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
   void fork_prepare() { mutex_.lock(); }
   void fork_release() { mutex_.unlock(); }
 
+  // log_file_to_private_table(), on a thread of the program's table.
+  void to_private_table() {
+    std::lock_guard lock(mutex_);
+    if (pattern_.empty() || !file_in_program_ || io::on_private_thread() ||
+        io::start_private_files() != 0)
+      return;
+    file_.close();  // this thread's table is the program's: closed if still ours
+    std::string why;
+    io::in_private([&] { reopen(&why); });  // a failure is said by the next line
+  }
+
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     spdlog::memory_buf_t buf;
@@ -85,19 +96,25 @@ class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
   bool reopen(std::string* why) {
     pid_ = getpid();
     const std::string path = io::expand_path(pattern_, static_cast<long>(pid_));
-    file_.forget();  // not ours any more, or the parent's (fork)
+    // Not ours any more (forgotten), or the parent's (fork): closed where
+    // this table has it, a forked child's copy without a private table.
+    file_.close();
     file_ = io::open_output(path, /*append=*/true, why);
+    file_in_program_ = !io::on_private_thread();
     if (!file_.valid()) *why = "GPUPOOL_LOG_FILE=\"" + pattern_ + "\": " + *why;
     return file_.valid();
   }
 
   std::string pattern_;
   io::OwnedFd file_;
+  bool file_in_program_ = false;  // opened in the program's table (no files thread then)
   pid_t pid_ = 0;
   bool warned_ = false;
 };
 
-FdSink* g_sink = nullptr;  // the process logger's sink, for fork
+// The process logger's sink, for fork and the library's start (which may
+// run beside the thread that builds the logger).
+std::atomic<FdSink*> g_sink{nullptr};
 
 spdlog::level::level_enum to_spdlog(config::LogLevel l) {
   switch (l) {
@@ -133,7 +150,7 @@ spdlog::logger& log() {
   // while the process exits.
   static const std::shared_ptr<spdlog::logger>* const holder = [] {
     auto* h = new std::shared_ptr<spdlog::logger>(make_logger(config::detail::parsed_config(), &problem));
-    g_sink = static_cast<FdSink*>((*h)->sinks().front().get());
+    g_sink.store(static_cast<FdSink*>((*h)->sinks().front().get()), std::memory_order_release);
     return h;
   }();
   spdlog::logger* const logger = holder->get();
@@ -146,12 +163,16 @@ spdlog::logger& log() {
   return *logger;
 }
 
+void log_file_to_private_table() {
+  if (FdSink* s = g_sink.load(std::memory_order_acquire)) s->to_private_table();
+}
+
 void log_fork_prepare() {
-  if (g_sink) g_sink->fork_prepare();
+  if (FdSink* s = g_sink.load(std::memory_order_acquire)) s->fork_prepare();
 }
 
 void log_fork_release() {
-  if (g_sink) g_sink->fork_release();
+  if (FdSink* s = g_sink.load(std::memory_order_acquire)) s->fork_release();
 }
 
 }  // namespace gpupool

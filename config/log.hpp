@@ -19,6 +19,12 @@ spdlog::logger& log();
 void log_fork_prepare();
 void log_fork_release();
 
+// The preloaded library's start, once its files thread is on (config/io.hpp),
+// on the program's thread: a log file the logger opened before (something
+// logged first) is in the program's table; it is closed there and opened
+// again in the private one. Nothing to do where there is no private table.
+void log_file_to_private_table();
+
 // A logger as log() builds it, for `config`: named "gpupool", pattern
 // "gpupool[PID]: LEVEL: message", writing to config.log_file (appended, %p
 // the pid, opened as config/io.hpp's open_output does) or stderr, never

@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <pthread.h>
+#include <string.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -66,10 +67,23 @@ PoolOptions pool_options(const config::Config& c) {
 }
 
 Runtime* create() {
-  const config::Config& cfg = config::get();
-  if (cfg.disable) return nullptr;
-  // From here on, gpupool's descriptors are created in a table of their own.
+  const config::Config& cfg = config::get_unlogged();
+  if (cfg.disable) {
+    (void)config::get();  // its diagnostics logged
+    return nullptr;
+  }
+  // From here on, gpupool's descriptors are created in a table of their own,
+  // the log file's included: the logger is built (config::get) after this,
+  // or its file, opened before by a line logged first, is moved there.
+  // Where no table can be made it is said here, in the program's call: the
+  // first file work may come from inside the logger, which must not log.
   io::enable_private_files();
+  log_file_to_private_table();
+  (void)config::get();
+  if (const int e = io::start_private_files())
+    log().debug("no private descriptor table for gpupool's files (unshare: {}); they are "
+                "opened among the program's and moved above 2",
+                strerror(e));
   // The time zone, read once by the first local time: here, inside the
   // program's own call, not later on one of gpupool's threads.
   tzset();

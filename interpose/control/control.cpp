@@ -151,9 +151,13 @@ void fork_child() {
 void fork_renew() {
   if (!g_state) return;
   State& st = *g_state;
-  // The parent's socket and clients were in its files thread's table,
-  // which the child does not have: nothing to close.
-  st.listen.forget();
+  // The parent's socket was in its files thread's table, which the child
+  // does not have: nothing to close. Where there was none, it is a copy in
+  // the child's table: closed (if the number is still that socket).
+  if (st.listen_private)
+    st.listen.forget();
+  else
+    st.listen.close();
   st.dumps_dropped.store(0);
   if (st.tracer && !st.tracer->renew_in_child()) {
     st.recorder->drop_tracer();

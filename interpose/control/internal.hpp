@@ -51,6 +51,10 @@ struct State {
   // The control socket, a number of the private table: only the server
   // thread (and start, on the files thread) uses it.
   io::OwnedFd listen;
+  // Made on a thread of the private table; false where none could be made
+  // (io.hpp): then it is a number of the program's, which the program may
+  // close and reuse, and which a forked child has a copy of.
+  bool listen_private = false;
   std::string socket_name;
   std::string socket_taken;  // the usual name, when another process holds it
   int listen_error = 0;      // why there is no socket

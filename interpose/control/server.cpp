@@ -31,6 +31,10 @@ constexpr std::size_t kMaxClients = 8;  // past this, the oldest is dropped
 // connections push out their own oldest, never the user's.
 constexpr std::size_t kMaxForeignClients = 4;
 constexpr std::size_t kMaxRequest = 512;
+// Without a private table: how often a socket the program closed is bound
+// again, and how long a poll() lasts before the numbers are checked again.
+constexpr int kMaxRebuilds = 16;
+constexpr int kSharedTablePollMs = 100;
 
 std::string held_summary(const Stats& before, const Stats& after) {
   return "released " +
@@ -99,6 +103,7 @@ void build_listen(State& st) {
   }
   st.socket_name = name;
   st.listen = std::move(fd);
+  st.listen_private = io::on_private_thread();
 }
 
 namespace {
@@ -190,7 +195,10 @@ bool send_answer(Client& c) {
 }
 
 // The control thread's answer to one request; waits for it (not counted as
-// private work, so fork() never waits for this wait).
+// private work, so fork() never waits for this wait). The request lives on
+// this stack: once the control thread has taken it from the queue, it
+// writes the answer here, so this returns before that only while the
+// request is still queued (taken back).
 std::string ask_control(State& st, const Client& c) {
   State::Request req;
   req.line = c.in;
@@ -201,10 +209,10 @@ std::string ask_control(State& st, const Client& c) {
   poke();
   lock.lock();
   while (!req.done) {
-    if (exiting() || !st.thread_running.load()) {
-      std::erase(st.requests, &req);
+    if ((exiting() || !st.thread_running.load()) && std::erase(st.requests, &req) != 0)
       return "error exiting the process is exiting\n";
-    }
+    // Being answered (answer_requests always finishes one it took), or
+    // still queued for a control thread that runs.
     st.req_cv.wait_for(lock, std::chrono::milliseconds(100));
   }
   return std::move(req.answer);
@@ -217,7 +225,32 @@ void server_main(void* arg) {
 #endif
   std::vector<Client> clients;
   std::vector<pollfd> fds;
+  // Without a private table (io.hpp) the numbers are the program's, which
+  // may close them and get them back for its own files: each is checked
+  // before every round, and the socket bound again once it is gone.
+  const bool shared_table = !io::on_private_thread();
+  int rebuilds = 0;
   for (;;) {
+    if (shared_table) {
+      std::erase_if(clients, [](Client& c) {
+        if (c.fd.ours()) return false;
+        c.fd.forget();
+        return true;
+      });
+      if (!st.listen.ours()) {
+        st.listen.forget();
+        if (rebuilds++ < kMaxRebuilds) {
+          io::PrivateWork work;
+          build_listen(st);
+        }
+        if (!st.listen.valid()) {
+          log().warn("control socket: closed by the program and not bound again; `gpupool "
+                     "stats PID` cannot reach this process any more");
+          return;
+        }
+        log().info("control socket: closed by the program; bound again as @{}", st.socket_name);
+      }
+    }
     std::uint64_t now = mono_ns();
     std::uint64_t next = UINT64_MAX;
     fds.clear();
@@ -226,10 +259,10 @@ void server_main(void* arg) {
       fds.push_back({c.fd.get(), static_cast<short>(c.answering ? POLLOUT : POLLIN), 0});
       next = std::min(next, c.deadline);
     }
-    const int timeout_ms =
-        next == UINT64_MAX ? -1
-        : next <= now      ? 0
-                           : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
+    int timeout_ms = next == UINT64_MAX ? -1
+                     : next <= now      ? 0
+                                        : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
+    if (shared_table && (timeout_ms < 0 || timeout_ms > kSharedTablePollMs)) timeout_ms = kSharedTablePollMs;
     const int r = ::poll(fds.data(), fds.size(), timeout_ms);
     if (r < 0 && errno != EINTR) return;
     std::vector<Client*> asking;

@@ -36,9 +36,11 @@ struct Mapping {
   std::size_t n = 0;
   Mapping(const std::string& path) {
     // Opened on gpupool's files thread (config/io.hpp); the mapping is the
-    // process's.
+    // process's. Never waits: a FIFO at that path (anything but a regular
+    // file is left alone below) would hold the files thread, and fork(),
+    // forever. Moved above 2 where there is no private table.
     io::in_private([&] {
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      const int fd = io::above_stdio(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
       if (fd < 0) return;
       struct stat st{};
       if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {

@@ -418,7 +418,11 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
   if (rt->config.neighbours == config::Neighbours::all && released < bytes &&
       mono_ns() < deadline) {
     std::vector<Target> others;
-    for (control::SocketName& sock : control::listed_sockets())
+    // /proc/net/unix is opened on the files thread (config/io.hpp): this is
+    // the program's allocating thread, whose table is the program's.
+    std::vector<control::SocketName> listed;
+    io::in_private([&] { listed = control::listed_sockets(); });
+    for (control::SocketName& sock : listed)
       if (sock.uid != geteuid()) others.push_back({sock.pid, sock.uid, std::move(sock.name)});
     if (!others.empty()) {
       const std::uint64_t t0 = mono_ns();

@@ -31,9 +31,13 @@
  *   spawn            start `host_program API probe` without LD_PRELOAD
  *   probe            allocate; print whether libgpupool is mapped here
  *   environ          print OPENCL_LAYERS as environ has it
+ *   fds-list         allocate, then print "fds" and what each of its open
+ *                    descriptors refers to; a forked child does the same
+ *                    ("child-fds") after allocating itself
  */
 #define _GNU_SOURCE
 #include <CL/cl.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <malloc.h>
 #include <errno.h>
@@ -541,6 +545,43 @@ static int environ_scenario(void) {
   return 0;
 }
 
+/* "WHAT target target ...": every open descriptor but the listing's own. */
+static void print_fds(const char* what) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) die("opendir", errno);
+  printf("%s", what);
+  for (struct dirent* e; (e = readdir(d));) {
+    if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d)) continue;
+    char path[64], target[4096];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n < 0) continue;
+    target[n] = 0;
+    printf(" %s", target);
+  }
+  closedir(d);
+  printf("\n");
+  fflush(stdout);
+}
+
+/* What gpupool leaves in the program's table once it runs (its threads
+   started, its files open), in the process and in a forked child. */
+static int fds_list_scenario(void) {
+  churn(20);
+  usleep(300000);
+  print_fds("fds");
+  pid_t pid = fork();
+  if (pid == 0) {
+    churn(20);
+    usleep(300000);
+    print_fds("child-fds");
+    exit(0);
+  }
+  int status = 0;
+  if (wait_or_kill(pid, 20, &status) < 0) return 1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: host_program opencl|cuda SCENARIO [ARGS]\n");
@@ -582,6 +623,7 @@ int main(int argc, char** argv) {
   if (!strcmp(s, "spawn")) return spawn_scenario(argv[0], argv[1]);
   if (!strcmp(s, "probe")) return probe_scenario();
   if (!strcmp(s, "environ")) return environ_scenario();
+  if (!strcmp(s, "fds-list")) return fds_list_scenario();
   fprintf(stderr, "host_program: unknown scenario %s\n", s);
   return 2;
 }

@@ -3,7 +3,7 @@
 promises the host program"), checked on real processes: host_program under
 the preloaded library, on PoCL (OpenCL) or the stand-in libcuda.so.1 (CUDA).
 
-usage: run_host.py PROGRAM LAUNCHER API CHECK ALLOC_FAILURE_PROGRAM
+usage: run_host.py PROGRAM LAUNCHER API CHECK ALLOC_FAILURE_PROGRAM NO_UNSHARE_LIB
 
 Each check fails on what was seen before the fix: a hang, the program's own
 data read or overwritten, a file replaced, a signal taken from it. Bounds on
@@ -11,6 +11,7 @@ time are hang checks (seconds where the broken behaviour took minutes or
 forever), not speed targets. Checks that need root (a second user, a
 device node) say "skipped" without it.
 """
+import collections
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import tempfile
 import threading
 import time
 
-PROGRAM, LAUNCHER, API, CHECK, ALLOC_FAILURE = sys.argv[1:6]
+PROGRAM, LAUNCHER, API, CHECK, ALLOC_FAILURE, NO_UNSHARE = sys.argv[1:7]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
 STANDIN = os.environ.get("STANDIN_DIR", "")
 # In sanitizer builds the runtime comes first in the preload list; the
@@ -45,13 +46,15 @@ def check(cond, msg):
     return cond
 
 
-def env(pooled=True, **extra):
+def env(pooled=True, no_unshare=False, **extra):
+    """no_unshare: unshare(CLONE_FILES) refused (tests/host/no_unshare.c), so
+    gpupool works without a descriptor table of its own (its fallback)."""
     e = {k: v for k, v in os.environ.items()
          if not k.startswith("GPUPOOL_") and k not in ("LD_PRELOAD", "OPENCL_LAYERS")}
     if API == "cuda":
         e["LD_LIBRARY_PATH"] = STANDIN
     if pooled:
-        e["LD_PRELOAD"] = PRELOAD
+        e["LD_PRELOAD"] = PRELOAD + (":" + NO_UNSHARE if no_unshare else "")
     elif SANITIZER_RUNTIME:
         e["LD_PRELOAD"] = SANITIZER_RUNTIME
     e.update({k: str(v) for k, v in extra.items()})
@@ -116,7 +119,7 @@ def as_other_user(fn):
 
 # ---- descriptors ------------------------------------------------------------
 
-def fds_closefrom(tmp):
+def fds_closefrom(tmp, no_unshare=False):
     """A program that closes every descriptor from 3 up after its first GPU
     call gets those numbers for its own pipe and file: gpupool must never
     read, write or poll them, keep working (signals, `gpupool stats`,
@@ -126,12 +129,20 @@ def fds_closefrom(tmp):
         stats = os.path.join(tmp, f"stats-{pooled}")
         log = os.path.join(tmp, f"log-{pooled}")
         p, ready = start(["closefrom", own], env=env(
-            pooled, GPUPOOL_STATS_FILE=stats, GPUPOOL_LOG_FILE=log, GPUPOOL_LOG="info"))
+            pooled, no_unshare, GPUPOOL_STATS_FILE=stats, GPUPOOL_LOG_FILE=log, GPUPOOL_LOG="info"))
         pid = int(ready.split()[1])
         if pooled:
             os.kill(pid, signal.SIGUSR1)
             check(wait_for(lambda: len(lines(stats)) >= 1, 20), "no stats dump after SIGUSR1")
             r = gp("stats", str(pid), "--timeout", "10")
+            # Without a private table a connection can reach the socket the
+            # program just closed (bound until gpupool's poll() lets go of
+            # it, at most 100 ms) and be lost with it: asked again.
+            for _ in range(5 if no_unshare else 0):
+                if r.returncode == 0:
+                    break
+                time.sleep(0.2)
+                r = gp("stats", str(pid), "--timeout", "10")
             check(r.returncode == 0, f"`gpupool stats` after closefrom: {r.returncode} {r.stderr}")
             os.kill(pid, signal.SIGUSR2)
             os.kill(pid, signal.SIGUSR1)
@@ -149,10 +160,83 @@ def fds_closefrom(tmp):
         check(data == expect, f"pooled={pooled}: the program's file changed: {data[:80]!r}...")
         if pooled:
             # gpupool's descriptors are not in the program's table (its
-            # files thread's own): the log file goes on as it was.
+            # files thread's own), or (fallback) reopened once the program
+            # closed them: the log file goes on.
             log_text = open(log).read() if os.path.exists(log) else ""
             check("free_held requested by signal" in log_text,
                   f"the log file did not go on after closefrom: {log_text[-300:]!r}")
+
+
+def fd_lists(args, **kw):
+    """host_program fds-list: {"fds": [...], "child-fds": [...]}, what each
+    descriptor refers to ("socket:[123]" as "socket")."""
+    r = run(args, **kw)
+    out = {}
+    for ln in r.stdout.splitlines():
+        words = ln.split()
+        if words and words[0] in ("fds", "child-fds"):
+            out[words[0]] = [re.sub(r":\[\d+\]$", "", w) for w in words[1:]]
+    check(r.returncode == 0 and len(out) == 2, f"fds-list: exit {r.returncode} {r.stdout} {r.stderr[-1500:]}")
+    return out
+
+
+def gpupools_fds(pooled, plain, which):
+    return collections.Counter(pooled.get(which, [])) - collections.Counter(plain.get(which, []))
+
+
+def fds_listed(tmp):
+    """Once gpupool runs, with a log file, the program's descriptor table
+    holds nothing of gpupool's, in the process and in a forked child (the
+    log file was opened by the logger before the files thread was on, and
+    left behind in the program's table when that thread reopened it). The
+    pressure watch off: NVML's own descriptors are the drivers' (README)."""
+    extra = dict(GPUPOOL_LOG_FILE=os.path.join(tmp, "log"), GPUPOOL_LOG="info",
+                 GPUPOOL_PRESSURE_FREE="0")
+    plain = fd_lists(["fds-list"], env=env(False, **extra))
+    pooled = fd_lists(["fds-list"], env=env(True, **extra))
+    for which in ("fds", "child-fds"):
+        mine = gpupools_fds(pooled, plain, which)
+        check(not mine, f"{which}: gpupool's in the program's table: {dict(mine)} "
+                        f"(all: {pooled.get(which)}; without gpupool: {plain.get(which)})")
+
+
+def fallback_fds(tmp):
+    """Without a private table gpupool's socket and log file are among the
+    program's descriptors; a forked child has its own, not its parent's as
+    well (the parent's listening socket was forgotten, not closed, and so
+    was the parent's log file when the child reopened it)."""
+    extra = dict(GPUPOOL_LOG_FILE=os.path.join(tmp, "log"), GPUPOOL_LOG="debug",
+                 GPUPOOL_PRESSURE_FREE="0")
+    plain = fd_lists(["fds-list"], env=env(False, **extra))
+    pooled = fd_lists(["fds-list"], env=env(True, no_unshare=True, **extra))
+    parent = gpupools_fds(pooled, plain, "fds")
+    child = gpupools_fds(pooled, plain, "child-fds")
+    print(f"gpupool's descriptors: {dict(parent)}; in the child: {dict(child)}")
+    check(child == parent, f"the child holds {dict(child)} of gpupool's, its parent {dict(parent)}")
+
+
+def fallback_closefrom(tmp):
+    """fds.closefrom where unshare is refused: gpupool's socket is among the
+    program's numbers, checked before each use and bound anew once the
+    program closed it."""
+    fds_closefrom(tmp, no_unshare=True)
+
+
+def fallback_log_debug(tmp):
+    """Where unshare is refused, the debug log says so once; that first
+    private call used to come from inside the logger (a line to a stderr
+    pipe, or the log file's first open) and to log from there: a hang."""
+    log = os.path.join(tmp, "log")
+    for extra in ({}, {"GPUPOOL_LOG_FILE": log}):
+        r = run(["exit"], timeout=60, env=env(True, no_unshare=True, GPUPOOL_LOG="debug", **extra))
+        text = r.stderr + (open(log).read() if extra and os.path.exists(log) else "")
+        check(r.returncode == 0, f"{extra}: exit {r.returncode}: {r.stderr[-1500:]}")
+        check(text.count("no private descriptor table") == 1,
+              f"{extra}: the fallback said {text.count('no private descriptor table')} times: "
+              f"{text[-1500:]}")
+    r = run(["exit"], timeout=60, env=env(True, GPUPOOL_LOG="debug"))
+    check(r.returncode == 0 and "no private descriptor table" not in r.stderr,
+          f"with a private table: exit {r.returncode}: {r.stderr[-1500:]}")
 
 
 def fds_stdio(tmp):
@@ -657,6 +741,10 @@ CHECKS = {
     "fds.closefrom": fds_closefrom,
     "fds.stdio": fds_stdio,
     "fds.stdio_race": fds_stdio_race,
+    "fds.listed": fds_listed,
+    "fallback.closefrom": fallback_closefrom,
+    "fallback.fds": fallback_fds,
+    "fallback.log_debug": fallback_log_debug,
     "fork.busy": fork_busy,
     "fork.alloc": fork_alloc,
     "fork.files": fork_files,
