@@ -553,7 +553,7 @@ static void print_fds(const char* what) {
   for (struct dirent* e; (e = readdir(d));) {
     if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d)) continue;
     char path[64], target[4096];
-    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    snprintf(path, sizeof path, "/proc/self/fd/%d", atoi(e->d_name));
     ssize_t n = readlink(path, target, sizeof target - 1);
     if (n < 0) continue;
     target[n] = 0;
