@@ -35,8 +35,10 @@ const char kReportHelp[] =
     "\"Report\"): memory over time per pool group, hits and misses over time, the\n"
     "sizes asked for, the peaks, and with allocation sites (GPUPOOL_SITES) the\n"
     "call stacks holding the most memory at the peak and at the end. Opens from\n"
-    "disk, no network. A trace that is not valid gets one error naming its file\n"
-    "and line, and no output.\n";
+    "disk, no network. OUTPUT: '-' is standard output; an existing regular file\n"
+    "of yours is replaced, a device or FIFO written into, a symbolic link or\n"
+    "another user's file refused. A trace that is not valid gets one error\n"
+    "naming its file and line, and no output.\n";
 
 constexpr std::size_t kPoints = 2000;      // per plotted series
 constexpr std::size_t kRateBuckets = 200;  // hits and misses over time

@@ -9,7 +9,9 @@
 //
 // The whole input is read and checked before anything is written, and the
 // output appears under its name only when complete (written beside it,
-// then renamed): a bad trace leaves no partial file.
+// then renamed): a bad trace leaves no partial file. Only a regular file of
+// the user's is replaced; a device or FIFO is written into, a symbolic link
+// or another user's file refused (write_whole).
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,8 +44,10 @@ const char kTraceHelp[] =
     "  rmm       RMM's memory event log, CSV: Thread,Time,Action,Pointer,Size,Stream\n"
     "            (RMM's REPLAY_BENCHMARK, gpupool's bench_replay)\n"
     "\n"
-    "OUTPUT '-' writes to standard output. A trace that is not valid gets one\n"
-    "error naming its file and line, and no output.\n";
+    "OUTPUT '-' writes to standard output; an existing regular file of yours is\n"
+    "replaced, a device or FIFO written into, a symbolic link or another user's\n"
+    "file refused. A trace that is not valid gets one error naming its file and\n"
+    "line, and no output.\n";
 
 std::string perfetto(const trace::TraceFile& tr) {
   std::string o = "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"source\":\"gpupool trace\",\"pid\":" +

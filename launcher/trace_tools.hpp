@@ -45,8 +45,11 @@ struct SlotSizes {
   }
 };
 
-// Writes `data` to `path` whole or not at all: a temporary beside it, then
-// rename. '-' is standard output.
+// Writes `data` to `path`. '-' is standard output. A new name, or a regular
+// file of this user, gets it whole or not at all (a temporary beside it,
+// then rename); a device or FIFO is written into (a FIFO nobody reads is
+// an error at once); a symbolic link, a directory or another user's file
+// is refused. The promise the library's own files keep (config/io.hpp).
 bool write_whole(const std::string& path, const std::string& data, std::string* why);
 
 }  // namespace gpupool::launcher

@@ -1,5 +1,7 @@
 #include "interpose/control/trace_reader.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -48,9 +50,16 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
     *error = path + ":" + std::to_string(line) + ": " + what;
     return false;
   };
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return fail(0, "is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) return fail(0, std::string("cannot open: ") + std::strerror(errno));
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string all;
+  try {  // the stream library reports a read error (EISDIR, EIO) by throwing
+    all.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {
+    return fail(0, std::string("cannot read: ") + e.what());
+  }
   if (in.bad()) return fail(0, "cannot read");
   std::map<std::uint64_t, std::uint32_t> arena_of;
   std::size_t pos = 0, n = 0;

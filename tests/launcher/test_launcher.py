@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -414,6 +415,66 @@ class Trace(unittest.TestCase):
         r = gp("trace", "convert", os.path.join(self.tmp, "missing"), "--to", "rmm", "-o", "-")
         self.assertEqual(r.returncode, FAILED)
         self.assertIn("cannot open", r.stderr)
+        r = gp("trace", "convert", self.tmp, "--to", "rmm", "-o", "-")
+        self.assertEqual(r.returncode, FAILED, r.stderr)
+        self.assertIn(f"{self.tmp}:0: is a directory", r.stderr)
+
+    def test_output_replaces_only_a_regular_file_of_ours(self):
+        """-o: a regular file is replaced whole; a device or FIFO is written
+        into; a symbolic link is refused, and so is a directory."""
+        src = self.write("ok.trace", self.KNOWN)
+        conv = lambda out: gp("trace", "convert", src, "--to", "rmm", "-o", out)
+        plain = os.path.join(self.tmp, "out.csv")
+        with open(plain, "w") as f:
+            f.write("old\n" * 1000)
+        self.assertEqual(conv(plain).returncode, OK)
+        with open(plain) as f:
+            self.assertNotIn("old", f.read())
+        # A device: written into, never replaced. Copies of /dev/null and
+        # /dev/full made here (root, or CAP_MKNOD): a failing run must not
+        # replace the machine's own.
+        null, full = os.path.join(self.tmp, "null"), os.path.join(self.tmp, "full")
+        try:
+            os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.mknod(full, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+            os.close(os.open(null, os.O_WRONLY))  # not on a nodev mount
+        except OSError as e:
+            print(f"device part skipped: {e}")
+        else:
+            r = conv(null)
+            self.assertEqual(r.returncode, OK, r.stderr)
+            self.assertTrue(stat.S_ISCHR(os.stat(null).st_mode), "device replaced")
+            r = conv(full)
+            self.assertEqual(r.returncode, FAILED, r.stderr)
+            self.assertIn(full, r.stderr)
+            self.assertTrue(stat.S_ISCHR(os.stat(full).st_mode), "device replaced")
+        # A FIFO with a reader: written into.
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        reader = subprocess.Popen(["cat", fifo], stdout=subprocess.PIPE)
+        r = conv(fifo)
+        got = reader.communicate(timeout=30)[0]
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertGreater(len(got), 0)
+        self.assertTrue(stat.S_ISFIFO(os.stat(fifo).st_mode))
+        # A FIFO nobody reads: refused at once, not a hang.
+        r = conv(fifo)
+        self.assertEqual(r.returncode, FAILED, r.stderr)
+        self.assertIn("no reader", r.stderr)
+        # A symbolic link: refused, its target untouched.
+        target = self.write("target.txt", "keep me\n")
+        link = os.path.join(self.tmp, "link.csv")
+        os.symlink(target, link)
+        r = gp("report", src, "-o", link)
+        self.assertEqual(r.returncode, FAILED, r.stderr)
+        self.assertIn("symbolic link", r.stderr)
+        self.assertTrue(os.path.islink(link))
+        with open(target) as f:
+            self.assertEqual(f.read(), "keep me\n")
+        r = conv(self.tmp)
+        self.assertEqual(r.returncode, FAILED, r.stderr)
+        self.assertIn("is a directory", r.stderr)
+        self.assertEqual([n for n in os.listdir(self.tmp) if ".tmp." in n], [], "temporary left")
         for bad in (["trace"], ["trace", "merge"], ["trace", "convert", "x", "--to", "csv", "-o", "-"],
                     ["trace", "convert", "x", "--to", "rmm"]):
             self.assertEqual(gp(*bad).returncode, USAGE, bad)
@@ -675,6 +736,11 @@ class Report(unittest.TestCase):
         self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
         self.assertIn(f"{missing}:0: cannot open", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "missing.html")))
+        # A directory: one message naming it, never an abort.
+        r, _ = self.report(self.tmp, "dir.html")
+        self.assertEqual(r.returncode, FAILED, r.stderr)
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+        self.assertIn(f"{self.tmp}:0: is a directory", r.stderr)
         self.assertEqual(gp("report", "x.trace").returncode, USAGE)
         self.assertEqual(gp("report", "x.trace", "-o").returncode, USAGE)
         self.assertEqual(gp("report", "a", "b", "-o", "c").returncode, USAGE)
