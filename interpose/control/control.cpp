@@ -159,6 +159,7 @@ void fork_renew() {
   else
     st.listen.close();
   st.dumps_dropped.store(0);
+  st.prometheus_dropped.store(0);
   if (st.tracer && !st.tracer->renew_in_child()) {
     st.recorder->drop_tracer();
     st.tracer = nullptr;
@@ -189,6 +190,18 @@ const bool g_fork_registered =
 
 }  // namespace
 
+namespace {
+// The first failure is said; later ones are counted in the warnings (a
+// full disk would otherwise log every interval).
+void update_prometheus(State& st, const stats::Report& r) {
+  std::string why;
+  if (!replace_file(st.prometheus_path, stats::to_prometheus(r), &why) &&
+      st.prometheus_dropped.fetch_add(1, std::memory_order_relaxed) == 0)
+    log().error("Prometheus file not written: {} (later failures are counted in the warnings)",
+                why);
+}
+}  // namespace
+
 // Callers hold work_mu.
 bool dump_locked(Runtime& rt, const char* reason) {
   State& st = *g_state;
@@ -200,18 +213,14 @@ bool dump_locked(Runtime& rt, const char* reason) {
   if (!ok && st.dumps_dropped.fetch_add(1, std::memory_order_relaxed) == 0)
     log().error("stats dump not written: {} (later ones that fail are counted in the warnings)",
                 why);
-  if (!st.prometheus_path.empty() &&
-      !replace_file(st.prometheus_path, stats::to_prometheus(r), &why))
-    log().error("Prometheus file not written: {}", why);
+  if (!st.prometheus_path.empty()) update_prometheus(st, r);
   return ok;
 }
 
 void write_prometheus(Runtime& rt) {
   State& st = *g_state;
   if (st.prometheus_path.empty()) return;
-  std::string why;
-  if (!replace_file(st.prometheus_path, stats::to_prometheus(report(rt, "interval")), &why))
-    log().error("Prometheus file not written: {}", why);
+  update_prometheus(st, report(rt, "interval"));
 }
 
 stats::Report report(Runtime& rt, const char* reason) {
@@ -244,6 +253,9 @@ stats::Report report(Runtime& rt, const char* reason) {
     if (const std::uint64_t d = g_state->dumps_dropped.load())
       r.warnings.push_back(std::to_string(d) + " stats dump" + (d == 1 ? "" : "s") +
                            " could not be written and " + (d == 1 ? "was" : "were") + " dropped");
+    if (const std::uint64_t d = g_state->prometheus_dropped.load())
+      r.warnings.push_back(std::to_string(d) + " update" + (d == 1 ? "" : "s") +
+                           " of the Prometheus file could not be written");
     if (const std::uint64_t d = internal_failures())
       r.warnings.push_back(std::to_string(d) + " call" + (d == 1 ? "" : "s") +
                            " failed inside gpupool (out of host memory?) and went to the "

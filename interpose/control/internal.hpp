@@ -94,6 +94,7 @@ struct State {
   std::string stats_path;       // %p expanded
   std::string prometheus_path;  // %p expanded; empty: none
   std::atomic<std::uint64_t> dumps_dropped{0};
+  std::atomic<std::uint64_t> prometheus_dropped{0};  // updates of the Prometheus file that failed
 };
 extern State* g_state;
 
