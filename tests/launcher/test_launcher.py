@@ -801,7 +801,9 @@ class Report(unittest.TestCase):
         r, out = self.report(trace)
         took = time.time() - t0
         self.assertEqual(r.returncode, OK, r.stderr)
-        # About a second here; far more means the work is no longer linear.
+        # The time docs/trace.md quotes (a bound far above it only catches
+        # work that is no longer linear; speed is the benchmarks' to judge).
+        print(f"report of a million events: {took:.2f} s")
         self.assertLess(took, 60)
         d, _ = self.data(out)
         self.assertEqual(d["allocations"], sum(1 for x in lines if x.startswith("a ")))
