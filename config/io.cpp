@@ -552,18 +552,7 @@ bool ensure_started(Files& f, std::unique_lock<std::mutex>& lk) {
     f.pid = self;
     f.starting = true;
     f.inline_only = false;
-    // Every signal blocked: the program's signals land on its own threads.
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t tid;
-    const int err = pthread_create(&tid, &attr, files_main, nullptr);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    if (err != 0) {
+    if (start_detached(files_main, nullptr) != 0) {
       f.starting = false;
       f.pid = 0;  // tried again next time
       return false;
@@ -598,18 +587,9 @@ void* spawned_main(void* p) {
 // A new thread of the private table; called on a private thread (it shares
 // the creator's table).
 bool spawn(Spawned* s) {
-  // Every signal blocked, as on the files thread (the creator may be a
-  // program thread where no private table could be made).
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t tid;
-  const int err = pthread_create(&tid, &attr, spawned_main, s);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  // Signals blocked as on the files thread (the creator may be a program
+  // thread where no private table could be made).
+  const int err = start_detached(spawned_main, s);
   if (err != 0) delete s;
   return err == 0;
 }
@@ -676,6 +656,20 @@ void in_private_own_thread_work(Work fn) {
   std::unique_lock lk(f.mu);
   f.cv.wait(lk, [&] { return job.done; });
   if (job.failed) std::rethrow_exception(job.failed);
+}
+
+int start_detached(void* (*fn)(void*), void* arg) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t tid;
+  const int err = pthread_create(&tid, &attr, fn, arg);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return err;
 }
 
 bool start_private_thread(void (*fn)(void*), void* arg) {

@@ -177,6 +177,10 @@ void in_private_own_thread(F&& fn) {
 // be started.
 bool start_private_thread(void (*fn)(void*), void* arg);
 
+// A detached thread of gpupool's, started with every signal blocked (the
+// program's signals land on its own threads). pthread_create's result.
+int start_detached(void* (*fn)(void*), void* arg);
+
 // The calling thread works in the private table.
 bool on_private_thread();
 

@@ -18,11 +18,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
 #include <string.h>
 
 #include <algorithm>
 
+#include "config/io.hpp"
 #include "config/log.hpp"
 #include "interpose/control/internal.hpp"
 #include "interpose/node/node.hpp"
@@ -179,19 +179,10 @@ void* control_thread(void* arg) {
 
 void start_thread(Runtime& rt) {
   State& st = *g_state;
-  // The thread inherits a full signal mask: program signals always land on
-  // program threads, whose handlers only poke the channel.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t tid;
+  // Every signal blocked: program signals always land on program threads,
+  // whose handlers only poke the channel.
   st.thread_running.store(true);
-  const int err = pthread_create(&tid, &attr, control_thread, &rt);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  const int err = io::start_detached(control_thread, &rt);
   if (err != 0) {
     st.thread_running.store(false);
     add_warning(std::string("control thread not started: ") + strerror(err));

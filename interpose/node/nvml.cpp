@@ -119,7 +119,13 @@ nvmlDevice_t device_of(Nvml& n, const Uuid& uuid) {
 }
 }  // namespace
 
-bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used) {
+namespace {
+// Room for the processes of a busy GPU; more than this and we do without.
+constexpr unsigned kMaxProcesses = 64;
+
+// NVML's list of the processes computing on the GPU: *count entries of
+// infos[kMaxProcesses]. False when NVML cannot say.
+bool list_processes(const Uuid& uuid, nvmlProcessInfo_v1_t* infos, unsigned* count) {
   Gate gate;
   Session* sp = g_session.load(std::memory_order_acquire);
   if (!sp || !gate.open()) return false;
@@ -127,11 +133,18 @@ bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used) {
   Nvml& n = sp->nvml;
   nvmlDevice_t dev = device_of(n, uuid);
   if (!dev || !n.processes) return false;
-  // Room for the processes of a busy GPU; more than this and we do without.
-  nvmlProcessInfo_v1_t infos[64];
-  unsigned count = 64;
-  if (n.processes(dev, &count, infos) != kNvmlSuccess) return false;
-  for (unsigned i = 0; i < count && i < 64; ++i)
+  *count = kMaxProcesses;
+  if (n.processes(dev, count, infos) != kNvmlSuccess) return false;
+  *count = std::min(*count, kMaxProcesses);
+  return true;
+}
+}  // namespace
+
+bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used) {
+  nvmlProcessInfo_v1_t infos[kMaxProcesses];
+  unsigned count = 0;
+  if (!list_processes(uuid, infos, &count)) return false;
+  for (unsigned i = 0; i < count; ++i)
     if (static_cast<long>(infos[i].pid) == pid) {
       *used = infos[i].usedGpuMemory;
       return true;
@@ -140,18 +153,11 @@ bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used) {
 }
 
 bool nvml_processes(const Uuid& uuid, std::vector<unsigned>* pids) {
-  Gate gate;
-  Session* sp = g_session.load(std::memory_order_acquire);
-  if (!sp || !gate.open()) return false;
-  std::lock_guard lock(sp->mu);
-  Nvml& n = sp->nvml;
-  nvmlDevice_t dev = device_of(n, uuid);
-  if (!dev || !n.processes) return false;
-  nvmlProcessInfo_v1_t infos[64];
-  unsigned count = 64;
-  if (n.processes(dev, &count, infos) != kNvmlSuccess) return false;
+  nvmlProcessInfo_v1_t infos[kMaxProcesses];
+  unsigned count = 0;
+  if (!list_processes(uuid, infos, &count)) return false;
   pids->clear();
-  for (unsigned i = 0; i < count && i < 64; ++i) pids->push_back(infos[i].pid);
+  for (unsigned i = 0; i < count; ++i) pids->push_back(infos[i].pid);
   std::sort(pids->begin(), pids->end());
   return true;
 }
