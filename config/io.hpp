@@ -123,8 +123,9 @@ bool replace_file(const std::string& path, const std::string& data, std::string*
 // A thread that unshares its descriptor table at its start (unshare
 // CLONE_FILES) and closes every descriptor of the copy, so that it holds no
 // reference to the program's files (a copied pipe end would keep the
-// program's reader from seeing EOF). It never calls a GPU driver or NVML:
-// their descriptors are in the program's table. Where no private table can
+// program's reader from seeing EOF). It runs NVML (node/nvml.cpp), whose
+// device files then stay in this table, but never a GPU driver: the
+// driver's descriptors are in the program's table. Where no private table can
 // be made (a seccomp filter), in_private runs the work where it is called,
 // as before (numbers moved above 2 at once); the library's start says so in
 // the debug log (start_private_files).

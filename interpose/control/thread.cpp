@@ -7,10 +7,10 @@
 // descriptor table is their own (config/io.hpp), so the program, which may
 // close or reuse any number, never sees gpupool take one of its numbers.
 //
-// What remains in the program's table is the driver's and NVML's (NVML's
-// dlopen and device files, a driver call that opens something): those take
-// the lowest free number. So while one of 0-2 is closed, the work here
-// waits (dumps, requests, publishing and the pressure watch), at most
+// NVML runs in that table too. What remains in the program's table is a
+// driver call's, if one opens something: that takes the lowest free
+// number. So while one of 0-2 is closed, the work here waits (dumps,
+// requests, publishing and the pressure watch), at most
 // kStdioWait (a program that keeps them closed longer is not about to
 // reopen them). What the program's own threads do inside its calls is not
 // this thread's concern: a single-threaded program is never opening files
@@ -98,7 +98,7 @@ void* control_thread(void* arg) {
           std::min({next_interval, next_trim, next_prom, next_flush, next_check, next_node});
       if (!may_open) next = std::min(next, now + kStdioPoll);
       // Requests from the control socket wait while 0-2 are closed
-      // (answering one may open files: NVML).
+      // (answering one may call the driver).
       if (may_open && requests_waiting()) next = now;
       round.unlock();
       if (next > now) wait_for_poke(seen, std::min<std::uint64_t>(next - now, 60'000 * kMs));

@@ -3,6 +3,13 @@
 // loaded on first use, from the control thread, only once gpupool holds
 // device memory; a process that never does never loads it.
 //
+// Every NVML call, its dlopen and nvmlInit included, runs in gpupool's own
+// descriptor table (io::in_private): NVML opens the driver's device files
+// at its start and keeps them, and in the program's table they would take
+// the lowest free number, one of 0-2 if the program has just closed it.
+// NVML then works only on threads of that table; a forked child, which
+// does not have it, leaves an NVML its parent started alone.
+//
 // The few declarations below are NVML's stable C ABI (nvml.h is not part of
 // the CUDA Toolkit's headers everywhere).
 #include <dlfcn.h>
@@ -13,7 +20,10 @@
 #include <atomic>
 #include <mutex>
 #include <new>
+#include <string>
 #include <vector>
+
+#include "config/io.hpp"
 
 #include "config/log.hpp"
 #include "interpose/node/internal.hpp"
@@ -37,6 +47,9 @@ constexpr nvmlReturn_t kNvmlSuccess = 0;
 struct Nvml {
   bool tried = false;
   bool ok = false;
+  // Started in gpupool's own descriptor table: NVML's descriptors are
+  // there, so a forked child (which has the program's) cannot use it.
+  bool in_private_table = false;
   long pid = 0;  // the process that initialised it
   nvmlReturn_t (*init)() = nullptr;
   nvmlReturn_t (*by_uuid)(const char*, nvmlDevice_t*) = nullptr;
@@ -71,18 +84,26 @@ class Gate {
 struct Session {
   std::mutex mu;
   Nvml nvml;
+  // A forked child's session whose parent had started NVML in its own
+  // descriptor table: NVML's state names descriptors this child does not
+  // have, so the child does without (a child that uses the GPU again is
+  // one that exec'd, and starts afresh).
+  bool parents = false;
 };
 std::atomic<Session*> g_session{new Session};
 
-bool load(Nvml& n) {
+// Loads and starts NVML once. Runs in the private table, where nothing may
+// log: what went wrong is left in *why for the caller to say.
+bool load(Nvml& n, std::string* why) {
   if (n.tried) return n.ok;
   n.tried = true;
   n.pid = getpid();
+  n.in_private_table = io::on_private_thread();
   void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    log().info("NVML not available ({}): held memory is released for other processes only "
-               "when gpupool processes ask",
-               dlerror());
+    const char* e = dlerror();
+    *why = std::string("NVML not available (") + (e ? e : "dlopen failed") +
+           "): held memory is released for other processes only when gpupool processes ask";
     return false;
   }
   n.init = reinterpret_cast<decltype(n.init)>(dlsym(lib, "nvmlInit_v2"));
@@ -93,9 +114,8 @@ bool load(Nvml& n) {
   nvmlReturn_t r = -1;
   if (n.init && n.by_uuid && n.memory) r = n.init();
   if (r != kNvmlSuccess) {
-    log().info("NVML did not start (error {}): held memory is released for other processes "
-               "only when gpupool processes ask",
-               r);
+    *why = "NVML did not start (error " + std::to_string(r) +
+           "): held memory is released for other processes only when gpupool processes ask";
     return false;  // the library stays loaded: unloading NVML is not worth its risks
   }
   n.ok = true;
@@ -106,16 +126,33 @@ bool load(Nvml& n) {
 
 namespace {
 // The device's handle (cached); nullptr when NVML or the device is not
-// available. Caller holds the session's lock.
-nvmlDevice_t device_of(Nvml& n, const Uuid& uuid) {
-  if (!load(n) || n.pid != getpid()) return nullptr;
+// available. Caller holds the session's lock; private table, no logging.
+nvmlDevice_t device_of(Nvml& n, const Uuid& uuid, std::string* why) {
+  if (!load(n, why) || n.pid != getpid()) return nullptr;
   for (const Nvml::Handle& h : n.handles)
     if (h.uuid == uuid) return h.dev;
   nvmlDevice_t dev = nullptr;
   if (n.by_uuid(uuid_text(uuid).c_str(), &dev) != kNvmlSuccess) dev = nullptr;
-  if (!dev) log().info("NVML does not know {}: its free memory is not watched", uuid_text(uuid));
+  if (!dev) *why = "NVML does not know " + uuid_text(uuid) + ": its free memory is not watched";
   n.handles.push_back({uuid, dev});
   return dev;
+}
+
+// Runs fn(nvml) in gpupool's descriptor table under the session's lock,
+// unless a fork is under way or this child's NVML is its parent's; says
+// what NVML's start reported. False when fn did not run or returned false.
+template <class F>
+bool with_nvml(F&& fn) {
+  Gate gate;
+  Session* sp = g_session.load(std::memory_order_acquire);
+  if (!sp || !gate.open()) return false;  // forking now, or a child out of host memory
+  std::lock_guard lock(sp->mu);
+  if (sp->parents) return false;
+  bool ok = false;
+  std::string why;
+  io::in_private([&] { ok = fn(sp->nvml, &why); });
+  if (!why.empty()) log().info("{}", why);
+  return ok;
 }
 }  // namespace
 
@@ -126,17 +163,14 @@ constexpr unsigned kMaxProcesses = 64;
 // NVML's list of the processes computing on the GPU: *count entries of
 // infos[kMaxProcesses]. False when NVML cannot say.
 bool list_processes(const Uuid& uuid, nvmlProcessInfo_v1_t* infos, unsigned* count) {
-  Gate gate;
-  Session* sp = g_session.load(std::memory_order_acquire);
-  if (!sp || !gate.open()) return false;
-  std::lock_guard lock(sp->mu);
-  Nvml& n = sp->nvml;
-  nvmlDevice_t dev = device_of(n, uuid);
-  if (!dev || !n.processes) return false;
-  *count = kMaxProcesses;
-  if (n.processes(dev, count, infos) != kNvmlSuccess) return false;
-  *count = std::min(*count, kMaxProcesses);
-  return true;
+  return with_nvml([&](Nvml& n, std::string* why) {
+    nvmlDevice_t dev = device_of(n, uuid, why);
+    if (!dev || !n.processes) return false;
+    *count = kMaxProcesses;
+    if (n.processes(dev, count, infos) != kNvmlSuccess) return false;
+    *count = std::min(*count, kMaxProcesses);
+    return true;
+  });
 }
 }  // namespace
 
@@ -163,17 +197,15 @@ bool nvml_processes(const Uuid& uuid, std::vector<unsigned>* pids) {
 }
 
 bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total) {
-  Gate gate;
-  Session* sp = g_session.load(std::memory_order_acquire);
-  if (!sp || !gate.open()) return false;  // forking now, or a child out of host memory
-  std::lock_guard lock(sp->mu);
-  nvmlDevice_t dev = device_of(sp->nvml, uuid);
-  if (!dev) return false;
-  nvmlMemory_t m{};
-  if (sp->nvml.memory(dev, &m) != kNvmlSuccess) return false;
-  *free = m.free;
-  *total = m.total;
-  return true;
+  return with_nvml([&](Nvml& n, std::string* why) {
+    nvmlDevice_t dev = device_of(n, uuid, why);
+    if (!dev) return false;
+    nvmlMemory_t m{};
+    if (n.memory(dev, &m) != kNvmlSuccess) return false;
+    *free = m.free;
+    *total = m.total;
+    return true;
+  });
 }
 
 void nvml_fork_prepare() noexcept {
@@ -186,8 +218,12 @@ void nvml_fork_parent() noexcept { g_forking.store(false, std::memory_order_seq_
 void nvml_fork_child() noexcept {
   g_inside.store(false, std::memory_order_relaxed);
   g_forking.store(false, std::memory_order_relaxed);
-  // The NVML library stays loaded; the child starts its own session.
-  g_session.store(new (std::nothrow) Session, std::memory_order_release);
+  // The NVML library stays loaded; the child starts its own session, and
+  // does without one its parent started in gpupool's descriptor table.
+  Session* old = g_session.load(std::memory_order_relaxed);
+  auto* fresh = new (std::nothrow) Session;
+  if (fresh && old) fresh->parents = old->parents || (old->nvml.ok && old->nvml.in_private_table);
+  g_session.store(fresh, std::memory_order_release);
 }
 
 }  // namespace gpupool::node

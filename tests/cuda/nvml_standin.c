@@ -14,13 +14,21 @@
  * slots, so a process can tell its own use (a CUDA context, memory outside
  * any pool) from its neighbours'.
  *
+ * Like the real NVML, which opens the driver's device files at nvmlInit and
+ * works through them, it opens a descriptor at its first nvmlInit (its own
+ * file, read-only; the real one's are /dev/nvidiactl and /dev/nvidiaN) and
+ * every later call fails (NVML_ERROR_UNINITIALIZED) on a thread whose
+ * descriptor table no longer has that file at that number.
+ *
  * STANDIN_NVML_FAIL=1: nvmlInit fails with NVML_ERROR_UNKNOWN (a machine
  * where NVML is missing or broken).
  *
  * No nvml.h on the build machines: the types below are NVML's ABI. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +74,21 @@ struct nvmlDevice_st {
 static struct nvmlDevice_st g_devs[SB_MAX_DEVICES] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_inits; /* nvmlInit minus nvmlShutdown */
+static int g_fd = -1;    /* the "device file", open while initialized */
+static struct stat g_fd_stat;
+
+/* Opens this library's own file as the device file. Caller holds g_mu. */
+static int open_device_file(void) {
+  Dl_info info;
+  if (!dladdr((void*)&open_device_file, &info) || !info.dli_fname) return -1;
+  const int fd = open(info.dli_fname, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  if (fstat(fd, &g_fd_stat) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 static int fail_init(void) {
   const char* v = getenv("STANDIN_NVML_FAIL");
@@ -75,6 +98,13 @@ static int fail_init(void) {
 static nvmlReturn_t init(void) {
   if (fail_init()) return NVML_ERROR_UNKNOWN;
   pthread_mutex_lock(&g_mu);
+  if (g_inits == 0) {
+    g_fd = open_device_file();
+    if (g_fd < 0) {
+      pthread_mutex_unlock(&g_mu);
+      return NVML_ERROR_UNKNOWN;
+    }
+  }
   ++g_inits;
   if (sb_path()) sb_attach(0);
   pthread_mutex_unlock(&g_mu);
@@ -91,7 +121,10 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 EXPORT nvmlReturn_t nvmlShutdown(void) {
   pthread_mutex_lock(&g_mu);
   const nvmlReturn_t r = g_inits ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
-  if (g_inits) --g_inits;
+  if (g_inits && --g_inits == 0) {
+    close(g_fd);
+    g_fd = -1;
+  }
   pthread_mutex_unlock(&g_mu);
   return r;
 }
@@ -109,9 +142,13 @@ EXPORT const char* nvmlErrorString(nvmlReturn_t r) {
   }
 }
 
+/* Initialized, and the device file is where it was opened, in the calling
+   thread's descriptor table. */
 static int initialized(void) {
   pthread_mutex_lock(&g_mu);
-  const int r = g_inits > 0;
+  struct stat st;
+  const int r = g_inits > 0 && fstat(g_fd, &st) == 0 && st.st_dev == g_fd_stat.st_dev &&
+                st.st_ino == g_fd_stat.st_ino;
   pthread_mutex_unlock(&g_mu);
   return r;
 }

@@ -566,9 +566,22 @@ static void print_fds(const char* what) {
 
 /* What gpupool leaves in the program's table once it runs (its threads
    started, its files open), in the process and in a forked child. */
+/* Whether NVML is loaded (gpupool's watch starts it, on its own time). */
+static int nvml_loaded(void) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (!f) return 0;
+  char line[4096];
+  int found = 0;
+  while (!found && fgets(line, sizeof line, f)) found = strstr(line, "libnvidia-ml") != NULL;
+  fclose(f);
+  return found;
+}
+
 static int fds_list_scenario(void) {
   churn(20);
   usleep(300000);
+  /* On CUDA the pressure watch loads NVML, which opens files of its own. */
+  for (int i = 0; g_cuda && i < 300 && !nvml_loaded(); ++i) usleep(10000);
   print_fds("fds");
   pid_t pid = fork();
   if (pid == 0) {

@@ -188,10 +188,10 @@ def fds_listed(tmp):
     """Once gpupool runs, with a log file, the program's descriptor table
     holds nothing of gpupool's, in the process and in a forked child (the
     log file was opened by the logger before the files thread was on, and
-    left behind in the program's table when that thread reopened it). The
-    pressure watch off: NVML's own descriptors are the drivers' (README)."""
-    extra = dict(GPUPOOL_LOG_FILE=os.path.join(tmp, "log"), GPUPOOL_LOG="info",
-                 GPUPOOL_PRESSURE_FREE="0")
+    left behind in the program's table when that thread reopened it), nor
+    NVML's device files (on CUDA, the stand-in NVML opens one at its start,
+    as the real one does)."""
+    extra = dict(GPUPOOL_LOG_FILE=os.path.join(tmp, "log"), GPUPOOL_LOG="info")
     plain = fd_lists(["fds-list"], env=env(False, **extra))
     pooled = fd_lists(["fds-list"], env=env(True, **extra))
     for which in ("fds", "child-fds"):
@@ -265,14 +265,11 @@ def fds_stdio_race(tmp):
     28, item 7: before, gpupool's thread checked that 0-2 were open, then
     opened a file, which took 0 when the program closed it in between)."""
     seconds = 2 if SANITIZER else 4
-    # The pressure watch off: loading NVML (the stand-in's, on the CUDA
-    # side) opens its library among the program's descriptors, which
-    # gpupool only keeps from while 0-2 are closed (README: what the drivers
-    # and NVML open themselves); this test is about gpupool's own files.
+    # The pressure watch on: on CUDA it starts the stand-in NVML, which
+    # opens a file of its own, in gpupool's table.
     r = run(["stdio-race", str(seconds)], env=env(
         True, GPUPOOL_STATS_INTERVAL="1ms", GPUPOOL_STATS_FILE=os.path.join(tmp, "stats"),
-        GPUPOOL_PROMETHEUS_FILE=os.path.join(tmp, "metrics.prom"), GPUPOOL_LOG="info",
-        GPUPOOL_PRESSURE_FREE="0"))
+        GPUPOOL_PROMETHEUS_FILE=os.path.join(tmp, "metrics.prom"), GPUPOOL_LOG="info"))
     m = re.search(r"rounds (\d+) wrong (\d+) first (-?\d+) (-?\d+) (-?\d+)", r.stderr)
     if not check(m, f"no result line: exit {r.returncode} {r.stdout} {r.stderr[-1500:]}"):
         return
