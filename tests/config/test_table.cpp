@@ -1,4 +1,4 @@
-// The options table itself, and README.md's copy of it.
+// The options table itself, and docs/configuration.md's copy of it.
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -76,7 +76,7 @@ std::vector<std::string> cells(const std::string& row) {
 
 // Adds a failure for every way the table between the markers in `path`
 // differs from options().
-void check_readme(const std::string& path) {
+void check_table(const std::string& path) {
   std::ifstream f(path);
   ASSERT_TRUE(f) << "cannot read " << path;
   std::vector<std::string> rows;
@@ -96,8 +96,8 @@ void check_readme(const std::string& path) {
   rows.erase(rows.begin(), rows.begin() + 2);  // header and |---| line
   const auto& opts = options();
   for (std::size_t i = 0; i < std::max(rows.size(), opts.size()); ++i) {
-    if (i >= rows.size()) { ADD_FAILURE() << "README lacks " << opts[i].name; continue; }
-    if (i >= opts.size()) { ADD_FAILURE() << "README has an extra row: " << rows[i]; continue; }
+    if (i >= rows.size()) { ADD_FAILURE() << path << " lacks " << opts[i].name; continue; }
+    if (i >= opts.size()) { ADD_FAILURE() << path << " has an extra row: " << rows[i]; continue; }
     const std::vector<std::string> c = cells(rows[i]);
     if (c.size() != 4) { ADD_FAILURE() << "not 4 cells: " << rows[i]; continue; }
     const OptionInfo& o = opts[i];
@@ -116,19 +116,23 @@ TEST(Table, TextsQuoteTheCodesConstants) {
     if (std::string(o.name) == "GPUPOOL_PENDING_GROWTH")
       found = std::string(o.doc).find(blocks) != std::string::npos;
   EXPECT_TRUE(found) << "GPUPOOL_PENDING_GROWTH's doc should say '" << blocks << "'";
-  std::ifstream f(std::string(GPUPOOL_SOURCE_DIR) + "/README.md");
-  std::stringstream readme;
-  readme << f.rdbuf();
+  const std::string page = std::string(GPUPOOL_SOURCE_DIR) + "/docs/measurements.md";
+  std::ifstream f(page);
+  ASSERT_TRUE(f) << "cannot read " << page;
+  std::stringstream text;
+  text << f.rdbuf();
   const std::string at_most = "At most " + std::to_string(kMaxPendingBlocks) + " blocks of a size";
-  EXPECT_NE(readme.str().find(at_most), std::string::npos) << "README should say '" << at_most << "'";
+  EXPECT_NE(text.str().find(at_most), std::string::npos) << page << " should say '" << at_most << "'";
 }
 
-TEST(Table, ReadmeMatchesOptions) { check_readme(std::string(GPUPOOL_SOURCE_DIR) + "/README.md"); }
+TEST(Table, ConfigurationPageMatchesOptions) {
+  check_table(std::string(GPUPOOL_SOURCE_DIR) + "/docs/configuration.md");
+}
 
 // The check passes on the generated table (padded as a formatter would pad
 // it) and fails on every kind of drift.
-TEST(Table, ReadmeCheckCatchesDrift) {
-  char tmpl[] = "/tmp/gpupool-readme-XXXXXX";
+TEST(Table, TableCheckCatchesDrift) {
+  char tmpl[] = "/tmp/gpupool-options-table-XXXXXX";
   const int fd = mkstemp(tmpl);
   ASSERT_GE(fd, 0);
   close(fd);
@@ -144,9 +148,9 @@ TEST(Table, ReadmeCheckCatchesDrift) {
     return at == std::string::npos ? s : s.replace(at, from.size(), to);
   };
   write(table);
-  check_readme(path);
+  check_table(path);
   write(replace(replace(table, "| `GPUPOOL_HOLD` |", "|  `GPUPOOL_HOLD`    |"), "| bool |", "|bool|"));
-  check_readme(path);
+  check_table(path);
 
   const std::string first = std::string("| `") + options()[0].name + "`";
   const std::string last_row = table.substr(table.rfind("| `"));
@@ -162,12 +166,12 @@ TEST(Table, ReadmeCheckCatchesDrift) {
   };
   for (const std::string& body : drifted) {
     write(body);
-    EXPECT_NONFATAL_FAILURE(check_readme(path), "");
+    EXPECT_NONFATAL_FAILURE(check_table(path), "");
   }
   std::ofstream(path) << "# no markers\n" << table;
   static std::string fatal_path;  // EXPECT_FATAL_FAILURE takes no locals
   fatal_path = path;
-  EXPECT_FATAL_FAILURE(check_readme(fatal_path), "options-table:begin");
+  EXPECT_FATAL_FAILURE(check_table(fatal_path), "options-table:begin");
   unlink(path.c_str());
 }
 
