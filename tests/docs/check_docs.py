@@ -21,7 +21,7 @@ import sys
 
 SOURCE, CHECK = sys.argv[1], sys.argv[2]
 LAUNCHER = sys.argv[3] if len(sys.argv) > 3 else None
-# Not the project's own text: build outputs, fetched suites, git.
+# Not the project's own text: build outputs, fetched suites, environments.
 SKIP_DIRS = {".git", ".peers", "node_modules", "__pycache__"}
 TEXT_EXT = {".md", ".cpp", ".hpp", ".c", ".h", ".cu", ".py", ".sh", ".txt", ".cmake", ".def",
             ".toml", ".S", ".map", ".json", ".in"}
@@ -34,12 +34,21 @@ def fail(msg):
 
 
 def tree_files():
+    """The tree's files: in a git checkout those git tracks or would (not
+    ignored), else every file outside hidden and build folders."""
+    try:
+        r = subprocess.run(["git", "-C", SOURCE, "ls-files", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 and r.stdout.strip():
+            return sorted({os.path.normpath(f) for f in r.stdout.splitlines()
+                           if os.path.isfile(os.path.join(SOURCE, f))})
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    out = []
     for root, dirs, files in os.walk(SOURCE):
-        rel_root = os.path.relpath(root, SOURCE)
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not (
-            rel_root == "." and d.startswith("build")))
-        for f in sorted(files):
-            yield os.path.normpath(os.path.join(rel_root, f))
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith((".", "build")))
+        out += [os.path.normpath(os.path.relpath(os.path.join(root, f), SOURCE)) for f in sorted(files)]
+    return out
 
 
 def read(rel):
