@@ -1,7 +1,8 @@
 // gpupool's configuration: every GPUPOOL_* variable, parsed once.
 //
 // The variables are listed in one table, config/options.def, which drives the
-// parser, `gpupool env` and README's table (a test checks README against it).
+// parser, `gpupool env` and docs/configuration.md's table (a test checks the
+// page against it).
 #pragma once
 
 #include <cstddef>
@@ -44,12 +45,12 @@ struct Config {
   bool hold = true;
   unsigned leading_bits = 4;
   SizeSpec max_held;              // default unlimited
-  SizeSpec max_pooled;            // default 25%, why in README ("What it costs")
-  std::uint64_t release_after_ns = 60'000'000'000;  // why: README, "Sharing a GPU"
+  SizeSpec max_pooled;            // default 25%, why: docs/measurements.md, "What it costs"
+  std::uint64_t release_after_ns = 60'000'000'000;  // why: docs/sharing.md
   Reuse reuse = Reuse::safe;
   SizeSpec pending_growth;        // default 2%, see options.def
   bool borrow = false;            // why off: options.def
-  std::uint64_t split = 0;        // bytes, 0 = off; why off: README, Memory overhead
+  std::uint64_t split = 0;        // bytes, 0 = off; why off: docs/memory.md, "Memory overhead"
   bool probe = true;
 
   Neighbours neighbours = Neighbours::user;
@@ -101,7 +102,7 @@ const Config& get();
 // files thread on first (config/io.hpp).
 const Config& get_unlogged();
 
-// One row of the table, for `gpupool env` and the README check.
+// One row of the table, for `gpupool env` and the docs/configuration.md check.
 struct OptionInfo {
   const char* name;
   const char* type;
@@ -110,7 +111,7 @@ struct OptionInfo {
 };
 const std::vector<OptionInfo>& options();
 
-// The markdown table of options() that README.md carries between
+// The markdown table of options() that docs/configuration.md carries between
 // <!-- options-table:begin --> and <!-- options-table:end -->.
 std::string options_markdown();
 

@@ -9,7 +9,7 @@
 // program serves the sizes of the next (the binned pool keeps a block per
 // size ever active at once). A segment goes back to the backend only once
 // all of it is free. PyTorch's caching allocator splits its segments the
-// same way; the vocabulary here is the pool's (README, Memory overhead).
+// same way; the vocabulary here is the pool's (docs/memory.md, "Memory overhead").
 //
 // Internal to core/: pool.cpp and segments.cpp.
 #pragma once

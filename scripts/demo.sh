@@ -9,7 +9,7 @@
 #   BUILD_DIR=dir scripts/demo.sh           (build somewhere else than build/)
 #
 # Needs: cmake, a C/C++ compiler, libspdlog-dev, ocl-icd-opencl-dev,
-# opencl-headers, pocl-opencl-icd (see README).
+# opencl-headers, pocl-opencl-icd (scripts/install-deps.sh; docs/install.md).
 set -eu
 cd "$(dirname "$0")/.."
 steps=${1:-150}

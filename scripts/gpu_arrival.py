@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An arriving neighbour on a real GPU (issue 25; README: "Sharing a GPU").
+"""An arriving neighbour on a real GPU (issue 25; docs/sharing.md).
 
 A holder (tests/cuda/neighbour.c "hold") allocates HOLD_GIB blocks of 1 GiB,
 frees them and stays idle; IDLE seconds later (--idle, 1.5) a program without gpupool starts and

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Should held memory be released after an idle time by default? Both sides,
-measured on a real GPU (README: "Sharing a GPU").
+measured on a real GPU (docs/sharing.md, "Sharing a GPU").
 
 What it costs the program: after an idle release, the program's next
 allocations of that memory go to the driver again. Timed here without

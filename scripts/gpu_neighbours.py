@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sharing a GPU, measured on a real one (README: "Sharing a GPU").
+"""Sharing a GPU, measured on a real one (docs/sharing.md).
 
 A holder allocates HOLD_GIB 1 GiB blocks, frees them and stays alive, idle;
 a neighbour then allocates 1 GiB blocks until the driver says no. Each

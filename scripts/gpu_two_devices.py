@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sharing one of two GPUs (README: "Sharing a GPU"): processes name a GPU
+"""Sharing one of two GPUs (docs/sharing.md): processes name a GPU
 by its UUID, whatever ordinal CUDA_VISIBLE_DEVICES gives it, and memory held
 on one GPU is released only for that GPU.
 

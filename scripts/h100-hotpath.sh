@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One thread's warm pair through the shim on the GPU machine, two libraries
-# interleaved in one call (README, "Measured"): CUDA device pairs (safe and
+# interleaved in one call (docs/measurements.md, "Measured"): CUDA device pairs (safe and
 # immediate reuse) and NVIDIA OpenCL pairs at 64 KiB and 4 MiB, ROUNDS rounds
 # alternating the order; cuCtxGetCurrent alone (the driver call the shim
 # makes on every allocation); and where LIB_B's time goes (perf, when the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Memory overhead on real programs, on the GPU machine (README, Memory
-# overhead): gpupool's default, GPUPOOL_SPLIT, and the frameworks' own pools.
+# Memory overhead on real programs, on the GPU machine (docs/memory.md,
+# "Memory overhead"): gpupool's default, GPUPOOL_SPLIT, and the frameworks' own pools.
 #   scripts/h100-memory.sh LIB memory   driver-API checks (scripts/gpu_split.py:
 #        no gpupool, gpupool, gpupool with splitting), then each loop once per
 #        allocator: PyTorch's caching allocator, gpupool (caching off), gpupool

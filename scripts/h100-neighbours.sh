@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sharing a GPU, on the lent H100 (README: "Sharing a GPU"): the neighbour
+# Sharing a GPU, on the lent H100 (docs/sharing.md): the neighbour
 # table with a CUDA holder and with an OpenCL holder, and the idle-release
 # measurements. LIB is a libgpupool.so built elsewhere (the device machine
 # builds nothing else); results go to $OUT (default ./h100-out).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What recording costs the PyTorch loop (README, "Where the memory goes"),
+# What recording costs the PyTorch loop (docs/memory.md, "Where the memory goes"),
 # on the GPU machine: the small CNN (batch 64, PyTorch's caching off, under
 # gpupool), ROUNDS rounds, the modes interleaved in a new order each round:
 #   off         nothing recorded

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thread scaling of the full shim path on the GPU machine (README,
+# Thread scaling of the full shim path on the GPU machine (docs/measurements.md,
 # "Measured"): tests/gpu/bench_alloc --scaling, where each round runs one
 # thread's batch and N threads' batch back to back, so the host's moment-to-
 # moment speed cancels in their ratio; beside warm device pairs (64 KiB and

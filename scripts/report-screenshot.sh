@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A picture of `gpupool report`'s page, as headless Chromium draws it (the
-# browser the tests use): for README and results files.
+# browser the tests use): for docs/memory.md and results files.
 #   scripts/report-screenshot.sh TRACE|REPORT.html OUT.png [HEIGHT]
 # A trace is made into its page first, with $GPUPOOL, else the gpupool on
 # PATH, else this checkout's build/bin/gpupool; make it on the machine that

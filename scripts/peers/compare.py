@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compare the peers' test suites run without and with gpupool (issue 24).
 
-  compare.py RESULTS [--out DIR]
+  compare.py RESULTS... [--out DIR] [--page docs/peers.md]
 
 RESULTS is run.sh's results folder:
   junit/SUITE--MODE.xml   pytest's --junitxml of each run (MODE: plain, gpupool)
@@ -15,7 +15,8 @@ Prints, per suite, the counts of passed / failed / errors / skipped / xfailed
 without and with gpupool and every test whose outcome differs (with the
 first line of its failure message); then the loops' medians, per-round
 ratios and checksums. Writes DIR/compat.md (DIR defaults to RESULTS): the
-compatibility table for README. Standard library only. Exits 0 whether or
+compatibility table, which --page also puts into docs/peers.md. Standard
+library only. Exits 0 whether or
 not the runs differ: it reports, people judge.
 """
 import argparse
@@ -323,8 +324,8 @@ def main():
                     help="results folders of run.sh calls; each suite and loop is taken from the "
                          "last folder that has it (the suites do not all fit one call)")
     ap.add_argument("--out", help="where compat.md goes (default: the last RESULTS)")
-    ap.add_argument("--readme", help="also put the table into this file, between the lines "
-                    "<!-- peers:begin --> and <!-- peers:end -->")
+    ap.add_argument("--page", help="also put the table into this file (docs/peers.md), between "
+                    "the lines <!-- peers:begin --> and <!-- peers:end -->")
     a = ap.parse_args()
     for res in a.results:
         if not os.path.isdir(res):
@@ -461,15 +462,15 @@ def main():
             f.write("\n".join(["# The peers' own test suites, without and with gpupool", ""] + md))
     except OSError as e:
         print(f"compare.py: cannot write compat.md: {e}", file=sys.stderr)
-    if a.readme:
+    if a.page:
         begin, end = "<!-- peers:begin -->", "<!-- peers:end -->"
-        with open(a.readme) as f:
+        with open(a.page) as f:
             text = f.read()
         i, j = text.find(begin), text.find(end)
         if i < 0 or j < i:
-            print(f"compare.py: {a.readme} has no {begin} ... {end} block", file=sys.stderr)
+            print(f"compare.py: {a.page} has no {begin} ... {end} block", file=sys.stderr)
             return 2
-        with open(a.readme, "w") as f:
+        with open(a.page, "w") as f:
             f.write(text[: i + len(begin)] + "\n" + "\n".join(md) + text[j:])
     return 0
 

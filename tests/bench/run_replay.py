@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_replay on small traces whose numbers are known, on garbage, and on
-the recorded workloads in traces/ (README, "Judging pool policy on recorded
-workloads").
+the recorded workloads in traces/ (docs/memory.md, "Judging pool policy on
+recorded workloads").
 
 usage: run_replay.py BENCH_REPLAY CHECK    (CHECK: known, rmm, garbage, recorded, split)
 """

@@ -1,5 +1,6 @@
-// Prints the markdown table README.md carries, between its markers:
-//   build-config/tests/config/gpupool_options_table
+// Prints the markdown table docs/configuration.md carries, between its
+// markers:
+//   build/tests/config/gpupool_options_table
 #include <cstdio>
 
 #include "config/config.hpp"

@@ -1,4 +1,4 @@
-// The options table itself, and README.md's copy of it.
+// The options table itself, and docs/configuration.md's copy of it.
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -74,30 +74,44 @@ std::vector<std::string> cells(const std::string& row) {
   return out;
 }
 
-// Adds a failure for every way the table between the markers in `path`
-// differs from options().
-void check_readme(const std::string& path) {
+// The table rows between <!-- NAME:begin --> and <!-- NAME:end --> in
+// `path`, and *found set; a fatal failure unless there is exactly one such
+// block (*found is how the caller learns of it: HasFatalFailure() does not
+// see a failure that EXPECT_FATAL_FAILURE intercepts).
+void marked_rows(const std::string& path, const std::string& name, const std::string& fix,
+                 std::vector<std::string>* rows, bool* found) {
+  *found = false;
   std::ifstream f(path);
   ASSERT_TRUE(f) << "cannot read " << path;
-  std::vector<std::string> rows;
+  const std::string begin = "<!-- " + name + ":begin -->", end = "<!-- " + name + ":end -->";
   bool inside = false;
   int began = 0, ended = 0;
   for (std::string line; std::getline(f, line);) {
-    if (line.find("<!-- options-table:begin -->") != std::string::npos) { inside = true; ++began; continue; }
-    if (line.find("<!-- options-table:end -->") != std::string::npos) { inside = false; ++ended; continue; }
-    if (inside && line.find('|') != std::string::npos) rows.push_back(line);
+    if (line.find(begin) != std::string::npos) { inside = true; ++began; continue; }
+    if (line.find(end) != std::string::npos) { inside = false; ++ended; continue; }
+    if (inside && line.find('|') != std::string::npos) rows->push_back(line);
   }
-  ASSERT_TRUE(began == 1 && ended == 1)
-      << path << ": " << began << " begin and " << ended
-      << " end markers; it needs one <!-- options-table:begin --> ... <!-- options-table:end --> "
-      << "block: paste the output of tests/config/gpupool_options_table into it";
+  ASSERT_TRUE(began == 1 && ended == 1) << path << ": " << began << " begin and " << ended
+                                        << " end markers; it needs one " << begin << " ... " << end
+                                        << " block: " << fix;
+  *found = true;
+}
+
+// Adds a failure for every way the table between the markers in `path`
+// differs from options().
+void check_table(const std::string& path) {
+  std::vector<std::string> rows;
+  bool found = false;
+  marked_rows(path, "options-table", "paste the output of tests/config/gpupool_options_table into it",
+              &rows, &found);
+  if (!found) return;
   ASSERT_GE(rows.size(), 2u) << "no table between the markers";
   EXPECT_EQ(cells(rows[0]), (std::vector<std::string>{"Variable", "Type", "Default", "Description"}));
   rows.erase(rows.begin(), rows.begin() + 2);  // header and |---| line
   const auto& opts = options();
   for (std::size_t i = 0; i < std::max(rows.size(), opts.size()); ++i) {
-    if (i >= rows.size()) { ADD_FAILURE() << "README lacks " << opts[i].name; continue; }
-    if (i >= opts.size()) { ADD_FAILURE() << "README has an extra row: " << rows[i]; continue; }
+    if (i >= rows.size()) { ADD_FAILURE() << path << " lacks " << opts[i].name; continue; }
+    if (i >= opts.size()) { ADD_FAILURE() << path << " has an extra row: " << rows[i]; continue; }
     const std::vector<std::string> c = cells(rows[i]);
     if (c.size() != 4) { ADD_FAILURE() << "not 4 cells: " << rows[i]; continue; }
     const OptionInfo& o = opts[i];
@@ -105,6 +119,27 @@ void check_readme(const std::string& path) {
     EXPECT_EQ(c[1], o.type) << o.name;
     EXPECT_EQ(c[2], o.default_value) << o.name;
     EXPECT_EQ(c[3], o.doc) << o.name;
+  }
+}
+
+// Adds a failure for every row of README's short table (the variables most
+// people touch) that names no variable of options() or not its default.
+void check_common(const std::string& path) {
+  std::vector<std::string> rows;
+  bool found = false;
+  marked_rows(path, "options-common", "a table of | Variable | Default | What for |", &rows, &found);
+  if (!found) return;
+  ASSERT_GE(rows.size(), 3u) << "no rows between the markers";
+  EXPECT_EQ(cells(rows[0]), (std::vector<std::string>{"Variable", "Default", "What for"}));
+  rows.erase(rows.begin(), rows.begin() + 2);  // header and |---| line
+  for (const std::string& row : rows) {
+    const std::vector<std::string> c = cells(row);
+    if (c.size() != 3) { ADD_FAILURE() << "not 3 cells: " << row; continue; }
+    const OptionInfo* o = nullptr;
+    for (const OptionInfo& x : options())
+      if (c[0] == x.name) o = &x;
+    if (!o) { ADD_FAILURE() << path << " names " << c[0] << ", which is no gpupool variable"; continue; }
+    EXPECT_EQ(c[1], o->default_value) << path << ": the default of " << o->name;
   }
 }
 
@@ -116,19 +151,23 @@ TEST(Table, TextsQuoteTheCodesConstants) {
     if (std::string(o.name) == "GPUPOOL_PENDING_GROWTH")
       found = std::string(o.doc).find(blocks) != std::string::npos;
   EXPECT_TRUE(found) << "GPUPOOL_PENDING_GROWTH's doc should say '" << blocks << "'";
-  std::ifstream f(std::string(GPUPOOL_SOURCE_DIR) + "/README.md");
-  std::stringstream readme;
-  readme << f.rdbuf();
+  const std::string page = std::string(GPUPOOL_SOURCE_DIR) + "/docs/measurements.md";
+  std::ifstream f(page);
+  ASSERT_TRUE(f) << "cannot read " << page;
+  std::stringstream text;
+  text << f.rdbuf();
   const std::string at_most = "At most " + std::to_string(kMaxPendingBlocks) + " blocks of a size";
-  EXPECT_NE(readme.str().find(at_most), std::string::npos) << "README should say '" << at_most << "'";
+  EXPECT_NE(text.str().find(at_most), std::string::npos) << page << " should say '" << at_most << "'";
 }
 
-TEST(Table, ReadmeMatchesOptions) { check_readme(std::string(GPUPOOL_SOURCE_DIR) + "/README.md"); }
+TEST(Table, ConfigurationPageMatchesOptions) {
+  check_table(std::string(GPUPOOL_SOURCE_DIR) + "/docs/configuration.md");
+}
 
 // The check passes on the generated table (padded as a formatter would pad
 // it) and fails on every kind of drift.
-TEST(Table, ReadmeCheckCatchesDrift) {
-  char tmpl[] = "/tmp/gpupool-readme-XXXXXX";
+TEST(Table, TableCheckCatchesDrift) {
+  char tmpl[] = "/tmp/gpupool-options-table-XXXXXX";
   const int fd = mkstemp(tmpl);
   ASSERT_GE(fd, 0);
   close(fd);
@@ -144,9 +183,9 @@ TEST(Table, ReadmeCheckCatchesDrift) {
     return at == std::string::npos ? s : s.replace(at, from.size(), to);
   };
   write(table);
-  check_readme(path);
+  check_table(path);
   write(replace(replace(table, "| `GPUPOOL_HOLD` |", "|  `GPUPOOL_HOLD`    |"), "| bool |", "|bool|"));
-  check_readme(path);
+  check_table(path);
 
   const std::string first = std::string("| `") + options()[0].name + "`";
   const std::string last_row = table.substr(table.rfind("| `"));
@@ -162,12 +201,42 @@ TEST(Table, ReadmeCheckCatchesDrift) {
   };
   for (const std::string& body : drifted) {
     write(body);
-    EXPECT_NONFATAL_FAILURE(check_readme(path), "");
+    EXPECT_NONFATAL_FAILURE(check_table(path), "");
   }
   std::ofstream(path) << "# no markers\n" << table;
   static std::string fatal_path;  // EXPECT_FATAL_FAILURE takes no locals
   fatal_path = path;
-  EXPECT_FATAL_FAILURE(check_readme(fatal_path), "options-table:begin");
+  EXPECT_FATAL_FAILURE(check_table(fatal_path), "options-table:begin");
+  unlink(path.c_str());
+}
+
+TEST(Table, ReadmeNamesVariablesWithTheirDefaults) {
+  check_common(std::string(GPUPOOL_SOURCE_DIR) + "/README.md");
+}
+
+TEST(Table, ReadmeCheckCatchesDrift) {
+  char tmpl[] = "/tmp/gpupool-readme-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string path = tmpl;
+  auto write = [&](const std::string& rows) {
+    std::ofstream(path) << "# gpupool\n\n<!-- options-common:begin -->\n| Variable | Default | What for |\n"
+                        << "|---|---|---|\n" << rows << "<!-- options-common:end -->\n";
+  };
+  write("| `GPUPOOL_LEADING_BITS` | `4` | bits |\n| `GPUPOOL_TRACE_FILE` |  | a trace |\n");
+  check_common(path);
+  for (const std::string& rows : {std::string("| `GPUPOOL_LEADING_BITS` | `5` | bits |\n"),  // default
+                                  std::string("| `GPUPOOL_LEADING_BIT` | `4` | bits |\n"),   // name
+                                  std::string("| `GPUPOOL_TRACE_FILE` | `trace` | a trace |\n"),
+                                  std::string("| `GPUPOOL_LOG` | `warn` |\n")}) {  // cells
+    write(rows);
+    EXPECT_NONFATAL_FAILURE(check_common(path), "");
+  }
+  std::ofstream(path) << "# no markers\n| `GPUPOOL_LOG` | `warn` | log |\n";
+  static std::string fatal_path;  // EXPECT_FATAL_FAILURE takes no locals
+  fatal_path = path;
+  EXPECT_FATAL_FAILURE(check_common(fatal_path), "options-common:begin");
   unlink(path.c_str());
 }
 

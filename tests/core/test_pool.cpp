@@ -53,7 +53,7 @@ TEST(Pool, SmallerBinsAreNotServedFromTheHeldBlock) {
 
 // A request whose bin holds nothing takes a held block of a larger bin under
 // twice its size (the smallest such), rather than a fresh one: sizes a
-// program uses in one phase serve the next phase's (README, "Memory
+// program uses in one phase serve the next phase's (docs/memory.md, "Memory
 // overhead"). The block keeps its size and goes back to its own bin.
 TEST(Pool, AnEmptyBinBorrowsALargerHeldBlockUnderTwiceTheSize) {
   PoolOptions po;

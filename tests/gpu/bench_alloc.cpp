@@ -512,7 +512,8 @@ int main(int argc, char** argv) {
   }
   print_kept();
   // The largest blocks: what the driver charges for them, against one pass
-  // over them (README, "Large blocks": why GPUPOOL_MAX_POOLED is 25%).
+  // over them (docs/measurements.md, "What it costs": why GPUPOOL_MAX_POOLED
+  // is 25%).
   for (std::size_t s : {std::size_t(1) << 30, std::size_t(4) << 30, std::size_t(16) << 30}) {
     if (threads_only) break;
     bench_device_pair(s);

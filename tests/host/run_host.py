@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What gpupool promises the program it is loaded into (README: "What gpupool
-promises the host program"), checked on real processes: host_program under
+"""What gpupool promises the program it is loaded into (docs/guarantees.md, "What
+gpupool promises the host program"), checked on real processes: host_program under
 the preloaded library, on PoCL (OpenCL) or the stand-in libcuda.so.1 (CUDA).
 
 usage: run_host.py PROGRAM LAUNCHER API CHECK ALLOC_FAILURE_PROGRAM NO_UNSHARE_LIB

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gpupool on a shared GPU (README: "Sharing a GPU"), on real processes: the
+"""gpupool on a shared GPU (docs/sharing.md), on real processes: the
 stand-in driver with one device budget shared by every process that names
 the same STANDIN_SHARED file, and the stand-in NVML reading it.
 
@@ -455,7 +455,7 @@ elif CHECK == "garbage":
     os.chmod(reg, 0o666)
     n, _, _, nerr = grab(shared, True)
     check("writable by other users" in nerr, f"a world-writable registry was used: {nerr[-500:]}")
-    # One others may read (0644: README promises 0600) is not used either:
+    # One others may read (0644: docs/sharing.md promises 0600) is not used either:
     # it would show them what the user's processes hold.
     os.unlink(reg)
     grab(shared, True)  # makes a good one
@@ -684,7 +684,7 @@ elif CHECK == "asked_by_others":
 
 elif CHECK == "stdio_closed":
     # A program that closed 0, 1 and 2 gets them back from its next opens
-    # (README, Descriptors): a release asked meanwhile opens nothing (the
+    # (docs/guarantees.md, Descriptors): a release asked meanwhile opens nothing (the
     # registry, /proc) before they are open again, and is then answered and
     # published. Before, answering published at once: the registry was
     # opened, taking the lowest free number, while 0-2 were closed. gpupool
@@ -716,8 +716,8 @@ elif CHECK == "stdio_closed":
         sent_after = []
 
         def ask():
-            # A request has 2 s to arrive from the accept (README, control
-            # socket): a round whose program took longer to close 0-2 (a
+            # A request has 2 s to arrive from the accept (docs/guarantees.md,
+            # the control socket): a round whose program took longer to close 0-2 (a
             # slow build: ThreadSanitizer) is run again, not judged.
             sent_after.append(time.monotonic() - connected)
             client.sendall(f"release {uuid} {2**64 - 1}\n".encode())
@@ -799,7 +799,7 @@ elif CHECK == "locked":
 
 elif CHECK == "linked":
     # GPUPOOL_REGISTRY follows no symbolic link in any component of its
-    # path, as the other GPUPOOL_* files (README, Files): refused, said once
+    # path, as the other GPUPOOL_* files (docs/guarantees.md, Files): refused, said once
     # with the path to set instead, and the program runs as without it.
     # Before, only the last component was checked: a directory reached
     # through a link was used.
