@@ -32,6 +32,9 @@ set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 # launcher), read from the binaries by dpkg-shlibdeps; the GPU driver and
 # the OpenCL loader are not dependencies, they are the program's.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# elfutils' libdw is loaded with dlopen, where installed, to name the
+# source lines of allocation sites: recommended, not needed.
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libdw1")
 # Packed relative relocations (see the gpupool target) need the loader of
 # glibc 2.36 (GLIBC_ABI_DT_RELR), which dpkg-shlibdeps does not count.
 if(GPUPOOL_HAVE_RELR)

@@ -9,9 +9,9 @@
 // bucket's maximum so that no peak disappears. The page draws them with its
 // own inline script as SVG.
 //
-// Native frames are named here, from the modules' files (their symbol
-// tables); a file whose build id differs from the traced one is not trusted
-// and its frames show as module+offset.
+// Native frames are named here, from the modules' files (symbols.hpp:
+// source lines, else functions); a file whose build id differs from the
+// traced one is not trusted and its frames show as module+offset.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -122,9 +122,9 @@ class Namer {
     std::string first_own;
     for (std::uint64_t pc : d.pcs) {
       const trace::ModuleDecl* m = module_of(pc, d.modules_end);
-      const std::string frame = name(pc, m);
-      if (first_own.empty() && m && !runtime_library(m->path)) first_own = frame;
-      n.frames.push_back(frame);
+      std::vector<std::string> named = frames(pc, m);
+      if (first_own.empty() && m && !runtime_library(m->path)) first_own = named.front();
+      for (std::string& f : named) n.frames.push_back(std::move(f));
     }
     if (!d.pyframes.empty()) n.label = n.frames.front();
     else if (!first_own.empty()) n.label = first_own;
@@ -142,27 +142,24 @@ class Namer {
     return nullptr;
   }
 
-  std::string name(std::uint64_t pc, const trace::ModuleDecl* m) {
+  // The frames one return address stands for (symbols.hpp: inlined calls
+  // and source lines where the file has debug information).
+  std::vector<std::string> frames(std::uint64_t pc, const trace::ModuleDecl* m) {
     char hex[32];
     if (!m) {
       std::snprintf(hex, sizeof hex, "0x%" PRIx64, pc);
-      return hex;
+      return {hex};
     }
-    const std::string base = m->path.substr(m->path.rfind('/') + 1);
-    std::snprintf(hex, sizeof hex, "+0x%" PRIx64, pc - m->bias);
     // Only a file that is the one traced names anything.
-    bool same = true;
     if (!m->build_id.empty()) {
       auto [it, fresh] = same_file_.try_emplace(m->path, false);
       if (fresh) it->second = files_.build_id(m->path) == m->build_id;
-      same = it->second;
+      if (!it->second) {
+        std::snprintf(hex, sizeof hex, "+0x%" PRIx64, pc - m->bias);
+        return {m->path.substr(m->path.rfind('/') + 1) + hex + " (file changed since the trace)"};
+      }
     }
-    if (!same) return base + hex + " (file changed since the trace)";
-    // A return address: the call is the byte before it.
-    const symbols::Function fn = files_.function_at(m->path, pc - 1 - m->bias);
-    if (fn.name.empty()) return base + hex;
-    std::snprintf(hex, sizeof hex, "+0x%" PRIx64, fn.offset + 1);
-    return fn.name + hex + " (" + base + ")";
+    return files_.describe(m->path, pc - m->bias);
   }
 
   const trace::TraceFile& tr_;

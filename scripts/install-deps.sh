@@ -11,11 +11,13 @@ sudo_=""
 $sudo_ apt-get update -qq
 $sudo_ apt-get install -y -qq --no-install-recommends \
   build-essential cmake clang libclang-rt-14-dev \
-  libspdlog-dev libfmt-dev googletest libgtest-dev libbenchmark-dev \
+  libspdlog-dev libfmt-dev googletest libgtest-dev libbenchmark-dev libdw-dev \
   pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
   python3-pyopencl python3-numpy python3-pytest \
   python3-pip python3-venv ninja-build chromium >/dev/null
-# (pip and venv: the wheel and its install, scripts/package-check.sh; Ninja:
+# (libdw-dev: elfutils' headers, so allocation sites name source lines; the
+# library itself, libdw1, is loaded at run time where installed. pip and
+# venv: the wheel and its install, scripts/package-check.sh; Ninja:
 # its record of which headers each object was compiled from; Chromium: the
 # test that draws `gpupool report`'s page in a real browser; pytest:
 # PyOpenCL's own suite, below.)

@@ -310,7 +310,7 @@ void Sites::add_module_of(std::uint64_t pc) {
           s.decls_.push_back("module " + std::to_string(s.modules_.size()) + " " + hex(start) + " " +
                              hex(end) + " " + hex(i->dlpi_addr) + " " +
                              (build_id.empty() ? "-" : build_id) + " " + path + "\n");
-          s.modules_.push_back({start, end, i->dlpi_addr, path});
+          s.modules_.push_back({start, end, i->dlpi_addr, path, build_id});
         }
         return 1;
       },
@@ -406,6 +406,9 @@ std::size_t Sites::declarations(std::size_t from, std::string* out) {
 }
 
 std::string Sites::describe(std::uint32_t site, const char* indent) {
+  // The loader's lock is taken outside ours: a library's constructor may
+  // allocate, and wait for ours inside the loader.
+  symbols::load_line_reader();
   std::lock_guard lock(mu_);
   if (site >= sites_.size()) return std::string(indent) + "(no site recorded)\n";
   if (!symbols_) symbols_ = std::make_unique<symbols::Files>();
@@ -419,17 +422,19 @@ std::string Sites::describe(std::uint32_t site, const char* indent) {
     const Module* m = nullptr;
     for (std::size_t j = s.modules_end; j-- > 0 && !m;)
       if (pc >= modules_[j].start && pc < modules_[j].end) m = &modules_[j];
-    std::string where;
     if (!m) {
-      where = "0x" + hex(pc);
-    } else {
-      // A return address: the call is the byte before it.
-      const symbols::Function fn = symbols_->function_at(m->path, pc - 1 - m->bias);
-      where = fn.name.empty() ? base_name(m->path.c_str()) + "+0x" + hex(pc - m->bias)
-                              : fn.name + "+0x" + hex(fn.offset + 1) + " (" +
-                                    base_name(m->path.c_str()) + ")";
+      out += std::string(indent) + "0x" + hex(pc) + "\n";
+      continue;
     }
-    out += std::string(indent) + where + "\n";
+    // Only the file that was loaded names anything (it may have been
+    // replaced on disk since).
+    if (!m->build_id.empty() && symbols_->build_id(m->path) != m->build_id) {
+      out += std::string(indent) + base_name(m->path.c_str()) + "+0x" + hex(pc - m->bias) +
+             " (file changed since it was loaded)\n";
+      continue;
+    }
+    for (const std::string& frame : symbols_->describe(m->path, pc - m->bias))
+      out += std::string(indent) + frame + "\n";
   }
   if (s.pcs.size() > shown)
     out += std::string(indent) + "(" + std::to_string(s.pcs.size() - shown) + " more frames)\n";

@@ -8,7 +8,7 @@
 // a site's native frames are addresses inside loaded objects (modules), and
 // the trace names each module's file, load bias and build id, so `gpupool
 // report` symbolises afterwards from the files. Only the exit leak report
-// names functions in-process (symbols.hpp; exit is not the hot path).
+// names frames in-process (symbols.hpp; exit is not the hot path).
 #pragma once
 
 #include <cstdint>
@@ -49,8 +49,9 @@ class Sites {
   std::size_t declarations(std::size_t from, std::string* out);
 
   // One site as text for people, a frame per line, each line prefixed with
-  // `indent`: functions named from the modules' symbol tables (symbols.hpp),
-  // else module+offset. Reads files: for the exit report, not the hot path.
+  // `indent`: named from the modules' files (symbols.hpp: file:line where
+  // they have debug information, else function+offset, else
+  // module+offset). Reads files: for the exit report, not the hot path.
   std::string describe(std::uint32_t site, const char* indent);
 
   std::uint64_t sampled() const;
@@ -65,6 +66,7 @@ class Sites {
   struct Module {
     std::uint64_t start, end, bias;
     std::string path;
+    std::string build_id;  // hex; empty: none
   };
   std::uint32_t intern(const std::uint64_t* pcs, int npcs,
                        const std::vector<std::string>& pyframes);

@@ -1,7 +1,12 @@
-// Function names for code addresses, read from the ELF files themselves
-// (.symtab, else .dynsym), so functions that are not exported are named too
-// (dladdr knows exported ones only). Used after the fact, never on an
-// allocation: by the leak report at exit and by `gpupool report`.
+// Code addresses named for people, read from the ELF files themselves:
+// function names from .symtab, else .dynsym (dladdr knows exported ones
+// only), and source files and lines from the DWARF debug information, read
+// through elfutils' libdw where it is installed. libdw is loaded with
+// dlopen when a file's lines are first asked for, so neither the preloaded
+// library nor the launcher needs it to start; without it, or without debug
+// information, frames are named as functions and offsets. Used after the
+// fact, never on an allocation: by the leak report at exit and by `gpupool
+// report`.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,12 @@ struct Function {
   std::uint64_t offset = 0; // from the function's start
 };
 
+// Loads elfutils' libdw (dlopen) where it is installed, once. describe()
+// does on first need; a caller holding a lock that code run by the loader
+// could wait for (an allocation in a library's constructor, with its lock
+// held) calls this first, outside that lock.
+void load_line_reader();
+
 // ELF files read once each (a file that cannot be read names nothing).
 class Files {
  public:
@@ -27,6 +38,14 @@ class Files {
   Function function_at(const std::string& path, std::uint64_t vaddr);
   // The file's GNU build id in hex; empty when it has none or cannot be read.
   std::string build_id(const std::string& path);
+  // The frames the return address `return_vaddr` (as function_at numbers
+  // it) stands for, innermost first. With line information: one per call
+  // inlined there, "FUNC (FILE:LINE) [inlined]", then the function itself,
+  // "FUNC (FILE:LINE)". Without: "FUNC+0xOFF (MODULE)" from the symbol
+  // table, else "MODULE+0xOFF". The debug information is the file's own,
+  // else the separate file named by its build id under
+  // /usr/lib/debug/.build-id/ (Debian's -dbgsym packages).
+  const std::vector<std::string>& describe(const std::string& path, std::uint64_t return_vaddr);
 
   struct File;  // opaque; public so the reader in symbols.cpp can fill it
 

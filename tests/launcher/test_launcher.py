@@ -23,6 +23,8 @@ LAUNCHER = os.environ["LAUNCHER"]
 HARNESS = os.environ["HARNESS"]
 CL_WORKLOAD = os.environ.get("CL_WORKLOAD", "")
 REPORT_PROGRAM = os.environ.get("REPORT_PROGRAM", "")
+# The build reads debug information (elfutils' libdw): frames name lines.
+DWARF = os.environ.get("GPUPOOL_TEST_DWARF") == "1"
 SCHEMA = json.load(open(os.environ["SCHEMA"]))
 BUILD_DIR = os.environ["BUILD_DIR"]
 TEST_PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
@@ -571,18 +573,44 @@ class Report(unittest.TestCase):
         self.assertEqual(g["end"]["active"], 3 * self.MIB + 64 * self.KIB)
         self.assertLess(g["peak_active"]["t_ns"], g["peak_managed"]["t_ns"])
 
+        def function(frame):  # 'forward+0x1f (prog)' or 'forward (/src/prog.c:40)'
+            return re.match(r"[^ +(]*", frame).group(0)
+
         def rows(part):
-            return [(x["label"].split("+")[0], x["blocks"], x["bytes"]) for x in d[part]["sites"]]
+            # By the program's function that called create(), which is
+            # always inlined (a frame of its own where lines are known).
+            return [(next(function(f) for f in x["frames"] if function(f) != "create"),
+                     x["blocks"], x["bytes"]) for x in d[part]["sites"]]
 
         self.assertEqual(rows("peak"), [("forward", 5, 10 * self.MIB),
                                         ("load_weights", 3, 3 * self.MIB)])
         self.assertEqual(rows("end"), [("load_weights", 3, 3 * self.MIB),
                                        ("keep_scratch", 1, 64 * self.KIB)])
         self.assertEqual((d["end"]["blocks"], d["end"]["bytes"]), (4, 3 * self.MIB + 64 * self.KIB))
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_program.c")
+        text = open(src).read().splitlines()
+
+        def line(code):  # the first line of report_program.c holding `code`
+            return next(i for i, l in enumerate(text, 1) if code in l)
+
+        calls = {"load_weights": line("g_weights[i] = create("), "forward": line("activations[i] = create("),
+                 "keep_scratch": line("g_scratch = create(")}
         for site in d["peak"]["sites"] + d["end"]["sites"]:
-            # Named from the program's own symbol table, the caller too.
-            self.assertRegex(site["label"], r"^\w+\+0x[0-9a-f]+ \(report_program\)$")
-            self.assertTrue(any(f.startswith("main+") for f in site["frames"]), site)
+            caller = next(function(f) for f in site["frames"] if function(f) != "create")
+            if DWARF:
+                # report_program is built with -g: every frame names its
+                # line, the inlined create() and its caller's call of it
+                # included, and the label is the innermost of the
+                # program's frames.
+                inner = f"create ({src}:{line('clCreateBuffer(g_ctx')}) [inlined]"
+                self.assertEqual(site["label"], inner, site)
+                self.assertEqual(site["frames"][site["frames"].index(inner) + 1],
+                                 f"{caller} ({src}:{calls[caller]})", site)
+                self.assertIn(f"main ({src}:{line(f'  {caller}();')})", site["frames"])
+            else:
+                # Named from the program's own symbol table, the caller too.
+                self.assertRegex(site["label"], r"^\w+\+0x[0-9a-f]+ \(report_program\)$")
+                self.assertTrue(any(f.startswith("main+") for f in site["frames"]), site)
         self.assertTrue(all(x["group"] == g["name"] for x in d["end"]["sites"]))
         # Sizes by power of two, the empty ones between included.
         self.assertEqual([(x["from"], x["count"], x["bytes"]) for x in d["sizes"]],
@@ -597,11 +625,12 @@ class Report(unittest.TestCase):
         peaks_row = peaks_row[:peaks_row.index("</tr>")]
         self.assertRegex(peaks_row, r"<td>13\.0 MiB</td><td>[0-9.]+ [µm]?s</td><td>13\.1 MiB</td>")
         self.assertIn("<td>14</td><td>5</td><td>3.1 MiB</td>", peaks_row)
-        self.assertRegex(html, r"<td>10\.0 MiB</td><td>5</td><td class=\"l\"><details><summary>forward\+")
+        self.assertRegex(html, r"<td>10\.0 MiB</td><td>5</td><td class=\"l\"><details><summary>"
+                               r"[^<]*</summary><pre>[^<]*\bforward[ +]")
         self.assertRegex(html, r"<td>3\.0 MiB</td><td>3</td><td class=\"l\">opencl:.*?"
-                               r"<summary>load_weights\+")
+                               r"<summary>[^<]*</summary><pre>[^<]*\bload_weights[ +]")
         self.assertRegex(html, r"<td>64\.0 KiB</td><td>1</td><td class=\"l\">opencl:.*?"
-                               r"<summary>keep_scratch\+")
+                               r"<summary>[^<]*</summary><pre>[^<]*\bkeep_scratch[ +]")
         self.assertIn("upper bound", html)
 
     def test_site_labels(self):

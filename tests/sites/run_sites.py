@@ -3,7 +3,11 @@
 real programs under the preloaded library on PoCL: what the program's user
 reads at exit, and what the trace records.
 
-usage: run_sites.py native SITES_PROGRAM | python SITES_PYTHON"""
+usage: run_sites.py native "SITES_PROGRAM;SITES_PROGRAM_NODEBUG" | python SITES_PYTHON
+       | reload "SITES_RELOAD;LIB_A;LIB_B"
+
+GPUPOOL_TEST_DWARF=1: the build reads debug information (elfutils' libdw),
+so frames of code built with -g name their source file and line."""
 import os
 import re
 import subprocess
@@ -12,6 +16,8 @@ import tempfile
 
 CHECK, TARGET = sys.argv[1:3]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
+DWARF = os.environ.get("GPUPOOL_TEST_DWARF") == "1"
+HERE = os.path.dirname(os.path.abspath(__file__))
 failures = []
 
 
@@ -69,8 +75,21 @@ def trace_sites(path):
     return with_site, without, sites, modules
 
 
-def native(program):
+def source_line(source, text):
+    """The number of the one line of `source` that contains `text`."""
+    (n,) = [i for i, l in enumerate(open(source), 1) if text in l]
+    return n
+
+
+def function_of(frame):
+    """keep_weights, from 'keep_weights+0x43 (prog)' or 'keep_weights (/src/prog.c:28)'."""
+    return re.match(r"[^ +(]*", frame).group(0)
+
+
+def native(targets):
+    program, nodebug = targets.split(";")
     weights, scratch = 8, 200
+    source = os.path.join(HERE, "sites_program.c")
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "t")
         r = run([program, str(weights), str(scratch)], GPUPOOL_SITES="all", GPUPOOL_LEAKS="1",
@@ -81,8 +100,16 @@ def native(program):
             check(len(groups) == 1 and groups[0][:2] == ("8.0 MiB", weights),
                   f"leak groups {[(g[0], g[1]) for g in groups]}, expected one of 8.0 MiB in {weights} blocks")
             frames = groups[0][3]
-            check(any(f.startswith("keep_weights+") for f in frames[:3]),
-                  f"the leaking site's innermost frames {frames[:3]} do not name keep_weights")
+            if DWARF:
+                # Built with -g: the source file and line of the allocating
+                # call and of its caller's call.
+                want = [f"keep_weights ({source}:{source_line(source, 'g_weights[i] = clCreateBuffer')})",
+                        f"main ({source}:{source_line(source, '  keep_weights(weights);')})"]
+                got = [f for f in frames if function_of(f) in ("keep_weights", "main")]
+                check(got == want, f"the leaking site's frames {frames}: expected {want} among them")
+            else:
+                check(any(f.startswith("keep_weights+") for f in frames[:3]),
+                      f"the leaking site's innermost frames {frames[:3]} do not name keep_weights")
             check(not any("scratch_loop" in f for g in groups for f in g[3]),
                   "scratch_loop's released buffers are listed as held")
         with_site, without, sites, modules = trace_sites(trace)
@@ -115,6 +142,17 @@ def native(program):
         groups = leak_groups(r.stderr)
         check(groups and groups[0][:2] == ("8.0 MiB", weights) and "GPUPOOL_SITES=all" in r.stderr,
               f"GPUPOOL_LEAKS alone: {r.stderr[-1500:]}")
+        # Without debug information: functions from the symbol table, and
+        # their offsets.
+        r = run([nodebug, str(weights), str(scratch)], GPUPOOL_SITES="all", GPUPOOL_LEAKS="1")
+        groups = leak_groups(r.stderr)
+        if check(groups, f"no leak report at exit (no debug information): {r.stderr[-2000:]}"):
+            frames = groups[0][3]
+            base = os.path.basename(nodebug)
+            check(any(re.fullmatch(rf"keep_weights\+0x[0-9a-f]+ \({re.escape(base)}\)", f) for f in frames[:3])
+                  and any(re.fullmatch(rf"main\+0x[0-9a-f]+ \({re.escape(base)}\)", f) for f in frames),
+                  f"without debug information, frames {frames}: expected keep_weights+0x... and main+0x...")
+
         # Nothing asked for, nothing printed.
         r = run([program, str(weights), str(scratch)])
         check(" leaks: " not in r.stderr, f"a leak report nobody asked for: {r.stderr[-500:]}")
@@ -156,7 +194,7 @@ def reload(targets):
                      f"the second library was not loaded where the first was: {r.stdout}"):
             return
         groups = leak_groups(r.stderr) or []
-        inner = sorted((g[0], g[3][0].split("+")[0] if g[3] else "") for g in groups)
+        inner = sorted((g[0], function_of(g[3][0]) if g[3] else "") for g in groups)
         check(inner == [("1.0 MiB", "alloc_in_a"), ("2.0 MiB", "alloc_in_b")],
               f"leak groups' innermost frames {inner}, expected alloc_in_a for 1 MiB and "
               f"alloc_in_b for 2 MiB: {r.stderr[-1500:]}")
