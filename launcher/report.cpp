@@ -9,9 +9,7 @@
 // bucket's maximum so that no peak disappears. The page draws them with its
 // own inline script as SVG.
 //
-// Native frames are named here, from the modules' files (symbols.hpp:
-// source lines, else functions); a file whose build id differs from the
-// traced one is not trusted and its frames show as module+offset.
+// Sites are named here, from the modules' files (site_names.hpp).
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -21,8 +19,8 @@
 #include <vector>
 
 #include "interpose/control/stats_format.hpp"
-#include "interpose/control/symbols.hpp"
 #include "launcher/launcher.hpp"
+#include "launcher/site_names.hpp"
 #include "launcher/trace_tools.hpp"
 
 namespace gpupool::launcher {
@@ -86,87 +84,6 @@ std::string seconds_text(std::uint64_t ns) {
   else std::snprintf(buf, sizeof buf, "%.*f s", ns < 10'000'000'000 ? 2 : 1, v / 1e9);
   return buf;
 }
-
-// ---- sites, named ------------------------------------------------------------
-
-bool runtime_library(const std::string& path) {
-  const std::string base = path.substr(path.rfind('/') + 1);
-  for (const char* lib : {"libcuda.", "libcudart", "libOpenCL", "libpocl", "libnvidia-",
-                          "libgpupool", "libcublas", "libc10_cuda"})
-    if (base.rfind(lib, 0) == 0) return true;
-  return false;
-}
-
-struct NamedSite {
-  std::string label;                // what tables show
-  std::vector<std::string> frames;  // innermost first, Python first
-};
-
-class Namer {
- public:
-  explicit Namer(const trace::TraceFile& tr) : tr_(tr) {}
-
-  const NamedSite& site(std::uint32_t s) {
-    auto it = named_.find(s);
-    if (it != named_.end()) return it->second;
-    NamedSite n;
-    if (s == trace::kNoSite) {
-      n.label = "(no call stack recorded)";
-      return named_.emplace(s, n).first->second;
-    }
-    const trace::SiteDecl& d = tr_.sites[s];
-    for (std::uint32_t f : d.pyframes) {
-      const trace::PyFrameDecl& p = tr_.pyframes[f];
-      n.frames.push_back("py " + p.func + " (" + p.file + ":" + std::to_string(p.line) + ")");
-    }
-    std::string first_own;
-    for (std::uint64_t pc : d.pcs) {
-      const trace::ModuleDecl* m = module_of(pc, d.modules_end);
-      std::vector<std::string> named = frames(pc, m);
-      if (first_own.empty() && m && !runtime_library(m->path)) first_own = named.front();
-      for (std::string& f : named) n.frames.push_back(std::move(f));
-    }
-    if (!d.pyframes.empty()) n.label = n.frames.front();
-    else if (!first_own.empty()) n.label = first_own;
-    else if (!n.frames.empty()) n.label = n.frames.front();
-    else n.label = "(empty stack)";
-    return named_.emplace(s, std::move(n)).first->second;
-  }
-
- private:
-  // The last module declared before the site that covers pc: a library
-  // unloaded and another loaded at its addresses is declared again.
-  const trace::ModuleDecl* module_of(std::uint64_t pc, std::size_t modules_end) const {
-    for (std::size_t k = std::min(modules_end, tr_.modules.size()); k-- > 0;)
-      if (pc >= tr_.modules[k].start && pc < tr_.modules[k].end) return &tr_.modules[k];
-    return nullptr;
-  }
-
-  // The frames one return address stands for (symbols.hpp: inlined calls
-  // and source lines where the file has debug information).
-  std::vector<std::string> frames(std::uint64_t pc, const trace::ModuleDecl* m) {
-    char hex[32];
-    if (!m) {
-      std::snprintf(hex, sizeof hex, "0x%" PRIx64, pc);
-      return {hex};
-    }
-    // Only a file that is the one traced names anything.
-    if (!m->build_id.empty()) {
-      auto [it, fresh] = same_file_.try_emplace(m->path, false);
-      if (fresh) it->second = files_.build_id(m->path) == m->build_id;
-      if (!it->second) {
-        std::snprintf(hex, sizeof hex, "+0x%" PRIx64, pc - m->bias);
-        return {m->path.substr(m->path.rfind('/') + 1) + hex + " (file changed since the trace)"};
-      }
-    }
-    return files_.describe(m->path, pc - m->bias);
-  }
-
-  const trace::TraceFile& tr_;
-  symbols::Files files_;
-  std::map<std::string, bool> same_file_;
-  std::unordered_map<std::uint32_t, NamedSite> named_;
-};
 
 // ---- the figures -------------------------------------------------------------
 

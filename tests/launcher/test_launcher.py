@@ -667,6 +667,41 @@ class Report(unittest.TestCase):
             self.assertRegex(site["label"],
                              r"^report_program\+0x[0-9a-f]+ \(file changed since the trace\)$")
 
+    def test_site_labels_outside_libraries(self):
+        # A row is labelled by the program's own code: the innermost Python
+        # frame outside the standard library and installed packages (all
+        # of them inside: the innermost), else the innermost native frame
+        # outside the GPU runtimes, the interpreter and installed packages.
+        lines = ["# gpupool trace 2", "# pid 4 start_unix_ns 1",
+                 "module 0 1000 2000 0 - /nonexistent/libcuda.so.1",
+                 "module 1 5000 6000 4000 - /nonexistent/libtrain.so",
+                 "module 2 7000 8000 6000 - /venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so",
+                 "module 3 9000 a000 8000 - /usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
+                 "pyframe 0 680 Array.__init__ /usr/lib/python3/dist-packages/pyopencl/array.py",
+                 "pyframe 1 2100 to_device /venv/lib/python3.11/site-packages/pyopencl/array.py",
+                 "pyframe 2 12 load /src/train.py",
+                 "pyframe 3 40 <module> /src/train.py",
+                 "pyframe 4 88 _run_code /usr/lib/python3.11/runpy.py",
+                 "pyframe 5 1 <module> <frozen runpy>",
+                 "site 0 1010 0,1,2,3,4,5", "site 1 1010 0,1,4,5",
+                 "site 2 1010,7020,9020,5020 -", "site 3 1010,7020,9020 -",
+                 "arena 0 cuda cuda:0 dev 0",
+                 "a 1 1 0 a0 400 512 m 0", "a 2 1 0 b0 300 384 m 1",
+                 "a 3 1 0 c0 200 256 m 2", "a 4 1 0 d0 100 128 m 3"]
+        r, out = self.report(self.write("libraries.trace", "\n".join(lines) + "\n"))
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        d, _ = self.data(out)
+        self.assertEqual([x["label"] for x in d["end"]["sites"]], [
+            "py load (/src/train.py:12)",
+            "py Array.__init__ (/usr/lib/python3/dist-packages/pyopencl/array.py:680)",
+            "libtrain.so+0x1020", "libtorch_cuda.so+0x1020"])
+        # Every frame stays in the stack.
+        self.assertEqual(d["end"]["sites"][0]["frames"][:6], [
+            "py Array.__init__ (/usr/lib/python3/dist-packages/pyopencl/array.py:680)",
+            "py to_device (/venv/lib/python3.11/site-packages/pyopencl/array.py:2100)",
+            "py load (/src/train.py:12)", "py <module> (/src/train.py:40)",
+            "py _run_code (/usr/lib/python3.11/runpy.py:88)", "py <module> (<frozen runpy>:1)"])
+
     def test_module_reloaded_at_same_addresses(self):
         # A library unloaded and another loaded at its addresses: each
         # site's pc is in the last module declared before the site.

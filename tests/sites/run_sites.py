@@ -5,9 +5,11 @@ reads at exit, and what the trace records.
 
 usage: run_sites.py native "SITES_PROGRAM;SITES_PROGRAM_NODEBUG" | python SITES_PYTHON
        | reload "SITES_RELOAD;LIB_A;LIB_B"
+       | pyopencl "SITES_PYOPENCL;PYTHON;LAUNCHER"
 
 GPUPOOL_TEST_DWARF=1: the build reads debug information (elfutils' libdw),
 so frames of code built with -g name their source file and line."""
+import json
 import os
 import re
 import subprocess
@@ -215,7 +217,48 @@ def reload(targets):
         check(got == want, f"trace: the allocations' innermost modules {got}, expected {want}")
 
 
-{"native": native, "python": python, "reload": reload}[CHECK](TARGET)
+def pyopencl(targets):
+    """PyOpenCL's allocations, traced by `gpupool run --trace` and drawn by
+    `gpupool report`: each row is labelled by the script's own line, not by
+    PyOpenCL's code that made the call, whose frames stay in the stack."""
+    script, python_exe, launcher = targets.split(";")
+    lines = {what: source_line(script, f"# {what}:") for what in ("WEIGHTS", "SCRATCH", "RAW")}
+    sanitizers = ":".join(p for p in PRELOAD.split(":") if "libgpupool" not in p)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") and k != "LD_PRELOAD"}
+    if sanitizers:
+        env["LD_PRELOAD"] = sanitizers
+    with tempfile.TemporaryDirectory() as tmp:
+        trace, page = os.path.join(tmp, "t"), os.path.join(tmp, "r.html")
+        r = subprocess.run([launcher, "run", "--trace", trace, "--set", "SITES=all", "--",
+                            python_exe, script], capture_output=True, text=True, timeout=300, env=env)
+        if not check(r.returncode == 0 and "done" in r.stdout, f"pyopencl: exit {r.returncode}: {r.stderr[-2000:]}"):
+            return
+        r = subprocess.run([launcher, "report", trace, "-o", page], capture_output=True, text=True,
+                           timeout=300, env=env)
+        if not check(r.returncode == 0, f"gpupool report: exit {r.returncode}: {r.stderr[-2000:]}"):
+            return
+        text = open(page).read()
+        start = text.index('<script type="application/json" id="data">')
+        data = json.loads(text[text.index(">", start) + 1:text.index("</script>", start)])
+        # At the peak all three are held (Python releases them at exit).
+        rows = {x["bytes"]: x for x in data["peak"]["sites"]}
+        mib = 1 << 20
+        for what, func, size in (("WEIGHTS", "load_weights", mib), ("SCRATCH", "make_scratch", 2 * mib),
+                                 ("RAW", "raw_buffer", 3 * mib)):
+            row = rows.get(size)
+            if not check(row, f"pyopencl: no row of {size} bytes held at the end: {list(rows)}"):
+                continue
+            want = f"py {func} ({script}:{lines[what]})"
+            check(row["label"] == want, f"pyopencl: the {what} row is labelled {row['label']!r}, expected {want!r}")
+            check(want in row["frames"], f"pyopencl: {want!r} not among the {what} row's frames {row['frames']}")
+        # The library's own frames are kept: to_device goes through
+        # pyopencl/array.py.
+        weights = rows.get(mib, {}).get("frames", [])
+        check(any("/pyopencl/" in f for f in weights if f.startswith("py ")),
+              f"pyopencl: PyOpenCL's frames left out of the stack: {weights}")
+
+
+{"native": native, "python": python, "reload": reload, "pyopencl": pyopencl}[CHECK](TARGET)
 if failures:
     sys.exit(f"{len(failures)} failure(s)")
 print("ok")
