@@ -1,13 +1,21 @@
 // gpupool's configuration: every GPUPOOL_* variable, parsed once.
 //
-// The variables are listed in one table, config/options.def, which drives the
-// parser, `gpupool env` and docs/configuration.md's table (a test checks the
-// page against it).
+// The variables are listed in one table, config/options.def, which drives
+// Config, the parser, `gpupool env` and docs/configuration.md's table (a test
+// checks the page against it); the control actions in one more,
+// config/actions.def.
+//
+//   options.cpp       the table, Config's defaults, its text for env and the docs
+//   values.cpp        how each kind of value is read and written (values.hpp)
+//   signal_names.cpp  the signals a variable may name
+//   environment.cpp   parse()/load(): an environment into a Config and diagnostics
+//   config.cpp        get(): the process's own, parsed once
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gpupool::config {
@@ -36,46 +44,34 @@ enum class Neighbours { off, user, all };
 enum class StatsFormat { text, json };
 enum class LogLevel { trace, debug, info, warn, error, off };
 
+// Every GPUPOOL_* variable's value, one member per row of options.def. A
+// Config made in code holds the table's defaults, as a process with no
+// GPUPOOL_* variable set runs with.
 struct Config {
-  bool disable = false;
-  bool cuda = true;
-  bool cuda_host = true;
-  bool opencl = true;
-  bool opencl_layer = true;       // also enter through OPENCL_LAYERS (read by opencl_entry at load)
-  bool hold = true;
-  unsigned leading_bits = 4;
-  SizeSpec max_held;              // default unlimited
-  SizeSpec max_pooled;            // default 25%, why: docs/measurements.md, "What it costs"
-  std::uint64_t release_after_ns = 60'000'000'000;  // why: docs/sharing.md
-  Reuse reuse = Reuse::safe;
-  SizeSpec pending_growth;        // default 2%, see options.def
-  bool borrow = false;            // why off: options.def
-  std::uint64_t split = 0;        // bytes, 0 = off; why off: docs/memory.md, "Memory overhead"
-  bool probe = true;
-
-  Neighbours neighbours = Neighbours::user;
-  std::uint64_t neighbour_wait_ns = 500'000'000;
-  SizeSpec pressure_free;         // default 4%, see options.def
-  std::uint64_t pressure_interval_ns = 20'000'000;
-  std::uint64_t arrival_idle_ns = 200'000'000;
-  std::string registry;           // empty: node::default_registry_path()
-
-  LogLevel log_level = LogLevel::warn;
-  std::string log_file;
-
-  std::string stats_file;         // "%p" expanded by the writer
-  bool stats_at_exit = false;
-  std::uint64_t stats_interval_ns = 0;
-  StatsFormat stats_format = StatsFormat::text;
-  std::string prometheus_file;
-  std::string trace_file;
-  SiteSampling sites;             // off
-  bool leaks = false;
-
-  int signal_stats = 0;           // 0: none
-  int signal_free_held = 0;
-  int signal_stop_holding = 0;
+  Config();
+#define GPUPOOL_OPTION(name, field, type, kind, def, doc) type field{};
+#include "config/options.def"
 };
+
+// The control actions (actions.def), in its order.
+enum Action : unsigned {
+#define GPUPOOL_ACTION(id, name, verb, variable, field, signal, doc) id,
+#include "config/actions.def"
+  kActions
+};
+struct ActionInfo {
+  const char* name;      // "free_held"
+  const char* verb;      // "free-held"
+  const char* variable;  // "GPUPOOL_SIGNAL_FREE_HELD"
+  int Config::*signal;   // the member that variable sets
+};
+inline constexpr ActionInfo kActionInfo[kActions] = {
+#define GPUPOOL_ACTION(id, name, verb, variable, field, signal, doc) \
+  {name, verb, #variable, &Config::field},
+#include "config/actions.def"
+};
+// The action whose verb is `verb`, or kActions.
+Action action_of_verb(std::string_view verb);
 
 // One problem found while parsing, already worded for the log.
 struct Diagnostic {

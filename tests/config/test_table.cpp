@@ -37,6 +37,19 @@ TEST(Table, EveryVariableOnceWithDocs) {
   EXPECT_EQ(value_text(parse(nullptr, nullptr), "GPUPOOL_NOPE"), "");
 }
 
+// A Config made in code (tests, a tool) holds what a process with no
+// GPUPOOL_* variable runs with: the table's defaults, every one.
+TEST(Table, ConfigStartsAtTheTablesDefaults) {
+  const Config made;
+  const Config parsed = parse(nullptr, nullptr);
+  for (const OptionInfo& o : options()) {
+    EXPECT_EQ(value_text(made, o.name), value_text(parsed, o.name)) << o.name;
+    if (*o.default_value) {
+      EXPECT_EQ(value_text(made, o.name), good(o.name, o.default_value)) << o.name;
+    }
+  }
+}
+
 TEST(Table, Markdown) {
   const std::string md = options_markdown();
   std::istringstream in(md);
