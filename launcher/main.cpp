@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     return kOk;
   }
   if (cmd == "run") return cmd_run(argc - 2, argv + 2);
-  if (cmd == "stats" || cmd == "free-held" || cmd == "stop-holding")
+  if (gpupool::config::action_of_verb(cmd) != gpupool::config::kActions)
     return cmd_pid(cmd, argc - 2, argv + 2);
   if (cmd == "env") return cmd_env(argc - 2, argv + 2);
   if (cmd == "ps") return cmd_ps(argc - 2, argv + 2);

@@ -280,16 +280,17 @@ int talk_all(const std::vector<node::ProcessEntry>& procs, const std::string& re
 }  // namespace
 
 const char* pid_help(const std::string& cmd) {
-  if (cmd == "stats") return kStatsHelp;
-  if (cmd == "free-held") return kFreeHeldHelp;
-  if (cmd == "stop-holding") return kStopHoldingHelp;
+  switch (config::action_of_verb(cmd)) {
+    case config::kStats: return kStatsHelp;
+    case config::kFreeHeld: return kFreeHeldHelp;
+    case config::kStopHolding: return kStopHoldingHelp;
+    case config::kActions: break;
+  }
   return nullptr;
 }
 
 int cmd_pid(const std::string& cmd, int argc, char** argv) {
-  const char* help = cmd == "stats"       ? kStatsHelp
-                     : cmd == "free-held" ? kFreeHeldHelp
-                                          : kStopHoldingHelp;
+  const char* help = pid_help(cmd);
   bool json = false, all = false;
   double timeout = 5;
   std::optional<long> pid;

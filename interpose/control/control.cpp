@@ -234,13 +234,11 @@ stats::Report report(Runtime& rt, const char* reason) {
   r.arenas = rt.pool.snapshot(8);
   // Totals from the same snapshot, so they always equal the sum of the rows.
   for (const auto& b : r.arenas) r.totals += b.stats;
-  const config::Config& cfg = rt.config;
-  const int sigs[kActions] = {cfg.signal_stats, cfg.signal_free_held, cfg.signal_stop_holding};
   for (unsigned a = 0; a < kActions; ++a) {
     stats::SignalInfo si;
-    si.action = kActionNames[a];
-    si.signo = sigs[a];
-    si.installed = sigs[a] > 0 && handler_installed(sigs[a]);
+    si.action = kActionInfo[a].name;
+    si.signo = rt.config.*kActionInfo[a].signal;
+    si.installed = si.signo > 0 && handler_installed(si.signo);
     r.signals.push_back(si);
   }
   if (g_state) {

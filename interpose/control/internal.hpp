@@ -25,9 +25,13 @@
 
 namespace gpupool::control {
 
-enum Action : unsigned { kStats = 0, kFreeHeld = 1, kStopHolding = 2, kActions = 3 };
-inline constexpr const char* kActionNames[kActions] = {"stats", "free_held", "stop_holding"};
-inline constexpr const char* kLauncherVerbs[kActions] = {"stats", "free-held", "stop-holding"};
+// The control actions (config/actions.def).
+using config::Action;
+using config::kActionInfo;
+using config::kActions;
+using config::kFreeHeld;
+using config::kStats;
+using config::kStopHolding;
 
 inline constexpr std::uint64_t kMs = 1'000'000;
 

@@ -53,13 +53,12 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
   if (req == "ping") return "ok\n";
   if (req == "stats") return "ok\n" + render(rt, false, "request");
   if (req == "stats json") return "ok\n" + render(rt, true, "request");
-  if (req == "free-held" || req == "stop-holding") {
+  if (const Action a = config::action_of_verb(req); a == kFreeHeld || a == kStopHolding) {
     const Stats before = rt.pool.totals();
-    const bool ok = req == "free-held" ? free_held(rt) : stop_holding(rt);
+    const bool ok = a == kFreeHeld ? free_held(rt) : stop_holding(rt);
     if (!ok) return "error exiting the process is exiting\n";
     return "ok\n" + held_summary(before, rt.pool.totals()) +
-           (req == "stop-holding" ? "holding stopped: freed blocks are now released at once\n"
-                                  : "");
+           (a == kStopHolding ? "holding stopped: freed blocks are now released at once\n" : "");
   }
   if (req.rfind("release ", 0) == 0) {  // another gpupool process ran out of memory
     std::unique_lock lock(g_state->work_mu);

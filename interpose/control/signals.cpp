@@ -91,13 +91,12 @@ bool handler_installed(int signo) {
 }
 
 void install_handlers(const config::Config& cfg) {
-  const int wanted[kActions] = {cfg.signal_stats, cfg.signal_free_held, cfg.signal_stop_holding};
   int n = 0;
   for (unsigned a = 0; a < kActions; ++a) {
-    const int sig = wanted[a];
+    const int sig = cfg.*kActionInfo[a].signal;
     if (sig <= 0) continue;
     if (sig == SIGKILL || sig == SIGSTOP || sig >= NSIG) {
-      add_warning("cannot use " + stats::signal_name(sig) + " for " + kActionNames[a]);
+      add_warning("cannot use " + stats::signal_name(sig) + " for " + kActionInfo[a].name);
       continue;
     }
     int i = 0;
@@ -155,7 +154,7 @@ void check_handlers() {
     for (unsigned a = 0; a < kActions; ++a)
       if (s.actions & (1u << a)) {
         if (!what.empty()) what += ", ";
-        what += std::string(kActionNames[a]) + " (use `gpupool " + kLauncherVerbs[a] + " PID`)";
+        what += std::string(kActionInfo[a].name) + " (use `gpupool " + kActionInfo[a].verb + " PID`)";
       }
     if (!ours)
       add_warning("the program replaced gpupool's " + stats::signal_name(s.signo) +

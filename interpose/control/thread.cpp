@@ -117,11 +117,11 @@ void* control_thread(void* arg) {
       // Release first, so that "USR2 then USR1" coalesced into one wake-up
       // still shows the released memory in the dump.
       if (taken[kStopHolding]) {
-        log().info("stop_holding requested by signal");
+        log().info("{} requested by signal", kActionInfo[kStopHolding].name);
         stop_holding(rt);
       }
       if (taken[kFreeHeld]) {
-        log().info("free_held requested by signal");
+        log().info("{} requested by signal", kActionInfo[kFreeHeld].name);
         free_held(rt);
       }
       if (taken[kStats]) dump(rt, "signal");

@@ -39,11 +39,11 @@ void check_config(const Config& c) {
     if (!s->unlimited) check(s->resolve(std::size_t{1} << 40) <= (s->percent ? std::size_t{1} << 40 : SIZE_MAX), "resolve");
     else check(s->resolve(0) == SIZE_MAX, "unlimited resolves to SIZE_MAX");
   }
-  const int sigs[] = {c.signal_stats, c.signal_free_held, c.signal_stop_holding};
-  for (int i = 0; i < 3; ++i) {
-    if (sigs[i] == 0) continue;
-    check(!refused_signal(sigs[i]), "no refused signal");
-    for (int j = 0; j < i; ++j) check(sigs[i] != sigs[j], "one action per signal");
+  for (unsigned i = 0; i < kActions; ++i) {
+    const int s = c.*kActionInfo[i].signal;
+    if (s == 0) continue;
+    check(!refused_signal(s), "no refused signal");
+    for (unsigned j = 0; j < i; ++j) check(s != c.*kActionInfo[j].signal, "one action per signal");
   }
 }
 
