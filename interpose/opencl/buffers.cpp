@@ -225,17 +225,12 @@ void finish_ctx(Runtime& rt, Ctx& ctx) {
   }
   for (Arena* a : arenas) rt.pool.release_held(a);
   for (Arena* a : arenas) rt.pool.retire_arena(a);
-  std::vector<cl_event> evs;
+  OwnEvents evs;
   {
     std::lock_guard lock(ctx.mu);
-    evs.swap(ctx.departed);
-    evs.insert(evs.end(), ctx.close.events.begin(), ctx.close.events.end());
-    ctx.close.events.clear();
-    ctx.closing = false;
-    if (ctx.hazard) evs.push_back(ctx.hazard);
-    ctx.hazard = nullptr;
+    evs = take_own_events(ctx);
   }
-  for (cl_event e : evs) next().clReleaseEvent(e);
+  evs.release(next());
 }
 
 void buffer_died(Buffer* r) {

@@ -195,6 +195,22 @@ bool events_done(const Api& api, std::vector<cl_event>& evs) {
   return true;
 }
 
+OwnEvents take_own_events(Ctx& ctx) {
+  OwnEvents r;
+  r.departed.swap(ctx.departed);
+  r.closing.swap(ctx.close.events);
+  ctx.closing = false;
+  r.hazard = ctx.hazard;
+  ctx.hazard = nullptr;
+  return r;
+}
+
+void OwnEvents::release(const Api& api) const {
+  for (cl_event e : departed) api.clReleaseEvent(e);
+  for (cl_event e : closing) api.clReleaseEvent(e);
+  if (hazard) api.clReleaseEvent(hazard);
+}
+
 void raise_completed(Ctx& ctx, std::uint64_t e) {
   std::uint64_t cur = ctx.completed.load();
   while (cur < e && !ctx.completed.compare_exchange_weak(cur, e)) {
@@ -336,10 +352,7 @@ void fork_renew() {
       c->closed.store(true);
       c->internal = nullptr;
       c->internal_failed = true;
-      c->departed.clear();
-      c->close.events.clear();
-      c->closing = false;
-      c->hazard = nullptr;
+      (void)take_own_events(*c);  // the parent's, which it releases
       c->solo.store(false);
       c->solo_q = nullptr;
       for (auto& a : c->arenas) arenas.push_back(a.arena);

@@ -172,6 +172,18 @@ cl_command_queue internal_queue(Ctx& ctx);
 
 // Fences.
 bool events_done(const Api& api, std::vector<cl_event>& evs);
+
+// The events gpupool enqueued on a context's queues (Ctx::departed, a
+// close's markers, the hazard marker), taken out of it.
+struct OwnEvents {
+  std::vector<cl_event> departed;
+  std::vector<cl_event> closing;
+  cl_event hazard = nullptr;
+  // Drops gpupool's reference to each.
+  void release(const Api& api) const;
+};
+// Takes ctx's own events, ending a close under way. Under ctx.mu.
+OwnEvents take_own_events(Ctx& ctx);
 void raise_completed(Ctx& ctx, std::uint64_t e);
 // Called by the pool when a bin holds only pending blocks. Non-blocking.
 void advance(Ctx& ctx);

@@ -20,6 +20,16 @@ using namespace gpupool::ocl;
 
 #define GPUPOOL_HOOK extern "C" __attribute__((visibility("hidden")))
 
+// A hook's handler for a failure inside gpupool (see above): the call goes to
+// the implementation alone, or gets `missing_answer` where the table lacks
+// the entry.
+#define GPUPOOL_CL_FALLBACK(entry, missing_answer, ...)                           \
+  catch (...) {                                                                   \
+    internal_failure(__func__);                                                   \
+    const Api& fallback_api = next();                                             \
+    return fallback_api.entry ? fallback_api.entry(__VA_ARGS__) : missing_answer; \
+  }
+
 namespace {
 
 // A pointer-returning entry point the next table lacks.
@@ -68,12 +78,8 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContext(
   // very call: then the layer's hook registered the context already.
   if (c && &api == &next() && active_runtime()) register_ctx(c);
   return c;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clCreateContext ? next().clCreateContext(properties, num_devices, devices, notify,
-                                                         user_data, errcode_ret)
-                                : missing(errcode_ret);
-}
+} GPUPOOL_CL_FALLBACK(clCreateContext, missing(errcode_ret), properties, num_devices, devices,
+                      notify, user_data, errcode_ret)
 
 GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
     const cl_context_properties* properties, cl_device_type type,
@@ -87,12 +93,8 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
   cl_context c = api.clCreateContextFromType(properties, type, notify, user_data, errcode_ret);
   if (c && &api == &next() && active_runtime()) register_ctx(c);
   return c;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clCreateContextFromType
-             ? next().clCreateContextFromType(properties, type, notify, user_data, errcode_ret)
-             : missing(errcode_ret);
-}
+} GPUPOOL_CL_FALLBACK(clCreateContextFromType, missing(errcode_ret), properties, type, notify,
+                      user_data, errcode_ret)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) try {
   if (!next().clRetainContext) return CL_INVALID_OPERATION;
@@ -100,10 +102,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) try {
   if (err == CL_SUCCESS)
     if (auto ctx = find_ctx(c)) ctx->refs.fetch_add(1);
   return err;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clRetainContext ? next().clRetainContext(c) : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clRetainContext, CL_INVALID_OPERATION, c)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try {
   if (!next().clReleaseContext) return CL_INVALID_OPERATION;
@@ -116,33 +115,25 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try 
     forget_ctx(c, ctx);
     if (rt && !cl_gone()) {
       cl_command_queue internal = nullptr;
-      std::vector<cl_event> evs;
+      OwnEvents evs;
       {
         std::lock_guard lock(ctx->mu);
         internal = ctx->internal;
         ctx->internal = nullptr;
         ctx->internal_failed = true;
-        evs.swap(ctx->departed);
-        evs.insert(evs.end(), ctx->close.events.begin(), ctx->close.events.end());
-        ctx->close.events.clear();
-        ctx->closing = false;
-        if (ctx->hazard) evs.push_back(ctx->hazard);
-        ctx->hazard = nullptr;
+        evs = take_own_events(*ctx);
         ctx->solo.store(false);
         ctx->solo_q = nullptr;
       }
       release_closed(*rt, *ctx);
       if (ctx->active.load() == 0) finish_ctx(*rt, *ctx);
       const Api& api = next();
-      for (cl_event e : evs) api.clReleaseEvent(e);
+      evs.release(api);
       if (internal) api.clReleaseCommandQueue(internal);
     }
   }
   return next().clReleaseContext(c);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clReleaseContext ? next().clReleaseContext(c) : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clReleaseContext, CL_INVALID_OPERATION, c)
 
 GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
     cl_context c, cl_device_id d, cl_command_queue_properties props, cl_int* err) try {
@@ -154,10 +145,7 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
   cl_command_queue q = api.clCreateCommandQueue(c, d, props, err);
   if (q && active_runtime()) track_queue(c, q, !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clCreateCommandQueue ? next().clCreateCommandQueue(c, d, props, err) : missing(err);
-}
+} GPUPOOL_CL_FALLBACK(clCreateCommandQueue, missing(err), c, d, props, err)
 
 GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithProperties(
     cl_context c, cl_device_id d, const cl_queue_properties* props, cl_int* err) try {
@@ -175,12 +163,7 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithP
   if (q && active_runtime() && !(qp & CL_QUEUE_ON_DEVICE))
     track_queue(c, q, !(qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clCreateCommandQueueWithProperties
-             ? next().clCreateCommandQueueWithProperties(c, d, props, err)
-             : missing(err);
-}
+} GPUPOOL_CL_FALLBACK(clCreateCommandQueueWithProperties, missing(err), c, d, props, err)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_queue q) try {
   if (!next().clRetainCommandQueue) return CL_INVALID_OPERATION;
@@ -188,10 +171,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_que
   if (err == CL_SUCCESS)
     if (Queue* qi = queues().find(q)) qi->refs.fetch_add(1);
   return err;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clRetainCommandQueue ? next().clRetainCommandQueue(q) : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clRetainCommandQueue, CL_INVALID_OPERATION, q)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_queue q) try {
   if (!next().clReleaseCommandQueue) return CL_INVALID_OPERATION;
@@ -216,10 +196,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_qu
     delete qi;
   }
   return next().clReleaseCommandQueue(q);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clReleaseCommandQueue ? next().clReleaseCommandQueue(q) : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clReleaseCommandQueue, CL_INVALID_OPERATION, q)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) try {
   if (!next().clFinish) return CL_INVALID_OPERATION;
@@ -238,32 +215,21 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) try {
   for (Queue* x : ctx.queues) all = std::min(all, x->finished);
   raise_completed(ctx, all);
   return err;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clFinish ? next().clFinish(q) : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clFinish, CL_INVALID_OPERATION, q)
 
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBuffer(cl_context c, cl_mem_flags flags,
                                                             size_t size, void* host,
                                                             cl_int* err) try {
   if (!next().clCreateBuffer) return missing(err);
   return create_buffer(c, nullptr, false, flags, size, host, err);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clCreateBuffer ? next().clCreateBuffer(c, flags, size, host, err) : missing(err);
-}
+} GPUPOOL_CL_FALLBACK(clCreateBuffer, missing(err), c, flags, size, host, err)
 
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBufferWithProperties(
     cl_context c, const cl_mem_properties* props, cl_mem_flags flags, size_t size, void* host,
     cl_int* err) try {
   if (!next().clCreateBufferWithProperties) return missing(err);
   return create_buffer(c, props, true, flags, size, host, err);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clCreateBufferWithProperties
-             ? next().clCreateBufferWithProperties(c, props, flags, size, host, err)
-             : missing(err);
-}
+} GPUPOOL_CL_FALLBACK(clCreateBufferWithProperties, missing(err), c, props, flags, size, host, err)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
   if (!next().clRetainMemObject) return CL_INVALID_OPERATION;
@@ -275,10 +241,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
   // dropped, and 2^32 of them would carry into the references).
   r->counts.fetch_add(r->sub ? Buffer::kRef : Buffer::kRef | 1);
   return CL_SUCCESS;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clRetainMemObject ? next().clRetainMemObject(m) : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clRetainMemObject, CL_INVALID_OPERATION, m)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
   if (!next().clReleaseMemObject) return CL_INVALID_OPERATION;
@@ -311,10 +274,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
     internal_failure(__func__);
   }
   return err;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clReleaseMemObject ? next().clReleaseMemObject(m) : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clReleaseMemObject, CL_INVALID_OPERATION, m)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem_info what,
                                                                 size_t size, void* value,
@@ -351,11 +311,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem
     default:
       return next().clGetMemObjectInfo(m, what, size, value, size_ret);
   }
-} catch (...) {
-  internal_failure(__func__);
-  return next().clGetMemObjectInfo ? next().clGetMemObjectInfo(m, what, size, value, size_ret)
-                                   : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clGetMemObjectInfo, CL_INVALID_OPERATION, m, what, size, value, size_ret)
 
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_flags flags,
                                                                cl_buffer_create_type type,
@@ -395,11 +351,7 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
     return nullptr;
   }
   return record_sub(parent, s, errcode_ret);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clCreateSubBuffer ? next().clCreateSubBuffer(b, flags, type, info, errcode_ret)
-                                  : missing(errcode_ret);
-}
+} GPUPOOL_CL_FALLBACK(clCreateSubBuffer, missing(errcode_ret), b, flags, type, info, errcode_ret)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
     cl_mem m, void(CL_CALLBACK* fn)(cl_mem, void*), void* ud) try {
@@ -412,12 +364,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
   r->callbacks.emplace_back(fn, ud);
   r->has_callbacks.store(true, std::memory_order_release);
   return CL_SUCCESS;
-} catch (...) {
-  internal_failure(__func__);
-  return next().clSetMemObjectDestructorCallback
-             ? next().clSetMemObjectDestructorCallback(m, fn, ud)
-             : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clSetMemObjectDestructorCallback, CL_INVALID_OPERATION, m, fn, ud)
 
 // Bounds the padding would hide: the implementation checks against the real
 // (rounded) size, gpupool against the size the program asked for.
@@ -430,12 +377,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueReadBuffer(cl_command_queu
   if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
   return next().clEnqueueReadBuffer(q, b, blocking, offset, size, ptr, n, wait, ev);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clEnqueueReadBuffer
-             ? next().clEnqueueReadBuffer(q, b, blocking, offset, size, ptr, n, wait, ev)
-             : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clEnqueueReadBuffer, CL_INVALID_OPERATION, q, b, blocking, offset, size, ptr,
+                      n, wait, ev)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueWriteBuffer(cl_command_queue q, cl_mem b,
                                                                   cl_bool blocking, size_t offset,
@@ -446,12 +389,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueWriteBuffer(cl_command_que
   if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
   return next().clEnqueueWriteBuffer(q, b, blocking, offset, size, ptr, n, wait, ev);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clEnqueueWriteBuffer
-             ? next().clEnqueueWriteBuffer(q, b, blocking, offset, size, ptr, n, wait, ev)
-             : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clEnqueueWriteBuffer, CL_INVALID_OPERATION, q, b, blocking, offset, size, ptr,
+                      n, wait, ev)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueCopyBuffer(cl_command_queue q, cl_mem src,
                                                                  cl_mem dst, size_t so, size_t dof,
@@ -464,12 +403,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueCopyBuffer(cl_command_queu
   if ((rs && out_of_range(rs, so, size)) || (rd && out_of_range(rd, dof, size)))
     return CL_INVALID_VALUE;
   return next().clEnqueueCopyBuffer(q, src, dst, so, dof, size, n, wait, ev);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clEnqueueCopyBuffer
-             ? next().clEnqueueCopyBuffer(q, src, dst, so, dof, size, n, wait, ev)
-             : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clEnqueueCopyBuffer, CL_INVALID_OPERATION, q, src, dst, so, dof, size, n,
+                      wait, ev)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueFillBuffer(cl_command_queue q, cl_mem b,
                                                                  const void* pattern, size_t psize,
@@ -480,12 +415,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueFillBuffer(cl_command_queu
   if (Buffer* r = live_pooled(b); r && pattern && psize && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
   return next().clEnqueueFillBuffer(q, b, pattern, psize, offset, size, n, wait, ev);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clEnqueueFillBuffer
-             ? next().clEnqueueFillBuffer(q, b, pattern, psize, offset, size, n, wait, ev)
-             : CL_INVALID_OPERATION;
-}
+} GPUPOOL_CL_FALLBACK(clEnqueueFillBuffer, CL_INVALID_OPERATION, q, b, pattern, psize, offset, size,
+                      n, wait, ev)
 
 GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(
     cl_command_queue q, cl_mem b, cl_bool blocking, cl_map_flags mf, size_t offset, size_t size,
@@ -496,21 +427,14 @@ GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(
     return nullptr;
   }
   return next().clEnqueueMapBuffer(q, b, blocking, mf, offset, size, n, wait, ev, errcode_ret);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clEnqueueMapBuffer
-             ? next().clEnqueueMapBuffer(q, b, blocking, mf, offset, size, n, wait, ev, errcode_ret)
-             : missing(errcode_ret);
-}
+} GPUPOOL_CL_FALLBACK(clEnqueueMapBuffer, missing(errcode_ret), q, b, blocking, mf, offset, size, n,
+                      wait, ev, errcode_ret)
 
 GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clSVMAlloc(cl_context c, cl_svm_mem_flags flags,
                                                        size_t size, cl_uint alignment) try {
   if (!next().clSVMAlloc) return nullptr;
   return svm_alloc(c, flags, size, alignment);
-} catch (...) {
-  internal_failure(__func__);
-  return next().clSVMAlloc ? next().clSVMAlloc(c, flags, size, alignment) : nullptr;
-}
+} GPUPOOL_CL_FALLBACK(clSVMAlloc, nullptr, c, flags, size, alignment)
 
 // No fallback to the implementation here: a pooled pointer must never reach
 // its clSVMFree while the pool has it (svm_free allocates nothing).
