@@ -16,9 +16,9 @@ namespace {
 // measured), and are given back to the driver only while the context lives
 // (once it is destroyed the driver has freed them) and before exit. Each
 // allocation's record is its entry in `map` (device or pinned pointers).
-class ContextBackend : public Backend {
+class CuContextBackend : public Backend {
  public:
-  ContextBackend(PtrMap& map, CtxState* st, bool fenced) : st_(st), fenced_(fenced), map_(map) {}
+  CuContextBackend(PtrMap& map, CtxState* st, bool fenced) : st_(st), fenced_(fenced), map_(map) {}
 
   std::uint64_t fence() override {
     return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
@@ -70,13 +70,13 @@ class ContextBackend : public Backend {
   PtrMap& map_;
 };
 
-class DeviceBackend final : public ContextBackend {
+class DeviceBackend final : public CuContextBackend {
  public:
   DeviceBackend(CtxState* st, bool fenced, bool solo)
-      : ContextBackend(device_map(), st, fenced), solo_(fenced && solo) {}
+      : CuContextBackend(device_map(), st, fenced), solo_(fenced && solo) {}
 
   // The solo rule (contexts.hpp): device blocks only.
-  std::uint64_t fence() override { return solo_ && solo_free() ? 0 : ContextBackend::fence(); }
+  std::uint64_t fence() override { return solo_ && solo_free() ? 0 : CuContextBackend::fence(); }
 
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     CUdeviceptr p = 0;
@@ -99,10 +99,10 @@ class DeviceBackend final : public ContextBackend {
   bool solo_;
 };
 
-class HostBackend final : public ContextBackend {
+class HostBackend final : public CuContextBackend {
  public:
   HostBackend(CtxState* st, bool fenced, unsigned flags)
-      : ContextBackend(host_map(), st, fenced), flags_(flags) {}
+      : CuContextBackend(host_map(), st, fenced), flags_(flags) {}
 
   // hint: the flags of the call being served (the first block of a
   // normalised family is allocated with exactly what the program asked for).

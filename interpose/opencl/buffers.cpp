@@ -25,11 +25,11 @@ std::mutex g_callback_locks[kCallbackLocks];
 // ---------------------------------------------------------------------------
 // The backend of one arena.
 
-class BufferBackend final : public ContextBackend {
+class BufferBackend final : public ClContextBackend {
  public:
   BufferBackend(std::shared_ptr<Ctx> ctx, cl_mem_flags flags, bool has_props, Props props,
                 const config::Config& cfg, std::string group)
-      : ContextBackend(std::move(ctx), std::move(group), cfg),
+      : ClContextBackend(std::move(ctx), std::move(group), cfg),
         given_flags_(flags),
         real_flags_(flags & ~CL_MEM_COPY_HOST_PTR),
         has_props_(has_props),
@@ -143,15 +143,17 @@ Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flag
 
 }  // namespace
 
-ContextBackend::ContextBackend(std::shared_ptr<Ctx> ctx, std::string group,
-                               const config::Config& cfg)
-    : ctx_(std::move(ctx)), group_(std::move(group)), immediate_(cfg.reuse == config::Reuse::immediate) {}
+ClContextBackend::ClContextBackend(std::shared_ptr<Ctx> ctx, std::string group,
+                                   const config::Config& cfg)
+    : ctx_(std::move(ctx)),
+      group_(std::move(group)),
+      immediate_(cfg.reuse == config::Reuse::immediate) {}
 
-std::uint64_t ContextBackend::fence() {
+std::uint64_t ClContextBackend::fence() {
   return immediate_ ? 0 : ctx_->epoch.load(std::memory_order_seq_cst);
 }
 
-bool ContextBackend::passed(std::uint64_t f) {
+bool ClContextBackend::passed(std::uint64_t f) {
   if (f == 0 || ctx_->completed.load(std::memory_order_acquire) >= f) return true;
   if (!ctx_->solo.load(std::memory_order_relaxed)) return false;
   // Record the loan before confirming solo mode (seq_cst both sides): the
@@ -162,9 +164,9 @@ bool ContextBackend::passed(std::uint64_t f) {
   return ctx_->solo.load(std::memory_order_seq_cst);
 }
 
-void ContextBackend::wait_all() { advance(*ctx_); }
+void ClContextBackend::wait_all() { advance(*ctx_); }
 
-bool ContextBackend::relieve(std::size_t bytes) {
+bool ClContextBackend::relieve(std::size_t bytes) {
   return ctx_->has_uuid && node::ask_neighbours(group_, bytes);
 }
 

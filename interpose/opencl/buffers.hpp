@@ -57,9 +57,9 @@ HandleMap<cl_mem, Buffer>& buffers();
 // What the arenas of one context have in common (buffers, SVM): blocks are
 // fenced by the context's queues (contexts.hpp), and on out-of-memory the
 // node's other processes on the same GPU are asked.
-class ContextBackend : public Backend {
+class ClContextBackend : public Backend {
  public:
-  ContextBackend(std::shared_ptr<Ctx> ctx, std::string group, const config::Config& cfg);
+  ClContextBackend(std::shared_ptr<Ctx> ctx, std::string group, const config::Config& cfg);
   std::uint64_t fence() override;
   bool passed(std::uint64_t f) override;
   void wait_all() override;

@@ -39,11 +39,11 @@ HandleMap<void*, SvmBlock>& svm_blocks() {
 
 constexpr cl_svm_mem_flags kAccess = CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY;
 
-class SvmBackend final : public ContextBackend {
+class SvmBackend final : public ClContextBackend {
  public:
   SvmBackend(std::shared_ptr<Ctx> ctx, cl_svm_mem_flags flags, const config::Config& cfg,
              std::string group)
-      : ContextBackend(std::move(ctx), std::move(group), cfg), flags_(flags) {}
+      : ClContextBackend(std::move(ctx), std::move(group), cfg), flags_(flags) {}
 
   // clSVMAlloc gives no reason for a NULL: the request was checked before
   // (flags, size, alignment), so the reason is taken to be memory.
