@@ -71,7 +71,7 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
 }  // namespace
 
 // The control socket, under the usual name or, when another process holds
-// that, under a random one (control_socket.hpp). On the files thread.
+// that, under a random one (socket.hpp). On the files thread.
 void build_listen(State& st) {
   st.listen.forget();
   io::OwnedFd fd =

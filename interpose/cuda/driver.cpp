@@ -30,7 +30,6 @@ struct Resolved {
   std::size_t size = 0;
 };
 std::atomic<Resolved*> g_resolved{nullptr};
-std::atomic<std::size_t> g_substitutions{0};
 
 // dlopen failures leave a message that the program's next dlerror() would
 // read as its own: clear it.
@@ -110,14 +109,9 @@ void* hook_for(void* real_function) {
   const Resolved* r = g_resolved.load(std::memory_order_acquire);
   if (!real_function || !r) return nullptr;
   for (std::size_t k = 0; k < r->size; ++k)
-    if (r->table[k].real == real_function) {
-      g_substitutions.fetch_add(1, std::memory_order_relaxed);
-      return r->table[k].hook;
-    }
+    if (r->table[k].real == real_function) return r->table[k].hook;
   return nullptr;
 }
-
-std::size_t substitutions() { return g_substitutions.load(std::memory_order_relaxed); }
 
 }  // namespace gpupool::cuda
 

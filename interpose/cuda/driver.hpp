@@ -25,7 +25,7 @@ using PFN_alloc_async = CUresult (*)(CUdeviceptr*, size_t, CUstream);
 using PFN_alloc_from_pool = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
 
 // Every export we hook: X(export name, Driver field). The hook for export N
-// is the hidden function gpupool_hook_N (cuda_hooks.cpp), exported as N.
+// is the hidden function gpupool_hook_N (hooks.cpp), exported as N.
 #define GPUPOOL_CUDA_HOOKS(X)                                                             \
   X(cuMemAlloc_v2, mem_alloc, decltype(&::cuMemAlloc_v2))                                 \
   X(cuMemAllocPitch_v2, mem_alloc_pitch, decltype(&::cuMemAllocPitch_v2))                  \
@@ -106,14 +106,11 @@ const Driver* driver_if_loaded();
 // it. Cheap (a short linear scan); safe inside the dlsym hook.
 void* hook_for(void* real_function);
 
-// Our hooks, in GPUPOOL_CUDA_HOOKS order (cuda_hooks.cpp).
+// Our hooks, in GPUPOOL_CUDA_HOOKS order (hooks.cpp).
 extern const void* const kHookAddresses[];
 
 // The real libc dlsym (dlsym.cpp).
 using DlsymFn = void* (*)(void*, const char*);
 DlsymFn real_dlsym();
-
-// For the stand-in tests and the log: how many addresses hook_for() replaced.
-std::size_t substitutions();
 
 }  // namespace gpupool::cuda

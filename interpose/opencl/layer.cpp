@@ -175,7 +175,7 @@ GPUPOOL_EXPORT cl_int CL_API_CALL clInitLayerWithProperties(
 }
 
 // The loader is shutting down: from now on the hooks make no OpenCL call of
-// their own (see opencl_pool.cpp, cl_gone()).
+// their own (cl_gone(), contexts.hpp).
 GPUPOOL_EXPORT cl_int CL_API_CALL clDeinitLayer(void) {
   g_deinit.store(true, std::memory_order_release);
   return CL_SUCCESS;
