@@ -93,10 +93,9 @@ class PtrMap {
   // allocation containing it, else nullptr. Under ranges_mu_.
   Entry* containing(Handle p);
   // A shard's lock is held for one lookup or insert only; fork_prepare()
-  // takes them all. 1024 shards (64 KiB a map): with 64, the 4 MiB blocks of
-  // sixteen threads fell into 11-15 distinct shards in half the processes,
-  // and those scaled 6.6-8.0x where the others scaled 9.4-9.9x (H100,
-  // immediate reuse, bench_alloc --scaling).
+  // takes them all. 1024 shards (64 KiB a map): sixteen threads' blocks
+  // rarely share one, so threads seldom meet at a lock (bench_alloc
+  // --scaling measures how far they scale).
   using Shards = ShardedHandleTable<Entry, 10>;
   using Shard = Shards::Shard;
   Shard& shard(Handle h) { return shards_.shard(h); }

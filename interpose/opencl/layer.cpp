@@ -35,7 +35,7 @@ std::atomic<bool> g_deinit{false};
 void resolve_loader() {
   void* h = RTLD_NEXT;
   // A Python extension loads the loader RTLD_LOCAL: RTLD_NEXT does not see
-  // it (calling through a null pointer crashed, measured). Open it by name.
+  // it, and every entry would be null. Open it by name.
   if (!dlsym(RTLD_NEXT, "clGetPlatformIDs")) {
     h = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (!h) h = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -56,9 +56,9 @@ void resolve_loader() {
 }
 
 // next() runs several times per pooled call, and with a loader that does not
-// initialise layers (the CUDA toolkit's, on the H100) every time through
-// here: std::call_once is a pthread_once call and two TLS writes even once
-// done (a third of NVIDIA's warm OpenCL pair, 150-265 ns against PoCL's 66).
+// initialise layers (the CUDA toolkit's) every time through here: once
+// resolved, one acquire load (std::call_once would cost a pthread_once call
+// and two TLS writes each time).
 std::atomic<bool> g_loader_ready{false};
 
 const Api& loader() {
