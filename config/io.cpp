@@ -29,13 +29,14 @@
 #include <new>
 
 namespace gpupool::io {
-namespace {
 
 std::uint64_t mono_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
 }
+
+namespace {
 
 // The file the last timed-out write went to: later writes to it do not
 // wait again until one gets through. A hint only, so two relaxed atomics.

@@ -185,6 +185,9 @@ int start_detached(void* (*fn)(void*), void* arg);
 // The calling thread works in the private table.
 bool on_private_thread();
 
+// CLOCK_MONOTONIC in nanoseconds: gpupool's clock for deadlines and ages.
+std::uint64_t mono_ns();
+
 // Brackets a private thread's work between waits, so that fork() does not
 // cut it off: fork waits until no private thread is inside one.
 class PrivateWork {

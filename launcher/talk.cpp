@@ -86,11 +86,7 @@ int has_gpupool_mapped(long pid) {
   return any ? 0 : -1;
 }
 
-std::uint64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::uint64_t(ts.tv_sec) * 1000 + std::uint64_t(ts.tv_nsec) / 1000000;
-}
+std::uint64_t now_ms() { return io::mono_ns() / 1'000'000; }
 
 // One request to one process: connected and sent, then its answer read
 // until the process closes or the deadline passes. --all keeps one per
