@@ -8,7 +8,7 @@ run's output, and reports per round the ratio of every command to the
 first (the baseline), then the median ratio and its range.
 
   scripts/interleave.py --rounds 10 --metric 'step_ms_median": ([0-9.]+)' \
-      caching='python3 scripts/gpu_torch.py --model mlp' \
+      caching='python3 scripts/gpu/workloads/torch_loop.py --model mlp' \
       gpupool='PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=... python3 ...'
 
 The metric is the first group of the last match of --metric in stdout.

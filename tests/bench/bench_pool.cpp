@@ -1,6 +1,6 @@
 // The pool's own speed: the warm alloc+free pair (the product's main speed
 // figure), its scaling with threads, and the miss path with a backend that
-// costs nothing. Run: scripts/bench.sh (records the machine with the numbers).
+// costs nothing. The GPU harness's suite runs it (scripts/gpu/harness.sh).
 #include <benchmark/benchmark.h>
 
 #include <atomic>

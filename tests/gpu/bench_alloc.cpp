@@ -1,5 +1,5 @@
-// Allocation benchmarks on a real GPU, driver API only. scripts/h100.sh runs
-// the same binary twice: without the shim (--label raw) and under
+// Allocation benchmarks on a real GPU, driver API only. scripts/gpu/harness.sh
+// runs the same binary twice: without the shim (--label raw) and under
 // LD_PRELOAD=libgpupool.so (--label gpupool), and compares.
 //
 // One JSON object per line on stdout:

@@ -1,5 +1,5 @@
-// Driver-API checks for gpupool on a real NVIDIA GPU (run by scripts/h100.sh,
-// once without the shim and once under LD_PRELOAD=libgpupool.so).
+// Driver-API checks for gpupool on a real NVIDIA GPU (run by
+// scripts/gpu/harness.sh, once without the shim and once under LD_PRELOAD=libgpupool.so).
 //
 // Every line of output is one of
 //   PASS <name>: <detail>   a check against what the driver itself does

@@ -1,5 +1,5 @@
 /* OpenCL checks and create/release benchmarks on a real GPU (NVIDIA's
- * OpenCL on the H100), run by scripts/h100.sh without and under gpupool.
+ * OpenCL on the H100), run by scripts/gpu/harness.sh without and under gpupool.
  * Also runs on PoCL (where out of memory cannot be reached: PoCL overcommits
  * host memory, so that check reports SKIP).
  *

@@ -1,4 +1,4 @@
-/* An OpenCL process on a shared GPU: the holder of scripts/gpu_neighbours.py
+/* An OpenCL process on a shared GPU: the holder of scripts/gpu/workloads/neighbours.py
  * --opencl-holder, with cuda_neighbour's (tests/cuda/neighbour.c) lines.
  *
  *   opencl_hold uuid

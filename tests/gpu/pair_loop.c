@@ -1,5 +1,5 @@
 /* One thread's warm allocate+free pair in a plain loop, for profiling the
-   shim on the GPU machine (scripts/h100-hotpath.sh): bench_alloc and
+   shim on the GPU machine (scripts/gpu/harness.sh hotpath): bench_alloc and
    opencl_gpu_check time the same pairs with calibration and repeats; this
    one is small enough for perf to show where each nanosecond goes.
 

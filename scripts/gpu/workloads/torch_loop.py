@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch training loop and inference for gpupool's GPU verification.
 
-Run unmodified under different allocators by scripts/h100.sh:
+Run unmodified under different allocators by scripts/gpu/harness.sh:
   (a) PyTorch's caching allocator (default),
   (b) PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a cudaMalloc/cudaFree),
   (c) (b) under LD_PRELOAD=libgpupool.so.

@@ -2,9 +2,9 @@
 """Two-GPU DistributedDataParallel training for gpupool's verification.
 
 One process per GPU (torch.multiprocessing), NCCL all-reduce of the
-gradients every step, the small CNN of gpu_torch.py on synthetic data
+gradients every step, the small CNN of torch_loop.py on synthetic data
 (fixed seeds, each rank its own shard), deterministic algorithms, TF32 off.
-Run unmodified under different allocators by scripts/h200-ddp.sh: PyTorch's
+Run unmodified under different allocators by harness.sh ddp: PyTorch's
 caching allocator, PYTORCH_NO_CUDA_MEMORY_CACHING=1, and that under
 LD_PRELOAD=libgpupool.so (every rank inherits the environment). Losses and
 parameters must be bitwise identical with caching off, with and without
@@ -31,7 +31,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_torch import build_model, input_shape  # noqa: E402
+from torch_loop import build_model, input_shape  # noqa: E402
 
 
 def rank_main(rank, world, args):

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Run HERE (Debian bookworm, with network), not on the GPU machine: downloads
 # the Debian packages that the GPU machine may lack into .debs/, which
-# scripts/h100.sh unpacks (dpkg -x) into a private prefix there. Headers are
+# the harness's suite unpacks (dpkg -x) into a private prefix there. Headers are
 # portable, and bookworm's ocl-icd loader (glibc 2.36) runs on the GPU
 # machine's glibc 2.39. .debs/ is kept out of git through .git/info/exclude;
 # name it in the device call's `carry` list.
 # Also fetches PyOpenCL's wheels for the GPU machine's Python 3.12 into .whl/
-# (carry it too): h100.sh then runs the PyOpenCL workload on NVIDIA.
+# (carry it too): the suite then runs the PyOpenCL workload on NVIDIA.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 
 PKGS=(

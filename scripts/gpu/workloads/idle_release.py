@@ -14,7 +14,7 @@ watch cannot help it (free memory never falls: it allocates what it was
 shown). Shown: its free memory 1 s after the holder went idle and
 AFTER+2 s after, with GPUPOOL_RELEASE_AFTER off and set to AFTER.
 
-usage: gpu_idle_release.py LIBGPUPOOL NEIGHBOUR_PROGRAM [--hold-gib 40] [--after 5] [--rounds 3]
+usage: idle_release.py LIBGPUPOOL NEIGHBOUR_PROGRAM [--hold-gib 40] [--after 5] [--rounds 3]
 NEIGHBOUR_PROGRAM is tests/cuda/neighbour.c built against the real libcuda.
 """
 import argparse

@@ -6,7 +6,7 @@ frees them and stays idle; IDLE seconds later (--idle, 1.5) a program without gp
 takes memory at once. Each case runs beside a holder without gpupool (the
 reference) and beside one under gpupool, in this one call.
 
-  gpu_arrival.py LIBGPUPOOL NEIGHBOUR_PROGRAM [--hold-gib 60] [--cases c,torch,...]
+  arrival.py LIBGPUPOOL NEIGHBOUR_PROGRAM [--hold-gib 60] [--cases c,torch,...]
 
 Cases:
   c          C program, 1 GiB blocks in one burst right after its context

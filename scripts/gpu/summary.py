@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Summary of a scripts/h100.sh run: reads the work folder (steps.tsv,
+"""Summary of a `harness.sh suite` run: reads the work folder (steps.tsv,
 env.tsv, out/<step>.out, stats/<step>.<pid>.json) and OUT/bench.json, writes
 OUT/summary.md and prints a compact version.
 
-Usage: h100_summary.py WORK OUT
+Usage: summary.py WORK OUT
 Standard library only (runs with whatever python3 the GPU machine has).
 """
 import glob
@@ -183,7 +183,7 @@ class Summary:
         for run in runs:
             if not self.ran(run):
                 continue
-            # A run resumed after a crash or hang (h100.sh check_resumable):
+            # A run resumed after a crash or hang (harness.sh check_resumable):
             # RUN, then RUN-after-SECTION..., rows merged, the last decides DONE.
             chain = [run] + [n for n in self.steps if n.startswith(run + "-after-")]
             chains[run] = chain

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Summarise scripts/h100-memory.sh memory: the memory-overhead table.
+"""Summarise `scripts/gpu/harness.sh memory`: the memory-overhead table.
 
-  scripts/memory_summary.py DIR BENCH_REPLAY
+  scripts/gpu/memory_summary.py DIR BENCH_REPLAY
 
 DIR holds what memory.tar.gz unpacks to. For each loop: PyTorch's caching
 allocator's peak reserved / peak allocated, and for gpupool with and without

@@ -5,7 +5,7 @@ the main process forks bare children too. Under gpupool (caching off, so
 every tensor is a cuMemAlloc) nothing may hang and the result must be the
 one without gpupool.
 
-usage: gpu_fork.py [EPOCHS]     prints one line: result <checksum> forks <n> seconds <s>
+usage: fork_check.py [EPOCHS]     prints one line: result <checksum> forks <n> seconds <s>
 Run it twice (with and without LD_PRELOAD=libgpupool.so) and compare the
 checksums; a hang is caught by the caller's timeout."""
 import os

@@ -6,7 +6,7 @@ Four threads, each switching between the GPUs every iteration
 the other GPU (a peer copy between two pooled blocks when gpupool runs with
 PyTorch's caching allocator off), compute there and copy back. Prints one
 line RESULT {"digest": ...}: a hash of every thread's results, which must be
-the same with and without gpupool (scripts/h200-multi-device.sh)."""
+the same with and without gpupool (harness.sh multi-device)."""
 import hashlib
 import json
 import os

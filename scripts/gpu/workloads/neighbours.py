@@ -7,7 +7,7 @@ neighbour kind runs twice in this one call, right after each other: holder
 without gpupool (the reference: the neighbour gets the whole GPU) and holder
 under gpupool. The ratio is what gpupool leaves the neighbour.
 
-usage: gpu_neighbours.py LIBGPUPOOL NEIGHBOUR_PROGRAM [--hold-gib 40] [--rounds 2]
+usage: neighbours.py LIBGPUPOOL NEIGHBOUR_PROGRAM [--hold-gib 40] [--rounds 2]
                          [--opencl-holder OPENCL_HOLD]
 
 NEIGHBOUR_PROGRAM is tests/cuda/neighbour.c built against the real libcuda.

@@ -11,7 +11,7 @@ and exact on one that has its own. Under gpupool it also reports the pool's
 driver allocations (gpupool_stats_json). Prints PASS or FAIL lines and
 exits 1 on a failure.
 
-  [LD_PRELOAD=libgpupool.so [GPUPOOL_SPLIT=on]] python3 scripts/gpu_split.py
+  [LD_PRELOAD=libgpupool.so [GPUPOOL_SPLIT=on]] python3 scripts/gpu/workloads/split_check.py
 """
 import ctypes
 import json
