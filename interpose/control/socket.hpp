@@ -101,9 +101,8 @@ inline std::vector<SocketName> listed_sockets() {
     if (!number(path, &pid) || (!path.empty() && path[0] != '.')) continue;
     if (uid > UINT32_MAX || pid == 0 || pid > LONG_MAX) continue;
     // Each name once (a listening socket's accepted and queued connections
-    // list its name too). A set, not a scan of `out`: 2000 names squatted by
-    // one process made the scan take most of a 500 ms neighbour wait under
-    // AddressSanitizer.
+    // list its name too), through a set: a process may squat thousands of
+    // names, and a scan of `out` per name would grow with their square.
     if (seen.insert(name).second)
       out.push_back({static_cast<unsigned>(uid), static_cast<long>(pid), name});
   }
