@@ -217,6 +217,9 @@ std::string ask_control(State& st, const Client& c) {
   return std::move(req.answer);
 }
 
+bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& fds,
+                  bool shared_table, int& rebuilds);
+
 void server_main(void* arg) {
   State& st = *static_cast<State*>(arg);
 #ifdef __GLIBC__
@@ -230,6 +233,24 @@ void server_main(void* arg) {
   const bool shared_table = !io::on_private_thread();
   int rebuilds = 0;
   for (;;) {
+    // A failure inside a round (host memory out: a client's record, a
+    // request's text) costs that round, not the program: an exception
+    // leaving this thread would end the process.
+    try {
+      if (!server_round(st, clients, fds, shared_table, rebuilds)) return;
+    } catch (...) {
+      internal_failure("gpupool's control socket thread");
+      clients.clear();  // their state may be half-made; they ask again
+      ::poll(nullptr, 0, 10);
+    }
+  }
+}
+
+// One round of the server: waits for the socket and its clients, reads
+// requests and sends answers. False when the socket is gone for good.
+bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& fds,
+                  bool shared_table, int& rebuilds) {
+  {
     if (shared_table) {
       std::erase_if(clients, [](Client& c) {
         if (c.fd.ours()) return false;
@@ -245,7 +266,7 @@ void server_main(void* arg) {
         if (!st.listen.valid()) {
           log().warn("control socket: closed by the program and not bound again; `gpupool "
                      "stats PID` cannot reach this process any more");
-          return;
+          return false;
         }
         log().info("control socket: closed by the program; bound again as @{}", st.socket_name);
       }
@@ -263,7 +284,7 @@ void server_main(void* arg) {
                                         : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
     if (shared_table && (timeout_ms < 0 || timeout_ms > kSharedTablePollMs)) timeout_ms = kSharedTablePollMs;
     const int r = ::poll(fds.data(), fds.size(), timeout_ms);
-    if (r < 0 && errno != EINTR) return;
+    if (r < 0 && errno != EINTR) return false;
     std::vector<Client*> asking;
     std::vector<std::string> notes;
     {
@@ -292,6 +313,7 @@ void server_main(void* arg) {
       std::erase_if(clients, [](Client& c) { return c.answering && !c.out.empty() && !send_answer(c); });
     }
   }
+  return true;
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
  * program, and say so once.
  *
  *   alloc_failure cuda|opencl   prints "ok N" after N armed calls, all
- *                               served; exit 0
+ *                               served, then connects to gpupool's control
+ *                               socket while armed; exit 0
  * Not for sanitizer builds: they replace malloc themselves.
  */
 #define _GNU_SOURCE
@@ -15,6 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
 
 extern void* __libc_malloc(size_t);
 
@@ -110,9 +115,31 @@ static int opencl(void) {
   return served;
 }
 
+/* A client of gpupool's control socket arrives while gpupool's allocations
+   fail: its thread accepts it and asks for memory to track it (and more to
+   read its request). Returns whether one was connected. */
+static int client_while_armed(void) {
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  const int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "gpupool.%u.%ld", (unsigned)getuid(),
+                         (long)getpid());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  g_armed = 1;
+  const int ok = connect(fd, (struct sockaddr*)&a, (socklen_t)(sizeof a.sun_family + 1 + n)) == 0;
+  if (ok) (void)!write(fd, "stats\n", 6);
+  const struct timespec wait = {0, 300 * 1000 * 1000};
+  nanosleep(&wait, NULL);
+  g_armed = 0;
+  close(fd);
+  return ok;
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const int served = !strcmp(argv[1], "cuda") ? cuda() : opencl();
-  printf("ok %d failed-mallocs %d\n", served, g_failed);
+  const int client = client_while_armed();
+  printf("ok %d failed-mallocs %d client %d\n", served, g_failed, client);
   return 0;
 }

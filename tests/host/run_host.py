@@ -717,8 +717,9 @@ def layer_children(tmp):
 
 def failure_host_memory(tmp):
     """Host memory running out inside gpupool: every call still gets the
-    driver's own answer, nothing escapes to the program, and the log says
-    so once (the stats count the rest)."""
+    driver's own answer, nothing escapes to the program (also from the
+    control socket's thread, which a client reaches meanwhile), and the log
+    says so once (the stats count the rest)."""
     if SANITIZER:
         print(f"skipped under the {SANITIZER} sanitizer (it replaces malloc)")
         return
@@ -732,8 +733,9 @@ def failure_host_memory(tmp):
     served = 9 if API == "opencl" else 8  # OpenCL: also a closed context's last buffer
     check(r.returncode == 0 and r.stdout.startswith(f"ok {served} "),
           f"exit {r.returncode}: {r.stdout} {r.stderr[-1500:]}")
-    m = re.search(r"failed-mallocs (\d+)", r.stdout)
+    m = re.search(r"failed-mallocs (\d+) client (\d)", r.stdout)
     check(m and int(m.group(1)) > 0, f"no allocation of gpupool's failed: {r.stdout}")
+    check(m and m.group(2) == "1", f"no client reached the control socket: {r.stdout}")
     check(r.stderr.count("failed inside (out of host memory?)") == 1,
           f"expected the failure said once: {r.stderr[-1500:]}")
     dump = open(stats).read() if os.path.exists(stats) else ""
