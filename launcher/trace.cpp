@@ -86,7 +86,7 @@ std::string rmm(const trace::TraceFile& tr) {
     gmtime_r(&secs, &tm);
     std::snprintf(line, sizeof line, "%" PRIu64 ",%02d:%02d:%02d.%06" PRIu64 ",%s,0x%" PRIx64
                   ",%" PRIu64 ",0x0\n",
-                  r.tid, tm.tm_hour, tm.tm_min, tm.tm_sec, (ns % 1'000'000'000u) / 1000,
+                  tr.threads[r.thread], tm.tm_hour, tm.tm_min, tm.tm_sec, (ns % 1'000'000'000u) / 1000,
                   r.alloc ? "allocate" : "free", r.handle,
                   r.alloc ? r.requested : requested[r.slot]);
     o += line;

@@ -42,29 +42,39 @@ struct SiteDecl {
 
 inline constexpr std::uint32_t kNoSite = UINT32_MAX;
 
+// 56 bytes: a report of five million records keeps them all.
 struct Record {
-  std::uint64_t t_ns = 0;   // since the trace started
-  std::uint64_t tid = 0;
-  std::uint32_t arena = 0;  // index into TraceFile::arenas
+  std::uint64_t t_ns = 0;  // since the trace started
   std::uint64_t handle = 0;
   std::uint64_t requested = 0, size = 0;
-  bool alloc = false;
-  bool hit = false;          // allocations
-  std::uint64_t slot = 0;    // the allocation a record is about (0, 1, ... in order)
+  std::uint32_t slot = 0;    // the allocation a record is about (0, 1, ... in order)
+  std::uint32_t arena = 0;   // index into TraceFile::arenas
   std::uint32_t site = kNoSite;  // allocations: index into TraceFile::sites
-  std::size_t line = 0;
+  std::uint32_t thread = 0;  // index into TraceFile::threads
+  // The line in the file (saturated at UINT32_MAX): errors name it, and it
+  // keeps the file's order among records of equal times.
+  std::uint32_t line = 0;
+  bool alloc = false;
+  bool hit = false;  // allocations
 };
 
 struct TraceFile {
   std::string path;
   std::uint64_t pid = 0, start_unix_ns = 0;
+  // The traced program's command line, as the header's '# cmdline' line
+  // gives it (shell-quoted words; empty in traces written before it).
+  std::string cmdline;
+  std::vector<std::uint64_t> threads;  // Linux thread ids, as records name them
   int version = 0;  // 1 or 2 (2 adds sites)
   std::vector<ArenaDecl> arenas;
   std::vector<ModuleDecl> modules;
   std::vector<PyFrameDecl> pyframes;
   std::vector<SiteDecl> sites;
   std::vector<Record> records;  // sorted: time order, frees first at equal times
-  std::uint64_t slots = 0;      // allocations
+  // Whether records are known to be in time order (pair_records sorts
+  // them otherwise).
+  bool in_time_order = false;
+  std::uint32_t slots = 0;      // allocations
   std::uint64_t unfreed = 0;    // allocations never freed
   bool truncated_tail = false;  // the last line had no newline (the writer was killed): left out
   // Lenient reads: records that do not pair (a free of a handle not active,
@@ -75,14 +85,20 @@ struct TraceFile {
   std::uint64_t unpaired = 0;
 };
 
-// True and *out filled, or false and *error = "PATH:LINE: what". Strict: a
-// record that does not pair is an error; lenient: it is counted (unpaired).
+// True and *out filled, or false and *error = "PATH:LINE: what" (LINE 0:
+// the file as a whole). Strict: a record that does not pair is an error;
+// lenient: it is counted (unpaired). Reads the file in pieces: memory goes
+// to the records, not to the file's text.
 bool read_trace(const std::string& path, TraceFile* out, std::string* error, bool lenient = false);
 
-// Puts tr.records (each with its line) in time order and pairs each free
-// with its allocation (slot, slots, unfreed, unpaired), as read_trace does.
-// frees_first: at equal times frees come first (this format, written per
-// thread); otherwise the records' order stands (a log written in order).
+// Whether the file at path starts as a gpupool trace does (either version).
+bool is_trace_file(const std::string& path);
+
+// Puts tr.records (each with its line, increasing in the file's order) in
+// time order and pairs each free with its allocation (slot, slots,
+// unfreed, unpaired), as read_trace does. frees_first: at equal times frees
+// come first (this format, written per thread); otherwise the records'
+// order stands (a log written in order).
 bool pair_records(TraceFile* tr, bool lenient, bool frees_first, std::string* error);
 
 // The first line of a trace file this version writes; version 1 (no sites)
