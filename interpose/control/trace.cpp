@@ -1,6 +1,7 @@
 #include "interpose/control/trace.hpp"
 #include "interpose/runtime.hpp"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -70,6 +71,37 @@ std::string no_space(std::string s) {
   for (char& c : s)
     if (c == ' ' || c == '\t' || c == '\n') c = '_';
   return s.empty() ? "-" : s;
+}
+
+// "# cmdline WORDS\n": the program's command line (reports name the
+// process by it), its words shell-quoted where needed, control characters
+// as '?', cut at 1 KiB. Readers before it skip '#' lines.
+std::string command_line_comment() {
+  char raw[1024];
+  ssize_t n = -1;
+  const int fd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    n = ::read(fd, raw, sizeof raw);
+    ::close(fd);
+  }
+  if (n <= 0) return "";
+  std::string line = "# cmdline";
+  const bool cut = n == static_cast<ssize_t>(sizeof raw);
+  for (ssize_t i = 0; i < n;) {
+    std::string word;
+    for (; i < n && raw[i]; ++i) word += (static_cast<unsigned char>(raw[i]) < 0x20 || raw[i] == 0x7f) ? '?' : raw[i];
+    ++i;
+    const bool plain = !word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                               "0123456789_./:=,+@%-") == std::string::npos;
+    if (plain) {
+      line += " " + word;
+      continue;
+    }
+    line += " '";
+    for (char c : word) line += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    line += "'";
+  }
+  return line + (cut ? " ...\n" : "\n");
 }
 
 }  // namespace
@@ -261,6 +293,7 @@ bool Tracer::Impl::open_file_here(bool append, std::string* why) {
       static_cast<long>(getpid()),
       std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec));
   io::write_bounded(file.get(), header, std::strlen(header));
+  io::write_bounded(file.get(), command_line_comment());
   t0 = mono_ns();
   arena_ids.clear();
   declarations_written = 0;
