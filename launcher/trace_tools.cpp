@@ -1,15 +1,17 @@
 #include "launcher/trace_tools.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <csignal>
-
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "launcher/launcher.hpp"
 
@@ -34,42 +36,164 @@ bool read_trace_for(const char* cmd, const std::string& path, trace::TraceFile* 
 
 namespace {
 
-// A device or FIFO the user named: written into (never replaced). A FIFO
-// nobody reads is an error at once, not a wait.
-bool write_into(const std::string& path, const std::string& data, std::string* why) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (fd < 0) {
-    *why = errno == ENXIO ? path + " is a FIFO with no reader (or a socket): nothing written"
-                          : "cannot open " + path + ": " + std::strerror(errno);
+std::string dir_of(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+bool all_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The names in dir, sorted; false and *error when it cannot be read.
+bool names_in(const std::string& dir, std::vector<std::string>* names, std::string* error) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) {
+    *error = dir + ":0: cannot read the directory: " + std::strerror(errno);
     return false;
   }
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);  // a slow reader is waited for
-  std::signal(SIGPIPE, SIG_IGN);  // a reader that leaves gives EPIPE, not our death
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      *why = "writing " + path + ": " + std::strerror(n < 0 ? errno : EIO);
-      ::close(fd);
-      return false;
-    }
-    done += static_cast<std::size_t>(n);
+  errno = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names->push_back(name);
   }
-  if (::close(fd) != 0 && errno != EINTR) {
-    *why = "writing " + path + ": " + std::strerror(errno);
+  const int err = errno;
+  ::closedir(d);
+  if (err) {
+    *error = dir + ":0: cannot read the directory: " + std::strerror(err);
     return false;
   }
+  std::sort(names->begin(), names->end());
   return true;
 }
 
 }  // namespace
 
-bool write_whole(const std::string& path, const std::string& data, std::string* why) {
+std::string sibling_name(const std::string& path, long pid) {
+  const std::size_t slash = path.rfind('/');
+  const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
+  const std::size_t dot = path.rfind('.');
+  // A dot that starts the name (".trace") is not an extension's.
+  const std::string p = std::to_string(pid);
+  if (dot == std::string::npos || dot <= base) return path + "." + p;
+  return path.substr(0, dot) + "." + p + path.substr(dot);
+}
+
+bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string>* files,
+                 std::vector<std::string>* notes, std::string* error) {
+  std::vector<std::pair<dev_t, ino_t>> seen;
+  auto add = [&](const std::string& path) {
+    struct stat st{};
+    if (::stat(path.c_str(), &st) == 0) {
+      const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+      if (std::find(seen.begin(), seen.end(), id) != seen.end()) return;
+      seen.push_back(id);
+    }
+    files->push_back(path);
+  };
+  for (const std::string& input : inputs) {
+    struct stat st{};
+    const bool exists = ::stat(input.c_str(), &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) {
+      // A directory: the traces in it (the other files are left out).
+      std::vector<std::string> names;
+      if (!names_in(input, &names, error)) return false;
+      const std::string prefix = input.back() == '/' ? input : input + "/";
+      std::size_t found = 0, other = 0;
+      for (const std::string& name : names) {
+        if (trace::is_trace_file(prefix + name)) {
+          add(prefix + name);
+          ++found;
+        } else {
+          ++other;
+        }
+      }
+      if (!found) {
+        *error = input + ":0: no gpupool trace in this directory (none of its " + std::to_string(other) +
+                 " files starts with '" + trace::kTraceHeader + "')";
+        return false;
+      }
+      if (other)
+        notes->push_back(input + ": " + std::to_string(other) +
+                         (other == 1 ? " file that is not a trace left out" : " files that are not traces left out"));
+      continue;
+    }
+    // A file, and the siblings the processes the program started wrote
+    // (docs/trace.md): NAME.PID.EXT beside NAME.EXT.
+    const std::size_t slash = input.rfind('/');
+    const std::string dir = dir_of(input);
+    const std::string base = slash == std::string::npos ? input : input.substr(slash + 1);
+    const std::size_t dot = base.rfind('.');
+    const std::string stem = dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
+    const std::string ext = dot == std::string::npos || dot == 0 ? "" : base.substr(dot);
+    std::vector<std::pair<unsigned long long, std::string>> siblings;
+    std::vector<std::string> names;
+    std::string ignored;
+    if (!base.empty() && names_in(dir, &names, &ignored)) {
+      for (const std::string& name : names) {
+        if (name.size() <= stem.size() + 1 + ext.size() || name.compare(0, stem.size(), stem) != 0 ||
+            name[stem.size()] != '.' || name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
+          continue;
+        const std::string_view pid(name.data() + stem.size() + 1, name.size() - stem.size() - 1 - ext.size());
+        if (!all_digits(pid) || pid.size() > 10) continue;
+        const std::string path = (slash == std::string::npos ? "" : input.substr(0, slash + 1)) + name;
+        if (trace::is_trace_file(path)) siblings.emplace_back(std::stoull(std::string(pid)), path);
+        else notes->push_back(path + ": not a gpupool trace, left out");
+      }
+    }
+    std::sort(siblings.begin(), siblings.end());
+    // The file itself, unless only its siblings exist (the first process
+    // made no GPU call): a missing one is read, to say so.
+    if (exists || siblings.empty()) add(input);
+    for (const auto& [pid, path] : siblings) add(path);
+  }
+  return true;
+}
+
+bool read_traces_for(const char* cmd, const std::vector<std::string>& inputs,
+                     std::vector<trace::TraceFile>* out) {
+  std::vector<std::string> files, notes;
+  std::string error;
+  if (!trace_files(inputs, &files, &notes, &error)) {
+    std::fprintf(stderr, "%s: %s: %s\n", kProg, cmd, error.c_str());
+    return false;
+  }
+  out->clear();
+  out->reserve(files.size());
+  try {
+    for (const std::string& f : files) {
+      out->emplace_back();
+      if (!read_trace_for(cmd, f, &out->back())) return false;
+    }
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: %s: %s: out of memory reading it\n", kProg, cmd, out->back().path.c_str());
+    return false;
+  }
+  // Which files, when not just the one named (after reading: an error is
+  // the one message).
+  for (const std::string& note : notes) std::fprintf(stderr, "%s: %s: %s\n", kProg, cmd, note.c_str());
+  if (files.size() != 1 || inputs.size() != 1 || files[0] != inputs[0]) {
+    std::string list;
+    for (const std::string& f : files) list += (list.empty() ? "" : ", ") + f;
+    std::fprintf(stderr, "%s: %s: %zu trace%s: %s\n", kProg, cmd, files.size(), files.size() == 1 ? "" : "s",
+                 list.c_str());
+  }
+  return true;
+}
+
+Output::~Output() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+bool Output::open(const std::string& path, std::string* why) {
+  path_ = path;
   if (path == "-") {
-    if (std::fwrite(data.data(), 1, data.size(), stdout) != data.size() || std::fflush(stdout)) {
-      *why = std::string("writing standard output: ") + std::strerror(errno);
+    std::fflush(stdout);
+    fd_ = ::dup(STDOUT_FILENO);
+    if (fd_ < 0) {
+      *why = std::string("standard output: ") + std::strerror(errno);
       return false;
     }
     return true;
@@ -86,7 +210,19 @@ bool write_whole(const std::string& path, const std::string& data, std::string* 
       *why = path + " is a directory";
       return false;
     }
-    if (!S_ISREG(st.st_mode)) return write_into(path, data, why);
+    if (!S_ISREG(st.st_mode)) {
+      // A device or FIFO the user named: written into (never replaced). A
+      // FIFO nobody reads is an error at once, not a wait.
+      fd_ = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+      if (fd_ < 0) {
+        *why = errno == ENXIO ? path + " is a FIFO with no reader (or a socket): nothing written"
+                              : "cannot open " + path + ": " + std::strerror(errno);
+        return false;
+      }
+      const int flags = ::fcntl(fd_, F_GETFL);
+      if (flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);  // a slow reader is waited for
+      return true;
+    }
     if (st.st_uid != ::geteuid()) {
       *why = path + " belongs to another user: not replaced";
       return false;
@@ -95,25 +231,68 @@ bool write_whole(const std::string& path, const std::string& data, std::string* 
     *why = "cannot look at " + path + ": " + std::strerror(errno);
     return false;
   }
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wbx");
-  if (!f) {
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
     *why = "cannot create " + tmp + ": " + std::strerror(errno);
     return false;
   }
-  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
-  const int err = errno;
-  if (std::fclose(f) != 0 || !ok) {
-    *why = "writing " + tmp + ": " + std::strerror(ok ? errno : err);
-    std::remove(tmp.c_str());
+  tmp_ = std::move(tmp);
+  return true;
+}
+
+bool Output::put(std::string_view data) {
+  if (failed_) return false;
+  buf_.append(data);
+  return buf_.size() < kFlushAt || flush();
+}
+
+bool Output::flush() {
+  if (failed_) return false;
+  std::signal(SIGPIPE, SIG_IGN);  // a reader that leaves gives EPIPE, not our death
+  std::size_t done = 0;
+  while (done < buf_.size()) {
+    const ssize_t n = ::write(fd_, buf_.data() + done, buf_.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error_ = "writing " + (tmp_.empty() ? path_ == "-" ? std::string("standard output") : path_ : tmp_) +
+               ": " + std::strerror(n < 0 ? errno : EIO);
+      failed_ = true;
+      return false;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  buf_.clear();
+  return true;
+}
+
+bool Output::commit(std::string* why) {
+  const bool flushed = flush();
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0 && errno != EINTR && flushed) {
+    error_ = "writing " + (tmp_.empty() ? path_ : tmp_) + ": " + std::strerror(errno);
+    failed_ = true;
+  }
+  if (failed_) {
+    *why = error_;
     return false;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    *why = "cannot rename to " + path + ": " + std::strerror(errno);
-    std::remove(tmp.c_str());
-    return false;
+  if (!tmp_.empty()) {
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      *why = "cannot rename to " + path_ + ": " + std::strerror(errno);
+      return false;  // the destructor removes the temporary
+    }
+    tmp_.clear();
   }
   return true;
+}
+
+bool write_whole(const std::string& path, const std::string& data, std::string* why) {
+  Output out;
+  if (!out.open(path, why)) return false;
+  out.put(data);
+  return out.commit(why);
 }
 
 }  // namespace gpupool::launcher

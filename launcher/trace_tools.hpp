@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "interpose/control/trace_reader.hpp"
 
@@ -14,6 +16,24 @@ namespace gpupool::launcher {
 // Reads `path` leniently; problems are printed as "gpupool CMD: ..." on
 // stderr. False on an error (nothing should be written then).
 bool read_trace_for(const char* cmd, const std::string& path, trace::TraceFile* tr);
+
+// The trace files that command-line inputs name: a directory's traces (its
+// other files left out, and said in *notes), a file and its siblings, the
+// files NAME.PID.EXT other processes of the program wrote beside NAME.EXT
+// (docs/trace.md; a missing NAME.EXT with siblings is left out). Each file
+// once. False and *error ("PATH:0: what") when a directory cannot be read
+// or holds no trace.
+bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string>* files,
+                 std::vector<std::string>* notes, std::string* error);
+
+// path's sibling for process pid: ".PID" before the basename's last
+// extension ("out.trace" -> "out.42.trace", "trace" -> "trace.42").
+std::string sibling_name(const std::string& path, long pid);
+
+// The traces of trace_files(inputs), read as read_trace_for does; which
+// files were read is said when they are not just the one input named.
+bool read_traces_for(const char* cmd, const std::vector<std::string>& inputs,
+                     std::vector<trace::TraceFile>* out);
 
 // One pool group's memory as the records go: what the program holds
 // (requested bytes), the blocks those sit in, and the blocks held for reuse.
@@ -43,6 +63,28 @@ struct SlotSizes {
       c->held += size[r.slot];
     }
   }
+};
+
+// An output written in pieces, with write_whole's promise: opened before
+// the work (a refused name costs nothing), and under its name only once
+// committed; destroyed uncommitted, it leaves nothing behind.
+class Output {
+ public:
+  Output() = default;
+  Output(const Output&) = delete;
+  Output& operator=(const Output&) = delete;
+  ~Output();
+  bool open(const std::string& path, std::string* why);
+  // Buffered; false once a write failed (commit says why).
+  bool put(std::string_view data);
+  bool commit(std::string* why);
+
+ private:
+  static constexpr std::size_t kFlushAt = std::size_t(1) << 20;
+  bool flush();
+  std::string path_, tmp_, buf_, error_;
+  int fd_ = -1;  // the temporary beside path_, or what is written into
+  bool failed_ = false;
 };
 
 // Writes `data` to `path`. '-' is standard output. A new name, or a regular

@@ -417,9 +417,12 @@ class Trace(unittest.TestCase):
         r = gp("trace", "convert", os.path.join(self.tmp, "missing"), "--to", "rmm", "-o", "-")
         self.assertEqual(r.returncode, FAILED)
         self.assertIn("cannot open", r.stderr)
+        # A directory: its traces are read (the file that is not one left
+        # out), and the first bad one is the one message.
         r = gp("trace", "convert", self.tmp, "--to", "rmm", "-o", "-")
         self.assertEqual(r.returncode, FAILED, r.stderr)
-        self.assertIn(f"{self.tmp}:0: is a directory", r.stderr)
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+        self.assertIn(f"{self.tmp}/badline.trace:10:", r.stderr)
 
     def test_output_replaces_only_a_regular_file_of_ours(self):
         """-o: a regular file is replaced whole; a device or FIFO is written
@@ -805,14 +808,17 @@ class Report(unittest.TestCase):
         self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
         self.assertIn(f"{missing}:0: cannot open", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "missing.html")))
-        # A directory: one message naming it, never an abort.
+        # A directory: its traces are read, and the first bad one is the
+        # one message, never an abort.
         r, _ = self.report(self.tmp, "dir.html")
         self.assertEqual(r.returncode, FAILED, r.stderr)
         self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
-        self.assertIn(f"{self.tmp}:0: is a directory", r.stderr)
+        self.assertIn(f"{self.tmp}/badline.trace:5:", r.stderr)
         self.assertEqual(gp("report", "x.trace").returncode, USAGE)
         self.assertEqual(gp("report", "x.trace", "-o").returncode, USAGE)
-        self.assertEqual(gp("report", "a", "b", "-o", "c").returncode, USAGE)
+        self.assertEqual(gp("report", "x.trace", "--diff").returncode, USAGE)
+        self.assertEqual(gp("report", "--diff", "x.trace", "-o", "y").returncode, USAGE)
+        self.assertEqual(gp("report", "--bogus", "x.trace", "-o", "y").returncode, USAGE)
 
     def test_killed_program(self):
         trace = os.path.join(self.tmp, "killed.trace")
@@ -896,6 +902,479 @@ class Report(unittest.TestCase):
         self.assertEqual(g["cuda-host"]["end"]["active"], 0)
         print(f"report of {len(lines) - 4} events: {took:.1f} s, {os.path.getsize(out)} bytes",
               file=sys.stderr)
+
+
+def trace_text(pid, start_ns, lines, cmdline=None, version=2):
+    """A trace file's text: the header, then `lines`."""
+    head = [f"# gpupool trace {version}", f"# pid {pid} start_unix_ns {start_ns}"]
+    if cmdline is not None:
+        head.append(f"# cmdline {cmdline}")
+    return "\n".join(head + lines) + "\n"
+
+
+def page_data(html_path):
+    """The data block of a report page, and the page's text."""
+    with open(html_path) as f:
+        text = f.read()
+    tag = '<script type="application/json" id="data">'
+    start = text.index(tag) + len(tag)
+    return json.loads(text[start:text.index("</script>", start)]), text
+
+
+def chromium_dom(page):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        raise AssertionError("chromium is needed (scripts/install-deps.sh installs it)")
+    return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                           "--virtual-time-budget=5000", "--dump-dom", "file://" + page],
+                          capture_output=True, text=True, timeout=120).stdout
+
+
+def flame_paths(flame):
+    """A flame graph's nodes as {(frame, ...) from the root: (bytes, blocks)}."""
+    nodes, names = flame["nodes"], flame["names"]
+    paths = {}
+    for i, (name, parent, nbytes, blocks) in enumerate(nodes):
+        path = () if i == 0 else paths[parent][0] + (names[name],)
+        paths[i] = (path, nbytes, blocks)
+    return {p: (b, k) for p, b, k in paths.values()}
+
+
+MIB = 1 << 20
+KIB = 1 << 10
+
+
+class Several(unittest.TestCase):
+    """Several processes' traces: `report` and `trace convert` take a file
+    with its siblings (NAME.PID.EXT), several files or a directory, say
+    which files they read, and show each process and all together on one
+    clock; a bad file is one message naming it and its line."""
+
+    S = 1_700_000_000_000_000_000
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpupool-several-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write(self, name, text):
+        path = os.path.join(self.tmp, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def run_dir(self):
+        """out.trace (pid 10) and its siblings out.11.trace (started 0.5 ms
+        later) and out.12.trace (0.25 ms later); beside them, files that are
+        not its siblings or not traces."""
+        arena = "arena 0 cuda cuda:0 dev 0"
+        out = self.write("run/out.trace", trace_text(10, self.S, [
+            arena, "a 1000 1 0 a0 100 128 m", "f 2000 1 0 a0 100 128"]))
+        self.write("run/out.11.trace", trace_text(11, self.S + 500_000, [arena, "a 1000 2 0 b0 200 256 m"]))
+        self.write("run/out.12.trace", trace_text(12, self.S + 250_000, [arena, "a 1000 3 0 c0 300 384 m"]))
+        self.write("run/out.x.trace", trace_text(99, self.S, [arena, "a 1000 4 0 d0 400 512 m"]))
+        self.write("run/out.13.trace", "hello\n")
+        self.write("run/notes.txt", "not a trace\n")
+        return out
+
+    def perfetto(self, *inputs):
+        r = gp("trace", "convert", *inputs, "--to", "perfetto", "-o", "-")
+        self.assertEqual(r.returncode, OK, r.stderr)
+        doc = json.loads(r.stdout)
+        counters = sorted((e["pid"], e["ts"], e["args"]["active"]) for e in doc["traceEvents"]
+                          if e["ph"] == "C")
+        return counters, r.stderr
+
+    def test_convert_siblings_and_directory(self):
+        out = self.run_dir()
+        run = os.path.dirname(out)
+        # The file and its siblings, on one clock: the earliest start.
+        counters, err = self.perfetto(out)
+        self.assertEqual(counters, [(10, 1.0, 100), (10, 2.0, 0), (11, 501.0, 200), (12, 251.0, 300)])
+        self.assertIn(f"3 traces: {out}, {run}/out.11.trace, {run}/out.12.trace\n", err)
+        self.assertIn(f"{run}/out.13.trace: not a gpupool trace, left out", err)
+        # A directory: every trace in it.
+        counters, err = self.perfetto(run)
+        self.assertEqual(sorted({c[0] for c in counters}), [10, 11, 12, 99])
+        self.assertIn(f"{run}: 2 files that are not traces left out", err)
+        # Several files, one of them twice: read once.
+        counters, err = self.perfetto(f"{run}/out.11.trace", f"{run}/out.11.trace")
+        self.assertEqual(counters, [(11, 1.0, 200)])
+        self.assertIn(f"1 trace: {run}/out.11.trace\n", err)
+        # One file and no siblings: as before, nothing said.
+        solo = self.write("solo/solo.trace", trace_text(5, self.S, ["arena 0 cuda cuda:0 dev 0"]))
+        r = gp("trace", "convert", solo, "--to", "perfetto", "-o", "-")
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        # RMM: one log per process, OUTPUT.PID.EXT; not to standard output.
+        csv = os.path.join(self.tmp, "log.csv")
+        r = gp("trace", "convert", out, "--to", "rmm", "-o", csv)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn(f"wrote {self.tmp}/log.10.csv, {self.tmp}/log.11.csv, {self.tmp}/log.12.csv", r.stderr)
+        with open(os.path.join(self.tmp, "log.11.csv")) as f:
+            self.assertEqual(f.read().splitlines()[1:], ["2,22:13:20.000501,allocate,0xb0,200,0x0"])
+        self.assertFalse(os.path.exists(csv))
+        r = gp("trace", "convert", out, "--to", "rmm", "-o", "-")
+        self.assertEqual(r.returncode, FAILED)
+        self.assertIn("an RMM log is one process's", r.stderr)
+        # Only siblings (the first process made no GPU call): those.
+        os.remove(out)
+        counters, err = self.perfetto(out)
+        self.assertEqual(sorted({c[0] for c in counters}), [11, 12])
+
+    def test_bad_file_among_several(self):
+        out = self.run_dir()
+        bad = self.write("run/out.14.trace", trace_text(14, self.S, ["arena 0 cuda cuda:0 dev 0", "a 1 2"]))
+        for cmd in (["trace", "convert", out, "--to", "perfetto", "-o", os.path.join(self.tmp, "x.json")],
+                    ["report", out, "-o", os.path.join(self.tmp, "x.html")],
+                    ["report", "--text", os.path.dirname(out)]):
+            r = gp(*cmd)
+            self.assertEqual(r.returncode, FAILED, cmd)
+            self.assertEqual(r.stderr, f"gpupool: {cmd[0] if cmd[0] == 'report' else 'trace convert'}: "
+                                       f"{bad}:4: expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m [SITE]'\n")
+            self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.json")))
+            self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.html")))
+        empty = os.path.join(self.tmp, "empty")
+        os.mkdir(empty)
+        self.write("empty/a.txt", "x\n")
+        r = gp("report", "--text", empty)
+        self.assertEqual(r.returncode, FAILED)
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+        self.assertIn(f"{empty}:0: no gpupool trace in this directory", r.stderr)
+
+    def two_processes(self):
+        """Two ranks of one program, the second started 0.2 ms after the
+        first, each holding memory at `step` (train.py:10) for a while, and
+        keeping a block from `load` (train.py:20) at the end."""
+        frames = ["pyframe 0 10 step /src/train.py", "pyframe 1 30 main /src/train.py",
+                  "pyframe 2 20 load /src/train.py", "site 0 - 0,1", "site 1 - 2,1",
+                  "arena 0 cuda cuda:0 cuda dev 0 ctx 0x5"]
+        a = self.write("ddp/out.trace", trace_text(10, self.S, frames + [
+            f"a 100000 1 0 a0 {4 * MIB} {4 * MIB} m 0", f"f 600000 1 0 a0 {4 * MIB} {4 * MIB}",
+            f"a 700000 1 0 b0 {MIB} {MIB} m 1"], cmdline="python3 train.py --rank 0"))
+        self.write("ddp/out.11.trace", trace_text(11, self.S + 200_000, frames + [
+            f"a 100000 1 0 a0 {2 * MIB} {2 * MIB} m 0", f"f 500000 1 0 a0 {2 * MIB} {2 * MIB}",
+            f"a 600000 1 0 b0 {512 * KIB} {512 * KIB} m 1"], cmdline="python3 train.py --rank 1"))
+        return a
+
+    def test_report_each_process_and_all(self):
+        out = os.path.join(self.tmp, "r.html")
+        r = gp("report", self.two_processes(), "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn("2 traces: ", r.stderr)
+        d, html = page_data(out)
+        p0, p1 = d["processes"]
+        self.assertEqual([(p["pid"], p["cmdline"], p["offset_ns"]) for p in d["processes"]],
+                         [(10, "python3 train.py --rank 0", 0), (11, "python3 train.py --rank 1", 200_000)])
+        # Each process on its own clock.
+        self.assertEqual((p0["peak"]["bytes"], p0["peak"]["t_ns"]), (4 * MIB, 100_000))
+        self.assertEqual((p1["peak"]["bytes"], p1["peak"]["t_ns"]), (2 * MIB, 100_000))
+        self.assertEqual([(x["label"], x["bytes"], x["arena"]) for x in p1["end"]["sites"]],
+                         [("py load (/src/train.py:20)", 512 * KIB, "cuda dev 0 ctx 0x5")])
+        # All together, on the first trace's clock: both ranks at step at
+        # 0.3 ms; at the end both blocks of load.
+        self.assertEqual((d["peak"]["bytes"], d["peak"]["t_ns"]), (6 * MIB, 300_000))
+        self.assertEqual([(x["label"], x["blocks"], x["bytes"], x["pids"]) for x in d["peak"]["sites"]],
+                         [("py step (/src/train.py:10)", 2, 6 * MIB, [10, 11])])
+        self.assertEqual([(x["label"], x["blocks"], x["bytes"], x["pids"], x["group"])
+                          for x in d["end"]["sites"]],
+                         [("py load (/src/train.py:20)", 2, MIB + 512 * KIB, [10, 11], "cuda:0")])
+        self.assertEqual((d["allocations"], d["frees"], d["duration_ns"]), (4, 2, 800_000))
+        self.assertEqual([g["peak_active"]["bytes"] for g in d["groups"]], [6 * MIB])
+        self.assertEqual([max(s) for s in d["process_active"]], [4 * MIB, 2 * MIB])
+        # The tables: the processes, and the pids that held each site.
+        self.assertIn("<td>11</td><td class=\"l\">python3 train.py --rank 1</td><td>+200 µs</td>", html)
+        self.assertRegex(html, r"<td>6\.0 MiB</td><td>2</td><td class=\"l\">10, 11</td>"
+                               r"<td class=\"l\"><details><summary>py step \(/src/train.py:10\)")
+        self.assertEqual(html.count('<details class="process" open>'), 2)
+        page = chromium_dom(out)
+        self.assertIn('data-status="ok"', page, page[-2000:])
+        # All: by process, cuda:0, rates, two sizes; each process: 4.
+        self.assertEqual(page.count('class="plot"'), 5 + 2 * 4)
+        self.assertEqual(page.count('class="flame"'), 3 * 2)
+        # The text report: each process and all together.
+        r = gp("report", "--text", self.two_processes())
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertRegex(r.stdout, r"pid 11 +started \+200 µs +peak +2\.0 MiB, at the end +512\.0 KiB  "
+                                   r"python3 train.py --rank 1")
+        self.assertIn("== All processes", r.stdout)
+        self.assertRegex(r.stdout, r"6\.0 MiB +2 blocks  py step \(/src/train.py:10\)  \[pids 10,11\]")
+        self.assertIn("== python3 train.py --rank 0 (pid 10)", r.stdout)
+
+    def test_two_programs_traced(self):
+        """Two real processes, traced by the library into a file and its
+        sibling; the trace header names each one's command line."""
+        if not REPORT_PROGRAM:
+            self.skipTest("no report_program (OpenCL not built)")
+        d = os.path.join(self.tmp, "real")
+        os.mkdir(d)
+        trace = os.path.join(d, "out.trace")
+        r = gp("run", "--trace", trace, "--set", "SITES=all", "--", REPORT_PROGRAM, "first run", "it's")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = gp("run", "--trace", os.path.join(d, "out.%p.trace"), "--set", "SITES=all", "--",
+               REPORT_PROGRAM, "second")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        (sibling,) = [n for n in os.listdir(d) if n != "out.trace"]
+        self.assertRegex(sibling, r"^out\.\d+\.trace$")
+        with open(trace) as f:
+            head = f.read(4096).splitlines()
+        self.assertIn(f"# cmdline {REPORT_PROGRAM} 'first run' 'it'\\''s'", head[:4])
+        out = os.path.join(self.tmp, "real.html")
+        r = gp("report", trace, "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn(f"2 traces: {trace}, {d}/{sibling}\n", r.stderr)
+        data, _ = page_data(out)
+        self.assertEqual([p["cmdline"] for p in data["processes"]],
+                         [f"{REPORT_PROGRAM} 'first run' 'it'\\''s'", f"{REPORT_PROGRAM} second"])
+        for p in data["processes"]:
+            self.assertEqual(p["peak"]["bytes"], 13 * MIB)
+            self.assertEqual((p["end"]["blocks"], p["end"]["bytes"]), (4, 3 * MIB + 64 * KIB))
+        # One after the other. A trace does not record its process's exit:
+        # all together, what the first still held at its end counts on.
+        self.assertEqual(data["peak"]["bytes"], 13 * MIB + 3 * MIB + 64 * KIB)
+        self.assertEqual((data["end"]["blocks"], data["end"]["bytes"]), (8, 6 * MIB + 128 * KIB))
+        page = chromium_dom(out)
+        self.assertIn('data-status="ok"', page, page[-2000:])
+
+
+class Flame(unittest.TestCase):
+    """The report's flame graphs (icicles) of bytes by call stack, at the
+    peak and at the end: each frame's bytes are its callees', a named
+    frame's return addresses merge, tiny frames are left out but counted,
+    and a browser draws them."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpupool-flame-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def report(self, text):
+        trace = os.path.join(self.tmp, "t.trace")
+        with open(trace, "w") as f:
+            f.write(text)
+        out = os.path.join(self.tmp, "r.html")
+        r = gp("report", trace, "-o", out)
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        return out
+
+    KNOWN = trace_text(4, 1, [
+        "module 0 1000 2000 0 - /nonexistent/libcuda.so.1",
+        "module 1 5000 9000 4000 - /nonexistent/libapp.so",
+        "pyframe 0 10 step /src/train.py", "pyframe 1 30 main /src/train.py",
+        # innermost first: the runtime, then the program's frames
+        "site 0 1010,5020,5100,5200 -", "site 1 1010,5030,5100,5200 -",
+        "site 2 1010,5020,5100,5300 -", "site 3 1010 0,1",
+        "arena 0 cuda cuda:0 dev 0",
+        "a 10 1 0 a0 1000 1024 m 0", "a 20 1 0 b0 2000 2048 m 1", "a 30 1 0 c0 4000 4096 m 2",
+        "a 40 1 0 d0 8000 8192 m 3", "f 50 1 0 c0 4000 4096"])
+
+    def test_known_stacks(self):
+        out = self.report(self.KNOWN)
+        d, html = page_data(out)
+        app = lambda off: f"libapp.so+{off}"
+        cuda = "libcuda.so.1+0x1010"
+        # At the peak (15000 bytes): from the outermost frame in; a Python
+        # site by its Python stack.
+        self.assertEqual(flame_paths(d["peak"]["flame"]), {
+            (): (15000, 4),
+            (app("0x1200"),): (3000, 2),
+            (app("0x1200"), app("0x1100")): (3000, 2),
+            (app("0x1200"), app("0x1100"), app("0x1020")): (1000, 1),
+            (app("0x1200"), app("0x1100"), app("0x1020"), cuda): (1000, 1),
+            (app("0x1200"), app("0x1100"), app("0x1030")): (2000, 1),
+            (app("0x1200"), app("0x1100"), app("0x1030"), cuda): (2000, 1),
+            (app("0x1300"),): (4000, 1),
+            (app("0x1300"), app("0x1100")): (4000, 1),
+            (app("0x1300"), app("0x1100"), app("0x1020")): (4000, 1),
+            (app("0x1300"), app("0x1100"), app("0x1020"), cuda): (4000, 1),
+            ("py main (/src/train.py:30)",): (8000, 1),
+            ("py main (/src/train.py:30)", "py step (/src/train.py:10)"): (8000, 1)})
+        # At the end, without the block freed.
+        end = flame_paths(d["end"]["flame"])
+        self.assertEqual(end[()], (11000, 3))
+        self.assertNotIn((app("0x1300"),), end)
+        page = chromium_dom(out)
+        self.assertIn('data-status="ok"', page, page[-2000:])
+        self.assertEqual(page.count('class="flame"'), 2)
+        # Every frame drawn (all are wider than a pixel), with its name.
+        self.assertEqual(page.count("<g data-node="), len(d["peak"]["flame"]["nodes"]) +
+                         len(d["end"]["flame"]["nodes"]))
+        self.assertIn(">py step (/src/train.py:10)<", page)
+
+    def test_tiny_frames_left_out(self):
+        # 3000 sites of one byte and one of 100 MB: the small ones, narrower
+        # than a pixel, are not sent, but the root counts them.
+        lines = [f"site {k} {0x100000 + k:x} -" for k in range(3001)] + ["arena 0 cuda cuda:0 dev 0"]
+        lines += [f"a {k + 1} 1 0 {k + 1:x} 1 1 m {k}" for k in range(3000)]
+        lines.append(f"a 5000 1 0 ffff {100 * MIB} {100 * MIB} m 3000")
+        d, _ = page_data(self.report(trace_text(4, 1, lines)))
+        flame = d["peak"]["flame"]
+        self.assertEqual(flame_paths(flame), {(): (100 * MIB + 3000, 3001), ("0x100bb8",): (100 * MIB, 1)})
+
+    def test_program_frames_by_function(self):
+        """A real program's stacks: a function's call sites (return
+        addresses) are one frame."""
+        if not REPORT_PROGRAM:
+            self.skipTest("no report_program (OpenCL not built)")
+        trace = os.path.join(self.tmp, "p.trace")
+        r = gp("run", "--trace", trace, "--set", "SITES=all", "--", REPORT_PROGRAM)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = os.path.join(self.tmp, "p.html")
+        r = gp("report", trace, "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        d, _ = page_data(out)
+        paths = flame_paths(d["peak"]["flame"])
+        self.assertEqual(paths[()], (13 * MIB, 8))
+        # forward() and load_weights() are called from two places in main:
+        # one frame, holding everything.
+        mains = [(p, b) for p, b in paths.items() if p and re.match(r"main\b", p[-1])]
+        self.assertEqual(len(mains), 1, mains)
+        self.assertEqual(mains[0][1], (13 * MIB, 8))
+        self.assertFalse([p for p in paths if p and re.match(r"\w+\+0x[0-9a-f]+ \(", p[-1])], paths)
+
+
+class Text(unittest.TestCase):
+    """`report --text` (terminals and CI logs: the summary, the peaks, the
+    leak list with stacks) and `report --diff BASE` (what changed between
+    two runs, sites matched across builds)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpupool-text-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write(self, name, text):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_known_trace(self):
+        trace = self.write("t.trace", Flame.KNOWN)
+        r = gp("report", "--text", trace)
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        self.assertEqual(r.stdout, f"""gpupool report: pid 4
+{trace}: 4 allocations, 1 frees over 50 ns; 0% served from held blocks.
+
+Peaks:
+  pool group  peak active     at  peak managed     at  allocations  hits  active at end
+  cuda:0         14.6 KiB  40 ns      15.0 KiB  40 ns            4     0       10.7 KiB
+
+At the peak of active memory (14.6 KiB at 40 ns), by allocation site:
+     7.8 KiB      1 block  py step (/src/train.py:10)
+     3.9 KiB      1 block  libapp.so+0x1020
+     2.0 KiB      1 block  libapp.so+0x1030
+      1000 B      1 block  libapp.so+0x1020
+
+Still held at the end (10.7 KiB in 3 blocks), by allocation site, largest first:
+     7.8 KiB      1 block  py step (/src/train.py:10)  [cuda:0 dev 0]
+                             py step (/src/train.py:10)
+                             py main (/src/train.py:30)
+                             libcuda.so.1+0x1010
+     2.0 KiB      1 block  libapp.so+0x1030  [cuda:0 dev 0]
+                             libcuda.so.1+0x1010
+                             libapp.so+0x1030
+                             libapp.so+0x1100
+                             libapp.so+0x1200
+      1000 B      1 block  libapp.so+0x1020  [cuda:0 dev 0]
+                             libcuda.so.1+0x1010
+                             libapp.so+0x1020
+                             libapp.so+0x1100
+                             libapp.so+0x1200
+
+Frameworks keep memory until exit on purpose: a cache or a model's weights still held at the end is not a leak.
+""")
+        # -o: a file, with the same promise as the page's.
+        out = os.path.join(self.tmp, "t.txt")
+        r2 = gp("report", "--text", trace, "-o", out)
+        self.assertEqual(r2.returncode, OK, r2.stderr)
+        with open(out) as f:
+            self.assertEqual(f.read(), r.stdout)
+        link = os.path.join(self.tmp, "link.txt")
+        os.symlink(out, link)
+        r2 = gp("report", "--text", trace, "-o", link)
+        self.assertEqual(r2.returncode, FAILED)
+        self.assertIn("symbolic link", r2.stderr)
+
+    def test_leak_list_of_a_program(self):
+        if not REPORT_PROGRAM:
+            self.skipTest("no report_program (OpenCL not built)")
+        trace = os.path.join(self.tmp, "p.trace")
+        r = gp("run", "--trace", trace, "--set", "SITES=all", "--", REPORT_PROGRAM)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = gp("report", "--text", trace)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        leaks = r.stdout[r.stdout.index("Still held at the end (3.1 MiB in 4 blocks)"):]
+        rows = re.findall(r"^ +([0-9.]+ \w+) +(\d+) blocks? +(\S.*?)  \[opencl:", leaks, re.M)
+        self.assertEqual([(b, n) for b, n, _ in rows], [("3.0 MiB", "3"), ("64.0 KiB", "1")], leaks)
+        # Each with its stack (the lines under it), the program's main in it.
+        stacks = re.split(r"^ +[0-9.]+ \w+ +\d+ blocks? +.*$", leaks, flags=re.M)[1:]
+        self.assertEqual(len(stacks), 2, leaks)
+        self.assertIn("load_weights", stacks[0])
+        self.assertIn("keep_scratch", stacks[1])
+        for stack in stacks:
+            self.assertRegex(stack, r"\n +main\b")
+
+    def diff_traces(self):
+        def trace(name, step_line, peak_mib, held):
+            lines = [f"pyframe 0 {step_line} step /src/train.py", "pyframe 1 30 main /src/train.py",
+                     "pyframe 2 20 helper /src/train.py", "pyframe 3 40 load /src/train.py",
+                     "site 0 - 0,1", "site 1 - 2,1", "site 2 - 3,1", "arena 0 cuda cuda:0 dev 0",
+                     f"a 10 1 0 a0 {peak_mib * MIB} {peak_mib * MIB} m 0",
+                     f"f 20 1 0 a0 {peak_mib * MIB} {peak_mib * MIB}",
+                     f"a 30 1 0 b0 {MIB} {MIB} m 0"]
+            for k, (site, nbytes) in enumerate(held):
+                lines.append(f"a {40 + k} 1 0 {k + 1:x}00 {nbytes} {nbytes} m {site}")
+            return self.write(name, trace_text(7, 1, lines))
+        # The program changed: step() moved (line 10 -> 12), asks for more;
+        # helper() is gone, load() is new.
+        base = trace("base.trace", 10, 4, [(1, 2 * MIB)])
+        new = trace("new.trace", 12, 6, [(2, 512 * KIB)])
+        return base, new
+
+    def test_diff(self):
+        base, new = self.diff_traces()
+        r = gp("report", "--diff", base, new, "--text")
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        self.assertIn("  peak active             4.0 MiB       6.0 MiB  +2.0 MiB (+50%)\n", r.stdout)
+        self.assertIn("  held at the end         3.0 MiB       1.5 MiB  -1.5 MiB (-50%)\n", r.stdout)
+        # (All misses: managed is the blocks asked for.)
+        self.assertIn("  cuda:0: active 4.0 MiB -> 6.0 MiB, managed 7.0 MiB -> 7.5 MiB\n", r.stdout)
+        peak = r.stdout[r.stdout.index("At the peak"):r.stdout.index("Still held")]
+        self.assertEqual(peak.splitlines()[1:], [
+            "     +2.0 MiB     4.0 MiB -> 6.0 MiB     py step (/src/train.py:12)", ""])
+        end = r.stdout[r.stdout.index("Still held"):]
+        # step's 1 MiB at the end did not change: not listed.
+        self.assertEqual(end.splitlines()[1:3], [
+            "     -2.0 MiB     2.0 MiB -> 0 B         py helper (/src/train.py:20)  (gone)",
+            "   +512.0 KiB         0 B -> 512.0 KiB   py load (/src/train.py:40)  (new)"])
+        # The same run twice: no change.
+        r = gp("report", "--diff", new, new, "--text")
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertEqual(r.stdout.count("  no change\n"), 2)
+        # The page: the tables, and what grew as flame graphs.
+        out = os.path.join(self.tmp, "diff.html")
+        r = gp("report", "--diff", base, new, "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        d, html = page_data(out)
+        self.assertEqual(flame_paths(d["peak"]), {
+            (): (2 * MIB, 0), ("py main (/src/train.py:30)",): (2 * MIB, 0),
+            ("py main (/src/train.py:30)", "py step (/src/train.py:12)"): (2 * MIB, 0)})
+        self.assertEqual(flame_paths(d["end"])[()], (512 * KIB, 1))
+        self.assertRegex(html, r'<td class="up">\+2\.0 MiB</td><td>4\.0 MiB</td><td>6\.0 MiB</td>'
+                               r'<td class="l"><details><summary>py step \(/src/train.py:12\)')
+        self.assertRegex(html, r'<td class="down">-2\.0 MiB</td><td>2\.0 MiB</td><td>0 B</td>')
+        page = chromium_dom(out)
+        self.assertIn('data-status="ok"', page, page[-2000:])
+        self.assertEqual(page.count('class="flame"'), 2)
+        # A BASE that is not there: one error naming it.
+        missing = os.path.join(self.tmp, "missing.trace")
+        r = gp("report", "--diff", missing, new, "--text")
+        self.assertEqual(r.returncode, FAILED)
+        self.assertEqual(r.stderr, f"gpupool: report: {missing}:0: cannot open: No such file or directory\n")
 
 
 class Install(unittest.TestCase):

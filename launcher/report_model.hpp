@@ -1,0 +1,130 @@
+// What `gpupool report` computes from traces (report.cpp), and the two ways
+// it is written: the HTML page (report_page.cpp) and text for terminals
+// and CI logs, with the difference between two runs (report_text.cpp).
+//
+// A View is one process's trace, or several processes' together on one
+// clock (the earliest trace's start); every figure in it is exact except
+// the plotted series, downsampled to kPoints points, each its interval's
+// maximum.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "launcher/trace_tools.hpp"
+
+namespace gpupool::launcher::report {
+
+inline constexpr std::size_t kPoints = 2000;      // per plotted series
+inline constexpr std::size_t kRateBuckets = 200;  // hits and misses over time
+inline constexpr std::size_t kTopSites = 20;      // rows a table shows
+
+struct Peak {
+  std::uint64_t bytes = 0, t_ns = 0;
+};
+
+struct Held {
+  std::uint64_t blocks = 0, bytes = 0;
+};
+
+// A pool group's figures.
+struct Group {
+  std::string name;
+  Counters c;  // at the end
+  Peak peak_active, peak_managed;
+  std::uint64_t allocs = 0, hits = 0;
+  std::vector<std::uint64_t> b_active, b_in_blocks, b_managed;  // each bucket's maximum
+};
+
+// An allocation site as tables show it.
+struct SiteName {
+  std::string label;
+  std::vector<std::string> frames;  // innermost first, Python first
+  std::vector<std::string> flame;   // the flame graph's path, outermost first
+  std::string key;                  // label and frames: what rows merge on
+  std::string across_builds;        // key without offsets and line numbers (diff)
+};
+
+// A row of a sites table: what one site held, in one arena (the end, one
+// process), one pool group (the end, several processes) or in all.
+struct SiteRow {
+  std::uint32_t name = 0;  // index into View::names
+  std::string group, arena;
+  std::vector<std::uint64_t> pids;  // several processes: those that held it
+  Held held;
+};
+
+// An icicle's node: bytes (and blocks) held below it; nodes in pre-order,
+// each after its parent; name indexes Flame::names.
+struct FlameNode {
+  std::uint32_t name = 0, parent = 0;
+  std::uint64_t bytes = 0, blocks = 0;
+};
+struct Flame {
+  std::vector<std::string> names;
+  std::vector<FlameNode> nodes;  // nodes[0]: the root (everything)
+};
+
+// The moment of the peak of active bytes (all groups together), or the end.
+struct Moment {
+  Peak at;
+  Held total;
+  std::vector<SiteRow> rows;  // largest first
+  Flame flame;
+};
+
+struct View {
+  // One process: its trace. Several: pid 0, and `processes` are theirs.
+  std::uint64_t pid = 0;
+  std::string cmdline, path;
+  std::uint64_t start_unix_ns = 0, offset_ns = 0;  // offset: from the earliest trace's start
+  std::uint64_t duration_ns = 0, allocations = 0, frees = 0, hits = 0;
+  bool sites_recorded = false;
+  std::uint64_t span_ns = 1;  // of the plots' time axis
+  std::size_t points = 0;     // per plotted series
+  std::vector<Group> groups;
+  std::vector<std::uint64_t> rate_hits, rate_misses;
+  std::map<int, std::pair<std::uint64_t, std::uint64_t>> sizes;  // log2 -> count, bytes (-1: zero)
+  std::vector<SiteName> names;
+  Moment peak, end;
+  // Several processes: each one's active bytes over time (bucket maxima),
+  // in the order of Report::processes.
+  std::vector<std::vector<std::uint64_t>> process_active;
+};
+
+struct Report {
+  std::vector<std::string> files;
+  View all;                     // everything together (with one process, that process)
+  std::vector<View> processes;  // each process (empty with one)
+};
+
+// The icicle of rows' bytes by their sites' flame paths (report.cpp).
+Flame flame_of(const std::vector<SiteName>& names, const std::vector<SiteRow>& rows);
+
+// A site's bytes at one moment in two runs, matched across builds
+// (SiteName::across_builds). name_now / name_base: View::names indexes,
+// UINT32_MAX where the site is not in that run.
+struct SiteChange {
+  std::uint32_t name_now = UINT32_MAX, name_base = UINT32_MAX;
+  Held base, now;
+  std::int64_t change() const { return static_cast<std::int64_t>(now.bytes - base.bytes); }
+};
+// Largest change first (growth before shrinking at equal size); unchanged
+// sites left out.
+std::vector<SiteChange> changes(const View& base, const Moment& at_base, const View& now, const Moment& at_now);
+
+// The page and the text (report_page.cpp, report_text.cpp).
+std::string page(const Report& r);
+std::string text(const Report& r);
+std::string diff_text(const Report& base, const Report& now);
+std::string diff_page(const Report& base, const Report& now);
+
+// Shared by both.
+std::string bytes_text(std::uint64_t b);
+std::string seconds_text(std::uint64_t ns);
+// "python3 train.py (pid 42)", or "pid 42" where the trace has no command line.
+std::string process_title(const View& v);
+
+}  // namespace gpupool::launcher::report
