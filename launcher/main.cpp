@@ -3,8 +3,8 @@
 //   gpupool run [options] [--] PROGRAM [ARGS...]          run.cpp
 //   gpupool stats PID [--json] | free-held PID | stop-holding PID   talk.cpp
 //   gpupool ps [--json] (and free-held --all's list)                node.cpp
-//   gpupool trace convert TRACE --to perfetto|rmm -o OUTPUT        trace.cpp
-//   gpupool report TRACE -o OUTPUT.html                            report.cpp
+//   gpupool trace convert TRACE... --to perfetto|rmm -o OUTPUT     trace.cpp
+//   gpupool report TRACE... -o OUTPUT.html | --text [--diff BASE]  report.cpp
 //   gpupool env | --version | --help | help COMMAND        here
 #include <errno.h>
 #include <limits.h>
@@ -54,8 +54,9 @@ const char kMainHelp[] =
     "  free-held --all [--device UUID]       ask every gpupool process here to release\n"
     "  stop-holding PID                      release held memory and stop holding\n"
     "  ps [--json]                           list gpupool processes here, per GPU\n"
-    "  trace convert TRACE --to FORMAT -o F  a GPUPOOL_TRACE_FILE for Perfetto or RMM\n"
-    "  report TRACE -o F.html                a page of plots and tables about a trace\n"
+    "  trace convert TRACE... --to FMT -o F  GPUPOOL_TRACE_FILEs for Perfetto or RMM\n"
+    "  report TRACE... -o F.html | --text    where traced programs' memory went: a page\n"
+    "                                        or text (--diff BASE: what changed)\n"
     "  env                                   list the GPUPOOL_* variables and values\n"
     "  help [COMMAND]                        show help for COMMAND\n"
     "\n"

@@ -162,7 +162,9 @@ void in_time_order(const std::vector<Source>& src, F&& f) {
 class Analysis {
  public:
   // several: the view of all the sources' processes together.
-  Analysis(std::vector<Source> src, bool several) : src_(std::move(src)), several_(several) {}
+  // max_points: per plotted series.
+  Analysis(std::vector<Source> src, bool several, std::size_t max_points = report::kPoints)
+      : src_(std::move(src)), several_(several), max_points_(max_points) {}
 
   View run() {
     setup();
@@ -183,7 +185,7 @@ class Analysis {
       s.name_of_site.assign(s.tr->sites.size() + 1, UINT32_MAX);
     }
     v_.span_ns = std::max<std::uint64_t>(v_.duration_ns, 1);
-    v_.points = std::min<std::size_t>(report::kPoints, std::max<std::size_t>(records, 1));
+    v_.points = std::min<std::size_t>(max_points_, std::max<std::size_t>(records, 1));
     v_.rate_hits.assign(report::kRateBuckets, 0);
     v_.rate_misses.assign(report::kRateBuckets, 0);
     std::map<std::string, std::size_t> group_index;
@@ -202,7 +204,14 @@ class Analysis {
         group_of_arena_[k].push_back(it->second);
       }
     }
-    if (several_) v_.process_active.assign(src_.size(), std::vector<std::uint64_t>(v_.points, 0));
+    if (several_) {
+      v_.total_active.assign(v_.points, 0);
+      v_.process_active.resize(src_.size());
+      for (std::size_t k = 0; k < src_.size(); ++k) {
+        v_.process_active[k].pid = src_[k].tr->pid;
+        v_.process_active[k].v.assign(v_.points, 0);
+      }
+    }
   }
 
   std::size_t bucket(std::uint64_t t, std::size_t n) const {
@@ -217,6 +226,7 @@ class Analysis {
     // before its first record, so a bucket a group (or process) has no
     // record in shows the level it stayed at.
     std::vector<std::size_t> filled(v_.groups.size(), 0), proc_filled(src_.size(), 0);
+    std::size_t total_filled = 0;
     std::vector<std::uint64_t> proc_active(src_.size(), 0);
     std::uint64_t total_active = 0, step = 0;
     in_time_order(src_, [&](std::size_t k, const trace::Record& r, std::uint64_t t) {
@@ -266,10 +276,13 @@ class Analysis {
       g.b_in_blocks[b] = std::max(g.b_in_blocks[b], c.in_blocks);
       g.b_managed[b] = std::max(g.b_managed[b], c.managed());
       if (several_) {
-        std::vector<std::uint64_t>& pa = v_.process_active[k];
-        for (; proc_filled[k] <= b; ++proc_filled[k]) pa[proc_filled[k]] = proc_active[k];
+        report::View::Series& pa = v_.process_active[k];
+        for (; proc_filled[k] <= b; ++proc_filled[k]) pa.v[proc_filled[k]] = proc_active[k];
         proc_active[k] = proc_active[k] + c.active - before;
-        pa[b] = std::max(pa[b], proc_active[k]);
+        pa.v[b] = std::max(pa.v[b], proc_active[k]);
+        pa.peak = std::max(pa.peak, proc_active[k]);
+        for (; total_filled <= b; ++total_filled) v_.total_active[total_filled] = total_active;
+        v_.total_active[b] = std::max(v_.total_active[b], total_active);
       }
       ++step;
     });
@@ -281,8 +294,32 @@ class Analysis {
         g.b_managed[filled[gi]] = g.c.managed();
       }
     }
-    for (std::size_t k = 0; k < proc_filled.size() && several_; ++k)
-      for (; proc_filled[k] < v_.points; ++proc_filled[k]) v_.process_active[k][proc_filled[k]] = proc_active[k];
+    if (several_) {
+      for (std::size_t k = 0; k < proc_filled.size(); ++k)
+        for (; proc_filled[k] < v_.points; ++proc_filled[k]) v_.process_active[k].v[proc_filled[k]] = proc_active[k];
+      for (; total_filled < v_.points; ++total_filled) v_.total_active[total_filled] = total_active;
+      // The processes that held the most, each a line; the total has all.
+      std::vector<report::View::Series>& pa = v_.process_active;
+      if (pa.size() > report::kProcessLines) {
+        std::vector<std::uint64_t> peaks;
+        for (const auto& x : pa) peaks.push_back(x.peak);
+        std::nth_element(peaks.begin(), peaks.begin() + (report::kProcessLines - 1), peaks.end(),
+                         std::greater<std::uint64_t>());
+        const std::uint64_t least = peaks[report::kProcessLines - 1];
+        std::size_t ties = report::kProcessLines -
+                           static_cast<std::size_t>(std::count_if(pa.begin(), pa.end(), [&](const auto& x) {
+                             return x.peak > least;
+                           }));
+        std::size_t kept = 0;
+        for (std::size_t i = 0; i < pa.size(); ++i) {
+          if (pa[i].peak < least || (pa[i].peak == least && ties == 0)) continue;
+          if (pa[i].peak == least) --ties;
+          if (kept != i) pa[kept] = std::move(pa[i]);
+          ++kept;
+        }
+        pa.resize(kept);
+      }
+    }
     requested_ = std::move(requested);
   }
 
@@ -374,6 +411,7 @@ class Analysis {
 
   std::vector<Source> src_;
   bool several_;
+  std::size_t max_points_;
   View v_;
   std::size_t slots_ = 0;
   std::vector<std::vector<std::size_t>> group_of_arena_;
@@ -418,10 +456,12 @@ report::Report analyse(const std::vector<trace::TraceFile>& traces,
     describe(&out.all, 0);
     return out;
   }
+  // Many processes' plots: fewer points each, for a page of a sane size.
+  const std::size_t points = traces.size() <= 4 ? report::kPoints : report::kPoints / 4;
   std::vector<Source> all;
   for (std::size_t k : order) {
     all.push_back(source(k, false));
-    out.processes.push_back(Analysis({source(k, true)}, false).run());
+    out.processes.push_back(Analysis({source(k, true)}, false, points).run());
     describe(&out.processes.back(), k);
   }
   out.all = Analysis(std::move(all), true).run();

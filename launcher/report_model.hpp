@@ -89,10 +89,18 @@ struct View {
   std::map<int, std::pair<std::uint64_t, std::uint64_t>> sizes;  // log2 -> count, bytes (-1: zero)
   std::vector<SiteName> names;
   Moment peak, end;
-  // Several processes: each one's active bytes over time (bucket maxima),
-  // in the order of Report::processes.
-  std::vector<std::vector<std::uint64_t>> process_active;
+  // Several processes: all processes' active bytes over time, and the
+  // kProcessLines processes with the largest peaks', in the order they
+  // started (bucket maxima).
+  std::vector<std::uint64_t> total_active;
+  struct Series {
+    std::uint64_t pid = 0, peak = 0;
+    std::vector<std::uint64_t> v;
+  };
+  std::vector<Series> process_active;
 };
+
+inline constexpr std::size_t kProcessLines = 10;
 
 struct Report {
   std::vector<std::string> files;

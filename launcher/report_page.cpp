@@ -105,9 +105,10 @@ std::string view_json(const View& v) {
        rows_json(v, v.peak.rows) + ",\"flame\":" + flame_json(v.peak.flame) + "},\"end\":{\"blocks\":" +
        num(v.end.total.blocks) + ",\"bytes\":" + num(v.end.total.bytes) + "," + rows_json(v, v.end.rows) +
        ",\"flame\":" + flame_json(v.end.flame) + "}";
-  if (!v.process_active.empty())
-    d += ",\"process_active\":" + list(v.process_active, [](const std::vector<std::uint64_t>& s) {
-           return list(s, num);
+  if (!v.total_active.empty())
+    d += ",\"total_active\":" + list(v.total_active, num) + ",\"process_active\":" +
+         list(v.process_active, [](const View::Series& s) {
+           return "{\"pid\":" + num(s.pid) + ",\"v\":" + list(s.v, num) + "}";
          });
   return d;  // the caller closes it
 }
@@ -177,6 +178,7 @@ std::string view_html(const View& v, const std::string& id, bool several) {
            "(or a sampling rate).</p>\n";
     o += "<p>" + bytes_text(m.total.bytes) + " in total.</p>\n";
     if (m.total.bytes) o += "<div id=\"flame-" + part + "-" + id + "\"></div>\n";
+    if (m.rows.empty()) return o + "<p>Nothing.</p>\n";
     o += "<table><tr><th>bytes</th><th>blocks</th>" +
          std::string(at_end ? several ? "<th class=\"l\">pool group</th>" : "<th class=\"l\">pool group, arena</th>"
                             : "") +
@@ -418,20 +420,19 @@ function flame(parent, F, title) {
 }
 function drawView(V, id) {
   var mem = document.getElementById("memory-" + id);
-  if (V.process_active) {
-    var series = [], total = V.process_active[0].map(function () { return 0; });
-    V.process_active.forEach(function (v, k) {
-      v.forEach(function (x, j) { total[j] += x; });
-      if (k < PALETTE.length) series.push({name: "pid " + D.processes[k].pid, v: v, color: PALETTE[k]});
+  if (V.total_active) {
+    var series = [{name: "all", v: V.total_active, color: "#333"}];
+    V.process_active.forEach(function (p, k) {
+      series.push({name: "pid " + p.pid, v: p.v, color: PALETTE[k % PALETTE.length]});
     });
-    // Each point the sum of the processes' maxima: no less than the total.
-    series.unshift({name: "all", v: total, color: "#333"});
-    plot(mem, {title: "active bytes by process", kind: "line", x: V.groups[0].t, xEnd: V.duration_ns,
+    plot(mem, {title: "active bytes, all processes" + (V.process_active.length < D.processes.length ?
+                 " and the " + V.process_active.length + " that held the most" : " and each"),
+               kind: "line", x: V.groups[0].t, xEnd: V.duration_ns,
                fmtX: secs, fmtY: bytes, yunit: 1024,
                xlabel: "time since the first trace started (each point: its interval's maximum)",
                ylabel: "bytes", series: series});
   }
-  var since = V.process_active ? "time since the first trace started" : "time since the trace started";
+  var since = V.total_active ? "time since the first trace started" : "time since the trace started";
   V.groups.forEach(function (g) {
     plot(mem, {title: g.name + " (peak active " + bytes(g.peak_active.bytes) + ", peak managed " +
                       bytes(g.peak_managed.bytes) + ")",

@@ -14,7 +14,8 @@
 namespace gpupool::launcher::report {
 namespace {
 
-constexpr std::size_t kStackFrames = 8;  // frames a leak row shows
+constexpr std::size_t kStackFrames = 8;    // frames a leak row shows
+constexpr std::size_t kTextProcesses = 8;  // shown each on its own
 
 std::string num(std::uint64_t v) { return std::to_string(v); }
 
@@ -171,7 +172,11 @@ std::string text(const Report& r) {
          pad_left(bytes_text(p.end.total.bytes), 10) + "  " + (p.cmdline.empty() ? "" : p.cmdline + "  ") + "(" +
          p.path + ")\n";
   o += "\n== All processes (times from the first trace's start)\n" + view_text(r.all, true);
-  for (const View& p : r.processes) o += "\n== " + process_title(p) + "\n" + p.path + ": " + view_text(p, false);
+  if (r.processes.size() > kTextProcesses)
+    o += "\n(Each process on its own is left out with more than " + num(kTextProcesses) +
+         " processes: `gpupool report --text FILE` shows one.)\n";
+  else
+    for (const View& p : r.processes) o += "\n== " + process_title(p) + "\n" + p.path + ": " + view_text(p, false);
   o += "\nFrameworks keep memory until exit on purpose: a cache or a model's weights still held at the end is not "
        "a leak.\n";
   return o;

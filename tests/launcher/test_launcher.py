@@ -1082,7 +1082,9 @@ class Several(unittest.TestCase):
                          [("py load (/src/train.py:20)", 2, MIB + 512 * KIB, [10, 11], "cuda:0")])
         self.assertEqual((d["allocations"], d["frees"], d["duration_ns"]), (4, 2, 800_000))
         self.assertEqual([g["peak_active"]["bytes"] for g in d["groups"]], [6 * MIB])
-        self.assertEqual([max(s) for s in d["process_active"]], [4 * MIB, 2 * MIB])
+        self.assertEqual([(s["pid"], max(s["v"])) for s in d["process_active"]],
+                         [(10, 4 * MIB), (11, 2 * MIB)])
+        self.assertEqual(max(d["total_active"]), 6 * MIB)
         # The tables: the processes, and the pids that held each site.
         self.assertIn("<td>11</td><td class=\"l\">python3 train.py --rank 1</td><td>+200 µs</td>", html)
         self.assertRegex(html, r"<td>6\.0 MiB</td><td>2</td><td class=\"l\">10, 11</td>"
@@ -1101,6 +1103,30 @@ class Several(unittest.TestCase):
         self.assertIn("== All processes", r.stdout)
         self.assertRegex(r.stdout, r"6\.0 MiB +2 blocks  py step \(/src/train.py:10\)  \[pids 10,11\]")
         self.assertIn("== python3 train.py --rank 0 (pid 10)", r.stdout)
+
+    def test_many_processes(self):
+        # Twelve processes: the plot of all has the ten that held the most
+        # (and the total, exact); the text leaves out each on its own.
+        d = os.path.join(self.tmp, "many")
+        for k in range(12):
+            self.write(f"many/t.{100 + k}.trace", trace_text(100 + k, self.S + k * 1000, [
+                "arena 0 cuda cuda:0 dev 0", f"a 10 1 0 a0 {(k + 1) * KIB} {(k + 1) * KIB} m"]))
+        out = os.path.join(self.tmp, "many.html")
+        r = gp("report", d, "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        data, html = page_data(out)
+        self.assertEqual(len(data["processes"]), 12)
+        self.assertEqual([s["pid"] for s in data["process_active"]], list(range(102, 112)))
+        self.assertEqual(max(data["total_active"]), sum(range(1, 13)) * KIB)
+        self.assertEqual(data["peak"]["bytes"], sum(range(1, 13)) * KIB)
+        self.assertEqual(html.count('<details class="process">'), 12)  # folded
+        r = gp("report", "--text", d)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertEqual(r.stdout.count("\n  pid "), 12)
+        self.assertIn("Each process on its own is left out with more than 8 processes", r.stdout)
+        self.assertNotIn("\n== pid 100", r.stdout)
+        page = chromium_dom(out)
+        self.assertIn('data-status="ok"', page, page[-2000:])
 
     def test_two_programs_traced(self):
         """Two real processes, traced by the library into a file and its
