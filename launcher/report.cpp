@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <queue>
 #include <string>
 #include <unordered_map>
@@ -581,16 +582,19 @@ int cmd_report(int argc, char** argv) {
   std::vector<trace::TraceFile> base_traces, traces;
   if (!base.empty() && !read_traces_for("report", {base}, &base_traces)) return kFailed;
   if (!read_traces_for("report", inputs, &traces)) return kFailed;
-  std::vector<std::unique_ptr<Namer>> namers;
-  const report::Report now = analyse(traces, &namers);
-  std::string result;
-  if (base.empty()) {
-    result = text ? report::text(now) : report::page(now);
-  } else {
-    const report::Report before = analyse(base_traces, &namers);
-    result = text ? report::diff_text(before, now) : report::diff_page(before, now);
+  try {
+    std::vector<std::unique_ptr<Namer>> namers;
+    const report::Report now = analyse(traces, &namers);
+    if (base.empty()) {
+      out.put(text ? report::text(now) : report::page(now));
+    } else {
+      const report::Report before = analyse(base_traces, &namers);
+      out.put(text ? report::diff_text(before, now) : report::diff_page(before, now));
+    }
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: report: out of memory; nothing written\n", kProg);
+    return kFailed;
   }
-  out.put(result);
   if (!out.commit(&why)) {
     std::fprintf(stderr, "%s: report: %s\n", kProg, why.c_str());
     return kFailed;

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,55 @@ bool rmm(const trace::TraceFile& tr, Output* out) {
   return out->put(o);
 }
 
+// Writes the traces in format `to` (read and checked) to `output`.
+int convert(const std::vector<trace::TraceFile>& traces, const std::string& to, const std::string& output) {
+  auto failed = [](const std::string& why) {
+    std::fprintf(stderr, "%s: trace convert: %s\n", kProg, why.c_str());
+    return kFailed;
+  };
+  std::string why;
+  if (to == "perfetto" || traces.size() == 1) {
+    Output out;
+    if (!out.open(output, &why)) return failed(why);
+    if (to == "perfetto" ? !perfetto(traces, &out) : !rmm(traces[0], &out)) {
+      out.commit(&why);  // says why the write failed
+      return failed(why);
+    }
+    return out.commit(&why) ? kOk : failed(why);
+  }
+  // RMM's log is one process's (its pointers are that process's): a log
+  // per process, OUTPUT.PID.EXT. All are opened before any is written.
+  if (output == "-")
+    return failed(std::to_string(traces.size()) +
+                  " processes: an RMM log is one process's; name an OUTPUT file (each process's "
+                  "log is OUTPUT.PID.EXT)");
+  std::vector<std::string> names;
+  for (const trace::TraceFile& tr : traces) {
+    names.push_back(sibling_name(output, static_cast<long>(tr.pid)));
+    if (std::count(names.begin(), names.end(), names.back()) > 1)
+      return failed("two traces of pid " + std::to_string(tr.pid) + " (" + tr.path +
+                    "): convert them one at a time");
+  }
+  std::vector<std::unique_ptr<Output>> outs;
+  for (const std::string& name : names) {
+    outs.push_back(std::make_unique<Output>());
+    if (!outs.back()->open(name, &why)) return failed(why);
+  }
+  for (std::size_t k = 0; k < traces.size(); ++k) {
+    if (!rmm(traces[k], outs[k].get())) {
+      outs[k]->commit(&why);  // says why the write failed
+      return failed(why);
+    }
+  }
+  std::string list;
+  for (std::size_t k = 0; k < traces.size(); ++k) {
+    if (!outs[k]->commit(&why)) return failed(why);
+    list += (k ? ", " : "") + names[k];
+  }
+  std::fprintf(stderr, "%s: trace convert: wrote %s\n", kProg, list.c_str());
+  return kOk;
+}
+
 }  // namespace
 
 const char* trace_help() { return kTraceHelp; }
@@ -189,51 +239,12 @@ int cmd_trace(int argc, char** argv) {
   if (output.empty()) return usage_error("trace convert: -o OUTPUT is needed ('-': stdout)", "trace");
   std::vector<trace::TraceFile> traces;
   if (!read_traces_for("trace convert", inputs, &traces)) return kFailed;
-  auto failed = [](const std::string& why) {
-    std::fprintf(stderr, "%s: trace convert: %s\n", kProg, why.c_str());
+  try {
+    return convert(traces, to, output);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: trace convert: out of memory; nothing written\n", kProg);
     return kFailed;
-  };
-  std::string why;
-  if (to == "perfetto" || traces.size() == 1) {
-    Output out;
-    if (!out.open(output, &why)) return failed(why);
-    if (to == "perfetto" ? !perfetto(traces, &out) : !rmm(traces[0], &out)) {
-      out.commit(&why);  // says why the write failed
-      return failed(why);
-    }
-    return out.commit(&why) ? kOk : failed(why);
   }
-  // RMM's log is one process's (its pointers are that process's): a log
-  // per process, OUTPUT.PID.EXT. All are opened before any is written.
-  if (output == "-")
-    return failed(std::to_string(traces.size()) +
-                  " processes: an RMM log is one process's; name an OUTPUT file (each process's "
-                  "log is OUTPUT.PID.EXT)");
-  std::vector<std::string> names;
-  for (const trace::TraceFile& tr : traces) {
-    names.push_back(sibling_name(output, static_cast<long>(tr.pid)));
-    if (std::count(names.begin(), names.end(), names.back()) > 1)
-      return failed("two traces of pid " + std::to_string(tr.pid) + " (" + tr.path +
-                    "): convert them one at a time");
-  }
-  std::vector<std::unique_ptr<Output>> outs;
-  for (const std::string& name : names) {
-    outs.push_back(std::make_unique<Output>());
-    if (!outs.back()->open(name, &why)) return failed(why);
-  }
-  for (std::size_t k = 0; k < traces.size(); ++k) {
-    if (!rmm(traces[k], outs[k].get())) {
-      outs[k]->commit(&why);  // says why the write failed
-      return failed(why);
-    }
-  }
-  std::string list;
-  for (std::size_t k = 0; k < traces.size(); ++k) {
-    if (!outs[k]->commit(&why)) return failed(why);
-    list += (k ? ", " : "") + names[k];
-  }
-  std::fprintf(stderr, "%s: trace convert: wrote %s\n", kProg, list.c_str());
-  return kOk;
 }
 
 }  // namespace gpupool::launcher

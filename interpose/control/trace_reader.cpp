@@ -342,6 +342,9 @@ struct Fd {
 }  // namespace
 
 bool is_trace_file(const std::string& path) {
+  // Only a regular file is opened: a device's open may do something.
+  struct stat before{};
+  if (::stat(path.c_str(), &before) != 0 || !S_ISREG(before.st_mode)) return false;
   Fd in;
   in.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (in.fd < 0) return false;
