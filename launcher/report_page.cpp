@@ -468,11 +468,31 @@ function drawView(V, id) {
 var D;
 try {
   D = JSON.parse(document.getElementById("data").textContent);
-  drawView(D, "all");
-  (D.processes || []).forEach(function (P, k) { drawView(P, "p" + k); });
+  main();
   if (!document.body.dataset.status) document.body.dataset.status = "ok";
 } catch (e) {
   fail(e && e.message ? e.message : String(e));
+}
+</script>
+)JS";
+
+// The report's main(): its views.
+const char kReportMain[] = R"JS(<script>
+function main() {
+  drawView(D, "all");
+  (D.processes || []).forEach(function (P, k) { drawView(P, "p" + k); });
+}
+</script>
+)JS";
+
+// --diff's main(): the icicles of what grew.
+const char kDiffMain[] = R"JS(<script>
+function main() {
+  [["peak", "growth at the peak, by call stack"], ["end", "growth of what is held at the end, by call stack"]]
+    .forEach(function (p) {
+      var box = document.getElementById("flame-" + p[0]);
+      if (box) flame(box, D[p[0]], p[1]);
+    });
 }
 </script>
 )JS";
@@ -532,6 +552,7 @@ std::string page(const Report& r) {
     d += "]";
   }
   h += script_data(d + "}");
+  h += kReportMain;
   h += kScript;
   h += "</body></html>\n";
   return h;
@@ -602,17 +623,9 @@ std::string diff_page(const Report& base, const Report& now) {
   h += "<p class=\"note\">Sites are matched by their frames without offsets and line numbers, so that a "
        "rebuilt program's match. The flame graphs show what grew, in the later run's stacks.</p>\n";
   h += script_data(data + "}");
-  // The page's script, drawing the growth instead of a view.
-  std::string script = kScript;
-  const std::string draw = "  drawView(D, \"all\");\n  (D.processes || []).forEach(function (P, k) { drawView(P, \"p\" + k); });\n";
-  const std::size_t at = script.find(draw);
-  script.replace(at, draw.size(),
-                 "  [[\"peak\", \"growth at the peak, by call stack\"], [\"end\", \"growth of what is held at the end, by call stack\"]]\n"
-                 "    .forEach(function (p) {\n"
-                 "      var box = document.getElementById(\"flame-\" + p[0]);\n"
-                 "      if (box) flame(box, D[p[0]], p[1]);\n"
-                 "    });\n");
-  h += script + "</body></html>\n";
+  h += kDiffMain;
+  h += kScript;
+  h += "</body></html>\n";
   return h;
 }
 
