@@ -1125,8 +1125,6 @@ class Several(unittest.TestCase):
         self.assertEqual(r.stdout.count("\n  pid "), 12)
         self.assertIn("Each process on its own is left out with more than 8 processes", r.stdout)
         self.assertNotIn("\n== pid 100", r.stdout)
-        page = chromium_dom(out)
-        self.assertIn('data-status="ok"', page, page[-2000:])
 
     def test_two_programs_traced(self):
         """Two real processes, traced by the library into a file and its
@@ -1160,8 +1158,6 @@ class Several(unittest.TestCase):
         # all together, what the first still held at its end counts on.
         self.assertEqual(data["peak"]["bytes"], 13 * MIB + 3 * MIB + 64 * KIB)
         self.assertEqual((data["end"]["blocks"], data["end"]["bytes"]), (8, 6 * MIB + 128 * KIB))
-        page = chromium_dom(out)
-        self.assertIn('data-status="ok"', page, page[-2000:])
 
 
 class Flame(unittest.TestCase):
