@@ -76,41 +76,18 @@ using report::SiteName;
 using report::SiteRow;
 using report::View;
 
-// A named frame's offset ("forward+0x1f (prog)" -> "forward (prog)"); a
-// frame without a name ("libx.so+0x1020") keeps it, its only identity.
-std::string without_offsets(const std::string& s) {
-  const std::size_t at = s.find("+0x");
-  if (at == std::string::npos) return s;
-  std::size_t end = at + 3;
-  while (end < s.size() && std::isxdigit(static_cast<unsigned char>(s[end]))) ++end;
-  if (s.compare(end, 2, " (") != 0 || s.compare(end, 31, " (file changed since the trace)") == 0) return s;
-  return s.substr(0, at) + s.substr(end);
-}
-
-// A site's path in the flame graph, outermost first: with Python frames,
-// the Python stack (the native frames around it are the interpreter's and
-// the runtime's; the tables keep the whole stack), else the native one.
-std::vector<std::string> flame_path(const NamedSite& n) {
-  std::vector<std::string> python, native;
-  // A frame is its function: the return addresses in it merge.
-  for (const std::string& f : n.frames) (f.rfind("py ", 0) == 0 ? python : native).push_back(without_offsets(f));
-  std::vector<std::string> path(python.empty() ? native.rbegin() : python.rbegin(),
-                                python.empty() ? native.rend() : python.rend());
-  if (path.empty()) path.push_back(n.label);
-  return path;
-}
-
-// The same site in another build of the program: offsets and line numbers
-// left out ("forward+0x1f (prog)" -> "forward (prog)", "f (a.py:42)" ->
-// "f (a.py)").
-std::string across_builds(const std::string& s) {
+// A frame's line number left out ("step (train.py:42)" -> "step
+// (train.py)"), and its offsets ("+0x1f") where named or all.
+std::string strip(const std::string& s, bool all_offsets) {
   std::string o;
   o.reserve(s.size());
   for (std::size_t i = 0; i < s.size();) {
     if (s.compare(i, 3, "+0x") == 0) {
       std::size_t j = i + 3;
       while (j < s.size() && std::isxdigit(static_cast<unsigned char>(s[j]))) ++j;
-      if (j > i + 3) {
+      // A frame without a name ("libx.so+0x1020") has only its offset.
+      const bool named = s.compare(j, 2, " (") == 0 && s.compare(j, 31, " (file changed since the trace)") != 0;
+      if (j > i + 3 && (all_offsets || named)) {
         i = j;
         continue;
       }
@@ -127,6 +104,24 @@ std::string across_builds(const std::string& s) {
   }
   return o;
 }
+
+// A site's path in the flame graph, outermost first: with Python frames,
+// the Python stack (the native frames around it are the interpreter's and
+// the runtime's; the tables keep the whole stack), else the native one.
+// A frame is its function: its calls (offsets, lines) merge.
+std::vector<std::string> flame_path(const NamedSite& n) {
+  std::vector<std::string> python, native;
+  for (const std::string& f : n.frames) (f.rfind("py ", 0) == 0 ? python : native).push_back(strip(f, false));
+  std::vector<std::string> path(python.empty() ? native.rbegin() : python.rbegin(),
+                                python.empty() ? native.rend() : python.rend());
+  if (path.empty()) path.push_back(n.label);
+  return path;
+}
+
+// The same site in another build of the program: offsets and line numbers
+// left out ("forward+0x1f (prog)" -> "forward (prog)", "f (a.py:42)" ->
+// "f (a.py)").
+std::string across_builds(const std::string& s) { return strip(s, true); }
 
 // One trace in a view: its records on the view's clock (offset: from the
 // earliest trace's start), its slots at slot_base in the view's arrays.
