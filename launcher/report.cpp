@@ -86,7 +86,8 @@ std::string strip(const std::string& s, bool all_offsets) {
       std::size_t j = i + 3;
       while (j < s.size() && std::isxdigit(static_cast<unsigned char>(s[j]))) ++j;
       // A frame without a name ("libx.so+0x1020") has only its offset.
-      const bool named = s.compare(j, 2, " (") == 0 && s.compare(j, 31, " (file changed since the trace)") != 0;
+      const bool named =
+          s.compare(j, 2, " (") == 0 && s.compare(j, 31, " (file changed since the trace)") != 0;
       if (j > i + 3 && (all_offsets || named)) {
         i = j;
         continue;
@@ -111,7 +112,8 @@ std::string strip(const std::string& s, bool all_offsets) {
 // A frame is its function: its calls (offsets, lines) merge.
 std::vector<std::string> flame_path(const NamedSite& n) {
   std::vector<std::string> python, native;
-  for (const std::string& f : n.frames) (f.rfind("py ", 0) == 0 ? python : native).push_back(strip(f, false));
+  for (const std::string& f : n.frames)
+    (f.rfind("py ", 0) == 0 ? python : native).push_back(strip(f, false));
   std::vector<std::string> path(python.empty() ? native.rbegin() : python.rbegin(),
                                 python.empty() ? native.rend() : python.rend());
   if (path.empty()) path.push_back(n.label);
@@ -176,7 +178,8 @@ class Analysis {
       s.slot_base = slots_;
       slots_ += s.tr->slots;
       records += s.tr->records.size();
-      if (!s.tr->records.empty()) v_.duration_ns = std::max(v_.duration_ns, s.tr->records.back().t_ns + s.offset);
+      if (!s.tr->records.empty())
+        v_.duration_ns = std::max(v_.duration_ns, s.tr->records.back().t_ns + s.offset);
       v_.sites_recorded |= !s.tr->sites.empty();
       s.name_of_site.assign(s.tr->sites.size() + 1, UINT32_MAX);
     }
@@ -211,7 +214,8 @@ class Analysis {
   }
 
   std::size_t bucket(std::uint64_t t, std::size_t n) const {
-    return std::min<std::size_t>(n - 1, static_cast<std::size_t>((static_cast<double>(t) / v_.span_ns) * n));
+    return std::min<std::size_t>(
+        n - 1, static_cast<std::size_t>((static_cast<double>(t) / v_.span_ns) * n));
   }
 
   // Pass 1: counters, peaks, bucket maxima, rates, sizes; the moment of the
@@ -292,7 +296,8 @@ class Analysis {
     }
     if (several_) {
       for (std::size_t k = 0; k < proc_filled.size(); ++k)
-        for (; proc_filled[k] < v_.points; ++proc_filled[k]) v_.process_active[k].v[proc_filled[k]] = proc_active[k];
+        for (; proc_filled[k] < v_.points; ++proc_filled[k])
+          v_.process_active[k].v[proc_filled[k]] = proc_active[k];
       for (; total_filled < v_.points; ++total_filled) v_.total_active[total_filled] = total_active;
       // The processes that held the most, each a line; the total has all.
       std::vector<report::View::Series>& pa = v_.process_active;
@@ -302,10 +307,10 @@ class Analysis {
         std::nth_element(peaks.begin(), peaks.begin() + (report::kProcessLines - 1), peaks.end(),
                          std::greater<std::uint64_t>());
         const std::uint64_t least = peaks[report::kProcessLines - 1];
-        std::size_t ties = report::kProcessLines -
-                           static_cast<std::size_t>(std::count_if(pa.begin(), pa.end(), [&](const auto& x) {
-                             return x.peak > least;
-                           }));
+        std::size_t ties =
+            report::kProcessLines -
+            static_cast<std::size_t>(
+                std::count_if(pa.begin(), pa.end(), [&](const auto& x) { return x.peak > least; }));
         std::size_t kept = 0;
         for (std::size_t i = 0; i < pa.size(); ++i) {
           if (pa[i].peak < least || (pa[i].peak == least && ties == 0)) continue;
@@ -399,8 +404,9 @@ class Analysis {
     v_.end.at = {v_.end.total.bytes, v_.duration_ns};
     for (auto& [key, row] : at_end) v_.end.rows.push_back(std::move(row));
     for (Moment* m : {&v_.peak, &v_.end}) {
-      std::stable_sort(m->rows.begin(), m->rows.end(),
-                       [](const SiteRow& a, const SiteRow& b) { return a.held.bytes > b.held.bytes; });
+      std::stable_sort(m->rows.begin(), m->rows.end(), [](const SiteRow& a, const SiteRow& b) {
+        return a.held.bytes > b.held.bytes;
+      });
       m->flame = report::flame_of(v_.names, m->rows);
     }
   }
@@ -487,7 +493,8 @@ Flame flame_of(const std::vector<SiteName>& site_names, const std::vector<SiteRo
     for (const std::string& frame : site_names[row.name].flame) {
       auto [nit, nfresh] = name_id.try_emplace(frame, static_cast<std::uint32_t>(names.size()));
       if (nfresh) names.push_back(frame);
-      auto [cit, cfresh] = child.try_emplace({at, nit->second}, static_cast<std::uint32_t>(nodes.size()));
+      auto [cit, cfresh] =
+          child.try_emplace({at, nit->second}, static_cast<std::uint32_t>(nodes.size()));
       if (cfresh) nodes.push_back({nit->second, at, 0, 0});
       at = cit->second;
       nodes[at].bytes += row.held.bytes;
@@ -498,14 +505,16 @@ Flame flame_of(const std::vector<SiteName>& site_names, const std::vector<SiteRo
   // it holds at least as much), each only if its parent is kept.
   std::vector<std::uint32_t> order(nodes.size());
   for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return nodes[a].bytes > nodes[b].bytes; });
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return nodes[a].bytes > nodes[b].bytes;
+  });
   std::vector<std::uint32_t> index(nodes.size(), UINT32_MAX);
   std::vector<std::uint8_t> keep(nodes.size(), 0);
   std::size_t kept = 0;
   for (std::uint32_t i : order) {
     if (kept == kFlameNodes) break;
-    if (i != 0 && (!keep[nodes[i].parent] || nodes[i].bytes * kFlameWidth < nodes[0].bytes)) continue;
+    if (i != 0 && (!keep[nodes[i].parent] || nodes[i].bytes * kFlameWidth < nodes[0].bytes))
+      continue;
     keep[i] = 1;
     ++kept;
   }
@@ -523,7 +532,6 @@ Flame flame_of(const std::vector<SiteName>& site_names, const std::vector<SiteRo
   }
   return f;
 }
-
 
 }  // namespace report
 
@@ -562,8 +570,9 @@ int cmd_report(int argc, char** argv) {
     }
   }
   if (inputs.empty())
-    return usage_error(base.empty() ? "report: which TRACE?" : "report: --diff BASE: compared with which TRACE?",
-                       "report");
+    return usage_error(
+        base.empty() ? "report: which TRACE?" : "report: --diff BASE: compared with which TRACE?",
+        "report");
   if (output.empty() && !text)
     return usage_error("report: -o OUTPUT.html is needed ('-': stdout), or --text", "report");
   if (output.empty()) output = "-";

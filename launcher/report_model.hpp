@@ -121,7 +121,8 @@ struct SiteChange {
 };
 // Largest change first (growth before shrinking at equal size); unchanged
 // sites left out.
-std::vector<SiteChange> changes(const View& base, const Moment& at_base, const View& now, const Moment& at_now);
+std::vector<SiteChange> changes(const View& base, const Moment& at_base, const View& now,
+                                const Moment& at_now);
 
 // The page and the text (report_page.cpp, report_text.cpp).
 std::string page(const Report& r);

@@ -21,11 +21,20 @@ std::string html_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -47,7 +56,8 @@ std::string flame_json(const Flame& f) {
   std::string o = "{\"names\":" + list(f.names, q) + ",\"nodes\":[";
   for (std::size_t k = 0; k < f.nodes.size(); ++k) {
     const FlameNode& n = f.nodes[k];
-    o += (k ? ",[" : "[") + num(n.name) + "," + num(n.parent) + "," + num(n.bytes) + "," + num(n.blocks) + "]";
+    o += (k ? ",[" : "[") + num(n.name) + "," + num(n.parent) + "," + num(n.bytes) + "," +
+         num(n.blocks) + "]";
   }
   return o + "]}";
 }
@@ -57,8 +67,8 @@ std::string rows_json(const View& v, const std::vector<SiteRow>& rows) {
   for (std::size_t k = 0; k < rows.size() && k < kTopSites; ++k) {
     const SiteRow& row = rows[k];
     const SiteName& n = v.names[row.name];
-    o += std::string(k ? "," : "") + "{\"label\":" + q(n.label) + ",\"blocks\":" + num(row.held.blocks) +
-         ",\"bytes\":" + num(row.held.bytes);
+    o += std::string(k ? "," : "") + "{\"label\":" + q(n.label) +
+         ",\"blocks\":" + num(row.held.blocks) + ",\"bytes\":" + num(row.held.bytes);
     if (!row.group.empty()) o += ",\"group\":" + q(row.group);
     if (!row.arena.empty()) o += ",\"arena\":" + q(row.arena);
     if (!row.pids.empty()) o += ",\"pids\":" + list(row.pids, num);
@@ -69,27 +79,34 @@ std::string rows_json(const View& v, const std::vector<SiteRow>& rows) {
 
 // A view's data, as the page's script (and the tests) read it.
 std::string view_json(const View& v) {
-  std::string d = "{\"pid\":" + num(v.pid) + ",\"path\":" + q(v.path) + ",\"cmdline\":" + q(v.cmdline) +
-                  ",\"start_unix_ns\":" + num(v.start_unix_ns) + ",\"offset_ns\":" + num(v.offset_ns) +
-                  ",\"duration_ns\":" + num(v.duration_ns) + ",\"allocations\":" + num(v.allocations) +
-                  ",\"frees\":" + num(v.frees) + ",\"hits\":" + num(v.hits) +
+  std::string d = "{\"pid\":" + num(v.pid) + ",\"path\":" + q(v.path) +
+                  ",\"cmdline\":" + q(v.cmdline) + ",\"start_unix_ns\":" + num(v.start_unix_ns) +
+                  ",\"offset_ns\":" + num(v.offset_ns) + ",\"duration_ns\":" + num(v.duration_ns) +
+                  ",\"allocations\":" + num(v.allocations) + ",\"frees\":" + num(v.frees) +
+                  ",\"hits\":" + num(v.hits) +
                   ",\"sites_recorded\":" + (v.sites_recorded ? "true" : "false") + ",\"groups\":[";
   std::string t;
   for (std::size_t b = 0; b < v.points; ++b)
-    t += (b ? "," : "") + num(static_cast<std::uint64_t>(static_cast<double>(v.span_ns) * b / v.points));
+    t += (b ? "," : "") +
+         num(static_cast<std::uint64_t>(static_cast<double>(v.span_ns) * b / v.points));
   for (std::size_t gi = 0; gi < v.groups.size(); ++gi) {
     const Group& g = v.groups[gi];
-    d += std::string(gi ? "," : "") + "{\"name\":" + q(g.name) + ",\"allocations\":" + num(g.allocs) +
-         ",\"hits\":" + num(g.hits) + ",\"peak_active\":{\"bytes\":" + num(g.peak_active.bytes) +
-         ",\"t_ns\":" + num(g.peak_active.t_ns) + "},\"peak_managed\":{\"bytes\":" + num(g.peak_managed.bytes) +
+    d += std::string(gi ? "," : "") + "{\"name\":" + q(g.name) +
+         ",\"allocations\":" + num(g.allocs) + ",\"hits\":" + num(g.hits) +
+         ",\"peak_active\":{\"bytes\":" + num(g.peak_active.bytes) +
+         ",\"t_ns\":" + num(g.peak_active.t_ns) +
+         "},\"peak_managed\":{\"bytes\":" + num(g.peak_managed.bytes) +
          ",\"t_ns\":" + num(g.peak_managed.t_ns) + "},\"end\":{\"active\":" + num(g.c.active) +
-         ",\"managed\":" + num(g.c.managed()) + "},\"t\":[" + t + "],\"active\":" + list(g.b_active, num) +
-         ",\"in_blocks\":" + list(g.b_in_blocks, num) + ",\"managed\":" + list(g.b_managed, num) + "}";
+         ",\"managed\":" + num(g.c.managed()) + "},\"t\":[" + t +
+         "],\"active\":" + list(g.b_active, num) + ",\"in_blocks\":" + list(g.b_in_blocks, num) +
+         ",\"managed\":" + list(g.b_managed, num) + "}";
   }
   d += "],\"rates\":{\"t\":[";
   for (std::size_t b = 0; b < kRateBuckets; ++b)
-    d += (b ? "," : "") + num(static_cast<std::uint64_t>(static_cast<double>(v.span_ns) * b / kRateBuckets));
-  d += "],\"hits\":" + list(v.rate_hits, num) + ",\"misses\":" + list(v.rate_misses, num) + "},\"sizes\":[";
+    d += (b ? "," : "") +
+         num(static_cast<std::uint64_t>(static_cast<double>(v.span_ns) * b / kRateBuckets));
+  d += "],\"hits\":" + list(v.rate_hits, num) + ",\"misses\":" + list(v.rate_misses, num) +
+       "},\"sizes\":[";
   // Every power of two from the smallest size asked for to the largest,
   // empty ones too: the bars stand on an even (logarithmic) scale.
   const int lg_first = v.sizes.empty() ? 0 : v.sizes.begin()->first;
@@ -102,12 +119,12 @@ std::string view_json(const View& v) {
          ",\"bytes\":" + num(it == v.sizes.end() ? 0 : it->second.second) + "}";
   }
   d += "],\"peak\":{\"bytes\":" + num(v.peak.at.bytes) + ",\"t_ns\":" + num(v.peak.at.t_ns) + "," +
-       rows_json(v, v.peak.rows) + ",\"flame\":" + flame_json(v.peak.flame) + "},\"end\":{\"blocks\":" +
-       num(v.end.total.blocks) + ",\"bytes\":" + num(v.end.total.bytes) + "," + rows_json(v, v.end.rows) +
-       ",\"flame\":" + flame_json(v.end.flame) + "}";
+       rows_json(v, v.peak.rows) + ",\"flame\":" + flame_json(v.peak.flame) +
+       "},\"end\":{\"blocks\":" + num(v.end.total.blocks) + ",\"bytes\":" + num(v.end.total.bytes) +
+       "," + rows_json(v, v.end.rows) + ",\"flame\":" + flame_json(v.end.flame) + "}";
   if (!v.total_active.empty())
-    d += ",\"total_active\":" + list(v.total_active, num) + ",\"process_active\":" +
-         list(v.process_active, [](const View::Series& s) {
+    d += ",\"total_active\":" + list(v.total_active, num) +
+         ",\"process_active\":" + list(v.process_active, [](const View::Series& s) {
            return "{\"pid\":" + num(s.pid) + ",\"v\":" + list(s.v, num) + "}";
          });
   return d;  // the caller closes it
@@ -119,19 +136,21 @@ const char kStyle[] =
     "h3{font-size:15px;margin-top:22px}\n"
     "table{border-collapse:collapse;margin:8px 0}"
     "td,th{padding:3px 10px;text-align:right;border-bottom:1px solid #eee}\n"
-    "td{white-space:nowrap}td.l,th.l{text-align:left;white-space:normal}.note{color:#666;font-size:12px}\n"
+    "td{white-space:nowrap}td.l,th.l{text-align:left;white-space:normal}.note{color:#666;font-size:"
+    "12px}\n"
     "svg.plot,svg.flame{display:block;margin:8px 0;background:#fafafa;border:1px solid #e4e4e4}\n"
     "svg.flame rect{stroke:#fff;stroke-width:0.5;cursor:pointer}"
     "svg.flame text{pointer-events:none;font-size:11px}\n"
     "details{margin:2px 0}summary{cursor:pointer}"
     "pre{margin:4px 0 8px 18px;font-size:12px;white-space:pre-wrap}\n"
-    "details.process>summary{font-size:17px;font-weight:bold;margin-top:28px;border-bottom:1px solid #ddd}\n"
+    "details.process>summary{font-size:17px;font-weight:bold;margin-top:28px;border-bottom:1px "
+    "solid #ddd}\n"
     ".up{color:#b00}.down{color:#070}\n"
     "#status.error{color:#b00;font-weight:bold}\n";
 
 std::string page_head(const std::string& title) {
-  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>" + html_escape(title) +
-         "</title>\n<style>\n" + kStyle + "</style></head>\n<body>\n";
+  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>" +
+         html_escape(title) + "</title>\n<style>\n" + kStyle + "</style></head>\n<body>\n";
 }
 
 std::string site_cell(const SiteName& n) {
@@ -153,19 +172,23 @@ std::string pids_text(const std::vector<std::uint64_t>& pids) {
 std::string view_html(const View& v, const std::string& id, bool several) {
   std::string h;
   h += "<h3>Peaks</h3>\n<table><tr><th class=\"l\">pool group</th><th>peak active</th><th>at</th>"
-       "<th>peak managed</th><th>at</th><th>allocations</th><th>hits</th><th>active at end</th></tr>\n";
+       "<th>peak managed</th><th>at</th><th>allocations</th><th>hits</th><th>active at "
+       "end</th></tr>\n";
   for (const Group& g : v.groups)
-    h += "<tr><td class=\"l\">" + html_escape(g.name) + "</td><td>" + bytes_text(g.peak_active.bytes) +
-         "</td><td>" + seconds_text(g.peak_active.t_ns) + "</td><td>" + bytes_text(g.peak_managed.bytes) +
-         "</td><td>" + seconds_text(g.peak_managed.t_ns) + "</td><td>" + num(g.allocs) + "</td><td>" +
+    h += "<tr><td class=\"l\">" + html_escape(g.name) + "</td><td>" +
+         bytes_text(g.peak_active.bytes) + "</td><td>" + seconds_text(g.peak_active.t_ns) +
+         "</td><td>" + bytes_text(g.peak_managed.bytes) + "</td><td>" +
+         seconds_text(g.peak_managed.t_ns) + "</td><td>" + num(g.allocs) + "</td><td>" +
          num(g.hits) + "</td><td>" + bytes_text(g.c.active) + "</td></tr>\n";
   h += "</table>\n<p class=\"note\">active: bytes the program asked for and holds; managed: the "
        "blocks those sit in plus the blocks held for reuse. The trace records no releases, so "
        "after one (a cap, an idle release, out-of-memory) held and managed are upper bounds. "
        "Plots show each bucket's maximum; the figures in tables are exact.";
   if (several)
-    h += " Pool groups are named by each process (cuda:N is its device N, which CUDA_VISIBLE_DEVICES may "
-         "make another GPU in another process): a group here adds up the processes' groups of that name.";
+    h += " Pool groups are named by each process (cuda:N is its device N, which "
+         "CUDA_VISIBLE_DEVICES may "
+         "make another GPU in another process): a group here adds up the processes' groups of that "
+         "name.";
   h += "</p>\n";
   h += "<h3>Memory over time</h3>\n<div id=\"memory-" + id + "\"></div>\n";
   h += "<h3>Hits and misses over time</h3>\n<div id=\"rates-" + id + "\"></div>\n";
@@ -180,9 +203,11 @@ std::string view_html(const View& v, const std::string& id, bool several) {
     if (m.total.bytes) o += "<div id=\"flame-" + part + "-" + id + "\"></div>\n";
     if (m.rows.empty()) return o + "<p>Nothing.</p>\n";
     o += "<table><tr><th>bytes</th><th>blocks</th>" +
-         std::string(at_end ? several ? "<th class=\"l\">pool group</th>" : "<th class=\"l\">pool group, arena</th>"
+         std::string(at_end ? several ? "<th class=\"l\">pool group</th>"
+                                      : "<th class=\"l\">pool group, arena</th>"
                             : "") +
-         (several ? "<th class=\"l\">processes</th>" : "") + "<th class=\"l\">allocation site</th></tr>\n";
+         (several ? "<th class=\"l\">processes</th>" : "") +
+         "<th class=\"l\">allocation site</th></tr>\n";
     Held rest;
     for (std::size_t k = 0; k < m.rows.size(); ++k) {
       const SiteRow& row = m.rows[k];
@@ -194,25 +219,29 @@ std::string view_html(const View& v, const std::string& id, bool several) {
       o += "<tr><td>" + bytes_text(row.held.bytes) + "</td><td>" + num(row.held.blocks) + "</td>";
       if (at_end)
         o += "<td class=\"l\">" + html_escape(row.group) +
-             (row.arena.empty() ? "" : " <span class=\"note\">" + html_escape(row.arena) + "</span>") + "</td>";
+             (row.arena.empty() ? ""
+                                : " <span class=\"note\">" + html_escape(row.arena) + "</span>") +
+             "</td>";
       if (several) o += "<td class=\"l\">" + pids_text(row.pids) + "</td>";
       o += site_cell(v.names[row.name]) + "</tr>\n";
     }
     o += "</table>\n";
     if (m.rows.size() > kTopSites)
-      o += "<p class=\"note\">" + num(m.rows.size() - kTopSites) + " more rows hold " + bytes_text(rest.bytes) +
-           " in " + num(rest.blocks) + " blocks.</p>\n";
+      o += "<p class=\"note\">" + num(m.rows.size() - kTopSites) + " more rows hold " +
+           bytes_text(rest.bytes) + " in " + num(rest.blocks) + " blocks.</p>\n";
     return o;
   };
-  h += site_table("Allocation sites holding the most at the peak (" + seconds_text(v.peak.at.t_ns) + ")",
-                  v.peak, "peak");
+  h += site_table(
+      "Allocation sites holding the most at the peak (" + seconds_text(v.peak.at.t_ns) + ")",
+      v.peak, "peak");
   h += site_table("Still held at the end of the trace", v.end, "end");
   return h;
 }
 
 std::string summary(const View& v) {
-  return num(v.allocations) + " allocations, " + num(v.frees) + " frees over " + seconds_text(v.duration_ns) +
-         "; " + (v.allocations ? num(v.hits * 100 / v.allocations) : std::string("0")) +
+  return num(v.allocations) + " allocations, " + num(v.frees) + " frees over " +
+         seconds_text(v.duration_ns) + "; " +
+         (v.allocations ? num(v.hits * 100 / v.allocations) : std::string("0")) +
          "% served from held blocks.";
 }
 
@@ -508,8 +537,8 @@ std::string process_title(const View& v) {
 std::string page(const Report& r) {
   const View& all = r.all;
   const bool several = !r.processes.empty();
-  const std::string title =
-      several ? "gpupool report: " + num(r.processes.size()) + " processes" : "gpupool report: " + process_title(all);
+  const std::string title = several ? "gpupool report: " + num(r.processes.size()) + " processes"
+                                    : "gpupool report: " + process_title(all);
   std::string h = page_head(title);
   h += "<h1>" + html_escape(title) + "</h1>\n<p>";
   if (!several) {
@@ -521,15 +550,18 @@ std::string page(const Report& r) {
   }
   h += " <span id=\"status\"></span></p>\n";
   if (several) {
-    h += "<h2>Processes</h2>\n<table><tr><th>pid</th><th class=\"l\">command line</th><th>started</th>"
-         "<th>allocations</th><th>peak active</th><th>active at end</th><th class=\"l\">trace</th></tr>\n";
+    h += "<h2>Processes</h2>\n<table><tr><th>pid</th><th class=\"l\">command "
+         "line</th><th>started</th>"
+         "<th>allocations</th><th>peak active</th><th>active at end</th><th "
+         "class=\"l\">trace</th></tr>\n";
     for (const View& p : r.processes)
       h += "<tr><td>" + num(p.pid) + "</td><td class=\"l\">" +
            html_escape(p.cmdline.empty() ? "(not in the trace)" : p.cmdline) + "</td><td>+" +
            seconds_text(p.offset_ns) + "</td><td>" + num(p.allocations) + "</td><td>" +
-           bytes_text(p.peak.at.bytes) + "</td><td>" + bytes_text(p.end.total.bytes) + "</td><td class=\"l\">" +
-           html_escape(p.path) + "</td></tr>\n";
-    h += "</table>\n<p class=\"note\">started: after the first trace started; times in \"All processes\" count "
+           bytes_text(p.peak.at.bytes) + "</td><td>" + bytes_text(p.end.total.bytes) +
+           "</td><td class=\"l\">" + html_escape(p.path) + "</td></tr>\n";
+    h += "</table>\n<p class=\"note\">started: after the first trace started; times in \"All "
+         "processes\" count "
          "from then, each process's own from its trace's start.</p>\n<h2>All processes</h2>\n";
   }
   h += view_html(all, "all", several);
@@ -538,9 +570,9 @@ std::string page(const Report& r) {
          "weights still held at the end is not a leak.</p>\n";
   for (std::size_t k = 0; k < r.processes.size(); ++k) {
     const View& p = r.processes[k];
-    h += std::string("<details class=\"process\"") + (r.processes.size() <= 4 ? " open" : "") + "><summary>" +
-         html_escape(process_title(p)) + "</summary>\n<p>" + html_escape(p.path) + ": " + summary(p) + "</p>\n" +
-         view_html(p, "p" + num(k), false) + "</details>\n";
+    h += std::string("<details class=\"process\"") + (r.processes.size() <= 4 ? " open" : "") +
+         "><summary>" + html_escape(process_title(p)) + "</summary>\n<p>" + html_escape(p.path) +
+         ": " + summary(p) + "</p>\n" + view_html(p, "p" + num(k), false) + "</details>\n";
   }
   if (several)
     h += "<p class=\"note\">Frameworks keep memory until exit on purpose: a cache or a model's "
@@ -548,7 +580,8 @@ std::string page(const Report& r) {
   std::string d = view_json(all) + ",\"files\":" + list(r.files, q);
   if (several) {
     d += ",\"processes\":[";
-    for (std::size_t k = 0; k < r.processes.size(); ++k) d += (k ? "," : "") + view_json(r.processes[k]) + "}";
+    for (std::size_t k = 0; k < r.processes.size(); ++k)
+      d += (k ? "," : "") + view_json(r.processes[k]) + "}";
     d += "]";
   }
   h += script_data(d + "}");
@@ -562,21 +595,26 @@ std::string diff_page(const Report& base, const Report& now) {
   const View& b = base.all;
   const View& n = now.all;
   auto who = [](const Report& r) {
-    return r.processes.empty() ? r.all.path : num(r.processes.size()) + " processes (" + r.files.front() + ", ...)";
+    return r.processes.empty()
+               ? r.all.path
+               : num(r.processes.size()) + " processes (" + r.files.front() + ", ...)";
   };
   std::string h = page_head("gpupool report: difference");
-  h += "<h1>gpupool report: what changed</h1>\n<p>From " + html_escape(who(base)) + " to " + html_escape(who(now)) +
-       ". <span id=\"status\"></span></p>\n";
+  h += "<h1>gpupool report: what changed</h1>\n<p>From " + html_escape(who(base)) + " to " +
+       html_escape(who(now)) + ". <span id=\"status\"></span></p>\n";
   auto change = [](std::int64_t d) {
     if (d == 0) return std::string("<td>0</td>");
-    const std::string t = (d > 0 ? "+" : "-") + bytes_text(static_cast<std::uint64_t>(d > 0 ? d : -d));
+    const std::string t =
+        (d > 0 ? "+" : "-") + bytes_text(static_cast<std::uint64_t>(d > 0 ? d : -d));
     return "<td class=\"" + std::string(d > 0 ? "up" : "down") + "\">" + t + "</td>";
   };
   auto row = [&](const std::string& what, std::uint64_t x, std::uint64_t y, bool bytes) {
     const std::int64_t d = static_cast<std::int64_t>(y - x);
-    return "<tr><td class=\"l\">" + what + "</td><td>" + (bytes ? bytes_text(x) : num(x)) + "</td><td>" +
-           (bytes ? bytes_text(y) : num(y)) + "</td>" +
-           (bytes ? change(d) : "<td>" + std::string(d > 0 ? "+" : "") + std::to_string(d) + "</td>") + "</tr>\n";
+    return "<tr><td class=\"l\">" + what + "</td><td>" + (bytes ? bytes_text(x) : num(x)) +
+           "</td><td>" + (bytes ? bytes_text(y) : num(y)) + "</td>" +
+           (bytes ? change(d)
+                  : "<td>" + std::string(d > 0 ? "+" : "") + std::to_string(d) + "</td>") +
+           "</tr>\n";
   };
   h += "<table><tr><th></th><th>before</th><th>after</th><th>change</th></tr>\n";
   h += row("peak active", b.peak.at.bytes, n.peak.at.bytes, true);
@@ -587,12 +625,15 @@ std::string diff_page(const Report& base, const Report& now) {
   for (const Group& g : n.groups)
     for (const Group& x : b.groups)
       if (x.name == g.name) {
-        h += row("peak active, " + html_escape(g.name), x.peak_active.bytes, g.peak_active.bytes, true);
-        h += row("peak managed, " + html_escape(g.name), x.peak_managed.bytes, g.peak_managed.bytes, true);
+        h += row("peak active, " + html_escape(g.name), x.peak_active.bytes, g.peak_active.bytes,
+                 true);
+        h += row("peak managed, " + html_escape(g.name), x.peak_managed.bytes, g.peak_managed.bytes,
+                 true);
       }
   h += "</table>\n";
   std::string data = "{";
-  auto section = [&](const std::string& title, const std::string& part, const Moment& mb, const Moment& mn) {
+  auto section = [&](const std::string& title, const std::string& part, const Moment& mb,
+                     const Moment& mn) {
     const std::vector<SiteChange> c = changes(b, mb, n, mn);
     // What grew, by stack: an icicle of the growth (in the new run's stacks).
     std::vector<SiteRow> grown;
@@ -608,19 +649,23 @@ std::string diff_page(const Report& base, const Report& now) {
     data += std::string(data.size() > 1 ? "," : "") + "\"" + part + "\":" + flame_json(f);
     h += "<h2>" + title + "</h2>\n";
     if (!f.nodes.empty() && f.nodes[0].bytes) h += "<div id=\"flame-" + part + "\"></div>\n";
-    h += "<table><tr><th>change</th><th>before</th><th>after</th><th class=\"l\">allocation site</th></tr>\n";
+    h += "<table><tr><th>change</th><th>before</th><th>after</th><th class=\"l\">allocation "
+         "site</th></tr>\n";
     for (std::size_t k = 0; k < c.size() && k < kTopSites; ++k) {
-      const SiteName& name = c[k].name_now != UINT32_MAX ? n.names[c[k].name_now] : b.names[c[k].name_base];
+      const SiteName& name =
+          c[k].name_now != UINT32_MAX ? n.names[c[k].name_now] : b.names[c[k].name_base];
       h += "<tr>" + change(c[k].change()) + "<td>" + bytes_text(c[k].base.bytes) + "</td><td>" +
            bytes_text(c[k].now.bytes) + "</td>" + site_cell(name) + "</tr>\n";
     }
     h += "</table>\n";
     if (c.empty()) h += "<p>No change.</p>\n";
-    if (c.size() > kTopSites) h += "<p class=\"note\">" + num(c.size() - kTopSites) + " more sites changed.</p>\n";
+    if (c.size() > kTopSites)
+      h += "<p class=\"note\">" + num(c.size() - kTopSites) + " more sites changed.</p>\n";
   };
   section("At the peak of active memory, by allocation site", "peak", b.peak, n.peak);
   section("Still held at the end, by allocation site", "end", b.end, n.end);
-  h += "<p class=\"note\">Sites are matched by their frames without offsets and line numbers, so that a "
+  h += "<p class=\"note\">Sites are matched by their frames without offsets and line numbers, so "
+       "that a "
        "rebuilt program's match. The flame graphs show what grew, in the later run's stacks.</p>\n";
   h += script_data(data + "}");
   h += kDiffMain;

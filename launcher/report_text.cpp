@@ -45,8 +45,9 @@ std::string pids_text(const std::vector<std::uint64_t>& pids) {
 }
 
 std::string summary(const View& v) {
-  return num(v.allocations) + " allocations, " + num(v.frees) + " frees over " + seconds_text(v.duration_ns) +
-         "; " + (v.allocations ? num(v.hits * 100 / v.allocations) : std::string("0")) +
+  return num(v.allocations) + " allocations, " + num(v.frees) + " frees over " +
+         seconds_text(v.duration_ns) + "; " +
+         (v.allocations ? num(v.hits * 100 / v.allocations) : std::string("0")) +
          "% served from held blocks.\n";
 }
 
@@ -75,12 +76,12 @@ std::string table(const std::vector<std::vector<std::string>>& cells) {
 }
 
 std::string peaks(const View& v) {
-  std::vector<std::vector<std::string>> cells = {
-      {"pool group", "peak active", "at", "peak managed", "at", "allocations", "hits", "active at end"}};
+  std::vector<std::vector<std::string>> cells = {{"pool group", "peak active", "at", "peak managed",
+                                                  "at", "allocations", "hits", "active at end"}};
   for (const Group& g : v.groups)
     cells.push_back({g.name, bytes_text(g.peak_active.bytes), seconds_text(g.peak_active.t_ns),
-                     bytes_text(g.peak_managed.bytes), seconds_text(g.peak_managed.t_ns), num(g.allocs), num(g.hits),
-                     bytes_text(g.c.active)});
+                     bytes_text(g.peak_managed.bytes), seconds_text(g.peak_managed.t_ns),
+                     num(g.allocs), num(g.hits), bytes_text(g.c.active)});
   return "Peaks:\n" + table(cells);
 }
 
@@ -97,34 +98,36 @@ std::string rows(const View& v, const Moment& m, bool at_end, bool several, bool
       continue;
     }
     const SiteName& n = v.names[row.name];
-    o += "  " + pad_left(bytes_text(row.held.bytes), 10) + "  " + pad_left(blocks_text(row.held.blocks), 11) + "  " +
-         n.label;
+    o += "  " + pad_left(bytes_text(row.held.bytes), 10) + "  " +
+         pad_left(blocks_text(row.held.blocks), 11) + "  " + n.label;
     std::string where;
     if (at_end) where = row.group + (row.arena.empty() ? "" : " " + row.arena);
     if (several) where += (where.empty() ? "" : ", ") + pids_text(row.pids);
     if (!where.empty()) o += "  [" + where + "]";
     o += "\n";
     if (stacks) {
-      for (std::size_t f = 0; f < n.frames.size() && f < kStackFrames; ++f) o += std::string(29, ' ') + n.frames[f] + "\n";
+      for (std::size_t f = 0; f < n.frames.size() && f < kStackFrames; ++f)
+        o += std::string(29, ' ') + n.frames[f] + "\n";
       if (n.frames.size() > kStackFrames)
         o += std::string(29, ' ') + "... " + num(n.frames.size() - kStackFrames) + " more frames\n";
     }
   }
   if (m.rows.size() > kTopSites)
-    o += "  " + num(m.rows.size() - kTopSites) + " more rows hold " + bytes_text(rest.bytes) + " in " +
-         num(rest.blocks) + " blocks.\n";
+    o += "  " + num(m.rows.size() - kTopSites) + " more rows hold " + bytes_text(rest.bytes) +
+         " in " + num(rest.blocks) + " blocks.\n";
   return o;
 }
 
 std::string view_text(const View& v, bool several) {
   std::string o = summary(v) + "\n" + peaks(v) + "\n";
   if (!v.sites_recorded && (!v.peak.rows.empty() || !v.end.rows.empty()))
-    o += "No call stacks in this trace: record them with GPUPOOL_SITES=all (or a sampling rate).\n\n";
-  o += "At the peak of active memory (" + bytes_text(v.peak.at.bytes) + " at " + seconds_text(v.peak.at.t_ns) +
-       "), by allocation site:\n";
+    o += "No call stacks in this trace: record them with GPUPOOL_SITES=all (or a sampling "
+         "rate).\n\n";
+  o += "At the peak of active memory (" + bytes_text(v.peak.at.bytes) + " at " +
+       seconds_text(v.peak.at.t_ns) + "), by allocation site:\n";
   o += v.peak.rows.empty() ? "  nothing\n" : rows(v, v.peak, false, several, false);
-  o += "\nStill held at the end (" + bytes_text(v.end.total.bytes) + " in " + blocks_text(v.end.total.blocks) +
-       "), by allocation site, largest first:\n";
+  o += "\nStill held at the end (" + bytes_text(v.end.total.bytes) + " in " +
+       blocks_text(v.end.total.blocks) + "), by allocation site, largest first:\n";
   o += v.end.rows.empty() ? "  nothing\n" : rows(v, v.end, true, several, true);
   return o;
 }
@@ -152,7 +155,8 @@ std::string seconds_text(std::uint64_t ns) {
   if (ns == 0) return "0 s";
   if (ns < 1'000) return std::to_string(ns) + " ns";
   if (ns < 1'000'000) std::snprintf(buf, sizeof buf, "%.*f µs", ns < 10'000 ? 1 : 0, v / 1e3);
-  else if (ns < 1'000'000'000) std::snprintf(buf, sizeof buf, "%.*f ms", ns < 10'000'000 ? 2 : 1, v / 1e6);
+  else if (ns < 1'000'000'000)
+    std::snprintf(buf, sizeof buf, "%.*f ms", ns < 10'000'000 ? 2 : 1, v / 1e6);
   else std::snprintf(buf, sizeof buf, "%.*f s", ns < 10'000'000'000 ? 2 : 1, v / 1e9);
   return buf;
 }
@@ -160,29 +164,35 @@ std::string seconds_text(std::uint64_t ns) {
 std::string text(const Report& r) {
   std::string o;
   if (r.processes.empty()) {
-    o = "gpupool report: " + process_title(r.all) + "\n" + r.all.path + ": " + view_text(r.all, false);
-    o += "\nFrameworks keep memory until exit on purpose: a cache or a model's weights still held at the end is "
+    o = "gpupool report: " + process_title(r.all) + "\n" + r.all.path + ": " +
+        view_text(r.all, false);
+    o += "\nFrameworks keep memory until exit on purpose: a cache or a model's weights still held "
+         "at the end is "
          "not a leak.\n";
     return o;
   }
   o = "gpupool report: " + num(r.processes.size()) + " processes\n\n";
   for (const View& p : r.processes)
-    o += "  pid " + pad_right(num(p.pid), 8) + " started +" + pad_right(seconds_text(p.offset_ns), 9) +
-         " peak " + pad_left(bytes_text(p.peak.at.bytes), 10) + ", at the end " +
-         pad_left(bytes_text(p.end.total.bytes), 10) + "  " + (p.cmdline.empty() ? "" : p.cmdline + "  ") + "(" +
-         p.path + ")\n";
+    o += "  pid " + pad_right(num(p.pid), 8) + " started +" +
+         pad_right(seconds_text(p.offset_ns), 9) + " peak " +
+         pad_left(bytes_text(p.peak.at.bytes), 10) + ", at the end " +
+         pad_left(bytes_text(p.end.total.bytes), 10) + "  " +
+         (p.cmdline.empty() ? "" : p.cmdline + "  ") + "(" + p.path + ")\n";
   o += "\n== All processes (times from the first trace's start)\n" + view_text(r.all, true);
   if (r.processes.size() > kTextProcesses)
     o += "\n(Each process on its own is left out with more than " + num(kTextProcesses) +
          " processes: `gpupool report --text FILE` shows one.)\n";
   else
-    for (const View& p : r.processes) o += "\n== " + process_title(p) + "\n" + p.path + ": " + view_text(p, false);
-  o += "\nFrameworks keep memory until exit on purpose: a cache or a model's weights still held at the end is not "
+    for (const View& p : r.processes)
+      o += "\n== " + process_title(p) + "\n" + p.path + ": " + view_text(p, false);
+  o += "\nFrameworks keep memory until exit on purpose: a cache or a model's weights still held at "
+       "the end is not "
        "a leak.\n";
   return o;
 }
 
-std::vector<SiteChange> changes(const View& base, const Moment& at_base, const View& now, const Moment& at_now) {
+std::vector<SiteChange> changes(const View& base, const Moment& at_base, const View& now,
+                                const Moment& at_now) {
   std::vector<SiteChange> out;
   std::unordered_map<std::string, std::size_t> index;
   auto add = [&](const View& v, const Moment& m, bool is_now) {
@@ -198,7 +208,9 @@ std::vector<SiteChange> changes(const View& base, const Moment& at_base, const V
   };
   add(base, at_base, false);
   add(now, at_now, true);
-  out.erase(std::remove_if(out.begin(), out.end(), [](const SiteChange& c) { return c.change() == 0; }), out.end());
+  out.erase(
+      std::remove_if(out.begin(), out.end(), [](const SiteChange& c) { return c.change() == 0; }),
+      out.end());
   std::stable_sort(out.begin(), out.end(), [](const SiteChange& a, const SiteChange& b) {
     const std::int64_t x = std::llabs(a.change()), y = std::llabs(b.change());
     return x != y ? x > y : a.change() > b.change();
@@ -210,16 +222,20 @@ std::string diff_text(const Report& base, const Report& now) {
   const View& b = base.all;
   const View& n = now.all;
   auto who = [](const Report& r) {
-    return r.processes.empty() ? r.all.path : num(r.processes.size()) + " processes (" + r.files.front() + ", ...)";
+    return r.processes.empty()
+               ? r.all.path
+               : num(r.processes.size()) + " processes (" + r.files.front() + ", ...)";
   };
-  std::string o = "gpupool report --diff: from " + who(base) + "\n                        to " + who(now) + "\n\n";
+  std::string o = "gpupool report --diff: from " + who(base) + "\n                        to " +
+                  who(now) + "\n\n";
   o += "                         before         after        change\n";
   auto line = [&](const std::string& what, std::uint64_t x, std::uint64_t y, bool bytes) {
     const std::int64_t d = static_cast<std::int64_t>(y - x);
     std::string change = bytes ? signed_bytes(d) : (d > 0 ? "+" : "") + std::to_string(d);
     if (x && d) {
       char pct[32];
-      std::snprintf(pct, sizeof pct, " (%+.0f%%)", 100.0 * static_cast<double>(d) / static_cast<double>(x));
+      std::snprintf(pct, sizeof pct, " (%+.0f%%)",
+                    100.0 * static_cast<double>(d) / static_cast<double>(x));
       change += pct;
     }
     o += "  " + pad_right(what, 20) + pad_left(bytes ? bytes_text(x) : num(x), 11) + "  " +
@@ -247,10 +263,11 @@ std::string diff_text(const Report& base, const Report& now) {
     const Group* x = find(b);
     const Group* y = find(n);
     auto val = [](const Group* g, bool managed) {
-      return g ? bytes_text(managed ? g->peak_managed.bytes : g->peak_active.bytes) : std::string("-");
+      return g ? bytes_text(managed ? g->peak_managed.bytes : g->peak_active.bytes)
+               : std::string("-");
     };
-    o += "  " + name + ": active " + val(x, false) + " -> " + val(y, false) + ", managed " + val(x, true) + " -> " +
-         val(y, true) + "\n";
+    o += "  " + name + ": active " + val(x, false) + " -> " + val(y, false) + ", managed " +
+         val(x, true) + " -> " + val(y, true) + "\n";
   }
   auto site_changes = [&](const std::string& title, const Moment& mb, const Moment& mn) {
     const std::vector<SiteChange> c = changes(b, mb, n, mn);
@@ -264,20 +281,26 @@ std::string diff_text(const Report& base, const Report& now) {
       }
       const std::string& label = c[k].name_now != UINT32_MAX ? n.names[c[k].name_now].label
                                                              : b.names[c[k].name_base].label;
-      o += "  " + pad_left(signed_bytes(c[k].change()), 11) + "  " + pad_left(bytes_text(c[k].base.bytes), 10) +
-           " -> " + pad_right(bytes_text(c[k].now.bytes), 10) + "  " + label +
-           (c[k].name_now == UINT32_MAX ? "  (gone)" : c[k].name_base == UINT32_MAX ? "  (new)" : "") + "\n";
+      o += "  " + pad_left(signed_bytes(c[k].change()), 11) + "  " +
+           pad_left(bytes_text(c[k].base.bytes), 10) + " -> " +
+           pad_right(bytes_text(c[k].now.bytes), 10) + "  " + label +
+           (c[k].name_now == UINT32_MAX    ? "  (gone)"
+            : c[k].name_base == UINT32_MAX ? "  (new)"
+                                           : "") +
+           "\n";
     }
     if (c.size() > kTopSites)
-      o += "  " + num(c.size() - kTopSites) + " more sites changed by " + signed_bytes(rest) + " in all.\n";
+      o += "  " + num(c.size() - kTopSites) + " more sites changed by " + signed_bytes(rest) +
+           " in all.\n";
   };
   site_changes("At the peak of active memory (" + bytes_text(b.peak.at.bytes) + " -> " +
                    bytes_text(n.peak.at.bytes) + ")",
                b.peak, n.peak);
-  site_changes("Still held at the end (" + bytes_text(b.end.total.bytes) + " -> " + bytes_text(n.end.total.bytes) +
-                   ")",
+  site_changes("Still held at the end (" + bytes_text(b.end.total.bytes) + " -> " +
+                   bytes_text(n.end.total.bytes) + ")",
                b.end, n.end);
-  o += "\nSites are matched by their frames without offsets and line numbers, so that a rebuilt program's "
+  o += "\nSites are matched by their frames without offsets and line numbers, so that a rebuilt "
+       "program's "
        "match.\n";
   return o;
 }

@@ -16,11 +16,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <new>
@@ -76,16 +76,18 @@ bool perfetto(const std::vector<trace::TraceFile>& traces, Output* out) {
   for (const trace::TraceFile& tr : traces) {
     const std::uint64_t offset = tr.start_unix_ns - t0;
     const std::string pid = std::to_string(tr.pid);
-    o += std::string(first ? "" : ",\n") + "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + pid +
-         ",\"args\":{\"name\":" + "\"" + stats::json_escape(process_name(tr)) + "\"}}";
+    o += std::string(first ? "" : ",\n") +
+         "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + pid + ",\"args\":{\"name\":" + "\"" +
+         stats::json_escape(process_name(tr)) + "\"}}";
     first = false;
     // The counters' names, quoted once per group.
     std::vector<std::string> names(tr.arenas.size());
     std::map<std::string, Counters> groups;
     std::vector<Counters*> counters(tr.arenas.size());
     for (std::size_t a = 0; a < tr.arenas.size(); ++a) {
-      names[a] = ",\n{\"ph\":\"C\",\"name\":\"" + stats::json_escape("memory " + tr.arenas[a].group) +
-                 "\",\"pid\":" + pid + ",\"ts\":";
+      names[a] = ",\n{\"ph\":\"C\",\"name\":\"" +
+                 stats::json_escape("memory " + tr.arenas[a].group) + "\",\"pid\":" + pid +
+                 ",\"ts\":";
       counters[a] = &groups[tr.arenas[a].group];
     }
     SlotSizes slots(tr);
@@ -94,8 +96,8 @@ bool perfetto(const std::vector<trace::TraceFile>& traces, Output* out) {
       slots.apply(r, &c);
       const std::uint64_t t = r.t_ns + offset;
       // ts in microseconds (the format's unit), to the nanosecond.
-      const int n = std::snprintf(buf, sizeof buf, "%" PRIu64 ".%03" PRIu64 ",\"args\":{\"active\":", t / 1000,
-                                  t % 1000);
+      const int n = std::snprintf(
+          buf, sizeof buf, "%" PRIu64 ".%03" PRIu64 ",\"args\":{\"active\":", t / 1000, t % 1000);
       o += names[r.arena];
       o.append(buf, static_cast<std::size_t>(n));
       o += std::to_string(c.active);
@@ -132,9 +134,10 @@ bool rmm(const trace::TraceFile& tr, Output* out) {
       gmtime_r(&secs, &tm);
       std::snprintf(hms, sizeof hms, "%02d:%02d:%02d", tm.tm_hour, tm.tm_min, tm.tm_sec);
     }
-    const int n = std::snprintf(line, sizeof line, "%" PRIu64 ",%s.%06" PRIu64 ",%s,0x%" PRIx64 ",%" PRIu64 ",0x0\n",
-                                tr.threads[r.thread], hms, (ns % 1'000'000'000u) / 1000,
-                                r.alloc ? "allocate" : "free", r.handle, r.alloc ? r.requested : requested[r.slot]);
+    const int n = std::snprintf(
+        line, sizeof line, "%" PRIu64 ",%s.%06" PRIu64 ",%s,0x%" PRIx64 ",%" PRIu64 ",0x0\n",
+        tr.threads[r.thread], hms, (ns % 1'000'000'000u) / 1000, r.alloc ? "allocate" : "free",
+        r.handle, r.alloc ? r.requested : requested[r.slot]);
     o.append(line, static_cast<std::size_t>(n));
     if (o.size() > (1u << 20)) {
       if (!out->put(o)) return false;
@@ -145,7 +148,8 @@ bool rmm(const trace::TraceFile& tr, Output* out) {
 }
 
 // Writes the traces in format `to` (read and checked) to `output`.
-int convert(const std::vector<trace::TraceFile>& traces, const std::string& to, const std::string& output) {
+int convert(const std::vector<trace::TraceFile>& traces, const std::string& to,
+            const std::string& output) {
   auto failed = [](const std::string& why) {
     std::fprintf(stderr, "%s: trace convert: %s\n", kProg, why.c_str());
     return kFailed;
@@ -236,7 +240,8 @@ int cmd_trace(int argc, char** argv) {
     return usage_error("trace convert: --to must be perfetto or rmm" +
                            (to.empty() ? std::string() : " (not '" + to + "')"),
                        "trace");
-  if (output.empty()) return usage_error("trace convert: -o OUTPUT is needed ('-': stdout)", "trace");
+  if (output.empty())
+    return usage_error("trace convert: -o OUTPUT is needed ('-': stdout)", "trace");
   std::vector<trace::TraceFile> traces;
   if (!read_traces_for("trace convert", inputs, &traces)) return kFailed;
   try {

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -24,12 +24,15 @@ bool read_trace_for(const char* cmd, const std::string& path, trace::TraceFile* 
     return false;
   }
   if (tr->truncated_tail)
-    std::fprintf(stderr, "%s: %s: %s: the last line is incomplete (the program was "
-                         "killed while writing it); read without it\n",
+    std::fprintf(stderr,
+                 "%s: %s: %s: the last line is incomplete (the program was "
+                 "killed while writing it); read without it\n",
                  kProg, cmd, path.c_str());
   if (tr->unpaired)
-    std::fprintf(stderr, "%s: %s: %s: %" PRIu64 " records do not pair with the others "
-                         "(records lost when the program was killed?); read without them\n",
+    std::fprintf(stderr,
+                 "%s: %s: %s: %" PRIu64
+                 " records do not pair with the others "
+                 "(records lost when the program was killed?); read without them\n",
                  kProg, cmd, path.c_str(), tr->unpaired);
   return true;
 }
@@ -84,7 +87,7 @@ bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string
                  std::vector<std::string>* notes, std::string* error) {
   std::vector<std::pair<dev_t, ino_t>> seen;
   auto add = [&](const std::string& path) {
-    struct stat st{};
+    struct stat st {};
     if (::stat(path.c_str(), &st) == 0) {
       const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
       if (std::find(seen.begin(), seen.end(), id) != seen.end()) return;
@@ -93,7 +96,7 @@ bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string
     files->push_back(path);
   };
   for (const std::string& input : inputs) {
-    struct stat st{};
+    struct stat st {};
     const bool exists = ::stat(input.c_str(), &st) == 0;
     if (exists && S_ISDIR(st.st_mode)) {
       // A directory: the traces in it (the other files are left out).
@@ -110,13 +113,14 @@ bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string
         }
       }
       if (!found) {
-        *error = input + ":0: no gpupool trace in this directory (none of its " + std::to_string(other) +
-                 " files starts with '" + trace::kTraceHeader + "')";
+        *error = input + ":0: no gpupool trace in this directory (none of its " +
+                 std::to_string(other) + " files starts with '" + trace::kTraceHeader + "')";
         return false;
       }
       if (other)
         notes->push_back(input + ": " + std::to_string(other) +
-                         (other == 1 ? " file that is not a trace left out" : " files that are not traces left out"));
+                         (other == 1 ? " file that is not a trace left out"
+                                     : " files that are not traces left out"));
       continue;
     }
     // A file, and the siblings the processes the program started wrote
@@ -132,12 +136,15 @@ bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string
     std::string ignored;
     if (!base.empty() && names_in(dir, &names, &ignored)) {
       for (const std::string& name : names) {
-        if (name.size() <= stem.size() + 1 + ext.size() || name.compare(0, stem.size(), stem) != 0 ||
-            name[stem.size()] != '.' || name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
+        if (name.size() <= stem.size() + 1 + ext.size() ||
+            name.compare(0, stem.size(), stem) != 0 || name[stem.size()] != '.' ||
+            name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
           continue;
-        const std::string_view pid(name.data() + stem.size() + 1, name.size() - stem.size() - 1 - ext.size());
+        const std::string_view pid(name.data() + stem.size() + 1,
+                                   name.size() - stem.size() - 1 - ext.size());
         if (!all_digits(pid) || pid.size() > 10) continue;
-        const std::string path = (slash == std::string::npos ? "" : input.substr(0, slash + 1)) + name;
+        const std::string path =
+            (slash == std::string::npos ? "" : input.substr(0, slash + 1)) + name;
         if (trace::is_trace_file(path)) siblings.emplace_back(std::stoull(std::string(pid)), path);
         else notes->push_back(path + ": not a gpupool trace, left out");
       }
@@ -167,17 +174,19 @@ bool read_traces_for(const char* cmd, const std::vector<std::string>& inputs,
       if (!read_trace_for(cmd, f, &out->back())) return false;
     }
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "%s: %s: %s: out of memory reading it\n", kProg, cmd, out->back().path.c_str());
+    std::fprintf(stderr, "%s: %s: %s: out of memory reading it\n", kProg, cmd,
+                 out->back().path.c_str());
     return false;
   }
   // Which files, when not just the one named (after reading: an error is
   // the one message).
-  for (const std::string& note : notes) std::fprintf(stderr, "%s: %s: %s\n", kProg, cmd, note.c_str());
+  for (const std::string& note : notes)
+    std::fprintf(stderr, "%s: %s: %s\n", kProg, cmd, note.c_str());
   if (files.size() != 1 || inputs.size() != 1 || files[0] != inputs[0]) {
     std::string list;
     for (const std::string& f : files) list += (list.empty() ? "" : ", ") + f;
-    std::fprintf(stderr, "%s: %s: %zu trace%s: %s\n", kProg, cmd, files.size(), files.size() == 1 ? "" : "s",
-                 list.c_str());
+    std::fprintf(stderr, "%s: %s: %zu trace%s: %s\n", kProg, cmd, files.size(),
+                 files.size() == 1 ? "" : "s", list.c_str());
   }
   return true;
 }
@@ -200,7 +209,7 @@ bool Output::open(const std::string& path, std::string* why) {
   }
   // What the name is now: a regular file of this user is replaced whole
   // (written beside it, then renamed); anything else is not replaced.
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (S_ISLNK(st.st_mode)) {
       *why = path + " is a symbolic link: not followed (name the file it points to)";
@@ -255,7 +264,8 @@ bool Output::flush() {
     const ssize_t n = ::write(fd_, buf_.data() + done, buf_.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      error_ = "writing " + (tmp_.empty() ? path_ == "-" ? std::string("standard output") : path_ : tmp_) +
+      error_ = "writing " +
+               (tmp_.empty() ? path_ == "-" ? std::string("standard output") : path_ : tmp_) +
                ": " + std::strerror(n < 0 ? errno : EIO);
       failed_ = true;
       return false;

@@ -89,10 +89,12 @@ std::string command_line_comment() {
   const bool cut = n == static_cast<ssize_t>(sizeof raw);
   for (ssize_t i = 0; i < n;) {
     std::string word;
-    for (; i < n && raw[i]; ++i) word += (static_cast<unsigned char>(raw[i]) < 0x20 || raw[i] == 0x7f) ? '?' : raw[i];
+    for (; i < n && raw[i]; ++i)
+      word += (static_cast<unsigned char>(raw[i]) < 0x20 || raw[i] == 0x7f) ? '?' : raw[i];
     ++i;
-    const bool plain = !word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                                               "0123456789_./:=,+@%-") == std::string::npos;
+    const bool plain = !word.empty() && word.find_first_not_of(
+                                            "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                            "0123456789_./:=,+@%-") == std::string::npos;
     if (plain) {
       line += " " + word;
       continue;

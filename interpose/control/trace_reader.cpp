@@ -127,7 +127,8 @@ class Parser {
     error_ = error;
     if (n == 1) return header(line);
     if (line.empty()) return true;
-    if ((line[0] == 'a' || line[0] == 'f') && line.size() > 1 && line[1] == ' ' && record_fast(line))
+    if ((line[0] == 'a' || line[0] == 'f') && line.size() > 1 && line[1] == ' ' &&
+        record_fast(line))
       return true;
     return general(line);
   }
@@ -142,12 +143,14 @@ class Parser {
     if (line == kTraceHeader) tr_.version = 2;
     else if (line == kTraceHeaderV1) tr_.version = 1;
     else
-      return fail(std::string("not a gpupool trace (the first line is not '") + kTraceHeader + "' or '" +
-                  kTraceHeaderV1 + "')");
+      return fail(std::string("not a gpupool trace (the first line is not '") + kTraceHeader +
+                  "' or '" + kTraceHeaderV1 + "')");
     return true;
   }
 
-  std::uint32_t line32() const { return n_ > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(n_); }
+  std::uint32_t line32() const {
+    return n_ > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(n_);
+  }
 
   std::uint32_t thread_index(std::uint64_t tid) {
     if (tid == last_tid_ && !tr_.threads.empty()) return last_thread_;
@@ -177,9 +180,10 @@ class Parser {
     Record r;
     r.alloc = line[0] == 'a';
     std::uint64_t tid = 0, arena = 0;
-    if (!(p = scan(p, end, &r.t_ns, 10)) || p == end || !(p = scan(p + 1, end, &tid, 10)) || p == end ||
-        !(p = scan(p + 1, end, &arena, 10)) || p == end || !(p = scan(p + 1, end, &r.handle, 16)) ||
-        p == end || !(p = scan(p + 1, end, &r.requested, 10)) || p == end ||
+    if (!(p = scan(p, end, &r.t_ns, 10)) || p == end || !(p = scan(p + 1, end, &tid, 10)) ||
+        p == end || !(p = scan(p + 1, end, &arena, 10)) || p == end ||
+        !(p = scan(p + 1, end, &r.handle, 16)) || p == end ||
+        !(p = scan(p + 1, end, &r.requested, 10)) || p == end ||
         !(p = scan(p + 1, end, &r.size, 10)))
       return false;
     if (r.alloc) {
@@ -188,7 +192,8 @@ class Parser {
       p += 2;
       if (p != end) {
         std::uint64_t site = 0;
-        if (tr_.version < 2 || *p != ' ' || scan(p + 1, end, &site, 10) != end || site >= tr_.sites.size())
+        if (tr_.version < 2 || *p != ' ' || scan(p + 1, end, &site, 10) != end ||
+            site >= tr_.sites.size())
           return false;
         r.site = static_cast<std::uint32_t>(site);
       }
@@ -228,7 +233,8 @@ class Parser {
       if (arena_of_.count(a.id)) return fail("arena " + std::to_string(a.id) + " declared twice");
       a.kind = std::string(f[2]);
       a.group = std::string(f[3]);
-      const std::size_t name_at = f.size() > 4 ? static_cast<std::size_t>(f[4].data() - line.data()) : line.size();
+      const std::size_t name_at =
+          f.size() > 4 ? static_cast<std::size_t>(f[4].data() - line.data()) : line.size();
       a.name = std::string(line.substr(name_at));
       const auto index = static_cast<std::uint32_t>(tr_.arenas.size());
       arena_of_[a.id] = index;
@@ -242,13 +248,15 @@ class Parser {
     }
     // Sites (version 2): declared before the records that name them.
     auto rest_from = [&](std::size_t k) {
-      return k < f.size() ? std::string(line.substr(static_cast<std::size_t>(f[k].data() - line.data())))
-                          : std::string();
+      return k < f.size()
+                 ? std::string(line.substr(static_cast<std::size_t>(f[k].data() - line.data())))
+                 : std::string();
     };
     if (tr_.version >= 2 && f[0] == "module") {
       ModuleDecl m;
-      if (f.size() < 7 || !number(f[1], &m.id) || m.id != tr_.modules.size() || !number(f[2], &m.start, 16) ||
-          !number(f[3], &m.end, 16) || !number(f[4], &m.bias, 16) || m.end < m.start)
+      if (f.size() < 7 || !number(f[1], &m.id) || m.id != tr_.modules.size() ||
+          !number(f[2], &m.start, 16) || !number(f[3], &m.end, 16) || !number(f[4], &m.bias, 16) ||
+          m.end < m.start)
         return fail("expected 'module ID START END BIAS BUILDID PATH' (ids in order from 0)");
       if (f[5] != "-") m.build_id = std::string(f[5]);
       m.path = rest_from(6);
@@ -258,8 +266,8 @@ class Parser {
     if (tr_.version >= 2 && f[0] == "pyframe") {
       PyFrameDecl p;
       std::uint64_t ln = 0;
-      if (f.size() < 5 || !number(f[1], &p.id) || p.id != tr_.pyframes.size() || !number(f[2], &ln) ||
-          ln > UINT32_MAX)
+      if (f.size() < 5 || !number(f[1], &p.id) || p.id != tr_.pyframes.size() ||
+          !number(f[2], &ln) || ln > UINT32_MAX)
         return fail("expected 'pyframe ID LINE FUNC FILE' (ids in order from 0)");
       p.line = static_cast<std::uint32_t>(ln);
       p.func = std::string(f[3]);
@@ -282,15 +290,21 @@ class Parser {
         }
         return true;
       };
-      ok = ok && list(f[2], 16, [&](std::uint64_t x) { st.pcs.push_back(x); return true; }) &&
+      ok = ok &&
+           list(f[2], 16,
+                [&](std::uint64_t x) {
+                  st.pcs.push_back(x);
+                  return true;
+                }) &&
            list(f[3], 10, [&](std::uint64_t x) {
              if (x >= tr_.pyframes.size()) return false;
              st.pyframes.push_back(static_cast<std::uint32_t>(x));
              return true;
            });
       if (!ok)
-        return fail("expected 'site ID PC,PC,...|- PYFRAME,...|-' (ids in order from 0, Python frames "
-                    "declared before)");
+        return fail(
+            "expected 'site ID PC,PC,...|- PYFRAME,...|-' (ids in order from 0, Python frames "
+            "declared before)");
       st.modules_end = tr_.modules.size();
       tr_.sites.push_back(std::move(st));
       return true;
@@ -299,14 +313,16 @@ class Parser {
     r.line = line32();
     r.alloc = f[0] == "a";
     if (!r.alloc && f[0] != "f")
-      return fail(tr_.version >= 2 ? "expected a record ('a', 'f', 'arena', 'module', 'pyframe' or 'site')"
-                                   : "expected a record ('a', 'f' or 'arena')");
+      return fail(tr_.version >= 2
+                      ? "expected a record ('a', 'f', 'arena', 'module', 'pyframe' or 'site')"
+                      : "expected a record ('a', 'f' or 'arena')");
     std::uint64_t id = 0, tid = 0;
     // Version 2: an allocation may name its site.
     const bool with_site = r.alloc && tr_.version >= 2 && f.size() == 9;
-    if (f.size() != (r.alloc ? (with_site ? 9u : 8u) : 7u) || !number(f[1], &r.t_ns) || !number(f[2], &tid) ||
-        !number(f[3], &id) || !number(f[4], &r.handle, 16) || !number(f[5], &r.requested) ||
-        !number(f[6], &r.size) || (r.alloc && f[7] != "h" && f[7] != "m"))
+    if (f.size() != (r.alloc ? (with_site ? 9u : 8u) : 7u) || !number(f[1], &r.t_ns) ||
+        !number(f[2], &tid) || !number(f[3], &id) || !number(f[4], &r.handle, 16) ||
+        !number(f[5], &r.requested) || !number(f[6], &r.size) ||
+        (r.alloc && f[7] != "h" && f[7] != "m"))
       return fail(r.alloc ? "expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m [SITE]'"
                           : "expected 'f T TID ARENA HANDLE REQUESTED SIZE'");
     if (with_site) {
@@ -315,7 +331,8 @@ class Parser {
         return fail("an allocation of site " + std::string(f[8]) + ", not declared before");
       r.site = static_cast<std::uint32_t>(site);
     }
-    if (!arena_index(id, &r.arena)) return fail("a record of arena " + std::to_string(id) + ", not declared before");
+    if (!arena_index(id, &r.arena))
+      return fail("a record of arena " + std::to_string(id) + ", not declared before");
     r.hit = r.alloc && f[7] == "h";
     r.thread = thread_index(tid);
     push(r);
@@ -343,18 +360,19 @@ struct Fd {
 
 bool is_trace_file(const std::string& path) {
   // Only a regular file is opened: a device's open may do something.
-  struct stat before{};
+  struct stat before {};
   if (::stat(path.c_str(), &before) != 0 || !S_ISREG(before.st_mode)) return false;
   Fd in;
   in.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (in.fd < 0) return false;
-  struct stat st{};
+  struct stat st {};
   if (::fstat(in.fd, &st) != 0 || !S_ISREG(st.st_mode)) return false;
   char head[32];
   const ssize_t n = ::read(in.fd, head, sizeof head);
   const std::size_t len = std::strlen(kTraceHeader);
   return n > static_cast<ssize_t>(len) &&
-         (std::memcmp(head, kTraceHeader, len) == 0 || std::memcmp(head, kTraceHeaderV1, len) == 0) &&
+         (std::memcmp(head, kTraceHeader, len) == 0 ||
+          std::memcmp(head, kTraceHeaderV1, len) == 0) &&
          (head[len] == '\n' || head[len] == '\r');
 }
 
@@ -368,7 +386,7 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
   Fd in;
   in.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
   if (in.fd < 0) return fail(0, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st{};
+  struct stat st {};
   if (::fstat(in.fd, &st) != 0) return fail(0, std::string("cannot read: ") + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) return fail(0, "is a directory");
   // Room for the records a file of this size holds (40 bytes or more

@@ -47,10 +47,10 @@ struct Record {
   std::uint64_t t_ns = 0;  // since the trace started
   std::uint64_t handle = 0;
   std::uint64_t requested = 0, size = 0;
-  std::uint32_t slot = 0;    // the allocation a record is about (0, 1, ... in order)
-  std::uint32_t arena = 0;   // index into TraceFile::arenas
+  std::uint32_t slot = 0;        // the allocation a record is about (0, 1, ... in order)
+  std::uint32_t arena = 0;       // index into TraceFile::arenas
   std::uint32_t site = kNoSite;  // allocations: index into TraceFile::sites
-  std::uint32_t thread = 0;  // index into TraceFile::threads
+  std::uint32_t thread = 0;      // index into TraceFile::threads
   // The line in the file (saturated at UINT32_MAX): errors name it, and it
   // keeps the file's order among records of equal times.
   std::uint32_t line = 0;
@@ -65,7 +65,7 @@ struct TraceFile {
   // gives it (shell-quoted words; empty in traces written before it).
   std::string cmdline;
   std::vector<std::uint64_t> threads;  // Linux thread ids, as records name them
-  int version = 0;  // 1 or 2 (2 adds sites)
+  int version = 0;                     // 1 or 2 (2 adds sites)
   std::vector<ArenaDecl> arenas;
   std::vector<ModuleDecl> modules;
   std::vector<PyFrameDecl> pyframes;
