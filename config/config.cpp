@@ -415,6 +415,29 @@ struct Path {
   static std::string show(const T& v) { return v; }
 };
 
+// A process id, or none.
+struct Pid {
+  using T = long;
+  static constexpr const char* type = "process id";
+  static constexpr const char* accepted = "a process id, or none";
+  static bool parse(std::string_view text, T* out, std::string* reason) {
+    const std::string_view v = trim(text);
+    if (v.empty()) { *reason = "is empty"; return false; }
+    if (lower(v) == "none") { *out = 0; return true; }
+    std::uint64_t n = 0;
+    std::size_t used = 0;
+    if (!take_u64(v, &n, &used) || used == 0 || used != v.size() || n == 0) {
+      *reason = "is not a process id";
+      return false;
+    }
+    // Linux's pid_max is at most 2^22.
+    if (n > std::numeric_limits<int>::max()) { *reason = "is out of range"; return false; }
+    *out = static_cast<T>(n);
+    return true;
+  }
+  static std::string show(T v) { return v > 0 ? std::to_string(v) : "none"; }
+};
+
 struct Format {
   using T = StatsFormat;
   static constexpr const char* type = "text or json";

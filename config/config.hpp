@@ -69,6 +69,7 @@ struct Config {
   StatsFormat stats_format = StatsFormat::text;
   std::string prometheus_file;
   std::string trace_file;
+  long run_pid = 0;               // 0: none (GPUPOOL_RUN_PID)
   SiteSampling sites;             // off
   bool leaks = false;
 

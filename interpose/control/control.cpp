@@ -160,10 +160,7 @@ void fork_renew() {
     st.listen.close();
   st.dumps_dropped.store(0);
   st.prometheus_dropped.store(0);
-  if (st.tracer && !st.tracer->renew_in_child()) {
-    st.recorder->drop_tracer();
-    st.tracer = nullptr;
-  }
+  if (st.tracer) st.tracer->renew_in_child();
   set_paths(st, /*child=*/true);
 }
 
@@ -336,7 +333,7 @@ void start(Runtime& rt) {
   sites::Sites* sites = sites::Sites::create(cfg.sites);
   if (!cfg.trace_file.empty()) {
     std::string why;
-    st->tracer = trace::Tracer::open(cfg.trace_file, sites, &why);
+    st->tracer = trace::Tracer::open(cfg.trace_file, cfg.run_pid, sites, &why);
     if (!st->tracer) add_warning("trace disabled: " + why);
   }
   if (sites || st->tracer || cfg.leaks) {

@@ -23,6 +23,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "control"))
+import gpupool_check  # noqa: E402
+
 PROGRAM, LAUNCHER, API, CHECK, ALLOC_FAILURE, NO_UNSHARE = sys.argv[1:7]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
 STANDIN = os.environ.get("STANDIN_DIR", "")
@@ -349,12 +352,92 @@ def fork_files(tmp):
             hits_misses = sum(b["stats"]["hits"] + b["stats"]["misses"] for b in docs[0]["arenas"])
             want = child_pooled if pid == child else 151
             check(hits_misses == want, f"{f}: {hits_misses} allocations counted, expected {want}")
-    # Without %p the child leaves the parent's trace file alone.
+    # Without %p the child leaves the parent's trace file alone and writes
+    # its sibling, name.PID.
     one = os.path.join(tmp, "trace")
     r = run(["fork-trace"], env=env(True, GPUPOOL_TRACE_FILE=one))
     check(r.returncode == 0, r.stderr)
     _, n = trace_records(one)
     check(n == {"a": 151, "f": 151}, f"shared trace file: {n}, expected the parent's 151 of each")
+    child = int(r.stdout.split()[1])
+    if child_pooled:
+        tpid, n = trace_records(f"{one}.{child}")
+        check(tpid == child and n == {"a": child_pooled, "f": child_pooled},
+              f"the child's trace {one}.{child}: pid {tpid}, {n}")
+    else:  # a child that recorded nothing leaves no file
+        check(not os.path.exists(f"{one}.{child}"), f"{one}.{child}: {lines(f'{one}.{child}')}")
+
+
+# ---- several processes ------------------------------------------------------
+
+def run_gp(args, timeout=120, **extra):
+    """`gpupool run ARGS` as a user types it (the launcher adds LD_PRELOAD)."""
+    try:
+        return subprocess.run([LAUNCHER, "run"] + args, capture_output=True, text=True,
+                              timeout=timeout, env=env(False, **extra))
+    except subprocess.TimeoutExpired as e:
+        fail(f"gpupool run {' '.join(args)} hung (killed after {timeout} s)")
+        return subprocess.CompletedProcess(e.cmd, -9, e.stdout or "", e.stderr or "")
+
+
+def whole_trace(path, pid, allocations):
+    """path is pid's whole trace: its header, every record well formed and
+    every free of a block it allocated, `allocations` of them."""
+    tpid, _ = trace_records(path)
+    check(tpid == pid, f"{os.path.basename(path)} says pid {tpid}, expected {pid}")
+    counts, problems = gpupool_check.replay_trace(path)
+    check(not problems, f"{os.path.basename(path)} is damaged: {problems[:5]}")
+    check((counts["allocs"], counts["frees"]) == (allocations, allocations),
+          f"{os.path.basename(path)}: {counts}, expected {allocations} allocations and frees")
+
+
+def procs_trace(tmp):
+    """`gpupool run --trace F` over a program that starts two more GPU
+    processes (a fork, a fork+exec) gives one whole file per process: F for
+    the program, F's siblings (name.PID.ext) for the others. Two programs
+    started by hand with one GPUPOOL_TRACE_FILE at once get a file each."""
+    d = os.path.join(tmp, "run")
+    os.mkdir(d)
+    f = os.path.join(d, "out.gpupool-trace")
+    r = run_gp(["--trace", f, "--", PROGRAM, API, "family"])
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr[-1500:]}")
+    m = re.search(r"family (\d+) (\d+) (\d+)", r.stdout)
+    if not check(m, f"no family line: {r.stdout}"):
+        return
+    parent, forked, execed = map(int, m.groups())
+    want = {"out.gpupool-trace": (parent, 30),
+            f"out.{forked}.gpupool-trace": (forked, 10),
+            f"out.{execed}.gpupool-trace": (execed, 20)}
+    if API == "opencl":
+        # A forked OpenCL child allocates in its parent's context, whose
+        # queues are the parent's: the implementation serves it, gpupool
+        # records nothing, and a child that records nothing leaves no file.
+        del want[f"out.{forked}.gpupool-trace"]
+    check(sorted(os.listdir(d)) == sorted(want), f"files: {sorted(os.listdir(d))}, "
+          f"expected {sorted(want)}")
+    for name, (pid, n) in want.items():
+        if os.path.exists(os.path.join(d, name)):
+            whole_trace(os.path.join(d, name), pid, n)
+    # By hand, two programs at once (both wait, having allocated, until told).
+    d = os.path.join(tmp, "hand")
+    os.mkdir(d)
+    f = os.path.join(d, "t.trace")
+    ps = [start(["serve"], env=env(True, GPUPOOL_TRACE_FILE=f))[0] for _ in range(2)]
+    for p in ps:
+        _, err = p.communicate(input="", timeout=120)
+        check(p.returncode == 0, f"exit {p.returncode}: {err[-1500:]}")
+    files = sorted(os.listdir(d))
+    check(len(files) == 2 and "t.trace" in files, f"files: {files}")
+    pids = {p.pid for p in ps}
+    for name in files:
+        path = os.path.join(d, name)
+        tpid, n = trace_records(path)
+        check(tpid in pids, f"{name} says pid {tpid}, not one of {pids}")
+        pids.discard(tpid)
+        if name != "t.trace":
+            check(name == f"t.{tpid}.trace", f"{name} holds pid {tpid}'s trace")
+        counts, problems = gpupool_check.replay_trace(path)
+        check(not problems and counts["allocs"] > 0, f"{name}: {counts} {problems[:5]}")
 
 
 # ---- files ------------------------------------------------------------------
@@ -751,6 +834,7 @@ CHECKS = {
     "fork.busy": fork_busy,
     "fork.alloc": fork_alloc,
     "fork.files": fork_files,
+    "procs.trace": procs_trace,
     "files.prometheus": files_prometheus,
     "files.trace_full": files_trace_full,
     "socket.clients": socket_clients,
