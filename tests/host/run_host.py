@@ -15,6 +15,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "control"))
 import gpupool_check  # noqa: E402
@@ -281,8 +283,13 @@ def fds_stdio_race(tmp):
     check(m.group(2) == "0" and r.returncode == 0,
           f"{m.group(2)} of {m.group(1)} rounds reopened 0-2 as other numbers "
           f"(first: {m.group(3)} {m.group(4)} {m.group(5)}); exit {r.returncode}")
-    check(lines(os.path.join(tmp, "stats")), "no stats dump")
-    check(os.path.exists(os.path.join(tmp, "metrics.prom")), "no Prometheus file")
+    dumps = lines(os.path.join(tmp, "stats"))
+    check(dumps, "no stats dump")
+    # Every update of the Prometheus file was written (a failed one is
+    # counted in the dumps), and the file went with the process.
+    check(not any("of the Prometheus file could not be written" in d for d in dumps),
+          "Prometheus updates failed")
+    check(not os.path.exists(os.path.join(tmp, "metrics.prom")), "the Prometheus file was left")
     check("free_held requested by signal" in r.stderr, f"nothing logged: {r.stderr[-800:]}")
 
 
@@ -440,6 +447,166 @@ def procs_trace(tmp):
         check(not problems and counts["allocs"] > 0, f"{name}: {counts} {problems[:5]}")
 
 
+PROM_LINE = re.compile(r'^(gpupool_\w+)\{([^}]*)\} (\S+)$')
+
+
+def prom_series(path):
+    """{(metric, labels as a tuple of pairs): value} of a gpupool file."""
+    out = {}
+    for ln in lines(path):
+        if ln.startswith("#"):
+            continue
+        m = PROM_LINE.match(ln.strip())
+        check(m, f"{os.path.basename(path)}: a series without labels: {ln.strip()!r}")
+        if m:
+            labels = tuple(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2)))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def procs_prometheus(tmp):
+    """Every series names its process (pid) and its GPU (the device's UUID
+    as nvidia-smi prints it, or the OpenCL device's index), and no address;
+    two programs get a file each; a program's file goes when it exits."""
+    d = os.path.join(tmp, "prom")
+    os.mkdir(d)
+    f = os.path.join(d, "gpupool.prom")
+    # Two `gpupool run`s at once: the second finds F held and writes its sibling.
+    servers = []
+    for _ in range(2):
+        p = subprocess.Popen([LAUNCHER, "run", "--prometheus", f, "--", PROGRAM, API, "serve"],
+                             env=env(False),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        line = p.stdout.readline()
+        if not check(line.startswith("ready"), f"did not start: {line}"):
+            p.kill()
+            return
+        servers.append((p, int(line.split()[1])))
+    first, second = servers[0][1], servers[1][1]
+    want = {"gpupool.prom": first, f"gpupool.{second}.prom": second}
+    check(wait_for(lambda: sorted(os.listdir(d)) == sorted(want), 30),
+          f"files: {sorted(os.listdir(d))}, expected {sorted(want)}")
+    gpu = (r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}" if API == "cuda"
+           else r"(GPU-[0-9a-f-]{36}|opencl:\d+:\d+)")
+    for name, pid in want.items():
+        series = prom_series(os.path.join(d, name))
+        check(series, f"{name}: no series")
+        for (metric, labels), _ in series.items():
+            lab = dict(labels)
+            check(lab.get("pid") == str(pid), f"{name}: {metric}{labels} lacks pid {pid}")
+            if metric not in ("gpupool_info", "gpupool_holding"):
+                check(re.fullmatch(gpu, lab.get("gpu", "")), f"{name}: {metric} gpu label: {labels}")
+            check(not re.search(r"0x[0-9a-f]{5,}", " ".join(v for _, v in labels)),
+                  f"{name}: an address in {metric}{labels}")
+    # The first exits: its file goes with it; the second's stays.
+    p, _ = servers[0]
+    p.communicate(input="", timeout=120)
+    check(p.returncode == 0, f"exit {p.returncode}")
+    check(sorted(os.listdir(d)) == [f"gpupool.{second}.prom"],
+          f"after the first exited: {sorted(os.listdir(d))}")
+    p, _ = servers[1]
+    p.communicate(input="", timeout=120)
+    check(os.listdir(d) == [], f"after both exited: {os.listdir(d)}")
+
+
+NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+SKIP = 77  # ctest's SKIP_RETURN_CODE for these checks
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def scrape(port):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def serving(prom):
+    """host_program serve under `gpupool run --prometheus prom`: (process, pid)."""
+    p = subprocess.Popen([LAUNCHER, "run", "--prometheus", prom, "--", PROGRAM, API, "serve"],
+                         env=env(False), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line.startswith("ready"):
+        p.kill()
+        sys.exit(f"FAILED: host_program did not start: {line}{p.communicate()}")
+    return p, int(line.split()[1])
+
+
+def procs_node_exporter(tmp):
+    """The real node_exporter's textfile collector reading two gpupool
+    processes' files: no scrape error, both processes' series; a process's
+    series go when it exits, and a killed process's once the next gpupool
+    process writes beside its file."""
+    if not NODE_EXPORTER:
+        print("SKIP: node_exporter is not installed (Debian: prometheus-node-exporter)")
+        sys.exit(SKIP)
+    d = os.path.join(tmp, "textfile")
+    os.mkdir(d)
+    f = os.path.join(d, "gpupool.prom")
+    port = free_port()
+    log_path = os.path.join(tmp, "node_exporter.log")
+    with open(log_path, "w") as log:
+        ne = subprocess.Popen([NODE_EXPORTER, "--collector.disable-defaults", "--collector.textfile",
+                               f"--collector.textfile.directory={d}",
+                               f"--web.listen-address=127.0.0.1:{port}"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    procs = []
+    try:
+        if not check(wait_for(lambda: scrape(port) is not None, 30), "node_exporter did not answer"):
+            return
+
+        def pids_served():
+            text = scrape(port) or ""
+            check("node_textfile_scrape_error 0" in text,
+                  f"scrape error: {[l for l in text.splitlines() if 'scrape_error' in l]}")
+            return {int(x) for x in re.findall(r'gpupool_info\{[^}]*pid="(\d+)"', text)}, text
+
+        a, pa = serving(f)
+        b, pb = serving(f)
+        procs += [a, b]
+        check(wait_for(lambda: len(os.listdir(d)) == 2, 30), f"files: {os.listdir(d)}")
+        served, text = pids_served()
+        check(served == {pa, pb}, f"node_exporter serves pids {served}, expected {pa} and {pb}")
+        for pid in (pa, pb):
+            check(re.search(r'gpupool_hits_total\{[^}]*pid="%d"[^}]*\} \d' % pid, text),
+                  f"no gpupool_hits_total of pid {pid}")
+        a.communicate(input="", timeout=120)
+        served, _ = pids_served()
+        check(served == {pb}, f"after {pa} exited node_exporter serves {served}")
+        # Killed: its file stays (nothing ran in it) until the next process.
+        b.kill()
+        b.wait()
+        check(os.path.exists(os.path.join(d, f"gpupool.{pb}.prom")), f"files: {os.listdir(d)}")
+        c, pc = serving(f)
+        procs.append(c)
+        check(wait_for(lambda: sorted(os.listdir(d)) == ["gpupool.prom"], 30),
+              f"the killed process's file is still there: {os.listdir(d)}")
+        served, _ = pids_served()
+        check(served == {pc}, f"with {pb} killed and {pc} started node_exporter serves {served}")
+        c.communicate(input="", timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        ne.terminate()
+        ne.wait(timeout=30)
+    said = open(log_path).read()
+    check("collected before" not in said and "level=error" not in said,
+          f"node_exporter's log: {said[-1500:]}")
+
+
 # ---- files ------------------------------------------------------------------
 
 def files_prometheus(tmp):
@@ -484,11 +651,13 @@ def files_prometheus(tmp):
                        open(os.path.join(tmp, "stats")).read())
         check(m and int(m[-1]) > 1, f"{what}: failed updates not counted in the dumps: {m}")
     check(open(link_target).read() == "keep\n", "the symlink's target changed")
-    # Its own file is still kept up to date.
+    # Its own file is still kept up to date while it runs, and goes when it exits.
     mine = os.path.join(tmp, "mine.prom")
-    r = run(["exit"], env=env(True, GPUPOOL_PROMETHEUS_FILE=mine, GPUPOOL_STATS_INTERVAL="20ms",
-                              GPUPOOL_STATS_FILE=os.path.join(tmp, "stats")))
-    check(r.returncode == 0 and "gpupool_hits_total" in open(mine).read(), r.stderr[-500:])
+    p, _ = start(["serve"], env=env(True, GPUPOOL_PROMETHEUS_FILE=mine))
+    check(wait_for(lambda: "gpupool_hits_total" in "".join(lines(mine)), 30), "no Prometheus file")
+    p.communicate(input="", timeout=120)
+    check(p.returncode == 0 and not os.path.exists(mine), f"exit {p.returncode}; file left: "
+          f"{os.path.exists(mine)}")
 
 
 def files_trace_full(tmp):
@@ -835,6 +1004,8 @@ CHECKS = {
     "fork.alloc": fork_alloc,
     "fork.files": fork_files,
     "procs.trace": procs_trace,
+    "procs.prometheus": procs_prometheus,
+    "procs.node_exporter": procs_node_exporter,
     "files.prometheus": files_prometheus,
     "files.trace_full": files_trace_full,
     "socket.clients": socket_clients,
