@@ -31,6 +31,7 @@
  *                    doing 10, and a fork+exec of `host_program API churn
  *                    20`; print "family PARENT FORKED EXECED"
  *   churn N          allocate/free N times
+ *   idle             load the API's library, call nothing (no GPU call)
  *   contexts N       create, use and destroy N contexts; print RSS and the
  *                    size of one stats dump at N/3 and at the end
  *   spawn            start `host_program API probe` without LD_PRELOAD
@@ -645,6 +646,11 @@ int main(int argc, char** argv) {
     close(2);
     gpu_init(argv[1]);
     return stdio_kept_closed_scenario();
+  }
+  if (!strcmp(s, "idle")) {
+    /* Linked with libOpenCL; CUDA's driver loaded but never called. */
+    if (!strcmp(argv[1], "cuda") && !dlopen("libcuda.so.1", RTLD_NOW)) die("dlopen libcuda.so.1", 0);
+    return 0;
   }
   gpu_init(argv[1]);
   if (!strcmp(s, "family")) return family_scenario(argv[0], argv[1]);

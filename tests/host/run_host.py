@@ -607,6 +607,54 @@ def procs_node_exporter(tmp):
           f"node_exporter's log: {said[-1500:]}")
 
 
+def stats_nothing(tmp):
+    """--stats on a program that made no GPU call: one line saying nothing
+    was intercepted, and why; only from the process `gpupool run` started."""
+    def said(r):
+        return [ln for ln in r.stderr.splitlines() if "nothing intercepted" in ln]
+
+    lib = "libcuda.so.1" if API == "cuda" else "libOpenCL.so.1"
+    what = "CUDA context or allocation" if API == "cuda" else "OpenCL context or buffer"
+    r = run_gp(["--stats", "--", PROGRAM, API, "idle"])
+    lines_ = said(r)
+    check(r.returncode == 0 and len(lines_) == 1, f"exit {r.returncode}: {r.stderr[-1500:]}")
+    if lines_:
+        check(f"(host_program), exit: nothing intercepted" in lines_[0] and
+              f"{lib} was loaded, but no {what} reached gpupool" in lines_[0], lines_[0])
+    # Neither library loaded; a shell's children say nothing, the shell once
+    # (bash: dash ends with _exit(), which runs no exit handler at all).
+    r = run_gp(["--stats", "--", "bash", "-c", f"{PROGRAM} {API} idle; {PROGRAM} {API} idle; :"])
+    lines_ = said(r)
+    check(len(lines_) == 1, f"expected the shell's line alone: {r.stderr[-1500:]}")
+    if lines_:
+        check("no CUDA driver (libcuda.so.1) was loaded; no OpenCL loader (libOpenCL.so.1) was "
+              "loaded" in lines_[0], lines_[0])
+    if API == "opencl":
+        empty = os.path.join(tmp, "vendors")
+        os.mkdir(empty)
+        r = run_gp(["--stats", "--", PROGRAM, API, "idle"], OCL_ICD_VENDORS=empty)
+        check(any(f"no OpenCL platform is installed (no .icd file in {empty})" in ln
+                  for ln in said(r)), r.stderr[-1500:])
+    # JSON: a dump as the schema has it.
+    out = os.path.join(tmp, "stats.json")
+    r = run_gp(["--stats", "--json", "--stats-file", out, "--", PROGRAM, API, "idle"])
+    docs = lines(out)
+    check(len(docs) == 1, f"{out}: {docs}")
+    if docs:
+        schema = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                             "docs", "stats-schema.json")))
+        doc, errors = gpupool_check.validate_dump(docs[0].strip(), schema)
+        check(not errors and doc["warnings"][0].startswith("nothing intercepted: "),
+              f"{errors} {docs[0]}")
+    # Set by hand (no gpupool run): nothing, as before; and a program that
+    # made GPU calls gets its dump, not the line.
+    r = run(["idle"], env=env(True, GPUPOOL_STATS_AT_EXIT=1))
+    check(said(r) == [], r.stderr[-800:])
+    r = run_gp(["--stats", "--", PROGRAM, API, "churn", "5"])
+    check(r.returncode == 0 and said(r) == [] and ", exit, holding on" in r.stderr,
+          r.stderr[-1500:])
+
+
 # ---- files ------------------------------------------------------------------
 
 def files_prometheus(tmp):
@@ -1006,6 +1054,7 @@ CHECKS = {
     "procs.trace": procs_trace,
     "procs.prometheus": procs_prometheus,
     "procs.node_exporter": procs_node_exporter,
+    "stats.nothing": stats_nothing,
     "files.prometheus": files_prometheus,
     "files.trace_full": files_trace_full,
     "socket.clients": socket_clients,
