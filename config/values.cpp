@@ -330,6 +330,24 @@ bool Path::parse(std::string_view text, T* out, std::string*) {
 
 std::string Path::show(const T& v) { return v; }
 
+bool Pid::parse(std::string_view text, T* out, std::string* reason) {
+  const std::string_view v = trim(text);
+  if (v.empty()) { *reason = "is empty"; return false; }
+  if (lower(v) == "none") { *out = 0; return true; }
+  std::uint64_t n = 0;
+  std::size_t used = 0;
+  if (!take_u64(v, &n, &used) || used == 0 || used != v.size() || n == 0) {
+    *reason = "is not a process id";
+    return false;
+  }
+  // Linux's pid_max is at most 2^22.
+  if (n > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) { *reason = "is out of range"; return false; }
+  *out = static_cast<T>(n);
+  return true;
+}
+
+std::string Pid::show(const T& v) { return v > 0 ? std::to_string(v) : "none"; }
+
 bool Format::parse(std::string_view text, T* out, std::string* reason) {
   const std::string v = lower(trim(text));
   if (v.empty()) { *reason = "is empty"; return false; }

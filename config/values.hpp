@@ -62,6 +62,8 @@ GPUPOOL_KIND(Level, LogLevel, "log level", "off, error, warn, info, debug or tra
 // Taken as is (file names may hold spaces); empty means unset.
 GPUPOOL_KIND(Path, std::string, "path", "a file name")
 GPUPOOL_KIND(Format, StatsFormat, "text or json", "text or json")
+// A process id, 0 = none.
+GPUPOOL_KIND(Pid, long, "process id", "a process id, or none")
 // A signal number, 0 = none.
 GPUPOOL_KIND(Signal, int, "signal",
              "USR1, USR2, a real-time signal (RTMIN+n, RTMAX-n, or its number), or none")

@@ -840,6 +840,7 @@ std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
     snap.name = a->options_.name;
     snap.group = a->options_.group;
     snap.kind = a->options_.kind;
+    snap.device = a->options_.device;
     snap.retired = a->retired();
     snap.stats = a->stats();
     std::vector<BinSnapshot> bins;

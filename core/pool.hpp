@@ -76,6 +76,7 @@ struct ArenaOptions {
   std::string name;
   std::string group;
   std::string kind;
+  std::string device;  // what it draws on, the same in every process: a GPU's UUID, "host"
   std::size_t max_block = SIZE_MAX;   // largest size the backend can allocate (bin clamp)
   std::size_t max_pooled = SIZE_MAX;  // larger requests are allocated exactly and released at free
   std::size_t max_held = SIZE_MAX;    // cap on held bytes of the whole group (first arena's value wins)

@@ -265,6 +265,11 @@ int cmd_run(int argc, char** argv) {
     return kFailed;
   }
   for (const auto& [name, value] : vars) setenv(name.c_str(), value.c_str(), 1);
+  // exec keeps the pid: the program is this process. It writes the files
+  // as named; its children, and theirs, write siblings (docs/trace.md).
+  bool run_pid_given = false;
+  for (const auto& v : vars) run_pid_given |= v.first == "GPUPOOL_RUN_PID";
+  if (!run_pid_given) setenv("GPUPOOL_RUN_PID", std::to_string(getpid()).c_str(), 1);
   setenv("LD_PRELOAD", preload_value(lib, getenv("LD_PRELOAD")).c_str(), 1);
   execvp(argv[i], argv + i);
   const int e = errno;

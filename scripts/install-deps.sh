@@ -14,13 +14,18 @@ $sudo_ apt-get install -y -qq --no-install-recommends \
   libspdlog-dev libfmt-dev googletest libgtest-dev libbenchmark-dev libdw-dev \
   pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
   python3-pyopencl python3-numpy python3-pytest \
-  python3-pip python3-venv ninja-build chromium >/dev/null
+  python3-pip python3-venv ninja-build chromium prometheus-node-exporter >/dev/null
 # (libdw-dev: elfutils' headers, so allocation sites name source lines; the
 # library itself, libdw1, is loaded at run time where installed. pip and
 # venv: the wheel and its install, scripts/package-check.sh; Ninja:
 # its record of which headers each object was compiled from; Chromium: the
 # test that draws `gpupool report`'s page in a real browser; pytest:
-# PyOpenCL's own suite, below.)
+# PyOpenCL's own suite, below; node_exporter: host.cuda.procs.node_exporter
+# runs its own, on a free port, so the service the package starts where
+# systemd runs is stopped.)
+if command -v systemctl >/dev/null && systemctl is-active -q prometheus-node-exporter 2>/dev/null; then
+  $sudo_ systemctl disable --now prometheus-node-exporter >/dev/null 2>&1 || true
+fi
 if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ]; then
   # --user puts it in ~/.local, where python3 (and so CMake) finds it;
   # Debian's python3 refuses --user installs unless told

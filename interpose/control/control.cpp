@@ -66,12 +66,6 @@ bool append_dump(const std::string& path, const std::string& data, std::string* 
   return ok;
 }
 
-bool replace_file(const std::string& path, const std::string& data, std::string* why) {
-  bool ok = false;
-  io::in_private([&] { ok = io::replace_file(path, data, why); });
-  return ok;
-}
-
 void at_exit_locked_dump() {
   State& st = *g_state;
   if (!st.rt) return;
@@ -91,25 +85,32 @@ void at_exit_locked_dump() {
   if (st.tracer) st.tracer->flush();
   // Stats come from the pool's own counters: no driver call here.
   if (st.rt->config.stats_at_exit) dump_locked(*st.rt, "exit");
-  else write_prometheus(*st.rt);
   if (st.recorder) {
     const std::string leaks = st.recorder->leak_report(static_cast<long>(getpid()));
     std::string why;
     if (!leaks.empty() && !append_dump(st.stats_path, leaks, &why))
       st.dumps_dropped.fetch_add(1, std::memory_order_relaxed);
   }
+  // A process's series end with it: a file left behind would be exported
+  // forever. (Killed, it leaves the file, which the next gpupool process
+  // writing there removes: nobody holds it any more.)
+  if (st.prometheus_file.holding())
+    io::in_private([&] { st.prometheus_file.remove(st.prometheus_path); });
 }
 
-// The files a process writes: %p is its pid. A forked child without %p in
-// the Prometheus path leaves that file to its parent.
+// The files a process writes: %p is its pid. The stats file is shared
+// (dumps are appended whole, and each names its pid); the Prometheus file
+// is the process's own (config/outputs.hpp: its name, or a sibling).
 void set_paths(State& st, bool child) {
   const config::Config& cfg = st.rt->config;
   const long pid = static_cast<long>(getpid());
   st.stats_path = cfg.stats_file.empty() ? std::string() : io::expand_path(cfg.stats_file, pid);
-  st.prometheus_path.clear();
-  if (!cfg.prometheus_file.empty() &&
-      (!child || cfg.prometheus_file.find("%p") != std::string::npos))
-    st.prometheus_path = io::expand_path(cfg.prometheus_file, pid);
+  st.prometheus_names.clear();
+  st.prometheus_next = 0;
+  st.prometheus_swept_ns = 0;
+  if (!cfg.prometheus_file.empty())
+    st.prometheus_names = io::output_names(cfg.prometheus_file, pid, cfg.run_pid, child);
+  st.prometheus_path = st.prometheus_names.empty() ? std::string() : st.prometheus_names[0];
 }
 
 // fork(): see runtime.hpp. The work lock serializes, it protects no data:
@@ -160,10 +161,8 @@ void fork_renew() {
     st.listen.close();
   st.dumps_dropped.store(0);
   st.prometheus_dropped.store(0);
-  if (st.tracer && !st.tracer->renew_in_child()) {
-    st.recorder->drop_tracer();
-    st.tracer = nullptr;
-  }
+  st.prometheus_file.forget_in_child();
+  if (st.tracer) st.tracer->renew_in_child();
   set_paths(st, /*child=*/true);
 }
 
@@ -191,12 +190,46 @@ const bool g_fork_registered =
 }  // namespace
 
 namespace {
-// The first failure is said; later ones are counted in the warnings (a
-// full disk would otherwise log every interval).
+// How often the files of dead processes are looked for.
+constexpr std::uint64_t kSweepPeriod = 60'000 * kMs;
+
+// Writes this process's file: the first of its names that no other live
+// process holds. The first failure is said; later ones are counted in the
+// warnings (a full disk would otherwise log every interval).
 void update_prometheus(State& st, const stats::Report& r) {
-  std::string why;
-  if (!replace_file(st.prometheus_path, stats::to_prometheus(r), &why) &&
-      st.prometheus_dropped.fetch_add(1, std::memory_order_relaxed) == 0)
+  const std::string text = stats::to_prometheus(r);
+  const config::Config& cfg = st.rt->config;
+  std::string why, passed_over;
+  io::Hold h = io::Hold::failed;
+  int swept = 0;
+  io::in_private([&] {
+    while (st.prometheus_next < st.prometheus_names.size()) {
+      h = st.prometheus_file.replace(st.prometheus_names[st.prometheus_next], text, &why);
+      if (h != io::Hold::taken) break;
+      passed_over = st.prometheus_names[st.prometheus_next++];
+    }
+    if (st.prometheus_next < st.prometheus_names.size())
+      st.prometheus_path = st.prometheus_names[st.prometheus_next];
+    // A killed process's file (nobody holds it) would be exported forever:
+    // the next gpupool process writing beside it removes it.
+    const std::uint64_t now = mono_ns();
+    if (h == io::Hold::held &&
+        (st.prometheus_swept_ns == 0 || now - st.prometheus_swept_ns >= kSweepPeriod)) {
+      st.prometheus_swept_ns = now;
+      const std::size_t slash = st.prometheus_path.rfind('/');
+      swept = io::remove_unheld_outputs(
+          cfg.prometheus_file,
+          slash == std::string::npos ? st.prometheus_path : st.prometheus_path.substr(slash + 1),
+          stats::kPrometheusStart);
+    }
+  });
+  if (!passed_over.empty() && h == io::Hold::held)
+    log().info("GPUPOOL_PROMETHEUS_FILE: {} is written by another live process; this one writes {}",
+               passed_over, st.prometheus_path);
+  if (swept)
+    log().info("GPUPOOL_PROMETHEUS_FILE: removed {} file{} of processes that are gone", swept,
+               swept == 1 ? "" : "s");
+  if (h != io::Hold::held && st.prometheus_dropped.fetch_add(1, std::memory_order_relaxed) == 0)
     log().error("Prometheus file not written: {} (later failures are counted in the warnings)",
                 why);
 }
@@ -213,13 +246,17 @@ bool dump_locked(Runtime& rt, const char* reason) {
   if (!ok && st.dumps_dropped.fetch_add(1, std::memory_order_relaxed) == 0)
     log().error("stats dump not written: {} (later ones that fail are counted in the warnings)",
                 why);
-  if (!st.prometheus_path.empty()) update_prometheus(st, r);
+  // At exit the file goes (at_exit_locked_dump).
+  if (!st.prometheus_path.empty() && std::string(reason) != "exit") update_prometheus(st, r);
   return ok;
 }
 
 void write_prometheus(Runtime& rt) {
   State& st = *g_state;
-  if (st.prometheus_path.empty()) return;
+  // Serialized with dumps (which update the file too) and with the exit,
+  // which removes it: no update may come after.
+  std::unique_lock lock(st.work_mu);
+  if (st.prometheus_path.empty() || exiting()) return;
   update_prometheus(st, report(rt, "interval"));
 }
 
@@ -334,7 +371,7 @@ void start(Runtime& rt) {
   sites::Sites* sites = sites::Sites::create(cfg.sites);
   if (!cfg.trace_file.empty()) {
     std::string why;
-    st->tracer = trace::Tracer::open(cfg.trace_file, sites, &why);
+    st->tracer = trace::Tracer::open(cfg.trace_file, cfg.run_pid, sites, &why);
     if (!st->tracer) add_warning("trace disabled: " + why);
   }
   if (sites || st->tracer || cfg.leaks) {

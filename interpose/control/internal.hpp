@@ -18,6 +18,7 @@
 
 #include "config/config.hpp"
 #include "config/io.hpp"
+#include "config/outputs.hpp"
 #include "interpose/control/control.hpp"
 #include "interpose/control/recorder.hpp"
 #include "interpose/control/trace.hpp"
@@ -95,8 +96,15 @@ struct State {
     std::uint64_t times = 0;
   };
   std::vector<Warning> warnings;
-  std::string stats_path;       // %p expanded
-  std::string prometheus_path;  // %p expanded; empty: none
+  std::string stats_path;  // %p expanded
+  // The names this process may write GPUPOOL_PROMETHEUS_FILE as, in order
+  // (config/outputs.hpp), and the one it writes now: the first that no
+  // other live process holds. Empty: none. The file is the files thread's.
+  std::vector<std::string> prometheus_names;
+  std::size_t prometheus_next = 0;
+  std::string prometheus_path;
+  io::HeldFile prometheus_file;
+  std::uint64_t prometheus_swept_ns = 0;  // when dead processes' files were last removed
   std::atomic<std::uint64_t> dumps_dropped{0};
   std::atomic<std::uint64_t> prometheus_dropped{0};  // updates of the Prometheus file that failed
 };
@@ -135,6 +143,7 @@ bool requests_waiting();
 // control.cpp
 // Callers hold st.work_mu.
 bool dump_locked(Runtime& rt, const char* reason);
+// Takes st.work_mu.
 void write_prometheus(Runtime& rt);
 
 }  // namespace gpupool::control

@@ -27,8 +27,6 @@ class Recorder final : public PoolObserver {
   void on_arena_destroyed(const Arena& arena) override;
 
   trace::Tracer* tracer() const { return tracer_; }
-  // A forked child that does not trace (trace.hpp).
-  void drop_tracer() { tracer_ = nullptr; }
 
   // The blocks the program still holds, grouped by allocation site (by pool
   // group without sites), largest first; empty when GPUPOOL_LEAKS is off.

@@ -217,7 +217,8 @@ std::string to_json(const Report& r) {
       out += format("{\"alloc_size\":%zu,\"held_blocks\":%" PRIu64 ",\"held_bytes\":%" PRIu64 "}",
                     b.bins[j].alloc_size, b.bins[j].held_blocks, b.bins[j].held_bytes);
     }
-    out += "]}";
+    // Last: a field added in place would move the ones after it.
+    out += format("],\"device\":\"%s\"}", json_escape(b.device).c_str());
   }
   out += "],\"signals\":[";
   for (std::size_t i = 0; i < r.signals.size(); ++i) {
@@ -237,22 +238,42 @@ std::string to_json(const Report& r) {
 }
 
 std::string to_prometheus(const Report& r) {
+  // Every series names its process: the textfile collector of node_exporter
+  // reads every process's file into one scrape, and refuses a series two
+  // files share. No address anywhere: the same program's series keep their
+  // names from run to run.
+  const std::string pid = format("pid=\"%ld\"", r.pid);
   std::string out;
   out += "# HELP gpupool_info gpupool version and process.\n# TYPE gpupool_info gauge\n";
-  out +=
-      format("gpupool_info{version=\"%s\",pid=\"%ld\"} 1\n", prom_escape(r.version).c_str(), r.pid);
+  out += format("gpupool_info{%s,version=\"%s\"} 1\n", pid.c_str(), prom_escape(r.version).c_str());
   out +=
       "# HELP gpupool_holding 1 while freed blocks are held for reuse, 0 after stop_holding.\n"
       "# TYPE gpupool_holding gauge\n";
-  out += format("gpupool_holding %d\n", r.holding ? 1 : 0);
+  out += format("gpupool_holding{%s} %d\n", pid.c_str(), r.holding ? 1 : 0);
+  // One label set per arena; the destroyed arenas' row (one per kind) is
+  // "destroyed", whatever their count.
+  std::vector<std::string> labels;
+  for (const auto& b : r.arenas) {
+    const bool destroyed = b.retired && b.group == "retired";
+    std::string arena = destroyed ? "destroyed" : b.name;
+    std::string l = format("%s,gpu=\"%s\",kind=\"%s\",arena=\"", pid.c_str(),
+                           prom_escape(b.device).c_str(), prom_escape(b.kind).c_str());
+    // Names are unique in a process; should two ever meet, the second is
+    // numbered rather than refused by the collector.
+    std::string unique = arena;
+    for (int n = 2; std::find(labels.begin(), labels.end(), l + prom_escape(unique) + "\"") !=
+                    labels.end();
+         ++n)
+      unique = arena + " #" + std::to_string(n);
+    labels.push_back(l + prom_escape(unique) + "\"");
+  }
   for (const Field& f : fields()) {
     const std::string metric = std::string("gpupool_") + f.name + (f.counter ? "_total" : "");
     out += format("# HELP %s gpupool %s per backend (see docs/stats.md).\n# TYPE %s %s\n",
                   metric.c_str(), f.name, metric.c_str(), f.counter ? "counter" : "gauge");
-    for (const auto& b : r.arenas)
-      out += format("%s{kind=\"%s\",group=\"%s\",name=\"%s\"} %" PRIu64 "\n", metric.c_str(),
-                    prom_escape(b.kind).c_str(), prom_escape(b.group).c_str(),
-                    prom_escape(b.name).c_str(), b.stats.*f.member);
+    for (std::size_t i = 0; i < r.arenas.size(); ++i)
+      out += format("%s{%s} %" PRIu64 "\n", metric.c_str(), labels[i].c_str(),
+                    r.arenas[i].stats.*f.member);
   }
   return out;
 }

@@ -47,6 +47,8 @@ const std::vector<Field>& fields();
 std::string to_text(const Report& report);
 std::string to_json(const Report& report);  // one line, no trailing newline
 std::string to_prometheus(const Report& report);
+// How every to_prometheus text begins (how gpupool knows its own files).
+inline constexpr const char* kPrometheusStart = "# HELP gpupool_info ";
 
 // 1536 -> "1.5 KiB"; below 1024 -> "512 B".
 std::string human_bytes(std::uint64_t bytes);

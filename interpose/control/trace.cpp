@@ -16,6 +16,7 @@
 
 #include "config/io.hpp"
 #include "config/log.hpp"
+#include "config/outputs.hpp"
 
 namespace gpupool::trace {
 namespace {
@@ -109,10 +110,16 @@ std::string command_line_comment() {
 }  // namespace
 
 struct Tracer::Impl {
-  std::string pattern;
-  io::OwnedFd file;       // under write_mu
-  bool disabled = false;  // a forked child whose pattern has no %p
-  std::uint64_t t0 = 0;
+  std::string value;  // GPUPOOL_TRACE_FILE as set
+  long run_pid = 0;   // GPUPOOL_RUN_PID
+  std::string path;   // the file this process writes (config/outputs.hpp)
+  std::string passed_over;  // the name another live process held, if any
+  io::OwnedFd file;         // under write_mu; held (config/outputs.hpp)
+  bool disabled = false;    // a forked child until renew_in_child
+  // A forked child's file is opened with its first records: a child that
+  // never allocates (a fork to exec another program) leaves no file.
+  bool open_pending = false;
+  std::uint64_t t0 = 0;  // CLOCK_MONOTONIC at the trace's start: records' times count from it
   std::atomic<ThreadBuf*> bufs{nullptr};
   pthread_key_t key{};
   std::mutex write_mu;  // the file, the arena ids and the declarations written
@@ -122,10 +129,19 @@ struct Tracer::Impl {
   std::atomic<std::uint64_t> written{0};
   std::atomic<std::uint64_t> dropped{0};
 
-  bool open_file(bool append, std::string* why);  // under write_mu (or before any thread)
-  bool open_file_here(bool append, std::string* why);  // on the files thread
+  // Under write_mu (or before any thread). fresh: this process's file is
+  // chosen (output_names) and started with the header; else `path` is
+  // opened again to append.
+  bool open_file(bool fresh, bool forked_child, std::string* why);
+  bool open_file_here(bool fresh, bool forked_child, std::string* why);  // on the files thread
   // Under write_mu; false when the records were dropped.
   bool write_out(const std::string& out, std::uint64_t records);
+  // Logged out of the files thread (which must not log).
+  void say_passed_over() const {
+    if (!passed_over.empty())
+      log().info("GPUPOOL_TRACE_FILE: {} is written by another live process; this one writes {}",
+                 passed_over, path);
+  }
   ThreadBuf* mine();
   void push(Record r);
   void drain(ThreadBuf* b);
@@ -246,12 +262,21 @@ void Tracer::Impl::drain(ThreadBuf* b) {
 bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
   if (disabled) return false;
   std::string why;
-  bool ok = false;
+  bool ok = false, opened = false;
   // The file is the files thread's (config/io.hpp): so is every use of it.
   io::in_private([&] {
+    if (open_pending) {
+      open_pending = false;
+      if (!open_file_here(/*fresh=*/true, /*forked_child=*/true, &why)) {
+        disabled = true;
+        file.forget();
+        return;
+      }
+      opened = true;
+    }
     // Closed (or its number reused) under us: the records go on at the end
     // of the same file.
-    if (!file.ours() && !open_file(/*append=*/true, &why)) {
+    if (!file.ours() && !open_file_here(/*fresh=*/false, false, &why)) {
       file.forget();
     } else if (io::write_bounded(file.get(), out)) {
       ok = true;
@@ -259,6 +284,7 @@ bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
       why = std::string("cannot write the trace file: ") + strerror(errno);
     }
   });
+  if (opened) say_passed_over();
   if (ok) {
     written.fetch_add(records, std::memory_order_relaxed);
     return true;
@@ -271,20 +297,36 @@ bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
   return false;
 }
 
-bool Tracer::Impl::open_file(bool append, std::string* why) {
+bool Tracer::Impl::open_file(bool fresh, bool forked_child, std::string* why) {
   bool ok = false;
-  io::in_private([&] { ok = open_file_here(append, why); });
+  io::in_private([&] { ok = open_file_here(fresh, forked_child, why); });
   return ok;
 }
 
-bool Tracer::Impl::open_file_here(bool append, std::string* why) {
-  const std::string path = io::expand_path(pattern, static_cast<long>(getpid()));
+bool Tracer::Impl::open_file_here(bool fresh, bool forked_child, std::string* why) {
   file.forget();
-  file = io::open_output(path, append, why);
-  if (!file.valid()) return false;
-  if (append) return true;
+  io::Hold held = io::Hold::failed;
+  if (!fresh) {
+    file = io::hold_output(path, /*append=*/true, &held, why);
+    return held == io::Hold::held;
+  }
+  passed_over.clear();
+  for (const std::string& name :
+       io::output_names(value, static_cast<long>(getpid()), run_pid, forked_child)) {
+    file = io::hold_output(name, /*append=*/false, &held, why);
+    if (held == io::Hold::failed) return false;
+    if (held == io::Hold::held) {
+      path = name;
+      break;
+    }
+    passed_over = name;
+  }
+  if (held != io::Hold::held) return false;  // *why: the last name is another process's
+  // The start in Unix time: t0's, the clock records count from.
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
+  const std::uint64_t start =
+      std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec) - (mono_ns() - t0);
   char header[256];
   snprintf(
       header, sizeof header,
@@ -292,13 +334,9 @@ bool Tracer::Impl::open_file_here(bool append, std::string* why) {
       "\n"
       "# a t_ns tid arena handle requested size h|m [site] / f t_ns tid arena handle requested "
       "size\n",
-      static_cast<long>(getpid()),
-      std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec));
+      static_cast<long>(getpid()), start);
   io::write_bounded(file.get(), header, std::strlen(header));
   io::write_bounded(file.get(), command_line_comment());
-  t0 = mono_ns();
-  arena_ids.clear();
-  declarations_written = 0;
   return true;
 }
 
@@ -307,18 +345,22 @@ Tracer::Tracer() : impl_(new Impl) {
   pthread_key_create(&impl_->key, release_buf);
 }
 
-Tracer* Tracer::open(const std::string& pattern, sites::Sites* sites, std::string* why) {
+Tracer* Tracer::open(const std::string& value, long run_pid, sites::Sites* sites,
+                     std::string* why) {
   auto* t = new Tracer;  // never destroyed: threads may trace during exit
-  t->impl_->pattern = pattern;
+  t->impl_->value = value;
+  t->impl_->run_pid = run_pid;
   t->impl_->sites = sites;
-  if (!t->impl_->open_file(/*append=*/false, why)) {
+  if (!t->impl_->open_file(/*fresh=*/true, /*forked_child=*/false, why)) {
     pthread_key_delete(t->impl_->key);
     delete t->impl_;
     delete t;
     return nullptr;
   }
+  t->impl_->say_passed_over();
   return t;
 }
+
 
 // Never throws into the pool: a record that cannot be kept (out of host
 // memory for a thread's buffer) is dropped and counted.
@@ -389,28 +431,22 @@ void Tracer::fork_child() {
   fork_parent();
 }
 
-bool Tracer::renew_in_child() {
+void Tracer::renew_in_child() {
   Impl& t = *impl_;
-  if (t.pattern.find("%p") == std::string::npos) {
-    t.disabled = true;
-    t.file.forget();  // the parent's file; the child leaves it alone
-    log().info(
-        "GPUPOOL_TRACE_FILE has no %p: a forked child does not trace (the parent's file "
-        "is left to the parent)");
-    return false;
-  }
-  std::string why;
-  if (!t.open_file(/*append=*/false, &why)) {
-    t.disabled = true;
-    log().warn("GPUPOOL_TRACE_FILE: {}; this forked child does not trace", why);
-    return false;
-  }
-  // What was recorded since the fork (the child's start drops its parent's
-  // blocks, which are not its own) is left out.
+  // The parent's file stays the parent's: where it was opened among the
+  // program's descriptors (no private table), the child's copy is closed,
+  // so that it does not hold the file (config/outputs.hpp).
+  t.file.close();
+  // A file of its own, opened with its first records; its times count from
+  // the child's start. What was recorded since the fork (the child's start
+  // drops its parent's blocks, which are not its own) is left out.
+  t.t0 = mono_ns();
+  t.arena_ids.clear();
+  t.declarations_written = 0;
   for (ThreadBuf* b = t.bufs.load(std::memory_order_acquire); b; b = b->next)
     b->tail.store(b->head.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  t.open_pending = true;
   t.disabled = false;
-  return true;
 }
 
 }  // namespace gpupool::trace

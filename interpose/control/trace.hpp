@@ -18,11 +18,14 @@ namespace gpupool::trace {
 // Fed by the control room's Recorder (recorder.hpp), the pool's observer.
 class Tracer final {
  public:
-  // Opens the file `pattern` names (%p: the pid; a regular file of this
-  // user, never a symlink) and writes the header. nullptr with *why set
+  // Opens this process's file for GPUPOOL_TRACE_FILE=`value` (%p: the pid;
+  // without it the value itself or a sibling, per GPUPOOL_RUN_PID=run_pid:
+  // config/outputs.hpp; a regular file of this user, never a symlink, held
+  // while the process lives) and writes the header. nullptr with *why set
   // when it cannot. sites: where allocation sites are declared from (may be
   // null).
-  static Tracer* open(const std::string& pattern, sites::Sites* sites, std::string* why);
+  static Tracer* open(const std::string& value, long run_pid, sites::Sites* sites,
+                      std::string* why);
 
   // Never throw: the pool is mid-operation.
   void allocated(const Arena& arena, const Block& block, bool hit, std::uint32_t site) noexcept;
@@ -40,13 +43,12 @@ class Tracer final {
 
   // fork(): the tracer's locks, held across fork. In the child the parent's
   // buffered records are discarded (the parent writes them: fork_child);
-  // then the child traces into its own file when the pattern has %p, and
-  // not at all otherwise (renew_in_child returns false: the caller detaches
-  // the tracer).
+  // then the child traces into its own file (its pid for %p, else the
+  // sibling name), opened when its first records are written.
   void fork_prepare();
   void fork_parent();
   void fork_child();
-  bool renew_in_child();
+  void renew_in_child();
 
   struct Impl;  // opaque; public only so the .cpp's thread buffers can name it
 

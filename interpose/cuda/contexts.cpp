@@ -132,17 +132,29 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned lon
   std::size_t total = 0;
   if (!d.device_total_mem || d.device_total_mem(&total, dev) != CUDA_SUCCESS || total == 0)
     return nullptr;
+  // The GPU's name across processes: for the node's neighbours, and in the
+  // stats (nvidia-smi's form).
+  CUuuid u{};
+  const bool has_uuid =
+      (d.device_get_uuid_v2 && d.device_get_uuid_v2(&u, dev) == CUDA_SUCCESS) ||
+      (d.device_get_uuid && d.device_get_uuid(&u, dev) == CUDA_SUCCESS);
+  node::Uuid uuid{};
+  if (has_uuid) std::memcpy(uuid.data(), u.bytes, uuid.size());
+  static std::atomic<unsigned> ordinals{0};
   auto* st = new CtxState;
   st->ctx = ctx;
   st->id = id;
+  st->ordinal = ++ordinals;
   st->dev = dev;
   st->device_total = total;
+  st->device = has_uuid ? node::uuid_text(uuid) : device_group(dev);
   for (const Primary& p : contexts().primaries)
     if (p.dev == dev && p.ctx == ctx) st->primary = true;
   ArenaOptions o;
-  o.name = fmt::format("cuda dev {} ctx {}", int(dev), static_cast<void*>(ctx));
+  o.name = fmt::format("cuda dev {} ctx {}", int(dev), st->ordinal);
   o.group = device_group(dev);
   o.kind = "cuda";
+  o.device = st->device;
   o.max_block = total;
   o.max_pooled = rt.config.max_pooled.resolve(total);
   o.max_held = rt.config.max_held.resolve(total);
@@ -152,14 +164,7 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned lon
   const std::string group = o.group;
   st->device_arena = rt.pool.add_arena(
       device_backend(st, fenced, rt.config.reuse == config::Reuse::safe), std::move(o));
-  // The GPU's name across processes, for the node's neighbours.
-  CUuuid u{};
-  if ((d.device_get_uuid_v2 && d.device_get_uuid_v2(&u, dev) == CUDA_SUCCESS) ||
-      (d.device_get_uuid && d.device_get_uuid(&u, dev) == CUDA_SUCCESS)) {
-    node::Uuid uuid;
-    std::memcpy(uuid.data(), u.bytes, uuid.size());
-    node::add_device(rt, uuid, group, total);
-  }
+  if (has_uuid) node::add_device(rt, uuid, group, total);
   contexts().all.push_back(st);
   contexts().live.push_back(st);
   log().debug("cuda: context {} on device {} ({} bytes): pooling", static_cast<void*>(ctx),
@@ -396,9 +401,10 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   if (st->retired.load(std::memory_order_acquire)) return nullptr;
   static const std::size_t host_total = host_memory_bytes();
   ArenaOptions o;
-  o.name = fmt::format("cuda-host flags {:#x} ctx {}", key, static_cast<void*>(st->ctx));
+  o.name = fmt::format("cuda-host flags {:#x} ctx {}", key, st->ordinal);
   o.group = "cuda-host";
   o.kind = "cuda-host";
+  o.device = node::uuid_text(node::kHostMemory);
   o.max_block = host_total;
   o.max_pooled = rt.config.max_pooled.resolve(host_total);
   o.max_held = rt.config.max_held.resolve(host_total);

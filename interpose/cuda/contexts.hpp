@@ -45,7 +45,11 @@ struct CtxState {
   // life; 0 with a driver that has no ids (before CUDA 12.0), whose records
   // then end only through the hooks.
   unsigned long long id = 0;
+  // 1, 2, ...: the context's name in gpupool's stats (no address: the same
+  // program's stats read alike from run to run).
+  unsigned ordinal = 0;
   CUdevice dev = 0;
+  std::string device;  // its UUID as nvidia-smi prints it, else "cuda:<dev>"
   std::size_t device_total = 0;
   bool primary = false;  // the device's primary context (seen through cuDevicePrimaryCtxRetain)
 

@@ -47,6 +47,7 @@ namespace gpupool::ocl {
 
 #define GPUPOOL_CL_USED(Y)        \
   Y(clGetPlatformIDs)             \
+  Y(clGetDeviceIDs)               \
   Y(clGetContextInfo)             \
   Y(clGetDeviceInfo)              \
   Y(clFlush)                      \

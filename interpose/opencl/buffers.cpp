@@ -126,8 +126,8 @@ Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flag
   ArenaOptions o;
   o.kind = "opencl";
   o.group = group;
-  o.name = fmt::format("opencl ctx {} dev {} flags {:#x}", fmt::ptr(ctx->handle), ctx->device_name,
-                       flags);
+  o.name = fmt::format("opencl ctx {} dev {} flags {:#x}", ctx->ordinal, ctx->device_name, flags);
+  o.device = ctx->device_label;
   if (has_props) {
     o.name += " props";
     for (cl_mem_properties p : props) o.name += fmt::format(" {:#x}", p);
@@ -174,7 +174,7 @@ std::string memory_group(const Ctx& ctx) {
   // The GPU when it has a UUID (every context on it draws on the same
   // memory), else the context's own.
   return ctx.has_uuid ? "opencl:" + node::uuid_text(ctx.uuid)
-                      : fmt::format("opencl:{}", fmt::ptr(ctx.handle));
+                      : fmt::format("opencl:ctx{}", ctx.ordinal);
 }
 
 void block_back(Runtime& rt, Ctx& ctx, Block* b) {

@@ -39,6 +39,32 @@ std::unordered_map<cl_context, std::shared_ptr<Ctx>>& ctx_map() {
   return *m;
 }
 
+// "opencl:P:D": the device's platform's index in clGetPlatformIDs and its
+// own in that platform's clGetDeviceIDs (stable on a node; not a
+// sub-device). Empty when unknown.
+std::string device_index(const Api& api, cl_device_id d) {
+  cl_platform_id platform = nullptr;
+  cl_uint np = 0, nd = 0;
+  if (!api.clGetPlatformIDs || !api.clGetDeviceIDs ||
+      api.clGetDeviceInfo(d, CL_DEVICE_PLATFORM, sizeof platform, &platform, nullptr) !=
+          CL_SUCCESS ||
+      api.clGetPlatformIDs(0, nullptr, &np) != CL_SUCCESS || np == 0)
+    return {};
+  std::vector<cl_platform_id> platforms(np);
+  if (api.clGetPlatformIDs(np, platforms.data(), nullptr) != CL_SUCCESS) return {};
+  const auto p = std::find(platforms.begin(), platforms.end(), platform);
+  if (p == platforms.end() ||
+      api.clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 0, nullptr, &nd) != CL_SUCCESS || nd == 0)
+    return {};
+  std::vector<cl_device_id> devices(nd);
+  if (api.clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, nd, devices.data(), nullptr) != CL_SUCCESS)
+    return {};
+  const auto i = std::find(devices.begin(), devices.end(), d);
+  if (i == devices.end()) return {};
+  return "opencl:" + std::to_string(p - platforms.begin()) + ":" +
+         std::to_string(i - devices.begin());
+}
+
 std::string device_string(const Api& api, cl_device_id d, cl_device_info what) {
   std::size_t n = 0;
   if (api.clGetDeviceInfo(d, what, 0, nullptr, &n) != CL_SUCCESS || n == 0) return {};
@@ -51,6 +77,8 @@ std::string device_string(const Api& api, cl_device_id d, cl_device_info what) {
 }  // namespace
 
 Ctx::Ctx() {
+  static std::atomic<std::uint64_t> ordinals{0};
+  ordinal = ++ordinals;
   std::lock_guard lock(g_all_ctx_mu);
   all_ctx().push_back(this);
 }
@@ -153,6 +181,15 @@ void load_info(Ctx& ctx) {
                    api.clGetDeviceInfo(devs[0], CL_DEVICE_UUID_KHR, ctx.uuid.size(),
                                        ctx.uuid.data(), nullptr) == CL_SUCCESS &&
                    ctx.uuid != node::Uuid{};
+  }
+  if (ctx.has_uuid) {
+    ctx.device_label = node::uuid_text(ctx.uuid);
+  } else {
+    for (cl_device_id d : devs) {
+      std::string one = device_index(api, d);
+      if (one.empty()) one = "opencl:" + device_string(api, d, CL_DEVICE_NAME);
+      ctx.device_label += (ctx.device_label.empty() ? "" : "+") + one;
+    }
   }
   ctx.max_alloc = max_alloc;
   ctx.global_mem = global;

@@ -67,6 +67,12 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   bool info_ok = false;
   cl_device_id device = nullptr;  // the internal queue's (first) device
   std::string device_name;
+  // 1, 2, ...: the context's name in gpupool's stats (no address: the same
+  // program's stats read alike from run to run).
+  std::uint64_t ordinal = 0;
+  // What its memory is in the stats, the same in every process: the UUID
+  // (below), else "opencl:P:D" (platform and device index), else its name.
+  std::string device_label;
   std::size_t max_alloc = 0;   // min CL_DEVICE_MAX_MEM_ALLOC_SIZE over the devices
   std::size_t global_mem = 0;  // min CL_DEVICE_GLOBAL_MEM_SIZE
   bool ocl12 = false;

@@ -84,8 +84,9 @@ Arena* svm_arena(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_svm_mem_flags 
   ArenaOptions o;
   o.kind = "opencl-svm";
   o.group = group;
-  o.name = fmt::format("opencl svm ctx {} dev {} flags {:#x}", fmt::ptr(ctx->handle),
-                       ctx->device_name, flags);
+  o.name = fmt::format("opencl svm ctx {} dev {} flags {:#x}", ctx->ordinal, ctx->device_name,
+                       flags);
+  o.device = ctx->device_label;
   o.max_block = ctx->max_alloc;
   o.max_pooled = cfg.max_pooled.resolve(ctx->global_mem);
   o.max_held = cfg.max_held.resolve(ctx->global_mem);

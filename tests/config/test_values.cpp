@@ -290,6 +290,14 @@ TEST(Values, Paths) {
   EXPECT_EQ(p.config.log_file, "l");
 }
 
+TEST(Values, RunPid) {
+  EXPECT_EQ(parse(nullptr, nullptr).run_pid, 0);
+  EXPECT_EQ(parse_env({"GPUPOOL_RUN_PID=4242"}).config.run_pid, 4242);
+  EXPECT_EQ(parse_env({"GPUPOOL_RUN_PID= 7 "}).config.run_pid, 7);
+  EXPECT_EQ(parse_env({"GPUPOOL_RUN_PID=none"}).config.run_pid, 0);
+  for (const char* b : {"", "0", "-1", "12x", "99999999999"}) bad("GPUPOOL_RUN_PID", b);
+}
+
 TEST(Values, FirstDefinitionWins) {
   // As getenv() does; a later duplicate is not re-checked.
   const Parsed p = parse_env({"GPUPOOL_LEADING_BITS=6", "GPUPOOL_LEADING_BITS=garbage",

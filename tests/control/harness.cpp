@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -407,6 +408,11 @@ int periodic() {
   const std::string file = stats_path();
   const std::size_t now = count_lines(file);
   CHECK(wait_for([&] { return count_lines(file) >= now + 2; }));
+  // The Prometheus file as it is while the process runs (it goes at exit).
+  if (const char* prom = std::getenv("GPUPOOL_PROMETHEUS_FILE")) {
+    std::ifstream f(prom);
+    std::printf("prometheus file:\n%s", std::string(std::istreambuf_iterator<char>(f), {}).c_str());
+  }
   return g_failures.load() ? 1 : 0;
 }
 

@@ -133,20 +133,21 @@ with tempfile.TemporaryDirectory() as tmp:
         docs = check_dumps(files[0], 2) if len(files) == 1 else fail(f"stats files: {files}")
         if docs and not any(d["reason"] == "interval" for d in docs):
             fail("no interval dump")
-        # The Prometheus file: whole (atomic replace), and showing the trims.
-        with open(prom) as f:
-            text = f.read()
+        # The Prometheus file while it ran: whole (atomic replace), and
+        # showing the trims; at exit it went with the process.
+        text = p.stdout.split("prometheus file:\n", 1)[-1]
         samples = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
                 name, value = line.rsplit(" ", 1)
                 samples[name] = float(value)
-        key = 'gpupool_trims_total{kind="checking",group="checking:0",name="checking backend 0"}'
-        if samples.get(key) != 5:
-            fail(f"Prometheus {key} = {samples.get(key)}")
-        leftovers = [n for n in os.listdir(tmp) if n.startswith("gpupool.prom.")]
+        trims = [v for k, v in samples.items()
+                 if k.startswith("gpupool_trims_total{") and 'kind="checking"' in k]
+        if trims != [5]:
+            fail(f"Prometheus gpupool_trims_total of the checking arena: {trims}: {text[-800:]}")
+        leftovers = [n for n in os.listdir(tmp) if n.startswith(("gpupool.", ".gpupool."))]
         if leftovers:
-            fail(f"temporary files left: {leftovers}")
+            fail(f"files left after exit: {leftovers}")
     else:
         fail(f"unknown scenario {scenario}")
 

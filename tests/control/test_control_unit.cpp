@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -29,6 +30,7 @@ stats::Report sample() {
   a.name = "opencl ctx \"odd\"\nname";
   a.group = "opencl:1";
   a.kind = "opencl";
+  a.device = "GPU-f0a785bc-d381-6155-02db-427e7e86a778";
   a.stats.hits = 3;
   a.stats.misses = 1;
   a.stats.held_blocks = 2;
@@ -105,17 +107,48 @@ TEST(StatsFormat, Prometheus) {
   const std::string p = stats::to_prometheus(sample());
   EXPECT_NE(p.find("# TYPE gpupool_hits_total counter"), std::string::npos);
   EXPECT_NE(p.find("# TYPE gpupool_held_bytes gauge"), std::string::npos);
-  EXPECT_NE(p.find("gpupool_hits_total{kind=\"opencl\",group=\"opencl:1\",name=\"opencl ctx "
-                   "\\\"odd\\\"\\nname\"} 3\n"),
-            std::string::npos);
-  EXPECT_NE(p.find("gpupool_holding 0\n"), std::string::npos);
-  // Every sample line: name{labels} value, nothing else.
+  // Every series names its process and GPU: node_exporter refuses two
+  // files' series that share their labels.
+  EXPECT_NE(p.find("gpupool_hits_total{pid=\"42\",gpu=\"GPU-f0a785bc-d381-6155-02db-427e7e86a778\","
+                   "kind=\"opencl\",arena=\"opencl ctx \\\"odd\\\"\\nname\"} 3\n"),
+            std::string::npos)
+      << p;
+  EXPECT_NE(p.find("gpupool_holding{pid=\"42\"} 0\n"), std::string::npos);
+  EXPECT_NE(p.find("gpupool_info{pid=\"42\",version=\"9.9\"} 1\n"), std::string::npos);
+  EXPECT_EQ(p.rfind(stats::kPrometheusStart, 0), 0u);
+  // Every sample line: name{labels with pid} value, nothing else.
   std::istringstream in(p);
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#') continue;
     EXPECT_EQ(line.rfind("gpupool_", 0), 0u) << line;
-    EXPECT_NE(line.find(' '), std::string::npos) << line;
+    EXPECT_NE(line.find("{pid=\"42\""), std::string::npos) << line;
+    EXPECT_NE(line.find("} "), std::string::npos) << line;
+  }
+}
+
+TEST(StatsFormat, PrometheusSeriesAreUnique) {
+  // The destroyed arenas' row keeps one name whatever their count, and two
+  // rows that would share labels are told apart, not refused by the
+  // collector.
+  stats::Report r = sample();
+  ArenaSnapshot destroyed;
+  destroyed.name = "opencl: 3 destroyed arenas";
+  destroyed.group = "retired";
+  destroyed.kind = "opencl";
+  destroyed.retired = true;
+  r.arenas.push_back(destroyed);
+  r.arenas.push_back(r.arenas[0]);
+  const std::string p = stats::to_prometheus(r);
+  EXPECT_NE(p.find("gpupool_hits_total{pid=\"42\",gpu=\"\",kind=\"opencl\",arena=\"destroyed\"} 0\n"),
+            std::string::npos)
+      << p;
+  std::istringstream in(p);
+  std::set<std::string> seen;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    EXPECT_TRUE(seen.insert(line.substr(0, line.rfind(' '))).second) << "twice: " << line;
   }
 }
 

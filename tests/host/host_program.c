@@ -26,6 +26,12 @@
  *   fork-trace       allocate/free 150 times, keep one block across a fork
  *                    of a child that does 10
  *   exit             allocate for 1.5 s, then exit()
+ *   family           allocate/free 30 times, then start two children that
+ *                    do the same: a fork (CUDA: in a context of its own)
+ *                    doing 10, and a fork+exec of `host_program API churn
+ *                    20`; print "family PARENT FORKED EXECED"
+ *   churn N          allocate/free N times
+ *   idle             load the API's library, call nothing (no GPU call)
  *   contexts N       create, use and destroy N contexts; print RSS and the
  *                    size of one stats dump at N/3 and at the end
  *   spawn            start `host_program API probe` without LD_PRELOAD
@@ -448,6 +454,29 @@ static int fork_trace_scenario(void) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
+static int family_scenario(const char* self, const char* api) {
+  churn(30);
+  fflush(stdout);
+  const pid_t forked = fork();
+  if (forked < 0) die("fork", errno);
+  if (forked == 0) {
+    if (g_cuda) g_cu_ctx = new_context();
+    churn(10);
+    exit(0);
+  }
+  const pid_t execed = fork();
+  if (execed < 0) die("fork", errno);
+  if (execed == 0) {
+    char* argv[] = {(char*)self, (char*)api, "churn", "20", NULL};
+    execv(self, argv);
+    _exit(127);
+  }
+  int a = 0, b = 0;
+  if (wait_or_kill(forked, 20, &a) < 0 || wait_or_kill(execed, 20, &b) < 0) return 1;
+  printf("family %d %d %d\n", (int)getpid(), (int)forked, (int)execed);
+  return WIFEXITED(a) && !WEXITSTATUS(a) && WIFEXITED(b) && !WEXITSTATUS(b) ? 0 : 1;
+}
+
 static int exit_scenario(void) {
   const double t0 = now_s();
   while (now_s() - t0 < 1.5) churn(10);
@@ -618,7 +647,17 @@ int main(int argc, char** argv) {
     gpu_init(argv[1]);
     return stdio_kept_closed_scenario();
   }
+  if (!strcmp(s, "idle")) {
+    /* Linked with libOpenCL; CUDA's driver loaded but never called. */
+    if (!strcmp(argv[1], "cuda") && !dlopen("libcuda.so.1", RTLD_NOW)) die("dlopen libcuda.so.1", 0);
+    return 0;
+  }
   gpu_init(argv[1]);
+  if (!strcmp(s, "family")) return family_scenario(argv[0], argv[1]);
+  if (!strcmp(s, "churn") && argc == 4) {
+    churn(atoi(argv[3]));
+    return 0;
+  }
   if (!strcmp(s, "stdio-race") && argc == 4) return stdio_race_scenario(atof(argv[3]));
   if (!strcmp(s, "closefrom") && argc == 4) return closefrom_scenario(argv[3]);
   if (!strcmp(s, "serve")) {

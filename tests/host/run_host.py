@@ -15,6 +15,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +23,10 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "control"))
+import gpupool_check  # noqa: E402
 
 PROGRAM, LAUNCHER, API, CHECK, ALLOC_FAILURE, NO_UNSHARE = sys.argv[1:7]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
@@ -278,8 +283,13 @@ def fds_stdio_race(tmp):
     check(m.group(2) == "0" and r.returncode == 0,
           f"{m.group(2)} of {m.group(1)} rounds reopened 0-2 as other numbers "
           f"(first: {m.group(3)} {m.group(4)} {m.group(5)}); exit {r.returncode}")
-    check(lines(os.path.join(tmp, "stats")), "no stats dump")
-    check(os.path.exists(os.path.join(tmp, "metrics.prom")), "no Prometheus file")
+    dumps = lines(os.path.join(tmp, "stats"))
+    check(dumps, "no stats dump")
+    # Every update of the Prometheus file was written (a failed one is
+    # counted in the dumps), and the file went with the process.
+    check(not any("of the Prometheus file could not be written" in d for d in dumps),
+          "Prometheus updates failed")
+    check(not os.path.exists(os.path.join(tmp, "metrics.prom")), "the Prometheus file was left")
     check("free_held requested by signal" in r.stderr, f"nothing logged: {r.stderr[-800:]}")
 
 
@@ -349,12 +359,300 @@ def fork_files(tmp):
             hits_misses = sum(b["stats"]["hits"] + b["stats"]["misses"] for b in docs[0]["arenas"])
             want = child_pooled if pid == child else 151
             check(hits_misses == want, f"{f}: {hits_misses} allocations counted, expected {want}")
-    # Without %p the child leaves the parent's trace file alone.
+    # Without %p the child leaves the parent's trace file alone and writes
+    # its sibling, name.PID.
     one = os.path.join(tmp, "trace")
     r = run(["fork-trace"], env=env(True, GPUPOOL_TRACE_FILE=one))
     check(r.returncode == 0, r.stderr)
     _, n = trace_records(one)
     check(n == {"a": 151, "f": 151}, f"shared trace file: {n}, expected the parent's 151 of each")
+    child = int(r.stdout.split()[1])
+    if child_pooled:
+        tpid, n = trace_records(f"{one}.{child}")
+        check(tpid == child and n == {"a": child_pooled, "f": child_pooled},
+              f"the child's trace {one}.{child}: pid {tpid}, {n}")
+    else:  # a child that recorded nothing leaves no file
+        check(not os.path.exists(f"{one}.{child}"), f"{one}.{child}: {lines(f'{one}.{child}')}")
+
+
+# ---- several processes ------------------------------------------------------
+
+def run_gp(args, timeout=120, **extra):
+    """`gpupool run ARGS` as a user types it (the launcher adds LD_PRELOAD)."""
+    try:
+        return subprocess.run([LAUNCHER, "run"] + args, capture_output=True, text=True,
+                              timeout=timeout, env=env(False, **extra))
+    except subprocess.TimeoutExpired as e:
+        fail(f"gpupool run {' '.join(args)} hung (killed after {timeout} s)")
+        return subprocess.CompletedProcess(e.cmd, -9, e.stdout or "", e.stderr or "")
+
+
+def whole_trace(path, pid, allocations):
+    """path is pid's whole trace: its header, every record well formed and
+    every free of a block it allocated, `allocations` of them."""
+    tpid, _ = trace_records(path)
+    check(tpid == pid, f"{os.path.basename(path)} says pid {tpid}, expected {pid}")
+    counts, problems = gpupool_check.replay_trace(path)
+    check(not problems, f"{os.path.basename(path)} is damaged: {problems[:5]}")
+    check((counts["allocs"], counts["frees"]) == (allocations, allocations),
+          f"{os.path.basename(path)}: {counts}, expected {allocations} allocations and frees")
+
+
+def procs_trace(tmp):
+    """`gpupool run --trace F` over a program that starts two more GPU
+    processes (a fork, a fork+exec) gives one whole file per process: F for
+    the program, F's siblings (name.PID.ext) for the others. Two programs
+    started by hand with one GPUPOOL_TRACE_FILE at once get a file each."""
+    d = os.path.join(tmp, "run")
+    os.mkdir(d)
+    f = os.path.join(d, "out.gpupool-trace")
+    r = run_gp(["--trace", f, "--", PROGRAM, API, "family"])
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr[-1500:]}")
+    m = re.search(r"family (\d+) (\d+) (\d+)", r.stdout)
+    if not check(m, f"no family line: {r.stdout}"):
+        return
+    parent, forked, execed = map(int, m.groups())
+    want = {"out.gpupool-trace": (parent, 30),
+            f"out.{forked}.gpupool-trace": (forked, 10),
+            f"out.{execed}.gpupool-trace": (execed, 20)}
+    if API == "opencl":
+        # A forked OpenCL child allocates in its parent's context, whose
+        # queues are the parent's: the implementation serves it, gpupool
+        # records nothing, and a child that records nothing leaves no file.
+        del want[f"out.{forked}.gpupool-trace"]
+    check(sorted(os.listdir(d)) == sorted(want), f"files: {sorted(os.listdir(d))}, "
+          f"expected {sorted(want)}")
+    for name, (pid, n) in want.items():
+        if os.path.exists(os.path.join(d, name)):
+            whole_trace(os.path.join(d, name), pid, n)
+    # By hand, two programs at once (both wait, having allocated, until told).
+    d = os.path.join(tmp, "hand")
+    os.mkdir(d)
+    f = os.path.join(d, "t.trace")
+    ps = [start(["serve"], env=env(True, GPUPOOL_TRACE_FILE=f))[0] for _ in range(2)]
+    for p in ps:
+        _, err = p.communicate(input="", timeout=120)
+        check(p.returncode == 0, f"exit {p.returncode}: {err[-1500:]}")
+    files = sorted(os.listdir(d))
+    check(len(files) == 2 and "t.trace" in files, f"files: {files}")
+    pids = {p.pid for p in ps}
+    for name in files:
+        path = os.path.join(d, name)
+        tpid, n = trace_records(path)
+        check(tpid in pids, f"{name} says pid {tpid}, not one of {pids}")
+        pids.discard(tpid)
+        if name != "t.trace":
+            check(name == f"t.{tpid}.trace", f"{name} holds pid {tpid}'s trace")
+        counts, problems = gpupool_check.replay_trace(path)
+        check(not problems and counts["allocs"] > 0, f"{name}: {counts} {problems[:5]}")
+
+
+PROM_LINE = re.compile(r'^(gpupool_\w+)\{([^}]*)\} (\S+)$')
+
+
+def prom_series(path):
+    """{(metric, labels as a tuple of pairs): value} of a gpupool file."""
+    out = {}
+    for ln in lines(path):
+        if ln.startswith("#"):
+            continue
+        m = PROM_LINE.match(ln.strip())
+        check(m, f"{os.path.basename(path)}: a series without labels: {ln.strip()!r}")
+        if m:
+            labels = tuple(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2)))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def procs_prometheus(tmp):
+    """Every series names its process (pid) and its GPU (the device's UUID
+    as nvidia-smi prints it, or the OpenCL device's index), and no address;
+    two programs get a file each; a program's file goes when it exits."""
+    d = os.path.join(tmp, "prom")
+    os.mkdir(d)
+    f = os.path.join(d, "gpupool.prom")
+    # Two `gpupool run`s at once: the second finds F held and writes its sibling.
+    servers = []
+    for _ in range(2):
+        p = subprocess.Popen([LAUNCHER, "run", "--prometheus", f, "--", PROGRAM, API, "serve"],
+                             env=env(False),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        line = p.stdout.readline()
+        if not check(line.startswith("ready"), f"did not start: {line}"):
+            p.kill()
+            return
+        servers.append((p, int(line.split()[1])))
+    first, second = servers[0][1], servers[1][1]
+    want = {"gpupool.prom": first, f"gpupool.{second}.prom": second}
+    check(wait_for(lambda: sorted(os.listdir(d)) == sorted(want), 30),
+          f"files: {sorted(os.listdir(d))}, expected {sorted(want)}")
+    gpu = (r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}" if API == "cuda"
+           else r"(GPU-[0-9a-f-]{36}|opencl:\d+:\d+)")
+    for name, pid in want.items():
+        series = prom_series(os.path.join(d, name))
+        check(series, f"{name}: no series")
+        for (metric, labels), _ in series.items():
+            lab = dict(labels)
+            check(lab.get("pid") == str(pid), f"{name}: {metric}{labels} lacks pid {pid}")
+            if metric not in ("gpupool_info", "gpupool_holding"):
+                check(re.fullmatch(gpu, lab.get("gpu", "")), f"{name}: {metric} gpu label: {labels}")
+            check(not re.search(r"0x[0-9a-f]{5,}", " ".join(v for _, v in labels)),
+                  f"{name}: an address in {metric}{labels}")
+    # The first exits: its file goes with it; the second's stays.
+    p, _ = servers[0]
+    p.communicate(input="", timeout=120)
+    check(p.returncode == 0, f"exit {p.returncode}")
+    check(sorted(os.listdir(d)) == [f"gpupool.{second}.prom"],
+          f"after the first exited: {sorted(os.listdir(d))}")
+    p, _ = servers[1]
+    p.communicate(input="", timeout=120)
+    check(os.listdir(d) == [], f"after both exited: {os.listdir(d)}")
+
+
+NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+SKIP = 77  # ctest's SKIP_RETURN_CODE for these checks
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def scrape(port):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def serving(prom):
+    """host_program serve under `gpupool run --prometheus prom`: (process, pid)."""
+    p = subprocess.Popen([LAUNCHER, "run", "--prometheus", prom, "--", PROGRAM, API, "serve"],
+                         env=env(False), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line.startswith("ready"):
+        p.kill()
+        sys.exit(f"FAILED: host_program did not start: {line}{p.communicate()}")
+    return p, int(line.split()[1])
+
+
+def procs_node_exporter(tmp):
+    """The real node_exporter's textfile collector reading two gpupool
+    processes' files: no scrape error, both processes' series; a process's
+    series go when it exits, and a killed process's once the next gpupool
+    process writes beside its file."""
+    if not NODE_EXPORTER:
+        print("SKIP: node_exporter is not installed (Debian: prometheus-node-exporter)")
+        sys.exit(SKIP)
+    d = os.path.join(tmp, "textfile")
+    os.mkdir(d)
+    f = os.path.join(d, "gpupool.prom")
+    port = free_port()
+    log_path = os.path.join(tmp, "node_exporter.log")
+    with open(log_path, "w") as log:
+        ne = subprocess.Popen([NODE_EXPORTER, "--collector.disable-defaults", "--collector.textfile",
+                               f"--collector.textfile.directory={d}",
+                               f"--web.listen-address=127.0.0.1:{port}"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    procs = []
+    try:
+        if not check(wait_for(lambda: scrape(port) is not None, 30), "node_exporter did not answer"):
+            return
+
+        def pids_served():
+            text = scrape(port) or ""
+            check("node_textfile_scrape_error 0" in text,
+                  f"scrape error: {[l for l in text.splitlines() if 'scrape_error' in l]}")
+            return {int(x) for x in re.findall(r'gpupool_info\{[^}]*pid="(\d+)"', text)}, text
+
+        a, pa = serving(f)
+        b, pb = serving(f)
+        procs += [a, b]
+        check(wait_for(lambda: len(os.listdir(d)) == 2, 30), f"files: {os.listdir(d)}")
+        served, text = pids_served()
+        check(served == {pa, pb}, f"node_exporter serves pids {served}, expected {pa} and {pb}")
+        for pid in (pa, pb):
+            check(re.search(r'gpupool_hits_total\{[^}]*pid="%d"[^}]*\} \d' % pid, text),
+                  f"no gpupool_hits_total of pid {pid}")
+        a.communicate(input="", timeout=120)
+        served, _ = pids_served()
+        check(served == {pb}, f"after {pa} exited node_exporter serves {served}")
+        # Killed: its file stays (nothing ran in it) until the next process.
+        b.kill()
+        b.wait()
+        check(os.path.exists(os.path.join(d, f"gpupool.{pb}.prom")), f"files: {os.listdir(d)}")
+        c, pc = serving(f)
+        procs.append(c)
+        check(wait_for(lambda: sorted(os.listdir(d)) == ["gpupool.prom"], 30),
+              f"the killed process's file is still there: {os.listdir(d)}")
+        served, _ = pids_served()
+        check(served == {pc}, f"with {pb} killed and {pc} started node_exporter serves {served}")
+        c.communicate(input="", timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        ne.terminate()
+        ne.wait(timeout=30)
+    said = open(log_path).read()
+    check("collected before" not in said and "level=error" not in said,
+          f"node_exporter's log: {said[-1500:]}")
+
+
+def stats_nothing(tmp):
+    """--stats on a program that made no GPU call: one line saying nothing
+    was intercepted, and why; only from the process `gpupool run` started."""
+    def said(r):
+        return [ln for ln in r.stderr.splitlines() if "nothing intercepted" in ln]
+
+    lib = "libcuda.so.1" if API == "cuda" else "libOpenCL.so.1"
+    what = "CUDA context or allocation" if API == "cuda" else "OpenCL context or buffer"
+    r = run_gp(["--stats", "--", PROGRAM, API, "idle"])
+    lines_ = said(r)
+    check(r.returncode == 0 and len(lines_) == 1, f"exit {r.returncode}: {r.stderr[-1500:]}")
+    if lines_:
+        check(f"(host_program), exit: nothing intercepted" in lines_[0] and
+              f"{lib} was loaded, but no {what} reached gpupool" in lines_[0], lines_[0])
+    # Neither library loaded; a shell's children say nothing, the shell once
+    # (bash: dash ends with _exit(), which runs no exit handler at all).
+    r = run_gp(["--stats", "--", "bash", "-c", f"{PROGRAM} {API} idle; {PROGRAM} {API} idle; :"])
+    lines_ = said(r)
+    check(len(lines_) == 1, f"expected the shell's line alone: {r.stderr[-1500:]}")
+    if lines_:
+        check("no CUDA driver (libcuda.so.1) was loaded; no OpenCL loader (libOpenCL.so.1) was "
+              "loaded" in lines_[0], lines_[0])
+    if API == "opencl":
+        empty = os.path.join(tmp, "vendors")
+        os.mkdir(empty)
+        r = run_gp(["--stats", "--", PROGRAM, API, "idle"], OCL_ICD_VENDORS=empty)
+        check(any(f"no OpenCL platform is installed (no .icd file in {empty})" in ln
+                  for ln in said(r)), r.stderr[-1500:])
+    # JSON: a dump as the schema has it.
+    out = os.path.join(tmp, "stats.json")
+    r = run_gp(["--stats", "--json", "--stats-file", out, "--", PROGRAM, API, "idle"])
+    docs = lines(out)
+    check(len(docs) == 1, f"{out}: {docs}")
+    if docs:
+        schema = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                             "docs", "stats-schema.json")))
+        doc, errors = gpupool_check.validate_dump(docs[0].strip(), schema)
+        check(not errors and doc["warnings"][0].startswith("nothing intercepted: "),
+              f"{errors} {docs[0]}")
+    # Set by hand (no gpupool run): nothing, as before; and a program that
+    # made GPU calls gets its dump, not the line.
+    r = run(["idle"], env=env(True, GPUPOOL_STATS_AT_EXIT=1))
+    check(said(r) == [], r.stderr[-800:])
+    r = run_gp(["--stats", "--", PROGRAM, API, "churn", "5"])
+    check(r.returncode == 0 and said(r) == [] and ", exit, holding on" in r.stderr,
+          r.stderr[-1500:])
 
 
 # ---- files ------------------------------------------------------------------
@@ -401,11 +699,13 @@ def files_prometheus(tmp):
                        open(os.path.join(tmp, "stats")).read())
         check(m and int(m[-1]) > 1, f"{what}: failed updates not counted in the dumps: {m}")
     check(open(link_target).read() == "keep\n", "the symlink's target changed")
-    # Its own file is still kept up to date.
+    # Its own file is still kept up to date while it runs, and goes when it exits.
     mine = os.path.join(tmp, "mine.prom")
-    r = run(["exit"], env=env(True, GPUPOOL_PROMETHEUS_FILE=mine, GPUPOOL_STATS_INTERVAL="20ms",
-                              GPUPOOL_STATS_FILE=os.path.join(tmp, "stats")))
-    check(r.returncode == 0 and "gpupool_hits_total" in open(mine).read(), r.stderr[-500:])
+    p, _ = start(["serve"], env=env(True, GPUPOOL_PROMETHEUS_FILE=mine))
+    check(wait_for(lambda: "gpupool_hits_total" in "".join(lines(mine)), 30), "no Prometheus file")
+    p.communicate(input="", timeout=120)
+    check(p.returncode == 0 and not os.path.exists(mine), f"exit {p.returncode}; file left: "
+          f"{os.path.exists(mine)}")
 
 
 def files_trace_full(tmp):
@@ -753,6 +1053,10 @@ CHECKS = {
     "fork.busy": fork_busy,
     "fork.alloc": fork_alloc,
     "fork.files": fork_files,
+    "procs.trace": procs_trace,
+    "procs.prometheus": procs_prometheus,
+    "procs.node_exporter": procs_node_exporter,
+    "stats.nothing": stats_nothing,
     "files.prometheus": files_prometheus,
     "files.trace_full": files_trace_full,
     "socket.clients": socket_clients,

@@ -191,6 +191,12 @@ class Run(unittest.TestCase):
             lib = os.path.realpath(os.path.join(BUILD_DIR, "libgpupool.so"))
             sanitizers = [p for p in SANITIZER_PRELOAD.split(":") if p]
             self.assertEqual(preload, sanitizers + [lib, libm])
+        # The program is the launcher's process (exec): GPUPOOL_RUN_PID is
+        # its pid, so it writes the files as named and its children write
+        # siblings (docs/trace.md).
+        r = gp("run", "--", "sh", "-c", 'echo "$$ $GPUPOOL_RUN_PID"', env=env)
+        pid, run_pid = r.stdout.split()
+        self.assertEqual(pid, run_pid)
         # Already preloaded: left alone, not added twice.
         env["LD_PRELOAD"] = TEST_PRELOAD
         r = gp("run", "--", "sh", "-c", "echo $LD_PRELOAD", env=env)

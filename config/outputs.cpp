@@ -1,0 +1,279 @@
+#include "config/outputs.hpp"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+namespace gpupool::io {
+namespace {
+
+// %p appears in `s` as expand_path reads it (%% is a literal %).
+bool has_pid(const std::string& s) {
+  for (std::size_t i = 0; i + 1 < s.size(); ++i)
+    if (s[i] == '%') {
+      if (s[i + 1] == 'p') return true;
+      ++i;  // "%%" or an unknown escape, kept as is
+    }
+  return false;
+}
+
+// Where ".<pid>" goes in a file name: before its last extension, and at
+// the end for a name without one (a leading dot starts no extension).
+std::size_t pid_slot(const std::string& name) {
+  const std::size_t dot = name.rfind('.');
+  return dot == std::string::npos || dot == 0 ? name.size() : dot;
+}
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// `name` is `pattern` with one or more digits for each %p in it (%% a %).
+bool match_pid_pattern(const std::string& pattern, std::size_t pi, const std::string& name,
+                       std::size_t ni) {
+  while (pi < pattern.size()) {
+    if (pattern[pi] == '%' && pi + 1 < pattern.size() && pattern[pi + 1] == 'p') {
+      std::size_t end = ni;
+      while (end < name.size() && is_digit(name[end])) ++end;
+      for (std::size_t stop = end; stop > ni; --stop)
+        if (match_pid_pattern(pattern, pi + 2, name, stop)) return true;
+      return false;
+    }
+    char want = pattern[pi];
+    pi += pattern[pi] == '%' && pi + 1 < pattern.size() && pattern[pi + 1] == '%' ? 2 : 1;
+    if (ni >= name.size() || name[ni] != want) return false;
+    ++ni;
+  }
+  return ni == name.size();
+}
+
+bool lock_unsupported(int e) { return e == ENOLCK || e == EOPNOTSUPP || e == EINVAL; }
+
+// Takes fd's lock: 0, or EWOULDBLOCK when another holds it. Where the file
+// system has no locks the file is taken unheld (0).
+int take_lock(int fd) {
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+  const int e = errno;
+  return lock_unsupported(e) ? 0 : (e == EINTR ? EWOULDBLOCK : e);
+}
+
+bool write_all(int fd, const std::string& data) {
+  const char* p = data.data();
+  std::size_t n = data.size();
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+FileId id_at(int dir, const std::string& name, struct stat* st) {
+  if (fstatat(dir, name.c_str(), st, AT_SYMLINK_NOFOLLOW) != 0) return {};
+  return {st->st_dev, st->st_ino};
+}
+
+}  // namespace
+
+std::string sibling_path(const std::string& path, long pid) {
+  const std::size_t slash = path.rfind('/');
+  const std::size_t start = slash == std::string::npos ? 0 : slash + 1;
+  const std::size_t at = start + pid_slot(path.substr(start));
+  return path.substr(0, at) + "." + std::to_string(pid) + path.substr(at);
+}
+
+std::vector<std::string> output_names(const std::string& value, long pid, long run_pid,
+                                      bool forked_child) {
+  const std::string path = expand_path(value, pid);
+  if (has_pid(value)) return {path};
+  const std::string sibling = sibling_path(path, pid);
+  const bool may_take_value = run_pid > 0 ? pid == run_pid : !forked_child;
+  if (may_take_value) return {path, sibling};
+  return {sibling};
+}
+
+bool is_output_name(const std::string& value_name, const std::string& name) {
+  if (has_pid(value_name)) return match_pid_pattern(value_name, 0, name, 0);
+  const std::string plain = expand_path(value_name, 0);  // %% -> %
+  if (name == plain) return true;
+  const std::size_t at = pid_slot(plain);
+  const std::string stem = plain.substr(0, at), ext = plain.substr(at);
+  if (name.size() < stem.size() + ext.size() + 2) return false;
+  if (name.compare(0, stem.size(), stem) != 0 ||
+      name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
+    return false;
+  const std::size_t digits = stem.size() + 1, end = name.size() - ext.size();
+  if (name[stem.size()] != '.') return false;
+  for (std::size_t i = digits; i < end; ++i)
+    if (!is_digit(name[i])) return false;
+  return end > digits;
+}
+
+OwnedFd hold_output(const std::string& path, bool append, Hold* result, std::string* why) {
+  *result = Hold::failed;
+  // Opened without truncating: the file may be another live process's.
+  OwnedFd fd = open_output(path, /*append=*/true, why);
+  if (!fd.valid()) return {};
+  if (const int e = take_lock(fd.get()); e == EWOULDBLOCK) {
+    *result = Hold::taken;
+    *why = path + " is written by another live process";
+    return {};
+  } else if (e != 0) {
+    *why = "cannot lock " + path + ": " + strerror(e);
+    return {};
+  }
+  if (!append && ftruncate(fd.get(), 0) != 0) {
+    *why = "cannot truncate " + path + ": " + strerror(errno);
+    return {};
+  }
+  *result = Hold::held;
+  return fd;
+}
+
+Hold HeldFile::replace(const std::string& path, const std::string& data, std::string* why) {
+  // Every name below is looked up in the directory opened without links.
+  std::string name;
+  const OwnedFd dir = open_parent(path, &name, why);
+  if (!dir.valid()) return Hold::failed;
+  const int d = dir.get();
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    struct stat st{};
+    const FileId there = id_at(d, name, &st);
+    if (!there.valid() && errno != ENOENT) {
+      *why = "cannot check " + path + ": " + strerror(errno);
+      return Hold::failed;
+    }
+    if (there.valid() && !S_ISREG(st.st_mode)) {
+      *why = "refusing to replace " + path + ": not a regular file";
+      return Hold::failed;
+    }
+    if (there.valid() && st.st_uid != geteuid()) {
+      *why = "refusing to replace " + path + ": owned by uid " + std::to_string(st.st_uid) +
+             ", not by this user (uid " + std::to_string(geteuid()) + ")";
+      return Hold::failed;
+    }
+    // Someone else's version, or a dead process's: replaced only while
+    // this process holds it, so no two processes both take it.
+    OwnedFd old;
+    if (there.valid() && !(held_.valid() && there == held_.id())) {
+      old = OwnedFd::adopt(
+          ::openat(d, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+      if (!old.valid() || old.id() != there) continue;  // changed meanwhile: look again
+      if (const int e = take_lock(old.get()); e == EWOULDBLOCK) {
+        *why = path + " is written by another live process";
+        return Hold::taken;
+      } else if (e != 0) {
+        *why = "cannot lock " + path + ": " + strerror(e);
+        return Hold::failed;
+      }
+      if (id_at(d, name, &st) != there) continue;
+    }
+    // The new version, held before it takes the name. Hidden, and not an
+    // output name: never read as a .prom file, never removed as stale.
+    std::string tmp;
+    OwnedFd fresh;
+    for (int tries = 0; tries < 16 && !fresh.valid(); ++tries) {
+      timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      char suffix[32];
+      snprintf(suffix, sizeof suffix, ".tmp%06lx",
+               static_cast<unsigned long>((ts.tv_nsec ^ (getpid() << 8) ^ tries * 7919) & 0xffffff));
+      tmp = "." + name + suffix;
+      fresh = OwnedFd::adopt(
+          ::openat(d, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+      if (!fresh.valid() && errno != EEXIST) break;
+    }
+    if (!fresh.valid()) {
+      *why = "cannot create a temporary file next to " + path + ": " + strerror(errno);
+      return Hold::failed;
+    }
+    (void)take_lock(fresh.get());  // a new file: nobody else has it
+    fchmod(fresh.get(), 0644);
+    if (!write_all(fresh.get(), data)) {
+      *why = "cannot write " + tmp + ": " + strerror(errno);
+      ::unlinkat(d, tmp.c_str(), 0);
+      return Hold::failed;
+    }
+    int r;
+    if (there.valid()) {
+      // renameat() replaces the name itself, never what a symbolic link
+      // put there since would point to.
+      r = ::renameat(d, tmp.c_str(), d, name.c_str());
+    } else {
+      // Nothing was there: never replace what appeared meanwhile.
+      r = renameat2(d, tmp.c_str(), d, name.c_str(), RENAME_NOREPLACE);
+      if (r != 0 && (errno == EINVAL || errno == ENOSYS)) {
+        r = ::linkat(d, tmp.c_str(), d, name.c_str(), 0);
+        if (r == 0) ::unlinkat(d, tmp.c_str(), 0);
+      }
+    }
+    if (r != 0) {
+      const int e = errno;
+      ::unlinkat(d, tmp.c_str(), 0);
+      if (e == EEXIST) continue;
+      *why = "cannot rename " + tmp + " to " + path + ": " + strerror(e);
+      return Hold::failed;
+    }
+    held_ = std::move(fresh);  // the version it replaced is let go
+    return Hold::held;
+  }
+  *why = "refusing to replace " + path + ": it keeps changing";
+  return Hold::failed;
+}
+
+void HeldFile::remove(const std::string& path) {
+  if (!held_.valid()) return;
+  std::string name, why;
+  const OwnedFd dir = open_parent(path, &name, &why);
+  struct stat st{};
+  if (dir.valid() && held_.ours() && id_at(dir.get(), name, &st) == held_.id())
+    ::unlinkat(dir.get(), name.c_str(), 0);
+  held_.close();
+}
+
+int remove_unheld_outputs(const std::string& value, const std::string& keep,
+                          const std::string& starts_with) {
+  const std::size_t slash = value.rfind('/');
+  if (slash != std::string::npos && has_pid(value.substr(0, slash))) return 0;
+  const std::string value_name = slash == std::string::npos ? value : value.substr(slash + 1);
+  std::string name, why;
+  const OwnedFd dir = open_parent(expand_path(value, 0), &name, &why);
+  if (!dir.valid()) return 0;
+  const int d = dir.get();
+  const int list = above_stdio(::openat(d, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (list < 0) return 0;
+  DIR* dp = fdopendir(list);
+  if (!dp) {
+    ::close(list);
+    return 0;
+  }
+  int removed = 0;
+  std::string head(starts_with.size(), '\0');
+  while (const dirent* e = readdir(dp)) {
+    const std::string entry = e->d_name;
+    if (entry == keep || entry == "." || entry == ".." || !is_output_name(value_name, entry))
+      continue;
+    OwnedFd f = OwnedFd::adopt(
+        ::openat(d, entry.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+    struct stat st{};
+    if (!f.valid() || fstat(f.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+      continue;
+    // Only what gpupool wrote: a name alone may be the user's own file.
+    if (pread(f.get(), head.data(), head.size(), 0) != static_cast<ssize_t>(head.size()) ||
+        head != starts_with)
+      continue;
+    // Held: a live process's. Where locks are not supported nothing is known.
+    if (flock(f.get(), LOCK_EX | LOCK_NB) != 0) continue;
+    if (id_at(d, entry, &st) == f.id() && ::unlinkat(d, entry.c_str(), 0) == 0) ++removed;
+  }
+  closedir(dp);
+  return removed;
+}
+
+}  // namespace gpupool::io

@@ -1,0 +1,215 @@
+// The files one setting makes several processes write (config/outputs.hpp):
+// each process's name, and no two live processes ever writing one file.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "config/outputs.hpp"
+
+namespace gpupool::io {
+namespace {
+
+using Names = std::vector<std::string>;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+class Outputs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gpupool-outputs-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+  }
+  void TearDown() override {
+    ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+  }
+  Names listing() {
+    Names out;
+    DIR* d = opendir(dir.c_str());
+    while (const dirent* e = readdir(d))
+      if (e->d_name[0] != '.') out.push_back(e->d_name);
+    closedir(d);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::string dir;
+};
+
+TEST(OutputNames, SiblingGoesBeforeTheLastExtension) {
+  EXPECT_EQ(sibling_path("/d/out.gpupool-trace", 4242), "/d/out.4242.gpupool-trace");
+  EXPECT_EQ(sibling_path("gpupool.prom", 7), "gpupool.7.prom");
+  EXPECT_EQ(sibling_path("/d/trace", 7), "/d/trace.7");
+  EXPECT_EQ(sibling_path("/d.x/trace", 7), "/d.x/trace.7");  // a dot in the directory is not one
+  EXPECT_EQ(sibling_path("/d/a.tar.gz", 7), "/d/a.tar.7.gz");
+  EXPECT_EQ(sibling_path("/d/.hidden", 7), "/d/.hidden.7");
+}
+
+TEST(OutputNames, WhoWritesWhat) {
+  // gpupool run's process: the name itself, its sibling if that is taken.
+  EXPECT_EQ(output_names("/d/t.trace", 10, 10, false), (Names{"/d/t.trace", "/d/t.10.trace"}));
+  // Any other process under gpupool run: its sibling, fork or exec.
+  EXPECT_EQ(output_names("/d/t.trace", 11, 10, false), (Names{"/d/t.11.trace"}));
+  EXPECT_EQ(output_names("/d/t.trace", 11, 10, true), (Names{"/d/t.11.trace"}));
+  // Set by hand: the first process that holds the name; a forked child its sibling.
+  EXPECT_EQ(output_names("/d/t.trace", 12, 0, false), (Names{"/d/t.trace", "/d/t.12.trace"}));
+  EXPECT_EQ(output_names("/d/t.trace", 12, 0, true), (Names{"/d/t.12.trace"}));
+  // %p: the user chose.
+  EXPECT_EQ(output_names("/d/t.%p", 13, 10, false), (Names{"/d/t.13"}));
+  EXPECT_EQ(output_names("/d/100%%.trace", 13, 13, false),
+            (Names{"/d/100%.trace", "/d/100%.13.trace"}));
+}
+
+TEST(OutputNames, KnowsItsFamily) {
+  EXPECT_TRUE(is_output_name("gpupool.prom", "gpupool.prom"));
+  EXPECT_TRUE(is_output_name("gpupool.prom", "gpupool.4242.prom"));
+  EXPECT_FALSE(is_output_name("gpupool.prom", "gpupool..prom"));
+  EXPECT_FALSE(is_output_name("gpupool.prom", "gpupool.42a.prom"));
+  EXPECT_FALSE(is_output_name("gpupool.prom", "other.4242.prom"));
+  EXPECT_FALSE(is_output_name("gpupool.prom", "gpupool.prom.1a2b3c"));
+  EXPECT_FALSE(is_output_name("gpupool.prom", ".gpupool.prom.tmp123456"));
+  EXPECT_TRUE(is_output_name("trace", "trace.17"));
+  EXPECT_FALSE(is_output_name("trace", "trace.17.x"));
+  EXPECT_TRUE(is_output_name("m-%p.prom", "m-17.prom"));
+  EXPECT_FALSE(is_output_name("m-%p.prom", "m-.prom"));
+  EXPECT_FALSE(is_output_name("m-%p.prom", "m-%p.prom"));
+  EXPECT_TRUE(is_output_name("100%%-%p", "100%-5"));
+}
+
+TEST_F(Outputs, HeldTraceIsNotTakenByAnother) {
+  const std::string t = dir + "/t.trace";
+  std::string why;
+  Hold h;
+  OwnedFd first = hold_output(t, false, &h, &why);
+  ASSERT_EQ(h, Hold::held) << why;
+  ASSERT_TRUE(write(first.get(), "first\n", 6) == 6);
+  // Another open file (as another process has): refused, nothing truncated.
+  OwnedFd second = hold_output(t, false, &h, &why);
+  EXPECT_EQ(h, Hold::taken);
+  EXPECT_FALSE(second.valid());
+  EXPECT_EQ(read_file(t), "first\n");
+  // Once the first is gone (its process ended), the name is free.
+  first.close();
+  OwnedFd third = hold_output(t, false, &h, &why);
+  EXPECT_EQ(h, Hold::held) << why;
+  EXPECT_EQ(read_file(t), "");
+}
+
+TEST_F(Outputs, HeldAcrossProcesses) {
+  const std::string t = dir + "/t.trace";
+  int ready[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(done[1]);  // its end of the pipe closes when the parent's does
+    std::string why;
+    Hold h;
+    OwnedFd f = hold_output(t, false, &h, &why);
+    char c = h == Hold::held ? 'y' : 'n';
+    if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) < 0) _exit(2);
+    _exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  std::string why;
+  Hold h;
+  EXPECT_FALSE(hold_output(t, false, &h, &why).valid());
+  EXPECT_EQ(h, Hold::taken);
+  close(done[1]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(hold_output(t, false, &h, &why).valid());
+  EXPECT_EQ(h, Hold::held) << why;
+  for (int fd : {ready[0], ready[1], done[0]}) close(fd);
+}
+
+TEST_F(Outputs, ReplacedFileStaysHeldBetweenUpdates) {
+  const std::string p = dir + "/gpupool.prom";
+  HeldFile a, b;
+  std::string why;
+  ASSERT_EQ(a.replace(p, "a 1\n", &why), Hold::held) << why;
+  EXPECT_EQ(b.replace(p, "b 1\n", &why), Hold::taken);
+  ASSERT_EQ(a.replace(p, "a 2\n", &why), Hold::held) << why;
+  EXPECT_EQ(b.replace(p, "b 2\n", &why), Hold::taken);
+  EXPECT_EQ(read_file(p), "a 2\n");
+  EXPECT_EQ(listing(), Names{"gpupool.prom"});  // no temporary file left
+  // The holder removes it; then another takes the name.
+  a.remove(p);
+  EXPECT_EQ(listing(), Names{});
+  EXPECT_EQ(b.replace(p, "b 3\n", &why), Hold::held) << why;
+  EXPECT_EQ(read_file(p), "b 3\n");
+}
+
+TEST_F(Outputs, DeadProcessesFileIsReplacedNotRefused) {
+  const std::string p = dir + "/gpupool.prom";
+  {
+    HeldFile dead;
+    std::string why;
+    ASSERT_EQ(dead.replace(p, "dead 1\n", &why), Hold::held) << why;
+    dead.forget_in_child();  // as if its process were gone: its lock with it
+  }
+  HeldFile b;
+  std::string why;
+  EXPECT_EQ(b.replace(p, "b 1\n", &why), Hold::held) << why;
+  EXPECT_EQ(read_file(p), "b 1\n");
+}
+
+TEST_F(Outputs, RemovesOnlyUnheldFilesGpupoolWrote) {
+  const std::string value = dir + "/gpupool.prom";
+  HeldFile live, mine;
+  std::string why;
+  ASSERT_EQ(live.replace(dir + "/gpupool.11.prom", "# HELP gpupool_info live\n", &why), Hold::held);
+  ASSERT_EQ(mine.replace(dir + "/gpupool.12.prom", "# HELP gpupool_info mine\n", &why), Hold::held);
+  write_file(dir + "/gpupool.13.prom", "# HELP gpupool_info dead\n");        // nobody holds it
+  write_file(dir + "/gpupool.prom", "# HELP gpupool_info dead too\n");       // nor this one
+  write_file(dir + "/gpupool.2024.prom", "# the user's own file of that name\n");
+  write_file(dir + "/other.14.prom", "# HELP gpupool_info another setting's\n");
+  EXPECT_EQ(remove_unheld_outputs(value, "gpupool.12.prom", "# HELP gpupool_info "), 2);
+  EXPECT_EQ(listing(), (Names{"gpupool.11.prom", "gpupool.12.prom", "gpupool.2024.prom",
+                              "other.14.prom"}));
+  // %p in the directory: nothing to look at.
+  EXPECT_EQ(remove_unheld_outputs(dir + "/%p/gpupool.prom", "", "# HELP gpupool_info "), 0);
+}
+
+TEST_F(Outputs, ReplaceRefusesWhatItAlwaysRefused) {
+  const std::string target = dir + "/target";
+  write_file(target, "keep\n");
+  const std::string link = dir + "/link.prom";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  const std::string fifo = dir + "/fifo.prom";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& p : {link, fifo, dir}) {
+    HeldFile f;
+    std::string why;
+    EXPECT_EQ(f.replace(p, "x\n", &why), Hold::failed) << p;
+    EXPECT_FALSE(why.empty()) << p;
+  }
+  EXPECT_EQ(read_file(target), "keep\n");
+  struct stat st{};
+  ASSERT_EQ(lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+}
+
+}  // namespace
+}  // namespace gpupool::io
