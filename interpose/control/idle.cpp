@@ -116,8 +116,8 @@ __attribute__((destructor)) void idle_exit_dump() {
       r.time = static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
       r.reason = "exit";
       r.holding = cfg.hold;
-      const int sigs[kActions] = {cfg.signal_stats, cfg.signal_free_held, cfg.signal_stop_holding};
-      for (unsigned a = 0; a < kActions; ++a) r.signals.push_back({kActionNames[a], sigs[a], false});
+      for (const config::ActionInfo& a : config::kActionInfo)
+        r.signals.push_back({a.name, cfg.*a.signal, false});
       r.warnings.push_back("nothing intercepted: " + why);
       text = stats::to_json(r) + "\n";
     } else {
