@@ -464,6 +464,32 @@ def prom_series(path):
     return out
 
 
+def serving(prom, stats):
+    """host_program serve under `gpupool run --prometheus prom`, its file
+    updated every 100 ms (with a stats dump to `stats`): (process, pid)."""
+    p = subprocess.Popen([LAUNCHER, "run", "--prometheus", prom, "--stats-interval", "100ms",
+                          "--stats-file", stats, "--", PROGRAM, API, "serve"],
+                         env=env(False), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line.startswith("ready"):
+        p.kill()
+        sys.exit(f"FAILED: host_program did not start: {line}{p.communicate()}")
+    return p, int(line.split()[1])
+
+
+def file_pid(path):
+    """The pid a gpupool Prometheus file names (None: none)."""
+    m = re.search(r'^gpupool_info\{pid="(\d+)"', "".join(lines(path)), re.M)
+    return int(m.group(1)) if m else None
+
+
+def with_arenas(path):
+    """path holds a process's arenas' series (its first update may come
+    before the program's first allocation)."""
+    return "gpupool_hits_total{" in "".join(lines(path))
+
+
 def procs_prometheus(tmp):
     """Every series names its process (pid) and its GPU (the device's UUID
     as nvidia-smi prints it, or the OpenCL device's index), and no address;
@@ -471,22 +497,17 @@ def procs_prometheus(tmp):
     d = os.path.join(tmp, "prom")
     os.mkdir(d)
     f = os.path.join(d, "gpupool.prom")
-    # Two `gpupool run`s at once: the second finds F held and writes its sibling.
-    servers = []
-    for _ in range(2):
-        p = subprocess.Popen([LAUNCHER, "run", "--prometheus", f, "--", PROGRAM, API, "serve"],
-                             env=env(False),
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        line = p.stdout.readline()
-        if not check(line.startswith("ready"), f"did not start: {line}"):
-            p.kill()
-            return
-        servers.append((p, int(line.split()[1])))
-    first, second = servers[0][1], servers[1][1]
-    want = {"gpupool.prom": first, f"gpupool.{second}.prom": second}
-    check(wait_for(lambda: sorted(os.listdir(d)) == sorted(want), 30),
-          f"files: {sorted(os.listdir(d))}, expected {sorted(want)}")
+    # Two `gpupool run`s at once: the one that writes first holds F, the
+    # other finds it held and writes its sibling.
+    stats = os.path.join(tmp, "stats.%p")
+    servers = [serving(f, stats) for _ in range(2)]
+    a, b = servers[0][1], servers[1][1]
+    options = ({"gpupool.prom": a, f"gpupool.{b}.prom": b},
+               {"gpupool.prom": b, f"gpupool.{a}.prom": a})
+    check(wait_for(lambda: sorted(os.listdir(d)) in [sorted(o) for o in options] and
+                   all(with_arenas(os.path.join(d, n)) for n in os.listdir(d)), 30),
+          f"files: {sorted(os.listdir(d))}, expected one of {options} with their arenas")
+    want = options[0] if file_pid(os.path.join(d, "gpupool.prom")) == a else options[1]
     gpu = (r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}" if API == "cuda"
            else r"(GPU-[0-9a-f-]{36}|opencl:\d+:\d+)")
     for name, pid in want.items():
@@ -499,12 +520,12 @@ def procs_prometheus(tmp):
                 check(re.fullmatch(gpu, lab.get("gpu", "")), f"{name}: {metric} gpu label: {labels}")
             check(not re.search(r"0x[0-9a-f]{5,}", " ".join(v for _, v in labels)),
                   f"{name}: an address in {metric}{labels}")
-    # The first exits: its file goes with it; the second's stays.
+    # One exits: its file goes with it; the other's stays.
     p, _ = servers[0]
     p.communicate(input="", timeout=120)
     check(p.returncode == 0, f"exit {p.returncode}")
-    check(sorted(os.listdir(d)) == [f"gpupool.{second}.prom"],
-          f"after the first exited: {sorted(os.listdir(d))}")
+    check([file_pid(os.path.join(d, n)) for n in os.listdir(d)] == [b],
+          f"after {a} exited: {sorted(os.listdir(d))}")
     p, _ = servers[1]
     p.communicate(input="", timeout=120)
     check(os.listdir(d) == [], f"after both exited: {os.listdir(d)}")
@@ -529,18 +550,6 @@ def scrape(port):
             return r.read().decode()
     except OSError:
         return None
-
-
-def serving(prom):
-    """host_program serve under `gpupool run --prometheus prom`: (process, pid)."""
-    p = subprocess.Popen([LAUNCHER, "run", "--prometheus", prom, "--", PROGRAM, API, "serve"],
-                         env=env(False), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    if not line.startswith("ready"):
-        p.kill()
-        sys.exit(f"FAILED: host_program did not start: {line}{p.communicate()}")
-    return p, int(line.split()[1])
 
 
 def procs_node_exporter(tmp):
@@ -572,10 +581,17 @@ def procs_node_exporter(tmp):
                   f"scrape error: {[l for l in text.splitlines() if 'scrape_error' in l]}")
             return {int(x) for x in re.findall(r'gpupool_info\{[^}]*pid="(\d+)"', text)}, text
 
-        a, pa = serving(f)
-        b, pb = serving(f)
+        stats = os.path.join(tmp, "stats.%p")
+        a, pa = serving(f, stats)
+        b, pb = serving(f, stats)
         procs += [a, b]
-        check(wait_for(lambda: len(os.listdir(d)) == 2, 30), f"files: {os.listdir(d)}")
+        check(wait_for(lambda: len(os.listdir(d)) == 2 and
+                       all(with_arenas(os.path.join(d, n)) for n in os.listdir(d)), 30),
+              f"files: {os.listdir(d)}")
+
+        def files_of(pid):
+            return [n for n in os.listdir(d) if file_pid(os.path.join(d, n)) == pid]
+
         served, text = pids_served()
         check(served == {pa, pb}, f"node_exporter serves pids {served}, expected {pa} and {pb}")
         for pid in (pa, pb):
@@ -584,13 +600,15 @@ def procs_node_exporter(tmp):
         a.communicate(input="", timeout=120)
         served, _ = pids_served()
         check(served == {pb}, f"after {pa} exited node_exporter serves {served}")
-        # Killed: its file stays (nothing ran in it) until the next process.
+        # Killed: its file stays (nothing ran in it) until the next process
+        # writes beside it (removed as nobody's, or taken over if it is F).
         b.kill()
         b.wait()
-        check(os.path.exists(os.path.join(d, f"gpupool.{pb}.prom")), f"files: {os.listdir(d)}")
-        c, pc = serving(f)
+        check(len(files_of(pb)) == 1, f"files: {os.listdir(d)}")
+        c, pc = serving(f, stats)
         procs.append(c)
-        check(wait_for(lambda: sorted(os.listdir(d)) == ["gpupool.prom"], 30),
+        check(wait_for(lambda: not files_of(pb) and files_of(pc) and
+                       with_arenas(os.path.join(d, files_of(pc)[0])), 30),
               f"the killed process's file is still there: {os.listdir(d)}")
         served, _ = pids_served()
         check(served == {pc}, f"with {pb} killed and {pc} started node_exporter serves {served}")
