@@ -138,6 +138,8 @@ bool pump_blocking(int fd, const char* p, std::size_t n, std::uint64_t deadline,
   return fstat(fd, st) == 0;
 }
 
+}  // namespace
+
 bool write_plain(int fd, const char* p, std::size_t n) {
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
@@ -148,8 +150,6 @@ bool write_plain(int fd, const char* p, std::size_t n) {
   }
   return true;
 }
-
-}  // namespace
 
 OwnedFd open_parent(const std::string& path, std::string* name, std::string* why) {
   const std::size_t slash = path.rfind('/');

@@ -106,6 +106,10 @@ inline bool write_bounded(int fd, const std::string& s,
   return write_bounded(fd, s.data(), s.size(), timeout_ns);
 }
 
+// Writes all of data to fd, a regular file (its writes never wait for a
+// reader): short writes and EINTR retried, no time bound. False on error.
+bool write_plain(int fd, const char* data, std::size_t n);
+
 // Writes to the program's stderr as write_bounded does, from any thread:
 // a private thread reaches it through /proc (its own 0-2 are /dev/null).
 bool write_stderr(const void* data, std::size_t n, std::uint64_t timeout_ns = kWriteTimeoutNs);

@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <string_view>
+
 namespace gpupool::io {
 namespace {
 
@@ -61,19 +63,6 @@ int take_lock(int fd) {
   return lock_unsupported(e) ? 0 : (e == EINTR ? EWOULDBLOCK : e);
 }
 
-bool write_all(int fd, const std::string& data) {
-  const char* p = data.data();
-  std::size_t n = data.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
-}
-
 FileId id_at(int dir, const std::string& name, struct stat* st) {
   if (fstatat(dir, name.c_str(), st, AT_SYMLINK_NOFOLLOW) != 0) return {};
   return {st->st_dev, st->st_ino};
@@ -98,21 +87,27 @@ std::vector<std::string> output_names(const std::string& value, long pid, long r
   return {sibling};
 }
 
+long sibling_pid(const std::string& of, const std::string& name) {
+  const std::size_t at = pid_slot(of);
+  const std::string_view stem(of.data(), at), ext(of.data() + at, of.size() - at);
+  // A pid has at most 10 digits (pid_max is at most 2^22).
+  if (name.size() < stem.size() + ext.size() + 2 || name.size() > of.size() + 11) return -1;
+  const std::string_view n(name);
+  if (n.substr(0, stem.size()) != stem || n.substr(n.size() - ext.size()) != ext ||
+      n[stem.size()] != '.')
+    return -1;
+  long pid = 0;
+  for (std::size_t i = stem.size() + 1; i < n.size() - ext.size(); ++i) {
+    if (!is_digit(n[i])) return -1;
+    pid = pid * 10 + (n[i] - '0');
+  }
+  return pid;
+}
+
 bool is_output_name(const std::string& value_name, const std::string& name) {
   if (has_pid(value_name)) return match_pid_pattern(value_name, 0, name, 0);
   const std::string plain = expand_path(value_name, 0);  // %% -> %
-  if (name == plain) return true;
-  const std::size_t at = pid_slot(plain);
-  const std::string stem = plain.substr(0, at), ext = plain.substr(at);
-  if (name.size() < stem.size() + ext.size() + 2) return false;
-  if (name.compare(0, stem.size(), stem) != 0 ||
-      name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
-    return false;
-  const std::size_t digits = stem.size() + 1, end = name.size() - ext.size();
-  if (name[stem.size()] != '.') return false;
-  for (std::size_t i = digits; i < end; ++i)
-    if (!is_digit(name[i])) return false;
-  return end > digits;
+  return name == plain || sibling_pid(plain, name) >= 0;
 }
 
 OwnedFd hold_output(const std::string& path, bool append, Hold* result, std::string* why) {
@@ -195,7 +190,7 @@ Hold HeldFile::replace(const std::string& path, const std::string& data, std::st
     }
     (void)take_lock(fresh.get());  // a new file: nobody else has it
     fchmod(fresh.get(), 0644);
-    if (!write_all(fresh.get(), data)) {
+    if (!write_plain(fresh.get(), data.data(), data.size())) {
       *why = "cannot write " + tmp + ": " + strerror(errno);
       ::unlinkat(d, tmp.c_str(), 0);
       return Hold::failed;
@@ -237,23 +232,23 @@ void HeldFile::remove(const std::string& path) {
   held_.close();
 }
 
-int remove_unheld_outputs(const std::string& value, const std::string& keep,
-                          const std::string& starts_with) {
+std::vector<std::string> remove_unheld_outputs(const std::string& value, const std::string& keep,
+                                               const std::string& starts_with) {
   const std::size_t slash = value.rfind('/');
-  if (slash != std::string::npos && has_pid(value.substr(0, slash))) return 0;
+  if (slash != std::string::npos && has_pid(value.substr(0, slash))) return {};
   const std::string value_name = slash == std::string::npos ? value : value.substr(slash + 1);
   std::string name, why;
   const OwnedFd dir = open_parent(expand_path(value, 0), &name, &why);
-  if (!dir.valid()) return 0;
+  if (!dir.valid()) return {};
   const int d = dir.get();
   const int list = above_stdio(::openat(d, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (list < 0) return 0;
+  if (list < 0) return {};
   DIR* dp = fdopendir(list);
   if (!dp) {
     ::close(list);
-    return 0;
+    return {};
   }
-  int removed = 0;
+  std::vector<std::string> removed;
   std::string head(starts_with.size(), '\0');
   while (const dirent* e = readdir(dp)) {
     const std::string entry = e->d_name;
@@ -270,7 +265,8 @@ int remove_unheld_outputs(const std::string& value, const std::string& keep,
       continue;
     // Held: a live process's. Where locks are not supported nothing is known.
     if (flock(f.get(), LOCK_EX | LOCK_NB) != 0) continue;
-    if (id_at(d, entry, &st) == f.id() && ::unlinkat(d, entry.c_str(), 0) == 0) ++removed;
+    if (id_at(d, entry, &st) == f.id() && ::unlinkat(d, entry.c_str(), 0) == 0)
+      removed.push_back(entry);
   }
   closedir(dp);
   return removed;

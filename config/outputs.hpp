@@ -21,6 +21,10 @@ namespace gpupool::io {
 // trace -> trace.4242, .hidden -> .hidden.4242.
 std::string sibling_path(const std::string& path, long pid);
 
+// The pid whose sibling `name` is (sibling_path's rule, both plain file
+// names): "out.4242.trace" of "out.trace" is 4242; -1 for any other name.
+long sibling_pid(const std::string& of, const std::string& name);
+
 // The names a process tries, in order, for a setting's value (docs/trace.md,
 // "Several processes"); the first one it can hold is its file.
 //   value with %p:                 the value, %p expanded (the user chose)
@@ -69,9 +73,10 @@ class HeldFile {
 // Removes, in the directory of `value` (a setting's value, %p unexpanded),
 // the files is_output_name gives for it that no live process holds and
 // that gpupool wrote: regular files of this user whose content begins
-// with `starts_with`. `keep` (a file name) is left alone. Returns how many
-// were removed. Nothing is done when the directory part holds %p.
-int remove_unheld_outputs(const std::string& value, const std::string& keep,
-                          const std::string& starts_with);
+// with `starts_with`. `keep` (a file name) is left alone. Returns the
+// names removed, in the directory's order. Nothing is done when the
+// directory part holds %p.
+std::vector<std::string> remove_unheld_outputs(const std::string& value, const std::string& keep,
+                                               const std::string& starts_with);
 
 }  // namespace gpupool::io

@@ -133,27 +133,43 @@ struct Source {
   std::uint64_t offset = 0;
   std::size_t slot_base = 0;
   std::vector<std::uint32_t> name_of_site;  // View::names index, or UINT32_MAX; kNoSite last
+  // The process's exit on the view's clock ('# end'; never its last record's
+  // time), or UINT64_MAX when the trace does not say.
+  std::uint64_t end = UINT64_MAX;
 };
 
-// Calls f(source, record, t) for every record of every source, in time
-// order (t on the view's clock).
-template <class F>
-void in_time_order(const std::vector<Source>& src, F&& f) {
+// Calls f(source, record, t) for every record of every source in time
+// order (t on the view's clock), and ended(source, t) at each source's
+// end, after its records.
+template <class F, class E>
+void in_time_order(const std::vector<Source>& src, F&& f, E&& ended) {
   if (src.size() == 1) {
-    for (const trace::Record& r : src[0].tr->records) f(std::size_t(0), r, r.t_ns + src[0].offset);
+    const std::vector<trace::Record>& recs = src[0].tr->records;
+    for (const trace::Record& r : recs) f(std::size_t(0), r, r.t_ns + src[0].offset);
+    if (src[0].end != UINT64_MAX)
+      ended(std::size_t(0),
+            std::max(src[0].end, recs.empty() ? 0 : recs.back().t_ns + src[0].offset));
     return;
   }
   using Head = std::pair<std::uint64_t, std::size_t>;  // t, source
   std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
   std::vector<std::size_t> pos(src.size(), 0);
-  for (std::size_t k = 0; k < src.size(); ++k)
-    if (!src[k].tr->records.empty()) heads.push({src[k].tr->records[0].t_ns + src[k].offset, k});
+  // The next event of source k: its next record, else its end (if any).
+  auto push_next = [&](std::size_t k) {
+    const std::vector<trace::Record>& recs = src[k].tr->records;
+    if (pos[k] < recs.size()) heads.push({recs[pos[k]].t_ns + src[k].offset, k});
+    else if (pos[k] == recs.size() && src[k].end != UINT64_MAX)
+      heads.push({std::max(src[k].end, recs.empty() ? 0 : recs.back().t_ns + src[k].offset), k});
+  };
+  for (std::size_t k = 0; k < src.size(); ++k) push_next(k);
   while (!heads.empty()) {
     const auto [t, k] = heads.top();
     heads.pop();
     const std::vector<trace::Record>& recs = src[k].tr->records;
-    f(k, recs[pos[k]], t);
-    if (++pos[k] < recs.size()) heads.push({recs[pos[k]].t_ns + src[k].offset, k});
+    if (pos[k] < recs.size()) f(k, recs[pos[k]], t);
+    else ended(k, t);
+    ++pos[k];
+    push_next(k);
   }
 }
 
@@ -180,6 +196,7 @@ class Analysis {
       records += s.tr->records.size();
       if (!s.tr->records.empty())
         v_.duration_ns = std::max(v_.duration_ns, s.tr->records.back().t_ns + s.offset);
+      if (s.end != UINT64_MAX) v_.duration_ns = std::max(v_.duration_ns, s.end);
       v_.sites_recorded |= !s.tr->sites.empty();
       s.name_of_site.assign(s.tr->sites.size() + 1, UINT32_MAX);
     }
@@ -228,25 +245,56 @@ class Analysis {
     std::vector<std::size_t> filled(v_.groups.size(), 0), proc_filled(src_.size(), 0);
     std::size_t total_filled = 0;
     std::vector<std::uint64_t> proc_active(src_.size(), 0);
+    // Together, each process's part of each group: what its end takes away.
+    std::vector<std::vector<Counters>> own(several_ ? src_.size() : 0,
+                                           std::vector<Counters>(v_.groups.size()));
     std::uint64_t total_active = 0, step = 0;
-    in_time_order(src_, [&](std::size_t k, const trace::Record& r, std::uint64_t t) {
-      Group& g = v_.groups[group_of_arena_[k][r.arena]];
-      const std::size_t gi = group_of_arena_[k][r.arena];
-      const std::size_t b = bucket(t, v_.points);
+    auto start_buckets = [&](std::size_t gi, std::size_t b) {
+      Group& g = v_.groups[gi];
       for (; filled[gi] <= b; ++filled[gi]) {
         g.b_active[filled[gi]] = g.c.active;
         g.b_in_blocks[filled[gi]] = g.c.in_blocks;
         g.b_managed[filled[gi]] = g.c.managed();
       }
+    };
+    // The process's and the total's series: buckets up to b started at the
+    // levels carried in (carry, before an event), then b's maximum (mark,
+    // after it).
+    auto carry = [&](std::size_t k, std::size_t b) {
+      report::View::Series& pa = v_.process_active[k];
+      for (; proc_filled[k] <= b; ++proc_filled[k]) pa.v[proc_filled[k]] = proc_active[k];
+      for (; total_filled <= b; ++total_filled) v_.total_active[total_filled] = total_active;
+    };
+    auto mark = [&](std::size_t k, std::size_t b) {
+      report::View::Series& pa = v_.process_active[k];
+      pa.v[b] = std::max(pa.v[b], proc_active[k]);
+      pa.peak = std::max(pa.peak, proc_active[k]);
+      v_.total_active[b] = std::max(v_.total_active[b], total_active);
+    };
+    auto record = [&](std::size_t k, const trace::Record& r, std::uint64_t t) {
+      const std::size_t gi = group_of_arena_[k][r.arena];
+      Group& g = v_.groups[gi];
+      const std::size_t b = bucket(t, v_.points);
+      start_buckets(gi, b);
+      if (several_) carry(k, b);
       const std::size_t slot = src_[k].slot_base + r.slot;
       const std::uint64_t before = g.c.active;
-      Counters& c = g.c;
+      auto apply = [&](Counters& c) {
+        if (r.alloc) {
+          c.active += r.requested;
+          c.in_blocks += r.size;
+          if (r.hit) c.held -= std::min(c.held, r.size);
+        } else {
+          c.active -= std::min(c.active, requested[slot]);
+          c.in_blocks -= std::min(c.in_blocks, size[slot]);
+          c.held += size[slot];
+        }
+      };
+      apply(g.c);
+      if (several_) apply(own[k][gi]);
       if (r.alloc) {
         requested[slot] = r.requested;
         size[slot] = r.size;
-        c.active += r.requested;
-        c.in_blocks += r.size;
-        if (r.hit) c.held -= std::min(c.held, r.size);
         ++v_.allocations;
         ++g.allocs;
         (r.hit ? v_.rate_hits : v_.rate_misses)[bucket(t, report::kRateBuckets)]++;
@@ -260,11 +308,9 @@ class Analysis {
         ++s.first;
         s.second += r.requested;
       } else {
-        c.active -= std::min(c.active, requested[slot]);
-        c.in_blocks -= std::min(c.in_blocks, size[slot]);
-        c.held += size[slot];
         ++v_.frees;
       }
+      const Counters& c = g.c;
       total_active = total_active + c.active - before;
       if (c.active > g.peak_active.bytes) g.peak_active = {c.active, t};
       if (c.managed() > g.peak_managed.bytes) g.peak_managed = {c.managed(), t};
@@ -276,16 +322,32 @@ class Analysis {
       g.b_in_blocks[b] = std::max(g.b_in_blocks[b], c.in_blocks);
       g.b_managed[b] = std::max(g.b_managed[b], c.managed());
       if (several_) {
-        report::View::Series& pa = v_.process_active[k];
-        for (; proc_filled[k] <= b; ++proc_filled[k]) pa.v[proc_filled[k]] = proc_active[k];
         proc_active[k] = proc_active[k] + c.active - before;
-        pa.v[b] = std::max(pa.v[b], proc_active[k]);
-        pa.peak = std::max(pa.peak, proc_active[k]);
-        for (; total_filled <= b; ++total_filled) v_.total_active[total_filled] = total_active;
-        v_.total_active[b] = std::max(v_.total_active[b], total_active);
+        mark(k, b);
       }
       ++step;
-    });
+    };
+    // Together, a process that exited holds nothing from then on: its
+    // blocks and held memory went with it.
+    auto ended = [&](std::size_t k, std::uint64_t t) {
+      if (!several_) return;
+      const std::size_t b = bucket(t, v_.points);
+      carry(k, b);
+      for (std::size_t gi = 0; gi < v_.groups.size(); ++gi) {
+        Counters& mine = own[k][gi];
+        if (!mine.active && !mine.in_blocks && !mine.held) continue;
+        start_buckets(gi, b);
+        Counters& c = v_.groups[gi].c;
+        c.active -= std::min(c.active, mine.active);
+        c.in_blocks -= std::min(c.in_blocks, mine.in_blocks);
+        c.held -= std::min(c.held, mine.held);
+        mine = {};
+      }
+      total_active -= std::min(total_active, proc_active[k]);
+      proc_active[k] = 0;
+      mark(k, b);
+    };
+    in_time_order(src_, record, ended);
     for (std::size_t gi = 0; gi < v_.groups.size(); ++gi) {
       Group& g = v_.groups[gi];
       for (; filled[gi] < v_.points; ++filled[gi]) {
@@ -378,6 +440,11 @@ class Analysis {
         live[slot] = 0;
       }
       if (step++ == peak_step_ && v_.peak.at.bytes > 0) take_peak();
+    }, [&](std::size_t k, std::uint64_t) {
+      // Together, an exited process's blocks are not held at the end.
+      if (several_)
+        std::fill(live.begin() + src_[k].slot_base,
+                  live.begin() + src_[k].slot_base + src_[k].tr->slots, 0);
     });
     v_.peak.total = {0, v_.peak.at.bytes};
     for (auto& [name, row] : at_peak) {
@@ -444,6 +511,7 @@ report::Report analyse(const std::vector<trace::TraceFile>& traces,
     s.tr = &traces[k];
     s.namer = (*namers)[k].get();
     s.offset = own_clock ? 0 : traces[k].start_unix_ns - t0;
+    if (traces[k].ended) s.end = traces[k].end_ns + s.offset;
     return s;
   };
   auto describe = [&](View* v, std::size_t k) {

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "config/outputs.hpp"
+#include "interpose/control/trace_reader.hpp"
 #include "launcher/launcher.hpp"
 
 extern char** environ;
@@ -141,6 +143,22 @@ const RunOption kRunOptions[] = {
     {"--set", nullptr, true, nullptr, false, "NAME=VALUE",
      "any GPUPOOL_* variable (see `gpupool env`)"},
 };
+
+// A run replaces what an earlier run with the same --trace FILE wrote:
+// FILE and its siblings (NAME.PID.EXT) that no live process holds, which a
+// report would otherwise read with this run's (docs/trace.md). Not with
+// %p in FILE (the user's names), nor within another run (the files of its
+// processes that exited are its own).
+void remove_earlier_traces(const std::string& file) {
+  if (file.find("%p") != std::string::npos) return;
+  const std::vector<std::string> removed =
+      io::remove_unheld_outputs(file, "", trace::kTraceHeaderPrefix);
+  if (removed.empty()) return;
+  std::string names;
+  for (const std::string& n : removed) names += (names.empty() ? "" : ", ") + n;
+  std::fprintf(stderr, "%s: run: removed %zu trace%s an earlier run left beside %s: %s\n", kProg,
+               removed.size(), removed.size() == 1 ? "" : "s", file.c_str(), names.c_str());
+}
 
 std::string pad(std::string s, std::size_t width) {
   if (s.size() < width) s.append(width - s.size(), ' ');
@@ -264,11 +282,15 @@ int cmd_run(int argc, char** argv) {
                  self_dir().c_str());
     return kFailed;
   }
-  for (const auto& [name, value] : vars) setenv(name.c_str(), value.c_str(), 1);
-  // exec keeps the pid: the program is this process. It writes the files
-  // as named; its children, and theirs, write siblings (docs/trace.md).
   bool run_pid_given = false;
   for (const auto& v : vars) run_pid_given |= v.first == "GPUPOOL_RUN_PID";
+  const bool within_a_run = run_pid_given || getenv("GPUPOOL_RUN_PID");
+  for (const auto& [name, value] : vars) {
+    setenv(name.c_str(), value.c_str(), 1);
+    if (name == "GPUPOOL_TRACE_FILE" && !within_a_run) remove_earlier_traces(value);
+  }
+  // exec keeps the pid: the program is this process. It writes the files
+  // as named; its children, and theirs, write siblings (docs/trace.md).
   if (!run_pid_given) setenv("GPUPOOL_RUN_PID", std::to_string(getpid()).c_str(), 1);
   setenv("LD_PRELOAD", preload_value(lib, getenv("LD_PRELOAD")).c_str(), 1);
   execvp(argv[i], argv + i);

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "config/outputs.hpp"
 #include "interpose/control/stats_format.hpp"
 #include "interpose/control/trace_reader.hpp"
 #include "launcher/launcher.hpp"
@@ -172,7 +173,7 @@ int convert(const std::vector<trace::TraceFile>& traces, const std::string& to,
                   "log is OUTPUT.PID.EXT)");
   std::vector<std::string> names;
   for (const trace::TraceFile& tr : traces) {
-    names.push_back(sibling_name(output, static_cast<long>(tr.pid)));
+    names.push_back(io::sibling_path(output, static_cast<long>(tr.pid)));
     if (std::count(names.begin(), names.end(), names.back()) > 1)
       return failed("two traces of pid " + std::to_string(tr.pid) + " (" + tr.path +
                     "): convert them one at a time");

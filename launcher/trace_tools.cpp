@@ -13,6 +13,7 @@
 #include <cstring>
 #include <new>
 
+#include "config/outputs.hpp"
 #include "launcher/launcher.hpp"
 
 namespace gpupool::launcher {
@@ -45,10 +46,6 @@ std::string dir_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-bool all_digits(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
 // The names in dir, sorted; false and *error when it cannot be read.
 bool names_in(const std::string& dir, std::vector<std::string>* names, std::string* error) {
   DIR* d = ::opendir(dir.c_str());
@@ -72,16 +69,6 @@ bool names_in(const std::string& dir, std::vector<std::string>* names, std::stri
 }
 
 }  // namespace
-
-std::string sibling_name(const std::string& path, long pid) {
-  const std::size_t slash = path.rfind('/');
-  const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
-  const std::size_t dot = path.rfind('.');
-  // A dot that starts the name (".trace") is not an extension's.
-  const std::string p = std::to_string(pid);
-  if (dot == std::string::npos || dot <= base) return path + "." + p;
-  return path.substr(0, dot) + "." + p + path.substr(dot);
-}
 
 bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string>* files,
                  std::vector<std::string>* notes, std::string* error) {
@@ -128,24 +115,16 @@ bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string
     const std::size_t slash = input.rfind('/');
     const std::string dir = dir_of(input);
     const std::string base = slash == std::string::npos ? input : input.substr(slash + 1);
-    const std::size_t dot = base.rfind('.');
-    const std::string stem = dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
-    const std::string ext = dot == std::string::npos || dot == 0 ? "" : base.substr(dot);
-    std::vector<std::pair<unsigned long long, std::string>> siblings;
+    std::vector<std::pair<long, std::string>> siblings;
     std::vector<std::string> names;
     std::string ignored;
     if (!base.empty() && names_in(dir, &names, &ignored)) {
       for (const std::string& name : names) {
-        if (name.size() <= stem.size() + 1 + ext.size() ||
-            name.compare(0, stem.size(), stem) != 0 || name[stem.size()] != '.' ||
-            name.compare(name.size() - ext.size(), ext.size(), ext) != 0)
-          continue;
-        const std::string_view pid(name.data() + stem.size() + 1,
-                                   name.size() - stem.size() - 1 - ext.size());
-        if (!all_digits(pid) || pid.size() > 10) continue;
+        const long pid = io::sibling_pid(base, name);
+        if (pid < 0) continue;
         const std::string path =
             (slash == std::string::npos ? "" : input.substr(0, slash + 1)) + name;
-        if (trace::is_trace_file(path)) siblings.emplace_back(std::stoull(std::string(pid)), path);
+        if (trace::is_trace_file(path)) siblings.emplace_back(pid, path);
         else notes->push_back(path + ": not a gpupool trace, left out");
       }
     }

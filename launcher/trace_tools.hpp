@@ -26,10 +26,6 @@ bool read_trace_for(const char* cmd, const std::string& path, trace::TraceFile* 
 bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string>* files,
                  std::vector<std::string>* notes, std::string* error);
 
-// path's sibling for process pid: ".PID" before the basename's last
-// extension ("out.trace" -> "out.42.trace", "trace" -> "trace.42").
-std::string sibling_name(const std::string& path, long pid);
-
 // The traces of trace_files(inputs), read as read_trace_for does; which
 // files were read is said when they are not just the one input named.
 bool read_traces_for(const char* cmd, const std::vector<std::string>& inputs,

@@ -82,7 +82,7 @@ void at_exit_locked_dump() {
     nanosleep(&ms, nullptr);
     lock.try_lock();
   }
-  if (st.tracer) st.tracer->flush();
+  if (st.tracer) st.tracer->finish();
   // Stats come from the pool's own counters: no driver call here.
   if (st.rt->config.stats_at_exit) dump_locked(*st.rt, "exit");
   if (st.recorder) {
@@ -201,7 +201,7 @@ void update_prometheus(State& st, const stats::Report& r) {
   const config::Config& cfg = st.rt->config;
   std::string why, passed_over;
   io::Hold h = io::Hold::failed;
-  int swept = 0;
+  std::size_t swept = 0;
   io::in_private([&] {
     while (st.prometheus_next < st.prometheus_names.size()) {
       h = st.prometheus_file.replace(st.prometheus_names[st.prometheus_next], text, &why);
@@ -218,9 +218,11 @@ void update_prometheus(State& st, const stats::Report& r) {
       st.prometheus_swept_ns = now;
       const std::size_t slash = st.prometheus_path.rfind('/');
       swept = io::remove_unheld_outputs(
-          cfg.prometheus_file,
-          slash == std::string::npos ? st.prometheus_path : st.prometheus_path.substr(slash + 1),
-          stats::kPrometheusStart);
+                  cfg.prometheus_file,
+                  slash == std::string::npos ? st.prometheus_path
+                                             : st.prometheus_path.substr(slash + 1),
+                  stats::kPrometheusStart)
+                  .size();
     }
   });
   if (!passed_over.empty() && h == io::Hold::held)

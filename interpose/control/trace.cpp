@@ -387,6 +387,16 @@ void Tracer::flush() {
   for (ThreadBuf* b = impl_->bufs.load(std::memory_order_acquire); b; b = b->next) impl_->drain(b);
 }
 
+void Tracer::finish() {
+  flush();
+  std::lock_guard lock(impl_->write_mu);
+  if (impl_->disabled || impl_->open_pending) return;
+  char line[40] = "# end ";
+  char* p = put_dec(line + 6, mono_ns() - impl_->t0);
+  *p++ = '\n';
+  (void)impl_->write_out(std::string(line, p), 0);
+}
+
 void Tracer::arena_destroyed(const Arena& arena) {
   // Buffered records name the arena by pointer: write them out while it
   // exists. A new arena at the same address then gets a new id.

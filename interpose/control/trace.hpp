@@ -36,6 +36,11 @@ class Tracer final {
   // Write out every thread's buffered records. Thread-safe.
   void flush();
 
+  // At the process's exit: flush(), then "# end T_NS" (the exit on the
+  // trace's clock), so that a report of several processes stops counting
+  // what this one held. Nothing for a process that never opened its file.
+  void finish();
+
   std::uint64_t records_written() const;
   // Records lost because the file could not be written (disk full, quota,
   // file size limit). The first loss is logged.

@@ -221,6 +221,8 @@ class Parser {
       if (f.size() == 5 && f[1] == "pid" && f[3] == "start_unix_ns") {
         number(f[2], &tr_.pid);
         number(f[4], &tr_.start_unix_ns);
+      } else if (f.size() == 3 && f[1] == "end") {
+        tr_.ended = number(f[2], &tr_.end_ns);
       } else if (f.size() >= 2 && f[1] == "cmdline") {
         tr_.cmdline = std::string(line.substr(std::min(line.size(), std::size_t(10))));
       }

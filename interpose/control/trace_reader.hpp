@@ -64,6 +64,11 @@ struct TraceFile {
   // The traced program's command line, as the header's '# cmdline' line
   // gives it (shell-quoted words; empty in traces written before it).
   std::string cmdline;
+  // The process's exit, as its '# end T_NS' line gives it (on the records'
+  // clock): ended is false for a trace without one (the process was killed
+  // or exec'd, or the trace was written before the line existed).
+  bool ended = false;
+  std::uint64_t end_ns = 0;
   std::vector<std::uint64_t> threads;  // Linux thread ids, as records name them
   int version = 0;                     // 1 or 2 (2 adds sites)
   std::vector<ArenaDecl> arenas;
@@ -105,5 +110,7 @@ bool pair_records(TraceFile* tr, bool lenient, bool frees_first, std::string* er
 // is read too.
 inline constexpr const char* kTraceHeader = "# gpupool trace 2";
 inline constexpr const char* kTraceHeaderV1 = "# gpupool trace 1";
+// What both begin with.
+inline constexpr const char* kTraceHeaderPrefix = "# gpupool trace ";
 
 }  // namespace gpupool::trace

@@ -94,6 +94,17 @@ TEST(OutputNames, KnowsItsFamily) {
   EXPECT_TRUE(is_output_name("100%%-%p", "100%-5"));
 }
 
+// The launcher finds a trace's siblings by the same rule the library names
+// them with.
+TEST(OutputNames, SiblingPidReadsSiblingPathsName) {
+  for (const char* name : {"out.trace", "trace", ".hidden", "a.b.c"})
+    EXPECT_EQ(sibling_pid(name, sibling_path(name, 4242)), 4242) << name;
+  EXPECT_EQ(sibling_pid("out.trace", "out.trace"), -1);
+  EXPECT_EQ(sibling_pid("out.trace", "out..trace"), -1);
+  EXPECT_EQ(sibling_pid("out.trace", "out.12345678901.trace"), -1);
+  EXPECT_EQ(sibling_pid("out.trace", "out.42.trace.gz"), -1);
+}
+
 TEST_F(Outputs, HeldTraceIsNotTakenByAnother) {
   const std::string t = dir + "/t.trace";
   std::string why;
@@ -185,11 +196,13 @@ TEST_F(Outputs, RemovesOnlyUnheldFilesGpupoolWrote) {
   write_file(dir + "/gpupool.prom", "# HELP gpupool_info dead too\n");       // nor this one
   write_file(dir + "/gpupool.2024.prom", "# the user's own file of that name\n");
   write_file(dir + "/other.14.prom", "# HELP gpupool_info another setting's\n");
-  EXPECT_EQ(remove_unheld_outputs(value, "gpupool.12.prom", "# HELP gpupool_info "), 2);
+  Names removed = remove_unheld_outputs(value, "gpupool.12.prom", "# HELP gpupool_info ");
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed, (Names{"gpupool.13.prom", "gpupool.prom"}));
   EXPECT_EQ(listing(), (Names{"gpupool.11.prom", "gpupool.12.prom", "gpupool.2024.prom",
                               "other.14.prom"}));
   // %p in the directory: nothing to look at.
-  EXPECT_EQ(remove_unheld_outputs(dir + "/%p/gpupool.prom", "", "# HELP gpupool_info "), 0);
+  EXPECT_EQ(remove_unheld_outputs(dir + "/%p/gpupool.prom", "", "# HELP gpupool_info "), Names{});
 }
 
 TEST_F(Outputs, ReplaceRefusesWhatItAlwaysRefused) {

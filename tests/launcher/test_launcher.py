@@ -918,6 +918,12 @@ def trace_text(pid, start_ns, lines, cmdline=None, version=2):
     return "\n".join(head + lines) + "\n"
 
 
+def head_and_tail(path):
+    """A text file's lines."""
+    with open(path) as f:
+        return f.read().splitlines()
+
+
 def page_data(html_path):
     """The data block of a report page, and the page's text."""
     with open(html_path) as f:
@@ -1160,10 +1166,79 @@ class Several(unittest.TestCase):
         for p in data["processes"]:
             self.assertEqual(p["peak"]["bytes"], 13 * MIB)
             self.assertEqual((p["end"]["blocks"], p["end"]["bytes"]), (4, 3 * MIB + 64 * KIB))
-        # One after the other. A trace does not record its process's exit:
-        # all together, what the first still held at its end counts on.
-        self.assertEqual(data["peak"]["bytes"], 13 * MIB + 3 * MIB + 64 * KIB)
-        self.assertEqual((data["end"]["blocks"], data["end"]["bytes"]), (8, 6 * MIB + 128 * KIB))
+        # One after the other. Each trace ends with its process's exit:
+        # all together, what the first held at its exit stops counting
+        # there, and nothing is held at the end.
+        self.assertRegex(head_and_tail(trace)[-1], r"^# end \d+$")
+        self.assertEqual(data["peak"]["bytes"], 13 * MIB)
+        self.assertEqual((data["end"]["blocks"], data["end"]["bytes"]), (0, 0))
+        self.assertEqual([g["end"] for g in data["groups"]], [{"active": 0, "managed": 0}])
+
+    def test_run_replaces_an_earlier_runs_traces(self):
+        """`gpupool run --trace F` removes what an earlier run left under
+        F's names (F and its siblings) before the program starts, so that
+        a report reads this run's processes only; a live process's file,
+        the user's own files, %p names and runs within a run are left."""
+        d = os.path.join(self.tmp, "again")
+        arena = "arena 0 cuda cuda:0 dev 0"
+        for name in ("out.trace", "out.77.trace", "out.79.trace", "out.80.trace"):
+            self.write(f"again/{name}", trace_text(7, self.S, [arena]))
+        self.write("again/out.78.trace", "my own notes\n")
+        self.write("again/other.81.trace", trace_text(81, self.S, [arena]))
+        # A live process holds out.79.trace, as a traced process holds its file.
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl,sys; f=open(sys.argv[1]); "
+             "fcntl.flock(f, fcntl.LOCK_EX); print(flush=True); sys.stdin.read()",
+             os.path.join(d, "out.79.trace")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            holder.stdout.readline()
+            # Within another run: left alone.
+            env = clean_env()
+            env["GPUPOOL_RUN_PID"] = "1"
+            r = gp("run", "--trace", os.path.join(d, "out.trace"), "--", "true", env=env)
+            self.assertEqual((r.returncode, r.stderr), (0, ""))
+            self.assertEqual(len(os.listdir(d)), 6)
+            r = gp("run", "--trace", os.path.join(d, "out.%p.trace"), "--", "true")
+            self.assertEqual((r.returncode, r.stderr), (0, ""))
+            self.assertEqual(len(os.listdir(d)), 6)
+            r = gp("run", "--trace", os.path.join(d, "out.trace"), "--", "true")
+            self.assertEqual(r.returncode, 0, r.stderr)
+        finally:
+            holder.stdin.close()
+            holder.wait()
+        self.assertEqual(sorted(os.listdir(d)), ["other.81.trace", "out.78.trace", "out.79.trace"])
+        real = os.path.realpath(d)
+        prefix = f"gpupool: run: removed 3 traces an earlier run left beside {real}/out.trace: "
+        self.assertTrue(r.stderr.startswith(prefix) and r.stderr.endswith("\n"), r.stderr)
+        self.assertEqual(sorted(r.stderr[len(prefix):-1].split(", ")),
+                         ["out.77.trace", "out.80.trace", "out.trace"])
+
+    def test_exited_process_stops_counting(self):
+        """Rank 0 exits (its '# end') at 0.75 ms holding a block of load;
+        rank 1 has no '# end' (killed): its block counts to the end."""
+        a = self.two_processes()
+        with open(a, "a") as f:
+            f.write("# end 750000\n")
+        out = os.path.join(self.tmp, "r.html")
+        r = gp("report", a, "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        d, _ = page_data(out)
+        # On its own, rank 0 still held its block at its exit.
+        p0 = d["processes"][0]
+        self.assertEqual((p0["end"]["bytes"], p0["duration_ns"]), (MIB, 750_000))
+        # Together: only rank 1's block at the end.
+        self.assertEqual((d["peak"]["bytes"], d["peak"]["t_ns"]), (6 * MIB, 300_000))
+        self.assertEqual([(x["label"], x["bytes"], x["pids"]) for x in d["end"]["sites"]],
+                         [("py load (/src/train.py:20)", 512 * KIB, [11])])
+        self.assertEqual(d["end"]["bytes"], 512 * KIB)
+        # Its pool group's memory (the 4 MiB it held for reuse too) went
+        # with it.
+        (g,) = d["groups"]
+        self.assertEqual(g["end"], {"active": 512 * KIB, "managed": 2 * MIB + 512 * KIB})
+        r = gp("report", "--text", a)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn("Still held at the end (512.0 KiB in 1 block)", r.stdout)
+        self.assertRegex(r.stdout, r"512\.0 KiB +1 block  py load \(/src/train.py:20\)  \[cuda:0, pid 11\]")
 
 
 class Flame(unittest.TestCase):
