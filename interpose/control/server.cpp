@@ -298,9 +298,12 @@ bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& 
         if (c.answering) return !send_answer(c);
         return !read_request(c, now, notes);
       });
+      // New clients first: accepting moves the others (push_back, and the
+      // oldest dropped past the limit), so no pointer into `clients` may
+      // be held across it.
+      if (r > 0 && (fds[0].revents & POLLIN)) accept_clients(st, clients, notes);
       for (Client& c : clients)
         if (c.answering && c.out.empty()) asking.push_back(&c);
-      if (r > 0 && (fds[0].revents & POLLIN)) accept_clients(st, clients, notes);
     }
     for (const std::string& n : notes) log().info("{}", n);
     for (Client* c : asking) {

@@ -801,6 +801,59 @@ def socket_clients(tmp):
     check(p.returncode == 0, f"serve exited {p.returncode}")
 
 
+def socket_burst(tmp):
+    """Requests answered while more clients connect than the thread keeps
+    (it drops the oldest): every answer goes to the client that asked, and
+    the program lives on. The server once kept pointers to the clients
+    asking across the accept that moved them (heap use after free)."""
+    p, ready = start(["serve"], env=env(True))
+    pid = int(ready.split()[1])
+    name = f"\0gpupool.{os.geteuid()}.{pid}"
+    answered = 0
+    try:
+        for _ in range(60):
+            # Two clients, accepted first; then their requests and new
+            # connections arrive together (one poll round reads both): the
+            # thread's list of clients grows (and moves) while those two
+            # are being answered.
+            asking = []
+            for _ in range(2):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(name)
+                asking.append(s)
+            time.sleep(0.02)
+            for s in asking:
+                s.sendall(b"stats json\n")
+            idle = []
+            for _ in range(5):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(name)
+                idle.append(s)
+            for s in asking:
+                s.settimeout(10)
+                data = b""
+                try:
+                    while True:
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                except OSError:
+                    pass
+                check(data.startswith(b'ok\n{"version":') and f'"pid":{pid},'.encode() in data
+                      and data.endswith(b"\n"), f"an answer that is not this client's: {data[:200]!r}")
+                answered += 1
+                s.close()
+            for s in idle:
+                s.close()
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)
+    check(p.returncode == 0, f"serve exited {p.returncode}")
+    check(answered > 0, "no request was answered")
+    print(f"{answered} of 120 requests answered")
+
+
 def socket_other_user(tmp):
     """Another user is refused as it connects, before anything it sends is
     read: a trickling sender gets its refusal at once."""
@@ -1078,6 +1131,7 @@ CHECKS = {
     "files.prometheus": files_prometheus,
     "files.trace_full": files_trace_full,
     "socket.clients": socket_clients,
+    "socket.burst": socket_burst,
     "socket.other_user": socket_other_user,
     "socket.squatted": socket_squatted,
     "socket.foreign_flood": socket_foreign_flood,
