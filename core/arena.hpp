@@ -144,7 +144,7 @@ struct Arena::Group {
   std::string name;
   std::size_t max_held = SIZE_MAX;
   std::atomic<std::uint64_t> held_bytes{0};
-  std::vector<Arena*> arenas;  // under Pool::arenas_mu_
+  std::vector<Arena*> arenas;  // under the arena list's lock (arenas.hpp)
   bool capped() const { return max_held != SIZE_MAX; }
   void unhold(std::size_t bytes) {
     if (capped()) held_bytes.fetch_sub(bytes, std::memory_order_relaxed);

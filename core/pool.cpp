@@ -1,14 +1,13 @@
 #include "core/pool.hpp"
 #include "core/arena.hpp"
+#include "core/arenas.hpp"
 #include "core/hot_tls.hpp"
 #include "core/segments.hpp"
 #include "core/spin_lock.hpp"
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <ctime>
-#include <new>
 #include <optional>
 #include <thread>
 
@@ -128,39 +127,17 @@ Pool::Pool(PoolOptions options)
       shard_count_(std::bit_ceil(
           std::clamp(options.shards ? options.shards : default_shards(), 1u, kMaxShards))),
       holding_(options.hold),
-      borrow_(options.borrow_larger) {}
+      borrow_(options.borrow_larger),
+      arenas_(std::make_unique<ArenaList>(observer_)) {}
 
 Pool::~Pool() {
   // The pool is destroyed only in tests; a preloaded runtime is never
   // destroyed. Give held memory back, leave active blocks to their owners.
   free_held();
-  for (auto& a : arenas_)
-    for (unsigned i = 0; i < a->shard_count_; ++i)
-      for (auto& v : a->shards_[i].bins) v.clear();
 }
 
 Arena* Pool::add_arena(std::unique_ptr<Backend> backend, ArenaOptions options) {
-  std::lock_guard lock(arenas_mu_);
-  Group* group = nullptr;
-  for (auto& g : groups_)
-    if (g->name == options.group) group = g.get();
-  if (!group) {
-    groups_.push_back(std::make_unique<Group>());
-    group = groups_.back().get();
-    group->name = options.group;
-    group->max_held = options.max_held;
-  }
-  arenas_.push_back(std::unique_ptr<Arena>(
-      new Arena(std::move(backend), std::move(options), shard_count_, group)));
-  group->arenas.push_back(arenas_.back().get());
-  return arenas_.back().get();
-}
-
-std::vector<Arena*> Pool::arenas_copy() const {
-  std::lock_guard lock(arenas_mu_);
-  std::vector<Arena*> out;
-  for (auto& a : arenas_) out.push_back(a.get());
-  return out;
+  return arenas_->add(std::move(backend), std::move(options), shard_count_);
 }
 
 AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
@@ -349,11 +326,9 @@ BackendResult Pool::backend_allocate(Arena& a, std::size_t bytes, std::size_t ex
 
 std::size_t Pool::release_for_oom(Arena& arena, std::size_t wanted) {
   // Tiers: this arena, its group, everything else.
-  std::shared_lock use(arenas_in_use_);
-  std::vector<Arena*> all = arenas_copy();
+  const ArenaList::Pinned live = arenas_->pin([](const Arena& x) { return !x.retired(); });
   std::vector<std::vector<Arena*>> tiers(3);
-  for (Arena* x : all) {
-    if (x->retired()) continue;
+  for (Arena* x : live) {
     tiers[x == &arena ? 0 : x->group_ == arena.group_ ? 1 : 2].push_back(x);
   }
   std::size_t released = 0;
@@ -365,14 +340,12 @@ std::size_t Pool::release_for_oom(Arena& arena, std::size_t wanted) {
 }
 
 std::size_t Pool::release_group(const std::string& group, std::size_t wanted) {
-  std::shared_lock use(arenas_in_use_);
-  std::vector<Arena*> mine;
-  for (Arena* x : arenas_copy())
-    if (!x->retired() && x->group_->name == group) mine.push_back(x);
-  return release_largest(mine, wanted);
+  const ArenaList::Pinned mine =
+      arenas_->pin([&](const Arena& x) { return !x.retired() && x.group_->name == group; });
+  return release_largest(mine.arenas(), wanted);
 }
 
-// Caller holds arenas_in_use_ shared. Takes at most what the arenas held
+// The arenas are pinned (ArenaList::Pinned). Takes at most what the arenas held
 // when it started: blocks the program frees meanwhile are not chased (a
 // program that keeps freeing would otherwise keep the caller, the control
 // thread answering a request, releasing for as long as it runs).
@@ -510,12 +483,7 @@ void Pool::enforce_cap_nothrow(Arena& arena) noexcept {
 // Release the group's oldest held blocks until it is back under its cap.
 void Pool::enforce_cap(Arena& arena) {
   Group& g = *arena.group_;
-  std::shared_lock use(arenas_in_use_);
-  std::vector<Arena*> members;
-  {
-    std::lock_guard lock(arenas_mu_);
-    members = g.arenas;
-  }
+  const ArenaList::Pinned members = arenas_->pin([&](const Arena& x) { return x.group_ == &g; });
   while (g.held_bytes.load(std::memory_order_relaxed) > g.max_held) {
     Arena* oa = nullptr;
     unsigned oshard = 0;
@@ -619,88 +587,21 @@ void Pool::empty_held(Arena* arena, void (Pool::*dispose)(Block*)) {
 void Pool::retire_arena(Arena* arena, bool keep_stats) {
   // Once retired with no block active, the arena may be destroyed by a
   // reclaim() on another thread (the control thread's periodic check, a
-  // free): not while it is being emptied. A flag, not arenas_in_use_: the
-  // caller holds its context's teardown lock, which releases made under
-  // arenas_in_use_ take after it.
-  arena->emptying_.store(true, std::memory_order_release);
-  {
-    std::lock_guard lock(arenas_mu_);
-    arena->keep_stats_.store(keep_stats, std::memory_order_release);
-  }
-  arena->retired_.store(true, std::memory_order_release);
+  // free): pinned, not while it is being emptied. The last touch is the
+  // unpin, which destroys it when nothing else keeps it.
+  arenas_->retire(arena, keep_stats);
   empty_held(arena, &Pool::drop_block);
-  arena->emptying_.store(false, std::memory_order_release);  // the last touch
-  reclaim();
+  arenas_->unpin(arena);
 }
 
-bool Pool::any_retired() const {
-  std::lock_guard lock(arenas_mu_);
-  return std::any_of(arenas_.begin(), arenas_.end(),
-                     [](const std::unique_ptr<Arena>& a) { return a->retired(); });
-}
-
-void Pool::reclaim(std::uint64_t patience_ns) {
-  std::unique_lock use(arenas_in_use_, std::try_to_lock);
-  // Bounded, and a try at a time: a writer waiting on the lock outright
-  // could wait as long as operations keep overlapping. Only for something.
-  if (!use.owns_lock() && patience_ns && !any_retired()) return;
-  for (const std::uint64_t until = clock_ns(CLOCK_MONOTONIC) + patience_ns;
-       !use.owns_lock() && clock_ns(CLOCK_MONOTONIC) < until;) {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-    use.try_lock();
-  }
-  if (!use.owns_lock()) return;
-  std::vector<std::unique_ptr<Arena>> dead;
-  std::unique_lock lock(arenas_mu_);
-  // Room first: once an arena leaves the lists nothing may fail.
-  try {
-    dead.reserve(arenas_.size());
-    retired_.reserve(retired_.size() + 1);
-  } catch (...) {
-    return;  // a later call reclaims it
-  }
-  {
-    for (auto& a : arenas_) {
-      if (!a->retired() || a->emptying_.load(std::memory_order_acquire)) continue;
-      bool active = false;
-      for (unsigned i = 0; i < a->shard_count_ && !active; ++i) {
-        std::lock_guard slock(a->shards_[i].mu);
-        active = a->shards_[i].c.active_blocks != 0;
-      }
-      if (active) continue;
-      if (a->counted()) {
-        auto it = std::find_if(retired_.begin(), retired_.end(),
-                               [&](const Retired& r) { return r.kind == a->options_.kind; });
-        if (it == retired_.end()) {
-          if (retired_.size() == retired_.capacity()) continue;  // next call, with room
-          it = retired_.insert(retired_.end(), Retired{a->options_.kind, 0, {}});
-        }
-        it->stats += a->stats();
-        ++it->arenas;
-      }
-      std::erase(a->group_->arenas, a.get());
-      dead.push_back(std::move(a));
-    }
-    std::erase(arenas_, nullptr);
-    std::erase_if(groups_, [](const std::unique_ptr<Group>& g) { return g->arenas.empty(); });
-  }
-  // Out of the lists: nothing in the pool reaches them any more. Destroyed
-  // without pool locks (a backend's destructor may take its own).
-  lock.unlock();
-  use.unlock();
-  PoolObserver* obs = observer_.load(std::memory_order_acquire);
-  for (auto& a : dead)
-    if (obs) obs->on_arena_destroyed(*a);
-  dead.clear();
-}
+void Pool::reclaim() { arenas_->reclaim(); }
 
 void Pool::release_held(Arena* arena) {
   if (!arena->retired()) empty_held(arena, &Pool::release_block);
 }
 
 void Pool::free_held() {
-  std::shared_lock use(arenas_in_use_);
-  for (Arena* a : arenas_copy()) release_held(a);
+  for (Arena* a : arenas_->pin([](const Arena&) { return true; })) release_held(a);
 }
 
 void Pool::stop_holding() {
@@ -729,10 +630,10 @@ std::size_t Pool::release_idle(const std::string& group, std::uint64_t idle_ns,
 std::size_t Pool::release_freed_by(const std::string* group, std::uint64_t freed_by_ns,
                                    std::size_t* blocks) {
   std::size_t bytes = 0, n = 0;
-  std::shared_lock use(arenas_in_use_);
+  const ArenaList::Pinned live = arenas_->pin(
+      [&](const Arena& a) { return !a.retired() && (!group || a.group_->name == *group); });
   std::vector<Block*> old;
-  for (Arena* a : arenas_copy()) {
-    if (a->retired() || (group && a->group_->name != *group)) continue;
+  for (Arena* a : live) {
     std::size_t segments = 0;
     bytes += release_segments(*a, SIZE_MAX, /*drop=*/false, freed_by_ns, &segments);
     if (segments) {
@@ -773,21 +674,13 @@ std::size_t Pool::release_freed_by(const std::string* group, std::uint64_t freed
 }
 
 Stats Pool::totals() const {
-  std::shared_lock use(arenas_in_use_);
   Stats t;
-  {
-    std::lock_guard lock(arenas_mu_);
-    for (const Retired& r : retired_) t += r.stats;
-  }
-  for (Arena* a : arenas_copy())
-    if (a->counted()) t += a->stats();
+  arenas_->add_retired(t);
+  for (Arena* a : arenas_->pin([](const Arena& a) { return a.counted(); })) t += a->stats();
   return t;
 }
 
-std::size_t Pool::arena_count() const {
-  std::lock_guard lock(arenas_mu_);
-  return arenas_.size();
-}
+std::size_t Pool::arena_count() const { return arenas_->size(); }
 
 std::size_t Arena::releasable_bytes() const {
   std::size_t n = 0;
@@ -805,37 +698,22 @@ std::size_t Arena::releasable_bytes() const {
 
 std::size_t Pool::group_releasable(const std::string& group) const {
   std::size_t n = 0;
-  std::shared_lock use(arenas_in_use_);
-  for (Arena* a : arenas_copy())
-    if (!a->retired() && a->group_->name == group) n += a->releasable_bytes();
+  for (Arena* a : arenas_->pin([&](const Arena& a) { return !a.retired() && a.group_->name == group; }))
+    n += a->releasable_bytes();
   return n;
 }
 
 Stats Pool::group_totals(const std::string& group) const {
   Stats s;
-  std::shared_lock use(arenas_in_use_);
-  for (Arena* a : arenas_copy())
-    if (!a->retired() && a->group_->name == group) s += a->stats();
+  for (Arena* a : arenas_->pin([&](const Arena& a) { return !a.retired() && a.group_->name == group; }))
+    s += a->stats();
   return s;
 }
 
 std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
-  std::vector<ArenaSnapshot> out;
-  std::shared_lock use(arenas_in_use_);
-  {
-    std::lock_guard lock(arenas_mu_);
-    for (const Retired& r : retired_) {
-      ArenaSnapshot snap;
-      snap.name = r.kind + ": " + std::to_string(r.arenas) + " destroyed arena" + (r.arenas == 1 ? "" : "s");
-      snap.group = "retired";
-      snap.kind = r.kind;
-      snap.retired = true;
-      snap.stats = r.stats;
-      out.push_back(std::move(snap));
-    }
-  }
-  for (Arena* a : arenas_copy()) {
-    if (!a->counted()) continue;  // a forked child's copy of its parent's
+  std::vector<ArenaSnapshot> out = arenas_->retired_rows();
+  // Not a forked child's copies of its parent's arenas.
+  for (Arena* a : arenas_->pin([](const Arena& a) { return a.counted(); })) {
     ArenaSnapshot snap;
     snap.name = a->options_.name;
     snap.group = a->options_.group;
@@ -866,31 +744,35 @@ std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
 }
 
 void Pool::fork_prepare() {
-  arenas_mu_.lock();
-  for (auto& a : arenas_) {
+  arenas_->fork_prepare();
+  for (auto& a : arenas_->locked_arenas()) {
     a->slow_mu_.lock();
     for (unsigned i = 0; i < a->shard_count_; ++i) a->shards_[i].mu.lock();
     if (a->segments_) a->segments_->mu.lock();
   }
 }
 
-void Pool::fork_parent() {
-  for (auto& a : arenas_) {
+void Pool::unlock_arenas() {
+  for (auto& a : arenas_->locked_arenas()) {
     if (a->segments_) a->segments_->mu.unlock();
     for (unsigned i = 0; i < a->shard_count_; ++i) a->shards_[i].mu.unlock();
     a->slow_mu_.unlock();
   }
-  arenas_mu_.unlock();
+}
+
+void Pool::fork_parent() {
+  unlock_arenas();
+  arenas_->fork_parent();
 }
 
 void Pool::fork_child() {
   // A growth in flight belonged to a thread the child does not have, and so
-  // did any use of the arena list.
-  for (auto& a : arenas_)
+  // did any pin of an arena (ArenaList::fork_child).
+  for (auto& a : arenas_->locked_arenas())
     for (unsigned i = 0; i < a->shard_count_; ++i)
       for (auto& g : a->shards_[i].growth) g.growing = false;
-  new (&arenas_in_use_) std::shared_mutex;
-  fork_parent();
+  unlock_arenas();
+  arenas_->fork_child();
 }
 
 }  // namespace gpupool

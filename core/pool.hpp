@@ -16,7 +16,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -27,6 +26,7 @@
 namespace gpupool {
 
 class Arena;
+class ArenaList;
 
 // Shards per arena, at most (Block::shard is 8 bits). Always a power of two,
 // so a thread's shard is its slot masked, not divided (a division on every
@@ -139,6 +139,7 @@ class Arena {
 
  private:
   friend class Pool;
+  friend class ArenaList;
   struct Shard;
   struct Group;
   struct Segments;
@@ -151,12 +152,15 @@ class Arena {
   std::unique_ptr<Shard[]> shards_;
   std::unique_ptr<Segments> segments_;  // when options_.split_min != 0
   std::atomic<bool> retired_{false};
-  std::atomic<bool> emptying_{false};  // retire_arena is dropping its held blocks
   // false once retired without its counters (a forked child's copy of its
   // parent's arena): its blocks and counters are the parent's, so neither
   // the stats nor the observer see them.
   std::atomic<bool> keep_stats_{true};
   bool counted() const { return keep_stats_.load(std::memory_order_acquire); }
+  // Pool-wide operations using the arena outside the arena list's lock, and
+  // retire_arena while it empties it: reclaim() destroys only an arena with
+  // none (ArenaList::Pinned). Under the arena list's lock.
+  unsigned pins_ = 0;
   // Slow-path counters (backend calls), under slow_mu_.
   mutable std::mutex slow_mu_;
   Stats slow_;
@@ -197,12 +201,11 @@ class Pool {
   void retire_arena(Arena* arena, bool keep_stats = true);
   // Drop one active block without releasing it.
   void forget(Block* block);  // the observer sees it as a free (a counted arena's)
-  // Destroy retired arenas with no active block. By default never waits:
-  // while a pool-wide operation (free_held, a snapshot, the control
-  // thread's publishing...) uses the arenas, they are left for a later
-  // call. With `patience_ns`, tries again for up to that long (a context's
-  // teardown, once outside its locks, so that its arenas go with it).
-  void reclaim(std::uint64_t patience_ns = 0);
+  // Destroy retired arenas with no active block. Never waits: an arena a
+  // pool-wide operation (free_held, a snapshot, the control thread's
+  // publishing...) uses meanwhile is destroyed when that operation lets go
+  // of it.
+  void reclaim();
   // Release the held blocks of one arena (e.g. its context is going away).
   void release_held(Arena* arena);
 
@@ -278,10 +281,9 @@ class Pool {
                                std::uint64_t freed_by_ns = UINT64_MAX, std::size_t* count = nullptr);
   std::size_t release_freed_by(const std::string* group, std::uint64_t freed_by_ns,
                                std::size_t* blocks);
+  void unlock_arenas();  // fork_parent and fork_child
   std::size_t largest_free_segment(Arena& a) const;
   std::uint64_t oldest_free_segment(Arena& a) const;  // freed_at_ns, UINT64_MAX if none
-  std::vector<Arena*> arenas_copy() const;
-  bool any_retired() const;  // an arena retired and not yet destroyed
 
   PoolOptions options_;
   BinScheme bins_;
@@ -289,21 +291,7 @@ class Pool {
   std::atomic<bool> holding_;
   const bool borrow_;
   std::atomic<PoolObserver*> observer_{nullptr};
-  mutable std::mutex arenas_mu_;
-  std::vector<std::unique_ptr<Arena>> arenas_;
-  std::vector<std::unique_ptr<Group>> groups_;
-  // Held shared by operations that use arenas outside arenas_mu_ (they work
-  // on a copy of the list); reclaim() destroys arenas only when it gets it
-  // exclusively.
-  mutable std::shared_mutex arenas_in_use_;
-  // Counters of destroyed retired arenas, one entry per kind (under
-  // arenas_mu_): what they did stays in the totals, in bounded memory.
-  struct Retired {
-    std::string kind;
-    std::uint64_t arenas = 0;
-    Stats stats;
-  };
-  std::vector<Retired> retired_;
+  std::unique_ptr<ArenaList> arenas_;  // (core/arenas.hpp)
 };
 
 }  // namespace gpupool

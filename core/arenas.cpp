@@ -1,0 +1,129 @@
+// The pool's arenas (arenas.hpp).
+#include "core/arenas.hpp"
+
+#include <algorithm>
+
+#include "core/arena.hpp"
+
+namespace gpupool {
+
+ArenaList::~ArenaList() = default;
+
+Arena* ArenaList::add(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards) {
+  std::lock_guard lock(mu_);
+  Group* group = nullptr;
+  for (auto& g : groups_)
+    if (g->name == options.group) group = g.get();
+  if (!group) {
+    groups_.push_back(std::make_unique<Group>());
+    group = groups_.back().get();
+    group->name = options.group;
+    group->max_held = options.max_held;
+  }
+  arenas_.push_back(std::unique_ptr<Arena>(
+      new Arena(std::move(backend), std::move(options), shards, group)));
+  group->arenas.push_back(arenas_.back().get());
+  return arenas_.back().get();
+}
+
+ArenaList::Pinned::~Pinned() {
+  if (list_) list_->unpin(arenas_);
+}
+
+// Under the lock: once its last pin is let go, another thread's reclaim()
+// may destroy an arena, so nothing of it may be read afterwards.
+void ArenaList::unpin(std::span<Arena* const> arenas) noexcept {
+  bool last_of_retired = false;
+  {
+    std::lock_guard lock(mu_);
+    for (Arena* a : arenas)
+      if (--a->pins_ == 0 && a->retired()) last_of_retired = true;
+  }
+  if (!last_of_retired) return;
+  try {
+    reclaim();
+  } catch (...) {
+    // The next reclaim() (the control thread's periodic one) takes it.
+  }
+}
+
+void ArenaList::retire(Arena* arena, bool keep_stats) {
+  std::lock_guard lock(mu_);
+  arena->keep_stats_.store(keep_stats, std::memory_order_release);
+  ++arena->pins_;
+  arena->retired_.store(true, std::memory_order_release);
+}
+
+void ArenaList::reclaim() {
+  std::vector<std::unique_ptr<Arena>> dead;
+  {
+    std::lock_guard lock(mu_);
+    // Room first: once an arena leaves the lists nothing may fail.
+    try {
+      dead.reserve(arenas_.size());
+      retired_.reserve(retired_.size() + 1);
+    } catch (...) {
+      return;  // a later call reclaims it
+    }
+    for (auto& a : arenas_) {
+      if (!a->retired() || a->pins_ != 0) continue;
+      bool active = false;
+      for (unsigned i = 0; i < a->shard_count_ && !active; ++i) {
+        std::lock_guard slock(a->shards_[i].mu);
+        active = a->shards_[i].c.active_blocks != 0;
+      }
+      if (active) continue;
+      if (a->counted()) {
+        auto it = std::find_if(retired_.begin(), retired_.end(),
+                               [&](const Retired& r) { return r.kind == a->options_.kind; });
+        if (it == retired_.end()) {
+          if (retired_.size() == retired_.capacity()) continue;  // next call, with room
+          it = retired_.insert(retired_.end(), Retired{a->options_.kind, 0, {}});
+        }
+        it->stats += a->stats();
+        ++it->arenas;
+      }
+      std::erase(a->group_->arenas, a.get());
+      dead.push_back(std::move(a));
+    }
+    std::erase(arenas_, nullptr);
+    std::erase_if(groups_, [](const std::unique_ptr<Group>& g) { return g->arenas.empty(); });
+  }
+  // Out of the lists: nothing in the pool reaches them any more. Destroyed
+  // without the list's lock (a backend's destructor may take its own).
+  PoolObserver* obs = observer_.load(std::memory_order_acquire);
+  for (auto& a : dead)
+    if (obs) obs->on_arena_destroyed(*a);
+}
+
+std::size_t ArenaList::size() const {
+  std::lock_guard lock(mu_);
+  return arenas_.size();
+}
+
+void ArenaList::add_retired(Stats& t) const {
+  std::lock_guard lock(mu_);
+  for (const Retired& r : retired_) t += r.stats;
+}
+
+std::vector<ArenaSnapshot> ArenaList::retired_rows() const {
+  std::vector<ArenaSnapshot> out;
+  std::lock_guard lock(mu_);
+  for (const Retired& r : retired_) {
+    ArenaSnapshot snap;
+    snap.name = r.kind + ": " + std::to_string(r.arenas) + " destroyed arena" + (r.arenas == 1 ? "" : "s");
+    snap.group = "retired";
+    snap.kind = r.kind;
+    snap.retired = true;
+    snap.stats = r.stats;
+    out.push_back(std::move(snap));
+  }
+  return out;
+}
+
+void ArenaList::fork_child() {
+  for (auto& a : arenas_) a->pins_ = 0;
+  mu_.unlock();
+}
+
+}  // namespace gpupool
