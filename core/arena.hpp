@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/lock_rank.hpp"
 #include "core/pool.hpp"
 #include "core/spin_lock.hpp"
 
@@ -66,7 +67,7 @@ class BinQueue {
 // path writes only its own shard. Peaks are per shard: exact when one thread
 // allocates, the sum of per-shard peaks (an upper bound) when several do.
 struct alignas(64) Arena::Shard {
-  SpinLock mu;
+  Ranked<LockRank::arena_shard, SpinLock> mu;
   std::vector<BinQueue> bins;  // by bin number; back = most recently freed
   Stats c;
   std::vector<BinGrowth> growth;  // by bin number (Pool::grow)

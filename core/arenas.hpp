@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/lock_rank.hpp"
 #include "core/pool.hpp"
 
 namespace gpupool {
@@ -91,7 +92,7 @@ class ArenaList {
   void unpin(std::span<Arena* const> arenas) noexcept;
 
   const std::atomic<PoolObserver*>& observer_;
-  mutable std::mutex mu_;
+  mutable Ranked<LockRank::pool_arenas> mu_;
   std::vector<std::unique_ptr<Arena>> arenas_;
   std::vector<std::unique_ptr<Group>> groups_;
   // Counters of destroyed retired arenas, one entry per kind: what they did

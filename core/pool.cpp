@@ -743,26 +743,32 @@ std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
   return out;
 }
 
+// Every lock of the pool, in rank order (core/lock_rank.hpp): the list's,
+// then each kind of arena lock for every arena at once.
 void Pool::fork_prepare() {
+  lock_rank::entering_fork();
   arenas_->fork_prepare();
-  for (auto& a : arenas_->locked_arenas()) {
-    a->slow_mu_.lock();
+  const auto& all = arenas_->locked_arenas();
+  for (auto& a : all) a->slow_mu_.lock();
+  for (auto& a : all)
     for (unsigned i = 0; i < a->shard_count_; ++i) a->shards_[i].mu.lock();
+  for (auto& a : all)
     if (a->segments_) a->segments_->mu.lock();
-  }
 }
 
 void Pool::unlock_arenas() {
-  for (auto& a : arenas_->locked_arenas()) {
+  const auto& all = arenas_->locked_arenas();
+  for (auto& a : all)
     if (a->segments_) a->segments_->mu.unlock();
+  for (auto& a : all)
     for (unsigned i = 0; i < a->shard_count_; ++i) a->shards_[i].mu.unlock();
-    a->slow_mu_.unlock();
-  }
+  for (auto& a : all) a->slow_mu_.unlock();
 }
 
 void Pool::fork_parent() {
   unlock_arenas();
   arenas_->fork_parent();
+  lock_rank::leaving_fork();
 }
 
 void Pool::fork_child() {
@@ -773,6 +779,7 @@ void Pool::fork_child() {
       for (auto& g : a->shards_[i].growth) g.growing = false;
   unlock_arenas();
   arenas_->fork_child();
+  lock_rank::leaving_fork();
 }
 
 }  // namespace gpupool

@@ -14,13 +14,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "core/bins.hpp"
+#include "core/lock_rank.hpp"
 #include "core/stats.hpp"
 
 namespace gpupool {
@@ -162,7 +162,7 @@ class Arena {
   // none (ArenaList::Pinned). Under the arena list's lock.
   unsigned pins_ = 0;
   // Slow-path counters (backend calls), under slow_mu_.
-  mutable std::mutex slow_mu_;
+  mutable Ranked<LockRank::arena_counters> slow_mu_;
   Stats slow_;
   // Per bin of a shard, under the shard's lock: ns the bin's waits took
   // less ns its growths took. The bin grows only while this is >= 0, one

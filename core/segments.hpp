@@ -18,10 +18,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <utility>
 
+#include "core/lock_rank.hpp"
 #include "core/pool.hpp"
 
 namespace gpupool {
@@ -55,7 +55,7 @@ struct Arena::Segments {
 
   // A leaf: no other lock is taken and no backend call made under it but
   // Backend::passed (the allocation path allocates under it).
-  std::mutex mu;
+  Ranked<LockRank::arena_segments> mu;
   std::map<Handle, Segment> segments;  // by base
   std::map<Handle, Piece> pieces;      // every piece of every segment, by address
   FreeSet free_pieces;

@@ -636,3 +636,24 @@ TEST(Pool, SnapshotListsBinsHoldingMostMemoryFirst) {
   EXPECT_EQ(snap[0].bins[1].held_blocks, 3u);
   EXPECT_EQ(f.pool.totals().held_blocks, 4u);
 }
+
+// fork(): the handlers take every lock of the pool, several of a kind at
+// once, in rank order (debug builds check it: core/lock_rank.hpp), and give
+// them all back in the parent and in the child, which goes on as before.
+TEST(Pool, ForkHandlersTakeEveryLockAndGiveThemBack) {
+  auto dev = std::make_shared<FakeDevice>();
+  Pool pool({.shards = 4});
+  Arena* binned = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
+  Arena* split = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = 1 << 20});
+  Block* b = pool.allocate(binned, 100).block;
+  Block* p = pool.allocate(split, 3 << 20).block;
+  pool.fork_prepare();
+  pool.fork_parent();
+  pool.fork_prepare();
+  pool.fork_child();
+  pool.free(b);
+  pool.free(p);
+  const Stats s = pool.totals();
+  EXPECT_EQ(s.active_blocks, 0u);
+  EXPECT_EQ(s.held_bytes, dev->used);
+}
