@@ -9,7 +9,8 @@ namespace gpupool {
 
 ArenaList::~ArenaList() = default;
 
-Arena* ArenaList::add(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards) {
+Arena* ArenaList::add(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards,
+                      std::uint64_t (*clock)()) {
   std::lock_guard lock(mu_);
   Group* group = nullptr;
   for (auto& g : groups_)
@@ -18,10 +19,10 @@ Arena* ArenaList::add(std::unique_ptr<Backend> backend, ArenaOptions options, un
     groups_.push_back(std::make_unique<Group>());
     group = groups_.back().get();
     group->name = options.group;
-    group->max_held = options.max_held;
+    group->cap.max_held = options.max_held;
   }
   arenas_.push_back(std::unique_ptr<Arena>(
-      new Arena(std::move(backend), std::move(options), shards, group)));
+      new Arena(std::move(backend), std::move(options), group, shards, clock)));
   group->arenas.push_back(arenas_.back().get());
   return arenas_.back().get();
 }
@@ -67,18 +68,13 @@ void ArenaList::reclaim() {
     }
     for (auto& a : arenas_) {
       if (!a->retired() || a->pins_ != 0) continue;
-      bool active = false;
-      for (unsigned i = 0; i < a->shard_count_ && !active; ++i) {
-        std::lock_guard slock(a->shards_[i].mu);
-        active = a->shards_[i].c.active_blocks != 0;
-      }
-      if (active) continue;
+      if (a->binned().any_active()) continue;
       if (a->counted()) {
         auto it = std::find_if(retired_.begin(), retired_.end(),
-                               [&](const Retired& r) { return r.kind == a->options_.kind; });
+                               [&](const Retired& r) { return r.kind == a->options().kind; });
         if (it == retired_.end()) {
           if (retired_.size() == retired_.capacity()) continue;  // next call, with room
-          it = retired_.insert(retired_.end(), Retired{a->options_.kind, 0, {}});
+          it = retired_.insert(retired_.end(), Retired{a->options().kind, 0, {}});
         }
         it->stats += a->stats();
         ++it->arenas;

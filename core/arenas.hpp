@@ -33,8 +33,10 @@ class ArenaList {
   ArenaList(const ArenaList&) = delete;
   ArenaList& operator=(const ArenaList&) = delete;
 
-  // A new arena in `options.group` (created with its cap if new).
-  Arena* add(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards);
+  // A new arena in `options.group` (created with its cap if new); `clock`
+  // stamps what its caches hold (Pool::now).
+  Arena* add(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards,
+             std::uint64_t (*clock)());
 
   // Arenas an operation uses outside the list's lock, pinned until this
   // goes. Letting go may destroy arenas (reclaim()).

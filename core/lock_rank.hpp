@@ -25,9 +25,9 @@
   X(pool_arenas, "pool arenas")                                                    \
   /* Arena::slow_mu_: the counters of backend calls. */                            \
   X(arena_counters, "arena counters")                                              \
-  /* Arena::Shard::mu: a thread slot's bins and counters (the hit path). */        \
+  /* Shard::mu (binned.hpp): a thread slot's bins and counters (the hit path). */ \
   X(arena_shard, "arena shard")                                                    \
-  /* Arena::Segments::mu: an arena's segments and pieces. */                       \
+  /* SegmentCache::mu_: an arena's segments and pieces. */                        \
   X(arena_segments, "arena segments")
 
 namespace gpupool {

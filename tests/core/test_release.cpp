@@ -1,0 +1,129 @@
+// The release policies on their own (core/release.hpp), over arenas a pool
+// made and filled: the one victim picker looks at both caches of every
+// arena it is given, and each policy is a loop over what it picks.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <utility>
+
+#include "core/arena.hpp"
+#include "core/release.hpp"
+#include "fake_backend.hpp"
+
+using namespace gpupool;
+using gpupool::testing::FakeBackend;
+using gpupool::testing::FakeDevice;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+std::uint64_t g_now = 0;
+std::uint64_t test_clock() { return g_now; }
+
+// Two arenas of one group on one device: `split` serves 1 MiB and more from
+// segments, `binned` only has bins. Blocks are freed at the times given.
+struct Two {
+  std::shared_ptr<FakeDevice> dev = std::make_shared<FakeDevice>();
+  Pool pool{PoolOptions{.clock = test_clock}};
+  Arena* split = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = MiB});
+  Arena* binned = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
+  Handle free_at(Arena* a, std::size_t size, std::uint64_t t) {
+    Block* b = pool.allocate(a, size).block;
+    const Handle h = b->handle;
+    g_now = t;
+    pool.free(b);
+    return h;
+  }
+};
+
+}  // namespace
+
+TEST(Release, ThePickerLooksAtBothCachesOfEveryArena) {
+  Two f;
+  const Handle segment = f.free_at(f.split, 2 * MiB, 20);  // a wholly free 2 MiB segment
+  f.free_at(f.split, 4096, 10);
+  const Handle oldest = f.free_at(f.binned, 8192, 5);
+  f.free_at(f.binned, 100, 30);
+  Arena* both[] = {f.split, f.binned};
+
+  const Victim largest = pick_victim(both, Victims::largest);
+  EXPECT_EQ(largest.arena, f.split);
+  EXPECT_EQ(largest.offer.cache, f.split->segments());
+  EXPECT_EQ(largest.offer.size, 2 * MiB);
+
+  const Victim first_freed = pick_victim(both, Victims::oldest);
+  EXPECT_EQ(first_freed.arena, f.binned);
+  EXPECT_EQ(first_freed.offer.freed_at_ns, 5u);
+
+  // What the picker offers is what its cache hands over.
+  const Held item = first_freed.offer.cache->take_offered(first_freed.offer);
+  EXPECT_EQ(item.handle, oldest);
+  f.binned->let_go(item, /*drop=*/false);
+  EXPECT_FALSE(f.dev->live.count(oldest));
+  EXPECT_TRUE(f.dev->live.count(segment));
+}
+
+// Of equal items the first arena's wins, and in an arena a wholly free
+// segment before a held block.
+TEST(Release, ThePickerKeepsTheFirstOfEquals) {
+  Two f;
+  f.free_at(f.split, 2 * MiB, 7);
+  f.free_at(f.split, 4096, 7);
+  f.free_at(f.binned, 2 * MiB, 7);  // a block of the 2 MiB bin
+  Arena* split_first[] = {f.split, f.binned};
+  Arena* binned_first[] = {f.binned, f.split};
+  EXPECT_EQ(pick_victim(split_first, Victims::largest).arena, f.split);
+  EXPECT_EQ(pick_victim(binned_first, Victims::largest).arena, f.binned);
+  const Victim oldest = pick_victim(split_first, Victims::oldest);
+  EXPECT_EQ(oldest.arena, f.split);
+  EXPECT_EQ(oldest.offer.cache, f.split->segments());
+  EXPECT_EQ(pick_victim(binned_first, Victims::oldest).arena, f.binned);
+}
+
+// An arena being retired still holds what retire_arena has not dropped yet:
+// memory its driver already freed, never to be released again.
+TEST(Release, ARetiredArenaIsNeverPicked) {
+  struct Dropping : FakeBackend {
+    using FakeBackend::FakeBackend;
+    std::function<void()> on_drop;
+    void drop(Handle h, std::size_t bytes, void* data) override {
+      if (auto f = std::exchange(on_drop, nullptr)) f();
+      FakeBackend::drop(h, bytes, data);
+    }
+  };
+  auto dev = std::make_shared<FakeDevice>();
+  Pool pool{PoolOptions{.clock = test_clock}};
+  auto backend = std::make_unique<Dropping>(dev);
+  Dropping* hook = backend.get();
+  Arena* dying = pool.add_arena(std::move(backend), {.group = "g", .split_min = MiB});
+  Arena* alive = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
+  pool.free(pool.allocate(dying, 16384).block);
+  pool.free(pool.allocate(dying, 2 * MiB).block);  // still held at the first drop
+  pool.free(pool.allocate(alive, 8192).block);
+  Arena* both[] = {dying, alive};
+  Victim largest, oldest;
+  hook->on_drop = [&] {
+    largest = pick_victim(both, Victims::largest);
+    oldest = pick_victim(both, Victims::oldest);
+  };
+  pool.retire_arena(dying);
+  EXPECT_EQ(largest.arena, alive);
+  EXPECT_EQ(oldest.arena, alive);
+}
+
+// Idleness: everything freed by the time, from both caches, largest first.
+TEST(Release, FreedByTakesBothCachesLargestFirst) {
+  Two f;
+  const Handle segment = f.free_at(f.split, 2 * MiB, 10);
+  const Handle small = f.free_at(f.binned, 4096, 10);
+  const Handle recent = f.free_at(f.binned, 8192, 50);
+  Arena* both[] = {f.split, f.binned};
+  std::size_t items = 0;
+  EXPECT_EQ(release_freed_by(both, 10, &items), 2 * MiB + 4096);
+  EXPECT_EQ(items, 2u);
+  EXPECT_FALSE(f.dev->live.count(segment));
+  EXPECT_FALSE(f.dev->live.count(small));
+  EXPECT_TRUE(f.dev->live.count(recent));
+  EXPECT_EQ(f.split->stats().trims + f.binned->stats().trims, 2u);
+}
