@@ -69,29 +69,56 @@ void release_over_cap(HeldCap& cap, std::span<Arena* const> members) {
   }
 }
 
+// Main's order: each arena's segments while it is scanned, then the blocks
+// of all of them.
 std::size_t release_freed_by(std::span<Arena* const> arenas, std::uint64_t freed_by_ns,
                              std::size_t* items) {
+  std::size_t bytes = 0, n = 0;
+  auto trim = [&](Arena& a, const Held& item) {
+    a.count(&Stats::trims);
+    bytes += item.size;
+    ++n;
+    a.let_go(item, /*drop=*/false);
+  };
+  auto larger = [](const Held& x, const Held& y) { return x.size > y.size; };
   struct Old {
     Arena* arena;
     Held item;
   };
-  std::vector<Old> old;
-  std::vector<Held> found;
-  for (Arena* a : arenas)
-    for (Cache* c : a->caches()) {
+  std::vector<Old> blocks;  // of the arenas scanned so far
+  std::vector<Held> found;  // taken out of `scanned`, not yet in `blocks`
+  Arena* scanned = nullptr;
+  // What was taken out goes back even when an allocation fails half-way:
+  // out of its cache, an item is nobody's.
+  auto give_back_taken = [&] {
+    for (const Held& item : found) trim(*scanned, item);
+    found.clear();
+    std::stable_sort(blocks.begin(), blocks.end(),
+                     [&](const Old& x, const Old& y) { return larger(x.item, y.item); });
+    for (const Old& o : blocks) trim(*o.arena, o.item);
+    blocks.clear();
+  };
+  try {
+    for (Arena* a : arenas) {
+      scanned = a;
+      if (SegmentCache* sg = a->segments()) {
+        sg->take_freed_by(freed_by_ns, found);
+        std::stable_sort(found.begin(), found.end(), larger);  // of equals, the lowest address
+        for (const Held& item : found) trim(*a, item);
+        found.clear();
+      }
+      a->binned().take_freed_by(freed_by_ns, found);
+      if (blocks.capacity() - blocks.size() < found.size())
+        blocks.reserve(std::max(blocks.size() + found.size(), 2 * blocks.capacity()));
+      for (const Held& item : found) blocks.push_back({a, item});
       found.clear();
-      c->take_freed_by(freed_by_ns, found);
-      for (const Held& item : found) old.push_back({a, item});
     }
-  std::stable_sort(old.begin(), old.end(),
-                   [](const Old& x, const Old& y) { return x.item.size > y.item.size; });
-  std::size_t bytes = 0;
-  for (const Old& o : old) {
-    o.arena->count(&Stats::trims);
-    bytes += o.item.size;
-    o.arena->let_go(o.item, /*drop=*/false);
+  } catch (...) {
+    give_back_taken();
+    throw;
   }
-  if (items) *items = old.size();
+  give_back_taken();
+  if (items) *items = n;
   return bytes;
 }
 

@@ -34,10 +34,13 @@ std::size_t release_largest(std::span<Arena* const> arenas, std::size_t wanted);
 // than its cap. Counted as trims.
 void release_over_cap(HeldCap& cap, std::span<Arena* const> members);
 
-// Idleness: every item freed at or before `freed_by_ns`, taken out of the
-// caches first and then given back largest first with no pool lock held
-// (the program allocates meanwhile). Counted as trims. Returns the bytes;
-// *items gets how many.
+// Idleness: every item freed at or before `freed_by_ns`, given back with no
+// pool lock held (the program allocates meanwhile), in main's order: each
+// arena's wholly free segments as it is scanned, largest first; then the
+// held blocks of all the arenas, largest first (taken out of their bins
+// first). An allocation that fails half-way loses nothing: what was taken
+// out is given back before the failure goes on. Counted as trims. Returns
+// the bytes; *items gets how many.
 std::size_t release_freed_by(std::span<Arena* const> arenas, std::uint64_t freed_by_ns,
                              std::size_t* items);
 

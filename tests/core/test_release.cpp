@@ -3,11 +3,17 @@
 // arena it is given, and each policy is a loop over what it picks.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
+#include <new>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/arena.hpp"
 #include "core/release.hpp"
+#include "alloc_failure.hpp"
 #include "fake_backend.hpp"
 
 using namespace gpupool;
@@ -112,18 +118,64 @@ TEST(Release, ARetiredArenaIsNeverPicked) {
   EXPECT_EQ(oldest.arena, alive);
 }
 
-// Idleness: everything freed by the time, from both caches, largest first.
-TEST(Release, FreedByTakesBothCachesLargestFirst) {
+// Idleness gives back what main's idle trim did, in the same order: each
+// arena's wholly free segments while it is scanned, largest first; then the
+// held blocks of all the arenas, largest first.
+TEST(Release, FreedByGivesBackSegmentsWhileScanningThenBlocksLargestFirst) {
   Two f;
-  const Handle segment = f.free_at(f.split, 2 * MiB, 10);
-  const Handle small = f.free_at(f.binned, 4096, 10);
+  const Handle small_segment = f.free_at(f.split, 2 * MiB, 10);
+  const Handle large_segment = f.free_at(f.split, 6 * MiB, 10);
+  const Handle split_block = f.free_at(f.split, 16384, 10);  // under split_min: a block
+  const Handle big_block = f.free_at(f.binned, 64 * MiB, 10);
+  const Handle small_block = f.free_at(f.binned, 4096, 10);
   const Handle recent = f.free_at(f.binned, 8192, 50);
-  Arena* both[] = {f.split, f.binned};
+  Arena* binned_first[] = {f.binned, f.split};
   std::size_t items = 0;
-  EXPECT_EQ(release_freed_by(both, 10, &items), 2 * MiB + 4096);
-  EXPECT_EQ(items, 2u);
-  EXPECT_FALSE(f.dev->live.count(segment));
-  EXPECT_FALSE(f.dev->live.count(small));
+  EXPECT_EQ(release_freed_by(binned_first, 10, &items), 8 * MiB + 16384 + 64 * MiB + 4096);
+  EXPECT_EQ(items, 5u);
+  EXPECT_EQ(f.dev->release_log,
+            (std::vector<Handle>{large_segment, small_segment, big_block, split_block, small_block}));
   EXPECT_TRUE(f.dev->live.count(recent));
-  EXPECT_EQ(f.split->stats().trims + f.binned->stats().trims, 2u);
+  EXPECT_EQ(f.split->stats().trims + f.binned->stats().trims, 5u);
+}
+
+// An allocation that fails while idle items are taken out of the caches
+// loses none of them: each is given back or still held, and the counters,
+// the cap and the device agree.
+TEST(Release, FreedByLosesNothingWhenAnAllocationFails) {
+  bool failed_once = false;
+  for (int n = 1;; ++n) {
+    auto dev = std::make_shared<FakeDevice>();
+    Pool pool{PoolOptions{.shards = 2, .clock = test_clock}};
+    const ArenaOptions capped{.group = "g", .max_held = 1024 * MiB};
+    Arena* arenas[] = {pool.add_arena(std::make_unique<FakeBackend>(dev), capped),
+                       pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = MiB})};
+    for (Arena* a : arenas)
+      for (std::size_t size : {std::size_t{4096}, std::size_t{100000}, 3 * MiB, 5 * MiB}) {
+        Block* x = pool.allocate(a, size).block;
+        Block* y = pool.allocate(a, size).block;
+        g_now = 10;
+        pool.free(x);
+        pool.free(y);
+      }
+    dev->release_log.reserve(64);  // the fake's own bookkeeping must not fail
+    bool failed = false;
+    {
+      gpupool::testing::FailNthAllocation fail(n);
+      try {
+        release_freed_by(arenas, 10, nullptr);
+      } catch (const std::bad_alloc&) {
+      }
+      failed = fail.failed();
+    }
+    const Stats s = pool.totals();
+    EXPECT_EQ(s.managed_bytes, s.held_bytes) << "allocation " << n << " failed: an item is lost";
+    EXPECT_EQ(dev->used, s.managed_bytes) << "allocation " << n;
+    EXPECT_EQ(arenas[0]->group().cap.held_bytes.load(), s.held_bytes) << "allocation " << n;
+    pool.free_held();
+    EXPECT_EQ(dev->used, 0u) << "allocation " << n;
+    if (!failed) break;  // past the trim's last allocation
+    failed_once = true;
+  }
+  EXPECT_TRUE(failed_once);
 }
