@@ -16,6 +16,13 @@ namespace {
 
 bool live(const Arena& a) { return !a.retired(); }
 
+// The live arenas of `group`, pinned. A retired arena's memory is its
+// driver's: whoever uses one checks again that it is live (it may retire
+// meanwhile), as main did.
+ArenaList::Pinned pin_group(ArenaList& arenas, const std::string& group) {
+  return arenas.pin([&](const Arena& a) { return live(a) && a.group().name == group; });
+}
+
 }  // namespace
 
 void Pool::retire_arena(Arena* arena, bool keep_stats) {
@@ -56,9 +63,7 @@ void Pool::stop_holding() {
 }
 
 std::size_t Pool::release_group(const std::string& group, std::size_t wanted) {
-  const ArenaList::Pinned mine =
-      arenas_->pin([&](const Arena& a) { return live(a) && a.group().name == group; });
-  return release_largest(mine.arenas(), wanted);
+  return release_largest(pin_group(*arenas_, group).arenas(), wanted);
 }
 
 std::size_t Pool::trim_idle(std::uint64_t now) {
@@ -72,10 +77,8 @@ std::size_t Pool::release_idle(const std::string& group, std::uint64_t idle_ns,
                                std::size_t* blocks) {
   const std::uint64_t t = now();
   if (t < idle_ns) return 0;
-  const ArenaList::Pinned mine =
-      arenas_->pin([&](const Arena& a) { return live(a) && a.group().name == group; });
   std::size_t n = 0;
-  const std::size_t bytes = release_freed_by(mine.arenas(), t - idle_ns, &n);
+  const std::size_t bytes = release_freed_by(pin_group(*arenas_, group).arenas(), t - idle_ns, &n);
   if (blocks) *blocks = n;
   return bytes;
 }
@@ -91,15 +94,15 @@ std::size_t Pool::arena_count() const { return arenas_->size(); }
 
 std::size_t Pool::group_releasable(const std::string& group) const {
   std::size_t n = 0;
-  for (Arena* a : arenas_->pin([&](const Arena& a) { return live(a) && a.group().name == group; }))
-    n += a->releasable_bytes();
+  for (Arena* a : pin_group(*arenas_, group))
+    if (live(*a)) n += a->releasable_bytes();
   return n;
 }
 
 Stats Pool::group_totals(const std::string& group) const {
   Stats s;
-  for (Arena* a : arenas_->pin([&](const Arena& a) { return live(a) && a.group().name == group; }))
-    s += a->stats();
+  for (Arena* a : pin_group(*arenas_, group))
+    if (live(*a)) s += a->stats();
   return s;
 }
 

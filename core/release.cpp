@@ -100,6 +100,9 @@ std::size_t release_freed_by(std::span<Arena* const> arenas, std::uint64_t freed
   };
   try {
     for (Arena* a : arenas) {
+      // Checked at use, as pick_victim does: what a retired arena holds is
+      // its driver's.
+      if (a->retired()) continue;
       scanned = a;
       if (SegmentCache* sg = a->segments()) {
         sg->take_freed_by(freed_by_ns, found);

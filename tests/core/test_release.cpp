@@ -179,3 +179,65 @@ TEST(Release, FreedByLosesNothingWhenAnAllocationFails) {
   }
   EXPECT_TRUE(failed_once);
 }
+
+// An arena retired while an idle trim is under way (its context torn down
+// on another thread) is not trimmed: what it holds the driver already
+// freed, so it is dropped by its retire, never released.
+TEST(Release, FreedBySkipsAnArenaRetiredMeanwhile) {
+  struct Dropping : FakeBackend {
+    using FakeBackend::FakeBackend;
+    std::function<void()> on_drop;
+    void drop(Handle h, std::size_t bytes, void* data) override {
+      if (auto f = std::exchange(on_drop, nullptr)) f();
+      FakeBackend::drop(h, bytes, data);
+    }
+  };
+  auto first_dev = std::make_shared<FakeDevice>();
+  auto dying_dev = std::make_shared<FakeDevice>();
+  Pool pool{PoolOptions{.clock = test_clock}};
+  Arena* first = pool.add_arena(std::make_unique<FakeBackend>(first_dev), {.group = "g", .split_min = MiB});
+  auto backend = std::make_unique<Dropping>(dying_dev);
+  Dropping* hook = backend.get();
+  Arena* dying = pool.add_arena(std::move(backend), {.group = "g"});
+  g_now = 10;
+  pool.free(pool.allocate(first, 2 * MiB).block);  // a segment, given back while scanning
+  pool.free(pool.allocate(dying, 4096).block);
+  pool.free(pool.allocate(dying, 8192).block);
+
+  // The context goes while the trim gives back `first`'s segment: its
+  // retire is stopped in its first drop until the trim is over.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool dropping = false, retired = false, trim_done = false;
+  std::thread retiring;
+  bool trimming_started = false;
+  hook->on_drop = [&] {
+    std::unique_lock lock(mu);
+    dropping = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return trim_done; });
+  };
+  first_dev->after_release = [&] {
+    if (std::exchange(trimming_started, true)) return;
+    retiring = std::thread([&] {
+      pool.retire_arena(dying);
+      std::lock_guard lock(mu);
+      retired = true;
+      cv.notify_all();
+    });
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return dropping || retired; });  // retired: it had nothing to drop
+  };
+  g_now = 100;
+  std::size_t items = 0;
+  pool.release_idle("g", 50, &items);
+  {
+    std::lock_guard lock(mu);
+    trim_done = true;
+  }
+  cv.notify_all();
+  retiring.join();
+  EXPECT_EQ(items, 1u) << "only the live arena's segment";
+  EXPECT_EQ(dying_dev->releases, 0u) << "memory its driver freed was released";
+  EXPECT_EQ(dying_dev->drops, 2u);
+}
