@@ -83,10 +83,14 @@ std::size_t Pool::release_idle(const std::string& group, std::uint64_t idle_ns,
   return bytes;
 }
 
+// Pinned before the retired totals are read: an arena destroyed before the
+// pin is in them by then, and a pinned one cannot be destroyed until the
+// pin goes, so each is counted once (the counters never go backwards).
 Stats Pool::totals() const {
+  const ArenaList::Pinned counted = arenas_->pin([](const Arena& a) { return a.counted(); });
   Stats t;
   arenas_->add_retired(t);
-  for (Arena* a : arenas_->pin([](const Arena& a) { return a.counted(); })) t += a->stats();
+  for (Arena* a : counted) t += a->stats();
   return t;
 }
 
@@ -106,10 +110,12 @@ Stats Pool::group_totals(const std::string& group) const {
   return s;
 }
 
+// Pinned first, as totals().
 std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
-  std::vector<ArenaSnapshot> out = arenas_->retired_rows();
   // Not a forked child's copies of its parent's arenas.
-  for (Arena* a : arenas_->pin([](const Arena& a) { return a.counted(); })) {
+  const ArenaList::Pinned counted = arenas_->pin([](const Arena& a) { return a.counted(); });
+  std::vector<ArenaSnapshot> out = arenas_->retired_rows();
+  for (Arena* a : counted) {
     ArenaSnapshot snap;
     snap.name = a->options().name;
     snap.group = a->options().group;
