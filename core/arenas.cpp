@@ -33,12 +33,14 @@ ArenaList::Pinned::~Pinned() {
 
 // Under the lock: once its last pin is let go, another thread's reclaim()
 // may destroy an arena, so nothing of it may be read afterwards.
-void ArenaList::unpin(std::span<Arena* const> arenas) noexcept {
+void ArenaList::unpin(std::span<Arena* const> arenas, bool emptied) noexcept {
   bool last_of_retired = false;
   {
     std::lock_guard lock(mu_);
-    for (Arena* a : arenas)
+    for (Arena* a : arenas) {
+      if (emptied) a->emptying_ = false;
       if (--a->pins_ == 0 && a->retired()) last_of_retired = true;
+    }
   }
   if (!last_of_retired) return;
   try {
@@ -48,11 +50,13 @@ void ArenaList::unpin(std::span<Arena* const> arenas) noexcept {
   }
 }
 
-void ArenaList::retire(Arena* arena, bool keep_stats) {
+ArenaList::Retiring ArenaList::retire(Arena* arena, bool keep_stats) {
   std::lock_guard lock(mu_);
   arena->keep_stats_.store(keep_stats, std::memory_order_release);
   ++arena->pins_;
+  arena->emptying_ = true;
   arena->retired_.store(true, std::memory_order_release);
+  return Retiring(*this, arena);
 }
 
 void ArenaList::reclaim() {
@@ -118,7 +122,7 @@ std::vector<ArenaSnapshot> ArenaList::retired_rows() const {
 }
 
 void ArenaList::fork_child() {
-  for (auto& a : arenas_) a->pins_ = 0;
+  for (auto& a : arenas_) a->pins_ = a->emptying_ ? 1 : 0;
   mu_.unlock();
 }
 

@@ -69,10 +69,21 @@ class ArenaList {
       }
     return p;
   }
-  // The arena retired, and pinned until its caller, which empties it
-  // meanwhile, calls unpin(arena). Allocates nothing.
-  void retire(Arena* arena, bool keep_stats);
-  void unpin(Arena* arena) noexcept { unpin(std::span<Arena* const>(&arena, 1)); }
+  // retire(): the arena retired and pinned while its caller empties it;
+  // letting go may destroy it (reclaim()).
+  class Retiring {
+   public:
+    Retiring(ArenaList& list, Arena* arena) : list_(list), arena_(arena) {}
+    Retiring(const Retiring&) = delete;
+    Retiring& operator=(const Retiring&) = delete;
+    ~Retiring() { list_.unpin(std::span<Arena* const>(&arena_, 1), /*emptied=*/true); }
+
+   private:
+    ArenaList& list_;
+    Arena* arena_;
+  };
+  // Allocates nothing.
+  [[nodiscard]] Retiring retire(Arena* arena, bool keep_stats);
   // Destroy retired arenas no block and no pin keeps.
   void reclaim();
 
@@ -81,8 +92,10 @@ class ArenaList {
   void add_retired(Stats& t) const;
   std::vector<ArenaSnapshot> retired_rows() const;
 
-  // fork(): the list's lock, taken and released around the arenas' own;
-  // in the child, pins held by threads it does not have are gone.
+  // fork(): the list's lock, taken and released around the arenas' own.
+  // In the child, pins held by threads it does not have are gone, but for
+  // an arena a retire was emptying: it stays, retired and half emptied, as
+  // on main (destroyed, it would lose the blocks still in its bins).
   void fork_prepare() { mu_.lock(); }
   void fork_parent() { mu_.unlock(); }
   void fork_child();
@@ -91,7 +104,8 @@ class ArenaList {
 
  private:
   using Group = Arena::Group;
-  void unpin(std::span<Arena* const> arenas) noexcept;
+  // `emptied`: the pin is retire()'s.
+  void unpin(std::span<Arena* const> arenas, bool emptied = false) noexcept;
 
   const std::atomic<PoolObserver*>& observer_;
   mutable Ranked<LockRank::pool_arenas> mu_;

@@ -266,6 +266,7 @@ class Arena {
   // retire_arena while it empties it: reclaim() destroys only an arena with
   // none (ArenaList::Pinned). Under the arena list's lock.
   unsigned pins_ = 0;
+  bool emptying_ = false;  // one of the pins is retire_arena's (ArenaList::fork_child)
   // Slow-path counters (backend calls), under slow_mu_.
   mutable Ranked<LockRank::arena_counters> slow_mu_;
   Stats slow_;

@@ -28,19 +28,20 @@ ArenaList::Pinned pin_group(ArenaList& arenas, const std::string& group) {
 void Pool::retire_arena(Arena* arena, bool keep_stats) {
   // Once retired with no block active, the arena may be destroyed by a
   // reclaim() on another thread (the control thread's periodic check, a
-  // free): pinned, not while it is being emptied. The last touch is the
-  // unpin, which destroys it when nothing else keeps it.
-  arenas_->retire(arena, keep_stats);
+  // free): pinned while it is emptied. The last touch is the end of
+  // `retiring` (a drop that throws included), which destroys it when
+  // nothing else keeps it.
+  const ArenaList::Retiring retiring = arenas_->retire(arena, keep_stats);
   empty(*arena, /*drop=*/true);
-  arenas_->unpin(arena);
 }
 
 void Pool::reclaim() { arenas_->reclaim(); }
 
 // Every item held by the arena's caches, given back (or let go: the driver
-// already freed it), blocks first. One at a time, so that nothing is
-// allocated (this runs when a context is torn down, where failing half-way
-// is not an option).
+// already freed it). Blocks first, as main's empty_held did (the release
+// policies look at segments first: Arena::caches). One at a time, so that
+// nothing is allocated (this runs when a context is torn down, where
+// failing half-way is not an option).
 void Pool::empty(Arena& arena, bool drop) {
   auto empty_cache = [&](Cache& c) {
     for (Held item; (item = c.take_any()).size;) arena.let_go(item, drop);
