@@ -121,8 +121,14 @@ class PoolObserver {
   // Must not throw: the pool is mid-operation.
   virtual void on_allocate(const Arena& arena, const Block& block, bool hit) noexcept = 0;
   virtual void on_free(const Arena& arena, const Block& block) noexcept = 0;
-  // The arena is about to be destroyed (Pool::reclaim): nothing refers to it
-  // afterwards.
+  // The arena is about to be destroyed: nothing refers to it afterwards.
+  // Called, with no pool lock held, by whichever call lets go of the last
+  // thing keeping a retired arena: the free or forget of its last active
+  // block, retire_arena, reclaim(), or the end of a call that used several
+  // arenas (totals(), snapshot(), free_held(), an out-of-memory or cap
+  // release inside allocate() or free()...). So on any thread that calls
+  // the pool, with whatever locks that caller holds: it (and a Backend's
+  // destructor) must not take a lock a caller of the pool may hold.
   virtual void on_arena_destroyed(const Arena& /*arena*/) {}
 };
 
@@ -272,6 +278,9 @@ class Arena {
   Stats slow_;
 };
 
+// A call that allocates, frees, retires, gives held memory back or reads
+// counters may destroy retired arenas nothing keeps any more, on the
+// caller's thread, and tell the observer (PoolObserver::on_arena_destroyed).
 class Pool {
  public:
   explicit Pool(PoolOptions options = {});
