@@ -5,6 +5,8 @@
 
 namespace gpupool {
 
+using namespace core_detail;
+
 Arena::Arena(std::unique_ptr<Backend> backend, ArenaOptions options, Group* group, unsigned shards,
              std::uint64_t (*clock)())
     : backend_(std::move(backend)),

@@ -17,7 +17,7 @@ namespace gpupool {
 // together.
 struct Arena::Group {
   std::string name;
-  HeldCap cap;
+  core_detail::HeldCap cap;
   std::vector<Arena*> arenas;  // under the arena list's lock (arenas.hpp)
 };
 

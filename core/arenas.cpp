@@ -5,7 +5,7 @@
 
 #include "core/arena.hpp"
 
-namespace gpupool {
+namespace gpupool::core_detail {
 
 ArenaList::~ArenaList() = default;
 
@@ -31,8 +31,9 @@ ArenaList::Pinned::~Pinned() {
   if (list_) list_->unpin(arenas_);
 }
 
-// Under the lock: once its last pin is let go, another thread's reclaim()
-// may destroy an arena, so nothing of it may be read afterwards.
+// Under the lock, `retired` read included: once its last pin is let go and
+// the lock released, another thread's reclaim() may destroy an arena, so
+// nothing of it may be read afterwards.
 void ArenaList::unpin(std::span<Arena* const> arenas, bool emptied) noexcept {
   bool last_of_retired = false;
   {
@@ -126,4 +127,4 @@ void ArenaList::fork_child() {
   mu_.unlock();
 }
 
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

@@ -24,7 +24,7 @@
 #include "core/lock_rank.hpp"
 #include "core/pool.hpp"
 
-namespace gpupool {
+namespace gpupool::core_detail {
 
 class ArenaList {
  public:
@@ -121,4 +121,4 @@ class ArenaList {
   std::vector<Retired> retired_;
 };
 
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

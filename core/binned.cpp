@@ -1,7 +1,7 @@
 // The binned cache (binned.hpp): its slow side.
 #include "core/binned.hpp"
 
-namespace gpupool {
+namespace gpupool::core_detail {
 
 BinnedCache::BinnedCache(Backend& backend, unsigned shards)
     : backend_(backend), count_(shards), shards_(new Shard[shards]) {}
@@ -137,4 +137,4 @@ void BinnedCache::forget_growth() {
     for (BinGrowth& g : shards_[i].growth) g.growing = false;
 }
 
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

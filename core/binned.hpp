@@ -16,7 +16,7 @@
 #include "core/pool.hpp"
 #include "core/spin_lock.hpp"
 
-namespace gpupool {
+namespace gpupool::core_detail {
 
 // One bin's held blocks, oldest first. A queue over a vector: blocks leave
 // from the front (oldest, the first whose fence passes) as often as from the
@@ -155,10 +155,8 @@ struct alignas(64) Shard {
 
 inline Shard& BinnedCache::shard(unsigned i) const { return shards_[i]; }
 
-inline BinnedCache::Found BinnedCache::take(unsigned my, std::size_t bin,
-                                                                   std::size_t size,
-                                                                   bool look_past_pending,
-                                                                   std::size_t borrow_last) {
+inline BinnedCache::Found BinnedCache::take(unsigned my, std::size_t bin, std::size_t size,
+                                            bool look_past_pending, std::size_t borrow_last) {
   Found f;
   Shard& mine = shards_[my];
   {
@@ -187,10 +185,8 @@ bool BinnedCache::hold(Block* b, Keep&& keep, OnHold&& on_hold) {
   return true;
 }
 
-inline void BinnedCache::take_elsewhere(unsigned my, std::size_t bin,
-                                                              std::size_t size,
-                                                              bool look_past_pending,
-                                                              std::size_t borrow_last, Found& f) {
+inline void BinnedCache::take_elsewhere(unsigned my, std::size_t bin, std::size_t size,
+                                        bool look_past_pending, std::size_t borrow_last, Found& f) {
   Block* b = nullptr;
   const bool skip_others = f.pending && !look_past_pending;
   for (unsigned i = 1; i < count_ && !b && !skip_others; ++i) {
@@ -219,4 +215,4 @@ inline void BinnedCache::take_elsewhere(unsigned my, std::size_t bin,
   f.block = b;
 }
 
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

@@ -14,8 +14,12 @@
 #include "core/stats.hpp"
 
 namespace gpupool {
-
 struct Block;
+}  // namespace gpupool::core_detail
+
+// core/'s own types are in core_detail, out of the way of interpose/'s.
+namespace gpupool::core_detail {
+
 class Cache;
 
 // Memory taken out of a cache, to be given back to the backend (or let go:
@@ -93,4 +97,4 @@ class Cache {
   ~Cache() = default;
 };
 
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

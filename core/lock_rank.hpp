@@ -58,6 +58,10 @@ void fork_end();
 
 // Builds with and without the checks may meet in one program (a test of the
 // checker in a release build): each has its own names for what differs.
+// Only for what is declared here and in spin_lock.hpp: a class holding a
+// Ranked member (Arena, Shard, ArenaList, SegmentCache) is the same class
+// either way, so a file whose checking differs from core's must not use
+// core's other headers (it would be two definitions of one class).
 #ifdef GPUPOOL_LOCK_RANKS
 inline namespace checked {
 inline void will_take(LockRank r) { taking(r); }

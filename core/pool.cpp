@@ -19,6 +19,8 @@
 #include "core/release.hpp"
 
 namespace gpupool {
+
+using namespace core_detail;
 namespace {
 
 // A thread's slot picks its shard (the slot's low bits). A new thread takes the
@@ -198,20 +200,18 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
   return r;
 }
 
-// Growth of a bin whose blocks all wait for the device. One wait frees every
-// pending block, so a loop that frees and at once reuses a size pays one wait
-// per (blocks in the bin) pairs: more blocks, fewer waits. But a fresh block
-// costs a driver allocation (H100: ~40 us device, 0.65-190 ms pinned) and a
-// wait may cost ~1 us (idle device) or a whole queue (busy one). Ski rental:
-// a bin grows only while the time its waits took covers the time its growths
-// took (the first growth is free), so growing never costs more than about
-// what waiting did: fast when waits are stalls, slowly when they are cheap.
-// Bounded in bytes by pending_growth and in count by kMaxPendingBlocks.
-//
-// A fresh block for a bin whose `pending_blocks` blocks all wait, if the
-// growth rule allows one. Never makes the pool give held memory back: without
-// room, the caller waits. (Every pooled block of a bin is `bytes` long: the
-// pending ones and the fresh one must fit the budget together.)
+// A fresh block of `bytes` for a bin whose `pending_blocks` blocks all wait
+// for the device, or none, and the caller waits. One wait frees every
+// pending block, so a loop that frees and at once reuses a size pays one
+// wait per (blocks in the bin) pairs: more blocks, fewer waits. But a fresh
+// block costs a driver allocation (H100: ~40 us device, 0.65-190 ms pinned)
+// and a wait may cost ~1 us (idle device) or a whole queue (busy one). Ski
+// rental: a bin grows only while the time its waits took covers the time
+// its growths took (the first growth is free), so growing never costs more
+// than about what waiting did: fast when waits are stalls, slowly when they
+// are cheap. Bounded in bytes by pending_growth (the pending blocks and the
+// fresh one together: every pooled block of a bin is `bytes` long) and in
+// count by kMaxPendingBlocks. Never makes the pool give held memory back.
 std::optional<BackendResult> Pool::grow(Arena& a, unsigned shard, std::size_t bin,
                                         std::size_t bytes, std::size_t pending_blocks,
                                         std::uint64_t hint) {

@@ -132,9 +132,11 @@ class PoolObserver {
   virtual void on_arena_destroyed(const Arena& /*arena*/) {}
 };
 
+// core/'s own types (core_detail): the pool's inside, not the shim's.
+namespace core_detail {
+
 class SegmentCache;
 class ArenaList;
-
 struct Shard;
 
 // The binned cache (core/binned.hpp has its shards and its hit path): here
@@ -199,9 +201,8 @@ class BinnedCache final : public Cache {
   void forget_growth();
 
  private:
-  // The rest of take(): other shards, then borrowing. Inlined as well, as
-  // the whole search was before it was split out (a call here cost the
-  // miss path 3% more instructions).
+  // The rest of take(): other shards, then borrowing. Forced inline: it is
+  // on the miss path.
   [[gnu::always_inline]] inline void take_elsewhere(unsigned my, std::size_t bin,
                                                     std::size_t size, bool look_past_pending,
                                                     std::size_t borrow_last, Found& f);
@@ -211,7 +212,7 @@ class BinnedCache final : public Cache {
   std::unique_ptr<Shard[]> shards_;
 };
 
-
+}  // namespace core_detail
 
 // One backend instance's blocks. Created by Pool::add_arena, owned by the
 // pool. A retired arena is destroyed once none of its blocks is active and
@@ -232,11 +233,12 @@ class Arena {
   // The rest is core/'s own (the types are in core/arena.hpp).
   struct Group;
   Group& group() const { return *group_; }
-  BinnedCache& binned() { return binned_; }
-  const BinnedCache& binned() const { return binned_; }
-  SegmentCache* segments() const { return segments_.get(); }  // when options().split_min != 0
+  core_detail::BinnedCache& binned() { return binned_; }
+  const core_detail::BinnedCache& binned() const { return binned_; }
+  // When options().split_min != 0.
+  core_detail::SegmentCache* segments() const { return segments_.get(); }
   // Its caches, in the order the release policies look at them.
-  std::span<Cache* const> caches() const { return {caches_, cache_count_}; }
+  std::span<core_detail::Cache* const> caches() const { return {caches_, cache_count_}; }
   // false once retired without its counters (a forked child's copy of its
   // parent's arena): its blocks and counters are the parent's, so neither
   // the stats nor the observer see them.
@@ -248,23 +250,23 @@ class Arena {
   void give_back(Handle h, std::size_t size, void* data, bool drop);
   // An item taken out of one of its caches: no longer held, given back (or
   // dropped), its block deleted.
-  void let_go(const Held& item, bool drop);
+  void let_go(const core_detail::Held& item, bool drop);
   // Adds to one of its slow-path counters (trims, oom_retries, ...).
   void count(std::uint64_t Stats::*counter, std::uint64_t n = 1);
   void lock_counters() { slow_mu_.lock(); }  // fork()
   void unlock_counters() { slow_mu_.unlock(); }
 
  private:
-  friend class ArenaList;
+  friend class core_detail::ArenaList;
   Arena(std::unique_ptr<Backend> backend, ArenaOptions options, Group* group, unsigned shards,
         std::uint64_t (*clock)());
 
   std::unique_ptr<Backend> backend_;
   ArenaOptions options_;
   Group* group_;
-  BinnedCache binned_;
-  std::unique_ptr<SegmentCache> segments_;
-  Cache* caches_[2];
+  core_detail::BinnedCache binned_;
+  std::unique_ptr<core_detail::SegmentCache> segments_;
+  core_detail::Cache* caches_[2];
   std::size_t cache_count_ = 0;
   std::atomic<bool> retired_{false};
   std::atomic<bool> keep_stats_{true};
@@ -361,7 +363,7 @@ class Pool {
   std::uint64_t cost_now() const;  // options_.cost_clock, else CLOCK_MONOTONIC
 
   // The program's calls (pool.cpp). The hit path stays inlined into
-  // allocate() (a warm pair takes about 30 ns: tests/bench/bench_pool).
+  // allocate() (tests/bench/bench_pool measures it).
   [[gnu::always_inline]] inline AllocResult allocate_block(Arena& a, unsigned shard,
                                                            std::size_t size, bool pooled,
                                                            std::uint64_t hint);
@@ -381,7 +383,7 @@ class Pool {
   std::atomic<bool> holding_;
   const bool borrow_;
   std::atomic<PoolObserver*> observer_{nullptr};
-  std::unique_ptr<ArenaList> arenas_;  // (core/arenas.hpp)
+  std::unique_ptr<core_detail::ArenaList> arenas_;  // (core/arenas.hpp)
 };
 
 }  // namespace gpupool

@@ -12,6 +12,8 @@
 #include "core/release.hpp"
 
 namespace gpupool {
+
+using namespace core_detail;
 namespace {
 
 bool live(const Arena& a) { return !a.retired(); }

@@ -6,7 +6,7 @@
 
 #include "core/arena.hpp"
 
-namespace gpupool {
+namespace gpupool::core_detail {
 namespace {
 
 // Rounds of asking other holders (Backend::relieve) before out-of-memory
@@ -156,4 +156,4 @@ BackendResult allocate_releasing(ArenaList& arenas, Arena& arena, std::size_t by
   return r;
 }
 
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

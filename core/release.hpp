@@ -12,7 +12,7 @@
 #include "core/arenas.hpp"
 #include "core/cache.hpp"
 
-namespace gpupool {
+namespace gpupool::core_detail {
 
 // The item of the arenas' caches that comes first in `order` (retired
 // arenas left out), and its arena; none: arena == nullptr. Arenas in order,
@@ -52,4 +52,4 @@ std::size_t release_freed_by(std::span<Arena* const> arenas, std::uint64_t freed
 BackendResult allocate_releasing(ArenaList& arenas, Arena& arena, std::size_t bytes,
                                  std::size_t exact, std::uint64_t hint, bool* used_exact);
 
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <optional>
 
-namespace gpupool {
+namespace gpupool::core_detail {
 
 SegmentCache::SegmentCache(Backend& backend, HeldCap& cap, std::size_t split_min,
                            std::uint64_t (*clock)())
@@ -297,4 +297,4 @@ void SegmentCache::add_counters(Stats& s) const {
   s += c_;
 }
 
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

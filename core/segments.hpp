@@ -26,7 +26,7 @@
 #include "core/cache.hpp"
 #include "core/lock_rank.hpp"
 
-namespace gpupool {
+namespace gpupool::core_detail {
 
 // Pieces start and end on this (what cuMemAlloc aligns to, and PyTorch's
 // smallest block); segments are multiples of kSegmentGranule (the driver's
@@ -142,4 +142,4 @@ class SegmentCache final : public Cache {
   Stats c_;
 };
 
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

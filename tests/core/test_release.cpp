@@ -17,6 +17,7 @@
 #include "fake_backend.hpp"
 
 using namespace gpupool;
+using namespace gpupool::core_detail;
 using gpupool::testing::FakeBackend;
 using gpupool::testing::FakeDevice;
 
