@@ -106,9 +106,13 @@ std::size_t release_freed_by(std::span<Arena* const> arenas, std::uint64_t freed
       scanned = a;
       if (SegmentCache* sg = a->segments()) {
         sg->take_freed_by(freed_by_ns, found);
-        std::stable_sort(found.begin(), found.end(), larger);  // of equals, the lowest address
-        for (const Held& item : found) trim(*a, item);
+        // Out of `found` before the first is given back, so that a backend
+        // that throws cannot have one given back twice.
+        std::vector<Held> segments = std::move(found);
         found.clear();
+        // Largest first; of equals, the lowest address.
+        std::stable_sort(segments.begin(), segments.end(), larger);
+        for (const Held& item : segments) trim(*a, item);
       }
       a->binned().take_freed_by(freed_by_ns, found);
       if (blocks.capacity() - blocks.size() < found.size())
