@@ -1,27 +1,31 @@
-// The binned pool that every backend plugs into.
+// The pool that every backend plugs into.
 //
 // An Arena is one set of interchangeable blocks: one backend instance (a CUDA
 // context's device memory, pinned memory of one flag set, one OpenCL context +
 // flags + properties). Arenas that draw on the same memory share a group: the
 // held-byte cap and out-of-memory release look at the group first.
 //
-// Hit path: each arena is split into shards, one per thread slot, each with
-// its own lock, bins and counters, so threads that allocate and free the same
-// sizes do not share a lock or a written cache line.
+// An arena keeps what the program frees in its caches (core/cache.hpp): the
+// binned cache (binned.hpp), whose shards, one per thread slot, each have
+// their own lock, bins and counters, so threads that allocate and free the
+// same sizes do not share a lock or a written cache line (the hit path); and,
+// when splitting is on, the segment cache for large requests (segments.hpp).
+// The release policies (release.hpp) decide what goes back to the backend.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "core/bins.hpp"
+#include "core/cache.hpp"
+#include "core/lock_rank.hpp"
 #include "core/stats.hpp"
 
 namespace gpupool {
@@ -117,14 +121,103 @@ class PoolObserver {
   // Must not throw: the pool is mid-operation.
   virtual void on_allocate(const Arena& arena, const Block& block, bool hit) noexcept = 0;
   virtual void on_free(const Arena& arena, const Block& block) noexcept = 0;
-  // The arena is about to be destroyed (Pool::reclaim): nothing refers to it
-  // afterwards.
+  // The arena is about to be destroyed: nothing refers to it afterwards.
+  // Called, with no pool lock held, by whichever call lets go of the last
+  // thing keeping a retired arena: the free or forget of its last active
+  // block, retire_arena, reclaim(), or the end of a call that used several
+  // arenas (totals(), snapshot(), free_held(), an out-of-memory or cap
+  // release inside allocate() or free()...). So on any thread that calls
+  // the pool, with whatever locks that caller holds: it (and a Backend's
+  // destructor) must not take a lock a caller of the pool may hold.
   virtual void on_arena_destroyed(const Arena& /*arena*/) {}
 };
 
+// core/'s own types (core_detail): the pool's inside, not the shim's.
+namespace core_detail {
+
+class SegmentCache;
+class ArenaList;
+struct Shard;
+
+// The binned cache (core/binned.hpp has its shards and its hit path): here
+// so that an arena holds it in place, one load fewer on the hit path.
+class BinnedCache final : public Cache {
+ public:
+  BinnedCache(Backend& backend, unsigned shards);
+  ~BinnedCache();
+
+  unsigned shard_count() const { return count_; }
+  inline Shard& shard(unsigned i) const;
+
+  // What a request found: a ready block (its hit counted in the requesting
+  // thread's shard), or none, and then whether its bin has blocks that only
+  // wait for the device, and how many.
+  struct Found {
+    Block* block = nullptr;
+    bool pending = false;
+    std::size_t pending_blocks = 0;
+  };
+  static constexpr std::size_t kNoBorrowing = SIZE_MAX;
+  // A held block of `bin` for a request of `size` from shard `my`: its own
+  // shard's first. Other shards' only when `look_past_pending` or its own
+  // has none waiting (another thread may hold the block this one needs;
+  // when its own blocks of the size only wait for the device, a growth or a
+  // wait serves it instead: looking through every other thread's shard on
+  // each allocation would make threads meet at their locks). Then, when no
+  // block of the bin waits and `borrow_last` is not kNoBorrowing, the
+  // smallest ready block of the bins up to borrow_last.
+  [[gnu::always_inline]] inline Found take(unsigned my, std::size_t bin, std::size_t size,
+                                           bool look_past_pending, std::size_t borrow_last);
+
+  // A block the program freed: no longer active, and held in its shard's
+  // bin if `keep()` says so, asked under the shard's lock (so that
+  // stop_holding(), which clears the flag before it empties the shards,
+  // never misses one). `on_hold()` runs before the block is published:
+  // once in the bin, another thread may take it. False when it is not held
+  // (also without memory for its place in the bin): the caller releases it.
+  template <class Keep, class OnHold>
+  bool hold(Block* b, Keep&& keep, OnHold&& on_hold);
+
+  // Cache: each held block is an item; take_any() takes the newest block
+  // of the first non-empty bin.
+  void offer(Victims order, Offer& best) override;
+  Held take_offered(const Offer& offer) override;
+  Held take_any() override;
+  void take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) override;
+  std::size_t releasable_bytes() const override;
+  void add_counters(Stats& s) const override;
+
+  // Whether any block of the arena (pieces of segments too: their counts
+  // are the shards') is in the program's hands.
+  bool any_active() const;
+  // Held bytes and blocks per bin, for Pool::snapshot: added to `bins`
+  // (indexed by bin number).
+  void add_bins(std::vector<BinSnapshot>& bins) const;
+
+  // fork(): every shard's lock taken, and released; a growth in flight
+  // belonged to a thread the child does not have.
+  void lock_all();
+  void unlock_all();
+  void forget_growth();
+
+ private:
+  // The rest of take(): other shards, then borrowing. Forced inline: it is
+  // on the miss path.
+  [[gnu::always_inline]] inline void take_elsewhere(unsigned my, std::size_t bin,
+                                                    std::size_t size, bool look_past_pending,
+                                                    std::size_t borrow_last, Found& f);
+
+  Backend& backend_;
+  unsigned count_;
+  std::unique_ptr<Shard[]> shards_;
+};
+
+}  // namespace core_detail
+
 // One backend instance's blocks. Created by Pool::add_arena, owned by the
-// pool. A retired arena is destroyed once none of its blocks is active: its
-// counters are kept in the pool's retired totals (Pool::reclaim).
+// pool. A retired arena is destroyed once none of its blocks is active and
+// no pool-wide operation uses it: its counters are kept in the pool's
+// retired totals (Pool::reclaim).
 class Arena {
  public:
   ~Arena();
@@ -137,39 +230,59 @@ class Arena {
   // held but stay until the program frees the rest).
   std::size_t releasable_bytes() const;
 
- private:
-  friend class Pool;
-  struct Shard;
+  // The rest is core/'s own (the types are in core/arena.hpp).
   struct Group;
-  struct Segments;
-  Arena(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards, Group* group);
+  Group& group() const { return *group_; }
+  core_detail::BinnedCache& binned() { return binned_; }
+  const core_detail::BinnedCache& binned() const { return binned_; }
+  // When options().split_min != 0.
+  core_detail::SegmentCache* segments() const { return segments_.get(); }
+  // Its caches, in the order the release policies look at them.
+  std::span<core_detail::Cache* const> caches() const { return {caches_, cache_count_}; }
+  // false once retired without its counters (a forked child's copy of its
+  // parent's arena): its blocks and counters are the parent's, so neither
+  // the stats nor the observer see them.
+  bool counted() const { return keep_stats_.load(std::memory_order_acquire); }
+  // Backend memory comes into the arena, or leaves it: given back
+  // (release), or only forgotten (drop: the driver freed it with its
+  // context, or it is a forked parent's).
+  inline void took_memory(std::size_t size);  // (arena.hpp)
+  void give_back(Handle h, std::size_t size, void* data, bool drop);
+  // An item taken out of one of its caches: no longer held, given back (or
+  // dropped), its block deleted.
+  void let_go(const core_detail::Held& item, bool drop);
+  // Adds to one of its slow-path counters (trims, oom_retries, ...).
+  void count(std::uint64_t Stats::*counter, std::uint64_t n = 1);
+  void lock_counters() { slow_mu_.lock(); }  // fork()
+  void unlock_counters() { slow_mu_.unlock(); }
+
+ private:
+  friend class core_detail::ArenaList;
+  Arena(std::unique_ptr<Backend> backend, ArenaOptions options, Group* group, unsigned shards,
+        std::uint64_t (*clock)());
 
   std::unique_ptr<Backend> backend_;
   ArenaOptions options_;
   Group* group_;
-  unsigned shard_count_;
-  std::unique_ptr<Shard[]> shards_;
-  std::unique_ptr<Segments> segments_;  // when options_.split_min != 0
+  core_detail::BinnedCache binned_;
+  std::unique_ptr<core_detail::SegmentCache> segments_;
+  core_detail::Cache* caches_[2];
+  std::size_t cache_count_ = 0;
   std::atomic<bool> retired_{false};
-  std::atomic<bool> emptying_{false};  // retire_arena is dropping its held blocks
-  // false once retired without its counters (a forked child's copy of its
-  // parent's arena): its blocks and counters are the parent's, so neither
-  // the stats nor the observer see them.
   std::atomic<bool> keep_stats_{true};
-  bool counted() const { return keep_stats_.load(std::memory_order_acquire); }
+  // Pool-wide operations using the arena outside the arena list's lock, and
+  // retire_arena while it empties it: reclaim() destroys only an arena with
+  // none (ArenaList::Pinned). Under the arena list's lock.
+  unsigned pins_ = 0;
+  bool emptying_ = false;  // one of the pins is retire_arena's (ArenaList::fork_child)
   // Slow-path counters (backend calls), under slow_mu_.
-  mutable std::mutex slow_mu_;
+  mutable Ranked<LockRank::arena_counters> slow_mu_;
   Stats slow_;
-  // Per bin of a shard, under the shard's lock: ns the bin's waits took
-  // less ns its growths took. The bin grows only while this is >= 0, one
-  // thread at a time. Per shard, so that threads whose blocks all wait for
-  // the device do not meet at one lock on every allocation.
-  struct BinGrowth {
-    std::int64_t credit_ns = 0;
-    bool growing = false;
-  };
 };
 
+// A call that allocates, frees, retires, gives held memory back or reads
+// counters may destroy retired arenas nothing keeps any more, on the
+// caller's thread, and tell the observer (PoolObserver::on_arena_destroyed).
 class Pool {
  public:
   explicit Pool(PoolOptions options = {});
@@ -197,12 +310,11 @@ class Pool {
   void retire_arena(Arena* arena, bool keep_stats = true);
   // Drop one active block without releasing it.
   void forget(Block* block);  // the observer sees it as a free (a counted arena's)
-  // Destroy retired arenas with no active block. By default never waits:
-  // while a pool-wide operation (free_held, a snapshot, the control
-  // thread's publishing...) uses the arenas, they are left for a later
-  // call. With `patience_ns`, tries again for up to that long (a context's
-  // teardown, once outside its locks, so that its arenas go with it).
-  void reclaim(std::uint64_t patience_ns = 0);
+  // Destroy retired arenas with no active block. Never waits: an arena a
+  // pool-wide operation (free_held, a snapshot, the control thread's
+  // publishing...) uses meanwhile is destroyed when that operation lets go
+  // of it.
+  void reclaim();
   // Release the held blocks of one arena (e.g. its context is going away).
   void release_held(Arena* arena);
 
@@ -248,40 +360,22 @@ class Pool {
   std::uint64_t now() const { return options_.clock ? options_.clock() : now_ns(); }
 
  private:
-  using Group = Arena::Group;
-
   std::uint64_t cost_now() const;  // options_.cost_clock, else CLOCK_MONOTONIC
 
-  BackendResult backend_allocate(Arena& arena, std::size_t bytes, std::size_t exact,
-                                 std::uint64_t hint, bool* used_exact);
-  std::optional<BackendResult> grow(Arena& arena, unsigned shard, std::size_t bin, std::size_t bytes,
+  // The program's calls (pool.cpp). The hit path stays inlined into
+  // allocate() (tests/bench/bench_pool measures it).
+  [[gnu::always_inline]] inline AllocResult allocate_block(Arena& a, unsigned shard,
+                                                           std::size_t size, bool pooled,
+                                                           std::uint64_t hint);
+  std::optional<BackendResult> grow(Arena& a, unsigned shard, std::size_t bin, std::size_t bytes,
                                     std::size_t pending_blocks, std::uint64_t hint);
-  void wait_for_pending(Arena& arena, unsigned shard, std::size_t bin);
-  std::size_t release_for_oom(Arena& arena, std::size_t wanted);  // bytes released
-  std::size_t release_largest(const std::vector<Arena*>& arenas, std::size_t wanted);
-  void enforce_cap(Arena& arena);
+  void wait_for_pending(Arena& a, unsigned shard, std::size_t bin);
+  AllocResult allocate_piece(Arena& a, unsigned shard, std::size_t size, std::uint64_t hint);
+  void free_piece(Block* b);
   void enforce_cap_nothrow(Arena& arena) noexcept;
-  void took_memory(Arena& a, std::size_t size);
-  void give_back(Arena& a, Handle h, std::size_t size, void* data, bool drop);
-  void release_block(Block* block);
-  void drop_block(Block* block);
-  void empty_held(Arena* arena, void (Pool::*dispose)(Block*));
-
-  // Segments (core/segments.cpp).
-  AllocResult allocate_split(Arena& a, unsigned shard, std::size_t size, std::uint64_t hint);
-  void free_split(Block* b);
-  void forget_split(Block* b);
-  // Wholly free segments of `a` freed at or before `freed_by_ns`, largest
-  // first, until at least `wanted` bytes: released to the backend, or let
-  // go (drop: the driver freed them). Returns the bytes.
-  std::size_t release_segments(Arena& a, std::size_t wanted, bool drop,
-                               std::uint64_t freed_by_ns = UINT64_MAX, std::size_t* count = nullptr);
-  std::size_t release_freed_by(const std::string* group, std::uint64_t freed_by_ns,
-                               std::size_t* blocks);
-  std::size_t largest_free_segment(Arena& a) const;
-  std::uint64_t oldest_free_segment(Arena& a) const;  // freed_at_ns, UINT64_MAX if none
-  std::vector<Arena*> arenas_copy() const;
-  bool any_retired() const;  // an arena retired and not yet destroyed
+  // Pool-wide (pool_wide.cpp).
+  void empty(Arena& arena, bool drop);
+  void unlock_arenas();  // fork_parent and fork_child
 
   PoolOptions options_;
   BinScheme bins_;
@@ -289,21 +383,7 @@ class Pool {
   std::atomic<bool> holding_;
   const bool borrow_;
   std::atomic<PoolObserver*> observer_{nullptr};
-  mutable std::mutex arenas_mu_;
-  std::vector<std::unique_ptr<Arena>> arenas_;
-  std::vector<std::unique_ptr<Group>> groups_;
-  // Held shared by operations that use arenas outside arenas_mu_ (they work
-  // on a copy of the list); reclaim() destroys arenas only when it gets it
-  // exclusively.
-  mutable std::shared_mutex arenas_in_use_;
-  // Counters of destroyed retired arenas, one entry per kind (under
-  // arenas_mu_): what they did stays in the totals, in bounded memory.
-  struct Retired {
-    std::string kind;
-    std::uint64_t arenas = 0;
-    Stats stats;
-  };
-  std::vector<Retired> retired_;
+  std::unique_ptr<core_detail::ArenaList> arenas_;  // (core/arenas.hpp)
 };
 
 }  // namespace gpupool

@@ -1,65 +1,84 @@
-// Segments (core/segments.hpp): the pool's path for requests of at least
-// ArenaOptions::split_min bytes.
-#include "core/arena.hpp"
+// The segment cache (segments.hpp).
 #include "core/segments.hpp"
 
-#include <memory>
+#include <algorithm>
 #include <optional>
 
-namespace gpupool {
-namespace {
+namespace gpupool::core_detail {
 
-std::size_t round_up(std::size_t n, std::size_t to) {
-  return n > SIZE_MAX - to ? SIZE_MAX : (n + to - 1) / to * to;
+SegmentCache::SegmentCache(Backend& backend, HeldCap& cap, std::size_t split_min,
+                           std::uint64_t (*clock)())
+    : backend_(backend), cap_(cap), split_min_(split_min), clock_(clock) {}
+
+SegmentCache::Piece SegmentCache::make_piece(std::size_t size, Handle segment) {
+  FreeSet one;
+  one.emplace(size, segment);
+  Piece p;
+  p.size = size;
+  p.segment = segment;
+  p.node = one.extract(one.begin());
+  return p;
 }
 
-}  // namespace
+void SegmentCache::add_free(Handle at, Piece& p) {
+  p.free = true;
+  p.node.value() = {p.size, at};
+  free_pieces_.insert(std::move(p.node));
+  c_.add_held(p.size);
+}
+
+void SegmentCache::remove_free(Handle at, Piece& p) {
+  p.free = false;
+  p.node = free_pieces_.extract({p.size, at});
+  c_.remove_held(p.size);
+}
 
 // Fences are ordered: the later of two covers both.
-void Arena::Segments::absorb(Piece& into, const Piece& from) {
+void SegmentCache::absorb(Piece& into, const Piece& from) {
   into.size += from.size;
   into.fence = std::max(into.fence, from.fence);
   into.freed_at_ns = std::max(into.freed_at_ns, from.freed_at_ns);
 }
 
-std::map<Handle, Arena::Segments::Piece>::iterator Arena::Segments::free_piece(
-    Handle at, std::uint64_t fence, std::uint64_t t_ns, Backend& backend) {
-  auto it = pieces.find(at);
+std::map<Handle, SegmentCache::Piece>::iterator SegmentCache::free_piece(Handle at,
+                                                                         std::uint64_t fence,
+                                                                         std::uint64_t t_ns) {
+  auto it = pieces_.find(at);
   Piece& p = it->second;
   p.fence = fence;
   p.freed_at_ns = t_ns;
-  const bool is_ready = ready(p, backend);
+  const bool is_ready = ready(p);
   auto mergeable = [&](const Piece& n) {
-    return n.segment == p.segment && n.free && ready(n, backend) == is_ready;
+    return n.segment == p.segment && n.free && ready(n) == is_ready;
   };
-  if (auto next = std::next(it); next != pieces.end() && mergeable(next->second)) {
+  if (auto next = std::next(it); next != pieces_.end() && mergeable(next->second)) {
     remove_free(next->first, next->second);
     absorb(p, next->second);
-    pieces.erase(next);
+    pieces_.erase(next);
   }
-  if (it != pieces.begin())
+  if (it != pieces_.begin())
     if (auto prev = std::prev(it); mergeable(prev->second)) {
       remove_free(prev->first, prev->second);
       absorb(prev->second, p);
-      pieces.erase(it);
+      pieces_.erase(it);
       it = prev;
     }
   add_free(it->first, it->second);
   return it;
 }
 
-bool Arena::Segments::coalesce(Backend& backend) {
+bool SegmentCache::coalesce() {
   bool merged = false;
-  for (auto it = pieces.begin(); it != pieces.end();) {
+  for (auto it = pieces_.begin(); it != pieces_.end();) {
     auto next = std::next(it);
-    if (next == pieces.end()) break;
+    if (next == pieces_.end()) break;
     Piece& p = it->second;
     Piece& n = next->second;
-    if (p.free && n.free && n.segment == p.segment && ready(p, backend) && ready(n, backend)) {
+    if (p.free && n.free && n.segment == p.segment && ready(p) && ready(n)) {
       remove_free(it->first, p);
       remove_free(next->first, n);
       absorb(p, n);
-      pieces.erase(next);
+      pieces_.erase(next);
       add_free(it->first, p);
       merged = true;
       continue;  // p may take the next one too
@@ -69,296 +88,213 @@ bool Arena::Segments::coalesce(Backend& backend) {
   return merged;
 }
 
-bool Arena::Segments::fits_once_ready(std::size_t want, Backend& backend, std::size_t* pending) {
+bool SegmentCache::fits_once_ready(std::size_t want) {
   bool fits = false;
   std::size_t run = 0;  // bytes of the free pieces in a row so far, in one segment
   Handle run_segment = 0;
-  *pending = 0;
-  for (const auto& [at, p] : pieces) {
+  std::size_t pending = 0;
+  for (const auto& [at, p] : pieces_) {
     if (!p.free) {
       run = 0;
       continue;
     }
-    if (!ready(p, backend)) *pending += p.size;
+    if (!ready(p)) pending += p.size;
     if (run == 0 || p.segment != run_segment) run = 0, run_segment = p.segment;
     run += p.size;
     fits = fits || run >= want;
   }
-  return fits && *pending != 0;
+  return fits && pending != 0;
 }
 
-void* Arena::Segments::erase_segment(Handle base) {
-  for (auto it = pieces.find(base); it != pieces.end() && it->second.segment == base;) {
+Held SegmentCache::erase_segment(Handle base) {
+  for (auto it = pieces_.find(base); it != pieces_.end() && it->second.segment == base;) {
     remove_free(it->first, it->second);
-    it = pieces.erase(it);
+    it = pieces_.erase(it);
   }
-  auto seg = segments.find(base);
-  void* data = seg->second.data;
-  segments.erase(seg);
-  return data;
+  auto seg = segments_.find(base);
+  const Held gone{base, seg->second.size, seg->second.data, nullptr};
+  segments_.erase(seg);
+  return gone;
 }
 
-AllocResult Pool::allocate_split(Arena& a, unsigned my, std::size_t size, std::uint64_t hint) {
-  Arena::Segments& sg = *a.segments_;
-  Backend& backend = *a.backend_;
-  Arena::Shard& mine = a.shards_[my];
-  const std::size_t want = round_up(size, kPieceGranule);
-  const std::size_t min_rest = a.options_.split_min;
-  // Before anything changes: a failure here leaves nothing half-done.
-  std::unique_ptr<Block> b(new Block);
-  b->requested = size;
-  b->arena = &a;
-  b->shard = static_cast<std::uint8_t>(my);
-  b->split = true;
-  b->bin = 0;
-
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    bool wait = false;  // memory the device may still use would serve: wait for it
-    bool found = false;
-    {
-      std::lock_guard lock(sg.mu);
-      // The best fit among the ready pieces; else, once, the ready
-      // neighbours merged (pieces freed apart, ready since) and again.
-      auto fit = sg.free_pieces.end(), best = fit;
-      for (int pass = 0; pass < 2 && best == sg.free_pieces.end(); ++pass) {
-        if (pass == 1 && !sg.coalesce(backend)) break;
-        fit = sg.free_pieces.lower_bound({want, 0});
-        for (auto it = fit; it != sg.free_pieces.end(); ++it)
-          if (Arena::Segments::ready(sg.pieces.find(it->second)->second, backend)) {
-            best = it;
-            break;
-          }
+SegmentCache::Cut SegmentCache::take(std::size_t want, bool first_attempt, bool* wait) {
+  std::lock_guard lock(mu_);
+  // The best fit among the ready pieces; else, once, the ready neighbours
+  // merged (pieces freed apart, ready since) and again.
+  auto fit = free_pieces_.end(), best = fit;
+  for (int pass = 0; pass < 2 && best == free_pieces_.end(); ++pass) {
+    if (pass == 1 && !coalesce()) break;
+    fit = free_pieces_.lower_bound({want, 0});
+    for (auto it = fit; it != free_pieces_.end(); ++it)
+      if (ready(pieces_.find(it->second)->second)) {
+        best = it;
+        break;
       }
-      // The best fit waits for the device: wait for it too, rather than cut
-      // a larger ready piece. Pieces then land where they would without
-      // fences; cut from larger free pieces, the sizes a program reuses
-      // would scatter, and a request that needs one of those whole later
-      // finds it cut up and takes a new segment (the CNN at batch 128 on the
-      // H100 took 2.10x peak active so with a tenth larger allowed, 1.43x
-      // without; scripts/h100-memory.sh, and bench_replay --sync-gap).
-      if (attempt == 0 && best != sg.free_pieces.end() && best->first > fit->first) {
-        best = sg.free_pieces.end();
-        wait = true;
-      }
-      // None ready fits, but free pieces in a row would once the device is
-      // done with them.
-      std::size_t pending = 0;
-      // (After a wait, what is still pending came since: no second wait.)
-      if (attempt == 0 && best == sg.free_pieces.end() && !wait)
-        wait = sg.fits_once_ready(want, backend, &pending);
-      if (best != sg.free_pieces.end()) {
-        const Handle at = best->second;
-        Arena::Segments::Piece& p = sg.pieces.find(at)->second;
-        Arena::Segments::Segment& seg = sg.segments.at(p.segment);
-        if (seg.used++ == 0) a.group_->unhold(seg.size);
-        sg.remove_free(at, p);
-        if (p.size - want >= min_rest) {
-          try {
-            Arena::Segments::Piece rest = Arena::Segments::make_piece(p.size - want, p.segment);
-            rest.fence = p.fence;
-            rest.freed_at_ns = p.freed_at_ns;
-            auto placed = sg.pieces.emplace(at + want, std::move(rest)).first;
-            sg.add_free(placed->first, placed->second);
-            p.size = want;
-          } catch (...) {
-            // No memory to split: the whole piece serves.
-          }
-        }
-        b->handle = at;
-        b->size = p.size;
-        b->data = seg.data;
-        found = true;
-      }
-    }
-    if (found) {
-      {
-        std::lock_guard lock(mine.mu);
-        ++mine.c.hits;
-        mine.add_active(b.get());
-      }
-      Block* out = b.release();
-      if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *out, true);
-      return {out, BackendStatus::ok, 0, true};
-    }
-    if (!wait) break;
-    // No growth here (GPUPOOL_PENDING_GROWTH is the binned sizes'): a wait
-    // makes every pending piece ready at once, and splitting is for taking
-    // less memory.
-    backend.wait_all();
-    std::lock_guard lock(mine.mu);
-    ++mine.c.fence_waits;
   }
-
-  // A new segment: the request rounded up to whole segment granules, its
-  // remainder free for the next requests.
-  const std::size_t seg_bytes =
-      std::max(want, std::min(round_up(want, kSegmentGranule), a.options_.max_block));
-  bool exact = false;
-  BackendResult r = backend_allocate(a, seg_bytes, size, hint, &exact);
-  if (r.status != BackendStatus::ok) {
-    std::lock_guard lock(mine.mu);
-    ++mine.c.misses;
-    return {nullptr, r.status, r.error, false};
+  // After a wait, what is still pending came since: no second wait.
+  if (!first_attempt) return best == free_pieces_.end() ? Cut{} : cut(best, want);
+  // The best fit waits for the device: wait for it too, rather than cut a
+  // larger ready piece. Pieces then land where they would without fences;
+  // cut from larger free pieces, the sizes a program reuses would scatter,
+  // and a request that needs one of those whole later finds it cut up and
+  // takes a new segment (the CNN at batch 128 on the H100 took 2.10x peak
+  // active so with a tenth larger allowed, 1.43x without;
+  // scripts/h100-memory.sh, and bench_replay --sync-gap).
+  if (best != free_pieces_.end() && best->first > fit->first) {
+    *wait = true;
+    return {};
   }
+  // None ready fits, but free pieces in a row would once the device is done
+  // with them.
+  if (best == free_pieces_.end()) {
+    *wait = fits_once_ready(want);
+    return {};
+  }
+  return cut(best, want);
+}
+
+SegmentCache::Cut SegmentCache::cut(FreeSet::iterator best, std::size_t want) {
+  const Handle at = best->second;
+  Piece& p = pieces_.find(at)->second;
+  Segment& seg = segments_.at(p.segment);
+  if (seg.used++ == 0) cap_.unhold(seg.size);
+  remove_free(at, p);
+  if (p.size - want >= split_min_) {
+    try {
+      Piece rest = make_piece(p.size - want, p.segment);
+      rest.fence = p.fence;
+      rest.freed_at_ns = p.freed_at_ns;
+      auto placed = pieces_.emplace(at + want, std::move(rest)).first;
+      add_free(placed->first, placed->second);
+      p.size = want;
+    } catch (...) {
+      // No memory to split: the whole piece serves.
+    }
+  }
+  return {at, p.size, seg.data};
+}
+
+SegmentCache::Cut SegmentCache::add_segment(const BackendResult& r, std::size_t got,
+                                            std::size_t want) {
   const Handle h = r.handle;
-  const std::size_t got = exact ? size : seg_bytes;
-  std::size_t piece = !exact && got - want >= min_rest ? want : got;
+  std::size_t piece = got - want >= split_min_ ? want : got;
   try {
-    Arena::Segments::Piece first = Arena::Segments::make_piece(piece, h);
-    std::optional<Arena::Segments::Piece> rest;
+    Piece first = make_piece(piece, h);
+    std::optional<Piece> rest;
     if (piece < got) {
       try {
-        rest = Arena::Segments::make_piece(got - piece, h);
-        rest->freed_at_ns = now();
+        rest = make_piece(got - piece, h);
+        rest->freed_at_ns = clock_();
       } catch (...) {
         first.size = piece = got;
       }
     }
-    std::lock_guard lock(sg.mu);
-    sg.segments.emplace(h, Arena::Segments::Segment{got, r.data, 1, 0});
+    std::lock_guard lock(mu_);
+    segments_.emplace(h, Segment{got, r.data, 1, 0});
     try {
-      sg.pieces.emplace(h, std::move(first));
+      pieces_.emplace(h, std::move(first));
     } catch (...) {
-      sg.segments.erase(h);
+      segments_.erase(h);
       throw;
     }
     if (rest) {
       try {
-        auto placed = sg.pieces.emplace(h + piece, std::move(*rest)).first;
-        sg.add_free(placed->first, placed->second);
+        auto placed = pieces_.emplace(h + piece, std::move(*rest)).first;
+        add_free(placed->first, placed->second);
       } catch (...) {
-        sg.pieces.at(h).size = piece = got;
+        pieces_.at(h).size = piece = got;
       }
     }
   } catch (...) {
-    backend.release(h, got, r.data);
+    backend_.release(h, got, r.data);
     throw;
   }
-  b->handle = h;
-  b->size = piece;
-  b->data = r.data;
-  {
-    std::lock_guard lock(mine.mu);
-    ++mine.c.misses;
-    mine.add_active(b.get());
+  return {h, piece, r.data};
+}
+
+Held SegmentCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool reusable,
+                        const std::atomic<bool>& keep, bool* over_cap) {
+  std::lock_guard lock(mu_);
+  auto it = free_piece(at, fence, t_ns);
+  Segment& seg = segments_.at(it->second.segment);
+  if (--seg.used != 0) return {};
+  seg.freed_at_ns = t_ns;
+  if (!reusable || !keep.load(std::memory_order_acquire) || cap_.too_large(seg.size))
+    return erase_segment(it->second.segment);
+  *over_cap = cap_.hold(seg.size);
+  return {};
+}
+
+Held SegmentCache::forget(Handle at, std::uint64_t t_ns) {
+  std::lock_guard lock(mu_);
+  auto it = free_piece(at, 0, t_ns);
+  Segment& seg = segments_.at(it->second.segment);
+  if (--seg.used != 0) return {};
+  return erase_segment(it->second.segment);
+}
+
+// Largest: the largest wholly free segment (the first of equals by
+// address). Oldest: the one freed first, the largest of those freed at once.
+void SegmentCache::offer(Victims order, Offer& best) {
+  std::lock_guard lock(mu_);
+  const Segment* mine = nullptr;
+  Handle base = 0;
+  for (const auto& [at, seg] : segments_) {
+    if (seg.used != 0) continue;
+    const bool better =
+        !mine || (order == Victims::largest
+                      ? seg.size > mine->size
+                      : seg.freed_at_ns < mine->freed_at_ns ||
+                            (seg.freed_at_ns == mine->freed_at_ns && seg.size > mine->size));
+    if (better) mine = &seg, base = at;
   }
-  took_memory(a, got);
-  Block* out = b.release();
-  if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *out, false);
-  return {out, BackendStatus::ok, 0, false};
+  if (mine && best.beaten_by(order, mine->size, mine->freed_at_ns))
+    best = {this, mine->size, mine->freed_at_ns, {base, 0}};
 }
 
-void Pool::free_split(Block* b) {
-  Arena& a = *b->arena;
-  Arena::Segments& sg = *a.segments_;
-  const std::uint64_t fence = a.backend_->fence();
-  const std::uint64_t t = now();
-  Handle gone = 0;  // a whole segment to release at once (holding stopped)
-  std::size_t gone_size = 0;
-  void* gone_data = nullptr;
-  bool over_cap = false;
-  {
-    std::lock_guard lock(sg.mu);
-    auto it = sg.free_piece(b->handle, fence, t, *a.backend_);
-    Arena::Segments::Segment& seg = sg.segments.at(it->second.segment);
-    if (--seg.used == 0) {
-      seg.freed_at_ns = t;
-      // Checked under the store's lock: stop_holding() clears the flag
-      // before its free_held() takes this lock, so it never misses it. A
-      // block never to be reused (never_reuse: another process may map
-      // it) is its whole segment: it goes back at once.
-      // A segment larger than the whole cap would only push everything
-      // else out (as a binned block would).
-      if (!b->pooled || !holding_.load(std::memory_order_acquire) ||
-          (a.group_->capped() && seg.size > a.group_->max_held)) {
-        gone = it->second.segment;
-        gone_size = seg.size;
-        gone_data = sg.erase_segment(gone);
-      } else if (a.group_->capped()) {
-        over_cap = a.group_->held_bytes.fetch_add(seg.size, std::memory_order_relaxed) + seg.size >
-                   a.group_->max_held;
-      }
-    }
+// The offered segment, if it is still wholly free.
+Held SegmentCache::take_offered(const Offer& offer) {
+  std::lock_guard lock(mu_);
+  const Handle base = offer.place[0];
+  auto seg = segments_.find(base);
+  if (seg == segments_.end() || seg->second.used != 0) return {};
+  return erase_segment(base);
+}
+
+// The largest wholly free segment.
+Held SegmentCache::take_any() {
+  std::lock_guard lock(mu_);
+  Handle base = 0;
+  std::size_t size = 0;
+  for (const auto& [at, seg] : segments_)
+    if (seg.used == 0 && seg.size > size) base = at, size = seg.size;
+  return base ? erase_segment(base) : Held{};
+}
+
+void SegmentCache::take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) {
+  std::lock_guard lock(mu_);
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    const Handle base = it->first;
+    const bool old = it->second.used == 0 && it->second.freed_at_ns <= freed_by_ns;
+    ++it;  // erase_segment erases the entry
+    if (!old) continue;
+    // Room first: once the segment leaves the maps nothing may fail.
+    make_room(out, 1);
+    out.push_back(erase_segment(base));
   }
-  if (gone) give_back(a, gone, gone_size, gone_data, /*drop=*/false);
-  if (over_cap) enforce_cap_nothrow(a);
-  // The last touch of the arena, as in forget(): once no block is active, a
-  // retired arena may be destroyed by another thread.
-  {
-    Arena::Shard& s = a.shards_[b->shard];
-    std::lock_guard lock(s.mu);
-    s.remove_active(b);
-    if (fence != 0) ++s.c.pending_frees;
-  }
-  delete b;
 }
 
-// The driver already freed the piece's memory (its context is gone) or it is
-// a forked parent's: no backend call but drop, once its segment is all free.
-void Pool::forget_split(Block* b) {
-  Arena& a = *b->arena;
-  Arena::Segments& sg = *a.segments_;
-  Handle gone = 0;
-  std::size_t gone_size = 0;
-  void* gone_data = nullptr;
-  {
-    std::lock_guard lock(sg.mu);
-    auto it = sg.free_piece(b->handle, 0, now(), *a.backend_);
-    Arena::Segments::Segment& seg = sg.segments.at(it->second.segment);
-    if (--seg.used == 0) {
-      gone = it->second.segment;
-      gone_size = seg.size;
-      gone_data = sg.erase_segment(gone);
-    }
-  }
-  if (gone) give_back(a, gone, gone_size, gone_data, /*drop=*/true);
+std::size_t SegmentCache::releasable_bytes() const {
+  std::lock_guard lock(mu_);
+  std::size_t n = 0;
+  for (const auto& [base, seg] : segments_)
+    if (seg.used == 0) n += seg.size;
+  return n;
 }
 
-std::size_t Pool::release_segments(Arena& a, std::size_t wanted, bool drop,
-                                   std::uint64_t freed_by_ns, std::size_t* count) {
-  if (!a.segments_) return 0;
-  Arena::Segments& sg = *a.segments_;
-  std::size_t released = 0;
-  while (released < wanted) {
-    Handle base = 0;
-    std::size_t size = 0;
-    void* data = nullptr;
-    {
-      std::lock_guard lock(sg.mu);
-      for (const auto& [at, seg] : sg.segments)
-        if (seg.used == 0 && seg.freed_at_ns <= freed_by_ns && seg.size > size) {
-          base = at;
-          size = seg.size;
-        }
-      if (base) data = sg.erase_segment(base);
-    }
-    if (!base) break;
-    a.group_->unhold(size);
-    give_back(a, base, size, data, drop);
-    released += size;
-    if (count) ++*count;
-  }
-  return released;
+void SegmentCache::add_counters(Stats& s) const {
+  std::lock_guard lock(mu_);
+  s += c_;
 }
 
-std::size_t Pool::largest_free_segment(Arena& a) const {
-  if (!a.segments_) return 0;
-  Arena::Segments& sg = *a.segments_;
-  std::lock_guard lock(sg.mu);
-  std::size_t largest = 0;
-  for (const auto& [at, seg] : sg.segments)
-    if (seg.used == 0) largest = std::max(largest, seg.size);
-  return largest;
-}
-
-std::uint64_t Pool::oldest_free_segment(Arena& a) const {
-  std::uint64_t oldest = UINT64_MAX;
-  if (!a.segments_) return oldest;
-  Arena::Segments& sg = *a.segments_;
-  std::lock_guard lock(sg.mu);
-  for (const auto& [at, seg] : sg.segments)
-    if (seg.used == 0) oldest = std::min(oldest, seg.freed_at_ns);
-  return oldest;
-}
-
-}  // namespace gpupool
+}  // namespace gpupool::core_detail

@@ -372,10 +372,7 @@ void retire_dead_contexts(const Driver& d, Runtime& rt) {
     if (!context_alive(d, st)) retire_dead(st, rt);
 }
 
-void reclaim_retired(Runtime& rt) {
-  constexpr std::uint64_t kPatienceNs = 50'000'000;
-  rt.pool.reclaim(kPatienceNs);
-}
+void reclaim_retired(Runtime& rt) { rt.pool.reclaim(); }
 
 CUresult pitch_for(const Driver& d, CtxState* st, std::size_t width, unsigned element,
                    std::size_t* pitch) {

@@ -181,10 +181,10 @@ CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx);
 void retire_locked(CtxState* st, Runtime& rt, bool keep_stats = true);
 
 // A torn-down context's arenas are destroyed before the call that noticed
-// returns, not at the control thread's next check (up to a second later, so
-// a program that destroys contexts in a loop would carry a few). Called
-// outside the teardown lock: operations that hold the pool's arenas take
-// such locks after it.
+// returns (or when a pool-wide operation using them at that moment, a
+// snapshot say, lets go of them), not at the control thread's next check
+// (up to a second later, so a program that destroys contexts in a loop
+// would carry a few). Called outside the teardown lock.
 void reclaim_retired(Runtime& rt);
 
 // The pool group of the device memory of `dev` ("cuda:<ordinal>").

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <memory>
 #include <stdexcept>
+#include <vector>
 
 #include "core/backend.hpp"
 
@@ -21,6 +22,7 @@ struct FakeDevice {
   std::uint64_t next_handle = 0x1000;
   std::map<Handle, std::size_t> live;  // handle -> bytes
   std::uint64_t allocs = 0, alloc_failures = 0, releases = 0, drops = 0;
+  std::vector<Handle> release_log;  // handles released, in order
   int inject_error = 0;  // next allocate fails with this non-OOM error
   std::mutex mu;         // for multi-threaded tests
 
@@ -88,6 +90,7 @@ class FakeBackend : public Backend {
     d.used -= bytes;
     d.live.erase(it);
     ++d.releases;
+    d.release_log.push_back(h);
     lock.unlock();
     if (d.after_release) d.after_release();
   }

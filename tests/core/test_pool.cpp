@@ -1,8 +1,13 @@
 // The pool's behaviours one at a time, as a backend author relies on them.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -635,4 +640,84 @@ TEST(Pool, SnapshotListsBinsHoldingMostMemoryFirst) {
   EXPECT_EQ(snap[0].bins[0].alloc_size, 5120u);
   EXPECT_EQ(snap[0].bins[1].held_blocks, 3u);
   EXPECT_EQ(f.pool.totals().held_blocks, 4u);
+}
+
+// fork(): the handlers take every lock of the pool, several of a kind at
+// once, in rank order (debug builds check it: core/lock_rank.hpp), and give
+// them all back in the parent and in the child, which goes on as before.
+TEST(Pool, ForkHandlersTakeEveryLockAndGiveThemBack) {
+  auto dev = std::make_shared<FakeDevice>();
+  Pool pool({.shards = 4});
+  Arena* binned = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
+  Arena* split = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = 1 << 20});
+  Block* b = pool.allocate(binned, 100).block;
+  Block* p = pool.allocate(split, 3 << 20).block;
+  pool.fork_prepare();
+  pool.fork_parent();
+  pool.fork_prepare();
+  pool.fork_child();
+  pool.free(b);
+  pool.free(p);
+  const Stats s = pool.totals();
+  EXPECT_EQ(s.active_blocks, 0u);
+  EXPECT_EQ(s.held_bytes, dev->used);
+}
+
+// A fork while another thread empties a retired arena (an OpenCL context
+// finished without any lock a fork handler takes): the child keeps the
+// arena as it was, a retired row still holding what was not dropped yet,
+// and never destroys it with blocks in its bins.
+TEST(Pool, ForkedWhileAnArenaIsEmptiedTheChildKeepsIt) {
+  struct Dropping : FakeBackend {
+    using FakeBackend::FakeBackend;
+    std::function<void()> on_drop;
+    void drop(Handle h, std::size_t bytes, void* data) override {
+      if (auto f = std::exchange(on_drop, nullptr)) f();
+      FakeBackend::drop(h, bytes, data);
+    }
+  };
+  auto dev = std::make_shared<FakeDevice>();
+  Pool pool;
+  auto backend = std::make_unique<Dropping>(dev);
+  Dropping* hook = backend.get();
+  Arena* a = pool.add_arena(std::move(backend), {.name = "ctx", .group = "g", .kind = "fake"});
+  pool.free(pool.allocate(a, 100).block);
+  pool.free(pool.allocate(a, 5000).block);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool dropping = false, forked = false;
+  hook->on_drop = [&] {
+    std::unique_lock lock(mu);
+    dropping = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return forked; });
+  };
+  std::thread retiring([&] { pool.retire_arena(a); });
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return dropping; });
+  }
+  pool.fork_prepare();
+  const pid_t child = fork();
+  if (child == 0) {
+    pool.fork_child();
+    pool.reclaim();
+    const auto snap = pool.snapshot();
+    const bool kept = pool.arena_count() == 1 && snap.size() == 1 && snap[0].name == "ctx" &&
+                      snap[0].retired && snap[0].stats.held_blocks == 1;
+    _exit(kept ? 0 : 1);
+  }
+  pool.fork_parent();
+  {
+    std::lock_guard lock(mu);
+    forked = true;
+  }
+  cv.notify_all();
+  retiring.join();
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child destroyed, or lost the row of, the arena its parent was emptying";
+  EXPECT_EQ(pool.arena_count(), 0u) << "the parent's retire ends as usual";
 }

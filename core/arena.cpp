@@ -1,0 +1,63 @@
+// An arena (pool.hpp): its caches and its counters of backend calls.
+#include "core/arena.hpp"
+
+#include <algorithm>
+
+namespace gpupool {
+
+using namespace core_detail;
+
+Arena::Arena(std::unique_ptr<Backend> backend, ArenaOptions options, Group* group, unsigned shards,
+             std::uint64_t (*clock)())
+    : backend_(std::move(backend)),
+      options_(std::move(options)),
+      group_(group),
+      binned_(*backend_, shards) {
+  if (options_.split_min)
+    segments_ = std::make_unique<SegmentCache>(*backend_, group->cap, options_.split_min, clock);
+  // The release policies see a wholly free segment before held blocks of
+  // the same size or age.
+  if (segments_) caches_[cache_count_++] = segments_.get();
+  caches_[cache_count_++] = &binned_;
+}
+
+Arena::~Arena() = default;
+
+Stats Arena::stats() const {
+  Stats s;
+  binned_.add_counters(s);
+  if (segments_) segments_->add_counters(s);
+  std::lock_guard lock(slow_mu_);
+  s += slow_;
+  return s;
+}
+
+std::size_t Arena::releasable_bytes() const {
+  std::size_t n = 0;
+  for (const Cache* c : caches()) n += c->releasable_bytes();
+  return n;
+}
+
+void Arena::give_back(Handle h, std::size_t size, void* data, bool drop) {
+  if (drop) {
+    backend_->drop(h, size, data);
+  } else {
+    backend_->release(h, size, data);
+  }
+  std::lock_guard lock(slow_mu_);
+  if (!drop) ++slow_.backend_frees;
+  slow_.managed_bytes -= size;
+}
+
+void Arena::let_go(const Held& item, bool drop) {
+  group_->cap.unhold(item.size);
+  give_back(item.handle, item.size, item.data, drop);
+  delete item.block;
+}
+
+void Arena::count(std::uint64_t Stats::*counter, std::uint64_t n) {
+  std::lock_guard lock(slow_mu_);
+  slow_.*counter += n;
+}
+
+}  // namespace gpupool

@@ -1,0 +1,218 @@
+// The binned cache (class BinnedCache in pool.hpp, so that an arena holds it
+// in place): blocks the program freed, kept by size class (bins.hpp) in one
+// shard per thread slot, each with its own lock, bins and counters, so
+// threads that allocate and free the same sizes share neither a lock nor a
+// written cache line. Its hit path is here, inline. Internal to core/.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/cache.hpp"
+#include "core/lock_rank.hpp"
+#include "core/pool.hpp"
+#include "core/spin_lock.hpp"
+
+namespace gpupool::core_detail {
+
+// One bin's held blocks, oldest first. A queue over a vector: blocks leave
+// from the front (oldest, the first whose fence passes) as often as from the
+// back (newest, best in cache), and erasing the front of a vector would move
+// every other block each time (64 of them in a growing safe-reuse loop).
+class BinQueue {
+ public:
+  bool empty() const { return head_ == v_.size(); }
+  std::size_t size() const { return v_.size() - head_; }
+  Block* front() const { return v_[head_]; }
+  Block* back() const { return v_.back(); }
+  Block* const* begin() const { return v_.data() + head_; }
+  Block* const* end() const { return v_.data() + v_.size(); }
+  void push_back(Block* b) { v_.push_back(b); }
+  // Room for one more push_back, so that it cannot throw. False when even
+  // that allocation fails.
+  bool reserve_one() noexcept {
+    if (v_.size() < v_.capacity()) return true;
+    try {
+      v_.reserve(std::max<std::size_t>(8, v_.capacity() * 2));
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+  void pop_back() {
+    v_.pop_back();
+    if (empty()) clear();
+  }
+  // Drop the n oldest; the space they leave is reclaimed once it is at least
+  // half the vector, so each block is moved O(1) times on average.
+  void pop_front(std::size_t n = 1) {
+    head_ += n;
+    if (empty()) clear();
+    else if (head_ >= 16 && head_ * 2 >= v_.size()) {
+      v_.erase(v_.begin(), v_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+  }
+  void clear() {
+    v_.clear();
+    head_ = 0;
+  }
+
+ private:
+  std::vector<Block*> v_;
+  std::size_t head_ = 0;
+};
+
+// Per bin of a shard, under the shard's lock: ns the bin's waits took less
+// ns its growths took. The bin grows only while this is >= 0, one thread at
+// a time (Pool::grow). Per shard, so that threads whose blocks all wait for
+// the device do not meet at one lock on every allocation.
+struct BinGrowth {
+  std::int64_t credit_ns = 0;
+  bool growing = false;
+};
+
+// One thread slot's part of an arena. Its counters are the arena's for the
+// blocks this slot handed out (pieces of segments too), so the hit path
+// writes only its own shard. Peaks are per shard: exact when one thread
+// allocates, the sum of per-shard peaks (an upper bound) when several do.
+struct alignas(64) Shard {
+  Ranked<LockRank::arena_shard, SpinLock> mu;
+  std::vector<BinQueue> bins;  // by bin number; back = most recently freed
+  Stats c;
+  std::vector<BinGrowth> growth;  // by bin number
+  BinGrowth& growth_of(std::size_t bin) {
+    if (growth.size() <= bin) growth.resize(bin + 1);
+    return growth[bin];
+  }
+
+  void add_active(const Block* b) {
+    ++c.active_blocks;
+    c.active_bytes += b->requested;
+    c.peak_active_blocks = std::max(c.peak_active_blocks, c.active_blocks);
+    c.peak_active_bytes = std::max(c.peak_active_bytes, c.active_bytes);
+  }
+  void remove_active(const Block* b) {
+    --c.active_blocks;
+    c.active_bytes -= b->requested;
+  }
+  // Room to hold a block of `bin` without allocating in push_held().
+  bool room_for(std::size_t bin) noexcept {
+    try {
+      if (bins.size() <= bin) bins.resize(bin + 1);
+    } catch (...) {
+      return false;
+    }
+    return bins[bin].reserve_one();
+  }
+  // After room_for(b->bin).
+  void push_held(Block* b) {
+    bins[b->bin].push_back(b);
+    c.add_held(b->size);
+  }
+  void unheld(const Block* b) { c.remove_held(b->size); }
+  // A ready block of `bin`, or nullptr; *pending is set when the bin only has
+  // blocks whose fence has not passed, and their number added to
+  // *pending_blocks. Fences grow with push order, so the oldest block (front)
+  // is the most likely to be ready.
+  [[gnu::always_inline]] Block* take(std::size_t bin, Backend& backend, bool* pending,
+                                     std::size_t* pending_blocks) {
+    if (bin >= bins.size() || bins[bin].empty()) return nullptr;
+    Block* b = take_ready(bins[bin], backend);
+    if (!b) {
+      *pending = true;
+      *pending_blocks += bins[bin].size();
+    }
+    return b;
+  }
+  // A ready held block of the smallest bin in (bin, last] (a request its own
+  // bin cannot serve, borrowing a larger block), or nullptr.
+  Block* take_larger(std::size_t bin, std::size_t last, Backend& backend) {
+    for (std::size_t k = bin + 1; k <= last && k < bins.size(); ++k)
+      if (!bins[k].empty())
+        if (Block* b = take_ready(bins[k], backend)) return b;
+    return nullptr;
+  }
+  // The newest block of a non-empty bin if the device is done with it, else
+  // the oldest if that one is, else nullptr (all pending).
+  [[gnu::always_inline]] Block* take_ready(BinQueue& v, Backend& backend) {
+    Block* b = v.back();
+    if (b->fence == 0 || backend.passed(b->fence)) {
+      v.pop_back();
+    } else if (backend.passed(v.front()->fence)) {
+      b = v.front();
+      v.pop_front();
+    } else {
+      return nullptr;
+    }
+    unheld(b);
+    return b;
+  }
+};
+
+inline Shard& BinnedCache::shard(unsigned i) const { return shards_[i]; }
+
+inline BinnedCache::Found BinnedCache::take(unsigned my, std::size_t bin, std::size_t size,
+                                            bool look_past_pending, std::size_t borrow_last) {
+  Found f;
+  Shard& mine = shards_[my];
+  {
+    std::lock_guard lock(mine.mu);
+    f.block = mine.take(bin, backend_, &f.pending, &f.pending_blocks);
+    if (f.block) {
+      f.block->requested = size;
+      ++mine.c.hits;
+      mine.add_active(f.block);
+      return f;
+    }
+  }
+  take_elsewhere(my, bin, size, look_past_pending, borrow_last, f);
+  return f;
+}
+
+template <class Keep, class OnHold>
+bool BinnedCache::hold(Block* b, Keep&& keep, OnHold&& on_hold) {
+  Shard& s = shards_[b->shard];
+  std::lock_guard lock(s.mu);
+  s.remove_active(b);
+  if (!keep() || !s.room_for(b->bin)) return false;
+  on_hold();
+  if (b->fence != 0) ++s.c.pending_frees;
+  s.push_held(b);
+  return true;
+}
+
+inline void BinnedCache::take_elsewhere(unsigned my, std::size_t bin, std::size_t size,
+                                        bool look_past_pending, std::size_t borrow_last, Found& f) {
+  Block* b = nullptr;
+  const bool skip_others = f.pending && !look_past_pending;
+  for (unsigned i = 1; i < count_ && !b && !skip_others; ++i) {
+    Shard& other = shards_[(my + i) & (count_ - 1)];
+    std::lock_guard lock(other.mu);
+    b = other.take(bin, backend_, &f.pending, &f.pending_blocks);
+  }
+  // Nothing of this size: a held block of a larger bin serves it rather than
+  // a fresh one (sizes a program uses in one phase and not the next would
+  // otherwise each keep their own blocks).
+  if (!b && !f.pending && borrow_last != kNoBorrowing) {
+    for (unsigned i = 0; i < count_ && !b; ++i) {
+      Shard& s = shards_[(my + i) & (count_ - 1)];
+      std::lock_guard lock(s.mu);
+      b = s.take_larger(bin, borrow_last, backend_);
+    }
+  }
+  if (b) {
+    b->shard = static_cast<std::uint8_t>(my);
+    b->requested = size;
+    Shard& mine = shards_[my];
+    std::lock_guard lock(mine.mu);
+    ++mine.c.hits;
+    mine.add_active(b);
+  }
+  f.block = b;
+}
+
+}  // namespace gpupool::core_detail
