@@ -26,11 +26,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "interpose/control/stats_format.hpp"
 #include "launcher/launcher.hpp"
 #include "launcher/report_model.hpp"
 #include "launcher/site_names.hpp"
 #include "launcher/trace_tools.hpp"
+#include "observe/stats_format.hpp"
 
 namespace gpupool::launcher {
 namespace {

@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <string>
 
-#include "interpose/control/stats_format.hpp"
 #include "launcher/report_model.hpp"
+#include "observe/stats_format.hpp"
 
 namespace gpupool::launcher::report {
 namespace {

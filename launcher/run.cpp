@@ -22,8 +22,8 @@
 
 #include "config/config.hpp"
 #include "config/outputs.hpp"
-#include "interpose/control/trace_reader.hpp"
 #include "launcher/launcher.hpp"
+#include "observe/trace_reader.hpp"
 
 extern char** environ;
 

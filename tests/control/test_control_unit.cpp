@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "interpose/control/stats_format.hpp"
+#include "observe/stats_format.hpp"
 
 using namespace gpupool;
 

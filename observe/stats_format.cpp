@@ -1,4 +1,4 @@
-#include "interpose/control/stats_format.hpp"
+#include "observe/stats_format.hpp"
 
 #include "config/config.hpp"
 

@@ -1,4 +1,4 @@
-#include "interpose/control/trace_reader.hpp"
+#include "observe/trace_reader.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
