@@ -238,152 +238,158 @@ class Analysis {
   // Pass 1: counters, peaks, bucket maxima, rates, sizes; the moment of the
   // peak of all groups' active bytes together.
   void pass_counters() {
-    std::vector<std::uint64_t> requested(slots_), size(slots_);
-    // Buckets [0, filled) are started, each at the value it inherits from
-    // before its first record, so a bucket a group (or process) has no
-    // record in shows the level it stayed at.
-    std::vector<std::size_t> filled(v_.groups.size(), 0), proc_filled(src_.size(), 0);
-    std::size_t total_filled = 0;
-    std::vector<std::uint64_t> proc_active(src_.size(), 0);
-    // Together, each process's part of each group: what its end takes away.
-    std::vector<std::vector<Counters>> own(several_ ? src_.size() : 0,
-                                           std::vector<Counters>(v_.groups.size()));
-    std::uint64_t total_active = 0, step = 0;
-    auto start_buckets = [&](std::size_t gi, std::size_t b) {
-      Group& g = v_.groups[gi];
-      for (; filled[gi] <= b; ++filled[gi]) {
-        g.b_active[filled[gi]] = g.c.active;
-        g.b_in_blocks[filled[gi]] = g.c.in_blocks;
-        g.b_managed[filled[gi]] = g.c.managed();
-      }
-    };
-    // The process's and the total's series: buckets up to b started at the
-    // levels carried in (carry, before an event), then b's maximum (mark,
-    // after it).
-    auto carry = [&](std::size_t k, std::size_t b) {
-      report::View::Series& pa = v_.process_active[k];
-      for (; proc_filled[k] <= b; ++proc_filled[k]) pa.v[proc_filled[k]] = proc_active[k];
-      for (; total_filled <= b; ++total_filled) v_.total_active[total_filled] = total_active;
-    };
-    auto mark = [&](std::size_t k, std::size_t b) {
-      report::View::Series& pa = v_.process_active[k];
-      pa.v[b] = std::max(pa.v[b], proc_active[k]);
-      pa.peak = std::max(pa.peak, proc_active[k]);
-      v_.total_active[b] = std::max(v_.total_active[b], total_active);
-    };
-    auto record = [&](std::size_t k, const trace::Record& r, std::uint64_t t) {
-      const std::size_t gi = group_of_arena_[k][r.arena];
-      Group& g = v_.groups[gi];
-      const std::size_t b = bucket(t, v_.points);
-      start_buckets(gi, b);
-      if (several_) carry(k, b);
-      const std::size_t slot = src_[k].slot_base + r.slot;
-      const std::uint64_t before = g.c.active;
-      auto apply = [&](Counters& c) {
-        if (r.alloc) {
-          c.active += r.requested;
-          c.in_blocks += r.size;
-          if (r.hit) c.held -= std::min(c.held, r.size);
-        } else {
-          c.active -= std::min(c.active, requested[slot]);
-          c.in_blocks -= std::min(c.in_blocks, size[slot]);
-          c.held += size[slot];
-        }
-      };
-      apply(g.c);
-      if (several_) apply(own[k][gi]);
-      if (r.alloc) {
-        requested[slot] = r.requested;
-        size[slot] = r.size;
-        ++v_.allocations;
-        ++g.allocs;
-        (r.hit ? v_.rate_hits : v_.rate_misses)[bucket(t, report::kRateBuckets)]++;
-        if (r.hit) {
-          ++v_.hits;
-          ++g.hits;
-        }
-        int lg = 0;
-        while (lg < 63 && (std::uint64_t(2) << lg) <= r.requested) ++lg;
-        auto& s = v_.sizes[r.requested ? lg : -1];
-        ++s.first;
-        s.second += r.requested;
-      } else {
-        ++v_.frees;
-      }
-      const Counters& c = g.c;
-      total_active = total_active + c.active - before;
-      if (c.active > g.peak_active.bytes) g.peak_active = {c.active, t};
-      if (c.managed() > g.peak_managed.bytes) g.peak_managed = {c.managed(), t};
-      if (total_active > v_.peak.at.bytes) {
-        v_.peak.at = {total_active, t};
-        peak_step_ = step;
-      }
-      g.b_active[b] = std::max(g.b_active[b], c.active);
-      g.b_in_blocks[b] = std::max(g.b_in_blocks[b], c.in_blocks);
-      g.b_managed[b] = std::max(g.b_managed[b], c.managed());
-      if (several_) {
-        proc_active[k] = proc_active[k] + c.active - before;
-        mark(k, b);
-      }
-      ++step;
-    };
-    // Together, a process that exited holds nothing from then on: its
-    // blocks and held memory went with it.
-    auto ended = [&](std::size_t k, std::uint64_t t) {
-      if (!several_) return;
-      const std::size_t b = bucket(t, v_.points);
-      carry(k, b);
-      for (std::size_t gi = 0; gi < v_.groups.size(); ++gi) {
-        Counters& mine = own[k][gi];
-        if (!mine.active && !mine.in_blocks && !mine.held) continue;
-        start_buckets(gi, b);
-        Counters& c = v_.groups[gi].c;
-        c.active -= std::min(c.active, mine.active);
-        c.in_blocks -= std::min(c.in_blocks, mine.in_blocks);
-        c.held -= std::min(c.held, mine.held);
-        mine = {};
-      }
-      total_active -= std::min(total_active, proc_active[k]);
-      proc_active[k] = 0;
-      mark(k, b);
-    };
-    in_time_order(src_, record, ended);
-    for (std::size_t gi = 0; gi < v_.groups.size(); ++gi) {
-      Group& g = v_.groups[gi];
-      for (; filled[gi] < v_.points; ++filled[gi]) {
-        g.b_active[filled[gi]] = g.c.active;
-        g.b_in_blocks[filled[gi]] = g.c.in_blocks;
-        g.b_managed[filled[gi]] = g.c.managed();
-      }
-    }
+    requested_.assign(slots_, 0);
+    p1_.size.assign(slots_, 0);
+    p1_.filled.assign(v_.groups.size(), 0);
+    p1_.proc_filled.assign(src_.size(), 0);
+    p1_.proc_active.assign(src_.size(), 0);
+    p1_.own.assign(several_ ? src_.size() : 0, std::vector<Counters>(v_.groups.size()));
+    in_time_order(
+        src_, [&](std::size_t k, const trace::Record& r, std::uint64_t t) { count(k, r, t); },
+        [&](std::size_t k, std::uint64_t t) { process_ended(k, t); });
+    for (std::size_t gi = 0; gi < v_.groups.size(); ++gi) start_buckets(gi, v_.points - 1);
     if (several_) {
-      for (std::size_t k = 0; k < proc_filled.size(); ++k)
-        for (; proc_filled[k] < v_.points; ++proc_filled[k])
-          v_.process_active[k].v[proc_filled[k]] = proc_active[k];
-      for (; total_filled < v_.points; ++total_filled) v_.total_active[total_filled] = total_active;
-      // The processes that held the most, each a line; the total has all.
-      std::vector<report::View::Series>& pa = v_.process_active;
-      if (pa.size() > report::kProcessLines) {
-        std::vector<std::uint64_t> peaks;
-        for (const auto& x : pa) peaks.push_back(x.peak);
-        std::nth_element(peaks.begin(), peaks.begin() + (report::kProcessLines - 1), peaks.end(),
-                         std::greater<std::uint64_t>());
-        const std::uint64_t least = peaks[report::kProcessLines - 1];
-        std::size_t ties =
-            report::kProcessLines -
-            static_cast<std::size_t>(
-                std::count_if(pa.begin(), pa.end(), [&](const auto& x) { return x.peak > least; }));
-        std::size_t kept = 0;
-        for (std::size_t i = 0; i < pa.size(); ++i) {
-          if (pa[i].peak < least || (pa[i].peak == least && ties == 0)) continue;
-          if (pa[i].peak == least) --ties;
-          if (kept != i) pa[kept] = std::move(pa[i]);
-          ++kept;
-        }
-        pa.resize(kept);
-      }
+      for (std::size_t k = 0; k < src_.size(); ++k) carry(k, v_.points - 1);
+      keep_top_processes();
     }
-    requested_ = std::move(requested);
+    p1_ = {};
+  }
+
+  // Group gi's buckets up to b started at its levels before this record.
+  void start_buckets(std::size_t gi, std::size_t b) {
+    Group& g = v_.groups[gi];
+    for (std::size_t& f = p1_.filled[gi]; f <= b; ++f) {
+      g.b_active[f] = g.c.active;
+      g.b_in_blocks[f] = g.c.in_blocks;
+      g.b_managed[f] = g.c.managed();
+    }
+  }
+
+  // The process's and the total's series: buckets up to b started at the
+  // levels carried in (carry, before an event), then b's maximum (mark,
+  // after it).
+  void carry(std::size_t k, std::size_t b) {
+    report::View::Series& pa = v_.process_active[k];
+    for (std::size_t& f = p1_.proc_filled[k]; f <= b; ++f) pa.v[f] = p1_.proc_active[k];
+    for (; p1_.total_filled <= b; ++p1_.total_filled)
+      v_.total_active[p1_.total_filled] = p1_.total_active;
+  }
+  void mark(std::size_t k, std::size_t b) {
+    report::View::Series& pa = v_.process_active[k];
+    pa.v[b] = std::max(pa.v[b], p1_.proc_active[k]);
+    pa.peak = std::max(pa.peak, p1_.proc_active[k]);
+    v_.total_active[b] = std::max(v_.total_active[b], p1_.total_active);
+  }
+
+  // What a record does to counters c; a free takes back what its
+  // allocation (requested, size) gave.
+  static void apply(Counters& c, const trace::Record& r, std::uint64_t requested,
+                    std::uint64_t size) {
+    if (r.alloc) {
+      c.active += r.requested;
+      c.in_blocks += r.size;
+      if (r.hit) c.held -= std::min(c.held, r.size);
+    } else {
+      c.active -= std::min(c.active, requested);
+      c.in_blocks -= std::min(c.in_blocks, size);
+      c.held += size;
+    }
+  }
+
+  // An allocation's part of the figures: counts, hits over time, sizes.
+  void count_allocation(Group& g, const trace::Record& r, std::uint64_t t) {
+    ++v_.allocations;
+    ++g.allocs;
+    (r.hit ? v_.rate_hits : v_.rate_misses)[bucket(t, report::kRateBuckets)]++;
+    if (r.hit) {
+      ++v_.hits;
+      ++g.hits;
+    }
+    int lg = 0;
+    while (lg < 63 && (std::uint64_t(2) << lg) <= r.requested) ++lg;
+    auto& s = v_.sizes[r.requested ? lg : -1];
+    ++s.first;
+    s.second += r.requested;
+  }
+
+  // One record of source k at t.
+  void count(std::size_t k, const trace::Record& r, std::uint64_t t) {
+    const std::size_t gi = group_of_arena_[k][r.arena];
+    Group& g = v_.groups[gi];
+    const std::size_t b = bucket(t, v_.points);
+    start_buckets(gi, b);
+    if (several_) carry(k, b);
+    const std::size_t slot = src_[k].slot_base + r.slot;
+    const std::uint64_t before = g.c.active;
+    apply(g.c, r, requested_[slot], p1_.size[slot]);
+    if (several_) apply(p1_.own[k][gi], r, requested_[slot], p1_.size[slot]);
+    if (r.alloc) {
+      requested_[slot] = r.requested;
+      p1_.size[slot] = r.size;
+      count_allocation(g, r, t);
+    } else {
+      ++v_.frees;
+    }
+    const Counters& c = g.c;
+    p1_.total_active = p1_.total_active + c.active - before;
+    if (c.active > g.peak_active.bytes) g.peak_active = {c.active, t};
+    if (c.managed() > g.peak_managed.bytes) g.peak_managed = {c.managed(), t};
+    if (p1_.total_active > v_.peak.at.bytes) {
+      v_.peak.at = {p1_.total_active, t};
+      peak_step_ = p1_.step;
+    }
+    g.b_active[b] = std::max(g.b_active[b], c.active);
+    g.b_in_blocks[b] = std::max(g.b_in_blocks[b], c.in_blocks);
+    g.b_managed[b] = std::max(g.b_managed[b], c.managed());
+    if (several_) {
+      p1_.proc_active[k] = p1_.proc_active[k] + c.active - before;
+      mark(k, b);
+    }
+    ++p1_.step;
+  }
+
+  // Together, a process that exited holds nothing from then on: its
+  // blocks and held memory went with it.
+  void process_ended(std::size_t k, std::uint64_t t) {
+    if (!several_) return;
+    const std::size_t b = bucket(t, v_.points);
+    carry(k, b);
+    for (std::size_t gi = 0; gi < v_.groups.size(); ++gi) {
+      Counters& mine = p1_.own[k][gi];
+      if (!mine.active && !mine.in_blocks && !mine.held) continue;
+      start_buckets(gi, b);
+      Counters& c = v_.groups[gi].c;
+      c.active -= std::min(c.active, mine.active);
+      c.in_blocks -= std::min(c.in_blocks, mine.in_blocks);
+      c.held -= std::min(c.held, mine.held);
+      mine = {};
+    }
+    p1_.total_active -= std::min(p1_.total_active, p1_.proc_active[k]);
+    p1_.proc_active[k] = 0;
+    mark(k, b);
+  }
+
+  // The processes that held the most, each a line; the total has all.
+  void keep_top_processes() {
+    std::vector<report::View::Series>& pa = v_.process_active;
+    if (pa.size() <= report::kProcessLines) return;
+    std::vector<std::uint64_t> peaks;
+    for (const auto& x : pa) peaks.push_back(x.peak);
+    std::nth_element(peaks.begin(), peaks.begin() + (report::kProcessLines - 1), peaks.end(),
+                     std::greater<std::uint64_t>());
+    const std::uint64_t least = peaks[report::kProcessLines - 1];
+    std::size_t ties =
+        report::kProcessLines -
+        static_cast<std::size_t>(
+            std::count_if(pa.begin(), pa.end(), [&](const auto& x) { return x.peak > least; }));
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      if (pa[i].peak < least || (pa[i].peak == least && ties == 0)) continue;
+      if (pa[i].peak == least) --ties;
+      if (kept != i) pa[kept] = std::move(pa[i]);
+      ++kept;
+    }
+    pa.resize(kept);
   }
 
   std::uint32_t name_of(std::size_t k, std::uint32_t site) {
@@ -486,6 +492,18 @@ class Analysis {
   std::vector<std::vector<std::size_t>> group_of_arena_;
   std::vector<std::uint64_t> requested_;  // per slot
   std::uint64_t peak_step_ = UINT64_MAX;
+  // Pass 1's working state. Buckets [0, filled) are started, each at the
+  // value it inherits from before its first record, so a bucket a group (or
+  // process) has no record in shows the level it stayed at.
+  struct Pass1 {
+    std::vector<std::uint64_t> size;  // per slot
+    std::vector<std::size_t> filled, proc_filled;
+    std::size_t total_filled = 0;
+    std::vector<std::uint64_t> proc_active;
+    // Together, each process's part of each group: what its end takes away.
+    std::vector<std::vector<Counters>> own;
+    std::uint64_t total_active = 0, step = 0;
+  } p1_;
   std::unordered_map<std::string, std::uint32_t> name_index_;
 };
 

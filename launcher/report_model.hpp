@@ -133,6 +133,8 @@ std::string diff_page(const Report& base, const Report& now);
 // Shared by both.
 std::string bytes_text(std::uint64_t b);
 std::string seconds_text(std::uint64_t ns);
+// A run as the diff names it: its trace, or "3 processes (first, ...)".
+std::string runs_title(const Report& r);
 // "python3 train.py (pid 42)", or "pid 42" where the trace has no command line.
 std::string process_title(const View& v);
 

@@ -591,32 +591,26 @@ std::string page(const Report& r) {
   return h;
 }
 
-std::string diff_page(const Report& base, const Report& now) {
-  const View& b = base.all;
-  const View& n = now.all;
-  auto who = [](const Report& r) {
-    return r.processes.empty()
-               ? r.all.path
-               : num(r.processes.size()) + " processes (" + r.files.front() + ", ...)";
-  };
-  std::string h = page_head("gpupool report: difference");
-  h += "<h1>gpupool report: what changed</h1>\n<p>From " + html_escape(who(base)) + " to " +
-       html_escape(who(now)) + ". <span id=\"status\"></span></p>\n";
-  auto change = [](std::int64_t d) {
-    if (d == 0) return std::string("<td>0</td>");
-    const std::string t =
-        (d > 0 ? "+" : "-") + bytes_text(static_cast<std::uint64_t>(d > 0 ? d : -d));
-    return "<td class=\"" + std::string(d > 0 ? "up" : "down") + "\">" + t + "</td>";
-  };
+namespace {
+
+// A change's cell: "+1.0 MiB" marked up, "-..." down.
+std::string change_cell(std::int64_t d) {
+  if (d == 0) return std::string("<td>0</td>");
+  const std::string t = (d > 0 ? "+" : "-") + bytes_text(static_cast<std::uint64_t>(d > 0 ? d : -d));
+  return "<td class=\"" + std::string(d > 0 ? "up" : "down") + "\">" + t + "</td>";
+}
+
+// The two runs' totals and the peaks of the pool groups both have.
+std::string diff_totals_table(const View& b, const View& n) {
   auto row = [&](const std::string& what, std::uint64_t x, std::uint64_t y, bool bytes) {
     const std::int64_t d = static_cast<std::int64_t>(y - x);
     return "<tr><td class=\"l\">" + what + "</td><td>" + (bytes ? bytes_text(x) : num(x)) +
            "</td><td>" + (bytes ? bytes_text(y) : num(y)) + "</td>" +
-           (bytes ? change(d)
+           (bytes ? change_cell(d)
                   : "<td>" + std::string(d > 0 ? "+" : "") + std::to_string(d) + "</td>") +
            "</tr>\n";
   };
-  h += "<table><tr><th></th><th>before</th><th>after</th><th>change</th></tr>\n";
+  std::string h = "<table><tr><th></th><th>before</th><th>after</th><th>change</th></tr>\n";
   h += row("peak active", b.peak.at.bytes, n.peak.at.bytes, true);
   h += row("held at the end", b.end.total.bytes, n.end.total.bytes, true);
   h += row("blocks at the end", b.end.total.blocks, n.end.total.blocks, false);
@@ -631,39 +625,57 @@ std::string diff_page(const Report& base, const Report& now) {
                  true);
       }
   h += "</table>\n";
-  std::string data = "{";
-  auto section = [&](const std::string& title, const std::string& part, const Moment& mb,
-                     const Moment& mn) {
-    const std::vector<SiteChange> c = changes(b, mb, n, mn);
-    // What grew, by stack: an icicle of the growth (in the new run's stacks).
-    std::vector<SiteRow> grown;
-    for (const SiteChange& x : c)
-      if (x.change() > 0) {
-        SiteRow r;
-        r.name = x.name_now;
-        r.held = {x.now.blocks > x.base.blocks ? x.now.blocks - x.base.blocks : 0,
-                  static_cast<std::uint64_t>(x.change())};
-        grown.push_back(r);
-      }
-    const Flame f = flame_of(n.names, grown);
-    data += std::string(data.size() > 1 ? "," : "") + "\"" + part + "\":" + flame_json(f);
-    h += "<h2>" + title + "</h2>\n";
-    if (!f.nodes.empty() && f.nodes[0].bytes) h += "<div id=\"flame-" + part + "\"></div>\n";
-    h += "<table><tr><th>change</th><th>before</th><th>after</th><th class=\"l\">allocation "
-         "site</th></tr>\n";
-    for (std::size_t k = 0; k < c.size() && k < kTopSites; ++k) {
-      const SiteName& name =
-          c[k].name_now != UINT32_MAX ? n.names[c[k].name_now] : b.names[c[k].name_base];
-      h += "<tr>" + change(c[k].change()) + "<td>" + bytes_text(c[k].base.bytes) + "</td><td>" +
-           bytes_text(c[k].now.bytes) + "</td>" + site_cell(name) + "</tr>\n";
+  return h;
+}
+
+// A moment's sites (mb in b, mn in n) by change: the table into *h, and
+// the flame graph of what grew (in the new run's stacks) as `part` into
+// the page's data.
+void diff_sites_section(const std::string& title, const std::string& part, const View& b,
+                        const Moment& mb, const View& n, const Moment& mn, std::string* h,
+                        std::string* data) {
+  const std::vector<SiteChange> c = changes(b, mb, n, mn);
+  std::vector<SiteRow> grown;
+  for (const SiteChange& x : c)
+    if (x.change() > 0) {
+      SiteRow r;
+      r.name = x.name_now;
+      r.held = {x.now.blocks > x.base.blocks ? x.now.blocks - x.base.blocks : 0,
+                static_cast<std::uint64_t>(x.change())};
+      grown.push_back(r);
     }
-    h += "</table>\n";
-    if (c.empty()) h += "<p>No change.</p>\n";
-    if (c.size() > kTopSites)
-      h += "<p class=\"note\">" + num(c.size() - kTopSites) + " more sites changed.</p>\n";
-  };
-  section("At the peak of active memory, by allocation site", "peak", b.peak, n.peak);
-  section("Still held at the end, by allocation site", "end", b.end, n.end);
+  const Flame f = flame_of(n.names, grown);
+  *data += std::string(data->size() > 1 ? "," : "") + "\"" + part + "\":" + flame_json(f);
+  *h += "<h2>" + title + "</h2>\n";
+  if (!f.nodes.empty() && f.nodes[0].bytes) *h += "<div id=\"flame-" + part + "\"></div>\n";
+  *h += "<table><tr><th>change</th><th>before</th><th>after</th><th class=\"l\">allocation "
+        "site</th></tr>\n";
+  for (std::size_t k = 0; k < c.size() && k < kTopSites; ++k) {
+    const SiteName& name =
+        c[k].name_now != UINT32_MAX ? n.names[c[k].name_now] : b.names[c[k].name_base];
+    *h += "<tr>" + change_cell(c[k].change()) + "<td>" + bytes_text(c[k].base.bytes) +
+          "</td><td>" + bytes_text(c[k].now.bytes) + "</td>" + site_cell(name) + "</tr>\n";
+  }
+  *h += "</table>\n";
+  if (c.empty()) *h += "<p>No change.</p>\n";
+  if (c.size() > kTopSites)
+    *h += "<p class=\"note\">" + num(c.size() - kTopSites) + " more sites changed.</p>\n";
+}
+
+}  // namespace
+
+std::string diff_page(const Report& base, const Report& now) {
+  const View& b = base.all;
+  const View& n = now.all;
+  std::string h = page_head("gpupool report: difference");
+  h += "<h1>gpupool report: what changed</h1>\n<p>From " + html_escape(runs_title(base)) +
+       " to " + html_escape(runs_title(now)) + ". <span id=\"status\"></span></p>\n";
+  h += diff_totals_table(b, n);
+  std::string data = "{";
+  diff_sites_section("At the peak of active memory, by allocation site", "peak", b, b.peak, n,
+                     n.peak, &h, &data);
+  diff_sites_section("Still held at the end, by allocation site", "end", b, b.end, n, n.end, &h,
+                     &data);
   h += "<p class=\"note\">Sites are matched by their frames without offsets and line numbers, so "
        "that a "
        "rebuilt program's match. The flame graphs show what grew, in the later run's stacks.</p>\n";
