@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "launcher/trace_tools.hpp"
+#include "observe/bytes.hpp"
 
 namespace gpupool::launcher::report {
 
@@ -131,7 +132,7 @@ std::string diff_text(const Report& base, const Report& now);
 std::string diff_page(const Report& base, const Report& now);
 
 // Shared by both.
-std::string bytes_text(std::uint64_t b);
+using observe::bytes_text;  // one decimal: "1.5 KiB"
 std::string seconds_text(std::uint64_t ns);
 // A run as the diff names it: its trace, or "3 processes (first, ...)".
 std::string runs_title(const Report& r);

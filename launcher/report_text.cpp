@@ -134,19 +134,6 @@ std::string view_text(const View& v, bool several) {
 
 }  // namespace
 
-std::string bytes_text(std::uint64_t b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
-  return buf;
-}
-
 // A time since the trace started, in the unit that suits it (as the
 // page's script writes them).
 std::string seconds_text(std::uint64_t ns) {
