@@ -122,7 +122,7 @@ inline bool write_stderr(const std::string& s, std::uint64_t timeout_ns = kWrite
 // replaced; where nothing is, nothing that appears meanwhile is replaced.
 bool replace_file(const std::string& path, const std::string& data, std::string* why);
 
-// ---- The files thread ----------------------------------------------------
+// ---- The files thread (files_thread.cpp) ----------------------------------
 //
 // A thread that unshares its descriptor table at its start (unshare
 // CLONE_FILES) and closes every descriptor of the copy, so that it holds no

@@ -68,6 +68,57 @@ FileId id_at(int dir, const std::string& name, struct stat* st) {
   return {st->st_dev, st->st_ino};
 }
 
+// Why `path`, found as st, is not a file this user's gpupool may replace;
+// empty when it is.
+std::string not_replaceable(const std::string& path, const struct stat& st) {
+  if (!S_ISREG(st.st_mode)) return "refusing to replace " + path + ": not a regular file";
+  if (st.st_uid != geteuid())
+    return "refusing to replace " + path + ": owned by uid " + std::to_string(st.st_uid) +
+           ", not by this user (uid " + std::to_string(geteuid()) + ")";
+  return {};
+}
+
+// A new file beside `name` in dir, locked, its name in *tmp. Hidden, and
+// not an output name: never read as a .prom file, never removed as stale.
+OwnedFd create_beside(int dir, const std::string& name, std::string* tmp) {
+  OwnedFd fresh;
+  for (int tries = 0; tries < 16 && !fresh.valid(); ++tries) {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, ".tmp%06lx",
+             static_cast<unsigned long>((ts.tv_nsec ^ (getpid() << 8) ^ tries * 7919) & 0xffffff));
+    *tmp = "." + name + suffix;
+    fresh = OwnedFd::adopt(
+        ::openat(dir, tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (!fresh.valid() && errno != EEXIST) break;
+  }
+  if (fresh.valid()) {
+    (void)take_lock(fresh.get());  // a new file: nobody else has it
+    fchmod(fresh.get(), 0644);
+  }
+  return fresh;
+}
+
+// Gives `tmp` the name `name` in dir: 0 or an errno. `replacing`: over the
+// file there; else only while nothing is there.
+int rename_into_place(int dir, const std::string& tmp, const std::string& name, bool replacing) {
+  int r;
+  if (replacing) {
+    // renameat() replaces the name itself, never what a symbolic link
+    // put there since would point to.
+    r = ::renameat(dir, tmp.c_str(), dir, name.c_str());
+  } else {
+    // Nothing was there: never replace what appeared meanwhile.
+    r = renameat2(dir, tmp.c_str(), dir, name.c_str(), RENAME_NOREPLACE);
+    if (r != 0 && (errno == EINVAL || errno == ENOSYS)) {
+      r = ::linkat(dir, tmp.c_str(), dir, name.c_str(), 0);
+      if (r == 0) ::unlinkat(dir, tmp.c_str(), 0);
+    }
+  }
+  return r == 0 ? 0 : errno;
+}
+
 }  // namespace
 
 std::string sibling_path(const std::string& path, long pid) {
@@ -144,13 +195,8 @@ Hold HeldFile::replace(const std::string& path, const std::string& data, std::st
       *why = "cannot check " + path + ": " + strerror(errno);
       return Hold::failed;
     }
-    if (there.valid() && !S_ISREG(st.st_mode)) {
-      *why = "refusing to replace " + path + ": not a regular file";
-      return Hold::failed;
-    }
-    if (there.valid() && st.st_uid != geteuid()) {
-      *why = "refusing to replace " + path + ": owned by uid " + std::to_string(st.st_uid) +
-             ", not by this user (uid " + std::to_string(geteuid()) + ")";
+    if (std::string no; there.valid() && !(no = not_replaceable(path, st)).empty()) {
+      *why = std::move(no);
       return Hold::failed;
     }
     // Someone else's version, or a dead process's: replaced only while
@@ -169,47 +215,19 @@ Hold HeldFile::replace(const std::string& path, const std::string& data, std::st
       }
       if (id_at(d, name, &st) != there) continue;
     }
-    // The new version, held before it takes the name. Hidden, and not an
-    // output name: never read as a .prom file, never removed as stale.
+    // The new version, held before it takes the name.
     std::string tmp;
-    OwnedFd fresh;
-    for (int tries = 0; tries < 16 && !fresh.valid(); ++tries) {
-      timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      char suffix[32];
-      snprintf(suffix, sizeof suffix, ".tmp%06lx",
-               static_cast<unsigned long>((ts.tv_nsec ^ (getpid() << 8) ^ tries * 7919) & 0xffffff));
-      tmp = "." + name + suffix;
-      fresh = OwnedFd::adopt(
-          ::openat(d, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-      if (!fresh.valid() && errno != EEXIST) break;
-    }
+    OwnedFd fresh = create_beside(d, name, &tmp);
     if (!fresh.valid()) {
       *why = "cannot create a temporary file next to " + path + ": " + strerror(errno);
       return Hold::failed;
     }
-    (void)take_lock(fresh.get());  // a new file: nobody else has it
-    fchmod(fresh.get(), 0644);
     if (!write_plain(fresh.get(), data.data(), data.size())) {
       *why = "cannot write " + tmp + ": " + strerror(errno);
       ::unlinkat(d, tmp.c_str(), 0);
       return Hold::failed;
     }
-    int r;
-    if (there.valid()) {
-      // renameat() replaces the name itself, never what a symbolic link
-      // put there since would point to.
-      r = ::renameat(d, tmp.c_str(), d, name.c_str());
-    } else {
-      // Nothing was there: never replace what appeared meanwhile.
-      r = renameat2(d, tmp.c_str(), d, name.c_str(), RENAME_NOREPLACE);
-      if (r != 0 && (errno == EINVAL || errno == ENOSYS)) {
-        r = ::linkat(d, tmp.c_str(), d, name.c_str(), 0);
-        if (r == 0) ::unlinkat(d, tmp.c_str(), 0);
-      }
-    }
-    if (r != 0) {
-      const int e = errno;
+    if (const int e = rename_into_place(d, tmp, name, there.valid()); e != 0) {
       ::unlinkat(d, tmp.c_str(), 0);
       if (e == EEXIST) continue;
       *why = "cannot rename " + tmp + " to " + path + ": " + strerror(e);

@@ -6,6 +6,7 @@
 
 #include "interpose/node/registry.hpp"
 #include "launcher/launcher.hpp"
+#include "observe/bytes.hpp"
 
 namespace gpupool::launcher {
 namespace {
@@ -22,16 +23,6 @@ const char kPsHelp[] =
     "\n"
     "`gpupool free-held --all [--device UUID]` asks every one of them to\n"
     "release its held memory (on that GPU only, with --device).\n";
-
-std::string human(std::uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, ++u;
-  char out[32];
-  std::snprintf(out, sizeof out, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-  return out;
-}
 
 std::string json_string(const std::string& s) {
   std::string o = "\"";
@@ -118,8 +109,8 @@ int cmd_ps(int argc, char** argv) {
       std::printf("%-8ld %-16s %-40s\n", p.pid, p.command.c_str(), "-");
     for (const auto& d : p.devices)
       std::printf("%-8ld %-16s %-40s %10s %10s %10s %10llu %8llu\n", p.pid, p.command.c_str(),
-                  node::uuid_text(d.uuid).c_str(), human(d.active).c_str(),
-                  human(d.held).c_str(), human(d.managed).c_str(),
+                  node::uuid_text(d.uuid).c_str(), observe::bytes_text(d.active).c_str(),
+                  observe::bytes_text(d.held).c_str(), observe::bytes_text(d.managed).c_str(),
                   static_cast<unsigned long long>(d.hits),
                   static_cast<unsigned long long>(d.misses));
   }

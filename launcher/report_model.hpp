@@ -1,4 +1,4 @@
-// What `gpupool report` computes from traces (report.cpp), and the two ways
+// What `gpupool report` computes from traces (report_analysis.cpp), and the two ways
 // it is written: the HTML page (report_page.cpp) and text for terminals
 // and CI logs, with the difference between two runs (report_text.cpp).
 //
@@ -10,10 +10,17 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "launcher/trace_tools.hpp"
+#include "observe/bytes.hpp"
+
+namespace gpupool::launcher {
+struct NamedSite;
+class Namer;
+}  // namespace gpupool::launcher
 
 namespace gpupool::launcher::report {
 
@@ -108,7 +115,17 @@ struct Report {
   std::vector<View> processes;  // each process (empty with one)
 };
 
-// The icicle of rows' bytes by their sites' flame paths (report.cpp).
+// The figures of a set of traces: each process's, and all together
+// (report_analysis.cpp). namers: one per trace, named on the way.
+Report analyse(const std::vector<trace::TraceFile>& traces,
+               std::vector<std::unique_ptr<Namer>>* namers);
+
+// The flame graphs (report_flame.cpp). A site's path, outermost first.
+std::vector<std::string> flame_path(const NamedSite& n);
+// A site's key with offsets and line numbers left out, to match it in
+// another build of the program.
+std::string across_builds(const std::string& key);
+// The icicle of rows' bytes by their sites' flame paths.
 Flame flame_of(const std::vector<SiteName>& names, const std::vector<SiteRow>& rows);
 
 // A site's bytes at one moment in two runs, matched across builds
@@ -124,6 +141,13 @@ struct SiteChange {
 std::vector<SiteChange> changes(const View& base, const Moment& at_base, const View& now,
                                 const Moment& at_now);
 
+// The page's style sheet and script (report_script.cpp); kReportMain and
+// kDiffMain start the script on a report's or a diff's data.
+extern const char kStyle[];
+extern const char kScript[];
+extern const char kReportMain[];
+extern const char kDiffMain[];
+
 // The page and the text (report_page.cpp, report_text.cpp).
 std::string page(const Report& r);
 std::string text(const Report& r);
@@ -131,8 +155,10 @@ std::string diff_text(const Report& base, const Report& now);
 std::string diff_page(const Report& base, const Report& now);
 
 // Shared by both.
-std::string bytes_text(std::uint64_t b);
+using observe::bytes_text;  // one decimal: "1.5 KiB"
 std::string seconds_text(std::uint64_t ns);
+// A run as the diff names it: its trace, or "3 processes (first, ...)".
+std::string runs_title(const Report& r);
 // "python3 train.py (pid 42)", or "pid 42" where the trace has no command line.
 std::string process_title(const View& v);
 

@@ -134,19 +134,6 @@ std::string view_text(const View& v, bool several) {
 
 }  // namespace
 
-std::string bytes_text(std::uint64_t b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
-  return buf;
-}
-
 // A time since the trace started, in the unit that suits it (as the
 // page's script writes them).
 std::string seconds_text(std::uint64_t ns) {
@@ -218,17 +205,11 @@ std::vector<SiteChange> changes(const View& base, const Moment& at_base, const V
   return out;
 }
 
-std::string diff_text(const Report& base, const Report& now) {
-  const View& b = base.all;
-  const View& n = now.all;
-  auto who = [](const Report& r) {
-    return r.processes.empty()
-               ? r.all.path
-               : num(r.processes.size()) + " processes (" + r.files.front() + ", ...)";
-  };
-  std::string o = "gpupool report --diff: from " + who(base) + "\n                        to " +
-                  who(now) + "\n\n";
-  o += "                         before         after        change\n";
+namespace {
+
+// The two runs' totals, with the change.
+std::string diff_totals(const View& b, const View& n) {
+  std::string o = "                         before         after        change\n";
   auto line = [&](const std::string& what, std::uint64_t x, std::uint64_t y, bool bytes) {
     const std::int64_t d = static_cast<std::int64_t>(y - x);
     std::string change = bytes ? signed_bytes(d) : (d > 0 ? "+" : "") + std::to_string(d);
@@ -248,8 +229,12 @@ std::string diff_text(const Report& base, const Report& now) {
   line("hits", b.hits, n.hits, false);
   o += "  " + pad_right("duration", 20) + pad_left(seconds_text(b.duration_ns), 11) + "  " +
        pad_left(seconds_text(n.duration_ns), 12) + "\n";
-  // Pool groups by name, in either run.
-  o += "\nPeaks by pool group (before -> after):\n";
+  return o;
+}
+
+// Pool groups by name, in either run: their peaks before and after.
+std::string diff_groups(const View& b, const View& n) {
+  std::string o = "\nPeaks by pool group (before -> after):\n";
   std::vector<std::string> names;
   for (const View* v : {&b, &n})
     for (const Group& g : v->groups)
@@ -269,36 +254,57 @@ std::string diff_text(const Report& base, const Report& now) {
     o += "  " + name + ": active " + val(x, false) + " -> " + val(y, false) + ", managed " +
          val(x, true) + " -> " + val(y, true) + "\n";
   }
-  auto site_changes = [&](const std::string& title, const Moment& mb, const Moment& mn) {
-    const std::vector<SiteChange> c = changes(b, mb, n, mn);
-    o += "\n" + title + ", by allocation site, largest change first:\n";
-    if (c.empty()) o += "  no change\n";
-    std::int64_t rest = 0;
-    for (std::size_t k = 0; k < c.size(); ++k) {
-      if (k >= kTopSites) {
-        rest += c[k].change();
-        continue;
-      }
-      const std::string& label = c[k].name_now != UINT32_MAX ? n.names[c[k].name_now].label
-                                                             : b.names[c[k].name_base].label;
-      o += "  " + pad_left(signed_bytes(c[k].change()), 11) + "  " +
-           pad_left(bytes_text(c[k].base.bytes), 10) + " -> " +
-           pad_right(bytes_text(c[k].now.bytes), 10) + "  " + label +
-           (c[k].name_now == UINT32_MAX    ? "  (gone)"
-            : c[k].name_base == UINT32_MAX ? "  (new)"
-                                           : "") +
-           "\n";
+  return o;
+}
+
+// A moment's sites (mb in b, mn in n), largest change first.
+std::string diff_sites(const std::string& title, const View& b, const Moment& mb, const View& n,
+                       const Moment& mn) {
+  const std::vector<SiteChange> c = changes(b, mb, n, mn);
+  std::string o = "\n" + title + ", by allocation site, largest change first:\n";
+  if (c.empty()) o += "  no change\n";
+  std::int64_t rest = 0;
+  for (std::size_t k = 0; k < c.size(); ++k) {
+    if (k >= kTopSites) {
+      rest += c[k].change();
+      continue;
     }
-    if (c.size() > kTopSites)
-      o += "  " + num(c.size() - kTopSites) + " more sites changed by " + signed_bytes(rest) +
-           " in all.\n";
-  };
-  site_changes("At the peak of active memory (" + bytes_text(b.peak.at.bytes) + " -> " +
-                   bytes_text(n.peak.at.bytes) + ")",
-               b.peak, n.peak);
-  site_changes("Still held at the end (" + bytes_text(b.end.total.bytes) + " -> " +
-                   bytes_text(n.end.total.bytes) + ")",
-               b.end, n.end);
+    const std::string& label = c[k].name_now != UINT32_MAX ? n.names[c[k].name_now].label
+                                                           : b.names[c[k].name_base].label;
+    o += "  " + pad_left(signed_bytes(c[k].change()), 11) + "  " +
+         pad_left(bytes_text(c[k].base.bytes), 10) + " -> " +
+         pad_right(bytes_text(c[k].now.bytes), 10) + "  " + label +
+         (c[k].name_now == UINT32_MAX    ? "  (gone)"
+          : c[k].name_base == UINT32_MAX ? "  (new)"
+                                         : "") +
+         "\n";
+  }
+  if (c.size() > kTopSites)
+    o += "  " + num(c.size() - kTopSites) + " more sites changed by " + signed_bytes(rest) +
+         " in all.\n";
+  return o;
+}
+
+}  // namespace
+
+std::string runs_title(const Report& r) {
+  return r.processes.empty() ? r.all.path
+                             : num(r.processes.size()) + " processes (" + r.files.front() + ", ...)";
+}
+
+std::string diff_text(const Report& base, const Report& now) {
+  const View& b = base.all;
+  const View& n = now.all;
+  std::string o = "gpupool report --diff: from " + runs_title(base) +
+                  "\n                        to " + runs_title(now) + "\n\n";
+  o += diff_totals(b, n);
+  o += diff_groups(b, n);
+  o += diff_sites("At the peak of active memory (" + bytes_text(b.peak.at.bytes) + " -> " +
+                      bytes_text(n.peak.at.bytes) + ")",
+                  b, b.peak, n, n.peak);
+  o += diff_sites("Still held at the end (" + bytes_text(b.end.total.bytes) + " -> " +
+                      bytes_text(n.end.total.bytes) + ")",
+                  b, b.end, n, n.end);
   o += "\nSites are matched by their frames without offsets and line numbers, so that a rebuilt "
        "program's "
        "match.\n";

@@ -22,8 +22,8 @@
 
 #include "config/config.hpp"
 #include "config/outputs.hpp"
-#include "interpose/control/trace_reader.hpp"
 #include "launcher/launcher.hpp"
+#include "observe/trace_reader.hpp"
 
 extern char** environ;
 
@@ -199,8 +199,51 @@ std::string run_help() {
   return h;
 }
 
-int cmd_run(int argc, char** argv) {
-  std::vector<std::pair<std::string, std::string>> vars;
+namespace {
+
+using Vars = std::vector<std::pair<std::string, std::string>>;
+// What an option handler returns when the command line may go on.
+constexpr int kGoOn = -1;
+
+// --disable LIST: the variables that turn each backend off.
+int disable_vars(const std::string& value, Vars* vars) {
+  std::stringstream ss(value);
+  std::string what;
+  bool any = false;
+  while (std::getline(ss, what, ',')) {
+    any = true;
+    if (what == "all") vars->emplace_back("GPUPOOL_DISABLE", "1");
+    else if (what == "cuda") vars->emplace_back("GPUPOOL_CUDA", "0");
+    else if (what == "cuda-host") vars->emplace_back("GPUPOOL_CUDA_HOST", "0");
+    else if (what == "opencl") vars->emplace_back("GPUPOOL_OPENCL", "0");
+    else
+      return usage_error("run: --disable: unknown backend '" + what +
+                             "' (accepted: cuda, cuda-host, opencl, all)",
+                         "run");
+  }
+  if (!any) return usage_error("run: --disable needs a backend", "run");
+  return kGoOn;
+}
+
+// --set NAME=VALUE, NAME one of the options table's (GPUPOOL_ optional).
+int set_var(const std::string& value, Vars* vars) {
+  const auto eq = value.find('=');
+  if (eq == std::string::npos || eq == 0)
+    return usage_error("run: --set needs NAME=VALUE, got '" + value + "'", "run");
+  std::string name = value.substr(0, eq);
+  if (name.rfind("GPUPOOL_", 0) != 0) name = "GPUPOOL_" + name;
+  bool known = false;
+  for (const auto& o : gpupool::config::options()) known |= name == o.name;
+  if (!known)
+    return usage_error("run: --set: " + name + " is not a gpupool variable (see `gpupool env`)",
+                       "run");
+  vars->emplace_back(name, value.substr(eq + 1));
+  return kGoOn;
+}
+
+// The options before the program, as variables; *program: the program's
+// index in argv. kGoOn, or the exit status (help, a usage error).
+int run_options(int argc, char** argv, int* program, Vars* vars) {
   int i = 0;
   for (; i < argc; ++i) {
     std::string arg = argv[i];
@@ -230,43 +273,26 @@ int cmd_run(int argc, char** argv) {
     } else if (!opt->takes_value && has_inline) {
       return usage_error("run: option " + arg + " takes no value", "run");
     }
-    if (std::string(opt->flag) == "--disable") {
-      std::stringstream ss(value);
-      std::string what;
-      bool any = false;
-      while (std::getline(ss, what, ',')) {
-        any = true;
-        if (what == "all") vars.emplace_back("GPUPOOL_DISABLE", "1");
-        else if (what == "cuda") vars.emplace_back("GPUPOOL_CUDA", "0");
-        else if (what == "cuda-host") vars.emplace_back("GPUPOOL_CUDA_HOST", "0");
-        else if (what == "opencl") vars.emplace_back("GPUPOOL_OPENCL", "0");
-        else
-          return usage_error("run: --disable: unknown backend '" + what +
-                                 "' (accepted: cuda, cuda-host, opencl, all)",
-                             "run");
-      }
-      if (!any) return usage_error("run: --disable needs a backend", "run");
-      continue;
-    }
-    if (std::string(opt->flag) == "--set") {
-      const auto eq = value.find('=');
-      if (eq == std::string::npos || eq == 0)
-        return usage_error("run: --set needs NAME=VALUE, got '" + value + "'", "run");
-      std::string name = value.substr(0, eq);
-      if (name.rfind("GPUPOOL_", 0) != 0) name = "GPUPOOL_" + name;
-      bool known = false;
-      for (const auto& o : gpupool::config::options()) known |= name == o.name;
-      if (!known)
-        return usage_error("run: --set: " + name + " is not a gpupool variable (see `gpupool env`)",
-                           "run");
-      vars.emplace_back(name, value.substr(eq + 1));
-      continue;
-    }
-    if (opt->takes_value && value.empty())
+    int status = kGoOn;
+    if (std::string(opt->flag) == "--disable") status = disable_vars(value, vars);
+    else if (std::string(opt->flag) == "--set") status = set_var(value, vars);
+    else if (opt->takes_value && value.empty())
       return usage_error("run: option " + arg + " needs a non-empty value", "run");
-    vars.emplace_back(opt->variable,
-                      opt->takes_value ? (opt->path ? absolute(value) : value) : opt->fixed_value);
+    else
+      vars->emplace_back(opt->variable, opt->takes_value ? (opt->path ? absolute(value) : value)
+                                                         : opt->fixed_value);
+    if (status != kGoOn) return status;
   }
+  *program = i;
+  return kGoOn;
+}
+
+}  // namespace
+
+int cmd_run(int argc, char** argv) {
+  Vars vars;
+  int i = 0;
+  if (const int status = run_options(argc, argv, &i, &vars); status != kGoOn) return status;
   if (i >= argc) return usage_error("run: no program given", "run");
   for (const auto& [name, value] : vars) {
     const std::string why = check_value(name, value);

@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "interpose/control/symbols.hpp"
-#include "interpose/control/trace_reader.hpp"
+#include "observe/symbols.hpp"
+#include "observe/trace_reader.hpp"
 
 namespace gpupool::launcher {
 

@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "config/outputs.hpp"
-#include "interpose/control/stats_format.hpp"
-#include "interpose/control/trace_reader.hpp"
 #include "launcher/launcher.hpp"
 #include "launcher/trace_tools.hpp"
+#include "observe/stats_format.hpp"
+#include "observe/trace_reader.hpp"
 
 namespace gpupool::launcher {
 namespace {

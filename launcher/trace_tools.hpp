@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "interpose/control/trace_reader.hpp"
+#include "observe/trace_reader.hpp"
 
 namespace gpupool::launcher {
 

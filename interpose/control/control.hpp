@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "interpose/control/stats_format.hpp"
+#include "observe/stats_format.hpp"
 
 namespace gpupool {
 struct Runtime;

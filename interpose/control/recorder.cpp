@@ -1,5 +1,7 @@
 #include "interpose/control/recorder.hpp"
 
+#include "observe/bytes.hpp"
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -12,22 +14,6 @@
 #endif
 
 namespace gpupool::control {
-namespace {
-
-std::string bytes_text(std::uint64_t b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
-  return buf;
-}
-
-}  // namespace
 
 void Recorder::on_allocate(const Arena& arena, const Block& block, bool hit) noexcept {
   const std::uint32_t site = sites_ ? sites_->capture(block.requested) : sites::kNoSite;
@@ -87,8 +73,8 @@ std::string Recorder::leak_report(long pid) {
   std::snprintf(head, sizeof head,
                 "gpupool %s leaks: pid %ld: %" PRIu64 " block%s (%s) still held by the program at "
                 "exit, from %zu allocation site%s\n",
-                GPUPOOL_VERSION, pid, blocks, blocks == 1 ? "" : "s", bytes_text(total).c_str(),
-                order.size(), order.size() == 1 ? "" : "s");
+                GPUPOOL_VERSION, pid, blocks, blocks == 1 ? "" : "s",
+                observe::bytes_text(total).c_str(), order.size(), order.size() == 1 ? "" : "s");
   std::string out = head;
   if (blocks)
     out += "  (frameworks keep memory until exit on purpose: a cache or a model's weights is not "
@@ -104,7 +90,7 @@ std::string Recorder::leak_report(long pid) {
       rest_blocks += g.blocks;
       continue;
     }
-    out += "  " + bytes_text(g.bytes) + " in " + std::to_string(g.blocks) + " block" +
+    out += "  " + observe::bytes_text(g.bytes) + " in " + std::to_string(g.blocks) + " block" +
            (g.blocks == 1 ? "" : "s") + ", " + key.second + ":\n";
     if (sites_) {
       out += key.first == sites::kNoSite ? "      (not sampled: GPUPOOL_SITES records a sample)\n"
@@ -112,7 +98,7 @@ std::string Recorder::leak_report(long pid) {
     }
   }
   if (rest_blocks)
-    out += "  and " + bytes_text(rest_bytes) + " in " + std::to_string(rest_blocks) +
+    out += "  and " + observe::bytes_text(rest_bytes) + " in " + std::to_string(rest_blocks) +
            " blocks from " + std::to_string(order.size() - kShown) + " more sites\n";
   if (const std::uint64_t lost = unrecorded_.load(std::memory_order_relaxed))
     out += "  (" + std::to_string(lost) +

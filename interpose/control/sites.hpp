@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "config/config.hpp"
-#include "interpose/control/symbols.hpp"
+#include "observe/symbols.hpp"
 
 namespace gpupool::sites {
 

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "core/pool.hpp"
-#include "interpose/control/trace_reader.hpp"
+#include "observe/trace_reader.hpp"
 
 using namespace gpupool;
 
@@ -128,7 +128,7 @@ bool rmm_time(std::string_view s, std::uint64_t* ns) {
   return false;
 }
 
-// A paired trace::TraceFile (interpose/control/trace_reader.cpp, which also
+// A paired trace::TraceFile (observe/trace_reader.cpp, which also
 // pairs the RMM log's records) as the replay's events.
 Trace to_replay(const trace::TraceFile& f, const char* format) {
   Trace tr;

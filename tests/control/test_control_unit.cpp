@@ -13,7 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "interpose/control/stats_format.hpp"
+#include "observe/bytes.hpp"
+#include "observe/stats_format.hpp"
 
 using namespace gpupool;
 
@@ -64,6 +65,19 @@ TEST(StatsFormat, HumanBytes) {
   EXPECT_EQ(stats::human_bytes(100ull << 20), "100 MiB");
   EXPECT_EQ(stats::human_bytes(3ull << 30), "3.00 GiB");
   EXPECT_EQ(stats::human_bytes(UINT64_MAX), "16.0 EiB");
+}
+
+// The report's, the leak report's and `gpupool ps`'s style (docs/trace.md
+// shows it); above TiB it goes on in PiB and EiB like the dump's.
+TEST(Bytes, OneDecimal) {
+  EXPECT_EQ(observe::bytes_text(0), "0 B");
+  EXPECT_EQ(observe::bytes_text(1023), "1023 B");
+  EXPECT_EQ(observe::bytes_text(1024), "1.0 KiB");
+  EXPECT_EQ(observe::bytes_text(1536), "1.5 KiB");
+  EXPECT_EQ(observe::bytes_text(100ull << 20), "100.0 MiB");
+  EXPECT_EQ(observe::bytes_text(3ull << 30), "3.0 GiB");
+  EXPECT_EQ(observe::bytes_text(1ull << 50), "1.0 PiB");
+  EXPECT_EQ(observe::bytes_text(UINT64_MAX), "16.0 EiB");
 }
 
 TEST(StatsFormat, SignalNames) {

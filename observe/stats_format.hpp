@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/stats.hpp"
+#include "observe/bytes.hpp"
 
 namespace gpupool::stats {
 
@@ -50,8 +51,10 @@ std::string to_prometheus(const Report& report);
 // How every to_prometheus text begins (how gpupool knows its own files).
 inline constexpr const char* kPrometheusStart = "# HELP gpupool_info ";
 
-// 1536 -> "1.5 KiB"; below 1024 -> "512 B".
-std::string human_bytes(std::uint64_t bytes);
+// The dump's byte counts: 1536 -> "1.50 KiB"; below 1024 -> "512 B".
+inline std::string human_bytes(std::uint64_t bytes) {
+  return observe::bytes_text(bytes, observe::Digits::three_significant);
+}
 // "SIGUSR1", "SIGRTMIN+3", "none".
 std::string signal_name(int signo);
 std::string json_escape(const std::string& s);

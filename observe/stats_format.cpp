@@ -1,4 +1,4 @@
-#include "interpose/control/stats_format.hpp"
+#include "observe/stats_format.hpp"
 
 #include "config/config.hpp"
 
@@ -99,18 +99,6 @@ std::string prom_escape(const std::string& s) {
 }
 
 }  // namespace
-
-std::string human_bytes(std::uint64_t bytes) {
-  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (bytes < 1024) return format("%" PRIu64 " B", bytes);
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 6) {
-    v /= 1024;
-    ++u;
-  }
-  return format(v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
 
 std::string signal_name(int signo) {
   // config's names (one table of them), in the dumps' SIG-prefixed form.

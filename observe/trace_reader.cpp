@@ -1,4 +1,4 @@
-#include "interpose/control/trace_reader.hpp"
+#include "observe/trace_reader.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -215,102 +215,126 @@ class Parser {
     tr_.records.push_back(r);
   }
 
+  // Every line but the header and the records' common shape; names any
+  // error.
   bool general(std::string_view line) {
-    if (line[0] == '#') {
-      const std::vector<std::string_view> f = fields(line);
-      if (f.size() == 5 && f[1] == "pid" && f[3] == "start_unix_ns") {
-        number(f[2], &tr_.pid);
-        number(f[4], &tr_.start_unix_ns);
-      } else if (f.size() == 3 && f[1] == "end") {
-        tr_.ended = number(f[2], &tr_.end_ns);
-      } else if (f.size() >= 2 && f[1] == "cmdline") {
-        tr_.cmdline = std::string(line.substr(std::min(line.size(), std::size_t(10))));
-      }
-      return true;
-    }
+    if (line[0] == '#') return comment(line);
     const std::vector<std::string_view> f = fields(line);
-    if (f[0] == "arena") {
-      ArenaDecl a;
-      if (f.size() < 4 || !number(f[1], &a.id)) return fail("expected 'arena ID KIND GROUP NAME'");
-      if (arena_of_.count(a.id)) return fail("arena " + std::to_string(a.id) + " declared twice");
-      a.kind = std::string(f[2]);
-      a.group = std::string(f[3]);
-      const std::size_t name_at =
-          f.size() > 4 ? static_cast<std::size_t>(f[4].data() - line.data()) : line.size();
-      a.name = std::string(line.substr(name_at));
-      const auto index = static_cast<std::uint32_t>(tr_.arenas.size());
-      arena_of_[a.id] = index;
-      // Ids count from 0 as the library writes them: found by index.
-      if (a.id < 65536) {
-        if (dense_arenas_.size() <= a.id) dense_arenas_.resize(a.id + 1, UINT32_MAX);
-        dense_arenas_[a.id] = index;
-      }
-      tr_.arenas.push_back(std::move(a));
-      return true;
-    }
+    if (f[0] == "arena") return arena(line, f);
     // Sites (version 2): declared before the records that name them.
-    auto rest_from = [&](std::size_t k) {
-      return k < f.size()
-                 ? std::string(line.substr(static_cast<std::size_t>(f[k].data() - line.data())))
-                 : std::string();
-    };
-    if (tr_.version >= 2 && f[0] == "module") {
-      ModuleDecl m;
-      if (f.size() < 7 || !number(f[1], &m.id) || m.id != tr_.modules.size() ||
-          !number(f[2], &m.start, 16) || !number(f[3], &m.end, 16) || !number(f[4], &m.bias, 16) ||
-          m.end < m.start)
-        return fail("expected 'module ID START END BIAS BUILDID PATH' (ids in order from 0)");
-      if (f[5] != "-") m.build_id = std::string(f[5]);
-      m.path = rest_from(6);
-      tr_.modules.push_back(std::move(m));
-      return true;
+    if (tr_.version >= 2 && f[0] == "module") return module(line, f);
+    if (tr_.version >= 2 && f[0] == "pyframe") return pyframe(line, f);
+    if (tr_.version >= 2 && f[0] == "site") return site(f);
+    return record(f);
+  }
+
+  // The text of line from field k on ("" where there is none).
+  static std::string rest_from(std::string_view line, const std::vector<std::string_view>& f,
+                               std::size_t k) {
+    return k < f.size()
+               ? std::string(line.substr(static_cast<std::size_t>(f[k].data() - line.data())))
+               : std::string();
+  }
+
+  bool comment(std::string_view line) {
+    const std::vector<std::string_view> f = fields(line);
+    if (f.size() == 5 && f[1] == "pid" && f[3] == "start_unix_ns") {
+      number(f[2], &tr_.pid);
+      number(f[4], &tr_.start_unix_ns);
+    } else if (f.size() == 3 && f[1] == "end") {
+      tr_.ended = number(f[2], &tr_.end_ns);
+    } else if (f.size() >= 2 && f[1] == "cmdline") {
+      tr_.cmdline = std::string(line.substr(std::min(line.size(), std::size_t(10))));
     }
-    if (tr_.version >= 2 && f[0] == "pyframe") {
-      PyFrameDecl p;
-      std::uint64_t ln = 0;
-      if (f.size() < 5 || !number(f[1], &p.id) || p.id != tr_.pyframes.size() ||
-          !number(f[2], &ln) || ln > UINT32_MAX)
-        return fail("expected 'pyframe ID LINE FUNC FILE' (ids in order from 0)");
-      p.line = static_cast<std::uint32_t>(ln);
-      p.func = std::string(f[3]);
-      p.file = rest_from(4);
-      tr_.pyframes.push_back(std::move(p));
-      return true;
+    return true;
+  }
+
+  bool arena(std::string_view line, const std::vector<std::string_view>& f) {
+    ArenaDecl a;
+    if (f.size() < 4 || !number(f[1], &a.id)) return fail("expected 'arena ID KIND GROUP NAME'");
+    if (arena_of_.count(a.id)) return fail("arena " + std::to_string(a.id) + " declared twice");
+    a.kind = std::string(f[2]);
+    a.group = std::string(f[3]);
+    const std::size_t name_at =
+        f.size() > 4 ? static_cast<std::size_t>(f[4].data() - line.data()) : line.size();
+    a.name = std::string(line.substr(name_at));
+    const auto index = static_cast<std::uint32_t>(tr_.arenas.size());
+    arena_of_[a.id] = index;
+    // Ids count from 0 as the library writes them: found by index.
+    if (a.id < 65536) {
+      if (dense_arenas_.size() <= a.id) dense_arenas_.resize(a.id + 1, UINT32_MAX);
+      dense_arenas_[a.id] = index;
     }
-    if (tr_.version >= 2 && f[0] == "site") {
-      SiteDecl st;
-      bool ok = f.size() == 4 && number(f[1], &st.id) && st.id == tr_.sites.size();
-      auto list = [&](std::string_view v, int base, auto&& add) {
-        if (v == "-") return true;
-        std::size_t i = 0;
-        while (i <= v.size()) {
-          std::size_t j = v.find(',', i);
-          if (j == std::string_view::npos) j = v.size();
-          std::uint64_t x = 0;
-          if (!number(v.substr(i, j - i), &x, base) || !add(x)) return false;
-          i = j + 1;
-        }
-        return true;
-      };
-      ok = ok &&
-           list(f[2], 16,
-                [&](std::uint64_t x) {
-                  st.pcs.push_back(x);
-                  return true;
-                }) &&
-           list(f[3], 10, [&](std::uint64_t x) {
-             if (x >= tr_.pyframes.size()) return false;
-             st.pyframes.push_back(static_cast<std::uint32_t>(x));
-             return true;
-           });
-      if (!ok)
-        return fail(
-            "expected 'site ID PC,PC,...|- PYFRAME,...|-' (ids in order from 0, Python frames "
-            "declared before)");
-      st.modules_end = tr_.modules.size();
-      tr_.sites.push_back(std::move(st));
-      return true;
+    tr_.arenas.push_back(std::move(a));
+    return true;
+  }
+
+  bool module(std::string_view line, const std::vector<std::string_view>& f) {
+    ModuleDecl m;
+    if (f.size() < 7 || !number(f[1], &m.id) || m.id != tr_.modules.size() ||
+        !number(f[2], &m.start, 16) || !number(f[3], &m.end, 16) || !number(f[4], &m.bias, 16) ||
+        m.end < m.start)
+      return fail("expected 'module ID START END BIAS BUILDID PATH' (ids in order from 0)");
+    if (f[5] != "-") m.build_id = std::string(f[5]);
+    m.path = rest_from(line, f, 6);
+    tr_.modules.push_back(std::move(m));
+    return true;
+  }
+
+  bool pyframe(std::string_view line, const std::vector<std::string_view>& f) {
+    PyFrameDecl p;
+    std::uint64_t ln = 0;
+    if (f.size() < 5 || !number(f[1], &p.id) || p.id != tr_.pyframes.size() ||
+        !number(f[2], &ln) || ln > UINT32_MAX)
+      return fail("expected 'pyframe ID LINE FUNC FILE' (ids in order from 0)");
+    p.line = static_cast<std::uint32_t>(ln);
+    p.func = std::string(f[3]);
+    p.file = rest_from(line, f, 4);
+    tr_.pyframes.push_back(std::move(p));
+    return true;
+  }
+
+  // A comma-separated list of numbers in `base`, or "-": each given to
+  // add, which may refuse it.
+  template <class Add>
+  static bool number_list(std::string_view v, int base, Add&& add) {
+    if (v == "-") return true;
+    std::size_t i = 0;
+    while (i <= v.size()) {
+      std::size_t j = v.find(',', i);
+      if (j == std::string_view::npos) j = v.size();
+      std::uint64_t x = 0;
+      if (!number(v.substr(i, j - i), &x, base) || !add(x)) return false;
+      i = j + 1;
     }
+    return true;
+  }
+
+  bool site(const std::vector<std::string_view>& f) {
+    SiteDecl st;
+    const bool ok =
+        f.size() == 4 && number(f[1], &st.id) && st.id == tr_.sites.size() &&
+        number_list(f[2], 16,
+                    [&](std::uint64_t x) {
+                      st.pcs.push_back(x);
+                      return true;
+                    }) &&
+        number_list(f[3], 10, [&](std::uint64_t x) {
+          if (x >= tr_.pyframes.size()) return false;
+          st.pyframes.push_back(static_cast<std::uint32_t>(x));
+          return true;
+        });
+    if (!ok)
+      return fail(
+          "expected 'site ID PC,PC,...|- PYFRAME,...|-' (ids in order from 0, Python frames "
+          "declared before)");
+    st.modules_end = tr_.modules.size();
+    tr_.sites.push_back(std::move(st));
+    return true;
+  }
+
+  // A record the fast path did not take: read again, any error named.
+  bool record(const std::vector<std::string_view>& f) {
     Record r;
     r.line = line32();
     r.alloc = f[0] == "a";

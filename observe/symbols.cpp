@@ -1,4 +1,4 @@
-#include "interpose/control/symbols.hpp"
+#include "observe/symbols.hpp"
 
 #include "config/io.hpp"
 
