@@ -35,6 +35,9 @@ constexpr unsigned kParts = static_cast<unsigned>(ForkPart::count);
 // allocates, and a failure there costs the child its pooling of what
 // failed, not its life (pthread_atfork handlers must not throw).
 void fork_prepare() {
+  // From here to the parent's or the child's handler this thread holds
+  // every lock of a rank at once (core/lock_rank.hpp).
+  lock_rank::entering_fork();
   for (unsigned i = 0; i < kParts; ++i)
     if (g_fork[i].prepare) g_fork[i].prepare();
 }
@@ -42,11 +45,13 @@ void fork_prepare() {
 void fork_parent() {
   for (unsigned i = kParts; i-- > 0;)
     if (g_fork[i].parent) g_fork[i].parent();
+  lock_rank::leaving_fork();
 }
 
 void fork_child() {
   for (unsigned i = kParts; i-- > 0;)
     if (g_fork[i].child) g_fork[i].child();
+  lock_rank::leaving_fork();
   for (unsigned i = 0; i < kParts; ++i) {
     try {
       if (g_fork[i].renew) g_fork[i].renew();

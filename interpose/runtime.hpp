@@ -53,8 +53,8 @@ std::uint64_t mono_ns() noexcept;
 bool exiting();
 
 // fork(). Every part of gpupool that keeps locks registers its handlers
-// under its place in the one lock order below; the runtime's single
-// pthread_atfork handler calls them:
+// under its place below; the runtime's single pthread_atfork handler calls
+// them:
 //   prepare  in this order, taking the part's locks (so no lock is held by
 //            a thread the child will not have);
 //   parent   in reverse order, releasing them;
@@ -62,16 +62,17 @@ bool exiting();
 //   renew    in this order, in the child once every lock is free: the
 //            child's own start (the parent's contexts and files are not
 //            its own).
-// The order is the order in which gpupool's code nests these locks: a part
-// only ever takes locks of parts after it while holding its own.
+// The parts are in the order of their locks' ranks (core/lock_rank.hpp),
+// and each takes its own in rank order: prepare takes every lock in the
+// table's order.
 enum class ForkPart : unsigned {
   round,    // the control thread's round (it allocates, and takes every lock below)
-  cuda,     // contexts' teardown locks, the context registry, pointer maps
-  opencl,   // the context map, each context, buffer and queue registries
+  cuda,     // the solo rule, contexts' teardown locks, the registry, fence syncs, pointer maps
+  opencl,   // the context map, the records, each context, buffer/SVM/callback/queue maps
   node,     // no lock: waits for NVML calls in flight; the child starts anew (node.cpp)
   pool,     // arena list, arenas' slow locks and shards
-  trace,    // per-thread buffers, the trace file
-  control,  // warnings (its work lock protects no data: made new in the child)
+  trace,    // the observer: per-thread trace buffers, the trace file, the sites, the recorder
+  control,  // warnings, requests (its work lock protects no data: made new in the child)
   log,      // the logger's sink
   files,    // the files thread's queue: last, since every part above may
             // hand it work while holding its own locks (config/io.hpp)

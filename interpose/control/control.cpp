@@ -72,6 +72,8 @@ void at_exit_locked_dump() {
   poke();
   // Waits for a dump or action in progress on the control thread (its
   // writes are bounded); after that the control thread does nothing more.
+  // Polled: the wait must be bounded (a stuck driver or NVML call must not
+  // hang the exit) and timed locks escape ThreadSanitizer.
   std::unique_lock lock(st.work_mu, std::try_to_lock);
   for (const std::uint64_t give_up = mono_ns() + 2 * io::kWriteTimeoutNs; !lock.owns_lock();) {
     if (mono_ns() >= give_up) {
@@ -113,15 +115,31 @@ void set_paths(State& st, bool child) {
   st.prometheus_path = st.prometheus_names.empty() ? std::string() : st.prometheus_names[0];
 }
 
-// fork(): see runtime.hpp. The work lock serializes, it protects no data:
-// the child gets a new one rather than the parent waiting for a dump.
-// The tracer's locks before the recorder's: a drain holds a buffer's and the
-// file's lock while it asks the sites for their declarations (the sites'
-// lock, which the recorder's fork_prepare takes first).
-void fork_prepare() {
+// fork(): see runtime.hpp. The observer's part (ForkPart::trace): the
+// tracer's locks, then the recorder's (the sites', then its shards), in
+// rank order (core/lock_rank.hpp).
+void fork_trace_prepare() {
   if (!g_state) return;
   if (g_state->tracer) g_state->tracer->fork_prepare();
   if (g_state->recorder) g_state->recorder->fork_prepare();
+}
+
+void fork_trace_parent() {
+  if (!g_state) return;
+  if (g_state->recorder) g_state->recorder->fork_parent();
+  if (g_state->tracer) g_state->tracer->fork_parent();
+}
+
+void fork_trace_child() {
+  if (!g_state) return;
+  if (g_state->recorder) g_state->recorder->fork_child();
+  if (g_state->tracer) g_state->tracer->fork_child();
+}
+
+// The control part. The work lock serializes, it protects no data: the
+// child gets a new one rather than the parent waiting for a dump.
+void fork_prepare() {
+  if (!g_state) return;
   g_state->warn_mu.lock();
   g_state->req_mu.lock();
 }
@@ -130,21 +148,18 @@ void fork_parent() {
   if (!g_state) return;
   g_state->req_mu.unlock();
   g_state->warn_mu.unlock();
-  if (g_state->recorder) g_state->recorder->fork_parent();
-  if (g_state->tracer) g_state->tracer->fork_parent();
 }
 
 void fork_child() {
   if (!g_state) return;
   State& st = *g_state;
-  st.warn_mu.unlock();
-  new (&st.work_mu) std::mutex;
-  // The server thread and its requests are the parent's.
-  new (&st.req_mu) std::mutex;
-  new (&st.req_cv) std::condition_variable;
+  new (&st.work_mu) decltype(st.work_mu);
+  // The server thread and its requests are the parent's (a condition
+  // variable would wait for the parent's waiter to wake).
+  new (&st.req_cv) std::condition_variable_any;
   new (&st.requests) std::deque<State::Request*>;
-  if (st.recorder) st.recorder->fork_child();
-  if (st.tracer) st.tracer->fork_child();
+  st.req_mu.unlock();
+  st.warn_mu.unlock();
   st.thread_running.store(false);
 }
 
@@ -177,13 +192,11 @@ void fork_round_prepare() {
 void fork_round_parent() {
   if (g_state) g_state->round_mu.unlock();
 }
-void fork_round_child() {
-  if (g_state) new (&g_state->round_mu) std::mutex;
-}
-
 const bool g_fork_registered =
     (set_fork_handlers(ForkPart::control, {fork_prepare, fork_parent, fork_child, fork_renew}),
-     set_fork_handlers(ForkPart::round, {fork_round_prepare, fork_round_parent, fork_round_child,
+     set_fork_handlers(ForkPart::trace, {fork_trace_prepare, fork_trace_parent, fork_trace_child,
+                                         nullptr}),
+     set_fork_handlers(ForkPart::round, {fork_round_prepare, fork_round_parent, fork_round_parent,
                                          nullptr}),
      true);
 

@@ -71,8 +71,8 @@ struct State {
     std::string answer;
     bool done = false;
   };
-  std::mutex req_mu;
-  std::condition_variable req_cv;
+  Ranked<LockRank::control_requests> req_mu;
+  std::condition_variable_any req_cv;
   std::deque<Request*> requests;
 
   trace::Tracer* tracer = nullptr;
@@ -80,13 +80,13 @@ struct State {
   std::atomic<bool> thread_running{false};
   // Serializes dumps and pool actions between the control thread, the
   // at-exit dump and the C API. The exit handler waits for it a bounded
-  // time (try_lock, polled: timed locks escape ThreadSanitizer).
-  std::mutex work_mu;
+  // time (at_exit_locked_dump).
+  Ranked<LockRank::control_work> work_mu;
   // Held by the control thread for each round of work (everything but its
   // wait for a poke), and by fork()'s prepare: the child never inherits a lock
   // or an allocator's lock that this thread took mid-round (see fork_round).
-  std::mutex round_mu;
-  std::mutex warn_mu;
+  Ranked<LockRank::control_round> round_mu;
+  Ranked<LockRank::control_warnings> warn_mu;
   // Each distinct warning once, with how often it came: a program that keeps
   // swapping a signal handler repeats one warning forever. The texts are a
   // few fixed phrases filled with signal names and error strings, so the

@@ -39,7 +39,7 @@ constexpr std::size_t kRing = 1024;
 struct ThreadBuf {
   std::atomic<std::uint64_t> head{0};
   std::atomic<std::uint64_t> tail{0};
-  std::mutex drain_mu;
+  Ranked<LockRank::trace_buffer> drain_mu;
   std::atomic<bool> in_use{true};
   ThreadBuf* next = nullptr;
   Record recs[kRing];
@@ -122,7 +122,7 @@ struct Tracer::Impl {
   std::uint64_t t0 = 0;  // CLOCK_MONOTONIC at the trace's start: records' times count from it
   std::atomic<ThreadBuf*> bufs{nullptr};
   pthread_key_t key{};
-  std::mutex write_mu;  // the file, the arena ids and the declarations written
+  Ranked<LockRank::trace_file> write_mu;  // the file, the arena ids and the declarations written
   std::vector<const Arena*> arena_ids;
   sites::Sites* sites = nullptr;
   std::size_t declarations_written = 0;  // of sites->declarations(), in this file

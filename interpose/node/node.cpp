@@ -66,11 +66,10 @@ struct Device {
   std::uint64_t arrival_until = 0;
 };
 
-// Lock order: mu is taken after the CUDA room's locks (add_device runs
-// under them) and nothing is called while holding it: the pool, the driver
-// and NVML are called with it released (runtime.hpp's fork order).
+// Nothing is called while holding mu: the pool, the driver and NVML are
+// called with it released (its rank: core/lock_rank.hpp).
 struct State {
-  std::mutex mu;                // devices (the list), registry (set once)
+  Ranked<LockRank::node_devices> mu;  // devices (the list), registry (set once)
   std::deque<Device> devices;   // stable addresses: the control thread works outside mu
   std::unique_ptr<Registry> registry;
   bool registry_tried = false;
