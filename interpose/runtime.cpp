@@ -122,12 +122,6 @@ Runtime* create() {
 
 }  // namespace
 
-std::uint64_t mono_ns() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::uint64_t(ts.tv_sec) * 1'000'000'000ull + std::uint64_t(ts.tv_nsec);
-}
-
 void set_fork_handlers(ForkPart part, ForkHandlers handlers) {
   g_fork[static_cast<unsigned>(part)] = handlers;
 }

@@ -45,9 +45,6 @@ Runtime* runtime_if_started();
 void internal_failure(const char* where) noexcept;
 std::uint64_t internal_failures() noexcept;
 
-// CLOCK_MONOTONIC in ns: deadlines and durations, for every room.
-std::uint64_t mono_ns() noexcept;
-
 // True once exit has begun (atexit ran): no more calls into drivers that may
 // already be torn down.
 bool exiting();

@@ -75,8 +75,8 @@ void at_exit_locked_dump() {
   // Polled: the wait must be bounded (a stuck driver or NVML call must not
   // hang the exit) and timed locks escape ThreadSanitizer.
   std::unique_lock lock(st.work_mu, std::try_to_lock);
-  for (const std::uint64_t give_up = mono_ns() + 2 * io::kWriteTimeoutNs; !lock.owns_lock();) {
-    if (mono_ns() >= give_up) {
+  for (const std::uint64_t give_up = io::mono_ns() + 2 * io::kWriteTimeoutNs; !lock.owns_lock();) {
+    if (io::mono_ns() >= give_up) {
       st.dumps_dropped.fetch_add(1, std::memory_order_relaxed);
       return;
     }
@@ -225,7 +225,7 @@ void update_prometheus(State& st, const stats::Report& r) {
       st.prometheus_path = st.prometheus_names[st.prometheus_next];
     // A killed process's file (nobody holds it) would be exported forever:
     // the next gpupool process writing beside it removes it.
-    const std::uint64_t now = mono_ns();
+    const std::uint64_t now = io::mono_ns();
     if (h == io::Hold::held &&
         (st.prometheus_swept_ns == 0 || now - st.prometheus_swept_ns >= kSweepPeriod)) {
       st.prometheus_swept_ns = now;
