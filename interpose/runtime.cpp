@@ -95,6 +95,8 @@ Runtime* create() {
   // Never destroyed: hooks may still run from other threads or atexit
   // handlers while the process exits.
   auto* rt = new Runtime{cfg, Pool(pool_options(cfg))};
+  rt->control = control::new_state(*rt);
+  rt->node.store(node::new_state(), std::memory_order_relaxed);
   // The one shutdown flag: from now on no call into drivers that may be
   // torn down, and the control thread stops; then the exit dump.
   std::atexit([] {

@@ -49,8 +49,9 @@ struct Client {
   bool foreign = false;
 };
 
-// Everything else; allocated at start and never destroyed, since the control
-// thread and hooks may run while the process exits.
+// Everything else: the room's state, made by the runtime's create()
+// (new_state) and never destroyed, since the control thread and hooks may
+// run while the process exits.
 struct State {
   Runtime* rt = nullptr;
   // The control socket, a number of the private table: only the server
@@ -108,7 +109,12 @@ struct State {
   std::atomic<std::uint64_t> dumps_dropped{0};
   std::atomic<std::uint64_t> prometheus_dropped{0};  // updates of the Prometheus file that failed
 };
-extern State* g_state;
+// The room's state (Runtime::control, made with the runtime): nullptr before
+// the runtime exists, and when gpupool is disabled.
+inline State* state() {
+  Runtime* rt = runtime_if_started();
+  return rt ? rt->control : nullptr;
+}
 
 // Logged as a warning the first time and kept for the dumps' warnings; a
 // repeat only counts ("... (3 times)" in the dumps).

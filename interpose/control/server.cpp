@@ -61,7 +61,7 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
            (a == kStopHolding ? "holding stopped: freed blocks are now released at once\n" : "");
   }
   if (req.rfind("release ", 0) == 0) {  // another gpupool process ran out of memory
-    std::unique_lock lock(g_state->work_mu);
+    std::unique_lock lock(state()->work_mu);
     if (exiting()) return "error exiting the process is exiting\n";
     return node::answer_release(rt, std::string_view(req).substr(8), foreign);
   }
@@ -319,7 +319,7 @@ bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& 
 }  // namespace
 
 void start_server(Runtime& rt) {
-  State& st = *g_state;
+  State& st = *state();
   if (!st.listen.valid()) return;
   if (!io::start_private_thread(server_main, &st))
     add_warning("control socket thread not started: `gpupool stats PID` cannot reach this process");
@@ -327,14 +327,14 @@ void start_server(Runtime& rt) {
 }
 
 bool requests_waiting() {
-  State& st = *g_state;
+  State& st = *state();
   std::lock_guard lock(st.req_mu);
   return !st.requests.empty();
 }
 
 // On the control thread.
 void answer_requests(Runtime& rt) {
-  State& st = *g_state;
+  State& st = *state();
   for (;;) {
     State::Request* req = nullptr;
     {

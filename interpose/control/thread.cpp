@@ -62,7 +62,7 @@ void* control_thread(void* arg) {
   // Named by itself: naming another thread opens /proc/self/task/TID/comm.
   pthread_setname_np(pthread_self(), "gpupool-ctl");
 #endif
-  State& st = *g_state;
+  State& st = *state();
   const config::Config& cfg = rt.config;
 
   const std::uint64_t interval = cfg.stats_interval_ns;
@@ -178,7 +178,7 @@ void* control_thread(void* arg) {
 }  // namespace
 
 void start_thread(Runtime& rt) {
-  State& st = *g_state;
+  State& st = *state();
   // Every signal blocked: program signals always land on program threads,
   // whose handlers only poke the channel.
   st.thread_running.store(true);

@@ -66,8 +66,12 @@ struct Device {
   std::uint64_t arrival_until = 0;
 };
 
-// Nothing is called while holding mu: the pool, the driver and NVML are
-// called with it released (its rank: core/lock_rank.hpp).
+}  // namespace
+
+// The room's state (Runtime::node), made with the runtime; never destroyed:
+// used during exit. A forked child gets a new one. Nothing is called while
+// holding mu: the pool, the driver and NVML are called with it released
+// (its rank: core/lock_rank.hpp).
 struct State {
   Ranked<LockRank::node_devices> mu;  // devices (the list), registry (set once)
   std::deque<Device> devices;   // stable addresses: the control thread works outside mu
@@ -77,16 +81,14 @@ struct State {
   // The control thread's:
   std::uint64_t next_publish = 0, next_watch = 0;
 };
-// Never destroyed: used during exit. A forked child gets a new one.
-std::atomic<State*> g_state{nullptr};
-State& state() {
-  State* s = g_state.load(std::memory_order_acquire);
-  if (s) return *s;
-  State* fresh = new State;
-  if (g_state.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) return *fresh;
-  delete fresh;
-  return *s;
-}
+
+State* new_state() { return new State; }
+
+namespace {
+
+// Every caller runs inside the runtime (a hook, its backends, its control
+// thread, its exit handler).
+State& state() { return *runtime_if_started()->node.load(std::memory_order_acquire); }
 
 void open_registry(Runtime& rt, State& s) {
   if (s.registry_tried || rt.config.neighbours == config::Neighbours::off) return;
@@ -513,14 +515,15 @@ namespace {
   set_fork_handlers(ForkPart::node, {nvml_fork_prepare, nvml_fork_parent,
                                      [] {
                                        nvml_fork_child();
-                                       State* old = g_state.load(std::memory_order_relaxed);
-                                       if (!old) return;
+                                       Runtime* rt = runtime_if_started();
+                                       if (!rt) return;
+                                       State* old = rt->node.load(std::memory_order_relaxed);
                                        auto* fresh = new (std::nothrow) State;
                                        if (!fresh) return;  // out of memory: keep the parent's
                                        fresh->registry = std::move(old->registry);
                                        fresh->registry_tried = old->registry_tried;
                                        if (fresh->registry) fresh->registry->forget_slot();
-                                       g_state.store(fresh, std::memory_order_release);
+                                       rt->node.store(fresh, std::memory_order_release);
                                      },
                                      nullptr});
   return true;
