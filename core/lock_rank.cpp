@@ -46,6 +46,8 @@ void taking(LockRank rank) {
   ++t_held.count[r];
 }
 
+void took(LockRank rank) { ++t_held.count[static_cast<unsigned>(rank)]; }
+
 void released(LockRank rank) {
   std::uint32_t& n = t_held.count[static_cast<unsigned>(rank)];
   if (n == 0) fail("releasing", rank, -1);

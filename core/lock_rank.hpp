@@ -1,6 +1,7 @@
 // Lock ranks: the one order in which gpupool's locks nest.
 //
-// Every lock has a rank from the table below. A thread may take a lock only
+// Every lock of core/ and interpose/ has a rank from the table below (config/'s
+// logger and files thread excepted: see the table). A thread may take a lock only
 // while each lock it already holds ranks lower; several locks of one rank
 // are held together only by fork handlers, which take every lock at once
 // (lock_rank::entering_fork). Debug builds (GPUPOOL_LOCK_RANKS, defined for
@@ -11,24 +12,82 @@
 #pragma once
 
 #include <mutex>
+#include <new>
 
 // X(id, name), lowest rank first: a lock ranks after every lock that may be
-// held when it is taken.
+// held when it is taken. Each lock's comment says what it guards and what
+// it is held around.
 //
-// interpose/'s locks go before `pool_arenas`: they are held while calling
-// into the pool (a context's teardown lock around retire_arena, the context
-// registry around add_arena), and the pool holds none of its own while it
-// calls a backend or its observer (only Backend::passed, which takes no
-// lock, runs under the shard and segment locks).
-#define GPUPOOL_LOCK_RANK_TABLE(X)                                                 \
-  /* ArenaList::mu_: the arena and group lists, the retired totals. */             \
-  X(pool_arenas, "pool arenas")                                                    \
-  /* Arena::slow_mu_: the counters of backend calls. */                            \
-  X(arena_counters, "arena counters")                                              \
-  /* Shard::mu (binned.hpp): a thread slot's bins and counters (the hit path). */ \
-  X(arena_shard, "arena shard")                                                    \
-  /* SegmentCache::mu_: an arena's segments and pieces. */                        \
-  X(arena_segments, "arena segments")
+// interpose/'s own locks go before `pool_arenas`: they are held while
+// calling into the pool (a context's teardown lock around retire_arena, the
+// context registries around add_arena). The pool holds none of its locks
+// while it calls a backend or its observer (only Backend::passed, which
+// takes no lock, runs under the shard and segment locks), so the
+// observer's locks (trace, sites, recorder) could rank either side of the
+// core's; they go after them, the order fork() takes them in (runtime.hpp's
+// ForkPart: pool, then trace, then control). config/'s logger and files
+// thread keep their own locks, taken last of all (ForkPart log, files), and
+// are not in the table.
+#define GPUPOOL_LOCK_RANK_TABLE(X)                                                         \
+  /* control: the control thread's round (internal.hpp); everything the */                \
+  /* thread does, the locks below included, runs under it. */                             \
+  X(control_round, "control round")                                                        \
+  /* control: dumps and pool actions, serialized (C API, socket, thread, exit). */        \
+  X(control_work, "control work")                                                          \
+  /* OpenCL: the ICD layer's start (layer.cpp), around the configuration's load. */       \
+  X(opencl_layer, "opencl layer start")                                                    \
+  /* CUDA: end_solo's lock (contexts.cpp), held while every context syncs. */             \
+  X(cuda_solo, "cuda solo rule")                                                           \
+  /* CUDA: a context's teardown lock (contexts.hpp), shared around backend */             \
+  /* calls on its memory, exclusive while it is torn down (the pool's */                  \
+  /* retire_arena and the pointer maps' erase_context run under it). */                   \
+  X(cuda_teardown, "cuda context teardown")                                                \
+  /* CUDA: the context registry (contexts.cpp), around add_arena and node::add_device. */ \
+  X(cuda_contexts, "cuda contexts")                                                        \
+  /* CUDA: a context's fence synchronization state (sync_mu; not held while syncing). */  \
+  X(cuda_sync, "cuda context sync")                                                        \
+  /* CUDA: a context's learnt row pitches (held around one driver call). */               \
+  X(cuda_pitch, "cuda pitches")                                                            \
+  /* CUDA: a pointer map's ordered view (pointers.hpp), then... */                        \
+  X(cuda_ranges, "cuda pointer ranges")                                                    \
+  /* ...one of its shards (the hit path's lookups). */                                     \
+  X(cuda_pointers, "cuda pointer shard")                                                   \
+  /* OpenCL: the context map (contexts.cpp). */                                            \
+  X(opencl_contexts, "opencl context map")                                                 \
+  /* OpenCL: every context record (fork() renews them). */                                \
+  X(opencl_records, "opencl context records")                                              \
+  /* OpenCL: one context (contexts.hpp), around add_arena and release_held. */            \
+  X(opencl_context, "opencl context")                                                      \
+  /* OpenCL: a shard of the buffer, SVM block and queue maps (the hit path), */           \
+  /* and the buffers' destructor callbacks; each held for one lookup. */                  \
+  X(opencl_buffers, "opencl buffer shard")                                                 \
+  X(opencl_svm, "opencl svm shard")                                                        \
+  X(opencl_callbacks, "opencl buffer callbacks")                                           \
+  X(opencl_queues, "opencl queue shard")                                                   \
+  /* node: the devices and the registry (node.cpp); nothing is called under it. */        \
+  X(node_devices, "node devices")                                                          \
+  /* node: the NVML session (nvml.cpp), around NVML's calls. */                            \
+  X(node_nvml, "node nvml session")                                                        \
+  /* core: ArenaList::mu_: the arena and group lists, the retired totals. */              \
+  X(pool_arenas, "pool arenas")                                                            \
+  /* core: Arena::slow_mu_: the counters of backend calls. */                             \
+  X(arena_counters, "arena counters")                                                      \
+  /* core: Shard::mu (binned.hpp): a thread slot's bins and counters (the hit path). */   \
+  X(arena_shard, "arena shard")                                                            \
+  /* core: SegmentCache::mu_: an arena's segments and pieces. */                          \
+  X(arena_segments, "arena segments")                                                      \
+  /* the observer: a thread's trace buffer while it is drained (trace.cpp), */            \
+  X(trace_buffer, "trace buffer")                                                          \
+  /* then the trace file, */                                                               \
+  X(trace_file, "trace file")                                                              \
+  /* then the allocation sites' table (sites.hpp), */                                     \
+  X(sites, "allocation sites")                                                             \
+  /* and, apart, one shard of the recorder's held blocks (recorder.hpp). */               \
+  X(recorder_shard, "recorder shard")                                                      \
+  /* control: the warnings kept for the dumps (internal.hpp). */                          \
+  X(control_warnings, "control warnings")                                                  \
+  /* control: the control socket's requests queue (internal.hpp). */                      \
+  X(control_requests, "control requests")
 
 namespace gpupool {
 
@@ -52,6 +111,9 @@ const char* name(LockRank rank);
 // use it in any): `taking` aborts if this thread holds a lock of `rank` or
 // higher (the same rank inside a ForkScope excepted), then counts it held.
 void taking(LockRank rank);
+// A lock taken without waiting (try_lock): it cannot deadlock, so its rank
+// is not checked; it counts as held, so what is taken under it is.
+void took(LockRank rank);
 void released(LockRank rank);
 void fork_begin();
 void fork_end();
@@ -65,6 +127,7 @@ void fork_end();
 #ifdef GPUPOOL_LOCK_RANKS
 inline namespace checked {
 inline void will_take(LockRank r) { taking(r); }
+inline void did_take(LockRank r) { took(r); }
 inline void did_release(LockRank r) { released(r); }
 // From a fork's prepare handler to its parent or child handler, where every
 // lock of a rank is taken at once.
@@ -74,6 +137,7 @@ inline void leaving_fork() { fork_end(); }
 #else
 inline namespace unchecked {
 inline void will_take(LockRank) {}
+inline void did_take(LockRank) {}
 inline void did_release(LockRank) {}
 inline void entering_fork() {}
 inline void leaving_fork() {}
@@ -88,7 +152,9 @@ inline namespace checked {
 inline namespace unchecked {
 #endif
 
-// A lock (std::mutex, SpinLock) with its rank: what every lock in gpupool is.
+// A lock (std::mutex, std::shared_mutex, SpinLock) with its rank: what every
+// lock of core/ and interpose/ is. In builds without the checks it is the
+// lock itself: nothing more on the hit path.
 template <LockRank R, class Lock = std::mutex>
 class Ranked {
  public:
@@ -97,8 +163,29 @@ class Ranked {
     lock_rank::will_take(R);
     lock_.lock();
   }
+  bool try_lock() {
+    if (!lock_.try_lock()) return false;
+    lock_rank::did_take(R);
+    return true;
+  }
   void unlock() {
     lock_.unlock();
+    lock_rank::did_release(R);
+  }
+  // A shared take (std::shared_mutex) ranks as an exclusive one.
+  void lock_shared() {
+    lock_rank::will_take(R);
+    lock_.lock_shared();
+  }
+  void unlock_shared() {
+    lock_.unlock_shared();
+    lock_rank::did_release(R);
+  }
+  // fork()'s child, for a lock its prepare handler took that cannot be
+  // unlocked there (a written std::shared_mutex names the parent's thread,
+  // which the child does not have): made new, and no longer held.
+  void remake_held_in_child() {
+    new (&lock_) Lock;
     lock_rank::did_release(R);
   }
 

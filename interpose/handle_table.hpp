@@ -10,7 +10,7 @@
 // Handle 0 marks an empty slot: no live handle of these APIs is 0.
 //
 // ShardedHandleTable: 2^ShardBits tables, each under its own SpinLock
-// (core/spin_lock.hpp), picked by a multiplicative hash of the handle:
+// (core/spin_lock.hpp) of rank R (core/lock_rank.hpp), picked by a multiplicative hash of the handle:
 // threads working on different handles meet at a lock only when their
 // handles share a shard.
 #pragma once
@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/lock_rank.hpp"
 #include "core/spin_lock.hpp"
 
 namespace gpupool {
@@ -117,13 +118,13 @@ class HandleTable {
   std::size_t count_ = 0;
 };
 
-template <class V, unsigned ShardBits>
+template <class V, unsigned ShardBits, LockRank R>
 class ShardedHandleTable {
   static_assert(ShardBits >= 1 && ShardBits < 32, "the shard is the hash's top ShardBits bits");
 
  public:
   struct alignas(64) Shard {
-    SpinLock mu;
+    Ranked<R, SpinLock> mu;
     HandleTable<V> map;
   };
   static constexpr unsigned kShards = 1u << ShardBits;

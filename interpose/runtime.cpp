@@ -35,6 +35,9 @@ constexpr unsigned kParts = static_cast<unsigned>(ForkPart::count);
 // allocates, and a failure there costs the child its pooling of what
 // failed, not its life (pthread_atfork handlers must not throw).
 void fork_prepare() {
+  // From here to the parent's or the child's handler this thread holds
+  // every lock of a rank at once (core/lock_rank.hpp).
+  lock_rank::entering_fork();
   for (unsigned i = 0; i < kParts; ++i)
     if (g_fork[i].prepare) g_fork[i].prepare();
 }
@@ -42,11 +45,13 @@ void fork_prepare() {
 void fork_parent() {
   for (unsigned i = kParts; i-- > 0;)
     if (g_fork[i].parent) g_fork[i].parent();
+  lock_rank::leaving_fork();
 }
 
 void fork_child() {
   for (unsigned i = kParts; i-- > 0;)
     if (g_fork[i].child) g_fork[i].child();
+  lock_rank::leaving_fork();
   for (unsigned i = 0; i < kParts; ++i) {
     try {
       if (g_fork[i].renew) g_fork[i].renew();
@@ -90,6 +95,8 @@ Runtime* create() {
   // Never destroyed: hooks may still run from other threads or atexit
   // handlers while the process exits.
   auto* rt = new Runtime{cfg, Pool(pool_options(cfg))};
+  rt->control = control::new_state(*rt);
+  rt->node.store(node::new_state(), std::memory_order_relaxed);
   // The one shutdown flag: from now on no call into drivers that may be
   // torn down, and the control thread stops; then the exit dump.
   std::atexit([] {
@@ -116,12 +123,6 @@ Runtime* create() {
 }
 
 }  // namespace
-
-std::uint64_t mono_ns() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::uint64_t(ts.tv_sec) * 1'000'000'000ull + std::uint64_t(ts.tv_nsec);
-}
 
 void set_fork_handlers(ForkPart part, ForkHandlers handlers) {
   g_fork[static_cast<unsigned>(part)] = handlers;

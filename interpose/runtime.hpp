@@ -1,6 +1,50 @@
-// The preloaded library's process-wide state: configuration, the one pool,
-// and the control thread. Created at the first intercepted call, never at
-// load time, and never destroyed (hooks may run during exit).
+// The preloaded library's process-wide state, in one place. Created at the
+// first intercepted call, never at load time, and never destroyed (hooks
+// may run during exit).
+//
+// State. Runtime (below) owns the configuration, the one pool and the
+// rooms' state objects: control::State (control/internal.hpp: the control
+// thread and socket, dumps, warnings, the Tracer and the Recorder, which
+// is the pool's observer) and node::State (node/node.cpp: this process's
+// GPUs and the node registry). What stays outside it, and why:
+//   - runtime.cpp: g_runtime, g_renew_control (every hook asks, before the
+//     runtime exists too), g_exiting (set at exit, read by hooks whether a
+//     runtime exists or not), the fork and housekeeping tables (filled by
+//     static initializers), the internal failure count.
+//   - the hit path's state, reached without the runtime (one guard or
+//     relaxed load, no indirection): cuda/driver.cpp's resolved driver table
+//     (g_resolved, g_driver; also read by the dlsym hook before the runtime
+//     exists), cuda/contexts.cpp's thread cache and generation, the solo
+//     rule's flags and the context ids' switch, cuda/pointers.hpp's pointer
+//     maps, opencl's buffer, queue and SVM maps and per-thread last arena.
+//   - the CUDA context registry and the solo rule's lock (cuda/contexts.cpp;
+//     cuDevicePrimaryCtxRetain records into it whether a runtime exists or
+//     not) and the OpenCL context map and records (opencl/contexts.cpp):
+//     leaked on first use, not yet rooms' State objects owned here.
+//   - opencl/layer.cpp: the ICD loader's and the layer's dispatch tables,
+//     set up by the loader before any runtime.
+//   - control/signals.cpp: the signal slots and the wake word, read by
+//     signal handlers (async-signal-safe: atomics only).
+//   - node/nvml.cpp: the NVML session and its fork gate (its own fork part).
+//   - config/: the configuration, the logger and the files thread.
+//
+// Start (runtime_slow, once): create() reads the configuration, moves
+// gpupool's files to their own descriptor table, starts the logger, makes
+// the pool and the rooms' state, registers the exit handler and the fork
+// handlers; the runtime is published; control::start then opens the sites,
+// the trace and the recorder (the pool's observer), installs the signal
+// handlers, binds the control socket and starts the control thread. The
+// CUDA and OpenCL rooms make their records at their first calls; their
+// fork parts register at static initialization.
+//
+// Fork: every part's handlers, in ForkPart order (below); the child then
+// renews each part, and its first intercepted call restarts the control
+// thread and socket (control::restart).
+//
+// Stop: the exit handler sets exiting() (no more driver calls; the control
+// thread stops), then control::at_exit (the last trace records, the exit
+// dump, the leak report, the Prometheus file removed), then node::at_exit
+// (this process leaves the registry). Nothing is destroyed.
 #pragma once
 
 #include <atomic>
@@ -13,9 +57,21 @@
 
 namespace gpupool {
 
+namespace control {
+struct State;
+}
+namespace node {
+struct State;
+}
+
 struct Runtime {
   const config::Config& config;
   Pool pool;
+  // The rooms' state, made by create() (runtime.cpp lists the process's
+  // state). Set before the runtime is published, so read without locks.
+  control::State* control = nullptr;
+  // A forked child's is new (node.cpp's fork handler).
+  std::atomic<node::State*> node{nullptr};
 };
 
 namespace detail {
@@ -45,16 +101,13 @@ Runtime* runtime_if_started();
 void internal_failure(const char* where) noexcept;
 std::uint64_t internal_failures() noexcept;
 
-// CLOCK_MONOTONIC in ns: deadlines and durations, for every room.
-std::uint64_t mono_ns() noexcept;
-
 // True once exit has begun (atexit ran): no more calls into drivers that may
 // already be torn down.
 bool exiting();
 
 // fork(). Every part of gpupool that keeps locks registers its handlers
-// under its place in the one lock order below; the runtime's single
-// pthread_atfork handler calls them:
+// under its place below; the runtime's single pthread_atfork handler calls
+// them:
 //   prepare  in this order, taking the part's locks (so no lock is held by
 //            a thread the child will not have);
 //   parent   in reverse order, releasing them;
@@ -62,16 +115,17 @@ bool exiting();
 //   renew    in this order, in the child once every lock is free: the
 //            child's own start (the parent's contexts and files are not
 //            its own).
-// The order is the order in which gpupool's code nests these locks: a part
-// only ever takes locks of parts after it while holding its own.
+// The parts are in the order of their locks' ranks (core/lock_rank.hpp),
+// and each takes its own in rank order: prepare takes every lock in the
+// table's order.
 enum class ForkPart : unsigned {
   round,    // the control thread's round (it allocates, and takes every lock below)
-  cuda,     // contexts' teardown locks, the context registry, pointer maps
-  opencl,   // the context map, each context, buffer and queue registries
+  cuda,     // the solo rule, contexts' teardown locks, the registry, fence syncs, pointer maps
+  opencl,   // the context map, the records, each context, buffer/SVM/callback/queue maps
   node,     // no lock: waits for NVML calls in flight; the child starts anew (node.cpp)
   pool,     // arena list, arenas' slow locks and shards
-  trace,    // per-thread buffers, the trace file
-  control,  // warnings (its work lock protects no data: made new in the child)
+  trace,    // the observer: per-thread trace buffers, the trace file, the sites, the recorder
+  control,  // warnings, requests (its work lock protects no data: made new in the child)
   log,      // the logger's sink
   files,    // the files thread's queue: last, since every part above may
             // hand it work while holding its own locks (config/io.hpp)

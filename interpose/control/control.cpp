@@ -20,19 +20,24 @@
 
 namespace gpupool::control {
 
-State* g_state = nullptr;
+State* new_state(Runtime& rt) {
+  auto* st = new State;
+  st->rt = &rt;
+  return st;
+}
 
 void add_warning(const std::string& w) {
+  State& st = *state();
   {
-    std::lock_guard lock(g_state->warn_mu);
+    std::lock_guard lock(st.warn_mu);
     bool repeat = false;
-    for (State::Warning& k : g_state->warnings)
+    for (State::Warning& k : st.warnings)
       if (k.text == w) {
         ++k.times;
         repeat = true;
         break;
       }
-    if (!repeat) g_state->warnings.push_back({w, 1});
+    if (!repeat) st.warnings.push_back({w, 1});
     if (repeat) return;
   }
   log().warn("{}", w);
@@ -67,14 +72,16 @@ bool append_dump(const std::string& path, const std::string& data, std::string* 
 }
 
 void at_exit_locked_dump() {
-  State& st = *g_state;
+  State& st = *state();
   if (!st.rt) return;
   poke();
   // Waits for a dump or action in progress on the control thread (its
   // writes are bounded); after that the control thread does nothing more.
+  // Polled: the wait must be bounded (a stuck driver or NVML call must not
+  // hang the exit) and timed locks escape ThreadSanitizer.
   std::unique_lock lock(st.work_mu, std::try_to_lock);
-  for (const std::uint64_t give_up = mono_ns() + 2 * io::kWriteTimeoutNs; !lock.owns_lock();) {
-    if (mono_ns() >= give_up) {
+  for (const std::uint64_t give_up = io::mono_ns() + 2 * io::kWriteTimeoutNs; !lock.owns_lock();) {
+    if (io::mono_ns() >= give_up) {
       st.dumps_dropped.fetch_add(1, std::memory_order_relaxed);
       return;
     }
@@ -113,45 +120,63 @@ void set_paths(State& st, bool child) {
   st.prometheus_path = st.prometheus_names.empty() ? std::string() : st.prometheus_names[0];
 }
 
-// fork(): see runtime.hpp. The work lock serializes, it protects no data:
-// the child gets a new one rather than the parent waiting for a dump.
-// The tracer's locks before the recorder's: a drain holds a buffer's and the
-// file's lock while it asks the sites for their declarations (the sites'
-// lock, which the recorder's fork_prepare takes first).
+// fork(): see runtime.hpp. The observer's part (ForkPart::trace): the
+// tracer's locks, then the recorder's (the sites', then its shards), in
+// rank order (core/lock_rank.hpp).
+void fork_trace_prepare() {
+  State* st = state();
+  if (!st) return;
+  if (st->tracer) st->tracer->fork_prepare();
+  if (st->recorder) st->recorder->fork_prepare();
+}
+
+void fork_trace_parent() {
+  State* st = state();
+  if (!st) return;
+  if (st->recorder) st->recorder->fork_parent();
+  if (st->tracer) st->tracer->fork_parent();
+}
+
+void fork_trace_child() {
+  State* st = state();
+  if (!st) return;
+  if (st->recorder) st->recorder->fork_child();
+  if (st->tracer) st->tracer->fork_child();
+}
+
+// The control part. The work lock serializes, it protects no data: the
+// child gets a new one rather than the parent waiting for a dump.
 void fork_prepare() {
-  if (!g_state) return;
-  if (g_state->tracer) g_state->tracer->fork_prepare();
-  if (g_state->recorder) g_state->recorder->fork_prepare();
-  g_state->warn_mu.lock();
-  g_state->req_mu.lock();
+  State* st = state();
+  if (!st) return;
+  st->warn_mu.lock();
+  st->req_mu.lock();
 }
 
 void fork_parent() {
-  if (!g_state) return;
-  g_state->req_mu.unlock();
-  g_state->warn_mu.unlock();
-  if (g_state->recorder) g_state->recorder->fork_parent();
-  if (g_state->tracer) g_state->tracer->fork_parent();
+  State* st = state();
+  if (!st) return;
+  st->req_mu.unlock();
+  st->warn_mu.unlock();
 }
 
 void fork_child() {
-  if (!g_state) return;
-  State& st = *g_state;
-  st.warn_mu.unlock();
-  new (&st.work_mu) std::mutex;
-  // The server thread and its requests are the parent's.
-  new (&st.req_mu) std::mutex;
-  new (&st.req_cv) std::condition_variable;
+  if (!state()) return;
+  State& st = *state();
+  new (&st.work_mu) decltype(st.work_mu);
+  // The server thread and its requests are the parent's (a condition
+  // variable would wait for the parent's waiter to wake).
+  new (&st.req_cv) std::condition_variable_any;
   new (&st.requests) std::deque<State::Request*>;
-  if (st.recorder) st.recorder->fork_child();
-  if (st.tracer) st.tracer->fork_child();
+  st.req_mu.unlock();
+  st.warn_mu.unlock();
   st.thread_running.store(false);
 }
 
 // The child's own start (it may allocate: see runtime.cpp).
 void fork_renew() {
-  if (!g_state) return;
-  State& st = *g_state;
+  if (!state()) return;
+  State& st = *state();
   // The parent's socket was in its files thread's table, which the child
   // does not have: nothing to close. Where there was none, it is a copy in
   // the child's table: closed (if the number is still that socket).
@@ -172,18 +197,16 @@ void fork_renew() {
 // AddressSanitizer's and ThreadSanitizer's before LLVM 18 and 19 do) is cut
 // off in the child. The wait is one round at most; the child's thread is new.
 void fork_round_prepare() {
-  if (g_state) g_state->round_mu.lock();
+  if (State* st = state()) st->round_mu.lock();
 }
 void fork_round_parent() {
-  if (g_state) g_state->round_mu.unlock();
+  if (State* st = state()) st->round_mu.unlock();
 }
-void fork_round_child() {
-  if (g_state) new (&g_state->round_mu) std::mutex;
-}
-
 const bool g_fork_registered =
     (set_fork_handlers(ForkPart::control, {fork_prepare, fork_parent, fork_child, fork_renew}),
-     set_fork_handlers(ForkPart::round, {fork_round_prepare, fork_round_parent, fork_round_child,
+     set_fork_handlers(ForkPart::trace, {fork_trace_prepare, fork_trace_parent, fork_trace_child,
+                                         nullptr}),
+     set_fork_handlers(ForkPart::round, {fork_round_prepare, fork_round_parent, fork_round_parent,
                                          nullptr}),
      true);
 
@@ -212,7 +235,7 @@ void update_prometheus(State& st, const stats::Report& r) {
       st.prometheus_path = st.prometheus_names[st.prometheus_next];
     // A killed process's file (nobody holds it) would be exported forever:
     // the next gpupool process writing beside it removes it.
-    const std::uint64_t now = mono_ns();
+    const std::uint64_t now = io::mono_ns();
     if (h == io::Hold::held &&
         (st.prometheus_swept_ns == 0 || now - st.prometheus_swept_ns >= kSweepPeriod)) {
       st.prometheus_swept_ns = now;
@@ -239,7 +262,7 @@ void update_prometheus(State& st, const stats::Report& r) {
 
 // Callers hold work_mu.
 bool dump_locked(Runtime& rt, const char* reason) {
-  State& st = *g_state;
+  State& st = *state();
   const stats::Report r = report(rt, reason);
   std::string text = rt.config.stats_format == config::StatsFormat::json ? stats::to_json(r) + "\n"
                                                                          : stats::to_text(r);
@@ -254,7 +277,7 @@ bool dump_locked(Runtime& rt, const char* reason) {
 }
 
 void write_prometheus(Runtime& rt) {
-  State& st = *g_state;
+  State& st = *state();
   // Serialized with dumps (which update the file too) and with the exit,
   // which removes it: no update may come after.
   std::unique_lock lock(st.work_mu);
@@ -263,7 +286,8 @@ void write_prometheus(Runtime& rt) {
 }
 
 stats::Report report(Runtime& rt, const char* reason) {
-  if (g_state) check_handlers();
+  State* st = state();
+  if (st) check_handlers();
   stats::Report r;
   r.version = GPUPOOL_VERSION;
   r.pid = static_cast<long>(getpid());
@@ -280,25 +304,25 @@ stats::Report report(Runtime& rt, const char* reason) {
     si.installed = si.signo > 0 && handler_installed(si.signo);
     r.signals.push_back(si);
   }
-  if (g_state) {
+  if (st) {
     {
-      std::lock_guard lock(g_state->warn_mu);
-      for (const State::Warning& w : g_state->warnings)
+      std::lock_guard lock(st->warn_mu);
+      for (const State::Warning& w : st->warnings)
         r.warnings.push_back(w.times == 1 ? w.text
                                           : w.text + " (" + std::to_string(w.times) + " times)");
     }
-    if (const std::uint64_t d = g_state->dumps_dropped.load())
+    if (const std::uint64_t d = st->dumps_dropped.load())
       r.warnings.push_back(std::to_string(d) + " stats dump" + (d == 1 ? "" : "s") +
                            " could not be written and " + (d == 1 ? "was" : "were") + " dropped");
-    if (const std::uint64_t d = g_state->prometheus_dropped.load())
+    if (const std::uint64_t d = st->prometheus_dropped.load())
       r.warnings.push_back(std::to_string(d) + " update" + (d == 1 ? "" : "s") +
                            " of the Prometheus file could not be written");
     if (const std::uint64_t d = internal_failures())
       r.warnings.push_back(std::to_string(d) + " call" + (d == 1 ? "" : "s") +
                            " failed inside gpupool (out of host memory?) and went to the "
                            "driver alone");
-    if (g_state->tracer)
-      if (const std::uint64_t d = g_state->tracer->records_dropped())
+    if (st->tracer)
+      if (const std::uint64_t d = st->tracer->records_dropped())
         r.warnings.push_back(std::to_string(d) + " trace record" + (d == 1 ? "" : "s") +
                              " could not be written and " + (d == 1 ? "was" : "were") + " dropped");
   }
@@ -311,8 +335,9 @@ std::string render(Runtime& rt, bool json, const char* reason) {
 }
 
 bool dump(Runtime& rt, const char* reason) {
-  if (!g_state) return false;
-  std::unique_lock lock(g_state->work_mu);
+  State* st = state();
+  if (!st) return false;
+  std::unique_lock lock(st->work_mu);
   if (exiting() && std::string(reason) != "exit") return false;
   return dump_locked(rt, reason);
 }
@@ -320,22 +345,24 @@ bool dump(Runtime& rt, const char* reason) {
 void wake() noexcept { poke(); }
 
 bool free_held(Runtime& rt) {
-  if (!g_state) {
+  State* st = state();
+  if (!st) {
     rt.pool.free_held();
     return true;
   }
-  std::unique_lock lock(g_state->work_mu);
+  std::unique_lock lock(st->work_mu);
   if (exiting()) return false;
   rt.pool.free_held();
   return true;
 }
 
 bool stop_holding(Runtime& rt) {
-  if (!g_state) {
+  State* st = state();
+  if (!st) {
     rt.pool.stop_holding();
     return true;
   }
-  std::unique_lock lock(g_state->work_mu);
+  std::unique_lock lock(st->work_mu);
   if (exiting()) return false;
   rt.pool.stop_holding();
   return true;
@@ -345,7 +372,7 @@ namespace {
 
 // The control socket, bound on the files thread, and its thread.
 void listen(Runtime& rt) {
-  State& st = *g_state;
+  State& st = *state();
   st.socket_taken.clear();
   st.listen_error = 0;
   io::in_private([&] { build_listen(st); });
@@ -363,11 +390,8 @@ void listen(Runtime& rt) {
 }  // namespace
 
 void start(Runtime& rt) {
-  if (g_state) return;
   (void)g_fork_registered;
-  auto* st = new State;
-  st->rt = &rt;
-  g_state = st;
+  State* st = rt.control;
   const config::Config& cfg = rt.config;
   set_paths(*st, /*child=*/false);
   sites::Sites* sites = sites::Sites::create(cfg.sites);
@@ -388,7 +412,7 @@ void start(Runtime& rt) {
 }
 
 void at_exit() noexcept {
-  if (!g_state) return;
+  if (!state()) return;
   try {
     at_exit_locked_dump();
   } catch (...) {
@@ -397,7 +421,7 @@ void at_exit() noexcept {
 }
 
 void restart(Runtime& rt) {
-  State* st = g_state;
+  State* st = rt.control;
   if (!st || st->thread_running.load() || exiting()) return;
   listen(rt);
   start_thread(rt);

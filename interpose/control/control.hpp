@@ -10,6 +10,11 @@ namespace gpupool {
 struct Runtime;
 namespace control {
 
+// The room's state (internal.hpp), made by the runtime's create(), before
+// start; never destroyed.
+struct State;
+State* new_state(Runtime& runtime);
+
 // Called once, right after the runtime is created (first intercepted call).
 // Installs signal handlers, registers the at-exit dump, opens the trace file
 // and starts the control thread as configured.

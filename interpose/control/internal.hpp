@@ -49,8 +49,9 @@ struct Client {
   bool foreign = false;
 };
 
-// Everything else; allocated at start and never destroyed, since the control
-// thread and hooks may run while the process exits.
+// Everything else: the room's state, made by the runtime's create()
+// (new_state) and never destroyed, since the control thread and hooks may
+// run while the process exits.
 struct State {
   Runtime* rt = nullptr;
   // The control socket, a number of the private table: only the server
@@ -71,8 +72,8 @@ struct State {
     std::string answer;
     bool done = false;
   };
-  std::mutex req_mu;
-  std::condition_variable req_cv;
+  Ranked<LockRank::control_requests> req_mu;
+  std::condition_variable_any req_cv;
   std::deque<Request*> requests;
 
   trace::Tracer* tracer = nullptr;
@@ -80,13 +81,13 @@ struct State {
   std::atomic<bool> thread_running{false};
   // Serializes dumps and pool actions between the control thread, the
   // at-exit dump and the C API. The exit handler waits for it a bounded
-  // time (try_lock, polled: timed locks escape ThreadSanitizer).
-  std::mutex work_mu;
+  // time (at_exit_locked_dump).
+  Ranked<LockRank::control_work> work_mu;
   // Held by the control thread for each round of work (everything but its
   // wait for a poke), and by fork()'s prepare: the child never inherits a lock
   // or an allocator's lock that this thread took mid-round (see fork_round).
-  std::mutex round_mu;
-  std::mutex warn_mu;
+  Ranked<LockRank::control_round> round_mu;
+  Ranked<LockRank::control_warnings> warn_mu;
   // Each distinct warning once, with how often it came: a program that keeps
   // swapping a signal handler repeats one warning forever. The texts are a
   // few fixed phrases filled with signal names and error strings, so the
@@ -108,7 +109,12 @@ struct State {
   std::atomic<std::uint64_t> dumps_dropped{0};
   std::atomic<std::uint64_t> prometheus_dropped{0};  // updates of the Prometheus file that failed
 };
-extern State* g_state;
+// The room's state (Runtime::control, made with the runtime): nullptr before
+// the runtime exists, and when gpupool is disabled.
+inline State* state() {
+  Runtime* rt = runtime_if_started();
+  return rt ? rt->control : nullptr;
+}
 
 // Logged as a warning the first time and kept for the dumps' warnings; a
 // repeat only counts ("... (3 times)" in the dumps).

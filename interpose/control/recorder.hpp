@@ -56,7 +56,7 @@ class Recorder final : public PoolObserver {
   // Sharded by handle: allocating threads rarely meet on one lock.
   static constexpr unsigned kShards = 16;
   struct alignas(64) Shard {
-    std::mutex mu;
+    Ranked<LockRank::recorder_shard> mu;
     std::unordered_map<Key, Held, KeyHash> held;
   };
   Shard& shard_of(std::uint64_t handle) { return shards_[(handle >> 8 ^ handle >> 20) % kShards]; }

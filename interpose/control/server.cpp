@@ -61,7 +61,7 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
            (a == kStopHolding ? "holding stopped: freed blocks are now released at once\n" : "");
   }
   if (req.rfind("release ", 0) == 0) {  // another gpupool process ran out of memory
-    std::unique_lock lock(g_state->work_mu);
+    std::unique_lock lock(state()->work_mu);
     if (exiting()) return "error exiting the process is exiting\n";
     return node::answer_release(rt, std::string_view(req).substr(8), foreign);
   }
@@ -86,7 +86,7 @@ void build_listen(State& st) {
   if (r != 0 && errno == EADDRINUSE) {
     unsigned char rnd[8] = {};
     if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof rnd)) {
-      const std::uint64_t t = mono_ns() ^ (std::uint64_t(pid) << 32);
+      const std::uint64_t t = io::mono_ns() ^ (std::uint64_t(pid) << 32);
       std::memcpy(rnd, &t, sizeof rnd);
     }
     char hex[17];
@@ -144,7 +144,7 @@ void accept_clients(State& st, std::vector<Client>& clients, std::vector<std::st
     Client cl;
     cl.fd = std::move(c);
     cl.foreign = foreign;
-    cl.deadline = mono_ns() + kRequestTimeoutNs;
+    cl.deadline = io::mono_ns() + kRequestTimeoutNs;
     clients.push_back(std::move(cl));
   }
 }
@@ -187,7 +187,7 @@ bool send_answer(Client& c) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return mono_ns() < c.deadline;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return io::mono_ns() < c.deadline;
     return false;
   }
   return false;  // answered
@@ -271,7 +271,7 @@ bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& 
         log().info("control socket: closed by the program; bound again as @{}", st.socket_name);
       }
     }
-    std::uint64_t now = mono_ns();
+    std::uint64_t now = io::mono_ns();
     std::uint64_t next = UINT64_MAX;
     fds.clear();
     fds.push_back({st.listen.get(), POLLIN, 0});
@@ -289,7 +289,7 @@ bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& 
     std::vector<std::string> notes;
     {
       io::PrivateWork work;  // fork() waits for this, never for the answers
-      now = mono_ns();
+      now = io::mono_ns();
       std::size_t i = 1;
       std::erase_if(clients, [&](Client& c) {
         const std::size_t j = i++;
@@ -309,7 +309,7 @@ bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& 
     for (Client* c : asking) {
       log().debug("control socket: '{}'", c->in);
       c->out = ask_control(st, *c);
-      c->deadline = mono_ns() + io::kWriteTimeoutNs;
+      c->deadline = io::mono_ns() + io::kWriteTimeoutNs;
     }
     if (!asking.empty()) {
       io::PrivateWork work;
@@ -322,7 +322,7 @@ bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& 
 }  // namespace
 
 void start_server(Runtime& rt) {
-  State& st = *g_state;
+  State& st = *state();
   if (!st.listen.valid()) return;
   if (!io::start_private_thread(server_main, &st))
     add_warning("control socket thread not started: `gpupool stats PID` cannot reach this process");
@@ -330,14 +330,14 @@ void start_server(Runtime& rt) {
 }
 
 bool requests_waiting() {
-  State& st = *g_state;
+  State& st = *state();
   std::lock_guard lock(st.req_mu);
   return !st.requests.empty();
 }
 
 // On the control thread.
 void answer_requests(Runtime& rt) {
-  State& st = *g_state;
+  State& st = *state();
   for (;;) {
     State::Request* req = nullptr;
     {

@@ -443,7 +443,7 @@ std::string Sites::describe(std::uint32_t site, const char* indent) {
 }
 
 std::uint64_t Sites::sampled() const {
-  std::lock_guard lock(const_cast<std::mutex&>(mu_));
+  std::lock_guard lock(mu_);
   return sampled_;
 }
 

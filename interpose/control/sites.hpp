@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "core/lock_rank.hpp"
 #include "observe/symbols.hpp"
 
 namespace gpupool::sites {
@@ -74,7 +75,7 @@ class Sites {
   void note_unloads();
 
   const config::SiteSampling sampling_;
-  std::mutex mu_;  // everything below
+  mutable Ranked<LockRank::sites> mu_;  // everything below
   std::vector<Module> modules_;
   // Shared objects unloaded so far (glibc's count) when last looked; the
   // modules before modules_from_ were declared before the latest unload and

@@ -62,7 +62,7 @@ void* control_thread(void* arg) {
   // Named by itself: naming another thread opens /proc/self/task/TID/comm.
   pthread_setname_np(pthread_self(), "gpupool-ctl");
 #endif
-  State& st = *g_state;
+  State& st = *state();
   const config::Config& cfg = rt.config;
 
   const std::uint64_t interval = cfg.stats_interval_ns;
@@ -77,7 +77,7 @@ void* control_thread(void* arg) {
   // looked at this often even when nothing else wakes the thread.
   constexpr std::uint64_t kCheckPeriod = 1000 * kMs;
 
-  std::uint64_t now = mono_ns();
+  std::uint64_t now = io::mono_ns();
   std::uint64_t next_interval = interval ? now + interval : UINT64_MAX;
   std::uint64_t next_trim = trim_period ? now + trim_period : UINT64_MAX;
   std::uint64_t next_prom = prom_period ? now : UINT64_MAX;
@@ -92,7 +92,7 @@ void* control_thread(void* arg) {
     // thread: it is counted and the loop goes on.
     try {
       std::unique_lock round(st.round_mu);
-      now = mono_ns();
+      now = io::mono_ns();
       bool may_open = may_create_descriptors(now, &stdio_closed_since);
       std::uint64_t next =
           std::min({next_interval, next_trim, next_prom, next_flush, next_check, next_node});
@@ -109,7 +109,7 @@ void* control_thread(void* arg) {
       // Exit began: the at-exit handler owns the last dump; touch nothing that
       // static destructors may be tearing down.
       if (exiting()) break;
-      now = mono_ns();
+      now = io::mono_ns();
       may_open = may_create_descriptors(now, &stdio_closed_since);
       unsigned taken[kActions];
       for (unsigned a = 0; a < kActions; ++a)  // a dump asked for waits, still asked
@@ -128,7 +128,7 @@ void* control_thread(void* arg) {
 
       if (may_open) answer_requests(rt);
 
-      now = mono_ns();
+      now = io::mono_ns();
       if (now >= next_interval && may_open) {
         dump(rt, "interval");
         next_interval = now + interval;
@@ -178,7 +178,7 @@ void* control_thread(void* arg) {
 }  // namespace
 
 void start_thread(Runtime& rt) {
-  State& st = *g_state;
+  State& st = *state();
   // Every signal blocked: program signals always land on program threads,
   // whose handlers only poke the channel.
   st.thread_running.store(true);

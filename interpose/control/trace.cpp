@@ -39,7 +39,7 @@ constexpr std::size_t kRing = 1024;
 struct ThreadBuf {
   std::atomic<std::uint64_t> head{0};
   std::atomic<std::uint64_t> tail{0};
-  std::mutex drain_mu;
+  Ranked<LockRank::trace_buffer> drain_mu;
   std::atomic<bool> in_use{true};
   ThreadBuf* next = nullptr;
   Record recs[kRing];
@@ -122,7 +122,7 @@ struct Tracer::Impl {
   std::uint64_t t0 = 0;  // CLOCK_MONOTONIC at the trace's start: records' times count from it
   std::atomic<ThreadBuf*> bufs{nullptr};
   pthread_key_t key{};
-  std::mutex write_mu;  // the file, the arena ids and the declarations written
+  Ranked<LockRank::trace_file> write_mu;  // the file, the arena ids and the declarations written
   std::vector<const Arena*> arena_ids;
   sites::Sites* sites = nullptr;
   std::size_t declarations_written = 0;  // of sites->declarations(), in this file
@@ -326,7 +326,7 @@ bool Tracer::Impl::open_file_here(bool fresh, bool forked_child, std::string* wh
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   const std::uint64_t start =
-      std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec) - (mono_ns() - t0);
+      std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec) - (io::mono_ns() - t0);
   char header[256];
   snprintf(
       header, sizeof header,
@@ -341,7 +341,7 @@ bool Tracer::Impl::open_file_here(bool fresh, bool forked_child, std::string* wh
 }
 
 Tracer::Tracer() : impl_(new Impl) {
-  impl_->t0 = mono_ns();
+  impl_->t0 = io::mono_ns();
   pthread_key_create(&impl_->key, release_buf);
 }
 
@@ -367,7 +367,7 @@ Tracer* Tracer::open(const std::string& value, long run_pid, sites::Sites* sites
 void Tracer::allocated(const Arena& arena, const Block& block, bool hit,
                        std::uint32_t site) noexcept {
   try {
-    impl_->push(Record{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
+    impl_->push(Record{io::mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
                        site, 'a', hit ? 'h' : 'm'});
   } catch (...) {
     impl_->dropped.fetch_add(1, std::memory_order_relaxed);
@@ -376,7 +376,7 @@ void Tracer::allocated(const Arena& arena, const Block& block, bool hit,
 
 void Tracer::freed(const Arena& arena, const Block& block) noexcept {
   try {
-    impl_->push(Record{mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
+    impl_->push(Record{io::mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
                        sites::kNoSite, 'f', 0});
   } catch (...) {
     impl_->dropped.fetch_add(1, std::memory_order_relaxed);
@@ -392,7 +392,7 @@ void Tracer::finish() {
   std::lock_guard lock(impl_->write_mu);
   if (impl_->disabled || impl_->open_pending) return;
   char line[40] = "# end ";
-  char* p = put_dec(line + 6, mono_ns() - impl_->t0);
+  char* p = put_dec(line + 6, io::mono_ns() - impl_->t0);
   *p++ = '\n';
   (void)impl_->write_out(std::string(line, p), 0);
 }
@@ -450,7 +450,7 @@ void Tracer::renew_in_child() {
   // A file of its own, opened with its first records; its times count from
   // the child's start. What was recorded since the fork (the child's start
   // drops its parent's blocks, which are not its own) is left out.
-  t.t0 = mono_ns();
+  t.t0 = io::mono_ns();
   t.arena_ids.clear();
   t.declarations_written = 0;
   for (ThreadBuf* b = t.bufs.load(std::memory_order_acquire); b; b = b->next)

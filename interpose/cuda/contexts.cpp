@@ -23,7 +23,6 @@ namespace {
 // ---- contexts -------------------------------------------------------------
 
 // All states ever created (never freed) and the live ones by context.
-// Lock order: solo_mu(), a state's teardown_mu, contexts().mu, pointer-map locks.
 // Created on first use and never destroyed: hooks may run before this
 // library's static constructors (from another library's constructor) and
 // while static destructors run at exit (other threads, atexit handlers).
@@ -37,7 +36,7 @@ struct Primary {
   CUcontext ctx;
 };
 struct ContextList {
-  std::mutex mu;
+  Ranked<LockRank::cuda_contexts> mu;
   std::vector<CtxState*> all;   // append-only
   std::vector<CtxState*> live;  // not retired
   std::vector<Primary> primaries;
@@ -58,9 +57,9 @@ struct ThreadCache {
 };
 GPUPOOL_HOT_TLS ThreadCache t_cache;
 
-// end_solo()'s lock: a second caller waits for the first one's wait. First
-// in the lock order (before teardown_mu and contexts().mu; fork takes it).
-std::mutex& solo_mu() { return leaked<std::mutex>(); }
+// end_solo()'s lock: a second caller waits for the first one's wait.
+using SoloLock = Ranked<LockRank::cuda_solo>;
+SoloLock& solo_mu() { return leaked<SoloLock>(); }
 
 std::size_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
@@ -114,14 +113,11 @@ bool id_of(const Driver& d, CUcontext ctx, unsigned long long* id) {
 // st's context died without gpupool seeing it: its record goes, with no
 // driver call on its memory (the driver freed it with the context).
 void retire_dead(CtxState* st, Runtime& rt) {
-  {
-    std::unique_lock lock(st->teardown_mu);
-    if (st->retired.load(std::memory_order_acquire)) return;
-    log().debug("cuda: context {} (id {}) ended where gpupool did not see it",
-                static_cast<void*>(st->ctx), st->id);
-    retire_locked(st, rt);
-  }
-  reclaim_retired(rt);
+  std::unique_lock lock(st->teardown_mu);
+  if (st->retired.load(std::memory_order_acquire)) return;
+  log().debug("cuda: context {} (id {}) ended where gpupool did not see it",
+              static_cast<void*>(st->ctx), st->id);
+  retire_locked(st, rt);
 }
 
 CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long id) {
@@ -372,8 +368,6 @@ void retire_dead_contexts(const Driver& d, Runtime& rt) {
     if (!context_alive(d, st)) retire_dead(st, rt);
 }
 
-void reclaim_retired(Runtime& rt) { rt.pool.reclaim(); }
-
 CUresult pitch_for(const Driver& d, CtxState* st, std::size_t width, unsigned element,
                    std::size_t* pitch) {
   std::lock_guard lock(st->pitch_mu);
@@ -501,9 +495,8 @@ std::size_t held_device_bytes(CUdevice dev) {
 namespace {
 
 void prepare() {
-  // The solo rule's lock, then the teardown locks (the lock order), then
-  // the registry, then the maps. A state created between the snapshot and
-  // the registry lock is locked in the next round.
+  // Rank order (core/lock_rank.hpp). A state created between the snapshot
+  // and the registry lock is locked in the next round.
   solo_mu().lock();
   for (;;) {
     std::vector<CtxState*> all;
@@ -519,33 +512,32 @@ void prepare() {
     if (contexts().all.size() == contexts().fork_locked.size()) break;
     contexts().mu.unlock();
   }
-  device_map().fork_prepare();
-  host_map().fork_prepare();
+  for (CtxState* st : contexts().fork_locked) st->sync_mu.lock();
+  PtrMap::fork_prepare(device_map(), host_map());
 }
 
 void parent() {
-  host_map().fork_parent();
-  device_map().fork_parent();
+  PtrMap::fork_release(device_map(), host_map());
+  for (CtxState* st : contexts().fork_locked) st->sync_mu.unlock();
   contexts().mu.unlock();
   for (CtxState* st : contexts().fork_locked) st->teardown_mu.unlock();
   contexts().fork_locked.clear();
   solo_mu().unlock();
 }
 
-// The child's only thread is the one that forked, which holds every lock:
-// unlocking the mutexes is enough. A write-locked rwlock remembers the
-// parent's thread id, which the child does not have: make those new.
+// The child's only thread is the one that forked, which holds every lock.
 void child() {
-  host_map().fork_parent();
-  device_map().fork_parent();
-  contexts().mu.unlock();
+  PtrMap::fork_release(device_map(), host_map());
   for (CtxState* st : contexts().fork_locked) {
-    new (&st->teardown_mu) std::shared_mutex;
-    // A parent's thread may have been inside synchronize_context.
-    new (&st->sync_mu) std::mutex;
-    new (&st->sync_cv) std::condition_variable;
+    // A parent's thread may have been inside synchronize_context: its
+    // syncing flag and its wait on sync_cv are not the child's (a condition
+    // variable would wait for that waiter to wake).
     st->syncing = false;
+    new (&st->sync_cv) std::condition_variable_any;
+    st->sync_mu.unlock();
   }
+  contexts().mu.unlock();
+  for (CtxState* st : contexts().fork_locked) st->teardown_mu.remake_held_in_child();
   contexts().fork_locked.clear();
   t_cache = {};
   solo_mu().unlock();

@@ -62,14 +62,14 @@ struct CtxState {
   // One fence synchronization at a time (synchronize_context): threads that
   // need one while another runs wait for it, and those it does not cover
   // (their fences came after it started) run the next one, once, together.
-  std::mutex sync_mu;
-  std::condition_variable sync_cv;
+  Ranked<LockRank::cuda_sync> sync_mu;
+  std::condition_variable_any sync_cv;
   bool syncing = false;  // under sync_mu
 
   // Held shared while a backend call may touch this context's memory,
   // exclusively while the context is torn down, so the pool never frees a
   // block the driver has already freed (its address may be reused).
-  std::shared_mutex teardown_mu;
+  Ranked<LockRank::cuda_teardown, std::shared_mutex> teardown_mu;
   std::atomic<bool> retired{false};
 
   // The driver's row pitch by (width in bytes, element size), learnt once
@@ -79,7 +79,7 @@ struct CtxState {
     unsigned element;
     std::size_t pitch;
   };
-  std::mutex pitch_mu;
+  Ranked<LockRank::cuda_pitch> pitch_mu;
   std::vector<Pitch> pitches;  // under pitch_mu
 
   // Null once retired: the pool destroys retired arenas.
@@ -179,13 +179,6 @@ CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx);
 // keep_stats: its counters stay in the totals (not in a forked child, where
 // they are the parent's).
 void retire_locked(CtxState* st, Runtime& rt, bool keep_stats = true);
-
-// A torn-down context's arenas are destroyed before the call that noticed
-// returns (or when a pool-wide operation using them at that moment, a
-// snapshot say, lets go of them), not at the control thread's next check
-// (up to a second later, so a program that destroys contexts in a loop
-// would carry a few). Called outside the teardown lock.
-void reclaim_retired(Runtime& rt);
 
 // The pool group of the device memory of `dev` ("cuda:<ordinal>").
 std::string device_group(CUdevice dev);

@@ -134,20 +134,12 @@ CUresult retry_out_of_memory(const Driver& d, int dev, std::size_t bytes, Call&&
 // A call that may end st's context: made with st's teardown lock held
 // exclusively (no backend call frees the context's memory meanwhile); if it
 // succeeded and `ended()` says the context is gone, st's blocks are dropped
-// there and its arenas destroyed once the lock is let go.
+// and its arenas destroyed there (retire_locked).
 template <class Real, class Ended>
 CUresult end_context(CtxState* st, Runtime& rt, Real&& real, Ended&& ended) {
-  CUresult r;
-  bool retired = false;
-  {
-    std::unique_lock lock(st->teardown_mu);
-    r = real();
-    if (r == CUDA_SUCCESS && ended()) {
-      retire_locked(st, rt);
-      retired = true;
-    }
-  }
-  if (retired) reclaim_retired(rt);
+  std::unique_lock lock(st->teardown_mu);
+  const CUresult r = real();
+  if (r == CUDA_SUCCESS && ended()) retire_locked(st, rt);
   return r;
 }
 

@@ -274,14 +274,18 @@ void PtrMap::erase_context(CtxState* st, Pool& pool) {
   }
 }
 
-void PtrMap::fork_prepare() {
-  ranges_mu_.lock();
-  shards_.lock_all();
+void PtrMap::fork_prepare(PtrMap& a, PtrMap& b) {
+  a.ranges_mu_.lock();
+  b.ranges_mu_.lock();
+  a.shards_.lock_all();
+  b.shards_.lock_all();
 }
 
-void PtrMap::fork_parent() {
-  shards_.unlock_all();
-  ranges_mu_.unlock();
+void PtrMap::fork_release(PtrMap& a, PtrMap& b) {
+  b.shards_.unlock_all();
+  a.shards_.unlock_all();
+  b.ranges_mu_.unlock();
+  a.ranges_mu_.unlock();
 }
 
 CUdeviceptr unallocated_address() { return reinterpret_cast<CUdeviceptr>(&g_unallocated[0]); }

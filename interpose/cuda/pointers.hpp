@@ -64,8 +64,10 @@ class PtrMap {
   // them). Entries of held blocks went when the pool dropped those.
   void erase_context(CtxState* st, Pool& pool);
 
-  void fork_prepare();
-  void fork_parent();
+  // fork(): both maps' locks, in rank order (core/lock_rank.hpp): the
+  // ordered views, then the shards.
+  static void fork_prepare(PtrMap& a, PtrMap& b);
+  static void fork_release(PtrMap& a, PtrMap& b);
 
   struct Entry {
     Handle handle = 0;
@@ -96,14 +98,13 @@ class PtrMap {
   // takes them all. 1024 shards (64 KiB a map): sixteen threads' blocks
   // rarely share one, so threads seldom meet at a lock (bench_alloc
   // --scaling measures how far they scale).
-  using Shards = ShardedHandleTable<Entry, 10>;
+  using Shards = ShardedHandleTable<Entry, 10, LockRank::cuda_pointers>;
   using Shard = Shards::Shard;
   Shard& shard(Handle h) { return shards_.shard(h); }
 
   Shards shards_;
   // Ordered view for interior pointers; changes only on the slow path.
-  // Lock order: ranges_mu_ before a shard's mu.
-  std::mutex ranges_mu_;
+  Ranked<LockRank::cuda_ranges> ranges_mu_;
   std::map<Handle, Entry*> ranges_;
   std::map<Handle, Entry*> pieces_;  // active pieces inside segments, under ranges_mu_
 };

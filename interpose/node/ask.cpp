@@ -24,7 +24,7 @@ namespace {
 // Waits for `events` on fd until the deadline; false on timeout or error.
 bool wait_for(int fd, short events, std::uint64_t deadline) {
   for (;;) {
-    const std::uint64_t now = mono_ns();
+    const std::uint64_t now = io::mono_ns();
     if (now >= deadline) return false;
     pollfd p{fd, events, 0};
     const int r = ::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000 + 1));
@@ -160,7 +160,7 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const Uuid&
   // busy in a long driver call) must not hold up the program: the requests
   // are sent, late answers change nothing.
   while (open > 0 && released < bytes) {
-    const std::uint64_t now = mono_ns();
+    const std::uint64_t now = io::mono_ns();
     if (now >= deadline) break;
     fds.clear();
     for (const Asked& a : asked)

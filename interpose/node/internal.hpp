@@ -11,7 +11,7 @@
 namespace gpupool::node {
 
 // ask.cpp: asks process `pid`, running as `uid`, to release `bytes` of its
-// held memory on `uuid`, over its control socket, by `deadline` (mono_ns).
+// held memory on `uuid`, over its control socket, by `deadline` (io::mono_ns).
 // Returns the bytes it released (0 on any failure, or when it refuses).
 std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
                         std::uint64_t deadline);

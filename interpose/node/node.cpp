@@ -66,11 +66,14 @@ struct Device {
   std::uint64_t arrival_until = 0;
 };
 
-// Lock order: mu is taken after the CUDA room's locks (add_device runs
-// under them) and nothing is called while holding it: the pool, the driver
-// and NVML are called with it released (runtime.hpp's fork order).
+}  // namespace
+
+// The room's state (Runtime::node), made with the runtime; never destroyed:
+// used during exit. A forked child gets a new one. Nothing is called while
+// holding mu: the pool, the driver and NVML are called with it released
+// (its rank: core/lock_rank.hpp).
 struct State {
-  std::mutex mu;                // devices (the list), registry (set once)
+  Ranked<LockRank::node_devices> mu;  // devices (the list), registry (set once)
   std::deque<Device> devices;   // stable addresses: the control thread works outside mu
   std::unique_ptr<Registry> registry;
   bool registry_tried = false;
@@ -78,16 +81,14 @@ struct State {
   // The control thread's:
   std::uint64_t next_publish = 0, next_watch = 0;
 };
-// Never destroyed: used during exit. A forked child gets a new one.
-std::atomic<State*> g_state{nullptr};
-State& state() {
-  State* s = g_state.load(std::memory_order_acquire);
-  if (s) return *s;
-  State* fresh = new State;
-  if (g_state.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) return *fresh;
-  delete fresh;
-  return *s;
-}
+
+State* new_state() { return new State; }
+
+namespace {
+
+// Every caller runs inside the runtime (a hook, its backends, its control
+// thread, its exit handler).
+State& state() { return *runtime_if_started()->node.load(std::memory_order_acquire); }
 
 void open_registry(Runtime& rt, State& s) {
   if (s.registry_tried || rt.config.neighbours == config::Neighbours::off) return;
@@ -153,7 +154,7 @@ void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
     // free pieces), not all that is held.
     const std::uint64_t held = rt.pool.group_releasable(d->group);
     d->held = held;
-    if (t.managed_bytes < d->managed) d->returned_at = mono_ns();
+    if (t.managed_bytes < d->managed) d->returned_at = io::mono_ns();
     d->managed = t.managed_bytes;
     auto u = std::find_if(out.begin(), out.end(), [&](const DeviceUse& x) { return x.uuid == d->uuid; });
     if (u == out.end()) u = out.insert(out.end(), DeviceUse{d->uuid});
@@ -276,12 +277,12 @@ void arrivals(Runtime& rt, State& s, Device& d, Registry* reg, std::uint64_t now
   }
   if (arrived) d.arrival_until = now + kArrivalWindowNs;
   if (now >= d.arrival_until) return;
-  const std::uint64_t t0 = mono_ns();
+  const std::uint64_t t0 = io::mono_ns();
   std::size_t blocks = 0;
   const std::size_t bytes = rt.pool.release_idle(d.group, rt.config.arrival_idle_ns, &blocks);
   if (bytes == 0) return;
   s.publish_now.store(true, std::memory_order_release);
-  const double ms = double(mono_ns() - t0) / 1e6;
+  const double ms = double(io::mono_ns() - t0) / 1e6;
   if (arrived)
     log().info("{}: process {} arrived on the GPU: released {} MiB ({} blocks unused for "
                "GPUPOOL_ARRIVAL_IDLE or longer) in {:.1f} ms",
@@ -365,14 +366,14 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
   Runtime* rt = runtime_if_started();
   const std::uint64_t wait = rt ? rt->config.neighbour_wait_ns : 0;
   if (wait == 0 || !rt || rt->config.neighbours == config::Neighbours::off) return false;
-  const std::uint64_t start = mono_ns();
+  const std::uint64_t start = io::mono_ns();
   const std::uint64_t deadline = start + wait;
   std::size_t released = 0;
   auto ask = [&](long pid, unsigned uid, const char* who) {
-    const std::uint64_t t0 = mono_ns();
+    const std::uint64_t t0 = io::mono_ns();
     const std::size_t got = ask_release(pid, uid, uuid, bytes - released, deadline);
     log().info("out of memory on {}: process {} ({}) released {} MiB in {:.1f} ms",
-                 uuid_text(uuid), pid, who, got >> 20, double(mono_ns() - t0) / 1e6);
+                 uuid_text(uuid), pid, who, got >> 20, double(io::mono_ns() - t0) / 1e6);
     released += got;
   };
   // The user's processes holding the most first: the registry says who.
@@ -383,7 +384,7 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
         if (u.uuid == uuid && u.held > 0) holders.push_back({u.held, p.pid});
     std::sort(holders.rbegin(), holders.rend());
     for (const auto& [held, pid] : holders) {
-      if (released >= bytes || mono_ns() >= deadline) return true;
+      if (released >= bytes || io::mono_ns() >= deadline) return true;
       ask(pid, geteuid(), ("holding " + std::to_string(held >> 20) + " MiB").c_str());
     }
   }
@@ -416,7 +417,7 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
   // fallback name has it listed, and its usual name then belongs to whoever
   // took it, whom the owner check refuses.
   if (rt->config.neighbours == config::Neighbours::all && released < bytes &&
-      mono_ns() < deadline) {
+      io::mono_ns() < deadline) {
     std::vector<Target> others;
     // /proc/net/unix is opened on the files thread (config/io.hpp): this is
     // the program's allocating thread, whose table is the program's.
@@ -425,11 +426,11 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
     for (control::SocketName& sock : listed)
       if (sock.uid != geteuid()) others.push_back({sock.pid, sock.uid, std::move(sock.name)});
     if (!others.empty()) {
-      const std::uint64_t t0 = mono_ns();
+      const std::uint64_t t0 = io::mono_ns();
       const std::size_t got = ask_release_all(others, uuid, bytes - released, deadline);
       log().info("out of memory on {}: other users' processes asked ({} control sockets "
                  "listed), {} MiB released in {:.1f} ms",
-                 uuid_text(uuid), others.size(), got >> 20, double(mono_ns() - t0) / 1e6);
+                 uuid_text(uuid), others.size(), got >> 20, double(io::mono_ns() - t0) / 1e6);
       released += got;
     }
   }
@@ -514,14 +515,15 @@ namespace {
   set_fork_handlers(ForkPart::node, {nvml_fork_prepare, nvml_fork_parent,
                                      [] {
                                        nvml_fork_child();
-                                       State* old = g_state.load(std::memory_order_relaxed);
-                                       if (!old) return;
+                                       Runtime* rt = runtime_if_started();
+                                       if (!rt) return;
+                                       State* old = rt->node.load(std::memory_order_relaxed);
                                        auto* fresh = new (std::nothrow) State;
                                        if (!fresh) return;  // out of memory: keep the parent's
                                        fresh->registry = std::move(old->registry);
                                        fresh->registry_tried = old->registry_tried;
                                        if (fresh->registry) fresh->registry->forget_slot();
-                                       g_state.store(fresh, std::memory_order_release);
+                                       rt->node.store(fresh, std::memory_order_release);
                                      },
                                      nullptr});
   return true;

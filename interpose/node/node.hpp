@@ -24,6 +24,11 @@ namespace gpupool {
 struct Runtime;
 namespace node {
 
+// The room's state (node.cpp), made by the runtime's create(); never
+// destroyed.
+struct State;
+State* new_state();
+
 // The pool group `group` allocates device memory of the GPU `uuid`, of
 // `total` bytes. Called when a context (CUDA) or a pool group (OpenCL) is
 // first seen; repeats are ignored.

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "config/io.hpp"
+#include "core/lock_rank.hpp"
 
 #include "config/log.hpp"
 #include "interpose/node/internal.hpp"
@@ -82,7 +83,7 @@ class Gate {
 // A forked child gets new ones (the parent's may be mid-use by a thread the
 // child does not have).
 struct Session {
-  std::mutex mu;
+  Ranked<LockRank::node_nvml> mu;
   Nvml nvml;
   // A forked child's session whose parent had started NVML in its own
   // descriptor table: NVML's state names descriptors this child does not

@@ -52,12 +52,6 @@ constexpr std::size_t kFileBytes = sizeof(Header) + sizeof(Slot) * kRegistrySlot
 // does not wait again.
 constexpr std::uint64_t kBusyPauseNs = 1'000'000'000;
 
-std::uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::uint64_t(ts.tv_sec) * 1'000'000'000u + std::uint64_t(ts.tv_nsec);
-}
-
 // pid in the low 22 bits (Linux's pid_max limit), start time above.
 std::uint64_t make_token(long pid, std::uint64_t start) {
   return (start << 22) | (static_cast<std::uint64_t>(pid) & ((1u << 22) - 1));
@@ -193,9 +187,9 @@ class Look {
     struct flock l {};
     l.l_type = write ? F_WRLCK : F_RDLCK;
     l.l_whence = SEEK_SET;
-    const std::uint64_t give_up = now_ns() + patience_ns;
+    const std::uint64_t give_up = io::mono_ns() + patience_ns;
     while (fcntl(fd_.get(), F_OFD_SETLK, &l) != 0) {
-      if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || now_ns() >= give_up) {
+      if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || io::mono_ns() >= give_up) {
         busy_ = true;
         why_ = path + " is locked by a process that does not let go";
         fd_ = {};
@@ -260,7 +254,7 @@ int create(const std::string& path, std::string* why) {
   for (int tries = 0; tries < 8 && !fd.valid(); ++tries) {
     std::uint64_t r = 0;
     if (getrandom(&r, sizeof r, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof r))
-      r = now_ns() ^ (std::uint64_t(getpid()) << 32) ^ std::uint64_t(tries);
+      r = io::mono_ns() ^ (std::uint64_t(getpid()) << 32) ^ std::uint64_t(tries);
     char suffix[32];
     std::snprintf(suffix, sizeof suffix, ".%016llx.new", static_cast<unsigned long long>(r));
     tmp = name + suffix;
@@ -506,13 +500,13 @@ void Registry::leave_here() {
 }
 
 bool Registry::paused(std::string* why) const {
-  if (now_ns() >= busy_until_.load(std::memory_order_relaxed)) return false;
+  if (io::mono_ns() >= busy_until_.load(std::memory_order_relaxed)) return false;
   *why = path_ + " was locked by a process that does not let go; left alone for a second";
   return true;
 }
 
 void Registry::pause() const {
-  busy_until_.store(now_ns() + kBusyPauseNs, std::memory_order_relaxed);
+  busy_until_.store(io::mono_ns() + kBusyPauseNs, std::memory_order_relaxed);
 }
 
 std::vector<ProcessEntry> Registry::processes(bool skip_self, std::string* why, bool* busy,

@@ -20,7 +20,7 @@ constexpr cl_mem_flags kPoolableFlags =
 // Destructor callbacks' locks, a few for all records (so fork() can take
 // them all).
 constexpr std::size_t kCallbackLocks = 16;
-std::mutex g_callback_locks[kCallbackLocks];
+CallbackLock g_callback_locks[kCallbackLocks];
 
 // ---------------------------------------------------------------------------
 // The backend of one arena.
@@ -198,13 +198,13 @@ void block_back(Runtime& rt, Ctx& ctx, Block* b) {
   }
 }
 
-std::mutex& callback_lock(const Buffer* b) {
+CallbackLock& callback_lock(const Buffer* b) {
   return g_callback_locks[(reinterpret_cast<std::uintptr_t>(b) >> 6) % kCallbackLocks];
 }
 
 // Never destroyed: hooks may run during exit.
-HandleMap<cl_mem, Buffer>& buffers() {
-  static auto* r = new HandleMap<cl_mem, Buffer>;
+HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>& buffers() {
+  static auto* r = new HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>;
   return *r;
 }
 
@@ -443,11 +443,11 @@ cl_int put_info(void* value, size_t value_size, size_t* size_ret, const void* sr
 void buffers_fork_lock() {
   buffers().lock_all();
   svm_fork_lock();
-  for (std::mutex& m : g_callback_locks) m.lock();
+  for (CallbackLock& m : g_callback_locks) m.lock();
 }
 
 void buffers_fork_unlock() {
-  for (std::mutex& m : g_callback_locks) m.unlock();
+  for (CallbackLock& m : g_callback_locks) m.unlock();
   svm_fork_unlock();
   buffers().unlock_all();
 }

@@ -52,7 +52,7 @@ struct Buffer {
   std::atomic<bool> has_callbacks{false};  // callbacks is not empty
 };
 
-HandleMap<cl_mem, Buffer>& buffers();
+HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>& buffers();
 
 // What the arenas of one context have in common (buffers, SVM): blocks are
 // fenced by the context's queues (contexts.hpp), and on out-of-memory the
@@ -79,7 +79,8 @@ std::string memory_group(const Ctx& ctx);
 // context the program released finishes once none of its blocks is left.
 void block_back(Runtime& rt, Ctx& ctx, Block* b);
 // The lock of a buffer's destructor callbacks.
-std::mutex& callback_lock(const Buffer* b);
+using CallbackLock = Ranked<LockRank::opencl_callbacks>;
+CallbackLock& callback_lock(const Buffer* b);
 
 // clCreateBuffer / clCreateBufferWithProperties (with_props) from the pool,
 // or passed to the implementation for what the pool cannot serve invisibly.

@@ -23,15 +23,14 @@ bool cl_gone() { return exiting() || loader_gone(); }
 namespace {
 
 // Every context record alive, whether the program still has the context or
-// not (fork() locks and renews them all). Lock order: ctx_mu(), then
-// g_all_ctx_mu, then a context's mu.
-std::mutex g_all_ctx_mu;
+// not (fork() locks and renews them all).
+Ranked<LockRank::opencl_records> g_all_ctx_mu;
 std::vector<Ctx*>& all_ctx() {
   static auto* v = new std::vector<Ctx*>;  // never destroyed: hooks may run during exit
   return *v;
 }
-std::mutex& ctx_mu() {
-  static auto* m = new std::mutex;
+Ranked<LockRank::opencl_contexts>& ctx_mu() {
+  static auto* m = new Ranked<LockRank::opencl_contexts>;
   return *m;
 }
 std::unordered_map<cl_context, std::shared_ptr<Ctx>>& ctx_map() {
@@ -87,9 +86,9 @@ Ctx::~Ctx() {
   std::erase(all_ctx(), this);
 }
 
-HandleMap<cl_command_queue, Queue>& queues() {
+HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>& queues() {
   static auto* r =
-      new HandleMap<cl_command_queue, Queue>;  // never destroyed: hooks may run during exit
+      new HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>;  // never destroyed: hooks may run during exit
   return *r;
 }
 
@@ -345,7 +344,7 @@ void track_queue(cl_context c, cl_command_queue q, bool in_order) {
 namespace {
 
 // ---------------------------------------------------------------------------
-// fork() (runtime.hpp): every lock, in the order the code nests them.
+// fork() (runtime.hpp): every lock, in rank order (core/lock_rank.hpp).
 
 std::vector<Ctx*> g_fork_locked;
 

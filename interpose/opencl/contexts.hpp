@@ -84,7 +84,7 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   bool has_uuid = false;
   node::Uuid uuid{};
 
-  std::mutex mu;  // everything below
+  Ranked<LockRank::opencl_context> mu;  // everything below
   cl_command_queue internal = nullptr;
   bool internal_failed = false;
   struct ArenaEntry {
@@ -124,8 +124,9 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   cl_event hazard = nullptr;  // under mu
 };
 
-// Handle -> record maps, sharded so unrelated calls do not share a lock.
-template <class K, class V>
+// Handle -> record maps, sharded so unrelated calls do not share a lock
+// (each map's shards have a rank of their own: fork() takes them all).
+template <class K, class V, LockRank R>
 class HandleMap {
  public:
   V* find(K k) {
@@ -148,10 +149,10 @@ class HandleMap {
 
  private:
   static std::uintptr_t key(K k) { return reinterpret_cast<std::uintptr_t>(k); }
-  ShardedHandleTable<V, 4> shards_;
+  ShardedHandleTable<V, 4, R> shards_;
 };
 
-HandleMap<cl_command_queue, Queue>& queues();
+HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>& queues();
 
 // The record of context c, if gpupool saw it created.
 std::shared_ptr<Ctx> find_ctx(cl_context c);

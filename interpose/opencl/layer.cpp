@@ -92,7 +92,7 @@ using cl_layer_props = cl_ulong;  // cl_layer_properties in newer headers
 cl_int init_layer(cl_uint num_entries, const cl_icd_dispatch* target, cl_uint* num_entries_ret,
                   const cl_icd_dispatch** layer_dispatch_ret) {
   if (!target || !num_entries_ret || !layer_dispatch_ret) return CL_INVALID_VALUE;
-  static std::mutex mu;
+  static gpupool::Ranked<gpupool::LockRank::opencl_layer> mu;
   static int inits = 0;
   std::lock_guard lock(mu);
   constexpr cl_uint mine = sizeof(cl_icd_dispatch) / sizeof(void*);

@@ -32,8 +32,8 @@ struct SvmBlock {
 };
 
 // Never destroyed: hooks may run during exit.
-HandleMap<void*, SvmBlock>& svm_blocks() {
-  static auto* m = new HandleMap<void*, SvmBlock>;
+HandleMap<void*, SvmBlock, LockRank::opencl_svm>& svm_blocks() {
+  static auto* m = new HandleMap<void*, SvmBlock, LockRank::opencl_svm>;
   return *m;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "core/lock_rank.hpp"
@@ -18,6 +19,8 @@ using namespace gpupool;
 namespace {
 
 using ShardLock = Ranked<LockRank::arena_shard, SpinLock>;
+using TeardownLock = Ranked<LockRank::cuda_teardown, std::shared_mutex>;
+using BufferShardLock = Ranked<LockRank::opencl_buffers, SpinLock>;
 
 std::string rank_of(LockRank r) { return std::to_string(static_cast<unsigned>(r)); }
 
@@ -119,4 +122,95 @@ TEST(LockRankDeathTest, LettingGoOfALockNotHeldStopsTheProgram) {
       },
       "releasing 'arena shard' \\(rank " + rank_of(LockRank::arena_shard) +
           "\\), which this thread does not hold");
+}
+
+// interpose/'s locks are in the same table, before the pool's: they are
+// held while calling into the pool. The nestings gpupool's code makes, from
+// the control thread's round down to the observer's locks, taken from
+// inside pool calls.
+TEST(LockRank, InterposeLocksNestInTheTablesOrder) {
+  Ranked<LockRank::control_round> round;
+  Ranked<LockRank::control_work> work;
+  Ranked<LockRank::cuda_solo> solo;
+  TeardownLock teardown;
+  Ranked<LockRank::cuda_contexts> contexts;
+  Ranked<LockRank::node_devices> devices;
+  Ranked<LockRank::pool_arenas> list;
+  ShardLock shard;
+  Ranked<LockRank::trace_buffer> buffer;
+  Ranked<LockRank::trace_file> file;
+  Ranked<LockRank::sites> sites;
+  std::lock_guard a(round);
+  std::lock_guard b(work);
+  std::lock_guard c(solo);
+  std::shared_lock d(teardown);
+  std::lock_guard e(contexts);
+  std::lock_guard f(devices);
+  std::lock_guard g(list);
+  std::lock_guard h(shard);
+  std::lock_guard i(buffer);
+  std::lock_guard j(file);
+  std::lock_guard k(sites);
+}
+
+// The inversion the table exists for: a backend call (which may take a
+// context's teardown lock) made while the pool holds one of its own locks.
+// A shared take ranks as an exclusive one.
+TEST(LockRankDeathTest, AContextsTeardownLockUnderAPoolLockStopsTheProgram) {
+  EXPECT_DEATH(
+      {
+        Ranked<LockRank::pool_arenas> list;
+        TeardownLock teardown;
+        std::lock_guard a(list);
+        std::shared_lock b(teardown);
+      },
+      violation("cuda context teardown", LockRank::cuda_teardown, "pool arenas",
+                LockRank::pool_arenas));
+}
+
+TEST(LockRankDeathTest, TheOpenCLContextLockUnderItsBufferMapStopsTheProgram) {
+  EXPECT_DEATH(
+      {
+        BufferShardLock buffers;
+        Ranked<LockRank::opencl_context> context;
+        std::lock_guard a(buffers);
+        std::lock_guard b(context);
+      },
+      violation("opencl context", LockRank::opencl_context, "opencl buffer shard",
+                LockRank::opencl_buffers));
+}
+
+// A try_lock never waits, so it cannot deadlock whatever is held: it is not
+// checked (the exit's bounded wait for the control's work lock), but what
+// it took counts as held.
+TEST(LockRank, ATryLockOutOfOrderIsQuiet) {
+  ShardLock shard;
+  Ranked<LockRank::control_work> work;
+  std::lock_guard a(shard);
+  std::unique_lock b(work, std::try_to_lock);
+  EXPECT_TRUE(b.owns_lock());
+}
+
+TEST(LockRankDeathTest, ALockTakenByTryLockCountsAsHeld) {
+  EXPECT_DEATH(
+      {
+        Ranked<LockRank::node_devices> devices;
+        Ranked<LockRank::cuda_contexts> contexts;
+        std::unique_lock a(devices, std::try_to_lock);
+        std::lock_guard b(contexts);
+      },
+      violation("cuda contexts", LockRank::cuda_contexts, "node devices",
+                LockRank::node_devices));
+}
+
+// fork()'s child makes new a lock its prepare took that it cannot unlock
+// (a written shared mutex): it is no longer held, so a lock of a lower rank
+// may be taken. (Not used again here: outside a real child,
+// ThreadSanitizer still sees the old lock written at that address.)
+TEST(LockRank, ALockMadeNewInAForkedChildIsNoLongerHeld) {
+  TeardownLock teardown;
+  Ranked<LockRank::cuda_solo> solo;
+  teardown.lock();
+  teardown.remake_held_in_child();
+  std::lock_guard a(solo);
 }

@@ -149,5 +149,25 @@ TEST(PointerMap, TeardownLeavesNothingOfASegmentWhosePieceLostItsEntry) {
   EXPECT_FALSE(known);
 }
 
+// The pointer maps' locks rank before the pool's (core/lock_rank.hpp): a
+// map is used around pool calls, never under a pool lock. Debug builds
+// (CI's sanitizer builds) stop a program that takes them the other way
+// round, as a fork's prepare would if it took the pool's first.
+TEST(PointerMapDeathTest, ALookupUnderThePoolsLocksStopsTheProgram) {
+#ifndef GPUPOOL_LOCK_RANKS
+  GTEST_SKIP() << "lock ranks are checked in Debug builds";
+#else
+  MapFixture f;
+  const Handle h = f.alloc(4096)->handle;
+  EXPECT_DEATH(
+      {
+        f.pool.fork_prepare();
+        (void)f.map.find(h);
+      },
+      "lock order violated: taking 'cuda pointer ranges' \\(rank [0-9]+\\) while holding 'arena "
+      "(shard|segments)'");
+#endif
+}
+
 }  // namespace
 }  // namespace gpupool::cuda
