@@ -56,6 +56,94 @@ bool may_create_descriptors(std::uint64_t now, std::uint64_t* since) {
   return now - *since >= kStdioWait;
 }
 
+// When each of the control thread's periodic jobs is next due.
+struct Schedule {
+  std::uint64_t interval = 0, trim_period = 0, prom_period = 0;
+  std::uint64_t next_interval = UINT64_MAX, next_trim = UINT64_MAX, next_prom = UINT64_MAX,
+                next_flush = UINT64_MAX, next_check = 0, next_node = 0;
+  static constexpr std::uint64_t kFlushPeriod = 100 * kMs;  // trace buffers
+  // Handlers replaced, descriptors closed under us, retired arenas to free:
+  // looked at this often even when nothing else wakes the thread.
+  static constexpr std::uint64_t kCheckPeriod = 1000 * kMs;
+
+  Schedule(const Runtime& rt, const State& st, std::uint64_t now) {
+    interval = rt.config.stats_interval_ns;
+    const std::uint64_t release_after = rt.pool.release_after_ns();
+    trim_period =
+        release_after ? std::clamp<std::uint64_t>(release_after / 4, 10 * kMs, 1000 * kMs) : 0;
+    // Without an interval, the Prometheus file is still kept fresh.
+    prom_period = st.prometheus_path.empty() ? 0 : (interval ? 0 : 5'000'000'000ull);
+    next_interval = interval ? now + interval : UINT64_MAX;
+    next_trim = trim_period ? now + trim_period : UINT64_MAX;
+    next_prom = prom_period ? now : UINT64_MAX;
+    next_flush = st.tracer ? now + kFlushPeriod : UINT64_MAX;
+    next_check = now + kCheckPeriod;
+    next_node = now;
+  }
+  std::uint64_t earliest() const {
+    return std::min({next_interval, next_trim, next_prom, next_flush, next_check, next_node});
+  }
+};
+
+// What signals asked for, then the control socket's requests. A dump
+// asked for while 0-2 are closed waits, still asked.
+void serve_asked(Runtime& rt, bool may_open) {
+  unsigned taken[kActions];
+  for (unsigned a = 0; a < kActions; ++a)
+    taken[a] = a == kStats && !may_open ? 0 : take_requests(static_cast<Action>(a));
+  // Release first, so that "USR2 then USR1" coalesced into one wake-up
+  // still shows the released memory in the dump.
+  if (taken[kStopHolding]) {
+    log().info("{} requested by signal", kActionInfo[kStopHolding].name);
+    stop_holding(rt);
+  }
+  if (taken[kFreeHeld]) {
+    log().info("{} requested by signal", kActionInfo[kFreeHeld].name);
+    free_held(rt);
+  }
+  if (taken[kStats]) dump(rt, "signal");
+  if (may_open) answer_requests(rt);
+}
+
+// The periodic jobs due at `now`.
+void run_due(Runtime& rt, State& st, Schedule& s, std::uint64_t now, bool may_open) {
+  if (now >= s.next_interval && may_open) {
+    dump(rt, "interval");
+    s.next_interval = now + s.interval;
+  }
+  if (now >= s.next_trim) {
+    std::unique_lock lock(st.work_mu);
+    if (!exiting()) {
+      if (std::size_t n = rt.pool.trim_idle(rt.pool.now()))
+        log().debug("released {} blocks held longer than GPUPOOL_RELEASE_AFTER", n);
+    }
+    s.next_trim = now + s.trim_period;
+  }
+  if (now >= s.next_prom && may_open) {
+    write_prometheus(rt);
+    s.next_prom = now + s.prom_period;
+  }
+  if (now >= s.next_flush) {
+    if (st.tracer) st.tracer->flush();
+    s.next_flush = now + Schedule::kFlushPeriod;
+  }
+  {
+    // Publishing and the pressure watch: every round, since a new device
+    // wakes the thread (node::tick returns at once when nothing is due).
+    std::unique_lock lock(st.work_mu);
+    if (!exiting() && may_open) s.next_node = node::tick(rt, now);
+  }
+  if (now >= s.next_check) {
+    check_handlers();
+    {
+      std::unique_lock lock(st.work_mu);
+      housekeeping(rt);
+    }
+    rt.pool.reclaim();
+    s.next_check = now + Schedule::kCheckPeriod;
+  }
+}
+
 void* control_thread(void* arg) {
   Runtime& rt = *static_cast<Runtime*>(arg);
 #ifdef __GLIBC__
@@ -63,27 +151,7 @@ void* control_thread(void* arg) {
   pthread_setname_np(pthread_self(), "gpupool-ctl");
 #endif
   State& st = *state();
-  const config::Config& cfg = rt.config;
-
-  const std::uint64_t interval = cfg.stats_interval_ns;
-  const std::uint64_t release_after = rt.pool.release_after_ns();
-  const std::uint64_t trim_period =
-      release_after ? std::clamp<std::uint64_t>(release_after / 4, 10 * kMs, 1000 * kMs) : 0;
-  // Without an interval, the Prometheus file is still kept fresh.
-  const std::uint64_t prom_period =
-      st.prometheus_path.empty() ? 0 : (interval ? 0 : 5'000'000'000ull);
-  constexpr std::uint64_t kFlushPeriod = 100 * kMs;  // trace buffers
-  // Handlers replaced, descriptors closed under us, retired arenas to free:
-  // looked at this often even when nothing else wakes the thread.
-  constexpr std::uint64_t kCheckPeriod = 1000 * kMs;
-
-  std::uint64_t now = io::mono_ns();
-  std::uint64_t next_interval = interval ? now + interval : UINT64_MAX;
-  std::uint64_t next_trim = trim_period ? now + trim_period : UINT64_MAX;
-  std::uint64_t next_prom = prom_period ? now : UINT64_MAX;
-  std::uint64_t next_flush = st.tracer ? now + kFlushPeriod : UINT64_MAX;
-  std::uint64_t next_check = now + kCheckPeriod;
-  std::uint64_t next_node = now;
+  Schedule sched(rt, st, io::mono_ns());
   std::uint64_t stdio_closed_since = 0;
   std::uint32_t seen = pokes_seen();
 
@@ -92,10 +160,9 @@ void* control_thread(void* arg) {
     // thread: it is counted and the loop goes on.
     try {
       std::unique_lock round(st.round_mu);
-      now = io::mono_ns();
+      std::uint64_t now = io::mono_ns();
       bool may_open = may_create_descriptors(now, &stdio_closed_since);
-      std::uint64_t next =
-          std::min({next_interval, next_trim, next_prom, next_flush, next_check, next_node});
+      std::uint64_t next = sched.earliest();
       if (!may_open) next = std::min(next, now + kStdioPoll);
       // Requests from the control socket wait while 0-2 are closed
       // (answering one may call the driver).
@@ -109,62 +176,9 @@ void* control_thread(void* arg) {
       // Exit began: the at-exit handler owns the last dump; touch nothing that
       // static destructors may be tearing down.
       if (exiting()) break;
-      now = io::mono_ns();
-      may_open = may_create_descriptors(now, &stdio_closed_since);
-      unsigned taken[kActions];
-      for (unsigned a = 0; a < kActions; ++a)  // a dump asked for waits, still asked
-        taken[a] = a == kStats && !may_open ? 0 : take_requests(static_cast<Action>(a));
-      // Release first, so that "USR2 then USR1" coalesced into one wake-up
-      // still shows the released memory in the dump.
-      if (taken[kStopHolding]) {
-        log().info("{} requested by signal", kActionInfo[kStopHolding].name);
-        stop_holding(rt);
-      }
-      if (taken[kFreeHeld]) {
-        log().info("{} requested by signal", kActionInfo[kFreeHeld].name);
-        free_held(rt);
-      }
-      if (taken[kStats]) dump(rt, "signal");
-
-      if (may_open) answer_requests(rt);
-
-      now = io::mono_ns();
-      if (now >= next_interval && may_open) {
-        dump(rt, "interval");
-        next_interval = now + interval;
-      }
-      if (now >= next_trim) {
-        std::unique_lock lock(st.work_mu);
-        if (!exiting()) {
-          if (std::size_t n = rt.pool.trim_idle(rt.pool.now()))
-            log().debug("released {} blocks held longer than GPUPOOL_RELEASE_AFTER", n);
-        }
-        next_trim = now + trim_period;
-      }
-      if (now >= next_prom && may_open) {
-        write_prometheus(rt);
-        next_prom = now + prom_period;
-      }
-      if (now >= next_flush) {
-        if (st.tracer) st.tracer->flush();
-        next_flush = now + kFlushPeriod;
-      }
-      {
-        // Publishing and the pressure watch: every round, since a new
-        // device wakes the thread (node::tick returns at once when nothing
-        // is due).
-        std::unique_lock lock(st.work_mu);
-        if (!exiting() && may_open) next_node = node::tick(rt, now);
-      }
-      if (now >= next_check) {
-        check_handlers();
-        {
-          std::unique_lock lock(st.work_mu);
-          housekeeping(rt);
-        }
-        rt.pool.reclaim();
-        next_check = now + kCheckPeriod;
-      }
+      may_open = may_create_descriptors(io::mono_ns(), &stdio_closed_since);
+      serve_asked(rt, may_open);
+      run_due(rt, st, sched, io::mono_ns(), may_open);
     } catch (...) {
       internal_failure("gpupool's control thread");
       const timespec pause{0, 10'000'000};

@@ -358,99 +358,132 @@ std::size_t others_held(const std::string& group) {
   return static_cast<std::size_t>(std::min<std::uint64_t>(sum, SIZE_MAX));
 }
 
+namespace {
+
+// One out-of-memory's request to the neighbours on device `uuid`: what is
+// asked for, until when, and what came back so far.
+struct Asking {
+  Uuid uuid;
+  std::size_t bytes = 0;
+  std::uint64_t start = 0, deadline = 0;
+  std::size_t released = 0;
+  bool enough() const { return released >= bytes || io::mono_ns() >= deadline; }
+};
+
+// The user's processes holding the most first (the registry says who):
+// each asked in turn until enough came back or time is up (*stopped: some
+// were not asked). Returns whom it asked, with what each held.
+std::vector<std::pair<std::uint64_t, long>> ask_holders(Registry* reg, Asking& q, bool* stopped) {
+  std::vector<std::pair<std::uint64_t, long>> holders;
+  for (const ProcessEntry& p : others(reg))
+    for (const DeviceUse& u : p.devices)
+      if (u.uuid == q.uuid && u.held > 0) holders.push_back({u.held, p.pid});
+  std::sort(holders.rbegin(), holders.rend());
+  std::vector<std::pair<std::uint64_t, long>> asked;
+  *stopped = false;
+  for (const auto& [held, pid] : holders) {
+    if ((*stopped = q.enough())) break;
+    const std::uint64_t t0 = io::mono_ns();
+    const std::size_t got = ask_release(pid, geteuid(), q.uuid, q.bytes - q.released, q.deadline);
+    log().info("out of memory on {}: process {} (holding {} MiB) released {} MiB in {:.1f} ms",
+               uuid_text(q.uuid), pid, held >> 20, got >> 20,
+               double(io::mono_ns() - t0) / 1e6);
+    q.released += got;
+    asked.push_back({held, pid});
+  }
+  return asked;
+}
+
+// A holder that answers "released 0" may have released the same memory a
+// moment before, by its pressure watch, between our failed allocation and
+// our request (measured on an H200: the program then saw out-of-memory
+// with 3 GiB just freed). Its entry shows it: what the asked holders no
+// longer hold counts as released, so the caller retries.
+void count_released_meanwhile(Registry* reg, const std::vector<std::pair<std::uint64_t, long>>& holders,
+                              Asking& q) {
+  std::uint64_t dropped = 0;
+  const std::vector<ProcessEntry> now = others(reg);
+  for (const auto& [held, pid] : holders) {
+    std::uint64_t still = 0;
+    for (const ProcessEntry& p : now)
+      if (p.pid == pid)
+        for (const DeviceUse& u : p.devices)
+          if (u.uuid == q.uuid) still = u.held;
+    dropped = add_sat(dropped, held - std::min(held, still));
+  }
+  if (dropped > q.released) {
+    log().info("out of memory on {}: the processes asked hold {} MiB less than before "
+               "(released meanwhile); retrying",
+               uuid_text(q.uuid), (dropped - q.released) >> 20);
+    q.released = static_cast<std::size_t>(std::min<std::uint64_t>(dropped, SIZE_MAX));
+  }
+}
+
+// GPUPOOL_NEIGHBOURS=all: other users' gpupool processes, whose figures we
+// cannot see: all asked at once, each releasing what it holds there (if it
+// also chose all). Each listed name once: a process under a fallback name
+// has it listed, and its usual name then belongs to whoever took it, whom
+// the owner check refuses.
+void ask_other_users(Asking& q) {
+  std::vector<Target> others;
+  // /proc/net/unix is opened on the files thread (config/io.hpp): this is
+  // the program's allocating thread, whose table is the program's.
+  std::vector<control::SocketName> listed;
+  io::in_private([&] { listed = control::listed_sockets(); });
+  for (control::SocketName& sock : listed)
+    if (sock.uid != geteuid()) others.push_back({sock.pid, sock.uid, std::move(sock.name)});
+  if (others.empty()) return;
+  const std::uint64_t t0 = io::mono_ns();
+  const std::size_t got = ask_release_all(others, q.uuid, q.bytes - q.released, q.deadline);
+  log().info("out of memory on {}: other users' processes asked ({} control sockets "
+             "listed), {} MiB released in {:.1f} ms",
+             uuid_text(q.uuid), others.size(), got >> 20, double(io::mono_ns() - t0) / 1e6);
+  q.released += got;
+}
+
+// Nothing released for us, maybe because it was released before we
+// looked: a holder's watch (or a free_held) may give its memory back
+// between our failed allocation and our reading of the registry, and then
+// holds nothing to be asked for (1 round in about 700 of the ask_and_watch
+// test on a loaded 2-core machine). Its entry says when it last gave
+// memory back: within the last `wait`, and the caller tries once more.
+bool gave_back_lately(Registry* reg, const Asking& q, std::uint64_t wait) {
+  const std::uint64_t since = q.start - std::min(q.start, wait);
+  for (const ProcessEntry& p : others(reg))
+    for (const DeviceUse& u : p.devices)
+      if (u.uuid == q.uuid && u.returned_at != 0 && u.returned_at >= since) {
+        log().info("out of memory on {}: process {} gave memory back {:.1f} ms ago; retrying",
+                   uuid_text(q.uuid), p.pid,
+                   double(q.start - std::min(q.start, u.returned_at)) / 1e6);
+        return true;
+      }
+  return false;
+}
+
+}  // namespace
+
 bool ask_neighbours(const std::string& group, std::size_t bytes) {
   State& s = state();
-  Uuid uuid;
+  Asking q;
   Registry* reg = nullptr;
-  if (!find_device(s, group, &uuid, &reg)) return false;
+  if (!find_device(s, group, &q.uuid, &reg)) return false;
   Runtime* rt = runtime_if_started();
   const std::uint64_t wait = rt ? rt->config.neighbour_wait_ns : 0;
   if (wait == 0 || !rt || rt->config.neighbours == config::Neighbours::off) return false;
-  const std::uint64_t start = io::mono_ns();
-  const std::uint64_t deadline = start + wait;
-  std::size_t released = 0;
-  auto ask = [&](long pid, unsigned uid, const char* who) {
-    const std::uint64_t t0 = io::mono_ns();
-    const std::size_t got = ask_release(pid, uid, uuid, bytes - released, deadline);
-    log().info("out of memory on {}: process {} ({}) released {} MiB in {:.1f} ms",
-                 uuid_text(uuid), pid, who, got >> 20, double(io::mono_ns() - t0) / 1e6);
-    released += got;
-  };
-  // The user's processes holding the most first: the registry says who.
-  std::vector<std::pair<std::uint64_t, long>> holders;
+  q.bytes = bytes;
+  q.start = io::mono_ns();
+  q.deadline = q.start + wait;
   if (reg) {
-    for (const ProcessEntry& p : others(reg))
-      for (const DeviceUse& u : p.devices)
-        if (u.uuid == uuid && u.held > 0) holders.push_back({u.held, p.pid});
-    std::sort(holders.rbegin(), holders.rend());
-    for (const auto& [held, pid] : holders) {
-      if (released >= bytes || io::mono_ns() >= deadline) return true;
-      ask(pid, geteuid(), ("holding " + std::to_string(held >> 20) + " MiB").c_str());
-    }
+    bool stopped = false;
+    const auto holders = ask_holders(reg, q, &stopped);
+    if (stopped) return true;
+    if (q.released < bytes && !holders.empty()) count_released_meanwhile(reg, holders, q);
   }
-  // A holder that answers "released 0" may have released the same memory a
-  // moment before, by its pressure watch, between our failed allocation
-  // and our request (measured on an H200: the program then saw
-  // out-of-memory with 3 GiB just freed). Its entry shows it: what the
-  // asked holders no longer hold counts as released, so the caller retries.
-  if (reg && released < bytes && !holders.empty()) {
-    std::uint64_t dropped = 0;
-    const std::vector<ProcessEntry> now = others(reg);
-    for (const auto& [held, pid] : holders) {
-      std::uint64_t still = 0;
-      for (const ProcessEntry& p : now)
-        if (p.pid == pid)
-          for (const DeviceUse& u : p.devices)
-            if (u.uuid == uuid) still = u.held;
-      dropped = add_sat(dropped, held - std::min(held, still));
-    }
-    if (dropped > released) {
-      log().info("out of memory on {}: the processes asked hold {} MiB less than before "
-                 "(released meanwhile); retrying",
-                 uuid_text(uuid), (dropped - released) >> 20);
-      released = static_cast<std::size_t>(std::min<std::uint64_t>(dropped, SIZE_MAX));
-    }
-  }
-  // GPUPOOL_NEIGHBOURS=all: other users' gpupool processes, whose figures
-  // we cannot see: all asked at once, each releasing what it holds there
-  // (if it also chose all). Each listed name once: a process under a
-  // fallback name has it listed, and its usual name then belongs to whoever
-  // took it, whom the owner check refuses.
-  if (rt->config.neighbours == config::Neighbours::all && released < bytes &&
-      io::mono_ns() < deadline) {
-    std::vector<Target> others;
-    // /proc/net/unix is opened on the files thread (config/io.hpp): this is
-    // the program's allocating thread, whose table is the program's.
-    std::vector<control::SocketName> listed;
-    io::in_private([&] { listed = control::listed_sockets(); });
-    for (control::SocketName& sock : listed)
-      if (sock.uid != geteuid()) others.push_back({sock.pid, sock.uid, std::move(sock.name)});
-    if (!others.empty()) {
-      const std::uint64_t t0 = io::mono_ns();
-      const std::size_t got = ask_release_all(others, uuid, bytes - released, deadline);
-      log().info("out of memory on {}: other users' processes asked ({} control sockets "
-                 "listed), {} MiB released in {:.1f} ms",
-                 uuid_text(uuid), others.size(), got >> 20, double(io::mono_ns() - t0) / 1e6);
-      released += got;
-    }
-  }
-  // Nothing released for us, maybe because it was released before we
-  // looked: a holder's watch (or a free_held) may give its memory back
-  // between our failed allocation and our reading of the registry, and then
-  // holds nothing to be asked for (1 round in about 700 of the ask_and_watch
-  // test on a loaded 2-core machine). Its entry says when it last gave
-  // memory back: recently enough, and the caller tries once more.
-  if (reg && released == 0) {
-    const std::uint64_t since = start - std::min(start, wait);
-    for (const ProcessEntry& p : others(reg))
-      for (const DeviceUse& u : p.devices)
-        if (u.uuid == uuid && u.returned_at != 0 && u.returned_at >= since) {
-          log().info("out of memory on {}: process {} gave memory back {:.1f} ms ago; retrying",
-                     uuid_text(uuid), p.pid, double(start - std::min(start, u.returned_at)) / 1e6);
-          return true;
-        }
-  }
-  return released > 0;
+  if (rt->config.neighbours == config::Neighbours::all && q.released < bytes &&
+      io::mono_ns() < q.deadline)
+    ask_other_users(q);
+  if (reg && q.released == 0 && gave_back_lately(reg, q, wait)) return true;
+  return q.released > 0;
 }
 
 std::string answer_release(Runtime& rt, std::string_view args, bool other_user) {
