@@ -12,7 +12,7 @@ namespace gpupool {
 // Every counter, in the order dumps list them: X(name, kind, meaning),
 // kind `bytes` (a byte count), `count` (a gauge) or `counter` (only grows:
 // a Prometheus counter). The struct, its sum and every rendering
-// (control/stats_format.cpp) come from this one list.
+// (observe/stats_format.cpp) come from this one list.
 #define GPUPOOL_STATS_FIELDS(X)                                                             \
   X(held_blocks, count, "freed by the program, kept for reuse")                              \
   X(active_blocks, count, "in the program's hands")                                          \

@@ -1,14 +1,80 @@
 // What the node files share; nothing outside interpose/node uses it.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/lock_rank.hpp"
 #include "interpose/node/registry.hpp"
 
+namespace gpupool {
+struct Runtime;
+}
+
 namespace gpupool::node {
+
+// One pool group on a GPU this process draws on (a GPU may have two: CUDA's
+// and OpenCL's). uuid, group and total never change once added; the watch
+// fields are the control thread's alone.
+struct Device {
+  Uuid uuid{};
+  std::string group;
+  std::size_t total = 0;
+  // The pressure watch: the other processes' use when free memory was last
+  // above the threshold (UINT64_MAX: not sampled yet).
+  std::uint64_t others_at_ok = UINT64_MAX;
+  // The other processes' use when a release was last made for another
+  // user's process (UINT64_MAX: none yet); the next is made only once they
+  // use more (answer_release).
+  std::uint64_t others_at_foreign = UINT64_MAX;
+  std::uint64_t held = 0;  // at the last tick
+  // Managed bytes at the last publication, and when they last fell (memory
+  // went back to the driver: a release, a context gone). 0: never.
+  std::uint64_t managed = 0, returned_at = 0;
+  // Arrivals: the pids NVML listed on the GPU at the last look, sorted. The
+  // first look (again after a time holding nothing) only learns who is
+  // there.
+  std::vector<unsigned> pids;
+  bool pids_looked = false;
+  // After an arrival, until then (mono ns), blocks reaching the idle age go
+  // back as well: the newcomer may take its memory seconds after it came.
+  std::uint64_t arrival_until = 0;
+};
+
+// The room's state (Runtime::node), made with the runtime; never destroyed:
+// used during exit. A forked child gets a new one. Nothing is called while
+// holding mu: the pool, the driver and NVML are called with it released
+// (its rank: core/lock_rank.hpp).
+struct State {
+  Ranked<LockRank::node_devices> mu;  // devices (the list), registry (set once)
+  std::deque<Device> devices;   // stable addresses: the control thread works outside mu
+  std::unique_ptr<Registry> registry;
+  bool registry_tried = false;
+  std::atomic<bool> publish_now{false};
+  // The control thread's:
+  std::uint64_t next_publish = 0, next_watch = 0;
+};
+
+// node.cpp: the room's state (every caller runs inside the runtime: a hook,
+// its backends, its control thread, its exit handler).
+State& state();
+// Every live entry of the registry but this process's; an unusable
+// registry lists nobody (said once).
+std::vector<ProcessEntry> others(Registry* reg);
+// The devices and the registry, copied under the lock.
+std::vector<Device*> devices(State& s, Registry** reg = nullptr);
+// The device of pool group `group`, and the registry; false if none.
+bool find_device(State& s, const std::string& group, Uuid* uuid, Registry** reg);
+std::uint64_t add_sat(std::uint64_t a, std::uint64_t b);
+// The GPU's free and total memory and what the other processes use of it,
+// from NVML; false when NVML cannot say.
+bool gpu_use(Runtime& rt, const Device& d, std::uint64_t* free, std::uint64_t* total,
+             std::uint64_t* others);
 
 // ask.cpp: asks process `pid`, running as `uid`, to release `bytes` of its
 // held memory on `uuid`, over its control socket, by `deadline` (io::mono_ns).

@@ -38,57 +38,11 @@ std::uint64_t growth_slack(std::uint64_t total) {
   return std::min<std::uint64_t>(64ull << 20, total / 64);
 }
 
-// One pool group on a GPU this process draws on (a GPU may have two: CUDA's
-// and OpenCL's). uuid, group and total never change once added; the watch
-// fields are the control thread's alone.
-struct Device {
-  Uuid uuid{};
-  std::string group;
-  std::size_t total = 0;
-  // The pressure watch: the other processes' use when free memory was last
-  // above the threshold (UINT64_MAX: not sampled yet).
-  std::uint64_t others_at_ok = UINT64_MAX;
-  // The other processes' use when a release was last made for another
-  // user's process (UINT64_MAX: none yet); the next is made only once they
-  // use more (answer_release).
-  std::uint64_t others_at_foreign = UINT64_MAX;
-  std::uint64_t held = 0;  // at the last tick
-  // Managed bytes at the last publication, and when they last fell (memory
-  // went back to the driver: a release, a context gone). 0: never.
-  std::uint64_t managed = 0, returned_at = 0;
-  // Arrivals: the pids NVML listed on the GPU at the last look, sorted. The
-  // first look (again after a time holding nothing) only learns who is
-  // there.
-  std::vector<unsigned> pids;
-  bool pids_looked = false;
-  // After an arrival, until then (mono ns), blocks reaching the idle age go
-  // back as well: the newcomer may take its memory seconds after it came.
-  std::uint64_t arrival_until = 0;
-};
-
 }  // namespace
-
-// The room's state (Runtime::node), made with the runtime; never destroyed:
-// used during exit. A forked child gets a new one. Nothing is called while
-// holding mu: the pool, the driver and NVML are called with it released
-// (its rank: core/lock_rank.hpp).
-struct State {
-  Ranked<LockRank::node_devices> mu;  // devices (the list), registry (set once)
-  std::deque<Device> devices;   // stable addresses: the control thread works outside mu
-  std::unique_ptr<Registry> registry;
-  bool registry_tried = false;
-  std::atomic<bool> publish_now{false};
-  // The control thread's:
-  std::uint64_t next_publish = 0, next_watch = 0;
-};
 
 State* new_state() { return new State; }
 
 namespace {
-
-// Every caller runs inside the runtime (a hook, its backends, its control
-// thread, its exit handler).
-State& state() { return *runtime_if_started()->node.load(std::memory_order_acquire); }
 
 void open_registry(Runtime& rt, State& s) {
   if (s.registry_tried || rt.config.neighbours == config::Neighbours::off) return;
@@ -113,6 +67,12 @@ void registry_unusable(const std::string& why) {
                why);
 }
 
+}  // namespace
+
+// Every caller runs inside the runtime (a hook, its backends, its control
+// thread, its exit handler).
+State& state() { return *runtime_if_started()->node.load(std::memory_order_acquire); }
+
 // Every live entry but this process's; an unusable registry lists nobody.
 std::vector<ProcessEntry> others(Registry* reg) {
   std::string why;
@@ -123,7 +83,7 @@ std::vector<ProcessEntry> others(Registry* reg) {
 }
 
 // The devices and the registry, copied under the lock.
-std::vector<Device*> devices(State& s, Registry** reg = nullptr) {
+std::vector<Device*> devices(State& s, Registry** reg) {
   std::lock_guard lock(s.mu);
   std::vector<Device*> out;
   for (Device& d : s.devices) out.push_back(&d);
@@ -143,6 +103,23 @@ bool find_device(State& s, const std::string& group, Uuid* uuid, Registry** reg)
 }
 
 std::uint64_t add_sat(std::uint64_t a, std::uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+// The GPU's free and total memory and what the other processes use of it,
+// from NVML; false when NVML cannot say.
+bool gpu_use(Runtime& rt, const Device& d, std::uint64_t* free, std::uint64_t* total,
+             std::uint64_t* others) {
+  if (!nvml_memory(d.uuid, free, total) || *total == 0) return false;
+  const std::uint64_t used = *total - std::min(*free, *total);
+  // This process's share: all it has on the GPU when NVML can say (its
+  // contexts, libraries and memory outside the pool too), else the pool's.
+  std::uint64_t mine = rt.pool.group_totals(d.group).managed_bytes, listed = 0;
+  if (nvml_process_used(d.uuid, static_cast<long>(getpid()), &listed)) mine = std::max(mine, listed);
+  *others = used - std::min(used, mine);
+  return true;
+}
+
+namespace {
+
 
 // Control thread: this process's figures per GPU, published when there is
 // a registry; `held` feeds the watch either way.
@@ -177,19 +154,6 @@ void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
   }
 }
 
-// The GPU's free and total memory and what the other processes use of it,
-// from NVML; false when NVML cannot say.
-bool gpu_use(Runtime& rt, const Device& d, std::uint64_t* free, std::uint64_t* total,
-             std::uint64_t* others) {
-  if (!nvml_memory(d.uuid, free, total) || *total == 0) return false;
-  const std::uint64_t used = *total - std::min(*free, *total);
-  // This process's share: all it has on the GPU when NVML can say (its
-  // contexts, libraries and memory outside the pool too), else the pool's.
-  std::uint64_t mine = rt.pool.group_totals(d.group).managed_bytes, listed = 0;
-  if (nvml_process_used(d.uuid, static_cast<long>(getpid()), &listed)) mine = std::max(mine, listed);
-  *others = used - std::min(used, mine);
-  return true;
-}
 
 // One GPU whose free memory is low because other processes allocate:
 // release held blocks until twice the threshold is free (so a neighbour
@@ -344,192 +308,6 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now) {
     next = std::min(next, s.next_watch);
   }
   return next;
-}
-
-std::size_t others_held(const std::string& group) {
-  State& s = state();
-  Uuid uuid;
-  Registry* reg = nullptr;
-  if (!find_device(s, group, &uuid, &reg) || !reg) return 0;
-  std::uint64_t sum = 0;
-  for (const ProcessEntry& p : others(reg))
-    for (const DeviceUse& u : p.devices)
-      if (u.uuid == uuid) sum = add_sat(sum, u.held);
-  return static_cast<std::size_t>(std::min<std::uint64_t>(sum, SIZE_MAX));
-}
-
-namespace {
-
-// One out-of-memory's request to the neighbours on device `uuid`: what is
-// asked for, until when, and what came back so far.
-struct Asking {
-  Uuid uuid;
-  std::size_t bytes = 0;
-  std::uint64_t start = 0, deadline = 0;
-  std::size_t released = 0;
-  bool enough() const { return released >= bytes || io::mono_ns() >= deadline; }
-};
-
-// The user's processes holding the most first (the registry says who):
-// each asked in turn until enough came back or time is up (*stopped: some
-// were not asked). Returns whom it asked, with what each held.
-std::vector<std::pair<std::uint64_t, long>> ask_holders(Registry* reg, Asking& q, bool* stopped) {
-  std::vector<std::pair<std::uint64_t, long>> holders;
-  for (const ProcessEntry& p : others(reg))
-    for (const DeviceUse& u : p.devices)
-      if (u.uuid == q.uuid && u.held > 0) holders.push_back({u.held, p.pid});
-  std::sort(holders.rbegin(), holders.rend());
-  std::vector<std::pair<std::uint64_t, long>> asked;
-  *stopped = false;
-  for (const auto& [held, pid] : holders) {
-    if ((*stopped = q.enough())) break;
-    const std::uint64_t t0 = io::mono_ns();
-    const std::size_t got = ask_release(pid, geteuid(), q.uuid, q.bytes - q.released, q.deadline);
-    log().info("out of memory on {}: process {} (holding {} MiB) released {} MiB in {:.1f} ms",
-               uuid_text(q.uuid), pid, held >> 20, got >> 20,
-               double(io::mono_ns() - t0) / 1e6);
-    q.released += got;
-    asked.push_back({held, pid});
-  }
-  return asked;
-}
-
-// A holder that answers "released 0" may have released the same memory a
-// moment before, by its pressure watch, between our failed allocation and
-// our request (measured on an H200: the program then saw out-of-memory
-// with 3 GiB just freed). Its entry shows it: what the asked holders no
-// longer hold counts as released, so the caller retries.
-void count_released_meanwhile(Registry* reg, const std::vector<std::pair<std::uint64_t, long>>& holders,
-                              Asking& q) {
-  std::uint64_t dropped = 0;
-  const std::vector<ProcessEntry> now = others(reg);
-  for (const auto& [held, pid] : holders) {
-    std::uint64_t still = 0;
-    for (const ProcessEntry& p : now)
-      if (p.pid == pid)
-        for (const DeviceUse& u : p.devices)
-          if (u.uuid == q.uuid) still = u.held;
-    dropped = add_sat(dropped, held - std::min(held, still));
-  }
-  if (dropped > q.released) {
-    log().info("out of memory on {}: the processes asked hold {} MiB less than before "
-               "(released meanwhile); retrying",
-               uuid_text(q.uuid), (dropped - q.released) >> 20);
-    q.released = static_cast<std::size_t>(std::min<std::uint64_t>(dropped, SIZE_MAX));
-  }
-}
-
-// GPUPOOL_NEIGHBOURS=all: other users' gpupool processes, whose figures we
-// cannot see: all asked at once, each releasing what it holds there (if it
-// also chose all). Each listed name once: a process under a fallback name
-// has it listed, and its usual name then belongs to whoever took it, whom
-// the owner check refuses.
-void ask_other_users(Asking& q) {
-  std::vector<Target> others;
-  // /proc/net/unix is opened on the files thread (config/io.hpp): this is
-  // the program's allocating thread, whose table is the program's.
-  std::vector<control::SocketName> listed;
-  io::in_private([&] { listed = control::listed_sockets(); });
-  for (control::SocketName& sock : listed)
-    if (sock.uid != geteuid()) others.push_back({sock.pid, sock.uid, std::move(sock.name)});
-  if (others.empty()) return;
-  const std::uint64_t t0 = io::mono_ns();
-  const std::size_t got = ask_release_all(others, q.uuid, q.bytes - q.released, q.deadline);
-  log().info("out of memory on {}: other users' processes asked ({} control sockets "
-             "listed), {} MiB released in {:.1f} ms",
-             uuid_text(q.uuid), others.size(), got >> 20, double(io::mono_ns() - t0) / 1e6);
-  q.released += got;
-}
-
-// Nothing released for us, maybe because it was released before we
-// looked: a holder's watch (or a free_held) may give its memory back
-// between our failed allocation and our reading of the registry, and then
-// holds nothing to be asked for (1 round in about 700 of the ask_and_watch
-// test on a loaded 2-core machine). Its entry says when it last gave
-// memory back: within the last `wait`, and the caller tries once more.
-bool gave_back_lately(Registry* reg, const Asking& q, std::uint64_t wait) {
-  const std::uint64_t since = q.start - std::min(q.start, wait);
-  for (const ProcessEntry& p : others(reg))
-    for (const DeviceUse& u : p.devices)
-      if (u.uuid == q.uuid && u.returned_at != 0 && u.returned_at >= since) {
-        log().info("out of memory on {}: process {} gave memory back {:.1f} ms ago; retrying",
-                   uuid_text(q.uuid), p.pid,
-                   double(q.start - std::min(q.start, u.returned_at)) / 1e6);
-        return true;
-      }
-  return false;
-}
-
-}  // namespace
-
-bool ask_neighbours(const std::string& group, std::size_t bytes) {
-  State& s = state();
-  Asking q;
-  Registry* reg = nullptr;
-  if (!find_device(s, group, &q.uuid, &reg)) return false;
-  Runtime* rt = runtime_if_started();
-  const std::uint64_t wait = rt ? rt->config.neighbour_wait_ns : 0;
-  if (wait == 0 || !rt || rt->config.neighbours == config::Neighbours::off) return false;
-  q.bytes = bytes;
-  q.start = io::mono_ns();
-  q.deadline = q.start + wait;
-  if (reg) {
-    bool stopped = false;
-    const auto holders = ask_holders(reg, q, &stopped);
-    if (stopped) return true;
-    if (q.released < bytes && !holders.empty()) count_released_meanwhile(reg, holders, q);
-  }
-  if (rt->config.neighbours == config::Neighbours::all && q.released < bytes &&
-      io::mono_ns() < q.deadline)
-    ask_other_users(q);
-  if (reg && q.released == 0 && gave_back_lately(reg, q, wait)) return true;
-  return q.released > 0;
-}
-
-std::string answer_release(Runtime& rt, std::string_view args, bool other_user) {
-  const std::size_t sp = args.find(' ');
-  Uuid uuid;
-  std::uint64_t bytes = 0;
-  if (sp == std::string_view::npos || !parse_uuid(args.substr(0, sp), &uuid) ||
-      std::from_chars(args.data() + sp + 1, args.data() + args.size(), bytes).ec != std::errc())
-    return "error bad-request expected 'release GPU-<uuid> <bytes>'\n";
-  State& s = state();
-  const std::vector<Device*> devs = devices(s);
-  std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, SIZE_MAX));
-  // Another user's process says what it lacks and we cannot see its
-  // figures, so what it asks is checked against the GPU, as the pressure
-  // watch does: it gets what the GPU lacks for its request (the bytes asked,
-  // at most the GPU's size, less the free memory), and only if the other
-  // processes' use grew since the last release made for one of them (they
-  // took that memory). Asking again and again without allocating gets
-  // nothing; without NVML nothing is released for another user.
-  Device* watched = nullptr;
-  std::uint64_t others = 0;
-  if (other_user) {
-    for (Device* d : devs)
-      if (d->uuid == uuid && !watched) watched = d;
-    std::uint64_t free = 0, total = 0;
-    if (!watched || !gpu_use(rt, *watched, &free, &total, &others) ||
-        (watched->others_at_foreign != UINT64_MAX && others <= watched->others_at_foreign))
-      want = 0;
-    else {
-      const std::uint64_t asked = std::min<std::uint64_t>(bytes, total);
-      const std::uint64_t lacks = asked - std::min(free, asked);
-      want = static_cast<std::size_t>(std::min<std::uint64_t>(lacks, SIZE_MAX));
-    }
-  }
-  std::size_t released = 0;
-  for (Device* d : devs)
-    if (d->uuid == uuid && released < want) released += rt.pool.release_group(d->group, want - released);
-  if (released && watched) watched->others_at_foreign = others;
-  if (released) {
-    log().info("released {} MiB of held memory on {} for another gpupool process{}",
-               released >> 20, uuid_text(uuid), other_user ? " (another user's)" : "");
-    // Published by this thread's next tick, not here: publishing opens the
-    // registry, and the tick waits while the program has 0-2 closed.
-    s.publish_now.store(true, std::memory_order_release);
-  }
-  return "ok\nreleased " + std::to_string(released) + "\n";
 }
 
 void at_exit() noexcept {
