@@ -220,13 +220,6 @@ std::string view_html(const View& v, const std::string& id, bool several) {
   return h;
 }
 
-std::string summary(const View& v) {
-  return num(v.allocations) + " allocations, " + num(v.frees) + " frees over " +
-         seconds_text(v.duration_ns) + "; " +
-         (v.allocations ? num(v.hits * 100 / v.allocations) : std::string("0")) +
-         "% served from held blocks.";
-}
-
 std::string script_data(const std::string& d) {
   // Inside <script>: no "</" may end it early.
   std::string safe;
@@ -254,11 +247,11 @@ std::string page(const Report& r) {
   std::string h = page_head(title);
   h += "<h1>" + html_escape(title) + "</h1>\n<p>";
   if (!several) {
-    h += html_escape(all.path) + ": " + summary(all);
+    h += html_escape(all.path) + ": " + summary_text(all);
   } else {
     std::string files;
     for (const std::string& f : r.files) files += (files.empty() ? "" : ", ") + html_escape(f);
-    h += "All together: " + summary(all) + " <span class=\"note\">(" + files + ")</span>";
+    h += "All together: " + summary_text(all) + " <span class=\"note\">(" + files + ")</span>";
   }
   h += " <span id=\"status\"></span></p>\n";
   if (several) {
@@ -284,7 +277,7 @@ std::string page(const Report& r) {
     const View& p = r.processes[k];
     h += std::string("<details class=\"process\"") + (r.processes.size() <= 4 ? " open" : "") +
          "><summary>" + html_escape(process_title(p)) + "</summary>\n<p>" + html_escape(p.path) +
-         ": " + summary(p) + "</p>\n" + view_html(p, "p" + num(k), false) + "</details>\n";
+         ": " + summary_text(p) + "</p>\n" + view_html(p, "p" + num(k), false) + "</details>\n";
   }
   if (several)
     h += "<p class=\"note\">Frameworks keep memory until exit on purpose: a cache or a model's "

@@ -44,13 +44,6 @@ std::string pids_text(const std::vector<std::uint64_t>& pids) {
   return o;
 }
 
-std::string summary(const View& v) {
-  return num(v.allocations) + " allocations, " + num(v.frees) + " frees over " +
-         seconds_text(v.duration_ns) + "; " +
-         (v.allocations ? num(v.hits * 100 / v.allocations) : std::string("0")) +
-         "% served from held blocks.\n";
-}
-
 // Columns padded to their widest cell; right-aligned but the first.
 std::string table(const std::vector<std::vector<std::string>>& cells) {
   std::vector<std::size_t> w;
@@ -119,7 +112,7 @@ std::string rows(const View& v, const Moment& m, bool at_end, bool several, bool
 }
 
 std::string view_text(const View& v, bool several) {
-  std::string o = summary(v) + "\n" + peaks(v) + "\n";
+  std::string o = summary_text(v) + "\n\n" + peaks(v) + "\n";
   if (!v.sites_recorded && (!v.peak.rows.empty() || !v.end.rows.empty()))
     o += "No call stacks in this trace: record them with GPUPOOL_SITES=all (or a sampling "
          "rate).\n\n";
@@ -146,6 +139,13 @@ std::string seconds_text(std::uint64_t ns) {
     std::snprintf(buf, sizeof buf, "%.*f ms", ns < 10'000'000 ? 2 : 1, v / 1e6);
   else std::snprintf(buf, sizeof buf, "%.*f s", ns < 10'000'000'000 ? 2 : 1, v / 1e9);
   return buf;
+}
+
+std::string summary_text(const View& v) {
+  return num(v.allocations) + " allocations, " + num(v.frees) + " frees over " +
+         seconds_text(v.duration_ns) + "; " +
+         (v.allocations ? num(v.hits * 100 / v.allocations) : std::string("0")) +
+         "% served from held blocks.";
 }
 
 std::string text(const Report& r) {
