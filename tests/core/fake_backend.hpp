@@ -10,6 +10,7 @@
 #include <mutex>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -122,6 +123,17 @@ class FakeBackend : public Backend {
 
  private:
   std::shared_ptr<FakeDevice> dev_;
+};
+
+// A FakeBackend that runs on_drop (once) at its next drop, before dropping:
+// a test stops another thread's retire there, mid-emptying.
+struct DroppingBackend : FakeBackend {
+  using FakeBackend::FakeBackend;
+  std::function<void()> on_drop;
+  void drop(Handle h, std::size_t bytes, void* data) override {
+    if (auto f = std::exchange(on_drop, nullptr)) f();
+    FakeBackend::drop(h, bytes, data);
+  }
 };
 
 }  // namespace gpupool::testing

@@ -17,6 +17,7 @@
 
 using namespace gpupool;
 using gpupool::testing::FakeBackend;
+using gpupool::testing::DroppingBackend;
 using gpupool::testing::FakeDevice;
 
 namespace {
@@ -668,18 +669,10 @@ TEST(Pool, ForkHandlersTakeEveryLockAndGiveThemBack) {
 // arena as it was, a retired row still holding what was not dropped yet,
 // and never destroys it with blocks in its bins.
 TEST(Pool, ForkedWhileAnArenaIsEmptiedTheChildKeepsIt) {
-  struct Dropping : FakeBackend {
-    using FakeBackend::FakeBackend;
-    std::function<void()> on_drop;
-    void drop(Handle h, std::size_t bytes, void* data) override {
-      if (auto f = std::exchange(on_drop, nullptr)) f();
-      FakeBackend::drop(h, bytes, data);
-    }
-  };
   auto dev = std::make_shared<FakeDevice>();
   Pool pool;
-  auto backend = std::make_unique<Dropping>(dev);
-  Dropping* hook = backend.get();
+  auto backend = std::make_unique<DroppingBackend>(dev);
+  DroppingBackend* hook = backend.get();
   Arena* a = pool.add_arena(std::move(backend), {.name = "ctx", .group = "g", .kind = "fake"});
   pool.free(pool.allocate(a, 100).block);
   pool.free(pool.allocate(a, 5000).block);

@@ -19,6 +19,7 @@
 using namespace gpupool;
 using namespace gpupool::core_detail;
 using gpupool::testing::FakeBackend;
+using gpupool::testing::DroppingBackend;
 using gpupool::testing::FakeDevice;
 
 namespace {
@@ -91,18 +92,10 @@ TEST(Release, ThePickerKeepsTheFirstOfEquals) {
 // An arena being retired still holds what retire_arena has not dropped yet:
 // memory its driver already freed, never to be released again.
 TEST(Release, ARetiredArenaIsNeverPicked) {
-  struct Dropping : FakeBackend {
-    using FakeBackend::FakeBackend;
-    std::function<void()> on_drop;
-    void drop(Handle h, std::size_t bytes, void* data) override {
-      if (auto f = std::exchange(on_drop, nullptr)) f();
-      FakeBackend::drop(h, bytes, data);
-    }
-  };
   auto dev = std::make_shared<FakeDevice>();
   Pool pool{PoolOptions{.clock = test_clock}};
-  auto backend = std::make_unique<Dropping>(dev);
-  Dropping* hook = backend.get();
+  auto backend = std::make_unique<DroppingBackend>(dev);
+  DroppingBackend* hook = backend.get();
   Arena* dying = pool.add_arena(std::move(backend), {.group = "g", .split_min = MiB});
   Arena* alive = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
   pool.free(pool.allocate(dying, 16384).block);
@@ -185,20 +178,12 @@ TEST(Release, FreedByLosesNothingWhenAnAllocationFails) {
 // on another thread) is not trimmed: what it holds the driver already
 // freed, so it is dropped by its retire, never released.
 TEST(Release, FreedBySkipsAnArenaRetiredMeanwhile) {
-  struct Dropping : FakeBackend {
-    using FakeBackend::FakeBackend;
-    std::function<void()> on_drop;
-    void drop(Handle h, std::size_t bytes, void* data) override {
-      if (auto f = std::exchange(on_drop, nullptr)) f();
-      FakeBackend::drop(h, bytes, data);
-    }
-  };
   auto first_dev = std::make_shared<FakeDevice>();
   auto dying_dev = std::make_shared<FakeDevice>();
   Pool pool{PoolOptions{.clock = test_clock}};
   Arena* first = pool.add_arena(std::make_unique<FakeBackend>(first_dev), {.group = "g", .split_min = MiB});
-  auto backend = std::make_unique<Dropping>(dying_dev);
-  Dropping* hook = backend.get();
+  auto backend = std::make_unique<DroppingBackend>(dying_dev);
+  DroppingBackend* hook = backend.get();
   Arena* dying = pool.add_arena(std::move(backend), {.group = "g"});
   g_now = 10;
   pool.free(pool.allocate(first, 2 * MiB).block);  // a segment, given back while scanning
