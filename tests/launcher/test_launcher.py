@@ -327,7 +327,27 @@ class Pid(unittest.TestCase):
         self.assertEqual(rc, 0, err)
 
 
-class Trace(unittest.TestCase):
+class InTmpDir(unittest.TestCase):
+    """A test with a temporary directory of its own (self.tmp), removed
+    after it; write() puts a file there."""
+
+    PREFIX = "gpupool-"
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix=self.PREFIX)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write(self, name, text):
+        path = os.path.join(self.tmp, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+
+class Trace(InTmpDir):
     """gpupool trace convert: a known trace's numbers in both formats; a bad
     trace gets one error naming its line and leaves no file; the trace of a
     program killed with SIGKILL still converts."""
@@ -342,14 +362,7 @@ class Trace(unittest.TestCase):
              "a 2000 8 1 b000 4096 4096 m\n"
              "f 5000 8 1 b000 4096 4096\n")
 
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="gpupool-trace-")
-
-    def write(self, name, text):
-        path = os.path.join(self.tmp, name)
-        with open(path, "w") as f:
-            f.write(text)
-        return path
+    PREFIX = "gpupool-trace-"
 
     def test_perfetto_counters(self):
         src = self.write("known.trace", self.KNOWN)
@@ -519,7 +532,7 @@ class Trace(unittest.TestCase):
         self.assertTrue(all(row.count(",") == 5 for row in rows))
 
 
-class Report(unittest.TestCase):
+class Report(InTmpDir):
     """gpupool report: a known program's peaks, the sites holding them and
     what it never released, in the page's data and in its tables; bad input
     gets one error naming the file and line, and no file; a killed program's
@@ -529,17 +542,7 @@ class Report(unittest.TestCase):
     KIB = 1 << 10
     MIB = 1 << 20
 
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="gpupool-report-")
-
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def write(self, name, text):
-        path = os.path.join(self.tmp, name)
-        with open(path, "w") as f:
-            f.write(text)
-        return path
+    PREFIX = "gpupool-report-"
 
     def report(self, trace, name="r.html"):
         out = os.path.join(self.tmp, name)
@@ -957,7 +960,7 @@ MIB = 1 << 20
 KIB = 1 << 10
 
 
-class Several(unittest.TestCase):
+class Several(InTmpDir):
     """Several processes' traces: `report` and `trace convert` take a file
     with its siblings (NAME.PID.EXT), several files or a directory, say
     which files they read, and show each process and all together on one
@@ -965,18 +968,7 @@ class Several(unittest.TestCase):
 
     S = 1_700_000_000_000_000_000
 
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="gpupool-several-")
-
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def write(self, name, text):
-        path = os.path.join(self.tmp, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-        return path
+    PREFIX = "gpupool-several-"
 
     def run_dir(self):
         """out.trace (pid 10) and its siblings out.11.trace (started 0.5 ms
@@ -1243,17 +1235,13 @@ class Several(unittest.TestCase):
         self.assertRegex(r.stdout, r"512\.0 KiB +1 block  py load \(/src/train.py:20\)  \[cuda:0, pid 11\]")
 
 
-class Flame(unittest.TestCase):
+class Flame(InTmpDir):
     """The report's flame graphs (icicles) of bytes by call stack, at the
     peak and at the end: each frame's bytes are its callees', a named
     frame's return addresses merge, tiny frames are left out but counted,
     and a browser draws them."""
 
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="gpupool-flame-")
-
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    PREFIX = "gpupool-flame-"
 
     def report(self, text):
         trace = os.path.join(self.tmp, "t.trace")
@@ -1341,22 +1329,12 @@ class Flame(unittest.TestCase):
                          paths)
 
 
-class Text(unittest.TestCase):
+class Text(InTmpDir):
     """`report --text` (terminals and CI logs: the summary, the peaks, the
     leak list with stacks) and `report --diff BASE` (what changed between
     two runs, sites matched across builds)."""
 
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="gpupool-text-")
-
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def write(self, name, text):
-        path = os.path.join(self.tmp, name)
-        with open(path, "w") as f:
-            f.write(text)
-        return path
+    PREFIX = "gpupool-text-"
 
     def test_known_trace(self):
         trace = self.write("t.trace", Flame.KNOWN)
