@@ -157,6 +157,8 @@ std::string diff_page(const Report& base, const Report& now);
 // Shared by both.
 using observe::bytes_text;  // one decimal: "1.5 KiB"
 std::string seconds_text(std::uint64_t ns);
+// What the rows past the kTopSites largest hold together.
+Held rest_of(const Moment& m);
 // "14 allocations, 10 frees over 317 µs; 35% served from held blocks."
 std::string summary_text(const View& v);
 // A run as the diff names it: its trace, or "3 processes (first, ...)".

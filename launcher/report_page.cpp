@@ -190,14 +190,8 @@ std::string view_html(const View& v, const std::string& id, bool several) {
                             : "") +
          (several ? "<th class=\"l\">processes</th>" : "") +
          "<th class=\"l\">allocation site</th></tr>\n";
-    Held rest;
-    for (std::size_t k = 0; k < m.rows.size(); ++k) {
+    for (std::size_t k = 0; k < m.rows.size() && k < kTopSites; ++k) {
       const SiteRow& row = m.rows[k];
-      if (k >= kTopSites) {
-        rest.blocks += row.held.blocks;
-        rest.bytes += row.held.bytes;
-        continue;
-      }
       o += "<tr><td>" + bytes_text(row.held.bytes) + "</td><td>" + num(row.held.blocks) + "</td>";
       if (at_end)
         o += "<td class=\"l\">" + html_escape(row.group) +
@@ -208,9 +202,11 @@ std::string view_html(const View& v, const std::string& id, bool several) {
       o += site_cell(v.names[row.name]) + "</tr>\n";
     }
     o += "</table>\n";
-    if (m.rows.size() > kTopSites)
+    if (m.rows.size() > kTopSites) {
+      const Held rest = rest_of(m);
       o += "<p class=\"note\">" + num(m.rows.size() - kTopSites) + " more rows hold " +
            bytes_text(rest.bytes) + " in " + num(rest.blocks) + " blocks.</p>\n";
+    }
     return o;
   };
   h += site_table(

@@ -82,14 +82,8 @@ std::string peaks(const View& v) {
 // with the stacks (the leak list) when `stacks`.
 std::string rows(const View& v, const Moment& m, bool at_end, bool several, bool stacks) {
   std::string o;
-  Held rest;
-  for (std::size_t k = 0; k < m.rows.size(); ++k) {
+  for (std::size_t k = 0; k < m.rows.size() && k < kTopSites; ++k) {
     const SiteRow& row = m.rows[k];
-    if (k >= kTopSites) {
-      rest.blocks += row.held.blocks;
-      rest.bytes += row.held.bytes;
-      continue;
-    }
     const SiteName& n = v.names[row.name];
     o += "  " + pad_left(bytes_text(row.held.bytes), 10) + "  " +
          pad_left(blocks_text(row.held.blocks), 11) + "  " + n.label;
@@ -105,9 +99,11 @@ std::string rows(const View& v, const Moment& m, bool at_end, bool several, bool
         o += std::string(29, ' ') + "... " + num(n.frames.size() - kStackFrames) + " more frames\n";
     }
   }
-  if (m.rows.size() > kTopSites)
+  if (m.rows.size() > kTopSites) {
+    const Held rest = rest_of(m);
     o += "  " + num(m.rows.size() - kTopSites) + " more rows hold " + bytes_text(rest.bytes) +
          " in " + num(rest.blocks) + " blocks.\n";
+  }
   return o;
 }
 
@@ -139,6 +135,15 @@ std::string seconds_text(std::uint64_t ns) {
     std::snprintf(buf, sizeof buf, "%.*f ms", ns < 10'000'000 ? 2 : 1, v / 1e6);
   else std::snprintf(buf, sizeof buf, "%.*f s", ns < 10'000'000'000 ? 2 : 1, v / 1e9);
   return buf;
+}
+
+Held rest_of(const Moment& m) {
+  Held rest;
+  for (std::size_t k = kTopSites; k < m.rows.size(); ++k) {
+    rest.blocks += m.rows[k].held.blocks;
+    rest.bytes += m.rows[k].held.bytes;
+  }
+  return rest;
 }
 
 std::string summary_text(const View& v) {
