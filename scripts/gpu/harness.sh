@@ -502,7 +502,7 @@ if [[ -f $BUILD/CTestTestfile.cmake ]]; then
   # The report's browser tests need Chromium, which this machine lacks and
   # cannot fetch: they are skipped here (CI runs them).
   if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
-    export GPUPOOL_TESTS_WITHOUT_BROWSER=1
+    export SKIP_BROWSER_TESTS=1
     note ctest-report "the report's browser tests skipped: no Chromium here (CI draws the report)"
   fi
   step ctest build.log 150 "${CT[@]}" -j 8 -LE 'opencl|host'

@@ -930,13 +930,13 @@ def page_data(html_path):
 
 def chromium():
     """Chromium's path. Missing, the test fails (CI installs it), or is
-    skipped where GPUPOOL_TESTS_WITHOUT_BROWSER is set (the GPU machines,
+    skipped where SKIP_BROWSER_TESTS is set (the GPU machines,
     which cannot install it)."""
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path:
         return path
-    if os.environ.get("GPUPOOL_TESTS_WITHOUT_BROWSER"):
-        raise unittest.SkipTest("no Chromium here (GPUPOOL_TESTS_WITHOUT_BROWSER is set)")
+    if os.environ.get("SKIP_BROWSER_TESTS"):
+        raise unittest.SkipTest("no Chromium here (SKIP_BROWSER_TESTS is set)")
     raise AssertionError("chromium is needed (scripts/install-deps.sh installs it)")
 
 
