@@ -83,6 +83,7 @@ class Analysis {
   View run() {
     setup();
     pass_counters();
+    sum_up_others();
     pass_sites();
     return std::move(v_);
   }
@@ -112,9 +113,6 @@ class Analysis {
         if (fresh) {
           Group g;
           g.name = a.group;
-          g.b_active.assign(v_.points, 0);
-          g.b_in_blocks.assign(v_.points, 0);
-          g.b_managed.assign(v_.points, 0);
           v_.groups.push_back(std::move(g));
         }
         group_of_arena_[k].push_back(it->second);
@@ -135,19 +133,23 @@ class Analysis {
         n - 1, static_cast<std::size_t>((static_cast<double>(t) / v_.span_ns) * n));
   }
 
-  // Pass 1: counters, peaks, bucket maxima, rates, sizes; the moment of the
-  // peak of all groups' active bytes together.
+  // Pass 1: counters, peaks, series, rates, sizes; the moment of the peak
+  // of all groups' active bytes together.
   void pass_counters() {
     requested_.assign(slots_, 0);
-    p1_.size.assign(slots_, 0);
-    p1_.filled.assign(v_.groups.size(), 0);
+    size_.assign(slots_, 0);
+    p1_.open.assign(v_.groups.size(), kNone);
     p1_.proc_filled.assign(src_.size(), 0);
     p1_.proc_active.assign(src_.size(), 0);
-    p1_.own.assign(several_ ? src_.size() : 0, std::vector<Counters>(v_.groups.size()));
+    if (several_) {
+      p1_.own.resize(src_.size());
+      for (std::size_t k = 0; k < src_.size(); ++k)
+        p1_.own[k].assign(src_[k].tr->arenas.size(), {});
+    }
     in_time_order(
         src_, [&](std::size_t k, const trace::Record& r, std::uint64_t t) { count(k, r, t); },
         [&](std::size_t k, std::uint64_t t) { process_ended(k, t); });
-    for (std::size_t gi = 0; gi < v_.groups.size(); ++gi) start_buckets(gi, v_.points - 1);
+    for (std::size_t gi = 0; gi < v_.groups.size(); ++gi) end_series(v_.groups[gi], p1_.open[gi]);
     if (several_) {
       for (std::size_t k = 0; k < src_.size(); ++k) carry(k, v_.points - 1);
       keep_top_processes();
@@ -155,14 +157,61 @@ class Analysis {
     p1_ = {};
   }
 
-  // Group gi's buckets up to b started at its levels before this record.
-  void start_buckets(std::size_t gi, std::size_t b) {
-    Group& g = v_.groups[gi];
-    for (std::size_t& f = p1_.filled[gi]; f <= b; ++f) {
-      g.b_active[f] = g.c.active;
-      g.b_in_blocks[f] = g.c.in_blocks;
-      g.b_managed[f] = g.c.managed();
+  // A group's series (Group::at): `open` is the bucket of its last event
+  // (kNone before the first). A point holds its bucket's maximum, the level
+  // carried in included; where buckets without events follow, a point at
+  // the next one holds the level the group stays at.
+  static constexpr std::size_t kNone = SIZE_MAX;
+  static void add_point(Group& g, std::size_t b) {
+    g.at.push_back(static_cast<std::uint32_t>(b));
+    g.active.push_back(g.c.active);
+    g.in_blocks.push_back(g.c.in_blocks);
+    g.managed.push_back(g.c.managed());
+  }
+  static bool at_level(const Group& g) {
+    return g.active.back() == g.c.active && g.in_blocks.back() == g.c.in_blocks &&
+           g.managed.back() == g.c.managed();
+  }
+  // Before an event of g in bucket b.
+  static void start_bucket(Group& g, std::size_t& open, std::size_t b) {
+    if (open == b) return;
+    if (open == kNone ? b > 0 : b > open + 1 && !at_level(g))
+      add_point(g, open == kNone ? 0 : open + 1);
+    add_point(g, b);
+    open = b;
+  }
+  // After the end of the records.
+  void end_series(Group& g, std::size_t open) const {
+    if (open == kNone) add_point(g, 0);
+    else if (open + 1 < v_.points && !at_level(g)) add_point(g, open + 1);
+  }
+
+  // Record r (its allocation's slot) moves group g, and own (a process's
+  // part of it, or null), at t.
+  void move(Group& g, std::size_t& open, Counters* own, const trace::Record& r, std::size_t slot,
+            std::uint64_t t) {
+    start_bucket(g, open, bucket(t, v_.points));
+    apply(g.c, r, requested_[slot], size_[slot]);
+    if (own) apply(*own, r, requested_[slot], size_[slot]);
+    if (r.alloc) {
+      ++g.allocs;
+      g.hits += r.hit;
     }
+    if (g.c.active > g.peak_active.bytes) g.peak_active = {g.c.active, t};
+    if (g.c.managed() > g.peak_managed.bytes) g.peak_managed = {g.c.managed(), t};
+    g.active.back() = std::max(g.active.back(), g.c.active);
+    g.in_blocks.back() = std::max(g.in_blocks.back(), g.c.in_blocks);
+    g.managed.back() = std::max(g.managed.back(), g.c.managed());
+  }
+
+  // A process that exited takes its part `own` of group g away, at t.
+  void take_away(Group& g, std::size_t& open, Counters& own, std::uint64_t t) {
+    if (!own.active && !own.in_blocks && !own.held) return;
+    start_bucket(g, open, bucket(t, v_.points));
+    g.c.active -= std::min(g.c.active, own.active);
+    g.c.in_blocks -= std::min(g.c.in_blocks, own.in_blocks);
+    g.c.held -= std::min(g.c.held, own.held);
+    own = {};
   }
 
   // The process's and the total's series: buckets up to b started at the
@@ -196,15 +245,12 @@ class Analysis {
     }
   }
 
-  // An allocation's part of the figures: counts, hits over time, sizes.
-  void count_allocation(Group& g, const trace::Record& r, std::uint64_t t) {
+  // An allocation's part of the view's figures: counts, hits over time,
+  // sizes.
+  void count_allocation(const trace::Record& r, std::uint64_t t) {
     ++v_.allocations;
-    ++g.allocs;
     (r.hit ? v_.rate_hits : v_.rate_misses)[bucket(t, report::kRateBuckets)]++;
-    if (r.hit) {
-      ++v_.hits;
-      ++g.hits;
-    }
+    if (r.hit) ++v_.hits;
     int lg = 0;
     while (lg < 63 && (std::uint64_t(2) << lg) <= r.requested) ++lg;
     auto& s = v_.sizes[r.requested ? lg : -1];
@@ -217,32 +263,24 @@ class Analysis {
     const std::size_t gi = group_of_arena_[k][r.arena];
     Group& g = v_.groups[gi];
     const std::size_t b = bucket(t, v_.points);
-    start_buckets(gi, b);
     if (several_) carry(k, b);
     const std::size_t slot = src_[k].slot_base + r.slot;
-    const std::uint64_t before = g.c.active;
-    apply(g.c, r, requested_[slot], p1_.size[slot]);
-    if (several_) apply(p1_.own[k][gi], r, requested_[slot], p1_.size[slot]);
     if (r.alloc) {
       requested_[slot] = r.requested;
-      p1_.size[slot] = r.size;
-      count_allocation(g, r, t);
+      size_[slot] = r.size;
+      count_allocation(r, t);
     } else {
       ++v_.frees;
     }
-    const Counters& c = g.c;
-    p1_.total_active = p1_.total_active + c.active - before;
-    if (c.active > g.peak_active.bytes) g.peak_active = {c.active, t};
-    if (c.managed() > g.peak_managed.bytes) g.peak_managed = {c.managed(), t};
+    const std::uint64_t before = g.c.active;
+    move(g, p1_.open[gi], several_ ? &p1_.own[k][r.arena] : nullptr, r, slot, t);
+    p1_.total_active = p1_.total_active + g.c.active - before;
     if (p1_.total_active > v_.peak.at.bytes) {
       v_.peak.at = {p1_.total_active, t};
       peak_step_ = p1_.step;
     }
-    g.b_active[b] = std::max(g.b_active[b], c.active);
-    g.b_in_blocks[b] = std::max(g.b_in_blocks[b], c.in_blocks);
-    g.b_managed[b] = std::max(g.b_managed[b], c.managed());
     if (several_) {
-      p1_.proc_active[k] = p1_.proc_active[k] + c.active - before;
+      p1_.proc_active[k] = p1_.proc_active[k] + g.c.active - before;
       mark(k, b);
     }
     ++p1_.step;
@@ -254,19 +292,55 @@ class Analysis {
     if (!several_) return;
     const std::size_t b = bucket(t, v_.points);
     carry(k, b);
-    for (std::size_t gi = 0; gi < v_.groups.size(); ++gi) {
-      Counters& mine = p1_.own[k][gi];
-      if (!mine.active && !mine.in_blocks && !mine.held) continue;
-      start_buckets(gi, b);
-      Counters& c = v_.groups[gi].c;
-      c.active -= std::min(c.active, mine.active);
-      c.in_blocks -= std::min(c.in_blocks, mine.in_blocks);
-      c.held -= std::min(c.held, mine.held);
-      mine = {};
+    for (std::size_t a = 0; a < p1_.own[k].size(); ++a) {
+      const std::size_t gi = group_of_arena_[k][a];
+      take_away(v_.groups[gi], p1_.open[gi], p1_.own[k][a], t);
     }
     p1_.total_active -= std::min(p1_.total_active, p1_.proc_active[k]);
     p1_.proc_active[k] = 0;
     mark(k, b);
+  }
+
+  // Past kTopGroups pool groups, those with the largest peaks are kept
+  // (in their order) and the others replaced by one group that sums them
+  // up: their records again, as one group's (exact figures of them
+  // together, and a page of a sane size whatever the count).
+  void sum_up_others() {
+    std::vector<Group>& groups = v_.groups;
+    if (groups.size() <= report::kTopGroups) return;
+    std::vector<std::size_t> order(groups.size());
+    for (std::size_t gi = 0; gi < order.size(); ++gi) order[gi] = gi;
+    std::partial_sort(order.begin(), order.begin() + report::kTopGroups, order.end(),
+                      [&](std::size_t a, std::size_t b) {
+                        const Group &x = groups[a], &y = groups[b];
+                        if (x.peak_managed.bytes != y.peak_managed.bytes)
+                          return x.peak_managed.bytes > y.peak_managed.bytes;
+                        if (x.peak_active.bytes != y.peak_active.bytes)
+                          return x.peak_active.bytes > y.peak_active.bytes;
+                        return a < b;
+                      });
+    std::vector<std::uint8_t> shown(groups.size(), 0);
+    for (std::size_t i = 0; i < report::kTopGroups; ++i) shown[order[i]] = 1;
+    Group rest;
+    rest.others = groups.size() - report::kTopGroups;
+    rest.name = std::to_string(rest.others) + " other pool groups";
+    std::size_t open = kNone;
+    std::vector<Counters> own(src_.size());  // each process's part of them
+    in_time_order(
+        src_,
+        [&](std::size_t k, const trace::Record& r, std::uint64_t t) {
+          if (shown[group_of_arena_[k][r.arena]]) return;
+          move(rest, open, &own[k], r, src_[k].slot_base + r.slot, t);
+        },
+        [&](std::size_t k, std::uint64_t t) {
+          if (several_) take_away(rest, open, own[k], t);
+        });
+    end_series(rest, open);
+    std::size_t kept = 0;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi)
+      if (shown[gi]) groups[kept++] = std::move(groups[gi]);
+    groups.resize(kept);
+    groups.push_back(std::move(rest));
   }
 
   // The processes that held the most, each a line; the total has all.
@@ -390,17 +464,18 @@ class Analysis {
   View v_;
   std::size_t slots_ = 0;
   std::vector<std::vector<std::size_t>> group_of_arena_;
-  std::vector<std::uint64_t> requested_;  // per slot
+  std::vector<std::uint64_t> requested_, size_;  // per slot: its allocation's
   std::uint64_t peak_step_ = UINT64_MAX;
-  // Pass 1's working state. Buckets [0, filled) are started, each at the
-  // value it inherits from before its first record, so a bucket a group (or
-  // process) has no record in shows the level it stayed at.
+  // Pass 1's working state. The process's and the total's buckets [0,
+  // filled) are started, each at the level it inherits from before its
+  // first record, so a bucket without records shows the level it stayed at.
   struct Pass1 {
-    std::vector<std::uint64_t> size;  // per slot
-    std::vector<std::size_t> filled, proc_filled;
+    std::vector<std::size_t> open;  // per group: its series' last bucket (kNone: none)
+    std::vector<std::size_t> proc_filled;
     std::size_t total_filled = 0;
     std::vector<std::uint64_t> proc_active;
-    // Together, each process's part of each group: what its end takes away.
+    // Together, each process's part of each group, by its arenas: what its
+    // end takes away.
     std::vector<std::vector<Counters>> own;
     std::uint64_t total_active = 0, step = 0;
   } p1_;

@@ -5,7 +5,8 @@
 // A View is one process's trace, or several processes' together on one
 // clock (the earliest trace's start); every figure in it is exact except
 // the plotted series, downsampled to kPoints points, each its interval's
-// maximum.
+// maximum. The kTopGroups pool groups with the largest peaks are shown each
+// on its own, the others summed up as one.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,7 @@ namespace gpupool::launcher::report {
 inline constexpr std::size_t kPoints = 2000;      // per plotted series
 inline constexpr std::size_t kRateBuckets = 200;  // hits and misses over time
 inline constexpr std::size_t kTopSites = 20;      // rows a table shows
+inline constexpr std::size_t kTopGroups = 10;     // pool groups shown each on its own
 
 struct Peak {
   std::uint64_t bytes = 0, t_ns = 0;
@@ -36,13 +38,19 @@ struct Held {
   std::uint64_t blocks = 0, bytes = 0;
 };
 
-// A pool group's figures.
+// A pool group's figures, or the other groups' (past the kTopGroups that
+// held the most) together: exact for them as one group.
 struct Group {
   std::string name;
-  Counters c;  // at the end
+  std::size_t others = 0;  // the groups summed up here; 0: one group
+  Counters c;              // at the end
   Peak peak_active, peak_managed;
   std::uint64_t allocs = 0, hits = 0;
-  std::vector<std::uint64_t> b_active, b_in_blocks, b_managed;  // each bucket's maximum
+  // The plotted series, only where the level moves (a group's points grow
+  // with its records, not with the plot's width): from bucket at[j] on,
+  // that bucket's maximum, then the level it ends at until the next.
+  std::vector<std::uint32_t> at;
+  std::vector<std::uint64_t> active, in_blocks, managed;
 };
 
 // An allocation site as tables show it.

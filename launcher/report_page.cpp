@@ -85,21 +85,23 @@ std::string view_json(const View& v) {
                   ",\"allocations\":" + num(v.allocations) + ",\"frees\":" + num(v.frees) +
                   ",\"hits\":" + num(v.hits) +
                   ",\"sites_recorded\":" + (v.sites_recorded ? "true" : "false") + ",\"groups\":[";
-  std::string t;
-  for (std::size_t b = 0; b < v.points; ++b)
-    t += (b ? "," : "") +
-         num(static_cast<std::uint64_t>(static_cast<double>(v.span_ns) * b / v.points));
+  // A bucket's start on the time axis.
+  auto t_of = [&](std::size_t b) {
+    return num(static_cast<std::uint64_t>(static_cast<double>(v.span_ns) * b / v.points));
+  };
   for (std::size_t gi = 0; gi < v.groups.size(); ++gi) {
     const Group& g = v.groups[gi];
-    d += std::string(gi ? "," : "") + "{\"name\":" + q(g.name) +
-         ",\"allocations\":" + num(g.allocs) + ",\"hits\":" + num(g.hits) +
+    d += std::string(gi ? "," : "") + "{\"name\":" + q(g.name);
+    if (g.others) d += ",\"others\":" + num(g.others);
+    d += ",\"allocations\":" + num(g.allocs) + ",\"hits\":" + num(g.hits) +
          ",\"peak_active\":{\"bytes\":" + num(g.peak_active.bytes) +
          ",\"t_ns\":" + num(g.peak_active.t_ns) +
          "},\"peak_managed\":{\"bytes\":" + num(g.peak_managed.bytes) +
          ",\"t_ns\":" + num(g.peak_managed.t_ns) + "},\"end\":{\"active\":" + num(g.c.active) +
-         ",\"managed\":" + num(g.c.managed()) + "},\"t\":[" + t +
-         "],\"active\":" + list(g.b_active, num) + ",\"in_blocks\":" + list(g.b_in_blocks, num) +
-         ",\"managed\":" + list(g.b_managed, num) + "}";
+         ",\"managed\":" + num(g.c.managed()) + "},\"t\":" +
+         list(g.at, [&](std::uint32_t b) { return t_of(b); }) +
+         ",\"active\":" + list(g.active, num) + ",\"in_blocks\":" + list(g.in_blocks, num) +
+         ",\"managed\":" + list(g.managed, num) + "}";
   }
   d += "],\"rates\":{\"t\":[";
   for (std::size_t b = 0; b < kRateBuckets; ++b)
@@ -122,11 +124,14 @@ std::string view_json(const View& v) {
        rows_json(v, v.peak.rows) + ",\"flame\":" + flame_json(v.peak.flame) +
        "},\"end\":{\"blocks\":" + num(v.end.total.blocks) + ",\"bytes\":" + num(v.end.total.bytes) +
        "," + rows_json(v, v.end.rows) + ",\"flame\":" + flame_json(v.end.flame) + "}";
-  if (!v.total_active.empty())
-    d += ",\"total_active\":" + list(v.total_active, num) +
+  if (!v.total_active.empty()) {
+    std::string t;
+    for (std::size_t b = 0; b < v.points; ++b) t += (b ? "," : "") + t_of(b);
+    d += ",\"t\":[" + t + "],\"total_active\":" + list(v.total_active, num) +
          ",\"process_active\":" + list(v.process_active, [](const View::Series& s) {
            return "{\"pid\":" + num(s.pid) + ",\"v\":" + list(s.v, num) + "}";
          });
+  }
   return d;  // the caller closes it
 }
 
@@ -171,6 +176,9 @@ std::string view_html(const View& v, const std::string& id, bool several) {
          "CUDA_VISIBLE_DEVICES may "
          "make another GPU in another process): a group here adds up the processes' groups of that "
          "name.";
+  if (!v.groups.empty() && v.groups.back().others)
+    h += " " + html_escape(v.groups.back().name) + ": the groups past the " + num(kTopGroups) +
+         " with the largest peaks, as one (their figures together).";
   h += "</p>\n";
   h += "<h3>Memory over time</h3>\n<div id=\"memory-" + id + "\"></div>\n";
   h += "<h3>Hits and misses over time</h3>\n<div id=\"rates-" + id + "\"></div>\n";

@@ -223,7 +223,7 @@ function drawView(V, id) {
     });
     plot(mem, {title: "active bytes, all processes" + (V.process_active.length < D.processes.length ?
                  " and the " + V.process_active.length + " that held the most" : " and each"),
-               kind: "line", x: V.groups[0].t, xEnd: V.duration_ns,
+               kind: "line", x: V.t, xEnd: V.duration_ns,
                fmtX: secs, fmtY: bytes, yunit: 1024,
                xlabel: "time since the first trace started (each point: its interval's maximum)",
                ylabel: "bytes", series: series});

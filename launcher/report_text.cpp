@@ -75,7 +75,11 @@ std::string peaks(const View& v) {
     cells.push_back({g.name, bytes_text(g.peak_active.bytes), seconds_text(g.peak_active.t_ns),
                      bytes_text(g.peak_managed.bytes), seconds_text(g.peak_managed.t_ns),
                      num(g.allocs), num(g.hits), bytes_text(g.c.active)});
-  return "Peaks:\n" + table(cells);
+  std::string o = "Peaks:\n" + table(cells);
+  if (!v.groups.empty() && v.groups.back().others)
+    o += "  (" + v.groups.back().name + ": the groups past the " + num(kTopGroups) +
+         " with the largest peaks, as one.)\n";
+  return o;
 }
 
 // The rows of a moment: the kTopSites largest, then the rest summed up;

@@ -48,6 +48,19 @@ def gp(*args, env=None, timeout=120, **kw):
                           text=True, timeout=timeout, **kw)
 
 
+def gp_with_rss(*args):
+    """gp(), and the launcher's peak resident memory in bytes (its own
+    getrusage, as wait4 gives it)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen([LAUNCHER, *args], env=clean_env(), stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return (subprocess.CompletedProcess(p.args, p.returncode, out.read(), err.read()),
+                usage.ru_maxrss * 1024)
+
+
 class Serving:
     """A process serving the control socket until closed."""
 
@@ -903,6 +916,59 @@ class Report(InTmpDir):
         self.assertEqual(g["cuda-host"]["end"]["active"], 0)
         print(f"report of {len(lines) - 4} events: {took:.1f} s, {os.path.getsize(out)} bytes",
               file=sys.stderr)
+
+    def test_many_pool_groups(self):
+        """A program of 20,000 OpenCL contexts (a pool group each, one buffer
+        each): the report's memory and page grow with the records, not by a
+        fixed cost per group. The five largest groups are shown in detail,
+        the others summed up, exactly."""
+        groups, big = 20000, {4000, 8000, 12000, 16000, 19999}
+        lines, sizes = [], {}
+        for i in range(groups):
+            size = (1 + i) * self.MIB if i in big else 4096 * (1 + i % 7)
+            sizes[i] = size
+            lines.append(f"arena {i} opencl opencl:0x{0x5000 + i:x} opencl ctx 0x{0x5000 + i:x} dev "
+                         "pthread flags 0x1")
+            lines.append(f"a {10 * i + 1} 1 {i} {0x100 + i:x} {size} {size} m")
+            if i not in big:
+                lines.append(f"f {10 * i + 5} 1 {i} {0x100 + i:x} {size} {size}")
+        trace = self.write("many.trace", trace_text(5, 1, lines))
+        out = os.path.join(self.tmp, "r.html")
+        r, maxrss = gp_with_rss("report", trace, "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        page = os.path.getsize(out)
+        print(f"report of {groups} pool groups ({os.path.getsize(trace)} B of trace): "
+              f"peak RSS {maxrss >> 20} MiB, page {page} B", file=sys.stderr)
+        self.assertLess(page, 20 * self.MIB)
+        if not SANITIZER_PRELOAD:  # a sanitizer's shadow and quarantine are not the report's
+            self.assertLess(maxrss, 200 * self.MIB)
+        d, html = self.data(out)
+        shown = [g for g in d["groups"] if not g.get("others")]
+        (rest,) = [g for g in d["groups"] if g.get("others")]
+        names = {g["name"] for g in shown}
+        self.assertTrue({f"opencl:0x{0x5000 + i:x}" for i in big} <= names, names)
+        self.assertEqual(rest["others"], groups - len(shown))
+        self.assertLess(len(shown), 100)
+        # The others together: every figure exact. Their buffers never
+        # overlap in time: the peak active is the largest one; every freed
+        # block stays held (managed), so their peak managed is all of them.
+        others = [i for i in range(groups) if f"opencl:0x{0x5000 + i:x}" not in names]
+        self.assertEqual((rest["allocations"], rest["hits"]), (len(others), 0))
+        self.assertEqual(rest["peak_active"]["bytes"], max(sizes[i] for i in others))
+        self.assertEqual(rest["peak_managed"]["bytes"], sum(sizes[i] for i in others))
+        self.assertEqual(rest["end"], {"active": sum(sizes[i] for i in others if i in big),
+                                       "managed": sum(sizes[i] for i in others)})
+        self.assertEqual(max(rest["managed"]), rest["peak_managed"]["bytes"])
+        self.assertIn(f"{rest['others']} other pool groups", html)
+        for g in shown:
+            i = int(g["name"].split("0x")[1], 16) - 0x5000
+            self.assertEqual((g["allocations"], g["peak_active"]["bytes"]), (1, sizes[i]))
+            # A group's plot has the points its records make, not a fixed number.
+            self.assertLessEqual(len(g["t"]), 4)
+        r = gp("report", "--text", trace)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertIn(f"{rest['others']} other pool groups", r.stdout)
+        self.assertLess(len(r.stdout.splitlines()), 200)
 
 
 def trace_text(pid, start_ns, lines, cmdline=None, version=2):
