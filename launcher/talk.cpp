@@ -61,16 +61,26 @@ bool parse_pid(const std::string& s, long* pid) {
   return *pid > 0;
 }
 
-std::optional<unsigned> process_euid(long pid) {
+// What /proc/PID/status says: the effective uid (none: no such process)
+// and the state letter ('Z': ended, not yet waited for by its parent).
+struct ProcessStatus {
+  std::optional<unsigned> euid;
+  char state = 0;
+};
+ProcessStatus process_status(long pid) {
+  ProcessStatus out;
   std::ifstream f("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(f, line))
-    if (line.rfind("Uid:", 0) == 0) {
+    if (line.rfind("State:", 0) == 0) {
+      std::istringstream ss(line.substr(6));
+      ss >> out.state;
+    } else if (line.rfind("Uid:", 0) == 0) {
       std::istringstream ss(line.substr(4));
       unsigned real = 0, effective = 0;
-      if (ss >> real >> effective) return effective;
+      if (ss >> real >> effective) out.euid = effective;
     }
-  return std::nullopt;
+  return out;
 }
 
 // 1: libgpupool is mapped, 0: not, -1: cannot tell (maps unreadable).
@@ -116,8 +126,13 @@ bool ask(long pid, const std::string& request, Asking* a) {
   };
   const std::string no_such = "no such process: " + std::to_string(pid);
   if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return settle(kNoProcess, no_such);
-  const auto euid = process_euid(pid);
+  const ProcessStatus status = process_status(pid);
+  const auto& euid = status.euid;
   if (!euid) return settle(kNoProcess, no_such);
+  // Its pid stays until the parent waits for it, but nothing runs there
+  // (and /proc shows no memory maps to inspect).
+  if (status.state == 'Z' || status.state == 'X')
+    return settle(kNoProcess, a->who + " has ended (a zombie: its parent has not waited for it yet)");
   if (*euid != geteuid())
     return settle(kDenied, "permission denied: " + a->who + " belongs to uid " +
                                std::to_string(*euid) +

@@ -76,7 +76,10 @@ void build_listen(State& st) {
   st.listen.forget();
   io::OwnedFd fd =
       io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return;
+  if (!fd.valid()) {
+    st.listen_error = errno;  // a seccomp filter's EPERM, say
+    return;
+  }
   const unsigned uid = geteuid();
   const long pid = static_cast<long>(getpid());
   std::string name = socket_name(uid, pid);

@@ -28,7 +28,7 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "control"))
 import gpupool_check  # noqa: E402
 
-PROGRAM, LAUNCHER, API, CHECK, ALLOC_FAILURE, NO_UNSHARE = sys.argv[1:7]
+PROGRAM, LAUNCHER, API, CHECK, ALLOC_FAILURE, NO_UNSHARE, NO_SOCKET = sys.argv[1:8]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
 STANDIN = os.environ.get("STANDIN_DIR", "")
 # In sanitizer builds the runtime comes first in the preload list; the
@@ -959,6 +959,21 @@ def socket_foreign_flood(tmp):
         p.wait(timeout=60)
 
 
+def socket_seccomp(tmp):
+    """socket(2) refused by a seccomp filter (tests/host/no_socket.c): the
+    warning says why (before: "control socket unavailable (Success)")."""
+    p = subprocess.Popen([NO_SOCKET, PROGRAM, API, "serve"], env=env(True), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(input="\n", timeout=120)
+    check(p.returncode == 0 and out.startswith("ready"), f"exit {p.returncode}: {out} {err[-800:]}")
+    check("control socket unavailable (Operation not permitted)" in err,
+          f"the warning does not say why: {err[-800:]}")
+    r = subprocess.run([NO_SOCKET, LAUNCHER, "stats", str(os.getpid())], capture_output=True,
+                       text=True, timeout=60, env=env(pooled=False))
+    check(r.returncode == 1 and "Operation not permitted" in r.stderr,
+          f"gpupool stats without socket(2): {r.returncode} {r.stderr}")
+
+
 def socket_squatted(tmp):
     """A name bound ahead of time (by another user where possible) does not
     cut the process off from `gpupool stats`."""
@@ -1135,6 +1150,7 @@ CHECKS = {
     "socket.other_user": socket_other_user,
     "socket.squatted": socket_squatted,
     "socket.foreign_flood": socket_foreign_flood,
+    "socket.seccomp": socket_seccomp,
     "exit.stderr_blocked": exit_stderr_blocked,
     "memory.contexts": memory_contexts,
     "signals.kept": signals_kept,

@@ -319,6 +319,24 @@ class Pid(unittest.TestCase):
             os.kill(server.pid, signal.SIGCONT)
             server.close()
 
+    def test_zombie(self):
+        # A process that has ended but was not waited for: said as such
+        # (before: "permission denied: cannot inspect process N").
+        p = subprocess.Popen(["true"])
+        try:
+            for _ in range(6000):
+                with open(f"/proc/{p.pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+                time.sleep(0.01)
+            for cmd in ("stats", "free-held", "stop-holding"):
+                r = gp(cmd, str(p.pid))
+                self.assertEqual(r.returncode, NO_PROCESS, r.stderr)
+                self.assertIn(f"process {p.pid} has ended", r.stderr)
+                self.assertNotIn("permission denied", r.stderr)
+        finally:
+            p.wait()
+
     @unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"), "needs root and setpriv")
     def test_other_users_process(self):
         server = Serving([HARNESS, "serve"], clean_env(), user=65534)
