@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "interpose/node/registry.hpp"
@@ -24,6 +25,15 @@ enum Exit : int {
 inline constexpr const char* kProg = "gpupool";
 
 int usage_error(const std::string& msg, const char* cmd = nullptr);
+
+// `s` made safe for a terminal: control characters (but newline and tab),
+// DEL, C1 controls and bytes that are not UTF-8 written out as \xNN, so
+// that a string from a trace, a file name or another process cannot drive
+// the terminal (an ESC sequence, a BEL). What the launcher prints goes
+// through it: say(), usage_error(), text outputs.
+std::string terminal_text(std::string_view s);
+// "gpupool: CMD: what" on standard error (terminal_text).
+void say(const char* cmd, const std::string& what);
 inline bool is_help(const std::string& a) { return a == "-h" || a == "--help"; }
 
 // run.cpp: gpupool run

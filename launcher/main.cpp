@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,9 +35,56 @@ extern char** environ;
 namespace gpupool::launcher {
 
 int usage_error(const std::string& msg, const char* cmd) {
-  std::fprintf(stderr, "%s: %s\nTry '%s %s--help'.\n", kProg, msg.c_str(), kProg,
+  std::fprintf(stderr, "%s: %s\nTry '%s %s--help'.\n", kProg, terminal_text(msg).c_str(), kProg,
                cmd ? (std::string(cmd) + " ").c_str() : "");
   return kUsage;
+}
+
+std::string terminal_text(std::string_view s) {
+  std::string o;
+  o.reserve(s.size());
+  auto escape = [&](unsigned char c) {
+    static const char kHex[] = "0123456789abcdef";
+    o += "\\x";
+    o += kHex[c >> 4];
+    o += kHex[c & 15];
+  };
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) escape(c);
+      else o += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length and smallest code point (no overlong
+    // forms, surrogates or values past U+10FFFF).
+    const std::size_t n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+    std::uint32_t cp = n == 4 ? c & 0x07u : n == 3 ? c & 0x0fu : c & 0x1fu;
+    bool valid = n != 0 && c < 0xf5 && i + n <= s.size();
+    for (std::size_t k = 1; valid && k < n; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      valid = (cc & 0xc0) == 0x80;
+      cp = cp << 6 | (cc & 0x3fu);
+    }
+    valid = valid && !(n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp < 0xe000))) &&
+            !(n == 4 && (cp < 0x10000 || cp > 0x10ffff));
+    if (!valid) {
+      escape(c);
+      ++i;
+    } else if (cp < 0xa0) {  // a C1 control (U+0080..U+009F): its bytes
+      for (std::size_t k = 0; k < n; ++k) escape(static_cast<unsigned char>(s[i + k]));
+      i += n;
+    } else {
+      o.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return o;
+}
+
+void say(const char* cmd, const std::string& what) {
+  std::fprintf(stderr, "%s: %s: %s\n", kProg, cmd, terminal_text(what).c_str());
 }
 
 namespace {

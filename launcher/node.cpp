@@ -7,6 +7,7 @@
 #include "interpose/node/registry.hpp"
 #include "launcher/launcher.hpp"
 #include "observe/bytes.hpp"
+#include "observe/stats_format.hpp"
 
 namespace gpupool::launcher {
 namespace {
@@ -24,15 +25,7 @@ const char kPsHelp[] =
     "`gpupool free-held --all [--device UUID]` asks every one of them to\n"
     "release its held memory (on that GPU only, with --device).\n";
 
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    o += c;
-  }
-  return o + "\"";
-}
+std::string json_string(const std::string& s) { return "\"" + stats::json_escape(s) + "\""; }
 
 }  // namespace
 
@@ -106,9 +99,10 @@ int cmd_ps(int argc, char** argv) {
               "HELD", "MANAGED", "HITS", "MISSES");
   for (const auto& p : procs) {
     if (p.devices.empty())
-      std::printf("%-8ld %-16s %-40s\n", p.pid, p.command.c_str(), "-");
+      std::printf("%-8ld %-16s %-40s\n", p.pid, terminal_text(p.command).c_str(), "-");
     for (const auto& d : p.devices)
-      std::printf("%-8ld %-16s %-40s %10s %10s %10s %10llu %8llu\n", p.pid, p.command.c_str(),
+      std::printf("%-8ld %-16s %-40s %10s %10s %10s %10llu %8llu\n", p.pid,
+                  terminal_text(p.command).c_str(),
                   node::uuid_text(d.uuid).c_str(), observe::bytes_text(d.active).c_str(),
                   observe::bytes_text(d.held).c_str(), observe::bytes_text(d.managed).c_str(),
                   static_cast<unsigned long long>(d.hits),

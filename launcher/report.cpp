@@ -99,7 +99,7 @@ int cmd_report(int argc, char** argv) {
   std::string why;
   Output out;
   if (!out.open(output, &why)) {
-    std::fprintf(stderr, "%s: report: %s\n", kProg, why.c_str());
+    say("report", why);
     return kFailed;
   }
   std::vector<trace::TraceFile> base_traces, traces;
@@ -109,17 +109,18 @@ int cmd_report(int argc, char** argv) {
     std::vector<std::unique_ptr<Namer>> namers;
     const report::Report now = report::analyse(traces, &namers);
     if (base.empty()) {
-      out.put(text ? report::text(now) : report::page(now));
+      out.put(text ? terminal_text(report::text(now)) : report::page(now));
     } else {
       const report::Report before = report::analyse(base_traces, &namers);
-      out.put(text ? report::diff_text(before, now) : report::diff_page(before, now));
+      out.put(text ? terminal_text(report::diff_text(before, now))
+                   : report::diff_page(before, now));
     }
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "%s: report: out of memory; nothing written\n", kProg);
+    say("report", "out of memory; nothing written");
     return kFailed;
   }
   if (!out.commit(&why)) {
-    std::fprintf(stderr, "%s: report: %s\n", kProg, why.c_str());
+    say("report", why);
     return kFailed;
   }
   return kOk;

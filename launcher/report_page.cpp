@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "launcher/launcher.hpp"
 #include "launcher/report_model.hpp"
 #include "observe/stats_format.hpp"
 
@@ -17,7 +18,10 @@ using stats::json_escape;
 
 std::string q(const std::string& s) { return "\"" + json_escape(s) + "\""; }
 
-std::string html_escape(const std::string& s) {
+// Text for the page, as for a terminal (terminal_text: a control
+// character shows as \xNN), with HTML's characters escaped.
+std::string html_escape(const std::string& text) {
+  const std::string s = terminal_text(text);
   std::string o;
   for (char c : s) {
     switch (c) {
@@ -225,7 +229,8 @@ std::string view_html(const View& v, const std::string& id, bool several) {
 }
 
 std::string script_data(const std::string& d) {
-  // Inside <script>: no "</" may end it early.
+  // Inside <script>: no "</" may end it early. (The JSON has no control
+  // characters: json_escape writes them as \u00XX.)
   std::string safe;
   safe.reserve(d.size());
   for (char c : d) {

@@ -253,9 +253,10 @@ int settle(Asking& a, double timeout_s) {
 }
 
 void print(const Asking& a) {
-  std::fwrite(a.out.data(), 1, a.out.size(), stdout);
+  const std::string out = terminal_text(a.out);
+  std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
-  std::fputs(a.err.c_str(), stderr);
+  std::fputs(terminal_text(a.err).c_str(), stderr);
 }
 
 int talk(long pid, const std::string& request, double timeout_s) {
@@ -282,7 +283,7 @@ int talk_all(const std::vector<node::ProcessEntry>& procs, const std::string& re
   int worst = kOk;
   for (std::size_t i = 0; i < once.size(); ++i) {
     if (settle(asks[i], timeout_s) != kOk) worst = kFailed;
-    std::printf("process %ld (%s): ", once[i]->pid, once[i]->command.c_str());
+    std::printf("process %ld (%s): ", once[i]->pid, terminal_text(once[i]->command).c_str());
     print(asks[i]);
   }
   return worst;

@@ -152,7 +152,7 @@ bool rmm(const trace::TraceFile& tr, Output* out) {
 int convert(const std::vector<trace::TraceFile>& traces, const std::string& to,
             const std::string& output) {
   auto failed = [](const std::string& why) {
-    std::fprintf(stderr, "%s: trace convert: %s\n", kProg, why.c_str());
+    say("trace convert", why);
     return kFailed;
   };
   std::string why;
@@ -194,7 +194,7 @@ int convert(const std::vector<trace::TraceFile>& traces, const std::string& to,
     if (!outs[k]->commit(&why)) return failed(why);
     list += (k ? ", " : "") + names[k];
   }
-  std::fprintf(stderr, "%s: trace convert: wrote %s\n", kProg, list.c_str());
+  say("trace convert", "wrote " + list);
   return kOk;
 }
 
@@ -248,7 +248,7 @@ int cmd_trace(int argc, char** argv) {
   try {
     return convert(traces, to, output);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "%s: trace convert: out of memory; nothing written\n", kProg);
+    say("trace convert", "out of memory; nothing written");
     return kFailed;
   }
 }

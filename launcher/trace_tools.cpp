@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cinttypes>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -21,20 +20,17 @@ namespace gpupool::launcher {
 bool read_trace_for(const char* cmd, const std::string& path, trace::TraceFile* tr) {
   std::string error;
   if (!trace::read_trace(path, tr, &error, /*lenient=*/true)) {
-    std::fprintf(stderr, "%s: %s: %s\n", kProg, cmd, error.c_str());
+    say(cmd, error);
     return false;
   }
   if (tr->truncated_tail)
-    std::fprintf(stderr,
-                 "%s: %s: %s: the last line is incomplete (the program was "
-                 "killed while writing it); read without it\n",
-                 kProg, cmd, path.c_str());
+    say(cmd, path +
+                 ": the last line is incomplete (the program was killed while writing it); read "
+                 "without it");
   if (tr->unpaired)
-    std::fprintf(stderr,
-                 "%s: %s: %s: %" PRIu64
-                 " records do not pair with the others "
-                 "(records lost when the program was killed?); read without them\n",
-                 kProg, cmd, path.c_str(), tr->unpaired);
+    say(cmd, path + ": " + std::to_string(tr->unpaired) +
+                 " records do not pair with the others (records lost when the program was "
+                 "killed?); read without them");
   return true;
 }
 
@@ -142,7 +138,7 @@ bool read_traces_for(const char* cmd, const std::vector<std::string>& inputs,
   std::vector<std::string> files, notes;
   std::string error;
   if (!trace_files(inputs, &files, &notes, &error)) {
-    std::fprintf(stderr, "%s: %s: %s\n", kProg, cmd, error.c_str());
+    say(cmd, error);
     return false;
   }
   out->clear();
@@ -153,19 +149,16 @@ bool read_traces_for(const char* cmd, const std::vector<std::string>& inputs,
       if (!read_trace_for(cmd, f, &out->back())) return false;
     }
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "%s: %s: %s: out of memory reading it\n", kProg, cmd,
-                 out->back().path.c_str());
+    say(cmd, out->back().path + ": out of memory reading it");
     return false;
   }
   // Which files, when not just the one named (after reading: an error is
   // the one message).
-  for (const std::string& note : notes)
-    std::fprintf(stderr, "%s: %s: %s\n", kProg, cmd, note.c_str());
+  for (const std::string& note : notes) say(cmd, note);
   if (files.size() != 1 || inputs.size() != 1 || files[0] != inputs[0]) {
     std::string list;
     for (const std::string& f : files) list += (list.empty() ? "" : ", ") + f;
-    std::fprintf(stderr, "%s: %s: %zu trace%s: %s\n", kProg, cmd, files.size(),
-                 files.size() == 1 ? "" : "s", list.c_str());
+    say(cmd, std::to_string(files.size()) + (files.size() == 1 ? " trace: " : " traces: ") + list);
   }
   return true;
 }

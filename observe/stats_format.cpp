@@ -108,7 +108,19 @@ std::string signal_name(int signo) {
 std::string json_escape(const std::string& s) {
   std::string out;
   out.reserve(s.size() + 2);
-  for (unsigned char c : s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    // DEL and the C1 controls (U+0080..U+009F, C2 80..C2 9F in UTF-8) too:
+    // no control character reaches a terminal that shows the JSON.
+    if (c == 0x7f) {
+      out += "\\u007f";
+      continue;
+    }
+    if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+        static_cast<unsigned char>(s[i + 1]) < 0xa0) {
+      out += format("\\u%04x", static_cast<unsigned char>(s[++i]));
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";

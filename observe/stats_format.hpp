@@ -57,6 +57,8 @@ inline std::string human_bytes(std::uint64_t bytes) {
 }
 // "SIGUSR1", "SIGRTMIN+3", "none".
 std::string signal_name(int signo);
+// A JSON string's contents: quotes, backslashes and every control character
+// (C0, DEL, C1) escaped.
 std::string json_escape(const std::string& s);
 
 }  // namespace gpupool::stats

@@ -1420,6 +1420,38 @@ class Text(InTmpDir):
 
     PREFIX = "gpupool-text-"
 
+    def test_control_characters_escaped(self):
+        """A trace's strings (the command line, Python frames, a pool
+        group, the file's own name) reach the terminal with their control
+        characters written out as \\xNN: an ESC or BEL in them would drive
+        the terminal. The page escapes them too."""
+        evil = "\x1b]0;owned\x07\x1b[2J\x9b1m\x7f"
+        lines = [f"pyframe 0 10 step{evil} /src/t{evil}.py", "site 0 - 0",
+                 f"arena 0 cuda cuda:0{evil} dev 0", "a 10 1 0 a0 100 128 m 0"]
+        trace = self.write(f"e{evil}.trace", trace_text(4, 1, lines, cmdline=f"python3 x{evil}"))
+        shown = r"\x1b]0;owned\x07\x1b[2J\xc2\x9b1m\x7f"
+        r = gp("report", "--text", trace)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        for c in "\x1b\x07\x9b\x7f":
+            self.assertNotIn(c, r.stdout + r.stderr)
+        self.assertIn(f"gpupool report: python3 x{shown} (pid 4)", r.stdout)
+        self.assertIn(f"py step{shown} (/src/t{shown}.py:10)", r.stdout)
+        self.assertIn(f"cuda:0{shown}", r.stdout)
+        # An error names the file, escaped too.
+        self.write(f"bad{evil}.trace", "# gpupool trace 2\nnonsense\n")
+        r = gp("report", "--text", os.path.join(self.tmp, f"bad{evil}.trace"))
+        self.assertEqual(r.returncode, FAILED)
+        self.assertIn(f"bad{shown}.trace:2:", r.stderr)
+        self.assertNotIn("\x1b", r.stderr)
+        out = os.path.join(self.tmp, "e.html")
+        r = gp("report", trace, "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        d, html = page_data(out)
+        for c in "\x1b\x07\x9b\x7f":
+            self.assertNotIn(c, html)
+        self.assertEqual(d["cmdline"], f"python3 x{evil}")  # the data keeps the string
+        self.assertIn(f"python3 x{shown}", html)
+
     def test_known_trace(self):
         trace = self.write("t.trace", Flame.KNOWN)
         r = gp("report", "--text", trace)
