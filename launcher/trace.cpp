@@ -9,9 +9,9 @@
 //
 // The whole input is read and checked before anything is written, and the
 // output appears under its name only when complete (written beside it as
-// it goes, then renamed): a bad trace leaves no partial file. Only a regular file of
-// the user's is replaced; a device or FIFO is written into, a symbolic link
-// or another user's file refused (write_whole).
+// it goes, then renamed): a bad trace leaves no partial file. Only a regular
+// file of the user's that is not read-only is replaced; anything else is
+// refused (write_whole).
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,9 +52,9 @@ const char kTraceHelp[] =
     "            process: with several, OUTPUT.PID.EXT for each\n"
     "\n"
     "OUTPUT '-' writes to standard output; an existing regular file of yours is\n"
-    "replaced, a device or FIFO written into, a symbolic link or another user's\n"
-    "file refused. A trace that is not valid gets one error naming its file and\n"
-    "line, and no output.\n";
+    "replaced (its mode kept); a read-only file, another user's, a symbolic link,\n"
+    "a device or a FIFO refused. A trace that is not valid gets one error naming\n"
+    "its file and line, and no output.\n";
 
 // The process's name in Perfetto: its command line where the trace has it.
 std::string process_name(const trace::TraceFile& tr) {

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -168,6 +167,21 @@ Output::~Output() {
   if (!tmp_.empty()) ::unlink(tmp_.c_str());
 }
 
+namespace {
+
+// What a name that is not a regular file is, for the message refusing it.
+const char* kind_of(mode_t mode) {
+  if (S_ISLNK(mode)) return "a symbolic link: not followed (name the file it points to)";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISBLK(mode)) return "a block device, not a regular file";
+  if (S_ISCHR(mode)) return "a character device, not a regular file";
+  if (S_ISFIFO(mode)) return "a FIFO, not a regular file";
+  if (S_ISSOCK(mode)) return "a socket, not a regular file";
+  return "not a regular file";
+}
+
+}  // namespace
+
 bool Output::open(const std::string& path, std::string* why) {
   path_ = path;
   if (path == "-") {
@@ -179,35 +193,31 @@ bool Output::open(const std::string& path, std::string* why) {
     }
     return true;
   }
-  // What the name is now: a regular file of this user is replaced whole
-  // (written beside it, then renamed); anything else is not replaced.
+  // Only a regular file is written: a new one, or one of this user's that
+  // is not read-only, replaced whole (written beside it, then renamed) with
+  // its mode. Anything else is refused, as cp refuses it: a device is no
+  // place for a page (a block device's backing file), and a pipe is what
+  // '-o -' is for.
   struct stat st {};
+  mode_t mode = 0666;  // a new file: the umask's
   if (::lstat(path.c_str(), &st) == 0) {
-    if (S_ISLNK(st.st_mode)) {
-      *why = path + " is a symbolic link: not followed (name the file it points to)";
-      return false;
-    }
-    if (S_ISDIR(st.st_mode)) {
-      *why = path + " is a directory";
-      return false;
-    }
     if (!S_ISREG(st.st_mode)) {
-      // A device or FIFO the user named: written into (never replaced). A
-      // FIFO nobody reads is an error at once, not a wait.
-      fd_ = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-      if (fd_ < 0) {
-        *why = errno == ENXIO ? path + " is a FIFO with no reader (or a socket): nothing written"
-                              : "cannot open " + path + ": " + std::strerror(errno);
-        return false;
-      }
-      const int flags = ::fcntl(fd_, F_GETFL);
-      if (flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);  // a slow reader is waited for
-      return true;
+      *why = path + " is " + kind_of(st.st_mode) +
+             (S_ISLNK(st.st_mode) || S_ISDIR(st.st_mode) ? "" : ": nothing written ('-o -' writes "
+                                                                "to standard output)");
+      return false;
     }
     if (st.st_uid != ::geteuid()) {
       *why = path + " belongs to another user: not replaced";
       return false;
     }
+    if (!(st.st_mode & S_IWUSR)) {
+      char octal[8];
+      std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      *why = path + " is read-only (mode " + octal + "): not replaced";
+      return false;
+    }
+    mode = st.st_mode & 0777;
   } else if (errno != ENOENT) {
     *why = "cannot look at " + path + ": " + std::strerror(errno);
     return false;
@@ -215,7 +225,14 @@ bool Output::open(const std::string& path, std::string* why) {
   std::string tmp = path + ".tmp." + std::to_string(getpid());
   fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd_ < 0) {
-    *why = "cannot create " + tmp + ": " + std::strerror(errno);
+    *why = "cannot create " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  if (mode != 0666 && ::fchmod(fd_, mode) != 0) {
+    *why = "cannot set the mode of " + path + ": " + std::strerror(errno);
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp.c_str());
     return false;
   }
   tmp_ = std::move(tmp);
@@ -230,15 +247,15 @@ bool Output::put(std::string_view data) {
 
 bool Output::flush() {
   if (failed_) return false;
-  std::signal(SIGPIPE, SIG_IGN);  // a reader that leaves gives EPIPE, not our death
+  // Standard output whose reader left (`| head`) raises SIGPIPE, which ends
+  // the command quietly, as it ends cat.
   std::size_t done = 0;
   while (done < buf_.size()) {
     const ssize_t n = ::write(fd_, buf_.data() + done, buf_.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      error_ = "writing " +
-               (tmp_.empty() ? path_ == "-" ? std::string("standard output") : path_ : tmp_) +
-               ": " + std::strerror(n < 0 ? errno : EIO);
+      error_ = "writing " + (path_ == "-" ? std::string("standard output") : path_) + ": " +
+               std::strerror(n < 0 ? errno : EIO);
       failed_ = true;
       return false;
     }
@@ -253,7 +270,8 @@ bool Output::commit(std::string* why) {
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0 && errno != EINTR && flushed) {
-    error_ = "writing " + (tmp_.empty() ? path_ : tmp_) + ": " + std::strerror(errno);
+    error_ = "writing " + (path_ == "-" ? std::string("standard output") : path_) + ": " +
+             std::strerror(errno);
     failed_ = true;
   }
   if (failed_) {

@@ -48,6 +48,11 @@ def gp(*args, env=None, timeout=120, **kw):
                           text=True, timeout=timeout, **kw)
 
 
+def read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
 def gp_with_rss(*args):
     """gp(), and the launcher's peak resident memory in bytes (its own
     getrusage, as wait4 gives it)."""
@@ -475,69 +480,82 @@ class Trace(InTmpDir):
         self.assertIn(f"{self.tmp}/badline.trace:10:", r.stderr)
 
     def test_output_replaces_only_a_regular_file_of_ours(self):
-        """-o: a regular file is replaced whole; a device or FIFO is written
-        into; a symbolic link is refused, and so is a directory."""
+        """-o: a regular file is replaced whole, keeping its mode; a
+        read-only file, a device, a FIFO, a symbolic link and a directory
+        are refused with a message saying so, and left as they were ('-'
+        is standard output)."""
         src = self.write("ok.trace", self.KNOWN)
         conv = lambda out: gp("trace", "convert", src, "--to", "rmm", "-o", out)
         plain = os.path.join(self.tmp, "out.csv")
         with open(plain, "w") as f:
             f.write("old\n" * 1000)
+        os.chmod(plain, 0o640)
         self.assertEqual(conv(plain).returncode, OK)
         with open(plain) as f:
             self.assertNotIn("old", f.read())
-        # A device: written into, never replaced. Copies of /dev/null and
-        # /dev/full made here (root, or CAP_MKNOD): a failing run must not
-        # replace the machine's own.
-        null, full = os.path.join(self.tmp, "null"), os.path.join(self.tmp, "full")
+        self.assertEqual(stat.S_IMODE(os.stat(plain).st_mode), 0o640)
+
+        def refused(out, why):
+            for r in (conv(out), gp("report", src, "-o", out), gp("report", "--text", src, "-o", out)):
+                self.assertEqual(r.returncode, FAILED, r.stderr)
+                self.assertIn(f"{out} {why}", r.stderr)
+                self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+
+        # Read-only: refused (root too, who could write it), untouched.
+        ro = self.write("ro.html", "keep\n")
+        os.chmod(ro, 0o444)
+        refused(ro, "is read-only")
+        self.assertEqual((read_text(ro), stat.S_IMODE(os.stat(ro).st_mode)), ("keep\n", 0o444))
+        # A device: never written. A copy of /dev/null made here (root,
+        # or CAP_MKNOD), and a block device's node (loop0's numbers; refused
+        # before it is opened).
+        null, block = os.path.join(self.tmp, "null"), os.path.join(self.tmp, "loop")
         try:
             os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-            os.mknod(full, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
-            os.close(os.open(null, os.O_WRONLY))  # not on a nodev mount
+            os.mknod(block, 0o666 | stat.S_IFBLK, os.makedev(7, 0))
         except OSError as e:
             print(f"device part skipped: {e}")
         else:
-            r = conv(null)
-            self.assertEqual(r.returncode, OK, r.stderr)
+            refused(null, "is a character device, not a regular file")
+            refused(block, "is a block device, not a regular file")
             self.assertTrue(stat.S_ISCHR(os.stat(null).st_mode), "device replaced")
-            r = conv(full)
-            self.assertEqual(r.returncode, FAILED, r.stderr)
-            self.assertIn(full, r.stderr)
-            self.assertTrue(stat.S_ISCHR(os.stat(full).st_mode), "device replaced")
-        # A FIFO with a reader: written into. The reader's end is open before
-        # gpupool runs (a reader process might not have opened it yet, and
-        # would then wait for a writer forever); the output fits the pipe.
+            self.assertTrue(stat.S_ISBLK(os.stat(block).st_mode), "device replaced")
         fifo = os.path.join(self.tmp, "fifo")
         os.mkfifo(fifo)
-        rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            r = conv(fifo)
-            got = os.read(rfd, 1 << 16)
-        finally:
-            os.close(rfd)
-        self.assertEqual(r.returncode, OK, r.stderr)
-        self.assertGreater(len(got), 0)
+        refused(fifo, "is a FIFO, not a regular file")
         self.assertTrue(stat.S_ISFIFO(os.stat(fifo).st_mode))
-        # A FIFO nobody reads: refused at once, not a hang.
-        r = conv(fifo)
-        self.assertEqual(r.returncode, FAILED, r.stderr)
-        self.assertIn("no reader", r.stderr)
         # A symbolic link: refused, its target untouched.
         target = self.write("target.txt", "keep me\n")
         link = os.path.join(self.tmp, "link.csv")
         os.symlink(target, link)
-        r = gp("report", src, "-o", link)
-        self.assertEqual(r.returncode, FAILED, r.stderr)
-        self.assertIn("symbolic link", r.stderr)
+        refused(link, "is a symbolic link")
         self.assertTrue(os.path.islink(link))
         with open(target) as f:
             self.assertEqual(f.read(), "keep me\n")
-        r = conv(self.tmp)
-        self.assertEqual(r.returncode, FAILED, r.stderr)
-        self.assertIn("is a directory", r.stderr)
+        refused(self.tmp, "is a directory")
         self.assertEqual([n for n in os.listdir(self.tmp) if ".tmp." in n], [], "temporary left")
         for bad in (["trace"], ["trace", "merge"], ["trace", "convert", "x", "--to", "csv", "-o", "-"],
                     ["trace", "convert", "x", "--to", "rmm"]):
             self.assertEqual(gp(*bad).returncode, USAGE, bad)
+
+    def test_read_only_file_of_another_user(self):
+        """As another user (nobody), in a directory it may write: its own
+        read-only file is refused too."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root to run as nobody")
+        import pwd
+        nobody = pwd.getpwnam("nobody").pw_uid
+        src = self.write("ok.trace", self.KNOWN)
+        os.chmod(self.tmp, 0o777)
+        ro = self.write("ro.csv", "keep\n")
+        os.chown(ro, nobody, nobody)
+        os.chmod(ro, 0o444)
+        r = subprocess.run(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
+                            LAUNCHER, "trace", "convert", src, "--to", "rmm", "-o", ro],
+                           env=clean_env(), capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, FAILED, r.stderr)
+        self.assertIn(f"{ro} is read-only", r.stderr)
+        self.assertEqual((read_text(ro), stat.S_IMODE(os.stat(ro).st_mode)), ("keep\n", 0o444))
 
     def test_killed_program(self):
         trace = os.path.join(self.tmp, "killed.trace")
