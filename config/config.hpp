@@ -115,6 +115,11 @@ std::string options_markdown();
 // `gpupool env`); empty for an unknown name.
 std::string value_text(const Config& config, const std::string& name);
 
+// Why `value` is not a value variable `name` takes ("is not a size
+// (accepted: ...)"), for the launcher's option checks; empty when it is
+// one, or when `name` is no variable.
+std::string value_problem(const std::string& name, const std::string& value);
+
 // Signal parsing, exposed for the launcher and tests. Returns the signal
 // number (0 for none/off/0) or -1 with *why set.
 int parse_signal(const std::string& text, std::string* why);

@@ -96,4 +96,12 @@ std::string value_text(const Config& config, const std::string& name) {
   return o ? o->show(config) : std::string();
 }
 
+std::string value_problem(const std::string& name, const std::string& value) {
+  const Option* o = find(name);
+  Config scratch = defaults();
+  std::string reason;
+  if (!o || o->apply(scratch, value, &reason)) return {};
+  return reason + " (accepted: " + o->accepted + ")";
+}
+
 }  // namespace gpupool::config

@@ -97,17 +97,6 @@ std::string absolute(const std::string& path) {
   return std::string(cwd) + "/" + path;
 }
 
-// The configuration parser's verdict on one variable: "" if fine.
-std::string check_value(const std::string& name, const std::string& value) {
-  const std::string entry = name + "=" + value;
-  const char* envp[] = {entry.c_str(), nullptr};
-  std::vector<gpupool::config::Diagnostic> diags;
-  (void)gpupool::config::parse(envp, &diags);
-  for (const auto& d : diags)
-    if (d.variable == name && d.level >= gpupool::config::LogLevel::warn) return d.message;
-  return {};
-}
-
 // `gpupool run`'s options: what each sets, and its line in the help (one
 // table for both).
 struct RunOption {
@@ -201,7 +190,11 @@ std::string run_help() {
 
 namespace {
 
-using Vars = std::vector<std::pair<std::string, std::string>>;
+// A variable an option sets, and the option (for a message about it).
+struct Var {
+  std::string name, value, option;
+};
+using Vars = std::vector<Var>;
 // What an option handler returns when the command line may go on.
 constexpr int kGoOn = -1;
 
@@ -212,10 +205,10 @@ int disable_vars(const std::string& value, Vars* vars) {
   bool any = false;
   while (std::getline(ss, what, ',')) {
     any = true;
-    if (what == "all") vars->emplace_back("GPUPOOL_DISABLE", "1");
-    else if (what == "cuda") vars->emplace_back("GPUPOOL_CUDA", "0");
-    else if (what == "cuda-host") vars->emplace_back("GPUPOOL_CUDA_HOST", "0");
-    else if (what == "opencl") vars->emplace_back("GPUPOOL_OPENCL", "0");
+    if (what == "all") vars->push_back({"GPUPOOL_DISABLE", "1", "--disable"});
+    else if (what == "cuda") vars->push_back({"GPUPOOL_CUDA", "0", "--disable"});
+    else if (what == "cuda-host") vars->push_back({"GPUPOOL_CUDA_HOST", "0", "--disable"});
+    else if (what == "opencl") vars->push_back({"GPUPOOL_OPENCL", "0", "--disable"});
     else
       return usage_error("run: --disable: unknown backend '" + what +
                              "' (accepted: cuda, cuda-host, opencl, all)",
@@ -237,7 +230,7 @@ int set_var(const std::string& value, Vars* vars) {
   if (!known)
     return usage_error("run: --set: " + name + " is not a gpupool variable (see `gpupool env`)",
                        "run");
-  vars->emplace_back(name, value.substr(eq + 1));
+  vars->push_back({name, value.substr(eq + 1), "--set"});
   return kGoOn;
 }
 
@@ -279,8 +272,9 @@ int run_options(int argc, char** argv, int* program, Vars* vars) {
     else if (opt->takes_value && value.empty())
       return usage_error("run: option " + arg + " needs a non-empty value", "run");
     else
-      vars->emplace_back(opt->variable, opt->takes_value ? (opt->path ? absolute(value) : value)
-                                                         : opt->fixed_value);
+      vars->push_back({opt->variable,
+                       opt->takes_value ? (opt->path ? absolute(value) : value) : opt->fixed_value,
+                       opt->flag});
     if (status != kGoOn) return status;
   }
   *program = i;
@@ -294,12 +288,15 @@ int cmd_run(int argc, char** argv) {
   int i = 0;
   if (const int status = run_options(argc, argv, &i, &vars); status != kGoOn) return status;
   if (i >= argc) return usage_error("run: no program given", "run");
-  for (const auto& [name, value] : vars) {
-    const std::string why = check_value(name, value);
-    if (!why.empty()) {
-      std::fprintf(stderr, "%s: run: %s\n", kProg, why.c_str());
-      return kUsage;
-    }
+  // A bad value is refused before anything runs (the library, given it,
+  // would use the default instead).
+  for (const Var& v : vars) {
+    const std::string why = config::value_problem(v.name, v.value);
+    if (why.empty()) continue;
+    say("run", (v.option == "--set" ? "--set " + v.name + "='" + v.value + "'"
+                                    : v.option + " '" + v.value + "' (" + v.name + ")") +
+                   " " + why + "; the program was not started");
+    return kUsage;
   }
   const std::string lib = find_library();
   if (lib.empty()) {
@@ -309,11 +306,11 @@ int cmd_run(int argc, char** argv) {
     return kFailed;
   }
   bool run_pid_given = false;
-  for (const auto& v : vars) run_pid_given |= v.first == "GPUPOOL_RUN_PID";
+  for (const Var& v : vars) run_pid_given |= v.name == "GPUPOOL_RUN_PID";
   const bool within_a_run = run_pid_given || getenv("GPUPOOL_RUN_PID");
-  for (const auto& [name, value] : vars) {
-    setenv(name.c_str(), value.c_str(), 1);
-    if (name == "GPUPOOL_TRACE_FILE" && !within_a_run) remove_earlier_traces(value);
+  for (const Var& v : vars) {
+    setenv(v.name.c_str(), v.value.c_str(), 1);
+    if (v.name == "GPUPOOL_TRACE_FILE" && !within_a_run) remove_earlier_traces(v.value);
   }
   // exec keeps the pid: the program is this process. It writes the files
   // as named; its children, and theirs, write siblings (docs/trace.md).

@@ -45,7 +45,7 @@ std::string dir_of(const std::string& path) {
 bool names_in(const std::string& dir, std::vector<std::string>* names, std::string* error) {
   DIR* d = ::opendir(dir.c_str());
   if (!d) {
-    *error = dir + ":0: cannot read the directory: " + std::strerror(errno);
+    *error = "cannot read the directory " + dir + ": " + std::strerror(errno);
     return false;
   }
   errno = 0;
@@ -56,7 +56,7 @@ bool names_in(const std::string& dir, std::vector<std::string>* names, std::stri
   const int err = errno;
   ::closedir(d);
   if (err) {
-    *error = dir + ":0: cannot read the directory: " + std::strerror(err);
+    *error = "cannot read the directory " + dir + ": " + std::strerror(err);
     return false;
   }
   std::sort(names->begin(), names->end());
@@ -95,7 +95,7 @@ bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string
         }
       }
       if (!found) {
-        *error = input + ":0: no gpupool trace in this directory (none of its " +
+        *error = input + ": no gpupool trace in this directory (none of its " +
                  std::to_string(other) + " files starts with '" + trace::kTraceHeader + "')";
         return false;
       }

@@ -21,8 +21,8 @@ bool read_trace_for(const char* cmd, const std::string& path, trace::TraceFile* 
 // other files left out, and said in *notes), a file and its siblings, the
 // files NAME.PID.EXT other processes of the program wrote beside NAME.EXT
 // (docs/trace.md; a missing NAME.EXT with siblings is left out). Each file
-// once. False and *error ("PATH:0: what") when a directory cannot be read
-// or holds no trace.
+// once. False and *error (naming the directory) when a directory cannot be
+// read or holds no trace.
 bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string>* files,
                  std::vector<std::string>* notes, std::string* error);
 

@@ -409,12 +409,18 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
     *error = path + ":" + std::to_string(line) + ": " + what;
     return false;
   };
+  // The file as a whole: a sentence naming it.
+  auto fail_file = [&](const std::string& what) {
+    *error = what;
+    return false;
+  };
   Fd in;
   in.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (in.fd < 0) return fail(0, std::string("cannot open: ") + std::strerror(errno));
+  if (in.fd < 0) return fail_file("cannot open " + path + ": " + std::strerror(errno));
   struct stat st {};
-  if (::fstat(in.fd, &st) != 0) return fail(0, std::string("cannot read: ") + std::strerror(errno));
-  if (S_ISDIR(st.st_mode)) return fail(0, "is a directory");
+  if (::fstat(in.fd, &st) != 0)
+    return fail_file("cannot read " + path + ": " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) return fail_file(path + " is a directory");
   // Room for the records a file of this size holds (40 bytes or more
   // each): pages never written are never resident, and no copy is made as
   // it grows.
@@ -433,7 +439,7 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
     const ssize_t got = ::read(in.fd, buf.data() + have, buf.size() - have);
     if (got < 0) {
       if (errno == EINTR) continue;
-      return fail(0, std::string("cannot read: ") + std::strerror(errno));
+      return fail_file("cannot read " + path + ": " + std::strerror(errno));
     }
     eof = got == 0;
     have += static_cast<std::size_t>(got);

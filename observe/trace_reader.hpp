@@ -90,8 +90,9 @@ struct TraceFile {
   std::uint64_t unpaired = 0;
 };
 
-// True and *out filled, or false and *error = "PATH:LINE: what" (LINE 0:
-// the file as a whole). Strict: a record that does not pair is an error;
+// True and *out filled, or false and *error = "PATH:LINE: what", or for the
+// file as a whole a sentence naming it ("cannot open PATH: No such file or
+// directory"). Strict: a record that does not pair is an error;
 // lenient: it is counted (unpaired). Reads the file in pieces: memory goes
 // to the records, not to the file's text.
 bool read_trace(const std::string& path, TraceFile* out, std::string* error, bool lenient = false);

@@ -121,7 +121,16 @@ class Usage(unittest.TestCase):
         self.bad("run", contains="no program given")
         self.bad("run", "--", contains="no program given")
         self.bad("run", "--max-held", contains="--max-held needs a value")
-        self.bad("run", "--max-held", "2X", "--", "true", contains="GPUPOOL_MAX_HELD")
+        # A bad value: the program is not run, and the message says so.
+        r = gp("run", "--max-held", "2X", "--", "true")
+        self.assertEqual((r.returncode, r.stdout), (USAGE, ""))
+        self.assertRegex(r.stderr, r"^gpupool: run: --max-held '2X' \(GPUPOOL_MAX_HELD\) is not "
+                                   r".*\(accepted: .*\); the program was not started\n$")
+        self.assertNotIn("using the default", r.stderr)
+        r = gp("run", "--set", "MAX_HELD=2X", "--", "true")
+        self.assertEqual(r.returncode, USAGE)
+        self.assertRegex(r.stderr, r"^gpupool: run: --set GPUPOOL_MAX_HELD='2X' is not "
+                                   r".*\(accepted: .*\); the program was not started\n$")
         self.bad("run", "--max-held=", "true", contains="needs a non-empty value")
         self.bad("run", "--release-after", "soon", "true", contains="GPUPOOL_RELEASE_AFTER")
         self.bad("run", "--reuse", "fast", "true", contains="GPUPOOL_REUSE")
@@ -557,6 +566,29 @@ class Trace(InTmpDir):
         self.assertIn(f"{ro} is read-only", r.stderr)
         self.assertEqual((read_text(ro), stat.S_IMODE(os.stat(ro).st_mode)), ("keep\n", 0o444))
 
+    def test_messages_say_what_happened(self):
+        src = self.write("ok.trace", self.KNOWN)
+        # A missing file: its name and why, not a line number.
+        missing = os.path.join(self.tmp, "nonexist")
+        r = gp("report", "--text", missing)
+        self.assertEqual(r.returncode, FAILED)
+        self.assertEqual(r.stderr, f"gpupool: report: cannot open {missing}: No such file or directory\n")
+        # A missing output directory: the output's name, not a temporary's.
+        out = os.path.join(self.tmp, "nodir", "r.html")
+        r = gp("report", src, "-o", out)
+        self.assertEqual(r.returncode, FAILED)
+        self.assertEqual(r.stderr, f"gpupool: report: cannot create {out}: No such file or directory\n")
+        # A reader that leaves (`| head -c 10`): nothing said, as cat says
+        # nothing; the end is SIGPIPE's, as cat's.
+        rfd, wfd = os.pipe()
+        os.close(rfd)
+        try:
+            r = subprocess.run([LAUNCHER, "report", src, "-o", "-"], env=clean_env(), stdout=wfd,
+                               stderr=subprocess.PIPE, text=True, timeout=60)
+        finally:
+            os.close(wfd)
+        self.assertEqual((r.returncode, r.stderr), (-signal.SIGPIPE, ""))
+
     def test_killed_program(self):
         trace = os.path.join(self.tmp, "killed.trace")
         p = subprocess.Popen([HARNESS, "workload", "100000000"],
@@ -856,7 +888,7 @@ class Report(InTmpDir):
         r, _ = self.report(missing, "missing.html")
         self.assertEqual(r.returncode, FAILED)
         self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
-        self.assertIn(f"{missing}:0: cannot open", r.stderr)
+        self.assertIn(f"cannot open {missing}: No such file or directory", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "missing.html")))
         # A directory: its traces are read, and the first bad one is the
         # one message, never an abort.
@@ -1148,7 +1180,7 @@ class Several(InTmpDir):
         r = gp("report", "--text", empty)
         self.assertEqual(r.returncode, FAILED)
         self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
-        self.assertIn(f"{empty}:0: no gpupool trace in this directory", r.stderr)
+        self.assertIn(f"{empty}: no gpupool trace in this directory", r.stderr)
 
     def two_processes(self):
         """Two ranks of one program, the second started 0.2 ms after the
@@ -1592,7 +1624,7 @@ Frameworks keep memory until exit on purpose: a cache or a model's weights still
         missing = os.path.join(self.tmp, "missing.trace")
         r = gp("report", "--diff", missing, new, "--text")
         self.assertEqual(r.returncode, FAILED)
-        self.assertEqual(r.stderr, f"gpupool: report: {missing}:0: cannot open: No such file or directory\n")
+        self.assertEqual(r.stderr, f"gpupool: report: cannot open {missing}: No such file or directory\n")
 
 
 class Install(unittest.TestCase):
