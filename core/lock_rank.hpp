@@ -48,6 +48,9 @@
   X(cuda_sync, "cuda context sync")                                                        \
   /* CUDA: a context's learnt row pitches (held around one driver call). */               \
   X(cuda_pitch, "cuda pitches")                                                            \
+  /* CUDA: the virtual memory units (vmm.cpp), around the driver calls that */            \
+  /* bring a unit the program takes over to the state it believes. */                     \
+  X(cuda_vmm, "cuda virtual memory units")                                                 \
   /* CUDA: a pointer map's ordered view (pointers.hpp), then... */                        \
   X(cuda_ranges, "cuda pointer ranges")                                                    \
   /* ...one of its shards (the hit path's lookups). */                                     \

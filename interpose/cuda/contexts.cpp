@@ -14,6 +14,7 @@
 #include "core/hot_tls.hpp"
 #include "interpose/cuda/memory.hpp"
 #include "interpose/cuda/pointers.hpp"
+#include "interpose/cuda/vmm.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
 
@@ -412,6 +413,50 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   return a;
 }
 
+namespace {
+bool same_prop(const CUmemAllocationProp& a, const CUmemAllocationProp& b) {
+  return a.type == b.type && a.requestedHandleTypes == b.requestedHandleTypes &&
+         a.location.type == b.location.type && a.location.id == b.location.id &&
+         a.win32HandleMetaData == b.win32HandleMetaData &&
+         a.allocFlags.compressionType == b.allocFlags.compressionType &&
+         a.allocFlags.gpuDirectRDMACapable == b.allocFlags.gpuDirectRDMACapable &&
+         a.allocFlags.usage == b.allocFlags.usage;
+}
+}  // namespace
+
+Arena* vmm_arena(CtxState* st, Runtime& rt, const CUmemAllocationProp& prop) {
+  auto find = [&]() -> Arena* {
+    for (std::size_t i = 0; i < CtxState::kVmmProps; ++i) {
+      Arena* a = st->vmm_arenas[i].load(std::memory_order_acquire);
+      if (a && same_prop(st->vmm_props[i], prop)) return a;
+    }
+    return nullptr;
+  };
+  if (Arena* a = find()) return a;
+  std::lock_guard lock(contexts().mu);
+  if (Arena* a = find()) return a;
+  if (st->retired.load(std::memory_order_acquire)) return nullptr;
+  std::size_t slot = 0;
+  while (slot < CtxState::kVmmProps && st->vmm_arenas[slot].load(std::memory_order_acquire)) ++slot;
+  if (slot == CtxState::kVmmProps) return nullptr;
+  ArenaOptions o;
+  o.name = fmt::format("cuda-vmm dev {} ctx {}{}", int(st->dev), st->ordinal,
+                       slot ? fmt::format(" props {}", slot + 1) : std::string());
+  o.group = device_group(st->dev);
+  o.kind = "cuda-vmm";
+  o.device = st->device;
+  o.max_block = st->device_total;
+  o.max_pooled = rt.config.max_pooled.resolve(st->device_total);
+  o.max_held = rt.config.max_held.resolve(st->device_total);
+  o.pending_growth = rt.config.pending_growth.resolve(st->device_total);
+  // No splitting: a unit is one handle, mapped whole.
+  const bool fenced = rt.config.reuse != config::Reuse::immediate;
+  st->vmm_props[slot] = prop;
+  Arena* a = rt.pool.add_arena(vmm::backend(st, prop, fenced), std::move(o));
+  st->vmm_arenas[slot].store(a, std::memory_order_release);
+  return a;
+}
+
 void note_primary(CUcontext ctx, CUdevice dev) noexcept {
   std::lock_guard lock(contexts().mu);
   bool known = false;
@@ -471,6 +516,12 @@ void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
   rt.pool.retire_arena(device, keep_stats);
   for (Arena* a : host)
     if (a) rt.pool.retire_arena(a, keep_stats);
+  // Virtual memory outlives its context: the program's units become its
+  // own driver allocations, held ones go back to the driver (vmm.hpp).
+  vmm::retire_context(st, rt.pool);
+  for (auto& slot : st->vmm_arenas)
+    if (Arena* a = slot.exchange(nullptr, std::memory_order_acq_rel))
+      rt.pool.retire_arena(a, keep_stats);
   // Blocks the program still owns: the driver freed them; a later free of
   // one is not ours any more and goes to the driver, which reports it.
   device_map().erase_context(st, rt.pool);
@@ -484,9 +535,12 @@ std::size_t held_device_bytes(CUdevice dev) {
   // not destroyed) meanwhile.
   std::lock_guard lock(contexts().mu);
   std::size_t held = 0;
-  for (CtxState* st : contexts().live)
-    if (st->dev == dev)
-      held += st->device_arena.load(std::memory_order_acquire)->releasable_bytes();
+  for (CtxState* st : contexts().live) {
+    if (st->dev != dev) continue;
+    held += st->device_arena.load(std::memory_order_acquire)->releasable_bytes();
+    for (auto& slot : st->vmm_arenas)
+      if (Arena* a = slot.load(std::memory_order_acquire)) held += a->releasable_bytes();
+  }
   return held;
 }
 
@@ -513,11 +567,13 @@ void prepare() {
     contexts().mu.unlock();
   }
   for (CtxState* st : contexts().fork_locked) st->sync_mu.lock();
+  vmm::fork_prepare();
   PtrMap::fork_prepare(device_map(), host_map());
 }
 
 void parent() {
   PtrMap::fork_release(device_map(), host_map());
+  vmm::fork_parent();
   for (CtxState* st : contexts().fork_locked) st->sync_mu.unlock();
   contexts().mu.unlock();
   for (CtxState* st : contexts().fork_locked) st->teardown_mu.unlock();
@@ -528,6 +584,7 @@ void parent() {
 // The child's only thread is the one that forked, which holds every lock.
 void child() {
   PtrMap::fork_release(device_map(), host_map());
+  vmm::fork_child();
   for (CtxState* st : contexts().fork_locked) {
     // A parent's thread may have been inside synchronize_context: its
     // syncing flag and its wait on sync_cv are not the child's (a condition

@@ -86,6 +86,11 @@ struct CtxState {
   std::atomic<Arena*> device_arena{nullptr};
   // Pinned arenas by normalised flags (flags | DEVICEMAP, 0..7).
   std::atomic<Arena*> host_arenas[8] = {};
+  // Virtual memory units (vmm.hpp), an arena per set of allocation
+  // properties: the first kVmmProps sets the program uses (XLA uses one).
+  static constexpr std::size_t kVmmProps = 4;
+  CUmemAllocationProp vmm_props[kVmmProps] = {};  // written before its arena is published
+  std::atomic<Arena*> vmm_arenas[kVmmProps] = {};
 };
 
 // Take s = epoch_next++ before a full-context synchronization and pass it
@@ -165,6 +170,10 @@ CUresult pitch_for(const Driver& d, CtxState* st, std::size_t width, unsigned el
 
 // The pinned arena of `st` for these (valid) flags, created on first use.
 Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags);
+
+// The virtual memory arena of `st` for these properties, created on first
+// use; nullptr when st has arenas for kVmmProps other sets.
+Arena* vmm_arena(CtxState* st, Runtime& rt, const CUmemAllocationProp& prop);
 
 // The primary context of `dev` as we know it (nullptr: none with pooled
 // memory). Called by the primary-context hooks.

@@ -44,6 +44,14 @@ using PFN_alloc_from_pool = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUs
   X(cuMemAllocFromPoolAsync, mem_alloc_from_pool, PFN_alloc_from_pool)                    \
   X(cuMemAllocFromPoolAsync_ptsz, mem_alloc_from_pool_ptsz, PFN_alloc_from_pool)          \
   X(cuMemCreate, mem_create, decltype(&::cuMemCreate))                                    \
+  X(cuMemRelease, mem_release, decltype(&::cuMemRelease))                                 \
+  X(cuMemAddressReserve, mem_address_reserve, decltype(&::cuMemAddressReserve))           \
+  X(cuMemAddressFree, mem_address_free, decltype(&::cuMemAddressFree))                    \
+  X(cuMemMap, mem_map, decltype(&::cuMemMap))                                             \
+  X(cuMemUnmap, mem_unmap, decltype(&::cuMemUnmap))                                       \
+  X(cuMemSetAccess, mem_set_access, decltype(&::cuMemSetAccess))                          \
+  X(cuMemRetainAllocationHandle, mem_retain_handle, decltype(&::cuMemRetainAllocationHandle)) \
+  X(cuMemExportToShareableHandle, mem_export, decltype(&::cuMemExportToShareableHandle))  \
   X(cuMemAllocManaged, mem_alloc_managed, decltype(&::cuMemAllocManaged))                 \
   X(cuCtxDestroy, ctx_destroy_v1, PFN_ctx)                                                \
   X(cuCtxDestroy_v2, ctx_destroy, PFN_ctx)                                                \

@@ -11,6 +11,7 @@
 #include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/pointers.hpp"
+#include "interpose/cuda/vmm.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
 
@@ -38,6 +39,7 @@ PtrInfo find_any(CUdeviceptr p, bool* host = nullptr) {
     i = host_map().find(p);
     if (host) *host = i.found;
   }
+  if (!i.found) i = vmm::find(p);
   return i;
 }
 
@@ -427,16 +429,79 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* d
                              [&] { return d->mem_alloc_from_pool_ptsz(dptr, bytes, pool, s); });
 } GPUPOOL_FALLBACK(mem_alloc_from_pool_ptsz, dptr, bytes, pool, s)
 
-// Physical memory of the virtual memory API (PyTorch's expandable
-// segments): on the device the properties name.
+// Physical memory of the virtual memory API (XLA's platform allocator,
+// PyTorch's expandable segments): pooled in units where the program uses
+// the API as that allocator does (vmm.hpp), else the driver's, on the
+// device the properties name.
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
                                                  const CUmemAllocationProp* prop,
                                                  unsigned long long flags) noexcept try {
   const Driver* d = driver();
   if (!d || !d->mem_create) return kNoDriver;
+  if (const std::optional<CUresult> served = vmm::create(*d, handle, bytes, prop, flags))
+    return *served;
   const int dev = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
   return retry_out_of_memory(*d, dev, bytes, [&] { return d->mem_create(handle, bytes, prop, flags); });
 } GPUPOOL_FALLBACK(mem_create, handle, bytes, prop, flags)
+
+// The rest of the virtual memory API: a pooled unit's handle or address is
+// answered for by vmm.cpp, anything else goes to the driver.
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRelease(CUmemGenericAllocationHandle handle) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_release) return kNoDriver;
+  return vmm::release(*d, handle);
+} GPUPOOL_FALLBACK(mem_release, handle)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAddressReserve(CUdeviceptr* ptr, size_t bytes,
+                                                         size_t alignment, CUdeviceptr addr,
+                                                         unsigned long long flags) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_address_reserve) return kNoDriver;
+  return vmm::address_reserve(*d, ptr, bytes, alignment, addr, flags);
+} GPUPOOL_FALLBACK(mem_address_reserve, ptr, bytes, alignment, addr, flags)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAddressFree(CUdeviceptr ptr, size_t bytes) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_address_free) return kNoDriver;
+  return vmm::address_free(*d, ptr, bytes);
+} GPUPOOL_FALLBACK(mem_address_free, ptr, bytes)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemMap(CUdeviceptr ptr, size_t bytes, size_t offset,
+                                              CUmemGenericAllocationHandle handle,
+                                              unsigned long long flags) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_map) return kNoDriver;
+  return vmm::map(*d, ptr, bytes, offset, handle, flags);
+} GPUPOOL_FALLBACK(mem_map, ptr, bytes, offset, handle, flags)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemUnmap(CUdeviceptr ptr, size_t bytes) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_unmap) return kNoDriver;
+  return vmm::unmap(*d, ptr, bytes);
+} GPUPOOL_FALLBACK(mem_unmap, ptr, bytes)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemSetAccess(CUdeviceptr ptr, size_t bytes,
+                                                    const CUmemAccessDesc* desc,
+                                                    size_t count) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_set_access) return kNoDriver;
+  return vmm::set_access(*d, ptr, bytes, desc, count);
+} GPUPOOL_FALLBACK(mem_set_access, ptr, bytes, desc, count)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
+                                                                 void* addr) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_retain_handle) return kNoDriver;
+  return vmm::retain_handle(*d, handle, addr);
+} GPUPOOL_FALLBACK(mem_retain_handle, handle, addr)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemExportToShareableHandle(
+    void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
+    unsigned long long flags) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_export) return kNoDriver;
+  return vmm::export_handle(*d, shareable, handle, type, flags);
+} GPUPOOL_FALLBACK(mem_export, shareable, handle, type, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes,
                                                        unsigned int flags) noexcept try {

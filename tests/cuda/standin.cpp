@@ -50,6 +50,7 @@
 
 #include "shared_budget.h"
 #include <unistd.h>
+#include <sys/mman.h>
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -1107,6 +1108,256 @@ SI(CUresult, cuMemsetD8Async_ptsz, (CUdeviceptr dst, unsigned char value, size_t
   return memset_async(dst, value, n, s);
 }
 
+// ---- the virtual memory API ------------------------------------------------
+// Physical allocations (cuMemCreate) are memfds, charged to the device's
+// budget; reservations (cuMemAddressReserve) are PROT_NONE mappings; cuMemMap
+// maps a whole handle there, inaccessible until cuMemSetAccess. What the
+// H200 answered (tests/gpu/vmm_probe.c, driver 580) is what this answers:
+// sizes not a multiple of the granularity and addresses freed while mapped
+// are INVALID_VALUE, mapping part of a handle NOT_SUPPORTED, unmapping an
+// unmapped range of a reservation SUCCESS, a handle released while mapped
+// lives until unmapped, and the memory is no context's: it outlives them.
+
+namespace {
+
+constexpr std::size_t kVmmGranularity = std::size_t{2} << 20;
+
+struct Physical {
+  int fd = -1;
+  std::size_t size = 0;
+  int dev = 0;
+  unsigned refs = 1;      // the creation, and each cuMemRetainAllocationHandle
+  unsigned mappings = 0;  // ranges mapping it
+  CUmemAllocationProp prop{};
+};
+struct Reservation {
+  std::size_t size = 0;
+};
+struct Mapping {
+  std::size_t size = 0;
+  unsigned long long handle = 0;
+  bool accessible = false;
+};
+
+std::map<unsigned long long, Physical>& g_physical = *new std::map<unsigned long long, Physical>;
+std::map<std::uintptr_t, Reservation>& g_reserved = *new std::map<std::uintptr_t, Reservation>;
+std::map<std::uintptr_t, Mapping>& g_mapped = *new std::map<std::uintptr_t, Mapping>;
+unsigned long long g_next_handle = 0x1000;
+
+template <class T>
+typename std::map<std::uintptr_t, T>::iterator vmm_containing(std::map<std::uintptr_t, T>& m,
+                                                              std::uintptr_t p) {
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return m.end();
+  --it;
+  return p - it->first < it->second.size ? it : m.end();
+}
+
+// [p, p + n) lies in one reservation.
+bool reserved_range(std::uintptr_t p, std::size_t n) {
+  auto r = vmm_containing(g_reserved, p);
+  return r != g_reserved.end() && n <= r->second.size - (p - r->first);
+}
+
+bool any_mapping_in(std::uintptr_t p, std::size_t n) {
+  auto it = g_mapped.lower_bound(p);
+  if (it != g_mapped.end() && it->first < p + n) return true;
+  auto c = vmm_containing(g_mapped, p);
+  return c != g_mapped.end();
+}
+
+void drop_physical_locked(unsigned long long h) {
+  auto it = g_physical.find(h);
+  if (it == g_physical.end() || it->second.refs || it->second.mappings) return;
+  close(it->second.fd);
+  give_device(it->second.dev, it->second.size);
+  ++g_counters.vmm_freed;
+  g_physical.erase(it);
+}
+
+bool valid_prop(const CUmemAllocationProp* prop) {
+  return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+         prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+         prop->location.id < g_devices;
+}
+
+}  // namespace
+
+SI(CUresult, cuMemGetAllocationGranularity, (size_t * g, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags option)) {
+  (void)option;
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!g || !valid_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
+  *g = kVmmGranularity;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemCreate, (CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp* prop, unsigned long long flags)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  ++g_counters.vmm_create_calls;
+  if (!handle || !valid_prop(prop) || flags != 0 || size == 0 || size % kVmmGranularity)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult injected;
+  if (should_fail("cuMemCreate", &injected)) return injected;
+  if (!take_device(prop->location.id, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const int fd = memfd_create("standin-vmm", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (fd >= 0) close(fd);
+    give_device(prop->location.id, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const unsigned long long h = g_next_handle++;
+  Physical& p = g_physical[h];
+  p.fd = fd;
+  p.size = size;
+  p.dev = prop->location.id;
+  p.prop = *prop;
+  *handle = h;
+  ++g_counters.vmm_created;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemRelease, (CUmemGenericAllocationHandle handle)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  auto it = g_physical.find(handle);
+  if (it == g_physical.end() || it->second.refs == 0) return CUDA_ERROR_INVALID_VALUE;
+  --it->second.refs;
+  drop_physical_locked(handle);
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemAddressReserve, (CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  ++g_counters.vmm_reserve_calls;
+  if (!ptr || size == 0 || size % kVmmGranularity || flags != 0 ||
+      (alignment & (alignment - 1)))
+    return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t align = std::max(alignment, kVmmGranularity);
+  // Over-reserve, then trim to the alignment (addr is only a hint: ignored).
+  (void)addr;
+  void* raw = mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+  if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  const auto base = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned = (base + align - 1) / align * align;
+  if (aligned > base) munmap(raw, aligned - base);
+  if (base + size + align > aligned + size)
+    munmap(reinterpret_cast<void*>(aligned + size), base + size + align - (aligned + size));
+  g_reserved[aligned].size = size;
+  *ptr = aligned;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemAddressFree, (CUdeviceptr ptr, size_t size)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  ++g_counters.vmm_address_free_calls;
+  auto it = g_reserved.find(ptr);
+  if (it == g_reserved.end() || it->second.size != size || any_mapping_in(ptr, size))
+    return CUDA_ERROR_INVALID_VALUE;
+  munmap(reinterpret_cast<void*>(ptr), size);
+  g_reserved.erase(it);
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  ++g_counters.vmm_map_calls;
+  auto ph = g_physical.find(handle);
+  if (ph == g_physical.end() || ph->second.refs == 0 || flags != 0 || size == 0 ||
+      ptr % kVmmGranularity || !reserved_range(ptr, size) || any_mapping_in(ptr, size))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (offset != 0 || size != ph->second.size) return CUDA_ERROR_NOT_SUPPORTED;
+  void* m = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                 ph->second.fd, 0);
+  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  g_mapped[ptr] = {size, handle, false};
+  ++ph->second.mappings;
+  ++g_counters.vmm_mapped;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  ++g_counters.vmm_unmap_calls;
+  if (size == 0 || !reserved_range(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  // Every mapping in the range goes; one reaching past it is refused.
+  for (auto it = g_mapped.begin(); it != g_mapped.end(); ++it)
+    if (it->first < ptr + size && ptr < it->first + it->second.size &&
+        (it->first < ptr || it->first + it->second.size > ptr + size))
+      return CUDA_ERROR_INVALID_VALUE;
+  for (auto it = g_mapped.lower_bound(ptr); it != g_mapped.end() && it->first < ptr + size;) {
+    mmap(reinterpret_cast<void*>(it->first), it->second.size, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    const unsigned long long h = it->second.handle;
+    it = g_mapped.erase(it);
+    --g_physical[h].mappings;
+    drop_physical_locked(h);
+  }
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  ++g_counters.vmm_set_access_calls;
+  if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  // The whole range must be mapped.
+  for (std::uintptr_t p = ptr; p < ptr + size;) {
+    auto m = g_mapped.find(p);
+    if (m == g_mapped.end()) return CUDA_ERROR_INVALID_VALUE;
+    p += m->second.size;
+  }
+  bool rw = false;
+  for (size_t i = 0; i < count; ++i)
+    if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+      rw = rw || desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (auto m = g_mapped.find(ptr); m != g_mapped.end() && m->first < ptr + size; ++m) {
+    mprotect(reinterpret_cast<void*>(m->first), m->second.size, rw ? PROT_READ | PROT_WRITE : PROT_NONE);
+    m->second.accessible = rw;
+  }
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle * handle, void* addr)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  auto m = vmm_containing(g_mapped, reinterpret_cast<std::uintptr_t>(addr));
+  if (!handle || m == g_mapped.end()) return CUDA_ERROR_INVALID_VALUE;
+  ++g_physical[m->second.handle].refs;
+  *handle = m->second.handle;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp * prop, CUmemGenericAllocationHandle handle)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  auto it = g_physical.find(handle);
+  if (!prop || it == g_physical.end() || it->second.refs == 0) return CUDA_ERROR_INVALID_VALUE;
+  *prop = it->second.prop;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemExportToShareableHandle, (void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type, unsigned long long flags)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  auto it = g_physical.find(handle);
+  if (!shareable || flags != 0 || it == g_physical.end() || it->second.refs == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+      !(it->second.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    return CUDA_ERROR_NOT_PERMITTED;
+  const int fd = dup(it->second.fd);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+
 SI(CUresult, cuGetExportTable, (const void** table, const CUuuid* id)) {
   (void)id;
   if (table) *table = nullptr;
@@ -1151,6 +1402,10 @@ const Export kExports[] = {
     E(cuMemHostGetFlags), E(cuIpcGetMemHandle), E(cuMemsetD8Async), E(cuMemsetD8Async_ptsz),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2),
     E(cuCtxEnablePeerAccess),
+    E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve),
+    E(cuMemAddressFree), E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess),
+    E(cuMemRetainAllocationHandle), E(cuMemGetAllocationPropertiesFromHandle),
+    E(cuMemExportToShareableHandle),
     E(cuGetExportTable), E(cuGetProcAddress), E(cuGetProcAddress_v2),
 };
 
@@ -1208,6 +1463,17 @@ const Version kVersions[] = {
     {"cuStreamCreateWithPriority", 5050, "cuStreamCreateWithPriority"},
     {"cuStreamDestroy", 4000, "cuStreamDestroy_v2"},
     {"cuCtxEnablePeerAccess", 4000, "cuCtxEnablePeerAccess"},
+    {"cuMemGetAllocationGranularity", 10020, "cuMemGetAllocationGranularity"},
+    {"cuMemCreate", 10020, "cuMemCreate"},
+    {"cuMemRelease", 10020, "cuMemRelease"},
+    {"cuMemAddressReserve", 10020, "cuMemAddressReserve"},
+    {"cuMemAddressFree", 10020, "cuMemAddressFree"},
+    {"cuMemMap", 10020, "cuMemMap"},
+    {"cuMemUnmap", 10020, "cuMemUnmap"},
+    {"cuMemSetAccess", 10020, "cuMemSetAccess"},
+    {"cuMemRetainAllocationHandle", 11000, "cuMemRetainAllocationHandle"},
+    {"cuMemGetAllocationPropertiesFromHandle", 10020, "cuMemGetAllocationPropertiesFromHandle"},
+    {"cuMemExportToShareableHandle", 10020, "cuMemExportToShareableHandle"},
     {"cuGetExportTable", 3000, "cuGetExportTable"},
     {"cuGetProcAddress", 11030, "cuGetProcAddress"},
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2"},

@@ -28,6 +28,16 @@ typedef struct StandinCounters {
                                 written afterwards (seen when their addresses are
                                 reused, or at standin_dead_writes()) */
   uint64_t streams_created;  /* successful cuStreamCreate / WithPriority */
+  /* The virtual memory API (cuMemCreate ...). */
+  uint64_t vmm_create_calls;       /* all cuMemCreate calls */
+  uint64_t vmm_created;            /* physical allocations made */
+  uint64_t vmm_freed;              /* physical allocations gone (released and unmapped) */
+  uint64_t vmm_reserve_calls;      /* cuMemAddressReserve calls */
+  uint64_t vmm_address_free_calls; /* cuMemAddressFree calls */
+  uint64_t vmm_map_calls;          /* cuMemMap calls */
+  uint64_t vmm_mapped;             /* successful cuMemMap */
+  uint64_t vmm_unmap_calls;        /* cuMemUnmap calls */
+  uint64_t vmm_set_access_calls;   /* cuMemSetAccess calls */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */

@@ -1,0 +1,450 @@
+#include "interpose/cuda/vmm.hpp"
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "config/log.hpp"
+#include "core/lock_rank.hpp"
+#include "interpose/cuda/contexts.hpp"
+#include "interpose/node/node.hpp"
+#include "interpose/runtime.hpp"
+
+namespace gpupool::cuda::vmm {
+namespace {
+
+// The answer for a handle or address the program has given up (released,
+// freed): what the driver says for one it does not know.
+constexpr CUresult kGone = CUDA_ERROR_INVALID_VALUE;
+
+// One physical allocation, mapped whole with read-write access in a
+// reservation of its own: so it is in the driver whether held or the
+// program's. While the program has it (active), the flags say what the
+// program believes it has of it.
+struct Unit {
+  CUmemGenericAllocationHandle handle = 0;
+  CUdeviceptr va = 0;
+  std::size_t size = 0;
+  CtxState* st = nullptr;
+  Block* block = nullptr;   // while active
+  bool active = false;      // the pool handed it out
+  bool handle_out = false;  // the program has the handle (created, not released)
+  bool va_out = false;      // ... the reservation (reserved, not freed)
+  bool mapped = false;      // ... the handle mapped at the reservation
+  bool escaped = false;     // the program's own now: the pool only forgets it
+  bool inherited = false;   // a forked parent's: no driver call about it
+};
+
+struct Registry {
+  Ranked<LockRank::cuda_vmm> mu;
+  std::unordered_map<CUmemGenericAllocationHandle, Unit*> by_handle;
+  std::map<CUdeviceptr, Unit*> by_va;
+};
+Registry& registry() {
+  static Registry* const r = new Registry;  // never destroyed: hooks run during exit
+  return *r;
+}
+// Units in the registry: calls of programs that never had one skip the lock.
+std::atomic<std::size_t> g_units{0};
+// The handle the pool gave this thread's last cuMemCreate, for its next
+// cuMemAddressReserve.
+thread_local CUmemGenericAllocationHandle t_claim = 0;
+
+bool none() { return g_units.load(std::memory_order_acquire) == 0; }
+
+Unit* by_handle_locked(CUmemGenericAllocationHandle h) {
+  auto& m = registry().by_handle;
+  auto it = m.find(h);
+  return it == m.end() ? nullptr : it->second;
+}
+
+Unit* containing_locked(CUdeviceptr p) {
+  auto& m = registry().by_va;
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return nullptr;
+  --it;
+  return p - it->first < it->second->size ? it->second : nullptr;
+}
+
+void add_locked(Unit* u) {
+  registry().by_handle.emplace(u->handle, u);  // may throw: the caller undoes
+  try {
+    registry().by_va.emplace(u->va, u);
+  } catch (...) {
+    registry().by_handle.erase(u->handle);
+    throw;
+  }
+  g_units.fetch_add(1, std::memory_order_release);
+}
+
+void remove_locked(Unit* u) {
+  if (registry().by_handle.erase(u->handle)) g_units.fetch_sub(1, std::memory_order_release);
+  registry().by_va.erase(u->va);
+}
+
+// The driver frees the unit (its unmap, release and address free).
+void free_in_driver(const Driver& d, const Unit& u) {
+  d.mem_unmap(u.va, u.size);
+  d.mem_release(u.handle);
+  d.mem_address_free(u.va, u.size);
+}
+
+// The program does something with an active unit that the pool cannot
+// follow: the driver is brought to the state the program believes (what
+// gpupool kept mapped, reserved or created for it is undone), the unit
+// leaves the registry, and its block is returned for the caller to forget
+// (Pool::forget, outside the lock).
+Block* escape_locked(const Driver* d, Unit* u) {
+  if (d && !u->inherited) {
+    if (!u->mapped) d->mem_unmap(u->va, u->size);
+    if (!u->va_out) d->mem_address_free(u->va, u->size);
+    if (!u->handle_out) d->mem_release(u->handle);
+  }
+  remove_locked(u);
+  u->escaped = true;
+  log().debug("cuda: a virtual memory allocation of {} bytes left the pool (the program uses it "
+              "in a way the pool does not follow)", u->size);
+  return u->block;
+}
+
+void forget(const std::vector<Block*>& blocks) {
+  Runtime* rt = runtime_if_started();
+  for (Block* b : blocks)
+    if (b && rt) rt->pool.forget(b);
+}
+
+// Escape whichever of (handle's unit, address's unit) is active, then ask
+// the driver.
+template <class Call>
+CUresult escape_and_pass(const Driver& d, std::unique_lock<Ranked<LockRank::cuda_vmm>>& lock,
+                         Unit* a, Unit* b, Call&& call) {
+  std::vector<Block*> gone;
+  if (a && a->active) gone.push_back(escape_locked(&d, a));
+  if (b && b != a && b->active) gone.push_back(escape_locked(&d, b));
+  lock.unlock();
+  forget(gone);
+  return call();
+}
+
+// The program gave up both the handle and the reservation: the unit goes
+// back to the pool (outside the lock).
+Block* take_back_locked(Unit* u) {
+  if (u->handle_out || u->va_out) return nullptr;
+  u->active = false;
+  Block* b = u->block;
+  u->block = nullptr;
+  return b;
+}
+
+void give_back(Block* b) {
+  if (!b) return;
+  if (Runtime* rt = runtime_if_started()) rt->pool.free(b);
+}
+
+bool poolable(const CUmemAllocationProp* prop, unsigned long long flags) {
+  return prop && flags == 0 && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+         prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && !prop->win32HandleMetaData;
+}
+
+class VmmBackend final : public Backend {
+ public:
+  VmmBackend(CtxState* st, const CUmemAllocationProp& prop, bool fenced)
+      : st_(st), prop_(prop), fenced_(fenced) {}
+
+  BackendResult allocate(std::size_t bytes, std::uint64_t) override {
+    const Driver& d = *driver();
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = d.mem_create(&h, bytes, &prop_, 0);
+    if (r != CUDA_SUCCESS) return failed(r);
+    CUdeviceptr va = 0;
+    if ((r = d.mem_address_reserve(&va, bytes, 0, 0, 0)) != CUDA_SUCCESS) {
+      d.mem_release(h);
+      return failed(r);
+    }
+    CUmemAccessDesc access{};
+    access.location = prop_.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = d.mem_map(va, bytes, 0, h, 0)) != CUDA_SUCCESS ||
+        (r = d.mem_set_access(va, bytes, &access, 1)) != CUDA_SUCCESS) {
+      d.mem_unmap(va, bytes);
+      d.mem_address_free(va, bytes);
+      d.mem_release(h);
+      return failed(r);
+    }
+    auto* u = new Unit;
+    u->handle = h;
+    u->va = va;
+    u->size = bytes;
+    u->st = st_;
+    try {
+      std::lock_guard lock(registry().mu);
+      add_locked(u);
+    } catch (...) {
+      free_in_driver(d, *u);
+      delete u;
+      throw;
+    }
+    return {BackendStatus::ok, static_cast<Handle>(h), 0, u};
+  }
+
+  void release(Handle, std::size_t, void* data) override { let_go(static_cast<Unit*>(data)); }
+  // The context ended: the memory did not end with it (not in a forked
+  // child, whose units are its parent's).
+  void drop(Handle, std::size_t, void* data) override { let_go(static_cast<Unit*>(data)); }
+
+  std::uint64_t fence() override {
+    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
+  }
+  bool passed(std::uint64_t f) override {
+    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
+  }
+  void wait_all() override { synchronize_context(st_); }
+  bool relieve(std::size_t bytes) override {
+    return node::ask_neighbours(device_group(st_->dev), bytes);
+  }
+
+ private:
+  static BackendResult failed(CUresult r) {
+    return {r == CUDA_ERROR_OUT_OF_MEMORY ? BackendStatus::out_of_memory : BackendStatus::error, 0,
+            static_cast<int>(r)};
+  }
+  static void let_go(Unit* u) {
+    bool call_driver = false;
+    {
+      std::lock_guard lock(registry().mu);
+      if (!u->escaped) {
+        remove_locked(u);
+        call_driver = !u->inherited && !exiting();
+      }
+    }
+    if (call_driver)
+      if (const Driver* d = driver()) free_in_driver(*d, *u);
+    delete u;
+  }
+
+  CtxState* st_;
+  CUmemAllocationProp prop_;
+  bool fenced_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> backend(CtxState* st, const CUmemAllocationProp& prop, bool fenced) {
+  return std::make_unique<VmmBackend>(st, prop, fenced);
+}
+
+std::optional<CUresult> create(const Driver& d, CUmemGenericAllocationHandle* handle,
+                               size_t bytes, const CUmemAllocationProp* prop,
+                               unsigned long long flags) {
+  if (!handle || bytes == 0 || !poolable(prop, flags) || !d.mem_release ||
+      !d.mem_address_reserve || !d.mem_address_free || !d.mem_map || !d.mem_unmap ||
+      !d.mem_set_access)
+    return std::nullopt;
+  Runtime* rt = runtime();
+  if (!rt || !rt->config.cuda) return std::nullopt;
+  // A handle of exactly the size asked for (vmm.hpp).
+  if (rt->pool.bins().rounded(bytes) != bytes) return std::nullopt;
+  CtxState* st = current_state(d, *rt, true);
+  if (!st || st->dev != prop->location.id) return std::nullopt;
+  Arena* arena = vmm_arena(st, *rt, *prop);
+  if (!arena) return std::nullopt;
+  const AllocResult a = rt->pool.allocate(arena, bytes);
+  if (!a.block) return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
+  if (a.block->size != bytes) {  // a larger bin's block (GPUPOOL_BORROW)
+    rt->pool.free(a.block);
+    return std::nullopt;
+  }
+  auto* u = static_cast<Unit*>(a.block->data);
+  {
+    std::lock_guard lock(registry().mu);
+    u->block = a.block;
+    u->active = u->handle_out = true;
+    u->va_out = u->mapped = false;
+  }
+  t_claim = u->handle;
+  *handle = u->handle;
+  return CUDA_SUCCESS;
+}
+
+CUresult address_reserve(const Driver& d, CUdeviceptr* ptr, size_t bytes, size_t alignment,
+                         CUdeviceptr addr, unsigned long long flags) {
+  const CUmemGenericAllocationHandle claim = t_claim;
+  t_claim = 0;
+  if (claim && ptr && flags == 0) {
+    std::lock_guard lock(registry().mu);
+    Unit* u = by_handle_locked(claim);
+    if (u && u->active && u->handle_out && !u->va_out && !u->mapped && bytes == u->size &&
+        (alignment == 0 || ((alignment & (alignment - 1)) == 0 && u->va % alignment == 0)) &&
+        (addr == 0 || addr == u->va)) {
+      u->va_out = true;
+      *ptr = u->va;
+      return CUDA_SUCCESS;
+    }
+  }
+  return d.mem_address_reserve(ptr, bytes, alignment, addr, flags);
+}
+
+CUresult map(const Driver& d, CUdeviceptr ptr, size_t bytes, size_t offset,
+             CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  auto pass = [&] { return d.mem_map(ptr, bytes, offset, handle, flags); };
+  if (none()) return pass();
+  std::unique_lock lock(registry().mu);
+  Unit* uh = by_handle_locked(handle);
+  Unit* uv = containing_locked(ptr);
+  if (!uh && !uv) {
+    lock.unlock();
+    return pass();
+  }
+  if (uh && (!uh->active || !uh->handle_out)) return kGone;  // a released handle
+  if (uv && (!uv->active || !uv->va_out)) return kGone;      // a freed reservation
+  if (uh == uv && ptr == uh->va && offset == 0 && bytes == uh->size && flags == 0 &&
+      !uh->mapped) {
+    uh->mapped = true;  // it is: since its creation
+    return CUDA_SUCCESS;
+  }
+  return escape_and_pass(d, lock, uh, uv, pass);
+}
+
+CUresult unmap(const Driver& d, CUdeviceptr ptr, size_t bytes) {
+  auto pass = [&] { return d.mem_unmap(ptr, bytes); };
+  if (none()) return pass();
+  std::unique_lock lock(registry().mu);
+  Unit* u = containing_locked(ptr);
+  if (!u) {
+    lock.unlock();
+    return pass();
+  }
+  if (!u->active || !u->va_out) return kGone;
+  if (ptr == u->va && bytes == u->size) {
+    u->mapped = false;  // unmapping an unmapped range of a reservation succeeds too
+    return CUDA_SUCCESS;
+  }
+  return escape_and_pass(d, lock, u, nullptr, pass);
+}
+
+CUresult address_free(const Driver& d, CUdeviceptr ptr, size_t bytes) {
+  auto pass = [&] { return d.mem_address_free(ptr, bytes); };
+  if (none()) return pass();
+  std::unique_lock lock(registry().mu);
+  Unit* u = containing_locked(ptr);
+  if (!u) {
+    lock.unlock();
+    return pass();
+  }
+  if (!u->active || !u->va_out) return kGone;
+  if (ptr != u->va || bytes != u->size) return escape_and_pass(d, lock, u, nullptr, pass);
+  if (u->mapped) return CUDA_ERROR_INVALID_VALUE;  // the driver's answer while mapped
+  u->va_out = false;
+  Block* back = take_back_locked(u);
+  lock.unlock();
+  give_back(back);
+  return CUDA_SUCCESS;
+}
+
+CUresult release(const Driver& d, CUmemGenericAllocationHandle handle) {
+  auto pass = [&] { return d.mem_release(handle); };
+  if (none()) return pass();
+  std::unique_lock lock(registry().mu);
+  Unit* u = by_handle_locked(handle);
+  if (!u) {
+    lock.unlock();
+    return pass();
+  }
+  if (!u->active || !u->handle_out) return kGone;
+  // Released while mapped, the memory stays until it is unmapped, as in the
+  // driver.
+  u->handle_out = false;
+  Block* back = take_back_locked(u);
+  lock.unlock();
+  give_back(back);
+  return CUDA_SUCCESS;
+}
+
+CUresult set_access(const Driver& d, CUdeviceptr ptr, size_t bytes, const CUmemAccessDesc* desc,
+                    size_t count) {
+  auto pass = [&] { return d.mem_set_access(ptr, bytes, desc, count); };
+  if (none()) return pass();
+  std::unique_lock lock(registry().mu);
+  Unit* u = containing_locked(ptr);
+  if (!u) {
+    lock.unlock();
+    return pass();
+  }
+  if (!u->active || !u->va_out) return kGone;
+  // Mapped as the program believes: the driver answers (again, cheaply:
+  // 0.3 µs on the H200 for access it already has).
+  if (u->mapped && ptr == u->va && bytes == u->size) {
+    lock.unlock();
+    return pass();
+  }
+  if (!u->mapped) return CUDA_ERROR_INVALID_VALUE;  // nothing mapped there
+  return escape_and_pass(d, lock, u, nullptr, pass);
+}
+
+CUresult retain_handle(const Driver& d, CUmemGenericAllocationHandle* handle, void* addr) {
+  auto pass = [&] { return d.mem_retain_handle(handle, addr); };
+  if (none()) return pass();
+  std::unique_lock lock(registry().mu);
+  Unit* u = containing_locked(reinterpret_cast<CUdeviceptr>(addr));
+  if (!u) {
+    lock.unlock();
+    return pass();
+  }
+  if (!u->active || !u->mapped) return kGone;
+  // Another reference to release: the program's to count, with the driver.
+  return escape_and_pass(d, lock, u, nullptr, pass);
+}
+
+CUresult export_handle(const Driver& d, void* shareable, CUmemGenericAllocationHandle handle,
+                       CUmemAllocationHandleType type, unsigned long long flags) {
+  auto pass = [&] { return d.mem_export(shareable, handle, type, flags); };
+  if (none()) return pass();
+  std::unique_lock lock(registry().mu);
+  Unit* u = by_handle_locked(handle);
+  if (!u) {
+    lock.unlock();
+    return pass();
+  }
+  if (!u->active || !u->handle_out) return kGone;
+  // Another process may map it: never to be handed out again.
+  return escape_and_pass(d, lock, u, nullptr, pass);
+}
+
+PtrInfo find(CUdeviceptr p) {
+  PtrInfo i;
+  if (none()) return i;
+  std::lock_guard lock(registry().mu);
+  if (const Unit* u = containing_locked(p)) {
+    i.found = true;
+    i.active = u->active && u->mapped;
+    i.base = u->va;
+    i.size = i.requested = u->size;
+  }
+  return i;
+}
+
+void retire_context(CtxState* st, Pool& pool) {
+  std::vector<Block*> gone;
+  {
+    const Driver* d = driver();
+    std::lock_guard lock(registry().mu);
+    std::vector<Unit*> mine;
+    for (auto& [va, u] : registry().by_va)
+      if (u->st == st && u->active) mine.push_back(u);
+    for (Unit* u : mine) gone.push_back(escape_locked(exiting() ? nullptr : d, u));
+  }
+  for (Block* b : gone) pool.forget(b);
+}
+
+void fork_prepare() { registry().mu.lock(); }
+void fork_parent() { registry().mu.unlock(); }
+void fork_child() {
+  for (auto& [va, u] : registry().by_va) u->inherited = true;
+  t_claim = 0;
+  registry().mu.unlock();
+}
+
+}  // namespace gpupool::cuda::vmm
