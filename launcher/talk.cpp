@@ -98,6 +98,16 @@ int has_gpupool_mapped(long pid) {
 
 std::uint64_t now_ms() { return io::mono_ns() / 1'000'000; }
 
+// The deadline a request carries (socket.hpp), for a command that waits
+// timeout_s from start_ns for its answer: a process that has not begun it
+// by then drops it, so "no answer" means nothing was done. It comes before
+// the command gives up by what a request takes to be carried out and
+// answered: half the timeout, at most a second.
+std::uint64_t request_deadline(std::uint64_t start_ns, double timeout_s) {
+  const auto wait = static_cast<std::uint64_t>(timeout_s * 1e9);
+  return start_ns + wait - std::min<std::uint64_t>(wait / 2, 1'000'000'000);
+}
+
 // One request to one process: connected and sent, then its answer read
 // until the process closes or the deadline passes. --all keeps one per
 // process in flight at once, so a stopped process costs the deadline once,
@@ -114,9 +124,10 @@ struct Asking {
   std::string out, err;  // what to print on stdout and stderr
 };
 
-// Checks the process and connects to its socket, then sends the request.
-// false with a->result and a->err set when there is nobody to ask.
-bool ask(long pid, const std::string& request, Asking* a) {
+// Checks the process and connects to its socket, then sends the request
+// (a whole line, socket.hpp's request_line). false with a->result and
+// a->err set when there is nobody to ask.
+bool ask(long pid, const std::string& line, Asking* a) {
   a->pid = pid;
   a->who = "process " + std::to_string(pid);
   auto settle = [&](int result, std::string msg) {
@@ -185,7 +196,6 @@ bool ask(long pid, const std::string& request, Asking* a) {
     a->err = note + a->err;
     return false;
   }
-  const std::string line = request + "\n";
   // A refusal may already be waiting even if the send fails: read it.
   a->sent = send(a->fd.get(), line.data(), line.size(), MSG_NOSIGNAL) ==
             static_cast<ssize_t>(line.size());
@@ -230,12 +240,12 @@ int settle(Asking& a, double timeout_s) {
     a.err = std::string(kProg) + ": " + msg + "\n";
     return result;
   };
-  if (!a.closed) {
-    char t[32];
-    std::snprintf(t, sizeof t, "%g", timeout_s);
+  char t[32];
+  std::snprintf(t, sizeof t, "%g", timeout_s);
+  if (!a.closed)
     return error(kTimeout, "no answer from " + a.who + " within " + t +
-                               "s (is it stopped or hung?)");
-  }
+                               "s (is it stopped or hung?); the request expired: it will not "
+                               "be carried out later");
   const auto nl = a.reply.find('\n');
   const std::string status = a.reply.substr(0, nl);
   const std::string body = nl == std::string::npos ? "" : a.reply.substr(nl + 1);
@@ -243,6 +253,9 @@ int settle(Asking& a, double timeout_s) {
     a.out = body;
     return kOk;
   }
+  if (status.rfind("error expired", 0) == 0)
+    return error(kTimeout, a.who + " did not begin the request within " + t +
+                               "s (is it busy?); it expired, and nothing was done");
   if (status.rfind("error denied", 0) == 0)
     return error(kDenied, "permission denied by " + a.who + ": " + status.substr(13));
   if (status.empty() && !a.sent)
@@ -261,8 +274,9 @@ void print(const Asking& a) {
 
 int talk(long pid, const std::string& request, double timeout_s) {
   std::vector<Asking> asks(1);
-  if (ask(pid, request, &asks[0]))
-    read_answers(asks, now_ms() + static_cast<std::uint64_t>(timeout_s * 1000));
+  const std::uint64_t start = io::mono_ns();
+  if (ask(pid, control::request_line(request, request_deadline(start, timeout_s)), &asks[0]))
+    read_answers(asks, start / 1'000'000 + static_cast<std::uint64_t>(timeout_s * 1000));
   const int r = settle(asks[0], timeout_s);
   print(asks[0]);
   return r;
@@ -277,8 +291,10 @@ int talk_all(const std::vector<node::ProcessEntry>& procs, const std::string& re
     if (std::none_of(once.begin(), once.end(), [&](auto* o) { return o->pid == p.pid; }))
       once.push_back(&p);
   std::vector<Asking> asks(once.size());
-  const std::uint64_t deadline = now_ms() + static_cast<std::uint64_t>(timeout_s * 1000);
-  for (std::size_t i = 0; i < once.size(); ++i) ask(once[i]->pid, request, &asks[i]);
+  const std::uint64_t start = io::mono_ns();
+  const std::uint64_t deadline = start / 1'000'000 + static_cast<std::uint64_t>(timeout_s * 1000);
+  const std::string line = control::request_line(request, request_deadline(start, timeout_s));
+  for (std::size_t i = 0; i < once.size(); ++i) ask(once[i]->pid, line, &asks[i]);
   read_answers(asks, deadline);
   int worst = kOk;
   for (std::size_t i = 0; i < once.size(); ++i) {

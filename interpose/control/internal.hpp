@@ -68,6 +68,7 @@ struct State {
   // may call the driver; the server thread must not).
   struct Request {
     std::string line;
+    std::uint64_t deadline = 0;  // io::mono_ns(): not begun by then, not done (0: none)
     bool foreign = false;
     std::string answer;
     bool done = false;

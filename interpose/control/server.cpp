@@ -203,7 +203,7 @@ bool send_answer(Client& c) {
 // request is still queued (taken back).
 std::string ask_control(State& st, const Client& c) {
   State::Request req;
-  req.line = c.in;
+  req.line = split_request(c.in, &req.deadline);
   req.foreign = c.foreign;
   std::unique_lock lock(st.req_mu);
   st.requests.push_back(&req);
@@ -351,7 +351,14 @@ void answer_requests(Runtime& rt) {
     }
     std::string answer;
     try {
-      answer = handle_request(rt, req->line, req->foreign);
+      // The client has given up (this process was stopped, or busy, past
+      // the request's deadline): it said "no answer", so nothing is done.
+      if (req->deadline != 0 && io::mono_ns() >= req->deadline) {
+        log().debug("control socket: '{}' came past its deadline; not done", req->line);
+        answer = "error expired the request's deadline passed before it could begin\n";
+      } else {
+        answer = handle_request(rt, req->line, req->foreign);
+      }
     } catch (...) {
       internal_failure("gpupool's control socket");
       answer = "error internal gpupool failed inside (out of host memory?)\n";

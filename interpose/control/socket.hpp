@@ -11,11 +11,16 @@
 // only trusts a socket held by the pid it asked for, running as its own
 // user (a squatter can at worst make a request fail, never answer it).
 //
-// Protocol: the client sends one line ("stats", "stats json", "free-held",
-// "stop-holding", "ping", or "release GPU-<uuid> <bytes>" from another
-// gpupool process that ran out of memory on that GPU) within 2 s; the server answers "ok\n" followed by
-// the body, or "error <code> <message>\n" (codes: denied, bad-request,
-// exiting), and closes the connection.
+// Protocol: the client sends one line within 2 s: "stats", "stats json",
+// "free-held", "stop-holding", "ping", or "release GPU-<uuid> <bytes>" from
+// another gpupool process that ran out of memory on that GPU, optionally
+// after "by <ns> ", a deadline in CLOCK_MONOTONIC nanoseconds (one clock for
+// every process of the node): a request the process has not begun by then
+// is answered "error expired" and not carried out, so a client that gave
+// up changed nothing (a stopped process continued later, say). The server
+// answers "ok\n" followed by the body, or "error <code> <message>\n"
+// (codes: denied, bad-request, exiting, expired), and closes the
+// connection.
 #pragma once
 
 #include <stddef.h>
@@ -25,6 +30,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -50,6 +56,23 @@ inline socklen_t socket_address(sockaddr_un* addr, const std::string& name) {
   const std::size_t n = std::min(name.size(), sizeof addr->sun_path - 1);
   std::memcpy(addr->sun_path + 1, name.data(), n);
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+// A request line with its deadline (CLOCK_MONOTONIC ns; 0: none).
+inline std::string request_line(const std::string& request, std::uint64_t deadline) {
+  return (deadline ? "by " + std::to_string(deadline) + " " : std::string()) + request + "\n";
+}
+
+// A line's request, and its deadline in *deadline (0 when it has none).
+inline std::string_view split_request(std::string_view line, std::uint64_t* deadline) {
+  *deadline = 0;
+  if (line.rfind("by ", 0) != 0) return line;
+  const char* last = line.data() + line.size();
+  std::uint64_t d = 0;
+  const auto [p, ec] = std::from_chars(line.data() + 3, last, d);
+  if (ec != std::errc() || p == last || *p != ' ') return line;
+  *deadline = d;
+  return line.substr(static_cast<std::size_t>(p + 1 - line.data()));
 }
 
 // The abstract names of the gpupool control sockets on the node (from

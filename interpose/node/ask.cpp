@@ -74,7 +74,9 @@ std::size_t ask_release_here(long pid, unsigned uid, const Uuid& uuid, std::size
   for (const std::string& name : control::socket_candidates(uid, pid)) {
     io::OwnedFd fd = connect_to(name, pid, uid, deadline);
     if (!fd.valid()) continue;
-    const std::string req = "release " + uuid_text(uuid) + " " + std::to_string(bytes) + "\n";
+    // Dropped by a holder that gets to it after we gave up (stopped, busy).
+    const std::string req = control::request_line(
+        "release " + uuid_text(uuid) + " " + std::to_string(bytes), deadline);
     std::size_t sent = 0;
     while (sent < req.size()) {
       const ssize_t n = ::send(fd.get(), req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
@@ -132,7 +134,8 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const Uuid&
   };
   std::vector<Asked> asked;
   std::set<std::pair<unsigned, long>> reached;  // (uid, pid) asked
-  const std::string req = "release " + uuid_text(uuid) + " " + std::to_string(bytes) + "\n";
+  const std::string req =
+      control::request_line("release " + uuid_text(uuid) + " " + std::to_string(bytes), deadline);
   for (const Target& t : targets) {
     if (asked.size() >= 256) break;
     if (reached.count({t.uid, t.pid})) continue;

@@ -333,6 +333,28 @@ class Pid(unittest.TestCase):
             os.kill(server.pid, signal.SIGCONT)
             server.close()
 
+    def test_request_that_timed_out_is_not_carried_out_later(self):
+        # A command that said "no answer" changed nothing: the stopped
+        # process, continued, drops the request whose deadline has passed
+        # (before, holding was off once it ran again).
+        server = Serving([HARNESS, "serve"], clean_env())
+        try:
+            os.kill(server.pid, signal.SIGSTOP)
+            for cmd in ("stop-holding", "free-held"):
+                r = gp(cmd, str(server.pid), "--timeout", "0.5")
+                self.assertEqual(r.returncode, TIMEOUT, r.stderr)
+                self.assertIn("no answer", r.stderr)
+            os.kill(server.pid, signal.SIGCONT)
+            r = gp("stats", str(server.pid), "--json", "--timeout", "30")
+            self.assertEqual(r.returncode, OK, r.stderr)
+            doc = json.loads(r.stdout)
+            self.assertTrue(doc["holding"], "holding stopped by a request that timed out")
+            self.assertEqual(doc["totals"]["held_blocks"], 7,
+                             "held blocks freed by a request that timed out")
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+            server.close()
+
     def test_zombie(self):
         # A process that has ended but was not waited for: said as such
         # (before: "permission denied: cannot inspect process N").
