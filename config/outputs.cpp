@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -78,16 +79,47 @@ std::string not_replaceable(const std::string& path, const struct stat& st) {
   return {};
 }
 
+// A temporary file's name beside `name`: hidden (never read as a .prom
+// file), with its writer's pid, which says when it is stale
+// (temporary_pid).
+constexpr std::string_view kTemporary = ".tmp";
+
+// The pid in `entry`, the name of a temporary file beside an output of
+// value_name (".NAME.tmpPID-XXXXXX"), or -1.
+long temporary_pid(const std::string& value_name, const std::string& entry) {
+  const std::size_t at = entry.rfind(kTemporary);
+  if (entry.size() < 2 || entry[0] != '.' || at == std::string::npos || at < 2 ||
+      !is_output_name(value_name, entry.substr(1, at - 1)))
+    return -1;
+  std::size_t i = at + kTemporary.size();
+  long pid = 0;
+  const std::size_t digits = i;
+  for (; i < entry.size() && is_digit(entry[i]) && i - digits < 10; ++i)
+    pid = pid * 10 + (entry[i] - '0');
+  if (i == digits || i >= entry.size() || entry[i] != '-') return -1;
+  return pid;
+}
+
+// A temporary file left by a write that never ended: its writer is gone
+// (or it is this process, whose writes never overlap the sweep: an exec
+// ended the write of the program it was before), and nobody holds it.
+bool stale_temporary(long pid) {
+  return pid == static_cast<long>(getpid()) ||
+         (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+}
+
 // A new file beside `name` in dir, locked, its name in *tmp. Hidden, and
-// not an output name: never read as a .prom file, never removed as stale.
+// not an output name: never read as a .prom file; removed as stale only
+// once its writer is gone (remove_unheld_outputs).
 OwnedFd create_beside(int dir, const std::string& name, std::string* tmp) {
   OwnedFd fresh;
   for (int tries = 0; tries < 16 && !fresh.valid(); ++tries) {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    char suffix[32];
-    snprintf(suffix, sizeof suffix, ".tmp%06lx",
-             static_cast<unsigned long>((ts.tv_nsec ^ (getpid() << 8) ^ tries * 7919) & 0xffffff));
+    char suffix[48];
+    snprintf(suffix, sizeof suffix, "%.*s%ld-%06lx", static_cast<int>(kTemporary.size()),
+             kTemporary.data(), static_cast<long>(getpid()),
+             static_cast<unsigned long>((ts.tv_nsec ^ tries * 7919) & 0xffffff));
     *tmp = "." + name + suffix;
     fresh = OwnedFd::adopt(
         ::openat(dir, tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
@@ -270,16 +302,19 @@ std::vector<std::string> remove_unheld_outputs(const std::string& value, const s
   std::string head(starts_with.size(), '\0');
   while (const dirent* e = readdir(dp)) {
     const std::string entry = e->d_name;
-    if (entry == keep || entry == "." || entry == ".." || !is_output_name(value_name, entry))
-      continue;
+    if (entry == keep || entry == "." || entry == "..") continue;
+    const long writer = temporary_pid(value_name, entry);
+    if (writer < 0 ? !is_output_name(value_name, entry) : !stale_temporary(writer)) continue;
     OwnedFd f = OwnedFd::adopt(
         ::openat(d, entry.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
     struct stat st{};
     if (!f.valid() || fstat(f.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
       continue;
-    // Only what gpupool wrote: a name alone may be the user's own file.
-    if (pread(f.get(), head.data(), head.size(), 0) != static_cast<ssize_t>(head.size()) ||
-        head != starts_with)
+    // Only what gpupool wrote: a name alone may be the user's own file. (A
+    // temporary's name is gpupool's, and what it holds may be cut short.)
+    if (writer < 0 &&
+        (pread(f.get(), head.data(), head.size(), 0) != static_cast<ssize_t>(head.size()) ||
+         head != starts_with))
       continue;
     // Held: a live process's. Where locks are not supported nothing is known.
     if (flock(f.get(), LOCK_EX | LOCK_NB) != 0) continue;

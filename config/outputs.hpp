@@ -73,7 +73,10 @@ class HeldFile {
 // Removes, in the directory of `value` (a setting's value, %p unexpanded),
 // the files is_output_name gives for it that no live process holds and
 // that gpupool wrote: regular files of this user whose content begins
-// with `starts_with`. `keep` (a file name) is left alone. Returns the
+// with `starts_with`; and the temporary files HeldFile left beside them
+// (".NAME.tmpPID-XXXXXX": a write an exec or a kill cut short) whose
+// writer is gone or is this process (whose own write is never under way
+// meanwhile), unheld. `keep` (a file name) is left alone. Returns the
 // names removed, in the directory's order. Nothing is done when the
 // directory part holds %p.
 std::vector<std::string> remove_unheld_outputs(const std::string& value, const std::string& keep,

@@ -23,6 +23,7 @@
 #include "config/config.hpp"
 #include "config/outputs.hpp"
 #include "launcher/launcher.hpp"
+#include "observe/stats_format.hpp"
 #include "observe/trace_reader.hpp"
 
 extern char** environ;
@@ -147,6 +148,21 @@ void remove_earlier_traces(const std::string& file) {
   for (const std::string& n : removed) names += (names.empty() ? "" : ", ") + n;
   std::fprintf(stderr, "%s: run: removed %zu trace%s an earlier run left beside %s: %s\n", kProg,
                removed.size(), removed.size() == 1 ? "" : "s", file.c_str(), names.c_str());
+}
+
+// The Prometheus files of processes that are gone (killed: they hold them
+// no more), and the temporary files of writes an exec or a kill cut short,
+// removed before the program starts (and then by each of its processes as
+// it writes): node_exporter serves no dead process.
+void remove_stale_prometheus(const std::string& file) {
+  const std::vector<std::string> removed =
+      io::remove_unheld_outputs(file, "", stats::kPrometheusStart);
+  if (removed.empty()) return;
+  std::string names;
+  for (const std::string& n : removed) names += (names.empty() ? "" : ", ") + n;
+  say("run", "removed " + std::to_string(removed.size()) + " Prometheus file" +
+                 (removed.size() == 1 ? "" : "s") + " of processes that are gone beside " + file +
+                 ": " + names);
 }
 
 std::string pad(std::string s, std::size_t width) {
@@ -312,6 +328,8 @@ int cmd_run(int argc, char** argv) {
     setenv(v.name.c_str(), v.value.c_str(), 1);
     if (v.name == "GPUPOOL_TRACE_FILE" && !within_a_run) remove_earlier_traces(v.value);
   }
+  if (const char* prom = getenv("GPUPOOL_PROMETHEUS_FILE"); prom && *prom)
+    remove_stale_prometheus(prom);
   // exec keeps the pid: the program is this process. It writes the files
   // as named; its children, and theirs, write siblings (docs/trace.md).
   if (!run_pid_given) setenv("GPUPOOL_RUN_PID", std::to_string(getpid()).c_str(), 1);

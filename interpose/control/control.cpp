@@ -71,6 +71,19 @@ bool append_dump(const std::string& path, const std::string& data, std::string* 
   return ok;
 }
 
+// The Prometheus files a killed process left (it holds them no more), and
+// the temporary files of writes an exec or a kill cut short: removed, so
+// that node_exporter serves no dead process and the directory does not
+// fill. Every update does it (a write interval at most after the death),
+// and so does the exit.
+std::size_t sweep_prometheus(State& st, const std::string& keep) {
+  const std::size_t slash = keep.rfind('/');
+  return io::remove_unheld_outputs(st.rt->config.prometheus_file,
+                                   slash == std::string::npos ? keep : keep.substr(slash + 1),
+                                   stats::kPrometheusStart)
+      .size();
+}
+
 void at_exit_locked_dump() {
   State& st = *state();
   if (!st.rt) return;
@@ -101,8 +114,11 @@ void at_exit_locked_dump() {
   // A process's series end with it: a file left behind would be exported
   // forever. (Killed, it leaves the file, which the next gpupool process
   // writing there removes: nobody holds it any more.)
-  if (st.prometheus_file.holding())
-    io::in_private([&] { st.prometheus_file.remove(st.prometheus_path); });
+  if (!st.prometheus_path.empty())
+    io::in_private([&] {
+      st.prometheus_file.remove(st.prometheus_path);
+      sweep_prometheus(st, std::string());
+    });
 }
 
 // The files a process writes: %p is its pid. The stats file is shared
@@ -114,7 +130,6 @@ void set_paths(State& st, bool child) {
   st.stats_path = cfg.stats_file.empty() ? std::string() : io::expand_path(cfg.stats_file, pid);
   st.prometheus_names.clear();
   st.prometheus_next = 0;
-  st.prometheus_swept_ns = 0;
   if (!cfg.prometheus_file.empty())
     st.prometheus_names = io::output_names(cfg.prometheus_file, pid, cfg.run_pid, child);
   st.prometheus_path = st.prometheus_names.empty() ? std::string() : st.prometheus_names[0];
@@ -213,15 +228,12 @@ const bool g_fork_registered =
 }  // namespace
 
 namespace {
-// How often the files of dead processes are looked for.
-constexpr std::uint64_t kSweepPeriod = 60'000 * kMs;
 
 // Writes this process's file: the first of its names that no other live
 // process holds. The first failure is said; later ones are counted in the
 // warnings (a full disk would otherwise log every interval).
 void update_prometheus(State& st, const stats::Report& r) {
   const std::string text = stats::to_prometheus(r);
-  const config::Config& cfg = st.rt->config;
   std::string why, passed_over;
   io::Hold h = io::Hold::failed;
   std::size_t swept = 0;
@@ -233,20 +245,7 @@ void update_prometheus(State& st, const stats::Report& r) {
     }
     if (st.prometheus_next < st.prometheus_names.size())
       st.prometheus_path = st.prometheus_names[st.prometheus_next];
-    // A killed process's file (nobody holds it) would be exported forever:
-    // the next gpupool process writing beside it removes it.
-    const std::uint64_t now = io::mono_ns();
-    if (h == io::Hold::held &&
-        (st.prometheus_swept_ns == 0 || now - st.prometheus_swept_ns >= kSweepPeriod)) {
-      st.prometheus_swept_ns = now;
-      const std::size_t slash = st.prometheus_path.rfind('/');
-      swept = io::remove_unheld_outputs(
-                  cfg.prometheus_file,
-                  slash == std::string::npos ? st.prometheus_path
-                                             : st.prometheus_path.substr(slash + 1),
-                  stats::kPrometheusStart)
-                  .size();
-    }
+    swept = sweep_prometheus(st, h == io::Hold::held ? st.prometheus_path : std::string());
   });
   if (!passed_over.empty() && h == io::Hold::held)
     log().info("GPUPOOL_PROMETHEUS_FILE: {} is written by another live process; this one writes {}",

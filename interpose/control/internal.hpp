@@ -106,7 +106,6 @@ struct State {
   std::size_t prometheus_next = 0;
   std::string prometheus_path;
   io::HeldFile prometheus_file;
-  std::uint64_t prometheus_swept_ns = 0;  // when dead processes' files were last removed
   std::atomic<std::uint64_t> dumps_dropped{0};
   std::atomic<std::uint64_t> prometheus_dropped{0};  // updates of the Prometheus file that failed
 };

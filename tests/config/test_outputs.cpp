@@ -1,6 +1,8 @@
 // The files one setting makes several processes write (config/outputs.hpp):
 // each process's name, and no two live processes ever writing one file.
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -203,6 +205,65 @@ TEST_F(Outputs, RemovesOnlyUnheldFilesGpupoolWrote) {
                               "other.14.prom"}));
   // %p in the directory: nothing to look at.
   EXPECT_EQ(remove_unheld_outputs(dir + "/%p/gpupool.prom", "", "# HELP gpupool_info "), Names{});
+}
+
+// A write cut short by an exec or a kill leaves its temporary file
+// (".NAME.tmpPID-XXXXXX"): removed once its writer is gone, or when the
+// writer is this process (an exec ended the program it was before); a live
+// writer's is left alone, held or not.
+TEST_F(Outputs, TemporariesOfWritesCutShortAreSwept) {
+  const std::string value = dir + "/gpupool.prom";
+  auto temporary = [&](long pid) { return ".gpupool.prom.tmp" + std::to_string(pid) + "-0a1b2c"; };
+  const pid_t dead = fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) _exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(dead, &status, 0), dead);
+  // A live writer: one holding its temporary (a write under way), and one
+  // that holds nothing (it exec'd a program without gpupool).
+  int ready[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t live = fork();
+  ASSERT_GE(live, 0);
+  if (live == 0) {
+    close(done[1]);
+    const std::string held = dir + "/" + temporary(getpid());
+    OwnedFd f = OwnedFd::adopt(open(held.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644));
+    char c = f.valid() && flock(f.get(), LOCK_EX) == 0 ? 'y' : 'n';
+    if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) < 0) _exit(2);
+    _exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  const pid_t idle = fork();
+  ASSERT_GE(idle, 0);
+  if (idle == 0) {
+    close(done[1]);
+    if (read(done[0], &c, 1) < 0) _exit(2);
+    _exit(0);
+  }
+  write_file(dir + "/" + temporary(dead), "# HELP gpupool_info cut sh");
+  write_file(dir + "/" + temporary(getpid()), "");
+  write_file(dir + "/" + temporary(idle), "# HELP gpupool_info");
+  // Another setting's: not this sweep's.
+  write_file(dir + "/.other.prom.tmp" + std::to_string(dead) + "-0a1b2c", "");
+  Names removed = remove_unheld_outputs(value, "", "# HELP gpupool_info ");
+  std::sort(removed.begin(), removed.end());
+  Names want{temporary(dead), temporary(getpid())};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(removed, want);
+  close(done[1]);
+  waitpid(live, &status, 0);
+  waitpid(idle, &status, 0);
+  // Their writers gone, the live ones' go too.
+  removed = remove_unheld_outputs(value, "", "# HELP gpupool_info ");
+  std::sort(removed.begin(), removed.end());
+  want = {temporary(live), temporary(idle)};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(removed, want);
+  for (int fd : {ready[0], ready[1], done[0]}) close(fd);
 }
 
 TEST_F(Outputs, ReplaceRefusesWhatItAlwaysRefused) {

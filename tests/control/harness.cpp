@@ -8,6 +8,7 @@
 //   control_harness symlink PATH            a refused stats file
 //   control_harness workload OPS            allocate/free then exit (trace)
 //   control_harness serve                   hold memory, wait on stdin (socket)
+//   control_harness exec-chain N            exec itself N times amid Prometheus writes
 //
 // Configuration comes from GPUPOOL_* variables set by the caller. Exit 0 on
 // success; failures are printed.
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -429,6 +431,24 @@ int serve() {
   return 0;
 }
 
+// Execs itself `left` more times, each image at a random moment while the
+// control thread writes the Prometheus file (GPUPOOL_STATS_INTERVAL short):
+// an exec amid a write ends the writer between creating its temporary
+// file and renaming it.
+int exec_chain(int left) {
+  gpupool::Runtime& rt = start_runtime();
+  give(rt, take(rt, 5000));
+  std::mt19937 rng(static_cast<unsigned>(getpid() * 7919 + left));
+  std::this_thread::sleep_for(std::chrono::microseconds(1000 + rng() % 5000));
+  if (left > 0) {
+    const std::string next = std::to_string(left - 1);
+    execl("/proc/self/exe", "control_harness", "exec-chain", next.c_str(), nullptr);
+    std::fprintf(stderr, "FAILED: exec: %s\n", std::strerror(errno));
+    return 1;
+  }
+  return g_failures.load() ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -441,6 +461,7 @@ int main(int argc, char** argv) {
   if (mode == "workload" && argc == 3) return workload(std::strtoull(argv[2], nullptr, 10));
   if (mode == "serve") return serve();
   if (mode == "periodic") return periodic();
+  if (mode == "exec-chain" && argc == 3) return exec_chain(std::atoi(argv[2]));
   std::fprintf(stderr, "usage: control_harness storm THREADS SECONDS | exit-race N | chain | "
                        "symlink | workload OPS | serve\n");
   return 2;

@@ -148,6 +148,19 @@ with tempfile.TemporaryDirectory() as tmp:
         leftovers = [n for n in os.listdir(tmp) if n.startswith(("gpupool.", ".gpupool."))]
         if leftovers:
             fail(f"files left after exit: {leftovers}")
+    elif scenario == "exec-prometheus":
+        # A program that execs itself 300 times while its Prometheus file
+        # is written every millisecond: no temporary file of a write that
+        # an exec cut short is left (each image sweeps those of its pid),
+        # and the file goes with the last image's exit.
+        prom = os.path.join(tmp, "gpupool.prom")
+        env = dict(json_env, GPUPOOL_STATS_INTERVAL="1ms", GPUPOOL_PROMETHEUS_FILE=prom)
+        p = run(["exec-chain", "300"], env)
+        if p.returncode != 0:
+            fail(f"exec-chain exited {p.returncode}")
+        leftovers = [n for n in os.listdir(tmp) if "gpupool.prom" in n]
+        if leftovers:
+            fail(f"files left after 300 execs amid writes: {leftovers}")
     else:
         fail(f"unknown scenario {scenario}")
 

@@ -229,6 +229,31 @@ class Run(unittest.TestCase):
         r = gp("run", "--", "sh", "-c", "echo $LD_PRELOAD", env=env)
         self.assertEqual(r.stdout.strip(), TEST_PRELOAD)
 
+    def test_removes_what_dead_processes_left_beside_the_prometheus_file(self):
+        """run --prometheus: the files of processes that are gone (killed)
+        and the temporary files of writes an exec or a kill cut short are
+        removed before the program starts; a live writer's are not."""
+        with tempfile.TemporaryDirectory() as tmp:
+            dead = subprocess.Popen(["true"])
+            dead.wait()
+            live = subprocess.Popen(["sleep", "60"])
+            try:
+                files = {f"gpupool.{dead.pid}.prom": "# HELP gpupool_info x\n",
+                         f".gpupool.prom.tmp{dead.pid}-0a1b2c": "# HELP gpu",
+                         f".gpupool.prom.tmp{live.pid}-0a1b2c": "",
+                         "gpupool.7.prom": "the user's own\n"}
+                for name, text in files.items():
+                    with open(os.path.join(tmp, name), "w") as f:
+                        f.write(text)
+                r = gp("run", "--prometheus", os.path.join(tmp, "gpupool.prom"), "--", "true")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("removed 2 Prometheus files of processes that are gone", r.stderr)
+                self.assertEqual(sorted(os.listdir(tmp)),
+                                 sorted([f".gpupool.prom.tmp{live.pid}-0a1b2c", "gpupool.7.prom"]))
+            finally:
+                live.kill()
+                live.wait()
+
     @unittest.skipUnless(CL_WORKLOAD, "OpenCL hooks not built")
     def test_stats_at_exit_of_an_unmodified_opencl_program(self):
         r = gp("run", "--stats", "--", CL_WORKLOAD, "once")
