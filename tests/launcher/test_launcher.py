@@ -1080,6 +1080,11 @@ class Report(InTmpDir):
             self.assertEqual((g["allocations"], g["peak_active"]["bytes"]), (1, sizes[i]))
             # A group's plot has the points its records make, not a fixed number.
             self.assertLessEqual(len(g["t"]), 4)
+        # Drawn: a plot per group shown and one for the others, then the
+        # rates and the two of sizes.
+        dom = chromium_dom(out)
+        self.assertIn('data-status="ok"', dom, dom[-2000:])
+        self.assertEqual(dom.count('class="plot"'), len(shown) + 1 + 3)
         r = gp("report", "--text", trace)
         self.assertEqual(r.returncode, OK, r.stderr)
         self.assertIn(f"{rest['others']} other pool groups", r.stdout)
