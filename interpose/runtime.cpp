@@ -7,15 +7,18 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <utility>
 
 #include "config/io.hpp"
 #include "config/log.hpp"
 #include "interpose/control/control.hpp"
+#include "interpose/hook_scope.hpp"
 #include "interpose/node/node.hpp"
 
 namespace gpupool {
 
 std::atomic<Runtime*> detail::g_runtime{nullptr};
+GPUPOOL_HOT_TLS unsigned detail::t_hook_depth = 0;
 std::atomic<bool> detail::g_renew_control{false};
 
 namespace {
@@ -31,10 +34,24 @@ ForkHandlers g_fork[static_cast<unsigned>(ForkPart::count)];
 
 constexpr unsigned kParts = static_cast<unsigned>(ForkPart::count);
 
+// A fork() from a signal handler that interrupted this thread inside
+// gpupool (crash handlers do that): the thread may hold any of gpupool's
+// locks, and the handlers below would wait for it forever. Nothing is taken
+// then, and the child, which may hold copies of locks taken anywhere, is
+// left inert: gpupool does nothing more in it (its calls go to the driver
+// alone, no exit work). POSIX allows such a child async-signal-safe calls
+// only, an exec or an _exit, which is what crash handlers do.
+GPUPOOL_HOT_TLS bool t_fork_inside_hook = false;
+std::atomic<bool> g_inert{false};
+
 // The parts' handlers take and release locks; only the child's renewal
 // allocates, and a failure there costs the child its pooling of what
 // failed, not its life (pthread_atfork handlers must not throw).
 void fork_prepare() {
+  if (inside_hook()) {
+    t_fork_inside_hook = true;
+    return;
+  }
   // From here to the parent's or the child's handler this thread holds
   // every lock of a rank at once (core/lock_rank.hpp).
   lock_rank::entering_fork();
@@ -43,12 +60,19 @@ void fork_prepare() {
 }
 
 void fork_parent() {
+  if (std::exchange(t_fork_inside_hook, false)) return;
   for (unsigned i = kParts; i-- > 0;)
     if (g_fork[i].parent) g_fork[i].parent();
   lock_rank::leaving_fork();
 }
 
 void fork_child() {
+  if (std::exchange(t_fork_inside_hook, false)) {
+    g_inert.store(true, std::memory_order_relaxed);
+    g_exiting.store(true, std::memory_order_relaxed);  // runtime() is nullptr from now on
+    g_runtime.store(nullptr, std::memory_order_relaxed);
+    return;
+  }
   for (unsigned i = kParts; i-- > 0;)
     if (g_fork[i].child) g_fork[i].child();
   lock_rank::leaving_fork();
@@ -100,6 +124,7 @@ Runtime* create() {
   // The one shutdown flag: from now on no call into drivers that may be
   // torn down, and the control thread stops; then the exit dump.
   std::atexit([] {
+    if (g_inert.load(std::memory_order_relaxed)) return;
     g_exiting.store(true, std::memory_order_release);
     control::at_exit();
     node::at_exit();

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "interpose/control/control.hpp"
+#include "interpose/hook_scope.hpp"
 #include "interpose/runtime.hpp"
 
 #ifndef GPUPOOL_VERSION
@@ -25,6 +26,7 @@ std::size_t copy_out(const std::string& s, char* buf, std::size_t len) {
 }
 
 std::size_t render(char* buf, std::size_t len, bool json) noexcept {
+  const gpupool::HookScope hook_scope;
   try {
     gpupool::Runtime* rt = gpupool::runtime();
     if (!rt) {
@@ -49,6 +51,7 @@ GPUPOOL_EXPORT std::size_t gpupool_stats_text(char* buf, std::size_t len) {
 }
 
 GPUPOOL_EXPORT int gpupool_dump_stats(void) {
+  const gpupool::HookScope hook_scope;
   try {
     gpupool::Runtime* rt = gpupool::runtime();
     return rt && gpupool::control::dump(*rt, "api") ? 0 : -1;
@@ -58,6 +61,7 @@ GPUPOOL_EXPORT int gpupool_dump_stats(void) {
 }
 
 GPUPOOL_EXPORT int gpupool_free_held(void) {
+  const gpupool::HookScope hook_scope;
   try {
     gpupool::Runtime* rt = gpupool::runtime();
     return rt && gpupool::control::free_held(*rt) ? 0 : -1;
@@ -67,6 +71,7 @@ GPUPOOL_EXPORT int gpupool_free_held(void) {
 }
 
 GPUPOOL_EXPORT int gpupool_stop_holding(void) {
+  const gpupool::HookScope hook_scope;
   try {
     gpupool::Runtime* rt = gpupool::runtime();
     return rt && gpupool::control::stop_holding(*rt) ? 0 : -1;

@@ -12,6 +12,7 @@
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/pointers.hpp"
 #include "interpose/cuda/vmm.hpp"
+#include "interpose/hook_scope.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
 
@@ -195,6 +196,7 @@ extern "C" {
 // and paths after a driver call (frees, context teardown) do not throw.
 #define GPUPOOL_FALLBACK(field, ...)                                                 \
   catch (...) {                                                                      \
+    const HookScope hook_scope;                                                      \
     internal_failure(__func__);                                                      \
     const Driver* fallback_driver = driver();                                        \
     return fallback_driver && fallback_driver->field ? fallback_driver->field(__VA_ARGS__) \
@@ -202,6 +204,7 @@ extern "C" {
   }
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc) return kNoDriver;
   // NULL out-pointer and size 0 get the driver's INVALID_VALUE (and *dptr = 0).
@@ -228,6 +231,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t byt
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch,
                                                         size_t width, size_t height,
                                                         unsigned int element) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_pitch) return kNoDriver;
   auto pass = [&] { return d->mem_alloc_pitch(dptr, pitch, width, height, element); };
@@ -256,6 +260,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_
 } GPUPOOL_FALLBACK(mem_alloc_pitch, dptr, pitch, width, height, element)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_free) return kNoDriver;
   Runtime* rt = p ? runtime() : nullptr;
@@ -269,18 +274,21 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
 } GPUPOOL_FALLBACK(mem_free, p)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocHost_v2(void** pp, size_t bytes) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_host) return kNoDriver;
   return host_alloc(*d, pp, bytes, 0, true);
 } GPUPOOL_FALLBACK(mem_alloc_host, pp, bytes)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_host_alloc) return kNoDriver;
   return host_alloc(*d, pp, bytes, flags, false);
 } GPUPOOL_FALLBACK(mem_host_alloc, pp, bytes, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeHost(void* p) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_free_host) return kNoDriver;
   Runtime* rt = p ? runtime() : nullptr;
@@ -294,6 +302,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeHost(void* p) noexcept try {
 } GPUPOOL_FALLBACK(mem_free_host, p)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_get_info) return kNoDriver;
   const CUresult r = d->mem_get_info(free, total);
@@ -318,6 +327,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
                                                              CUdeviceptr dptr) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_get_address_range) return kNoDriver;
   const PtrInfo i = runtime() ? find_any(dptr) : PtrInfo{};
@@ -332,6 +342,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase,
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttribute(void* data, CUpointer_attribute attr,
                                                            CUdeviceptr ptr) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->pointer_get_attribute) return kNoDriver;
   const PtrInfo i = runtime() ? find_any(ptr) : PtrInfo{};
@@ -346,6 +357,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttribute(void* data, CUpointer
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttributes(unsigned int n,
                                                             CUpointer_attribute* attrs,
                                                             void** data, CUdeviceptr ptr) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->pointer_get_attributes) return kNoDriver;
   const PtrInfo i = runtime() ? find_any(ptr) : PtrInfo{};
@@ -360,6 +372,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttributes(unsigned int n,
 } GPUPOOL_FALLBACK(pointer_get_attributes, n, attrs, data, ptr)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, void* p) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_host_get_flags) return kNoDriver;
   const CUdeviceptr q = reinterpret_cast<CUdeviceptr>(p);
@@ -375,6 +388,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, voi
 } GPUPOOL_FALLBACK(mem_host_get_flags, pflags, p)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ipc_get_mem_handle) return kNoDriver;
   const PtrInfo i = runtime() ? device_map().find(dptr) : PtrInfo{};
@@ -398,6 +412,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, C
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes,
                                                      CUstream s) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_async) return kNoDriver;
   return retry_out_of_memory(*d, -1, bytes, [&] { return d->mem_alloc_async(dptr, bytes, s); });
@@ -405,6 +420,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t b
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
                                                           CUstream s) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_async_ptsz) return kNoDriver;
   return retry_out_of_memory(*d, -1, bytes,
@@ -414,6 +430,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, siz
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes,
                                                              CUmemoryPool pool,
                                                              CUstream s) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_from_pool) return kNoDriver;
   return retry_out_of_memory(*d, -1, bytes,
@@ -423,6 +440,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
                                                                   CUmemoryPool pool,
                                                                   CUstream s) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_from_pool_ptsz) return kNoDriver;
   return retry_out_of_memory(*d, -1, bytes,
@@ -436,6 +454,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* d
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
                                                  const CUmemAllocationProp* prop,
                                                  unsigned long long flags) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_create) return kNoDriver;
   if (const std::optional<CUresult> served = vmm::create(*d, handle, bytes, prop, flags))
@@ -447,6 +466,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemCreate(CUmemGenericAllocationHandle* h
 // The rest of the virtual memory API: a pooled unit's handle or address is
 // answered for by vmm.cpp, anything else goes to the driver.
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRelease(CUmemGenericAllocationHandle handle) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_release) return kNoDriver;
   return vmm::release(*d, handle);
@@ -455,12 +475,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRelease(CUmemGenericAllocationHandle h
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAddressReserve(CUdeviceptr* ptr, size_t bytes,
                                                          size_t alignment, CUdeviceptr addr,
                                                          unsigned long long flags) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_address_reserve) return kNoDriver;
   return vmm::address_reserve(*d, ptr, bytes, alignment, addr, flags);
 } GPUPOOL_FALLBACK(mem_address_reserve, ptr, bytes, alignment, addr, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAddressFree(CUdeviceptr ptr, size_t bytes) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_address_free) return kNoDriver;
   return vmm::address_free(*d, ptr, bytes);
@@ -469,12 +491,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAddressFree(CUdeviceptr ptr, size_t by
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemMap(CUdeviceptr ptr, size_t bytes, size_t offset,
                                               CUmemGenericAllocationHandle handle,
                                               unsigned long long flags) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_map) return kNoDriver;
   return vmm::map(*d, ptr, bytes, offset, handle, flags);
 } GPUPOOL_FALLBACK(mem_map, ptr, bytes, offset, handle, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemUnmap(CUdeviceptr ptr, size_t bytes) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_unmap) return kNoDriver;
   return vmm::unmap(*d, ptr, bytes);
@@ -483,6 +507,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemUnmap(CUdeviceptr ptr, size_t bytes) n
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemSetAccess(CUdeviceptr ptr, size_t bytes,
                                                     const CUmemAccessDesc* desc,
                                                     size_t count) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_set_access) return kNoDriver;
   return vmm::set_access(*d, ptr, bytes, desc, count);
@@ -490,6 +515,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemSetAccess(CUdeviceptr ptr, size_t byte
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
                                                                  void* addr) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_retain_handle) return kNoDriver;
   return vmm::retain_handle(*d, handle, addr);
@@ -498,6 +524,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRetainAllocationHandle(CUmemGenericAll
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemExportToShareableHandle(
     void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
     unsigned long long flags) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_export) return kNoDriver;
   return vmm::export_handle(*d, shareable, handle, type, flags);
@@ -505,6 +532,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemExportToShareableHandle(
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes,
                                                        unsigned int flags) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_managed) return kNoDriver;
   return retry_out_of_memory(*d, -1, bytes,
@@ -512,48 +540,56 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t
 } GPUPOOL_FALLBACK(mem_alloc_managed, dptr, bytes, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy(CUcontext ctx) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_destroy_v1) return kNoDriver;
   return ctx_destroy(*d, ctx, d->ctx_destroy_v1);
 } GPUPOOL_FALLBACK(ctx_destroy_v1, ctx)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy_v2(CUcontext ctx) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_destroy) return kNoDriver;
   return ctx_destroy(*d, ctx, d->ctx_destroy);
 } GPUPOOL_FALLBACK(ctx_destroy, ctx)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDetach(CUcontext ctx) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_detach) return kNoDriver;
   return ctx_detach(*d, ctx, d->ctx_detach);
 } GPUPOOL_FALLBACK(ctx_detach, ctx)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_release_v1) return kNoDriver;
   return primary_release(*d, dev, d->primary_release_v1);
 } GPUPOOL_FALLBACK(primary_release_v1, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_release) return kNoDriver;
   return primary_release(*d, dev, d->primary_release);
 } GPUPOOL_FALLBACK(primary_release, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_reset_v1) return kNoDriver;
   return primary_reset(*d, dev, d->primary_reset_v1);
 } GPUPOOL_FALLBACK(primary_reset_v1, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_reset) return kNoDriver;
   return primary_reset(*d, dev, d->primary_reset);
 } GPUPOOL_FALLBACK(primary_reset, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_retain) return kNoDriver;
   const CUresult r = d->primary_retain(pctx, dev);
@@ -567,6 +603,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, C
 // ends before the driver is asked, so no work of the new stream or peer
 // can overtake work on a block the rule lent.
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreate(CUstream* s, unsigned int flags) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->stream_create) return kNoDriver;
   end_solo("a stream");
@@ -575,6 +612,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreate(CUstream* s, unsigned int fl
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreateWithPriority(CUstream* s, unsigned int flags,
                                                                 int priority) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->stream_create_prio) return kNoDriver;
   end_solo("a stream");
@@ -584,6 +622,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreateWithPriority(CUstream* s, uns
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuGreenCtxStreamCreate(CUstream* s, CUgreenCtx g,
                                                             unsigned int flags,
                                                             int priority) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->green_stream_create) return kNoDriver;
   end_solo("a stream");
@@ -591,6 +630,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGreenCtxStreamCreate(CUstream* s, CUgreen
 } GPUPOOL_FALLBACK(green_stream_create, s, g, flags, priority)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_enable_peer_access) return kNoDriver;
   end_solo("peer access");
@@ -600,6 +640,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxEnablePeerAccess(CUcontext peer, unsig
 // A synchronization of the whole context the program makes itself (what
 // cudaDeviceSynchronize calls) completes every fence taken before it.
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize() noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_synchronize) return kNoDriver;
   Runtime* rt = runtime();
@@ -611,6 +652,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize() noexcept try {
 } GPUPOOL_FALLBACK(ctx_synchronize)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_synchronize_v2) return kNoDriver;
   Runtime* rt = runtime();
@@ -628,6 +670,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) noexcept
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress_v2(const char* symbol, void** pfn,
                                                          int version, cuuint64_t flags,
                                                          CUdriverProcAddressQueryResult* status) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->get_proc_address) return kNoDriver;
   const CUresult r = d->get_proc_address(symbol, pfn, version, flags, status);
@@ -640,6 +683,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress_v2(const char* symbol, voi
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress(const char* symbol, void** pfn, int version,
                                                       cuuint64_t flags) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->get_proc_address_v1) return kNoDriver;
   const CUresult r = d->get_proc_address_v1(symbol, pfn, version, flags);

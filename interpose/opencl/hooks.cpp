@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 
+#include "interpose/hook_scope.hpp"
 #include "interpose/opencl/buffers.hpp"
 
 using namespace gpupool;
@@ -25,6 +26,7 @@ using namespace gpupool::ocl;
 // the entry.
 #define GPUPOOL_CL_FALLBACK(entry, missing_answer, ...)                           \
   catch (...) {                                                                   \
+    const HookScope hook_scope;                                                   \
     internal_failure(__func__);                                                   \
     const Api& fallback_api = next();                                             \
     return fallback_api.entry ? fallback_api.entry(__VA_ARGS__) : missing_answer; \
@@ -67,6 +69,7 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContext(
     const cl_context_properties* properties, cl_uint num_devices, const cl_device_id* devices,
     void(CL_CALLBACK* notify)(const char*, const void*, size_t, void*), void* user_data,
     cl_int* errcode_ret) try {
+  const HookScope hook_scope;
   const Api& api = next();
   if (!api.clCreateContext) {
     if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
@@ -85,6 +88,7 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
     const cl_context_properties* properties, cl_device_type type,
     void(CL_CALLBACK* notify)(const char*, const void*, size_t, void*), void* user_data,
     cl_int* errcode_ret) try {
+  const HookScope hook_scope;
   const Api& api = next();
   if (!api.clCreateContextFromType) {
     if (errcode_ret) *errcode_ret = CL_INVALID_OPERATION;
@@ -97,6 +101,7 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
                       user_data, errcode_ret)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) try {
+  const HookScope hook_scope;
   if (!next().clRetainContext) return CL_INVALID_OPERATION;
   cl_int err = next().clRetainContext(c);
   if (err == CL_SUCCESS)
@@ -105,6 +110,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) try {
 } GPUPOOL_CL_FALLBACK(clRetainContext, CL_INVALID_OPERATION, c)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try {
+  const HookScope hook_scope;
   if (!next().clReleaseContext) return CL_INVALID_OPERATION;
   std::shared_ptr<Ctx> ctx = find_ctx(c);
   Runtime* rt = runtime();
@@ -137,6 +143,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try 
 
 GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
     cl_context c, cl_device_id d, cl_command_queue_properties props, cl_int* err) try {
+  const HookScope hook_scope;
   const Api& api = next();
   if (!api.clCreateCommandQueue) {
     if (err) *err = CL_INVALID_OPERATION;
@@ -149,6 +156,7 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
 
 GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithProperties(
     cl_context c, cl_device_id d, const cl_queue_properties* props, cl_int* err) try {
+  const HookScope hook_scope;
   const Api& api = next();
   if (!api.clCreateCommandQueueWithProperties) {
     if (err) *err = CL_INVALID_OPERATION;
@@ -166,6 +174,7 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithP
 } GPUPOOL_CL_FALLBACK(clCreateCommandQueueWithProperties, missing(err), c, d, props, err)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_queue q) try {
+  const HookScope hook_scope;
   if (!next().clRetainCommandQueue) return CL_INVALID_OPERATION;
   cl_int err = next().clRetainCommandQueue(q);
   if (err == CL_SUCCESS)
@@ -174,6 +183,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_que
 } GPUPOOL_CL_FALLBACK(clRetainCommandQueue, CL_INVALID_OPERATION, q)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_queue q) try {
+  const HookScope hook_scope;
   if (!next().clReleaseCommandQueue) return CL_INVALID_OPERATION;
   Queue* qi = queues().find(q);
   if (qi && qi->refs.fetch_sub(1) == 1) {
@@ -199,6 +209,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_qu
 } GPUPOOL_CL_FALLBACK(clReleaseCommandQueue, CL_INVALID_OPERATION, q)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) try {
+  const HookScope hook_scope;
   if (!next().clFinish) return CL_INVALID_OPERATION;
   Queue* qi = queues().find(q);
   if (!qi) return next().clFinish(q);
@@ -220,6 +231,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) try {
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBuffer(cl_context c, cl_mem_flags flags,
                                                             size_t size, void* host,
                                                             cl_int* err) try {
+  const HookScope hook_scope;
   if (!next().clCreateBuffer) return missing(err);
   return create_buffer(c, nullptr, false, flags, size, host, err);
 } GPUPOOL_CL_FALLBACK(clCreateBuffer, missing(err), c, flags, size, host, err)
@@ -227,11 +239,13 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBuffer(cl_context c, cl_mem
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBufferWithProperties(
     cl_context c, const cl_mem_properties* props, cl_mem_flags flags, size_t size, void* host,
     cl_int* err) try {
+  const HookScope hook_scope;
   if (!next().clCreateBufferWithProperties) return missing(err);
   return create_buffer(c, props, true, flags, size, host, err);
 } GPUPOOL_CL_FALLBACK(clCreateBufferWithProperties, missing(err), c, props, flags, size, host, err)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
+  const HookScope hook_scope;
   if (!next().clRetainMemObject) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r) return next().clRetainMemObject(m);
@@ -244,6 +258,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
 } GPUPOOL_CL_FALLBACK(clRetainMemObject, CL_INVALID_OPERATION, m)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
+  const HookScope hook_scope;
   if (!next().clReleaseMemObject) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r) return next().clReleaseMemObject(m);
@@ -279,6 +294,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem_info what,
                                                                 size_t size, void* value,
                                                                 size_t* size_ret) try {
+  const HookScope hook_scope;
   if (!next().clGetMemObjectInfo) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r) return next().clGetMemObjectInfo(m, what, size, value, size_ret);
@@ -317,6 +333,7 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
                                                                cl_buffer_create_type type,
                                                                const void* info,
                                                                cl_int* errcode_ret) try {
+  const HookScope hook_scope;
   if (!next().clCreateSubBuffer) return missing(errcode_ret);
   Buffer* parent = buffers().find(b);
   if (!parent) return next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
@@ -355,6 +372,7 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
     cl_mem m, void(CL_CALLBACK* fn)(cl_mem, void*), void* ud) try {
+  const HookScope hook_scope;
   if (!next().clSetMemObjectDestructorCallback) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
   if (!r || r->sub) return next().clSetMemObjectDestructorCallback(m, fn, ud);
@@ -373,6 +391,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueReadBuffer(cl_command_queu
                                                                  size_t size, void* ptr, cl_uint n,
                                                                  const cl_event* wait,
                                                                  cl_event* ev) try {
+  const HookScope hook_scope;
   if (!next().clEnqueueReadBuffer) return CL_INVALID_OPERATION;
   if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
@@ -385,6 +404,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueWriteBuffer(cl_command_que
                                                                   size_t size, const void* ptr,
                                                                   cl_uint n, const cl_event* wait,
                                                                   cl_event* ev) try {
+  const HookScope hook_scope;
   if (!next().clEnqueueWriteBuffer) return CL_INVALID_OPERATION;
   if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
@@ -397,6 +417,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueCopyBuffer(cl_command_queu
                                                                  size_t size, cl_uint n,
                                                                  const cl_event* wait,
                                                                  cl_event* ev) try {
+  const HookScope hook_scope;
   if (!next().clEnqueueCopyBuffer) return CL_INVALID_OPERATION;
   Buffer* rs = live_pooled(src);
   Buffer* rd = live_pooled(dst);
@@ -411,6 +432,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueFillBuffer(cl_command_queu
                                                                  size_t offset, size_t size,
                                                                  cl_uint n, const cl_event* wait,
                                                                  cl_event* ev) try {
+  const HookScope hook_scope;
   if (!next().clEnqueueFillBuffer) return CL_INVALID_OPERATION;
   if (Buffer* r = live_pooled(b); r && pattern && psize && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
@@ -421,6 +443,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueFillBuffer(cl_command_queu
 GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(
     cl_command_queue q, cl_mem b, cl_bool blocking, cl_map_flags mf, size_t offset, size_t size,
     cl_uint n, const cl_event* wait, cl_event* ev, cl_int* errcode_ret) try {
+  const HookScope hook_scope;
   if (!next().clEnqueueMapBuffer) return missing(errcode_ret);
   if (Buffer* r = live_pooled(b); r && out_of_range(r, offset, size)) {
     if (errcode_ret) *errcode_ret = CL_INVALID_VALUE;
@@ -432,6 +455,7 @@ GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(
 
 GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clSVMAlloc(cl_context c, cl_svm_mem_flags flags,
                                                        size_t size, cl_uint alignment) try {
+  const HookScope hook_scope;
   if (!next().clSVMAlloc) return nullptr;
   return svm_alloc(c, flags, size, alignment);
 } GPUPOOL_CL_FALLBACK(clSVMAlloc, nullptr, c, flags, size, alignment)
@@ -439,8 +463,10 @@ GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clSVMAlloc(cl_context c, cl_svm_mem_
 // No fallback to the implementation here: a pooled pointer must never reach
 // its clSVMFree while the pool has it (svm_free allocates nothing).
 GPUPOOL_HOOK void CL_API_CALL gpupool_hook_clSVMFree(cl_context c, void* p) try {
+  const HookScope hook_scope;
   if (next().clSVMFree) svm_free(c, p);
 } catch (...) {
+  const HookScope hook_scope;
   internal_failure(__func__);
 }
 
@@ -448,9 +474,11 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueSVMFree(
     cl_command_queue q, cl_uint n, void* pointers[],
     void(CL_CALLBACK* free_func)(cl_command_queue, cl_uint, void*[], void*), void* user_data,
     cl_uint waits, const cl_event* wait_list, cl_event* event) try {
+  const HookScope hook_scope;
   if (!next().clEnqueueSVMFree) return CL_INVALID_OPERATION;
   return svm_enqueue_free(q, n, pointers, free_func, user_data, waits, wait_list, event);
 } catch (...) {
+  const HookScope hook_scope;
   internal_failure(__func__);
   return CL_OUT_OF_HOST_MEMORY;
 }

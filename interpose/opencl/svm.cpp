@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "config/log.hpp"
+#include "interpose/hook_scope.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/opencl/buffers.hpp"
 
@@ -98,6 +99,7 @@ Arena* svm_arena(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_svm_mem_flags 
 
 // The implementation's clEnqueueSVMFree callback when the program gave none.
 void CL_CALLBACK free_enqueued(cl_command_queue, cl_uint n, void* pointers[], void* context) {
+  const HookScope hook_scope;  // on the implementation's thread
   for (cl_uint i = 0; i < n; ++i) svm_free(static_cast<cl_context>(context), pointers[i]);
 }
 

@@ -57,6 +57,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -104,7 +105,43 @@ struct Fail {
 
 // Containers are never destroyed: threads of the test programs may still
 // call in while the process exits (as they may into the real driver).
-std::mutex& g_mu = *new std::mutex;
+// The driver's lock, knowing whether this thread holds it: a fork() from a
+// signal handler that interrupted a driver call on this thread
+// (host.*.fork.signal) must not wait for it, as a driver that handles fork
+// would not.
+class DriverLock {
+ public:
+  // Counted from before the lock is taken to after it is given back: a
+  // handler never sees it held and uncounted.
+  void lock() {
+    ++t_held_;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    m_.lock();
+  }
+  void unlock() {
+    m_.unlock();
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    --t_held_;
+  }
+  // fork(): every thread's hold, unless this one holds it (then none is
+  // taken, and the child gets the lock as the interrupted call left it).
+  void fork_prepare() {
+    t_skipped_ = t_held_ != 0;
+    if (!t_skipped_) m_.lock();
+  }
+  void fork_release() {
+    if (!t_skipped_) m_.unlock();
+    t_skipped_ = false;
+  }
+
+ private:
+  std::mutex m_;
+  static thread_local int t_held_;
+  static thread_local bool t_skipped_;
+};
+thread_local int DriverLock::t_held_ = 0;
+thread_local bool DriverLock::t_skipped_ = false;
+DriverLock& g_mu = *new DriverLock;
 bool g_initialized = false;
 bool g_torn_down = false;
 int g_devices = 2;
@@ -160,7 +197,8 @@ __attribute__((constructor)) void standin_load() {
   const char* host = getenv("STANDIN_HOST_CAPACITY");
   g_host_shared = g_shared && host && *host;
   // A thread of the test program may hold the lock when another forks.
-  pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
+  pthread_atfork([] { g_mu.fork_prepare(); }, [] { g_mu.fork_release(); },
+                 [] { g_mu.fork_release(); });
 }
 
 // The real driver is torn down at exit; calls after that get DEINITIALIZED.

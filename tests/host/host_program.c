@@ -21,6 +21,10 @@
  *   serve            say "ready PID", wait for stdin to close
  *   fork-busy N      fork N children (each allocates, then exit()s) while
  *                    a thread allocates; a child not gone in 20 s is hung
+ *   fork-signal N    allocate and free while SIGALRM comes every 500 us;
+ *                    its handler forks a child that _exit()s, N times
+ *                    (crash handlers fork from a handler that may have
+ *                    interrupted any call)
  *   fork-alloc       fork a child that creates buffers in the parent's
  *                    context and releases one the parent made
  *   fork-trace       allocate/free 150 times, keep one block across a fork
@@ -57,6 +61,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -432,6 +437,35 @@ static int fork_alloc_scenario(void) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
+static volatile sig_atomic_t g_signal_forks;
+
+static void fork_in_handler(int sig) {
+  (void)sig;
+  const int saved = errno;
+  const pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  if (pid > 0 && waitpid(pid, NULL, 0) == pid) g_signal_forks = g_signal_forks + 1;
+  errno = saved;
+}
+
+static int fork_signal_scenario(int n) {
+  churn(20);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = fork_in_handler;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGALRM, &sa, NULL);
+  struct itimerval every = {{0, 500}, {0, 500}};
+  setitimer(ITIMER_REAL, &every, NULL);
+  static const size_t sizes[] = {1000, 70000, 300000, 4096};
+  for (unsigned i = 0; g_signal_forks < n; ++i) gpu_free(gpu_alloc(sizes[i % 4] + i % 7));
+  struct itimerval off = {{0, 0}, {0, 0}};
+  setitimer(ITIMER_REAL, &off, NULL);
+  churn(20);
+  printf("forks %d\n", (int)g_signal_forks);
+  return 0;
+}
+
 static int fork_trace_scenario(void) {
   churn(150);  /* 300 records, still buffered when the child is made */
   /* Active across the fork: the child's start drops the parent's blocks
@@ -669,6 +703,7 @@ int main(int argc, char** argv) {
   }
   if (!strcmp(s, "fork-busy") && argc == 4) return fork_busy_scenario(atoi(argv[3]));
   if (!strcmp(s, "fork-alloc")) return fork_alloc_scenario();
+  if (!strcmp(s, "fork-signal") && argc == 4) return fork_signal_scenario(atoi(argv[3]));
   if (!strcmp(s, "fork-trace")) return fork_trace_scenario();
   if (!strcmp(s, "exit")) return exit_scenario();
   if (!strcmp(s, "contexts") && argc == 4) return contexts_scenario(atoi(argv[3]));

@@ -308,6 +308,18 @@ def fork_busy(tmp):
         print(extra, r.stdout.strip())
 
 
+def fork_signal(tmp):
+    """A signal handler forks (crash handlers do) while the program allocates
+    and frees: the handler may interrupt gpupool holding a lock, which fork()
+    must not wait for (before: the parent spun forever in the pool's fork
+    handler). The child _exit()s at once, as POSIX allows it to."""
+    forks = "100" if SANITIZER else "300"
+    r = run(["fork-signal", forks], timeout=90, env=env(True))
+    m = re.search(r"forks (\d+)", r.stdout)
+    check(r.returncode == 0 and m and int(m.group(1)) >= int(forks), f"{r.stdout} {r.stderr[-2000:]}")
+    print(r.stdout.strip())
+
+
 def fork_alloc(tmp):
     """A child creates buffers in its parent's context and releases one the
     parent made (PoCL: gpupool's probe waited on the parent's queue forever)."""
@@ -1138,6 +1150,7 @@ CHECKS = {
     "fallback.log_debug": fallback_log_debug,
     "fork.busy": fork_busy,
     "fork.alloc": fork_alloc,
+    "fork.signal": fork_signal,
     "fork.files": fork_files,
     "procs.trace": procs_trace,
     "procs.prometheus": procs_prometheus,
