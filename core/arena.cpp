@@ -19,6 +19,10 @@ Arena::Arena(std::unique_ptr<Backend> backend, ArenaOptions options, Group* grou
   // the same size or age.
   if (segments_) caches_[cache_count_++] = segments_.get();
   caches_[cache_count_++] = &binned_;
+  if (HeldOutside* o = backend_->outside()) {
+    outside_ = std::make_unique<OutsideCache>(*o, retired_);
+    caches_[cache_count_++] = outside_.get();
+  }
 }
 
 Arena::~Arena() = default;
@@ -27,6 +31,7 @@ Stats Arena::stats() const {
   Stats s;
   binned_.add_counters(s);
   if (segments_) segments_->add_counters(s);
+  if (outside_) outside_->add_counters(s);
   std::lock_guard lock(slow_mu_);
   s += slow_;
   return s;
@@ -50,6 +55,10 @@ void Arena::give_back(Handle h, std::size_t size, void* data, bool drop) {
 }
 
 void Arena::let_go(const Held& item, bool drop) {
+  if (item.outside) {  // given back already, and never in the cap's count
+    if (item.size) count(&Stats::backend_frees);
+    return;
+  }
   group_->cap.unhold(item.size);
   give_back(item.handle, item.size, item.data, drop);
   delete item.block;

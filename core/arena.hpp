@@ -7,6 +7,7 @@
 
 #include "core/binned.hpp"
 #include "core/cache.hpp"
+#include "core/outside.hpp"
 #include "core/pool.hpp"
 #include "core/segments.hpp"
 

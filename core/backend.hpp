@@ -21,6 +21,32 @@ struct BackendResult {
   void* data = nullptr;  // the backend's record of the allocation: Block::data
 };
 
+struct Stats;
+
+// Memory a backend keeps for the program outside the pool's caches (a
+// driver's own memory pool, kept there by its release threshold): the pool
+// cannot hand it out, only count it and give it back, on every path that
+// gives held blocks back (the pool sees it as one held item of the arena:
+// core/outside.hpp).
+class HeldOutside {
+ public:
+  // Bytes give_back() would give back now: 0 where giving back is not
+  // allowed now, and without what the last give_back() could not give
+  // back, until the program uses the memory again (so that a policy that
+  // asks again gets an answer that changes).
+  virtual std::size_t held() = 0;
+  // When the program last allocated from it (Pool::now_ns() time): its
+  // held memory counts as freed then.
+  virtual std::uint64_t last_use_ns() = 0;
+  // Gives back what it holds; returns the bytes given back.
+  virtual std::size_t give_back() = 0;
+  // Its counters (held, active and managed bytes, hits, misses...) added.
+  virtual void add_counters(Stats& s) = 0;
+
+ protected:
+  ~HeldOutside() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -53,6 +79,10 @@ class Backend {
   // some, `bytes` at least, within a bounded time. True when some was, so
   // the allocation is worth retrying. Called without pool locks held.
   virtual bool relieve(std::size_t /*bytes*/) { return false; }
+
+  // Memory it keeps outside the pool's caches, if any (for the arena's
+  // lifetime).
+  virtual HeldOutside* outside() { return nullptr; }
 };
 
 }  // namespace gpupool

@@ -29,6 +29,9 @@ struct Held {
   std::size_t size = 0;  // 0: nothing was taken
   void* data = nullptr;  // the backend's record (BackendResult::data)
   Block* block = nullptr;  // a held block, deleted once its memory is let go
+  // Memory the backend kept outside the pool (HeldOutside), already given
+  // back when taken: counted, nothing more.
+  bool outside = false;
 };
 
 // Room in `out` for n more items, so that taking them out of a cache cannot

@@ -44,6 +44,11 @@
   X(cuda_teardown, "cuda context teardown")                                                \
   /* CUDA: the context registry (contexts.cpp), around add_arena and node::add_device. */ \
   X(cuda_contexts, "cuda contexts")                                                        \
+  /* CUDA: the managed memory pools (async.cpp), around add_arena. */                     \
+  X(cuda_async_pools, "cuda memory pools")                                                 \
+  /* CUDA: stream captures (async.cpp): exclusive around a capture's start */             \
+  /* and end, shared around a trim of a memory pool (the driver's call). */               \
+  X(cuda_capture, "cuda stream capture")                                                   \
   /* CUDA: a context's fence synchronization state (sync_mu; not held while syncing). */  \
   X(cuda_sync, "cuda context sync")                                                        \
   /* CUDA: a context's learnt row pitches (held around one driver call). */               \

@@ -136,6 +136,7 @@ class PoolObserver {
 namespace core_detail {
 
 class SegmentCache;
+class OutsideCache;
 class ArenaList;
 struct Shard;
 
@@ -237,6 +238,8 @@ class Arena {
   const core_detail::BinnedCache& binned() const { return binned_; }
   // When options().split_min != 0.
   core_detail::SegmentCache* segments() const { return segments_.get(); }
+  // When the backend keeps memory outside the pool (Backend::outside).
+  core_detail::OutsideCache* outside() const { return outside_.get(); }
   // Its caches, in the order the release policies look at them.
   std::span<core_detail::Cache* const> caches() const { return {caches_, cache_count_}; }
   // false once retired without its counters (a forked child's copy of its
@@ -266,7 +269,8 @@ class Arena {
   Group* group_;
   core_detail::BinnedCache binned_;
   std::unique_ptr<core_detail::SegmentCache> segments_;
-  core_detail::Cache* caches_[2];
+  std::unique_ptr<core_detail::OutsideCache> outside_;
+  core_detail::Cache* caches_[3];
   std::size_t cache_count_ = 0;
   std::atomic<bool> retired_{false};
   std::atomic<bool> keep_stats_{true};

@@ -50,6 +50,7 @@ void Pool::empty(Arena& arena, bool drop) {
   };
   empty_cache(arena.binned());
   if (arena.segments()) empty_cache(*arena.segments());
+  if (arena.outside()) empty_cache(*arena.outside());
 }
 
 void Pool::release_held(Arena* arena) {

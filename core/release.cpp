@@ -115,6 +115,7 @@ std::size_t release_freed_by(std::span<Arena* const> arenas, std::uint64_t freed
         for (const Held& item : segments) trim(*a, item);
       }
       a->binned().take_freed_by(freed_by_ns, found);
+      if (a->outside()) a->outside()->take_freed_by(freed_by_ns, found);
       if (blocks.capacity() - blocks.size() < found.size())
         blocks.reserve(std::max(blocks.size() + found.size(), 2 * blocks.capacity()));
       for (const Held& item : found) blocks.push_back({a, item});
