@@ -1,5 +1,7 @@
 #include "interpose/cuda/contexts.hpp"
 
+#include "interpose/cuda/async.hpp"
+
 #include <pthread.h>
 #include <unistd.h>
 
@@ -530,18 +532,10 @@ void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
               static_cast<void*>(st->ctx));
 }
 
+// Every arena of the device's group: its contexts' and its memory pools'.
 std::size_t held_device_bytes(CUdevice dev) {
-  // Under the registry lock: a live state's arenas are not retired (and so
-  // not destroyed) meanwhile.
-  std::lock_guard lock(contexts().mu);
-  std::size_t held = 0;
-  for (CtxState* st : contexts().live) {
-    if (st->dev != dev) continue;
-    held += st->device_arena.load(std::memory_order_acquire)->releasable_bytes();
-    for (auto& slot : st->vmm_arenas)
-      if (Arena* a = slot.load(std::memory_order_acquire)) held += a->releasable_bytes();
-  }
-  return held;
+  Runtime* rt = runtime_if_started();
+  return rt ? rt->pool.group_releasable(device_group(dev)) : 0;
 }
 
 // ---- fork -----------------------------------------------------------------
@@ -566,6 +560,7 @@ void prepare() {
     if (contexts().all.size() == contexts().fork_locked.size()) break;
     contexts().mu.unlock();
   }
+  async_fork_prepare();
   for (CtxState* st : contexts().fork_locked) st->sync_mu.lock();
   vmm::fork_prepare();
   PtrMap::fork_prepare(device_map(), host_map());
@@ -575,6 +570,7 @@ void parent() {
   PtrMap::fork_release(device_map(), host_map());
   vmm::fork_parent();
   for (CtxState* st : contexts().fork_locked) st->sync_mu.unlock();
+  async_fork_parent();
   contexts().mu.unlock();
   for (CtxState* st : contexts().fork_locked) st->teardown_mu.unlock();
   contexts().fork_locked.clear();
@@ -593,6 +589,7 @@ void child() {
     new (&st->sync_cv) std::condition_variable_any;
     st->sync_mu.unlock();
   }
+  async_fork_child();
   contexts().mu.unlock();
   for (CtxState* st : contexts().fork_locked) st->teardown_mu.remake_held_in_child();
   contexts().fork_locked.clear();
@@ -618,6 +615,7 @@ void renew() {
     std::unique_lock lock(st->teardown_mu);
     retire_locked(st, *rt, /*keep_stats=*/false);
   }
+  async_fork_renew(*rt);
 }
 
 const bool g_fork_registered =

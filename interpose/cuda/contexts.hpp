@@ -192,8 +192,9 @@ void retire_locked(CtxState* st, Runtime& rt, bool keep_stats = true);
 // The pool group of the device memory of `dev` ("cuda:<ordinal>").
 std::string device_group(CUdevice dev);
 
-// Held bytes of the device arenas of `dev` that could be given back
-// (Arena::releasable_bytes; cuMemGetInfo counts them as free).
+// Held bytes of the arenas of `dev` (its contexts' and its memory pools')
+// that could be given back (Arena::releasable_bytes; cuMemGetInfo counts
+// them as free).
 std::size_t held_device_bytes(CUdevice dev);
 
 }  // namespace gpupool::cuda

@@ -23,6 +23,13 @@ using PFN_dev = CUresult (*)(CUdevice);
 using PFN_ctx = CUresult (*)(CUcontext);
 using PFN_alloc_async = CUresult (*)(CUdeviceptr*, size_t, CUstream);
 using PFN_alloc_from_pool = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+using PFN_free_async = CUresult (*)(CUdeviceptr, CUstream);
+using PFN_begin_capture_v1 = CUresult (*)(CUstream);
+using PFN_begin_capture = CUresult (*)(CUstream, CUstreamCaptureMode);
+using PFN_begin_capture_to_graph = CUresult (*)(CUstream, CUgraph, const CUgraphNode*,
+                                                const CUgraphEdgeData*, size_t, CUstreamCaptureMode);
+using PFN_end_capture = CUresult (*)(CUstream, CUgraph*);
+using PFN_is_capturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
 
 // Every export we hook: X(export name, Driver field). The hook for export N
 // is the hidden function gpupool_hook_N (hooks.cpp), exported as N.
@@ -43,6 +50,20 @@ using PFN_alloc_from_pool = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUs
   X(cuMemAllocAsync_ptsz, mem_alloc_async_ptsz, PFN_alloc_async)                          \
   X(cuMemAllocFromPoolAsync, mem_alloc_from_pool, PFN_alloc_from_pool)                    \
   X(cuMemAllocFromPoolAsync_ptsz, mem_alloc_from_pool_ptsz, PFN_alloc_from_pool)          \
+  X(cuMemFreeAsync, mem_free_async, PFN_free_async)                                       \
+  X(cuMemFreeAsync_ptsz, mem_free_async_ptsz, PFN_free_async)                             \
+  X(cuMemPoolSetAttribute, mem_pool_set_attribute, decltype(&::cuMemPoolSetAttribute))    \
+  X(cuMemPoolGetAttribute, mem_pool_get_attribute, decltype(&::cuMemPoolGetAttribute))    \
+  X(cuMemPoolDestroy, mem_pool_destroy, decltype(&::cuMemPoolDestroy))                    \
+  X(cuDeviceSetMemPool, device_set_mem_pool, decltype(&::cuDeviceSetMemPool))             \
+  X(cuStreamBeginCapture, begin_capture_v1, PFN_begin_capture_v1)                         \
+  X(cuStreamBeginCapture_ptsz, begin_capture_v1_ptsz, PFN_begin_capture_v1)               \
+  X(cuStreamBeginCapture_v2, begin_capture, PFN_begin_capture)                            \
+  X(cuStreamBeginCapture_v2_ptsz, begin_capture_ptsz, PFN_begin_capture)                  \
+  X(cuStreamBeginCaptureToGraph, begin_capture_to_graph, PFN_begin_capture_to_graph)      \
+  X(cuStreamBeginCaptureToGraph_ptsz, begin_capture_to_graph_ptsz, PFN_begin_capture_to_graph) \
+  X(cuStreamEndCapture, end_capture, PFN_end_capture)                                     \
+  X(cuStreamEndCapture_ptsz, end_capture_ptsz, PFN_end_capture)                           \
   X(cuMemCreate, mem_create, decltype(&::cuMemCreate))                                    \
   X(cuMemRelease, mem_release, decltype(&::cuMemRelease))                                 \
   X(cuMemAddressReserve, mem_address_reserve, decltype(&::cuMemAddressReserve))           \
@@ -81,7 +102,12 @@ using PFN_alloc_from_pool = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUs
   X(cuDeviceTotalMem_v2, device_total_mem, decltype(&::cuDeviceTotalMem_v2)) \
   X(cuDevicePrimaryCtxGetState, primary_get_state, decltype(&::cuDevicePrimaryCtxGetState)) \
   X(cuDeviceGetUuid_v2, device_get_uuid_v2, decltype(&::cuDeviceGetUuid_v2))                 \
-  X(cuDeviceGetUuid, device_get_uuid, decltype(&::cuDeviceGetUuid_v2))
+  X(cuDeviceGetUuid, device_get_uuid, decltype(&::cuDeviceGetUuid_v2))                      \
+  X(cuMemPoolTrimTo, mem_pool_trim_to, decltype(&::cuMemPoolTrimTo))                         \
+  X(cuDeviceGetMemPool, device_get_mem_pool, decltype(&::cuDeviceGetMemPool))                \
+  X(cuDeviceGetDefaultMemPool, device_get_default_mem_pool, decltype(&::cuDeviceGetDefaultMemPool)) \
+  X(cuStreamIsCapturing, stream_is_capturing, PFN_is_capturing)                              \
+  X(cuStreamIsCapturing_ptsz, stream_is_capturing_ptsz, PFN_is_capturing)
 
 // Real driver entry points. Any of them may be null (an older driver).
 struct Driver {

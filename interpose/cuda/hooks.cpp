@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "config/log.hpp"
+#include "interpose/cuda/async.hpp"
 #include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/pointers.hpp"
@@ -132,6 +133,51 @@ CUresult retry_out_of_memory(const Driver& d, int dev, std::size_t bytes, Call&&
   log().debug("cuda: an allocation gpupool does not serve ({} bytes) ran out of memory: "
               "retried after releasing held memory", bytes);
   return call();
+}
+
+// A stream-ordered allocation: from a pool gpupool manages (async.hpp),
+// retried after releasing what it holds when the device is full. NULL
+// out-pointers and size 0 are the driver's to answer.
+template <class Call>
+CUresult alloc_async(const Driver& d, CUdeviceptr* dptr, std::size_t bytes, CUmemoryPool pool,
+                     Call&& call) {
+  Runtime* rt = dptr && bytes ? pooling(false) : nullptr;
+  AsyncPool* p = rt ? async_pool(d, *rt, pool) : nullptr;
+  const CUresult r = retry_out_of_memory(d, async_device(p), bytes, call);
+  async_allocated(d, p, r);
+  return r;
+}
+
+// A block of gpupool's freed in stream order is freed as cuMemFree frees
+// it: its fence (or the solo rule) covers the work queued before the free.
+// Everything else is the driver's.
+template <class Real>
+CUresult free_async(CUdeviceptr p, CUstream s, Real real) {
+  Runtime* rt = p ? runtime() : nullptr;
+  if (!rt) return real(p, s);
+  bool known = false;
+  Block* b = device_map().deactivate(p, &known);
+  if (!known) return real(p, s);
+  if (!b) return CUDA_ERROR_INVALID_VALUE;  // ours and already free: a double free
+  rt->pool.free(b);
+  return CUDA_SUCCESS;
+}
+
+// A call that starts a stream capture: no trim runs meanwhile (async.hpp).
+template <class Real>
+CUresult begin_capture(CUstream s, bool ptsz, Real&& real) {
+  CaptureChange change;
+  const CUresult r = real();
+  if (r == CUDA_SUCCESS) capture_started(s, ptsz);
+  return r;
+}
+
+template <class Real>
+CUresult end_capture(const Driver& d, CUstream s, bool ptsz, Real&& real) {
+  CaptureChange change;
+  const CUresult r = real();
+  capture_maybe_ended(d, s, ptsz);
+  return r;
 }
 
 // A call that may end st's context: made with st's teardown lock held
@@ -415,7 +461,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t b
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_async) return kNoDriver;
-  return retry_out_of_memory(*d, -1, bytes, [&] { return d->mem_alloc_async(dptr, bytes, s); });
+  return alloc_async(*d, dptr, bytes, nullptr, [&] { return d->mem_alloc_async(dptr, bytes, s); });
 } GPUPOOL_FALLBACK(mem_alloc_async, dptr, bytes, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
@@ -423,8 +469,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, siz
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_async_ptsz) return kNoDriver;
-  return retry_out_of_memory(*d, -1, bytes,
-                             [&] { return d->mem_alloc_async_ptsz(dptr, bytes, s); });
+  return alloc_async(*d, dptr, bytes, nullptr,
+                     [&] { return d->mem_alloc_async_ptsz(dptr, bytes, s); });
 } GPUPOOL_FALLBACK(mem_alloc_async_ptsz, dptr, bytes, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes,
@@ -433,8 +479,9 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, 
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_from_pool) return kNoDriver;
-  return retry_out_of_memory(*d, -1, bytes,
-                             [&] { return d->mem_alloc_from_pool(dptr, bytes, pool, s); });
+  if (!pool) return d->mem_alloc_from_pool(dptr, bytes, pool, s);
+  return alloc_async(*d, dptr, bytes, pool,
+                     [&] { return d->mem_alloc_from_pool(dptr, bytes, pool, s); });
 } GPUPOOL_FALLBACK(mem_alloc_from_pool, dptr, bytes, pool, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
@@ -443,9 +490,117 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* d
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_from_pool_ptsz) return kNoDriver;
-  return retry_out_of_memory(*d, -1, bytes,
-                             [&] { return d->mem_alloc_from_pool_ptsz(dptr, bytes, pool, s); });
+  if (!pool) return d->mem_alloc_from_pool_ptsz(dptr, bytes, pool, s);
+  return alloc_async(*d, dptr, bytes, pool,
+                     [&] { return d->mem_alloc_from_pool_ptsz(dptr, bytes, pool, s); });
 } GPUPOOL_FALLBACK(mem_alloc_from_pool_ptsz, dptr, bytes, pool, s)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeAsync(CUdeviceptr p, CUstream s) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_free_async) return kNoDriver;
+  return free_async(p, s, d->mem_free_async);
+} GPUPOOL_FALLBACK(mem_free_async, p, s)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_free_async_ptsz) return kNoDriver;
+  return free_async(p, s, d->mem_free_async_ptsz);
+} GPUPOOL_FALLBACK(mem_free_async_ptsz, p, s)
+
+// A release threshold the program sets is its own from then on.
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                                           void* value) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_pool_set_attribute) return kNoDriver;
+  const CUresult r = d->mem_pool_set_attribute(pool, attr, value);
+  if (r == CUDA_SUCCESS) async_attribute_set(*d, pool, attr);
+  return r;
+} GPUPOOL_FALLBACK(mem_pool_set_attribute, pool, attr, value)
+
+// The threshold gpupool raised reads as the driver's default (0), which is
+// what the program would see without gpupool.
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                                           void* value) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_pool_get_attribute) return kNoDriver;
+  const CUresult r = d->mem_pool_get_attribute(pool, attr, value);
+  cuuint64_t seen = 0;
+  if (r == CUDA_SUCCESS && value && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD &&
+      async_threshold_seen(pool, &seen))
+    *static_cast<cuuint64_t*>(value) = seen;
+  return r;
+} GPUPOOL_FALLBACK(mem_pool_get_attribute, pool, attr, value)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolDestroy(CUmemoryPool pool) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->mem_pool_destroy) return kNoDriver;
+  const CUresult r = d->mem_pool_destroy(pool);
+  Runtime* rt = runtime_if_started();
+  if (r == CUDA_SUCCESS && rt) async_pool_destroyed(*rt, pool);
+  return r;
+} GPUPOOL_FALLBACK(mem_pool_destroy, pool)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->device_set_mem_pool) return kNoDriver;
+  const CUresult r = d->device_set_mem_pool(dev, pool);
+  if (r == CUDA_SUCCESS) async_current_pool_changed(dev);
+  return r;
+} GPUPOOL_FALLBACK(device_set_mem_pool, dev, pool)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture(CUstream s) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->begin_capture_v1) return kNoDriver;
+  return begin_capture(s, false, [&] { return d->begin_capture_v1(s); });
+} GPUPOOL_FALLBACK(begin_capture_v1, s)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_ptsz(CUstream s) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->begin_capture_v1_ptsz) return kNoDriver;
+  return begin_capture(s, true, [&] { return d->begin_capture_v1_ptsz(s); });
+} GPUPOOL_FALLBACK(begin_capture_v1_ptsz, s)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->begin_capture) return kNoDriver;
+  return begin_capture(s, false, [&] { return d->begin_capture(s, mode); });
+} GPUPOOL_FALLBACK(begin_capture, s, mode)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_v2_ptsz(CUstream s,
+                                                                  CUstreamCaptureMode mode) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->begin_capture_ptsz) return kNoDriver;
+  return begin_capture(s, true, [&] { return d->begin_capture_ptsz(s, mode); });
+} GPUPOOL_FALLBACK(begin_capture_ptsz, s, mode)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph(
+    CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data, size_t n,
+    CUstreamCaptureMode mode) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->begin_capture_to_graph) return kNoDriver;
+  return begin_capture(s, false, [&] { return d->begin_capture_to_graph(s, g, deps, data, n, mode); });
+} GPUPOOL_FALLBACK(begin_capture_to_graph, s, g, deps, data, n, mode)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph_ptsz(
+    CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data, size_t n,
+    CUstreamCaptureMode mode) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->begin_capture_to_graph_ptsz) return kNoDriver;
+  return begin_capture(s, true,
+                       [&] { return d->begin_capture_to_graph_ptsz(s, g, deps, data, n, mode); });
+} GPUPOOL_FALLBACK(begin_capture_to_graph_ptsz, s, g, deps, data, n, mode)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamEndCapture(CUstream s, CUgraph* g) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->end_capture) return kNoDriver;
+  return end_capture(*d, s, false, [&] { return d->end_capture(s, g); });
+} GPUPOOL_FALLBACK(end_capture, s, g)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) noexcept try {
+  const Driver* d = driver();
+  if (!d || !d->end_capture_ptsz) return kNoDriver;
+  return end_capture(*d, s, true, [&] { return d->end_capture_ptsz(s, g); });
+} GPUPOOL_FALLBACK(end_capture_ptsz, s, g)
 
 // Physical memory of the virtual memory API (XLA's platform allocator,
 // PyTorch's expandable segments): pooled in units where the program uses

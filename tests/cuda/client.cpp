@@ -822,6 +822,9 @@ void scenario_oom() {
   CUdeviceptr other = 0;
   OK(api.mem_alloc_async(&other, 40 * MiB, nullptr));
   OK(api.mem_free_async(other, nullptr));
+  // Executed: the driver's pool gives it back (threshold 0) or, under
+  // gpupool, keeps it, which the next allocations must get back.
+  OK(api.ctx_sync());
   for (auto& p : b) OK(api.mem_alloc(&p, 9 * MiB));
   for (auto& p : b) OK(api.mem_free(p));
   OK(api.ctx_sync());

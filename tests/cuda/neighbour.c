@@ -37,7 +37,11 @@
  * with the same output lines, for neighbours that compete for pinned memory:
  *   neighbour hold BLOCK_MIB COUNT host
  *   neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]] host
- * ("info" still reports device memory.)
+ * ("info" still reports device memory.) A last argument "async" makes them
+ * stream-ordered allocations of the device's default memory pool
+ * (cuMemAllocAsync / cuMemFreeAsync on the legacy stream, which is
+ * synchronized after each round of frees: the driver's pool then keeps
+ * nothing, its release threshold being 0, unless gpupool manages it).
  *
  * NEIGHBOUR_START_DELAY_MS: wait that long after the context exists, before
  * the command (a program that loads a model before it allocates).
@@ -84,11 +88,13 @@ static void sleep_ms(long ms) {
   nanosleep(&t, NULL);
 }
 
-/* Blocks are pinned host memory rather than device memory ("host"). */
-static int g_host;
+/* Blocks are pinned host memory rather than device memory ("host"), or
+   stream-ordered device memory ("async"). */
+static int g_host, g_async;
 
 /* One block of either kind; a host pointer is kept as a CUdeviceptr. */
 static CUresult alloc_one(CUdeviceptr* p, size_t bytes) {
+  if (g_async) return cuMemAllocAsync(p, bytes, NULL);
   if (!g_host) return cuMemAlloc_v2(p, bytes);
   void* h = NULL;
   const CUresult r = cuMemHostAlloc(&h, bytes, 0);
@@ -97,7 +103,8 @@ static CUresult alloc_one(CUdeviceptr* p, size_t bytes) {
 }
 
 static void free_one(CUdeviceptr p) {
-  if (g_host) check(cuMemFreeHost((void*)(uintptr_t)p), "cuMemFreeHost");
+  if (g_async) check(cuMemFreeAsync(p, NULL), "cuMemFreeAsync");
+  else if (g_host) check(cuMemFreeHost((void*)(uintptr_t)p), "cuMemFreeHost");
   else check(cuMemFree_v2(p), "cuMemFree_v2");
 }
 
@@ -122,6 +129,7 @@ static void push(Blocks* b, CUdeviceptr p) {
 static void free_all(Blocks* b) {
   for (size_t i = 0; i < b->n; ++i) free_one(b->p[i]);
   b->n = 0;
+  if (g_async) check(cuStreamSynchronize(NULL), "cuStreamSynchronize");
 }
 
 /* Allocates up to `count` blocks into `b`; the number it got. */
@@ -264,8 +272,8 @@ static int grab(size_t bytes, long interval_ms, size_t max_blocks) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: neighbour hold BLOCK_MIB COUNT [host]\n"
-          "       neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]] [host]\n"
+          "usage: neighbour hold BLOCK_MIB COUNT [host|async]\n"
+          "       neighbour grab BLOCK_MIB [INTERVAL_MS [MAX_BLOCKS]] [host|async]\n"
           "       neighbour info\n");
   exit(2);
 }
@@ -283,8 +291,10 @@ int main(int argc, char** argv) {
   if (delay && *delay) sleep_ms(strtol(delay, NULL, 0));
 
   const char* cmd = argv[1];
-  if (argc > 3 && strcmp(argv[argc - 1], "host") == 0 && strcmp(cmd, "info") != 0) {
-    g_host = 1;
+  if (argc > 3 && strcmp(cmd, "info") != 0 &&
+      (strcmp(argv[argc - 1], "host") == 0 || strcmp(argv[argc - 1], "async") == 0)) {
+    g_host = strcmp(argv[argc - 1], "host") == 0;
+    g_async = !g_host;
     --argc;
   }
   if (strcmp(cmd, "info") == 0 && argc == 2) {

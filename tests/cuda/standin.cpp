@@ -95,7 +95,28 @@ struct Alloc {
   // cuMemAllocAsync and cuMemAllocManaged memory: a context's end does not
   // free it (the real driver's stream-ordered memory is no context's).
   bool outlives_context = false;
+  struct MemPool* pool = nullptr;  // stream-ordered: its pool's chunk
 };
+
+// Streams the program makes (the streams section below says how work on
+// them is ordered).
+constexpr std::uint32_t kStreamMagic = 0x5354524d;  // "STRM"
+struct Stream {
+  std::uint32_t magic = kStreamMagic;
+  Ctx* ctx = nullptr;
+  unsigned flags = 0;
+  bool alive = true;
+  bool capturing = false;
+  bool global_capture = false;  // CU_STREAM_CAPTURE_MODE_GLOBAL
+};
+
+Stream* stream_of(CUstream s) {
+  if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return nullptr;
+  return reinterpret_cast<Stream*>(s);
+}
+
+// A synchronization of a context ran (memory pools below).
+void synchronized(Ctx* c);
 
 struct Fail {
   std::string function;
@@ -755,7 +776,7 @@ SI(CUresult, cuCtxSynchronize, (void)) {
   if (CUresult e = state_error()) return e;
   Ctx* c = nullptr;
   if (CUresult e = usable_current(&c)) return e;
-  run_pending(c);
+  synchronized(c);
   ++g_counters.ctx_sync;
   return CUDA_SUCCESS;
 }
@@ -766,7 +787,7 @@ SI(CUresult, cuCtxSynchronize_v2, (CUcontext ctx)) {
   Ctx* c = ctx ? reinterpret_cast<Ctx*>(ctx) : current();
   if (!c || !valid_ctx(reinterpret_cast<CUcontext>(c))) return CUDA_ERROR_INVALID_CONTEXT;
   if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-  run_pending(c);
+  synchronized(c);
   ++g_counters.ctx_sync;
   return CUDA_SUCCESS;
 }
@@ -858,9 +879,8 @@ CUresult device_alloc_locked(const char* function, CUdeviceptr* dptr, size_t siz
 }
 }  // namespace
 
-// Stream-ordered and managed allocations, as far as gpupool meets them:
-// device memory it does not pool, out of the same capacity (allocated at
-// once; cuMemFreeAsync frees at once, as cuMemFree).
+// Managed allocations, as far as gpupool meets them: device memory it does
+// not pool, out of the same capacity.
 static CUresult other_alloc(const char* function, CUdeviceptr* dptr, size_t size) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
@@ -870,14 +890,317 @@ static CUresult other_alloc(const char* function, CUdeviceptr* dptr, size_t size
   return r;
 }
 
+// ---- memory pools (stream-ordered allocation) -------------------------------
+// The driver's pools as the CUDA documentation describes them: each
+// allocation is a chunk of physical memory (2 MiB granules) that the pool
+// creates (pool_creations) or reuses. A chunk freed with cuMemFreeAsync is
+// reusable at once on the stream that freed it, and on another stream only
+// once the free's position has executed (here: the next synchronization of
+// its context, stream or event, where queued work runs), with
+// REUSE_ALLOW_OPPORTUNISTIC (default on). At each synchronization a pool
+// gives executed free chunks back (pool_releases) until it holds no more
+// than its release threshold (default 0: everything). cuMemPoolTrimTo gives
+// back executed free chunks until the pool holds at most its argument; not
+// while a stream is capturing in global mode, where the stand-in refuses it
+// (trims_refused), as a call that is not allowed during capture.
+namespace {
+constexpr std::uint32_t kPoolMagic = 0x504f4f4c;  // "POOL"
+constexpr std::size_t kPoolGranule = std::size_t{2} << 20;
+
+struct Chunk {
+  std::uintptr_t base;
+  std::size_t size;
+  CUstream freed_on;  // the stream whose free made it free
+  Ctx* ctx;           // the context of that stream
+  bool executed;      // the free's position has run
+};
+
+struct MemPool {
+  std::uint32_t magic = kPoolMagic;
+  int dev = 0;
+  bool alive = true;
+  std::uint64_t threshold = 0;
+  std::uint64_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
+  int reuse_follow = 1, reuse_opportunistic = 1, reuse_internal = 1;
+  std::vector<Chunk> free_chunks;
+};
+
+MemPool* g_default_pool[8] = {};
+MemPool* g_current_pool[8] = {};
+int g_global_captures = 0;  // streams capturing in global mode
+std::vector<MemPool*>& g_pools = *new std::vector<MemPool*>;  // every pool made, defaults too
+
+MemPool* pool_of(CUmemoryPool p) {
+  auto* m = reinterpret_cast<MemPool*>(p);
+  return m && m->magic == kPoolMagic && m->alive ? m : nullptr;
+}
+
+MemPool* default_pool(int dev) {
+  if (!g_default_pool[dev]) {
+    g_default_pool[dev] = new MemPool;  // never freed: handles stay recognisable
+    g_default_pool[dev]->dev = dev;
+    g_pools.push_back(g_default_pool[dev]);
+  }
+  return g_default_pool[dev];
+}
+
+MemPool* current_pool(int dev) { return g_current_pool[dev] ? g_current_pool[dev] : default_pool(dev); }
+
+void give_chunk(MemPool* m, const Chunk& c) {
+  give_device(m->dev, c.size);
+  free(reinterpret_cast<void*>(c.base));
+  m->reserved -= c.size;
+  ++g_counters.pool_releases;
+}
+
+// Executed free chunks given back, largest first, while the pool holds more
+// than `keep`.
+void pool_trim_locked(MemPool* m, std::uint64_t keep) {
+  std::sort(m->free_chunks.begin(), m->free_chunks.end(),
+            [](const Chunk& a, const Chunk& b) { return a.size > b.size; });
+  for (auto it = m->free_chunks.begin(); it != m->free_chunks.end() && m->reserved > keep;) {
+    if (!it->executed) {
+      ++it;
+      continue;
+    }
+    give_chunk(m, *it);
+    it = m->free_chunks.erase(it);
+  }
+}
+
+// A synchronization of `c` (all of it: the stand-in queues work per
+// context) ran: frees queued there have executed, and every pool goes down
+// to its threshold.
+void synchronized(Ctx* c) {
+  run_pending(c);
+  for (MemPool* m : g_pools) {
+    if (!m->alive) continue;
+    for (Chunk& ch : m->free_chunks)
+      if (ch.ctx == c) ch.executed = true;
+    pool_trim_locked(m, m->threshold);
+  }
+}
+
+bool same_stream(CUstream a, CUstream b) {
+  auto legacy = [](CUstream s) { return s == nullptr || s == CU_STREAM_LEGACY; };
+  return a == b || (legacy(a) && legacy(b));
+}
+
+CUresult pool_alloc_locked(MemPool* m, CUdeviceptr* dptr, size_t size, CUstream s) {
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  Stream* st = stream_of(s);
+  if (st && (st->magic != kStreamMagic || !st->alive)) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult injected;
+  if (should_fail("cuMemAllocAsync", &injected)) return injected;
+  ++g_counters.async_allocs;
+  const std::size_t granule = (size + kPoolGranule - 1) / kPoolGranule * kPoolGranule;
+  // A free chunk this stream may use: its own free, or an executed one.
+  auto usable = [&](const Chunk& ch) {
+    return ch.size >= granule && ch.size < 2 * granule &&
+           (same_stream(ch.freed_on, s) || (ch.executed && m->reuse_opportunistic));
+  };
+  // The smallest that fits.
+  auto it = m->free_chunks.end();
+  for (auto c = m->free_chunks.begin(); c != m->free_chunks.end(); ++c)
+    if (usable(*c) && (it == m->free_chunks.end() || c->size < it->size)) it = c;
+  std::uintptr_t p = 0;
+  std::size_t chunk = granule;
+  if (it != m->free_chunks.end()) {
+    p = it->base;
+    chunk = it->size;
+    m->free_chunks.erase(it);
+  } else {
+    // Out of device memory: the pool's own executed free chunks go first.
+    if (!take_device(m->dev, granule)) {
+      pool_trim_locked(m, 0);
+      if (!take_device(m->dev, granule)) {
+        *dptr = 0;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+    }
+    p = new_memory(granule, 512);
+    if (!p) {
+      give_device(m->dev, granule);
+      *dptr = 0;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    m->reserved += granule;
+    m->reserved_high = std::max(m->reserved_high, m->reserved);
+    ++g_counters.pool_creations;
+  }
+  m->used += chunk;
+  m->used_high = std::max(m->used_high, m->used);
+  Alloc a{p, chunk, c, false, 0, g_next_buffer_id++};
+  a.outlives_context = true;
+  a.pool = m;
+  g_live[p] = a;
+  *dptr = p;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+static CUresult alloc_async(CUdeviceptr* dptr, size_t size, CUstream s, CUmemoryPool pool,
+                            bool from_pool) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  MemPool* m = nullptr;
+  if (from_pool) {
+    m = pool_of(pool);
+    if (!m) return CUDA_ERROR_INVALID_VALUE;
+  } else {
+    Ctx* c = nullptr;
+    if (CUresult e = usable_current(&c)) return e;
+    m = current_pool(c->dev);
+  }
+  return pool_alloc_locked(m, dptr, size, s);
+}
+
 SI(CUresult, cuMemAllocAsync, (CUdeviceptr * dptr, size_t size, CUstream s)) {
-  (void)s;
-  return other_alloc("cuMemAllocAsync", dptr, size);
+  return alloc_async(dptr, size, s, nullptr, false);
 }
 
 SI(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t size, CUstream s)) {
-  (void)s;
-  return other_alloc("cuMemAllocAsync", dptr, size);
+  return alloc_async(dptr, size, s, nullptr, false);
+}
+
+SI(CUresult, cuMemAllocFromPoolAsync, (CUdeviceptr * dptr, size_t size, CUmemoryPool pool, CUstream s)) {
+  return alloc_async(dptr, size, s, pool, true);
+}
+
+SI(CUresult, cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr * dptr, size_t size, CUmemoryPool pool, CUstream s)) {
+  return alloc_async(dptr, size, s, pool, true);
+}
+
+// A pool chunk's free: back into its pool (at once executed for cuMemFree,
+// which waits for the device).
+static void pool_free_locked(std::map<std::uintptr_t, Alloc>::iterator it, CUstream s, bool executed) {
+  MemPool* m = it->second.pool;
+  Ctx* c = current();
+  m->used -= it->second.size;
+  m->free_chunks.push_back(Chunk{it->second.base, it->second.size, s, c ? c : it->second.ctx, executed});
+  g_live.erase(it);
+  if (!m->alive && m->used == 0) pool_trim_locked(m, 0);
+}
+
+SI(CUresult, cuMemPoolCreate, (CUmemoryPool * pool, const CUmemPoolProps* props)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id < 0 ||
+      props->location.id >= g_devices)
+    return CUDA_ERROR_INVALID_VALUE;
+  auto* m = new MemPool;
+  m->dev = props->location.id;
+  g_pools.push_back(m);
+  *pool = reinterpret_cast<CUmemoryPool>(m);
+  return CUDA_SUCCESS;
+}
+
+// Its free memory goes at once; chunks still allocated when their free comes.
+SI(CUresult, cuMemPoolDestroy, (CUmemoryPool pool)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  MemPool* m = pool_of(pool);
+  if (!m) return CUDA_ERROR_INVALID_VALUE;
+  for (int d = 0; d < 8; ++d) {
+    if (g_default_pool[d] == m) return CUDA_ERROR_INVALID_VALUE;
+    if (g_current_pool[d] == m) g_current_pool[d] = nullptr;
+  }
+  for (Chunk& ch : m->free_chunks) ch.executed = true;
+  pool_trim_locked(m, 0);
+  m->alive = false;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDeviceGetDefaultMemPool, (CUmemoryPool * pool, CUdevice dev)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!pool) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = reinterpret_cast<CUmemoryPool>(default_pool(dev));
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDeviceGetMemPool, (CUmemoryPool * pool, CUdevice dev)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!pool) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = reinterpret_cast<CUmemoryPool>(current_pool(dev));
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuDeviceSetMemPool, (CUdevice dev, CUmemoryPool pool)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  MemPool* m = pool_of(pool);
+  if (!m || m->dev != dev) return CUDA_ERROR_INVALID_VALUE;
+  g_current_pool[dev] = m;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void* value)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  MemPool* m = pool_of(pool);
+  if (!m || !value) return CUDA_ERROR_INVALID_VALUE;
+  const auto u64 = *static_cast<cuuint64_t*>(value);
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: m->threshold = u64; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: m->reuse_follow = *static_cast<int*>(value); return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: m->reuse_opportunistic = *static_cast<int*>(value); return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: m->reuse_internal = *static_cast<int*>(value); return CUDA_SUCCESS;
+    // The high-water marks may only be reset (to 0): they restart at the current value.
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      if (u64 != 0) return CUDA_ERROR_INVALID_VALUE;
+      m->reserved_high = m->reserved;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      if (u64 != 0) return CUDA_ERROR_INVALID_VALUE;
+      m->used_high = m->used;
+      return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+SI(CUresult, cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void* value)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  MemPool* m = pool_of(pool);
+  if (!m || !value) return CUDA_ERROR_INVALID_VALUE;
+  auto u64 = [&](std::uint64_t v) {
+    *static_cast<cuuint64_t*>(value) = v;
+    return CUDA_SUCCESS;
+  };
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: return u64(m->threshold);
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: return u64(m->reserved);
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: return u64(m->reserved_high);
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: return u64(m->used);
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: return u64(m->used_high);
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: *static_cast<int*>(value) = m->reuse_follow; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: *static_cast<int*>(value) = m->reuse_opportunistic; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *static_cast<int*>(value) = m->reuse_internal; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+SI(CUresult, cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  MemPool* m = pool_of(pool);
+  if (!m) return CUDA_ERROR_INVALID_VALUE;
+  ++g_counters.trim_calls;
+  if (g_global_captures > 0) {
+    ++g_counters.trims_refused;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  pool_trim_locked(m, keep);
+  return CUDA_SUCCESS;
 }
 
 SI(CUresult, cuMemAllocManaged, (CUdeviceptr * dptr, size_t size, unsigned int flags)) {
@@ -936,16 +1259,35 @@ SI(CUresult, cuMemFree_v2, (CUdeviceptr p)) {
   }
   // The real cuMemFree waits for all work of the context.
   run_pending(it->second.ctx);
+  if (it->second.pool) {  // stream-ordered memory: back to its pool
+    pool_free_locked(it, nullptr, true);
+    ++g_counters.mem_free;
+    return CUDA_SUCCESS;
+  }
   release_memory(it->second);
   g_live.erase(it);
   ++g_counters.mem_free;
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuMemFreeAsync, (CUdeviceptr p, CUstream s)) {
-  (void)s;
-  return si_cuMemFree_v2(p);
+static CUresult free_async(CUdeviceptr p, CUstream s) {
+  {
+    std::lock_guard lock(g_mu);
+    if (CUresult e = state_error()) return e;
+    auto it = g_live.find(p);
+    if (it != g_live.end() && it->second.pool) {
+      Stream* st = stream_of(s);
+      if (st && (st->magic != kStreamMagic || !st->alive)) return CUDA_ERROR_INVALID_HANDLE;
+      pool_free_locked(it, s, false);
+      return CUDA_SUCCESS;
+    }
+  }
+  return si_cuMemFree_v2(p);  // other memory: freed at once
 }
+
+SI(CUresult, cuMemFreeAsync, (CUdeviceptr p, CUstream s)) { return free_async(p, s); }
+
+SI(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr p, CUstream s)) { return free_async(p, s); }
 
 SI(CUresult, cuMemAllocHost_v2, (void** pp, size_t size)) {
   std::lock_guard lock(g_mu);
@@ -1060,18 +1402,6 @@ SI(CUresult, cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr p)) {
 // earlier work, as the real driver orders it; work on a non-blocking stream
 // runs at once, ahead of whatever is still queued (the stream was idle):
 // the overtaking a pool must not let touch a block whose old work is queued.
-constexpr std::uint32_t kStreamMagic = 0x5354524d;  // "STRM"
-struct Stream {
-  std::uint32_t magic = kStreamMagic;
-  Ctx* ctx = nullptr;
-  unsigned flags = 0;
-  bool alive = true;
-};
-
-Stream* stream_of(CUstream s) {
-  if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return nullptr;
-  return reinterpret_cast<Stream*>(s);
-}
 
 static CUresult stream_create(CUstream* s, unsigned flags) {
   std::lock_guard lock(g_mu);
@@ -1101,6 +1431,131 @@ SI(CUresult, cuStreamDestroy_v2, (CUstream s)) {
   st->alive = false;
   return CUDA_SUCCESS;
 }
+
+// A stream's synchronization runs its context's queued work (the stand-in
+// queues per context), so the frees queued there have executed.
+static CUresult stream_synchronize(CUstream s) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Stream* st = stream_of(s);
+  Ctx* c = nullptr;
+  if (st) {
+    if (st->magic != kStreamMagic || !st->alive) return CUDA_ERROR_INVALID_HANDLE;
+    if (st->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    c = st->ctx;
+  } else if (CUresult e = usable_current(&c)) {
+    return e;
+  }
+  synchronized(c);
+  ++g_counters.stream_sync;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuStreamSynchronize, (CUstream s)) { return stream_synchronize(s); }
+
+SI(CUresult, cuStreamSynchronize_ptsz, (CUstream s)) { return stream_synchronize(s); }
+
+// Events: recorded on a context's work; their synchronization is that
+// context's (as above).
+constexpr std::uint32_t kEventMagic = 0x45564e54;  // "EVNT"
+struct Event {
+  std::uint32_t magic = kEventMagic;
+  Ctx* ctx = nullptr;
+  bool alive = true;
+};
+
+SI(CUresult, cuEventCreate, (CUevent * ev, unsigned int flags)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Ctx* c = nullptr;
+  if (CUresult e = usable_current(&c)) return e;
+  if (!ev) return CUDA_ERROR_INVALID_VALUE;
+  (void)flags;
+  auto* e = new Event;  // never freed, as streams
+  e->ctx = c;
+  *ev = reinterpret_cast<CUevent>(e);
+  return CUDA_SUCCESS;
+}
+
+static Event* event_of(CUevent ev) {
+  auto* e = reinterpret_cast<Event*>(ev);
+  return e && e->magic == kEventMagic && e->alive ? e : nullptr;
+}
+
+SI(CUresult, cuEventRecord, (CUevent ev, CUstream s)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  (void)s;
+  return event_of(ev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+SI(CUresult, cuEventSynchronize, (CUevent ev)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Event* e = event_of(ev);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  synchronized(e->ctx);
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuEventDestroy_v2, (CUevent ev)) {
+  std::lock_guard lock(g_mu);
+  Event* e = event_of(ev);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  e->alive = false;
+  return CUDA_SUCCESS;
+}
+
+// Stream capture, as far as pools meet it: a created stream captures
+// between begin and end; while one does in global mode, calls that are not
+// allowed then (cuMemPoolTrimTo here) fail.
+static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Stream* st = stream_of(s);
+  if (!st) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // the legacy stream cannot
+  if (st->magic != kStreamMagic || !st->alive) return CUDA_ERROR_INVALID_HANDLE;
+  if (st->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  st->capturing = true;
+  st->global_capture = mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+  if (st->global_capture) ++g_global_captures;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode mode)) { return begin_capture(s, mode); }
+
+SI(CUresult, cuStreamBeginCapture_v2_ptsz, (CUstream s, CUstreamCaptureMode mode)) { return begin_capture(s, mode); }
+
+static CUresult end_capture(CUstream s, CUgraph* graph) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Stream* st = stream_of(s);
+  if (!st || st->magic != kStreamMagic || !st->alive || !graph) return CUDA_ERROR_INVALID_VALUE;
+  if (!st->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  st->capturing = false;
+  if (st->global_capture) --g_global_captures;
+  static char graph_handle;
+  *graph = reinterpret_cast<CUgraph>(&graph_handle);
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuStreamEndCapture, (CUstream s, CUgraph* graph)) { return end_capture(s, graph); }
+
+SI(CUresult, cuStreamEndCapture_ptsz, (CUstream s, CUgraph* graph)) { return end_capture(s, graph); }
+
+static CUresult is_capturing(CUstream s, CUstreamCaptureStatus* status) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  Stream* st = stream_of(s);
+  *status = st && st->magic == kStreamMagic && st->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                                            : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+SI(CUresult, cuStreamIsCapturing, (CUstream s, CUstreamCaptureStatus* status)) { return is_capturing(s, status); }
+
+SI(CUresult, cuStreamIsCapturing_ptsz, (CUstream s, CUstreamCaptureStatus* status)) { return is_capturing(s, status); }
 
 SI(CUresult, cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags)) {
   std::lock_guard lock(g_mu);
@@ -1439,7 +1894,13 @@ const Export kExports[] = {
     E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes),
     E(cuMemHostGetFlags), E(cuIpcGetMemHandle), E(cuMemsetD8Async), E(cuMemsetD8Async_ptsz),
     E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2),
-    E(cuCtxEnablePeerAccess),
+    E(cuCtxEnablePeerAccess), E(cuStreamSynchronize), E(cuStreamSynchronize_ptsz),
+    E(cuEventCreate), E(cuEventRecord), E(cuEventSynchronize), E(cuEventDestroy_v2),
+    E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamEndCapture),
+    E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuStreamIsCapturing_ptsz),
+    E(cuMemAllocFromPoolAsync), E(cuMemAllocFromPoolAsync_ptsz), E(cuMemFreeAsync_ptsz),
+    E(cuMemPoolCreate), E(cuMemPoolDestroy), E(cuDeviceGetDefaultMemPool), E(cuDeviceGetMemPool),
+    E(cuDeviceSetMemPool), E(cuMemPoolSetAttribute), E(cuMemPoolGetAttribute), E(cuMemPoolTrimTo),
     E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve),
     E(cuMemAddressFree), E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess),
     E(cuMemRetainAllocationHandle), E(cuMemGetAllocationPropertiesFromHandle),
@@ -1512,6 +1973,23 @@ const Version kVersions[] = {
     {"cuMemRetainAllocationHandle", 11000, "cuMemRetainAllocationHandle"},
     {"cuMemGetAllocationPropertiesFromHandle", 10020, "cuMemGetAllocationPropertiesFromHandle"},
     {"cuMemExportToShareableHandle", 10020, "cuMemExportToShareableHandle"},
+    {"cuStreamSynchronize", 2000, "cuStreamSynchronize"},
+    {"cuEventCreate", 2000, "cuEventCreate"},
+    {"cuEventRecord", 2000, "cuEventRecord"},
+    {"cuEventSynchronize", 2000, "cuEventSynchronize"},
+    {"cuEventDestroy", 4000, "cuEventDestroy_v2"},
+    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2"},
+    {"cuStreamEndCapture", 10000, "cuStreamEndCapture"},
+    {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing"},
+    {"cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync"},
+    {"cuMemPoolCreate", 11020, "cuMemPoolCreate"},
+    {"cuMemPoolDestroy", 11020, "cuMemPoolDestroy"},
+    {"cuDeviceGetDefaultMemPool", 11020, "cuDeviceGetDefaultMemPool"},
+    {"cuDeviceGetMemPool", 11020, "cuDeviceGetMemPool"},
+    {"cuDeviceSetMemPool", 11020, "cuDeviceSetMemPool"},
+    {"cuMemPoolSetAttribute", 11020, "cuMemPoolSetAttribute"},
+    {"cuMemPoolGetAttribute", 11020, "cuMemPoolGetAttribute"},
+    {"cuMemPoolTrimTo", 11020, "cuMemPoolTrimTo"},
     {"cuGetExportTable", 3000, "cuGetExportTable"},
     {"cuGetProcAddress", 11030, "cuGetProcAddress"},
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2"},

@@ -38,6 +38,12 @@ typedef struct StandinCounters {
   uint64_t vmm_mapped;             /* successful cuMemMap */
   uint64_t vmm_unmap_calls;        /* cuMemUnmap calls */
   uint64_t vmm_set_access_calls;   /* cuMemSetAccess calls */
+  uint64_t stream_sync;      /* cuStreamSynchronize / _ptsz calls that succeeded */
+  uint64_t async_allocs;     /* cuMemAllocAsync / FromPoolAsync calls that reached a pool */
+  uint64_t pool_creations;   /* physical memory a memory pool created (one per chunk) */
+  uint64_t pool_releases;    /* chunks a memory pool gave back to the device */
+  uint64_t trim_calls;       /* cuMemPoolTrimTo calls on a valid pool */
+  uint64_t trims_refused;    /* of them, refused while a stream captured (global mode) */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */

@@ -93,8 +93,10 @@ def held_by(shared, pid, user=None, **extra):
 class Holder:
     """cuda_neighbour hold: 12 x 16 MiB (or `blocks`) allocated and freed, then waits."""
 
-    def __init__(self, shared, pooled=True, user=None, blocks=(BLOCK_MIB, HOLD_BLOCKS), **extra):
-        self.p = subprocess.Popen([NEIGHBOUR, "hold", str(blocks[0]), str(blocks[1])],
+    def __init__(self, shared, pooled=True, user=None, blocks=(BLOCK_MIB, HOLD_BLOCKS), kind=None,
+                 **extra):
+        self.p = subprocess.Popen([NEIGHBOUR, "hold", str(blocks[0]), str(blocks[1])] +
+                                  ([kind] if kind else []),
                                   env=env(pooled, shared, user, **extra), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   **as_user(user))
@@ -325,6 +327,33 @@ elif CHECK == "arrival":
     # may still ask when it runs out, which the log says differently).
     _, herr, _ = arrival(True, True, quiet)
     check("arrived on the GPU" not in herr, f"a gpupool newcomer counted as an arrival: {herr[-600:]}")
+
+elif CHECK == "async":
+    # The holder's blocks are stream-ordered, from the driver's default
+    # pool, synchronized after the frees: alone, that pool keeps nothing
+    # (threshold 0); under gpupool it keeps them, gpupool ps shows them held,
+    # and a neighbour that runs out asks for them back like pooled blocks.
+    full = alone(True)
+
+    def run(holder_pooled, holder_env):
+        shared = fresh()
+        h = Holder(shared, holder_pooled, kind="async", **holder_env)
+        held = held_by(shared, h.p.pid)
+        try:
+            n, _, _, _ = grab(shared, True, **NO_WATCH)
+        finally:
+            herr = h.finish()
+        return n, held, herr
+
+    raw, _, _ = run(False, {})
+    check(raw == full, f"beside a holder without gpupool the neighbour got {raw} of {full} blocks")
+    kept, _, _ = run(True, {**NO_WATCH, "GPUPOOL_NEIGHBOURS": "0"})
+    check(kept <= full - HOLD_BLOCKS, f"the holder's pool kept nothing under gpupool: the "
+          f"neighbour got {kept} of {full} blocks (the check must see the difference)")
+    n, held, herr = run(True, NO_WATCH)
+    check(held == HOLD_BLOCKS * BLOCK_MIB * MIB, f"gpupool ps shows {held} bytes held by the holder")
+    check(n == full, f"asking the holder, the neighbour got {n} of {full} blocks: {herr[-600:]}")
+    check("for another gpupool process" in herr, f"holder did not say it released: {herr[-500:]}")
 
 elif CHECK == "self":
     # Pressure the holder makes itself is not a reason to release: a process

@@ -1,0 +1,368 @@
+#include "interpose/cuda/async.hpp"
+
+#include <fmt/format.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "config/log.hpp"
+#include "core/lock_rank.hpp"
+#include "interpose/cuda/contexts.hpp"
+#include "interpose/runtime.hpp"
+
+namespace gpupool::cuda {
+
+// One driver pool the program allocated from. Never freed (a hook may hold
+// one while the pool is destroyed); forgotten when it is.
+struct AsyncPool {
+  CUmemoryPool pool = nullptr;
+  CUdevice dev = 0;
+  std::atomic<Arena*> arena{nullptr};  // null once retired
+  // gpupool set the release threshold (the program never did).
+  std::atomic<bool> raised{false};
+  // What the program last did with it, and the counters (hits, misses as
+  // far as the pool's reserved bytes tell: an allocation that made it grow
+  // is a miss).
+  std::atomic<std::uint64_t> last_use_ns{0};
+  std::atomic<std::uint64_t> uses{0};
+  std::atomic<std::uint64_t> last_reserved{0};
+  std::atomic<std::uint64_t> hits{0}, misses{0};
+  // What the last trim could not give back (frees not yet executed), as of
+  // `uses` then: not offered again until the program uses the pool.
+  std::atomic<std::uint64_t> stuck{0}, stuck_at{UINT64_MAX};
+  // The driver's last answers, for when it answers no more (exit).
+  std::atomic<std::uint64_t> reserved{0}, used{0}, reserved_high{0}, used_high{0};
+};
+
+namespace {
+
+struct Registry {
+  Ranked<LockRank::cuda_async_pools> mu;
+  std::unordered_map<CUmemoryPool, AsyncPool*> pools;  // under mu
+  // Pools whose release threshold the program set before allocating.
+  std::unordered_set<CUmemoryPool> program_threshold;  // under mu
+};
+Registry& registry() {
+  static Registry& r = *new Registry;  // never destroyed: hooks run during exit
+  return r;
+}
+
+constexpr int kCachedDevices = 64;
+// The current pool of each device, once looked up (cuDeviceSetMemPool
+// clears it).
+std::atomic<AsyncPool*> g_current[kCachedDevices] = {};
+
+// ---- stream capture --------------------------------------------------------
+
+struct Captures {
+  Ranked<LockRank::cuda_capture, std::shared_mutex> mu;
+  struct Capture {
+    CUstream stream;
+    long thread;  // a per-thread default stream's thread, else 0
+  };
+  std::vector<Capture> ongoing;  // under mu
+  std::atomic<std::size_t> count{0};
+};
+Captures& captures() {
+  static Captures& c = *new Captures;
+  return c;
+}
+
+Captures::Capture capture_key(CUstream s, bool ptsz) {
+  const bool per_thread = s == CU_STREAM_PER_THREAD || (ptsz && s == nullptr);
+  return {per_thread ? CU_STREAM_PER_THREAD : s, per_thread ? static_cast<long>(syscall(SYS_gettid)) : 0};
+}
+
+bool capturing() { return captures().count.load(std::memory_order_acquire) > 0; }
+
+// ---- the pool's attributes ---------------------------------------------------
+
+std::uint64_t attribute(const Driver& d, AsyncPool& p, CUmemPool_attribute a,
+                        std::atomic<std::uint64_t>& last) {
+  cuuint64_t v = 0;
+  if (!exiting() && d.mem_pool_get_attribute &&
+      d.mem_pool_get_attribute(p.pool, a, &v) == CUDA_SUCCESS)
+    last.store(v, std::memory_order_relaxed);
+  return last.load(std::memory_order_relaxed);
+}
+
+// Reserved beyond what is in use: the memory the pool keeps.
+std::uint64_t kept(const Driver& d, AsyncPool& p) {
+  const std::uint64_t r = attribute(d, p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, p.reserved);
+  const std::uint64_t u = attribute(d, p, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, p.used);
+  return r > u ? r - u : 0;
+}
+
+bool set_threshold(const Driver& d, AsyncPool& p, std::uint64_t bytes) {
+  cuuint64_t v = bytes;
+  return d.mem_pool_set_attribute &&
+         d.mem_pool_set_attribute(p.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v) == CUDA_SUCCESS;
+}
+
+// While holding is stopped gpupool keeps nothing: a threshold it raised
+// goes back to the driver's default.
+void follow_holding(const Driver& d, Runtime& rt, AsyncPool& p) {
+  if (!rt.pool.holding() && p.raised.load(std::memory_order_acquire) && set_threshold(d, p, 0))
+    p.raised.store(false, std::memory_order_release);
+}
+
+// The pool's memory as an arena's held memory (core/backend.hpp).
+class AsyncBackend final : public Backend, public HeldOutside {
+ public:
+  explicit AsyncBackend(AsyncPool& p) : p_(p) {}
+
+  // The program's calls go to the driver; the pool never allocates here.
+  BackendResult allocate(std::size_t, std::uint64_t) override { return {}; }
+  void release(Handle, std::size_t, void*) override {}
+  HeldOutside* outside() override { return this; }
+
+  std::size_t held() override {
+    const Driver* d = driver_if_loaded();
+    if (!d || exiting() || capturing()) return 0;
+    std::uint64_t h = kept(*d, p_);
+    if (p_.stuck_at.load(std::memory_order_acquire) == p_.uses.load(std::memory_order_acquire)) {
+      const std::uint64_t stuck = p_.stuck.load(std::memory_order_relaxed);
+      h = h > stuck ? h - stuck : 0;
+    }
+    return h;
+  }
+
+  std::uint64_t last_use_ns() override { return p_.last_use_ns.load(std::memory_order_relaxed); }
+
+  // Not while a stream captures: the capture's start waits for the trim,
+  // and a trim waits for no capture.
+  std::size_t give_back() override {
+    const Driver* d = driver_if_loaded();
+    Runtime* rt = runtime_if_started();
+    if (!d || !rt || exiting() || !d->mem_pool_trim_to) return 0;
+    std::shared_lock lock(captures().mu);
+    if (capturing()) return 0;
+    const std::uint64_t uses = p_.uses.load(std::memory_order_acquire);
+    const std::uint64_t before = kept(*d, p_);
+    follow_holding(*d, *rt, p_);
+    d->mem_pool_trim_to(p_.pool, 0);  // never what is in use
+    const std::uint64_t after = kept(*d, p_);
+    p_.last_reserved.store(p_.reserved.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    p_.stuck.store(after, std::memory_order_relaxed);
+    p_.stuck_at.store(uses, std::memory_order_release);
+    return before > after ? before - after : 0;
+  }
+
+  // Bytes only: the driver does not say how many allocations it keeps.
+  void add_counters(Stats& s) override {
+    const Driver* d = driver_if_loaded();
+    if (!d) return;
+    const std::uint64_t held = kept(*d, p_);
+    const std::uint64_t used = p_.used.load(std::memory_order_relaxed);
+    const std::uint64_t reserved = used + held;
+    const std::uint64_t rh = attribute(*d, p_, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, p_.reserved_high);
+    const std::uint64_t uh = attribute(*d, p_, CU_MEMPOOL_ATTR_USED_MEM_HIGH, p_.used_high);
+    s.held_bytes += held;
+    s.active_bytes += used;
+    s.managed_bytes += reserved;
+    s.peak_held_bytes += std::max<std::uint64_t>(held, rh > uh ? rh - uh : 0);
+    s.peak_active_bytes += std::max(used, uh);
+    s.peak_managed_bytes += std::max(reserved, rh);
+    const std::uint64_t misses = p_.misses.load(std::memory_order_relaxed);
+    s.hits += p_.hits.load(std::memory_order_relaxed);
+    s.misses += misses;
+    s.backend_allocs += misses;
+  }
+
+ private:
+  AsyncPool& p_;
+};
+
+// The record of `pool` on st's device, made (with its arena) the first
+// time; the threshold raised unless the program set one.
+AsyncPool* record(const Driver& d, Runtime& rt, CUmemoryPool pool, CtxState* st) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  if (auto it = r.pools.find(pool); it != r.pools.end()) return it->second;
+  // Not a pool (the allocation gets the driver's error): nothing to manage.
+  cuuint64_t reserved = 0;
+  if (d.mem_pool_get_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
+    return nullptr;
+  auto* p = new AsyncPool;
+  p->last_reserved.store(reserved, std::memory_order_relaxed);
+  p->pool = pool;
+  p->dev = st->dev;
+  CUmemoryPool def = nullptr;
+  const bool is_default = d.device_get_default_mem_pool &&
+                          d.device_get_default_mem_pool(&def, st->dev) == CUDA_SUCCESS && def == pool;
+  ArenaOptions o;
+  o.name = is_default ? fmt::format("cuda dev {} async default pool", int(st->dev))
+                      : fmt::format("cuda dev {} async pool {}", int(st->dev), r.pools.size() + 1);
+  o.group = device_group(st->dev);
+  o.kind = "cuda-async";
+  o.device = st->device;
+  o.max_block = st->device_total;
+  o.max_held = rt.config.max_held.resolve(st->device_total);
+  p->arena.store(rt.pool.add_arena(std::make_unique<AsyncBackend>(*p), std::move(o)),
+                 std::memory_order_release);
+  if (!r.program_threshold.count(pool) && rt.pool.holding()) {
+    const std::size_t limit = rt.config.max_held.resolve(st->device_total);
+    if (set_threshold(d, *p, limit)) p->raised.store(true, std::memory_order_release);
+  }
+  r.pools.emplace(pool, p);
+  log().debug("cuda: memory pool {} of device {} managed (release threshold {})",
+              static_cast<void*>(pool), int(st->dev),
+              p->raised.load() ? "raised" : "the program's");
+  return p;
+}
+
+AsyncPool* find(CUmemoryPool pool) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  auto it = r.pools.find(pool);
+  return it == r.pools.end() ? nullptr : it->second;
+}
+
+}  // namespace
+
+AsyncPool* async_pool(const Driver& d, Runtime& rt, CUmemoryPool pool) {
+  if (!rt.config.cuda || !d.mem_pool_get_attribute || !d.mem_pool_set_attribute ||
+      !d.mem_pool_trim_to || !d.device_get_mem_pool)
+    return nullptr;
+  CtxState* st = current_state(d, rt, true);
+  if (!st) return nullptr;
+  AsyncPool* p = nullptr;
+  if (pool) {
+    static thread_local AsyncPool* t_last = nullptr;  // a program allocates from one pool mostly
+    p = t_last && t_last->pool == pool && t_last->arena.load(std::memory_order_relaxed) ? t_last : nullptr;
+    if (!p) p = t_last = record(d, rt, pool, st);
+    if (!p) return nullptr;
+  } else {
+    const bool cached = st->dev >= 0 && st->dev < kCachedDevices;
+    p = cached ? g_current[st->dev].load(std::memory_order_acquire) : nullptr;
+    if (!p) {
+      CUmemoryPool current = nullptr;
+      if (d.device_get_mem_pool(&current, st->dev) != CUDA_SUCCESS || !current) return nullptr;
+      p = record(d, rt, current, st);
+      if (!p) return nullptr;
+      if (cached) g_current[st->dev].store(p, std::memory_order_release);
+    }
+  }
+  follow_holding(d, rt, *p);
+  return p;
+}
+
+int async_device(const AsyncPool* p) { return p ? p->dev : -1; }
+
+void async_allocated(const Driver& d, AsyncPool* p, CUresult r) {
+  if (!p || r != CUDA_SUCCESS) return;
+  p->last_use_ns.store(Pool::now_ns(), std::memory_order_relaxed);
+  p->uses.fetch_add(1, std::memory_order_acq_rel);
+  // A captured allocation is the graph's, not the pool's.
+  if (capturing()) return;
+  const std::uint64_t now = attribute(d, *p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, p->reserved);
+  const std::uint64_t before = p->last_reserved.exchange(now, std::memory_order_relaxed);
+  (now > before ? p->misses : p->hits).fetch_add(1, std::memory_order_relaxed);
+}
+
+void async_attribute_set(const Driver& d, CUmemoryPool pool, CUmemPool_attribute attr) {
+  (void)d;
+  if (attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return;
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  r.program_threshold.insert(pool);
+  if (auto it = r.pools.find(pool); it != r.pools.end())
+    it->second->raised.store(false, std::memory_order_release);
+}
+
+bool async_threshold_seen(CUmemoryPool pool, cuuint64_t* value) {
+  AsyncPool* p = find(pool);
+  if (!p || !p->raised.load(std::memory_order_acquire)) return false;
+  *value = 0;
+  return true;
+}
+
+void async_pool_destroyed(Runtime& rt, CUmemoryPool pool) {
+  AsyncPool* p = nullptr;
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    r.program_threshold.erase(pool);
+    if (auto it = r.pools.find(pool); it != r.pools.end()) {
+      p = it->second;
+      r.pools.erase(it);
+    }
+  }
+  for (auto& c : g_current) {
+    AsyncPool* expected = p;
+    if (p) c.compare_exchange_strong(expected, nullptr);
+  }
+  if (!p) return;
+  if (Arena* a = p->arena.exchange(nullptr, std::memory_order_acq_rel)) rt.pool.retire_arena(a);
+}
+
+void async_current_pool_changed(CUdevice dev) {
+  if (dev >= 0 && dev < kCachedDevices) g_current[dev].store(nullptr, std::memory_order_release);
+}
+
+CaptureChange::CaptureChange() { captures().mu.lock(); }
+CaptureChange::~CaptureChange() { captures().mu.unlock(); }
+
+void capture_started(CUstream s, bool ptsz) {
+  captures().ongoing.push_back(capture_key(s, ptsz));
+  captures().count.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void capture_maybe_ended(const Driver& d, CUstream s, bool ptsz) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  auto is_capturing = ptsz ? d.stream_is_capturing_ptsz : d.stream_is_capturing;
+  if (is_capturing && is_capturing(s, &status) == CUDA_SUCCESS &&
+      status != CU_STREAM_CAPTURE_STATUS_NONE)
+    return;
+  const Captures::Capture key = capture_key(s, ptsz);
+  auto& v = captures().ongoing;
+  auto it = std::find_if(v.begin(), v.end(), [&](const Captures::Capture& c) {
+    return c.stream == key.stream && c.thread == key.thread;
+  });
+  if (it == v.end()) return;
+  v.erase(it);
+  captures().count.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void async_fork_prepare() {
+  registry().mu.lock();
+  captures().mu.lock();
+}
+
+void async_fork_parent() {
+  captures().mu.unlock();
+  registry().mu.unlock();
+}
+
+void async_fork_child() {
+  captures().mu.remake_held_in_child();
+  registry().mu.unlock();
+}
+
+// A forked child's pools are its driver's business: the parent's records
+// go without a driver call (CUDA does not carry them across fork()).
+void async_fork_renew(Runtime& rt) {
+  std::vector<AsyncPool*> all;
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    for (auto& [pool, p] : r.pools) all.push_back(p);
+    r.pools.clear();
+    r.program_threshold.clear();
+  }
+  for (auto& c : g_current) c.store(nullptr, std::memory_order_relaxed);
+  captures().ongoing.clear();
+  captures().count.store(0, std::memory_order_relaxed);
+  for (AsyncPool* p : all)
+    if (Arena* a = p->arena.exchange(nullptr, std::memory_order_acq_rel))
+      rt.pool.retire_arena(a, /*keep_stats=*/false);
+}
+
+}  // namespace gpupool::cuda
