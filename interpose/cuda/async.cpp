@@ -307,6 +307,8 @@ void async_current_pool_changed(CUdevice dev) {
   if (dev >= 0 && dev < kCachedDevices) g_current[dev].store(nullptr, std::memory_order_release);
 }
 
+bool stream_capturing() { return capturing(); }
+
 CaptureChange::CaptureChange() { captures().mu.lock(); }
 CaptureChange::~CaptureChange() { captures().mu.unlock(); }
 

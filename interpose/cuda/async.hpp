@@ -62,6 +62,7 @@ class CaptureChange {
   CaptureChange& operator=(const CaptureChange&) = delete;
 };
 void capture_started(CUstream s, bool ptsz);
+bool stream_capturing();  // a capture is under way in the process
 void capture_maybe_ended(const Driver& d, CUstream s, bool ptsz);
 
 // fork(): the registry's and the capture's locks (contexts.cpp's handlers

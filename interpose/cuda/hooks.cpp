@@ -137,10 +137,13 @@ CUresult retry_out_of_memory(const Driver& d, int dev, std::size_t bytes, Call&&
 
 // A stream-ordered allocation: from a pool gpupool manages (async.hpp),
 // retried after releasing what it holds when the device is full. NULL
-// out-pointers and size 0 are the driver's to answer.
+// out-pointers and size 0 are the driver's to answer; so is an allocation
+// while a stream captures (a graph's, and releasing memory then is a call
+// the capture does not allow).
 template <class Call>
 CUresult alloc_async(const Driver& d, CUdeviceptr* dptr, std::size_t bytes, CUmemoryPool pool,
                      Call&& call) {
+  if (stream_capturing()) return call();
   Runtime* rt = dptr && bytes ? pooling(false) : nullptr;
   AsyncPool* p = rt ? async_pool(d, *rt, pool) : nullptr;
   const CUresult r = retry_out_of_memory(d, async_device(p), bytes, call);
