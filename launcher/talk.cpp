@@ -118,6 +118,7 @@ struct Asking {
   io::OwnedFd fd;       // valid while waiting for the answer
   int result = kOk;     // once settled without an answer: why (message in `err`)
   bool sent = false;
+  bool busy = false;     // its socket's queue was full: not reached yet
   int send_errno = 0;
   std::string reply;
   bool closed = false;  // the process closed the connection: the answer is whole
@@ -126,8 +127,10 @@ struct Asking {
 
 // Checks the process and connects to its socket, then sends the request
 // (a whole line, socket.hpp's request_line). false with a->result and
-// a->err set when there is nobody to ask.
-bool ask(long pid, const std::string& line, Asking* a) {
+// a->err set when there is nobody to ask. A full listen queue is tried
+// again until connect_until (io::mono_ns(); 0: tried once), then a->busy.
+bool ask(long pid, const std::string& line, Asking* a, std::uint64_t connect_until) {
+  *a = Asking();  // asked again after its queue was full: from the start
   a->pid = pid;
   a->who = "process " + std::to_string(pid);
   auto settle = [&](int result, std::string msg) {
@@ -149,40 +152,25 @@ bool ask(long pid, const std::string& line, Asking* a) {
                                std::to_string(*euid) +
                                "; gpupool only talks to processes of the same user (run this "
                                "as that user)");
-  // The process's socket under any of its names, held by that very process
-  // as this user: a name squatter is skipped, never trusted. Non-blocking:
-  // a stopped process's full queue must not stop us (EAGAIN).
-  int connect_error = ECONNREFUSED;
-  std::string squatter;
-  for (const std::string& name : gpupool::control::socket_candidates(geteuid(), pid)) {
-    io::OwnedFd s =
-        io::OwnedFd::adopt(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!s.valid()) return settle(kFailed, std::string("socket: ") + std::strerror(errno));
-    sockaddr_un addr;
-    const socklen_t len = gpupool::control::socket_address(&addr, name);
-    if (connect(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-      if (errno != ECONNREFUSED && errno != ENOENT) connect_error = errno;
-      continue;
-    }
-    ucred cred{};
-    socklen_t clen = sizeof cred;
-    if (getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.pid != pid ||
-        cred.uid != geteuid()) {
-      squatter = "pid " + std::to_string(cred.pid) + ", uid " + std::to_string(cred.uid);
-      continue;
-    }
-    a->fd = std::move(s);
-    break;
-  }
+  // The process's socket under any of its names (socket.hpp's reach: a
+  // squatter is skipped; a full queue is tried again until connect_until).
+  control::Reached reached =
+      control::reach(control::socket_candidates(geteuid(), pid), pid, geteuid(), connect_until);
+  if (reached.socket_error != 0 && !reached.fd.valid() && reached.error == ECONNREFUSED)
+    return settle(kFailed, std::string("socket: ") + std::strerror(reached.socket_error));
+  a->fd = std::move(reached.fd);
+  const int connect_error = reached.error;
+  const std::string& squatter = reached.squatter;
   if (!a->fd.valid()) {
     std::string note;
     if (!squatter.empty())
       note = std::string(kProg) + ": note: the usual control socket name of " + a->who +
              " is held by another process (" + squatter + "); not trusting it\n";
-    if (connect_error == EAGAIN)
+    if (connect_error == EAGAIN) {
+      a->busy = true;
       settle(kTimeout, "cannot reach " + a->who +
-                           ": its control socket's queue is full (is it stopped or hung?)");
-    else if (connect_error != ECONNREFUSED)
+                           ": its control socket's queue stayed full (is it stopped or hung?)");
+    } else if (connect_error != ECONNREFUSED)
       settle(kFailed, "cannot reach " + a->who + ": " + std::strerror(connect_error));
     else if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
       settle(kNoProcess, no_such);
@@ -275,7 +263,8 @@ void print(const Asking& a) {
 int talk(long pid, const std::string& request, double timeout_s) {
   std::vector<Asking> asks(1);
   const std::uint64_t start = io::mono_ns();
-  if (ask(pid, control::request_line(request, request_deadline(start, timeout_s)), &asks[0]))
+  const std::uint64_t until = request_deadline(start, timeout_s);
+  if (ask(pid, control::request_line(request, until), &asks[0], until))
     read_answers(asks, start / 1'000'000 + static_cast<std::uint64_t>(timeout_s * 1000));
   const int r = settle(asks[0], timeout_s);
   print(asks[0]);
@@ -293,8 +282,20 @@ int talk_all(const std::vector<node::ProcessEntry>& procs, const std::string& re
   std::vector<Asking> asks(once.size());
   const std::uint64_t start = io::mono_ns();
   const std::uint64_t deadline = start / 1'000'000 + static_cast<std::uint64_t>(timeout_s * 1000);
-  const std::string line = control::request_line(request, request_deadline(start, timeout_s));
-  for (std::size_t i = 0; i < once.size(); ++i) ask(once[i]->pid, line, &asks[i]);
+  const std::uint64_t until = request_deadline(start, timeout_s);
+  const std::string line = control::request_line(request, until);
+  // Each once at first: a process whose queue is full must not hold up the
+  // others; those are tried again, every few ms, while there is time.
+  for (std::size_t i = 0; i < once.size(); ++i) ask(once[i]->pid, line, &asks[i], 0);
+  for (;;) {
+    std::vector<std::size_t> busy;
+    for (std::size_t i = 0; i < once.size(); ++i)
+      if (asks[i].busy) busy.push_back(i);
+    if (busy.empty() || io::mono_ns() >= until) break;
+    const timespec pause{0, 2'000'000};
+    nanosleep(&pause, nullptr);
+    for (std::size_t i : busy) ask(once[i]->pid, line, &asks[i], 0);
+  }
   read_answers(asks, deadline);
   int worst = kOk;
   for (std::size_t i = 0; i < once.size(); ++i) {

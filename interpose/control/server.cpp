@@ -26,11 +26,20 @@ namespace gpupool::control {
 namespace {
 
 constexpr std::uint64_t kRequestTimeoutNs = 2'000 * kMs;  // a client's whole request line
-constexpr std::size_t kMaxClients = 8;  // past this, the oldest is dropped
+// Past this, the oldest client that has not sent a whole request is
+// dropped: a client of the user's that keeps connections open without
+// asking (a runaway loop) pushes out its own, never one that asked, nor one
+// that asks at once (its request is read as it is accepted).
+constexpr std::size_t kMaxClients = 64;
 // Other users' (GPUPOOL_NEIGHBOURS=all) may take at most this many: their
 // connections push out their own oldest, never the user's.
 constexpr std::size_t kMaxForeignClients = 4;
 constexpr std::size_t kMaxRequest = 512;
+constexpr int kAcceptsPerRound = 32;  // then the clients' turn
+// A line about refused, dropped or timed-out clients at most this often
+// for each, with how many there were: a flood of connections costs a line
+// per interval, not one per connection.
+constexpr std::uint64_t kQuietNs = 10'000 * kMs;
 // Without a private table: how often a socket the program closed is bound
 // again, and how long a poll() lasts before the numbers are checked again.
 constexpr int kMaxRebuilds = 16;
@@ -99,7 +108,7 @@ void build_listen(State& st) {
     len = socket_address(&addr, name);
     r = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len);
   }
-  if (r != 0 || ::listen(fd.get(), 64) != 0) {
+  if (r != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
     st.listen_error = errno;
     return;
   }
@@ -110,17 +119,46 @@ void build_listen(State& st) {
 
 namespace {
 
+// What the server thread has to say, logged after its round (fork() may
+// hold the log while it waits for the round): each kind of client trouble
+// at most once per kQuietNs, with how many there were meanwhile.
+struct Notes {
+  enum Kind { refused, dropped, timed_out, kinds };
+  std::vector<std::string> lines;
+  std::uint64_t unsaid[kinds] = {}, said_at[kinds] = {};
+  bool said[kinds] = {};
+  template <class Text>
+  void add(Kind k, std::uint64_t now, Text text) {
+    if (said[k] && now - said_at[k] < kQuietNs) {
+      ++unsaid[k];
+      return;
+    }
+    std::string line = text();
+    if (unsaid[k])
+      line += " (and " + std::to_string(unsaid[k]) + " more in the " +
+              std::to_string((now - said_at[k]) / (1000 * kMs)) + " s before)";
+    lines.push_back(std::move(line));
+    unsaid[k] = 0;
+    said_at[k] = now;
+    said[k] = true;
+  }
+};
+
+bool read_request(Client& c, std::uint64_t now, Notes& notes);
+
 // New connections: another user's is refused at once, before anything of
 // theirs is read, unless GPUPOOL_NEIGHBOURS=all lets it ask for a release;
-// the others join the clients (the oldest dropped past the limit).
-// Nothing is logged here (fork() may hold the log while it waits for this
-// work): what to say goes to `notes`, logged after.
-void accept_clients(State& st, std::vector<Client>& clients, std::vector<std::string>& notes) {
+// the others join the clients, with what they have sent already read.
+// Past the limit the oldest client without a whole request makes room
+// (another user's first, for one of theirs); where every one has asked,
+// the new one is turned away.
+void accept_clients(State& st, std::vector<Client>& clients, Notes& notes) {
   const bool all_users = st.rt && st.rt->config.neighbours == config::Neighbours::all;
-  for (int n = 0; n < 16; ++n) {
+  for (int n = 0; n < kAcceptsPerRound; ++n) {
     io::OwnedFd c = io::OwnedFd::adopt(
         accept4(st.listen.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!c.valid()) return;
+    const std::uint64_t now = io::mono_ns();
     ucred cred{};
     socklen_t len = sizeof cred;
     const bool known = getsockopt(c.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
@@ -130,31 +168,43 @@ void accept_clients(State& st, std::vector<Client>& clients, std::vector<std::st
                               std::to_string(geteuid()) + ")\n";
       ssize_t ignored = ::send(c.get(), msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       (void)ignored;
-      notes.push_back("control socket: refused a connection from uid " + std::to_string(cred.uid));
+      notes.add(Notes::refused, now, [&] {
+        return "control socket: refused a connection from uid " + std::to_string(cred.uid);
+      });
       continue;  // closed by c's destructor
-    }
-    const auto oldest_foreign = std::find_if(clients.begin(), clients.end(),
-                                             [](const Client& x) { return x.foreign; });
-    const std::size_t foreign_now = static_cast<std::size_t>(std::count_if(
-        clients.begin(), clients.end(), [](const Client& x) { return x.foreign; }));
-    if (foreign && foreign_now >= kMaxForeignClients) {
-      clients.erase(oldest_foreign);
-    } else if (clients.size() >= kMaxClients) {
-      notes.push_back("control socket: " + std::to_string(kMaxClients) +
-                      " clients at once; dropping the oldest");
-      clients.erase(oldest_foreign != clients.end() ? oldest_foreign : clients.begin());
     }
     Client cl;
     cl.fd = std::move(c);
     cl.foreign = foreign;
-    cl.deadline = io::mono_ns() + kRequestTimeoutNs;
+    cl.deadline = now + kRequestTimeoutNs;
+    if (!read_request(cl, now, notes)) continue;  // closed without asking
+    const auto idle = [&](bool foreign_only) {
+      return std::find_if(clients.begin(), clients.end(), [&](const Client& x) {
+        return !x.answering && (x.foreign || !foreign_only);
+      });
+    };
+    const bool foreign_full =
+        foreign && static_cast<std::size_t>(std::count_if(clients.begin(), clients.end(), [](const Client& x) {
+                     return x.foreign;
+                   })) >= kMaxForeignClients;
+    if (foreign_full || clients.size() >= kMaxClients) {
+      auto victim = idle(true);
+      if (victim == clients.end() && !foreign_full) victim = idle(false);
+      notes.add(Notes::dropped, now, [&] {
+        return "control socket: " + std::to_string(foreign_full ? kMaxForeignClients : kMaxClients) +
+               (foreign_full ? " other users' clients" : " clients") + " at once; " +
+               (victim == clients.end() ? "turned a new one away" : "dropped the oldest that had not asked");
+      });
+      if (victim == clients.end()) continue;
+      clients.erase(victim);
+    }
     clients.push_back(std::move(cl));
   }
 }
 
 // Reads what the client sent. False when the client is done (or given up
 // on); true with c.answering set once its request line is complete.
-bool read_request(Client& c, std::uint64_t now, std::vector<std::string>& notes) {
+bool read_request(Client& c, std::uint64_t now, Notes& notes) {
   char buf[256];
   for (;;) {
     const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
@@ -166,8 +216,10 @@ bool read_request(Client& c, std::uint64_t now, std::vector<std::string>& notes)
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       if (now >= c.deadline) {
-        notes.push_back("control socket: a client sent no complete request within " +
-                        std::to_string(kRequestTimeoutNs / kMs) + " ms; dropped");
+        notes.add(Notes::timed_out, now, [] {
+          return "control socket: a client sent no complete request within " +
+                 std::to_string(kRequestTimeoutNs / kMs) + " ms; dropped";
+        });
         return false;
       }
       return true;
@@ -221,7 +273,7 @@ std::string ask_control(State& st, const Client& c) {
 }
 
 bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& fds,
-                  bool shared_table, int& rebuilds);
+                  Notes& notes, bool shared_table, int& rebuilds);
 
 void server_main(void* arg) {
   State& st = *static_cast<State*>(arg);
@@ -230,6 +282,7 @@ void server_main(void* arg) {
 #endif
   std::vector<Client> clients;
   std::vector<pollfd> fds;
+  Notes notes;
   // Without a private table (io.hpp) the numbers are the program's, which
   // may close them and get them back for its own files: each is checked
   // before every round, and the socket bound again once it is gone.
@@ -240,7 +293,7 @@ void server_main(void* arg) {
     // request's text) costs that round, not the program: an exception
     // leaving this thread would end the process.
     try {
-      if (!server_round(st, clients, fds, shared_table, rebuilds)) return;
+      if (!server_round(st, clients, fds, notes, shared_table, rebuilds)) return;
     } catch (...) {
       internal_failure("gpupool's control socket thread");
       clients.clear();  // their state may be half-made; they ask again
@@ -252,7 +305,7 @@ void server_main(void* arg) {
 // One round of the server: waits for the socket and its clients, reads
 // requests and sends answers. False when the socket is gone for good.
 bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& fds,
-                  bool shared_table, int& rebuilds) {
+                  Notes& notes, bool shared_table, int& rebuilds) {
   {
     if (shared_table) {
       std::erase_if(clients, [](Client& c) {
@@ -289,7 +342,7 @@ bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& 
     const int r = ::poll(fds.data(), fds.size(), timeout_ms);
     if (r < 0 && errno != EINTR) return false;
     std::vector<Client*> asking;
-    std::vector<std::string> notes;
+    notes.lines.clear();
     {
       io::PrivateWork work;  // fork() waits for this, never for the answers
       now = io::mono_ns();
@@ -308,7 +361,7 @@ bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& 
       for (Client& c : clients)
         if (c.answering && c.out.empty()) asking.push_back(&c);
     }
-    for (const std::string& n : notes) log().info("{}", n);
+    for (const std::string& n : notes.lines) log().info("{}", n);
     for (Client* c : asking) {
       log().debug("control socket: '{}'", c->in);
       c->out = ask_control(st, *c);

@@ -23,10 +23,12 @@
 // connection.
 #pragma once
 
+#include <errno.h>
 #include <stddef.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +41,8 @@
 #include <string>
 #include <unordered_set>
 #include <vector>
+
+#include "config/io.hpp"
 
 namespace gpupool::control {
 
@@ -56,6 +60,79 @@ inline socklen_t socket_address(sockaddr_un* addr, const std::string& name) {
   const std::size_t n = std::min(name.size(), sizeof addr->sun_path - 1);
   std::memcpy(addr->sun_path + 1, name.data(), n);
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+// A connection to a process's control socket (reach), or why there is none.
+struct Reached {
+  io::OwnedFd fd;
+  int error = ECONNREFUSED;  // connect()'s, when no name was reached
+  int socket_error = 0;      // socket()'s, when none could be made
+  std::string squatter;      // "pid P, uid U": a name held by another process
+};
+
+// Connects to the process `pid` of `uid` under the first of `names` held by
+// that very process as that user (SO_PEERCRED): a name squatter is skipped,
+// never trusted. Non-blocking; a name whose listen queue is full (EAGAIN:
+// the process is busy or stopped, or others keep the queue full) is tried
+// again, in turn with the other full ones, until `deadline` (io::mono_ns();
+// 0: each tried once): counting it as "nobody there" would make a
+// neighbour see out-of-memory with memory held for it. A squatter that
+// keeps its own queue full holds up no other name.
+inline Reached reach(const std::vector<std::string>& names, long pid, unsigned uid,
+                     std::uint64_t deadline) {
+  Reached out;
+  std::vector<const std::string*> busy;
+  // 1: reached; 0: not there; -1: its queue is full.
+  auto attempt = [&](const std::string& name) {
+    io::OwnedFd fd =
+        io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) {
+      out.socket_error = errno;
+      return 0;
+    }
+    sockaddr_un addr;
+    const socklen_t len = socket_address(&addr, name);
+    int r;
+    while ((r = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len)) != 0 && errno == EINTR) {
+    }
+    if (r != 0) {
+      if (errno == EAGAIN) return -1;
+      if (errno != ECONNREFUSED && errno != ENOENT) out.error = errno;
+      return 0;
+    }
+    ucred cred{};
+    socklen_t clen = sizeof cred;
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.pid != pid ||
+        cred.uid != uid) {
+      out.squatter = "pid " + std::to_string(cred.pid) + ", uid " + std::to_string(cred.uid);
+      return 0;
+    }
+    out.fd = std::move(fd);
+    return 1;
+  };
+  for (const std::string& name : names) {
+    const int r = attempt(name);
+    if (r > 0) return out;
+    if (r < 0) busy.push_back(&name);
+  }
+  std::uint64_t pause_ns = 100'000;
+  while (!busy.empty()) {
+    const std::uint64_t now = io::mono_ns();
+    if (now >= deadline) {
+      out.error = EAGAIN;
+      return out;
+    }
+    const timespec pause{0, static_cast<long>(std::min(pause_ns, deadline - now))};
+    nanosleep(&pause, nullptr);
+    pause_ns = std::min<std::uint64_t>(pause_ns * 2, 5'000'000);
+    for (std::size_t i = 0; i < busy.size();) {
+      const int r = attempt(*busy[i]);
+      if (r > 0) return out;
+      if (r == 0) busy.erase(busy.begin() + static_cast<std::ptrdiff_t>(i));
+      else ++i;
+    }
+  }
+  return out;
 }
 
 // A request line with its deadline (CLOCK_MONOTONIC ns; 0: none).

@@ -43,66 +43,37 @@ std::size_t released_in(const std::string& answer) {
   return static_cast<std::size_t>(std::min<std::uint64_t>(got, SIZE_MAX));
 }
 
-// A connection to `name`, checked to be held by `pid` running as `uid`.
-io::OwnedFd connect_to(const std::string& name, long pid, unsigned uid, std::uint64_t deadline) {
-  io::OwnedFd fd =
-      io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return {};
-  sockaddr_un addr;
-  const socklen_t len = control::socket_address(&addr, name);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-    if (errno != EINPROGRESS && errno != EAGAIN) return {};
-    if (!wait_for(fd.get(), POLLOUT, deadline)) return {};
-    int err = 0;
-    socklen_t el = sizeof err;
-    if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) return {};
-  }
-  ucred cred{};
-  socklen_t cl = sizeof cred;
-  if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid != pid ||
-      cred.uid != uid)
-    return {};
-  return fd;
-}
-
-}  // namespace
-
-namespace {
-
 std::size_t ask_release_here(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
                              std::uint64_t deadline) {
-  for (const std::string& name : control::socket_candidates(uid, pid)) {
-    io::OwnedFd fd = connect_to(name, pid, uid, deadline);
-    if (!fd.valid()) continue;
-    // Dropped by a holder that gets to it after we gave up (stopped, busy).
-    const std::string req = control::request_line(
-        "release " + uuid_text(uuid) + " " + std::to_string(bytes), deadline);
-    std::size_t sent = 0;
-    while (sent < req.size()) {
-      const ssize_t n = ::send(fd.get(), req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) sent += static_cast<std::size_t>(n);
-      else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        if (!wait_for(fd.get(), POLLOUT, deadline)) return 0;
-      } else {
-        return 0;
-      }
+  const io::OwnedFd fd = control::reach(control::socket_candidates(uid, pid), pid, uid, deadline).fd;
+  if (!fd.valid()) return 0;
+  // Dropped by a holder that gets to it after we gave up (stopped, busy).
+  const std::string req =
+      control::request_line("release " + uuid_text(uuid) + " " + std::to_string(bytes), deadline);
+  std::size_t sent = 0;
+  while (sent < req.size()) {
+    const ssize_t n = ::send(fd.get(), req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) sent += static_cast<std::size_t>(n);
+    else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      if (!wait_for(fd.get(), POLLOUT, deadline)) return 0;
+    } else {
+      return 0;
     }
-    std::string in;
-    char buf[256];
-    for (;;) {
-      const ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
-      if (n > 0) {
-        in.append(buf, static_cast<std::size_t>(n));
-        if (in.size() > 4096) return 0;
-        continue;
-      }
-      if (n == 0) break;
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN || !wait_for(fd.get(), POLLIN, deadline)) return 0;
-    }
-    return released_in(in);
   }
-  return 0;
+  std::string in;
+  char buf[256];
+  for (;;) {
+    const ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
+    if (n > 0) {
+      in.append(buf, static_cast<std::size_t>(n));
+      if (in.size() > 4096) return 0;
+      continue;
+    }
+    if (n == 0) break;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN || !wait_for(fd.get(), POLLIN, deadline)) return 0;
+  }
+  return released_in(in);
 }
 
 }  // namespace
@@ -136,39 +107,52 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const Uuid&
   std::set<std::pair<unsigned, long>> reached;  // (uid, pid) asked
   const std::string req =
       control::request_line("release " + uuid_text(uuid) + " " + std::to_string(bytes), deadline);
-  for (const Target& t : targets) {
-    if (asked.size() >= 256) break;
-    if (reached.count({t.uid, t.pid})) continue;
+  // Connects to t and sends the request; false when its queue is full
+  // (busy: tried again while the wait lasts).
+  auto ask_one = [&](const Target& t) {
     io::OwnedFd fd =
         io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd.valid()) break;
+    if (!fd.valid()) return true;
+    // Once, not waiting: one process's full queue must not use up the wait
+    // the others could have answered in.
     sockaddr_un addr;
     const socklen_t len = control::socket_address(&addr, t.name);
-    // A Unix socket connects at once or not at all (a full backlog: busy).
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) continue;
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) return errno != EAGAIN;
     ucred cred{};
     socklen_t cl = sizeof cred;
     if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.pid != t.pid ||
         cred.uid != t.uid)
-      continue;
+      return true;
     // A few dozen bytes into an empty socket buffer: all or nothing.
     if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
-      continue;
+      return true;
     reached.insert({t.uid, t.pid});
     asked.push_back({std::move(fd), {}});
+    return true;
+  };
+  std::vector<const Target*> busy;
+  for (const Target& t : targets) {
+    if (asked.size() + busy.size() >= 256) break;
+    if (reached.count({t.uid, t.pid})) continue;
+    if (!ask_one(t)) busy.push_back(&t);
   }
-  std::size_t released = 0, open = asked.size();
+  std::size_t released = 0;
   std::vector<pollfd> fds;
   // Once enough is released, a process that has not answered (stopped,
   // busy in a long driver call) must not hold up the program: the requests
   // are sent, late answers change nothing.
-  while (open > 0 && released < bytes) {
+  while (released < bytes) {
     const std::uint64_t now = io::mono_ns();
     if (now >= deadline) break;
+    std::erase_if(busy, [&](const Target* t) { return reached.count({t->uid, t->pid}) || ask_one(*t); });
     fds.clear();
     for (const Asked& a : asked)
       if (a.fd.valid()) fds.push_back({a.fd.get(), POLLIN, 0});
-    const int r = ::poll(fds.data(), fds.size(), static_cast<int>((deadline - now) / 1'000'000 + 1));
+    if (fds.empty() && busy.empty()) break;
+    // While some queue is full, looked at again every 2 ms.
+    const std::uint64_t wait_ms = std::min<std::uint64_t>((deadline - now) / 1'000'000 + 1,
+                                                          busy.empty() ? 60'000 : 2);
+    const int r = ::poll(fds.data(), fds.size(), static_cast<int>(wait_ms));
     if (r < 0 && errno != EINTR) break;
     for (Asked& a : asked) {
       if (!a.fd.valid()) continue;
@@ -187,7 +171,6 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const Uuid&
       const std::size_t got = released_in(a.in);
       released += std::min(got, SIZE_MAX - released);
       a.fd = {};
-      --open;
     }
   }
   return released;

@@ -971,6 +971,63 @@ def socket_foreign_flood(tmp):
         p.wait(timeout=60)
 
 
+def socket_idle_flood(tmp):
+    """A client of the user's own that keeps opening connections and never
+    finishes a request (two threads, each keeping its last 100 open) does
+    not make `gpupool stats` fail: before, 25-45% of them did ("closed the
+    connection without answering", "Broken pipe", "queue is full")."""
+    p, ready = start(["serve"], env=env(True))
+    pid = int(ready.split()[1])
+    stop = threading.Event()
+    opened = [0]
+
+    def flood():
+        # Every address of the process's socket, as listed (abstract or a file).
+        names = [("\0" + f[7][1:]) if f[7][0] == "@" else f[7]
+                 for f in (ln.split() for ln in open("/proc/net/unix").read().splitlines()[1:])
+                 if len(f) == 8 and "gpupool" in f[7] and str(pid) in f[7]]
+        held = []
+        while not stop.is_set():
+            for n in names:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.setblocking(False)
+                try:
+                    s.connect(n)
+                    s.send(b"sta")  # never a whole line
+                    opened[0] += 1
+                except OSError:
+                    s.close()
+                    continue
+                held.append(s)
+                if len(held) > 100:
+                    held.pop(0).close()
+        for s in held:
+            s.close()
+
+    threads = [threading.Thread(target=flood) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        failed = []
+        for _ in range(20):
+            r = gp("stats", str(pid), "--timeout", "10")
+            if r.returncode != 0:
+                failed.append(r.stderr.strip())
+        print(f"`gpupool stats` failed {len(failed)} of 20 while {opened[0]} idle connections "
+              f"were opened")
+        check(opened[0] > 0, "the flood opened no connection")
+        check(not failed, f"`gpupool stats` failed {len(failed)} of 20 beside an idle client: "
+              f"{failed[:3]}")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        p.stdin.close()
+        p.wait(timeout=60)
+    check(p.returncode == 0, f"serve exited {p.returncode}")
+
+
 def socket_seccomp(tmp):
     """socket(2) refused by a seccomp filter (tests/host/no_socket.c): the
     warning says why (before: "control socket unavailable (Success)")."""
@@ -1163,6 +1220,7 @@ CHECKS = {
     "socket.other_user": socket_other_user,
     "socket.squatted": socket_squatted,
     "socket.foreign_flood": socket_foreign_flood,
+    "socket.idle_flood": socket_idle_flood,
     "socket.seccomp": socket_seccomp,
     "exit.stderr_blocked": exit_stderr_blocked,
     "memory.contexts": memory_contexts,
