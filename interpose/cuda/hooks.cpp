@@ -129,7 +129,9 @@ CUresult retry_out_of_memory(const Driver& d, int dev, std::size_t bytes, Call&&
     dev = cur;
   }
   const std::string group = device_group(dev);
-  if (rt->pool.release_group(group, SIZE_MAX) == 0 && !node::ask_neighbours(group, bytes)) return r;
+  if (!vmm::escape_ghosts() && rt->pool.release_group(group, SIZE_MAX) == 0 &&
+      !node::ask_neighbours(group, bytes))
+    return r;
   log().debug("cuda: an allocation gpupool does not serve ({} bytes) ran out of memory: "
               "retried after releasing held memory", bytes);
   return call();
@@ -354,6 +356,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_get_info) return kNoDriver;
+  vmm::escape_ghosts();  // memory the program released is free
   const CUresult r = d->mem_get_info(free, total);
   Runtime* rt = runtime();
   if (r != CUDA_SUCCESS || !rt || !free || !total || !d->ctx_get_device) return r;

@@ -5,6 +5,7 @@
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/pointers.hpp"
+#include "interpose/cuda/vmm.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
 
@@ -92,7 +93,7 @@ class DeviceBackend final : public CuContextBackend {
 
   // Other gpupool processes on this GPU may hold what we miss.
   bool relieve(std::size_t bytes) override {
-    return node::ask_neighbours(device_group(st_->dev), bytes);
+    return vmm::escape_ghosts() || node::ask_neighbours(device_group(st_->dev), bytes);
   }
 
  private:

@@ -11,9 +11,17 @@ namespace {
 constexpr std::uint64_t kIdBase = std::uint64_t{1} << 62;
 std::atomic<std::uint64_t> g_next_serial{0};
 
-std::uint64_t buffer_id(std::uint64_t serial, std::uint32_t uses) {
+}  // namespace
+
+std::uint64_t pooled_buffer_id(std::uint64_t serial, std::uint32_t uses) {
   return kIdBase | (serial % (std::uint64_t{1} << 30)) << 32 | uses;
 }
+
+std::uint64_t next_serial() { return g_next_serial.fetch_add(1, std::memory_order_relaxed); }
+
+namespace {
+
+std::uint64_t buffer_id(std::uint64_t serial, std::uint32_t uses) { return pooled_buffer_id(serial, uses); }
 
 char g_unallocated[64];
 
@@ -31,7 +39,7 @@ PtrMap::Entry* PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned
   e->handle = h;
   e->size = size;
   e->st = st;
-  e->serial = g_next_serial.fetch_add(1, std::memory_order_relaxed);
+  e->serial = next_serial();
   e->host_flags = host_flags;
   std::lock_guard rl(ranges_mu_);
   // The driver just gave out [h, h + size): pieces recorded inside it were
@@ -114,7 +122,7 @@ void PtrMap::add_piece(Block* b) {
   e->handle = b->handle;
   e->size = b->size;
   e->block.store(b, std::memory_order_relaxed);
-  e->serial = g_next_serial.fetch_add(1, std::memory_order_relaxed);
+  e->serial = next_serial();
   e->uses.store(1, std::memory_order_relaxed);
   e->piece = true;
   std::lock_guard rl(ranges_mu_);

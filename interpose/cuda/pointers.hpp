@@ -120,6 +120,12 @@ inline PtrMap& host_map() {
   return *m;
 }
 
+// Buffer ids (CU_POINTER_ATTRIBUTE_BUFFER_ID) of pooled memory: far above
+// the driver's own small counters, new at each hand-out of an allocation
+// (serial: the allocation's, from next_serial(); uses: its hand-outs).
+std::uint64_t pooled_buffer_id(std::uint64_t serial, std::uint32_t uses);
+std::uint64_t next_serial();
+
 // A known-unallocated address: queries about pointers that are free from the
 // program's point of view (held blocks, rounding padding) are asked about
 // this address instead, so the program gets the driver's own answer for

@@ -30,7 +30,10 @@ struct Unit {
   std::size_t size = 0;
   CtxState* st = nullptr;
   Block* block = nullptr;   // while active
+  std::uint64_t serial = 0;  // buffer ids (pooled_buffer_id)
+  std::uint32_t uses = 0;    // hand-outs
   bool active = false;      // the pool handed it out
+  bool claimed = false;     // the program took its reservation since the hand-out
   bool handle_out = false;  // the program has the handle (created, not released)
   bool va_out = false;      // ... the reservation (reserved, not freed)
   bool mapped = false;      // ... the handle mapped at the reservation
@@ -85,11 +88,19 @@ void remove_locked(Unit* u) {
   registry().by_va.erase(u->va);
 }
 
+// A driver call on a unit that should not fail; if it does (a driver torn
+// down, a context state the probe did not cover), the log says so.
+void expect_success(CUresult r, const char* what, const Unit& u) {
+  if (r != CUDA_SUCCESS)
+    log().debug("cuda: {} of a virtual memory unit ({} bytes at {:#x}) failed: {}", what, u.size,
+                u.va, int(r));
+}
+
 // The driver frees the unit (its unmap, release and address free).
 void free_in_driver(const Driver& d, const Unit& u) {
-  d.mem_unmap(u.va, u.size);
-  d.mem_release(u.handle);
-  d.mem_address_free(u.va, u.size);
+  expect_success(d.mem_unmap(u.va, u.size), "unmap", u);
+  expect_success(d.mem_release(u.handle), "release", u);
+  expect_success(d.mem_address_free(u.va, u.size), "address free", u);
 }
 
 // The program does something with an active unit that the pool cannot
@@ -99,9 +110,9 @@ void free_in_driver(const Driver& d, const Unit& u) {
 // (Pool::forget, outside the lock).
 Block* escape_locked(const Driver* d, Unit* u) {
   if (d && !u->inherited) {
-    if (!u->mapped) d->mem_unmap(u->va, u->size);
-    if (!u->va_out) d->mem_address_free(u->va, u->size);
-    if (!u->handle_out) d->mem_release(u->handle);
+    if (!u->mapped) expect_success(d->mem_unmap(u->va, u->size), "unmap", *u);
+    if (!u->va_out) expect_success(d->mem_address_free(u->va, u->size), "address free", *u);
+    if (!u->handle_out) expect_success(d->mem_release(u->handle), "release", *u);
   }
   remove_locked(u);
   u->escaped = true;
@@ -144,9 +155,12 @@ void give_back(Block* b) {
   if (Runtime* rt = runtime_if_started()) rt->pool.free(b);
 }
 
+// Plain device memory. Not a tile pool (usage): sparse arrays map those
+// through calls gpupool does not follow.
 bool poolable(const CUmemAllocationProp* prop, unsigned long long flags) {
   return prop && flags == 0 && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
-         prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && !prop->win32HandleMetaData;
+         prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && !prop->win32HandleMetaData &&
+         prop->allocFlags.usage == 0;
 }
 
 class VmmBackend final : public Backend {
@@ -175,6 +189,7 @@ class VmmBackend final : public Backend {
       return failed(r);
     }
     auto* u = new Unit;
+    u->serial = next_serial();
     u->handle = h;
     u->va = va;
     u->size = bytes;
@@ -203,7 +218,7 @@ class VmmBackend final : public Backend {
   }
   void wait_all() override { synchronize_context(st_); }
   bool relieve(std::size_t bytes) override {
-    return node::ask_neighbours(device_group(st_->dev), bytes);
+    return escape_ghosts() || node::ask_neighbours(device_group(st_->dev), bytes);
   }
 
  private:
@@ -258,14 +273,17 @@ std::optional<CUresult> create(const Driver& d, CUmemGenericAllocationHandle* ha
     return std::nullopt;
   }
   auto* u = static_cast<Unit*>(a.block->data);
+  CUmemGenericAllocationHandle h = 0;
   {
     std::lock_guard lock(registry().mu);
     u->block = a.block;
     u->active = u->handle_out = true;
-    u->va_out = u->mapped = false;
+    u->va_out = u->mapped = u->claimed = false;
+    ++u->uses;
+    h = u->handle;  // (once the lock is let go, a context's end may take the unit)
   }
-  t_claim = u->handle;
-  *handle = u->handle;
+  t_claim = h;
+  *handle = h;
   return CUDA_SUCCESS;
 }
 
@@ -279,7 +297,7 @@ CUresult address_reserve(const Driver& d, CUdeviceptr* ptr, size_t bytes, size_t
     if (u && u->active && u->handle_out && !u->va_out && !u->mapped && bytes == u->size &&
         (alignment == 0 || ((alignment & (alignment - 1)) == 0 && u->va % alignment == 0)) &&
         (addr == 0 || addr == u->va)) {
-      u->va_out = true;
+      u->va_out = u->claimed = true;
       *ptr = u->va;
       return CUDA_SUCCESS;
     }
@@ -354,6 +372,10 @@ CUresult release(const Driver& d, CUmemGenericAllocationHandle handle) {
     return pass();
   }
   if (!u->active || !u->handle_out) return kGone;
+  // Never reserved through the pool since its hand-out: the program may
+  // have used the handle where gpupool does not see (a multicast binding,
+  // another reservation it maps later): the driver releases it.
+  if (!u->claimed) return escape_and_pass(d, lock, u, nullptr, pass);
   // Released while mapped, the memory stays until it is unmapped, as in the
   // driver.
   u->handle_out = false;
@@ -422,8 +444,24 @@ PtrInfo find(CUdeviceptr p) {
     i.active = u->active && u->mapped;
     i.base = u->va;
     i.size = i.requested = u->size;
+    i.buffer_id = pooled_buffer_id(u->serial, u->uses);
   }
   return i;
+}
+
+bool escape_ghosts() {
+  if (none()) return false;
+  std::vector<Block*> gone;
+  {
+    const Driver* d = driver();
+    std::lock_guard lock(registry().mu);
+    std::vector<Unit*> ghosts;
+    for (auto& [va, u] : registry().by_va)
+      if (u->active && !u->handle_out && !u->mapped && u->va_out) ghosts.push_back(u);
+    for (Unit* u : ghosts) gone.push_back(escape_locked(exiting() ? nullptr : d, u));
+  }
+  forget(gone);
+  return !gone.empty();
 }
 
 void retire_context(CtxState* st, Pool& pool) {

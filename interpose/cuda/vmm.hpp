@@ -69,6 +69,12 @@ CUresult export_handle(const Driver& d, void* shareable, CUmemGenericAllocationH
 // has it mapped there.
 PtrInfo find(CUdeviceptr p);
 
+// Units the program released and unmapped but whose reservation it keeps
+// (to map something else there later) hold memory nobody can use: on
+// memory pressure they become the program's (their memory goes back to the
+// driver, the reservation stays). True if there were any.
+bool escape_ghosts();
+
 // The backend of one context's units of one set of properties.
 std::unique_ptr<Backend> backend(CtxState* st, const CUmemAllocationProp& prop, bool fenced);
 

@@ -7,7 +7,7 @@
 // usage: cuda_vmm_client MODE SCENARIO
 //   MODE: dlsym (dlopen + dlsym) or procaddr (cuGetProcAddress_v2, as XLA's
 //   CUDA plugin finds the driver)
-//   SCENARIO: xla, expandable, errors, oom, context
+//   SCENARIO: xla, expandable, errors, oom, context, ghost, threads
 // CLIENT_POOLED=1: gpupool is preloaded and must pool (the stand-in's
 // counters show the driver calls it saved). Every check prints what failed
 // and exits 1.
@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include <cstdint>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,7 @@ struct Api {
   decltype(&cuDeviceGet) device_get;
   decltype(&cuDevicePrimaryCtxRetain) primary_retain;
   decltype(&cuCtxSetCurrent) ctx_set_current;
+  decltype(&cuCtxGetCurrent) ctx_get_current;
   decltype(&cuCtxCreate_v4) ctx_create;
   decltype(&cuCtxDestroy_v2) ctx_destroy;
   decltype(&cuCtxSynchronize) ctx_sync;
@@ -96,6 +98,7 @@ void load(const std::string& mode) {
   LOAD(device_get, "cuDeviceGet", "cuDeviceGet");
   LOAD(primary_retain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
   LOAD(ctx_set_current, "cuCtxSetCurrent", "cuCtxSetCurrent");
+  LOAD(ctx_get_current, "cuCtxGetCurrent", "cuCtxGetCurrent");
   LOAD(ctx_create, "cuCtxCreate", "cuCtxCreate_v4");
   LOAD(ctx_destroy, "cuCtxDestroy", "cuCtxDestroy_v2");
   LOAD(ctx_sync, "cuCtxSynchronize", "cuCtxSynchronize");
@@ -300,6 +303,70 @@ void scenario_errors() {
   OK(api.unmap(e.va + 2 * kMiB, 4 * kMiB));
   OK(api.release(e.handle));
   OK(api.address_free(e.va, 8 * kMiB));
+  // Created and released, never reserved (the handle may have gone where
+  // gpupool does not see, a multicast binding, say): the driver releases it.
+  OK(api.create(&h, 4 * kMiB, &prop, 0));
+  OK(api.release(h));
+  CHECK_EQ(api.release(h), CUDA_ERROR_INVALID_VALUE);
+  // A tile pool (sparse arrays): the driver's own.
+  CUmemAllocationProp tiles = prop;
+  tiles.allocFlags.usage = CU_MEM_CREATE_USAGE_TILE_POOL;
+  const uint64_t made = api.counters()->vmm_created;
+  OK(api.create(&h, 4 * kMiB, &tiles, 0));
+  CHECK_EQ(api.counters()->vmm_created, made + 1);
+  OK(api.release(h));
+  check_all_returned();
+}
+
+// Released and unmapped, the reservation kept for later: the memory is free
+// for the program, also for other kinds of allocation (64 MiB device).
+void scenario_ghost() {
+  primary();
+  const CUmemAllocationProp prop = device_prop();
+  for (int round = 0; round < 2; ++round) {
+    Buffer b = xla_allocate(40 * kMiB);
+    fill(b.va, b.size, 2);
+    OK(api.unmap(b.va, b.size));
+    OK(api.release(b.handle));
+    CUdeviceptr p = 0;
+    OK(api.mem_alloc(&p, 40 * kMiB));
+    OK(api.mem_free(p));
+    free_held();
+    // The reservation is still the program's: another handle mapped there.
+    CUmemGenericAllocationHandle h;
+    OK(api.create(&h, 40 * kMiB, &prop, 0));
+    OK(api.map(b.va, b.size, 0, h, 0));
+    grant(b.va, b.size);
+    fill(b.va, b.size, 3);
+    OK(api.unmap(b.va, b.size));
+    OK(api.release(h));
+    OK(api.address_free(b.va, b.size));
+  }
+  check_all_returned();
+}
+
+// Threads allocating and freeing at once: each buffer is its own (the
+// reservation a create's thread asks for next is that create's unit).
+void scenario_threads() {
+  primary();
+  CUcontext ctx;
+  OK(api.ctx_get_current(&ctx));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([t, ctx] {
+      OK(api.ctx_set_current(ctx));
+      for (int i = 0; i < 40; ++i) {
+        const size_t size = size_t(2 + 2 * ((t + i) % 3)) * kMiB;
+        Buffer b = xla_allocate(size);
+        fill(b.va, size, unsigned(t * 1000 + i));
+        std::this_thread::yield();
+        std::vector<uint32_t> expect(1);
+        fill(reinterpret_cast<CUdeviceptr>(expect.data()), 4, unsigned(t * 1000 + i));
+        CHECK_EQ(reinterpret_cast<uint32_t*>(b.va)[0], expect[0]);
+        xla_free(b);
+      }
+    });
+  for (auto& th : threads) th.join();
   check_all_returned();
 }
 
@@ -356,7 +423,7 @@ void scenario_context() {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s dlsym|procaddr xla|expandable|errors|oom|context\n", argv[0]);
+    fprintf(stderr, "usage: %s dlsym|procaddr xla|expandable|errors|oom|context|ghost|threads\n", argv[0]);
     return 2;
   }
   const char* pooled = getenv("CLIENT_POOLED");
@@ -369,6 +436,8 @@ int main(int argc, char** argv) {
   else if (s == "errors") scenario_errors();
   else if (s == "oom") scenario_oom();
   else if (s == "context") scenario_context();
+  else if (s == "ghost") scenario_ghost();
+  else if (s == "threads") scenario_threads();
   else return 2;
   printf("ok\n");
   return 0;
