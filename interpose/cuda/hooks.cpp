@@ -502,12 +502,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* d
 } GPUPOOL_FALLBACK(mem_alloc_from_pool_ptsz, dptr, bytes, pool, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeAsync(CUdeviceptr p, CUstream s) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_free_async) return kNoDriver;
   return free_async(p, s, d->mem_free_async);
 } GPUPOOL_FALLBACK(mem_free_async, p, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_free_async_ptsz) return kNoDriver;
   return free_async(p, s, d->mem_free_async_ptsz);
@@ -516,6 +518,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream
 // A release threshold the program sets is its own from then on.
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                                            void* value) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_pool_set_attribute) return kNoDriver;
   const CUresult r = d->mem_pool_set_attribute(pool, attr, value);
@@ -527,6 +530,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolSetAttribute(CUmemoryPool pool, CU
 // what the program would see without gpupool.
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                                            void* value) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_pool_get_attribute) return kNoDriver;
   const CUresult r = d->mem_pool_get_attribute(pool, attr, value);
@@ -538,6 +542,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolGetAttribute(CUmemoryPool pool, CU
 } GPUPOOL_FALLBACK(mem_pool_get_attribute, pool, attr, value)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolDestroy(CUmemoryPool pool) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_pool_destroy) return kNoDriver;
   const CUresult r = d->mem_pool_destroy(pool);
@@ -547,6 +552,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolDestroy(CUmemoryPool pool) noexcep
 } GPUPOOL_FALLBACK(mem_pool_destroy, pool)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->device_set_mem_pool) return kNoDriver;
   const CUresult r = d->device_set_mem_pool(dev, pool);
@@ -555,18 +561,21 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuDeviceSetMemPool(CUdevice dev, CUmemoryPo
 } GPUPOOL_FALLBACK(device_set_mem_pool, dev, pool)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture(CUstream s) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture_v1) return kNoDriver;
   return begin_capture(s, false, [&] { return d->begin_capture_v1(s); });
 } GPUPOOL_FALLBACK(begin_capture_v1, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_ptsz(CUstream s) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture_v1_ptsz) return kNoDriver;
   return begin_capture(s, true, [&] { return d->begin_capture_v1_ptsz(s); });
 } GPUPOOL_FALLBACK(begin_capture_v1_ptsz, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture) return kNoDriver;
   return begin_capture(s, false, [&] { return d->begin_capture(s, mode); });
@@ -574,6 +583,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_v2(CUstream s, CUstrea
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_v2_ptsz(CUstream s,
                                                                   CUstreamCaptureMode mode) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture_ptsz) return kNoDriver;
   return begin_capture(s, true, [&] { return d->begin_capture_ptsz(s, mode); });
@@ -582,6 +592,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_v2_ptsz(CUstream s,
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph(
     CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data, size_t n,
     CUstreamCaptureMode mode) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture_to_graph) return kNoDriver;
   return begin_capture(s, false, [&] { return d->begin_capture_to_graph(s, g, deps, data, n, mode); });
@@ -590,6 +601,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph(
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph_ptsz(
     CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data, size_t n,
     CUstreamCaptureMode mode) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture_to_graph_ptsz) return kNoDriver;
   return begin_capture(s, true,
@@ -597,12 +609,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph_ptsz(
 } GPUPOOL_FALLBACK(begin_capture_to_graph_ptsz, s, g, deps, data, n, mode)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamEndCapture(CUstream s, CUgraph* g) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->end_capture) return kNoDriver;
   return end_capture(*d, s, false, [&] { return d->end_capture(s, g); });
 } GPUPOOL_FALLBACK(end_capture, s, g)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) noexcept try {
+  const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->end_capture_ptsz) return kNoDriver;
   return end_capture(*d, s, true, [&] { return d->end_capture_ptsz(s, g); });
