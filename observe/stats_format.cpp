@@ -152,13 +152,16 @@ std::string to_text(const Report& r) {
   std::size_t name_w = 24;
   for (const auto& b : r.arenas) name_w = std::max(name_w, b.name.size() + (b.retired ? 10 : 0));
   name_w = std::min<std::size_t>(name_w, 48);
+  std::size_t kind_w = 9;  // "cuda-host"; "cuda-async" and "opencl-svm" are one more
+  for (const auto& b : r.arenas) kind_w = std::max(kind_w, b.kind.size());
+  kind_w = std::min<std::size_t>(kind_w, 16);
 
-  out += pad("arena", name_w) + "  " + pad("kind", 9) + "  " + pad("active", 18, true) + "  " +
+  out += pad("arena", name_w) + "  " + pad("kind", kind_w) + "  " + pad("active", 18, true) + "  " +
          pad("held", 18, true) + "  " + pad("managed", 10, true) + "  " +
          pad("peak mgd", 10, true) + "  " + pad("hits", 10, true) + "  " + pad("misses", 8, true) +
          "  " + pad("hit%", 6, true) + "\n";
   auto row = [&](const std::string& name, const std::string& kind, const Stats& s) {
-    out += pad(name, name_w) + "  " + pad(kind, 9) + "  " +
+    out += pad(name, name_w) + "  " + pad(kind, kind_w) + "  " +
            pad(blocks_bytes(s.active_blocks, s.active_bytes), 18, true) + "  " +
            pad(blocks_bytes(s.held_blocks, s.held_bytes), 18, true) + "  " +
            pad(human_bytes(s.managed_bytes), 10, true) + "  " +

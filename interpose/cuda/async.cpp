@@ -34,6 +34,7 @@ struct AsyncPool {
   std::atomic<std::uint64_t> uses{0};
   std::atomic<std::uint64_t> last_reserved{0};
   std::atomic<std::uint64_t> hits{0}, misses{0};
+  std::atomic<std::uint64_t> last_read_ns{0};  // of last_reserved (async_allocated)
   // What the last trim could not give back (frees not yet executed), as of
   // `uses` then: not offered again until the program uses the pool.
   std::atomic<std::uint64_t> stuck{0}, stuck_at{UINT64_MAX};
@@ -79,6 +80,8 @@ Captures::Capture capture_key(CUstream s, bool ptsz) {
   const bool per_thread = s == CU_STREAM_PER_THREAD || (ptsz && s == nullptr);
   return {per_thread ? CU_STREAM_PER_THREAD : s, per_thread ? static_cast<long>(syscall(SYS_gettid)) : 0};
 }
+
+constexpr std::uint64_t kReadEveryNs = 1'000'000;
 
 bool capturing() { return captures().count.load(std::memory_order_acquire) > 0; }
 
@@ -262,6 +265,17 @@ void async_allocated(const Driver& d, AsyncPool* p, CUresult r) {
   p->uses.fetch_add(1, std::memory_order_acq_rel);
   // A captured allocation is the graph's, not the pool's.
   if (capturing()) return;
+  // The pool's reserved bytes are read at most once a millisecond: a driver
+  // call on every allocation costs what pooling saves a host-bound loop.
+  // A reading that finds the pool grown counts one miss; the other
+  // allocations count as hits.
+  const std::uint64_t t = Pool::now_ns();
+  std::uint64_t last = p->last_read_ns.load(std::memory_order_relaxed);
+  if (t - last < kReadEveryNs ||
+      !p->last_read_ns.compare_exchange_strong(last, t, std::memory_order_relaxed)) {
+    p->hits.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   const std::uint64_t now = attribute(d, *p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, p->reserved);
   const std::uint64_t before = p->last_reserved.exchange(now, std::memory_order_relaxed);
   (now > before ? p->misses : p->hits).fetch_add(1, std::memory_order_relaxed);

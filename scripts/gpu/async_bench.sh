@@ -136,7 +136,7 @@ done
 # Held memory given back: free-held, then an arriving neighbour.
 hold_check() {  # what: free-held | neighbour
   local total_mib; total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
-  coproc H { env LD_PRELOAD="$LIB" GPUPOOL_STATS_AT_EXIT=1 GPUPOOL_STATS_FILE="$PWD/stats.hold.$1.txt" ./steps 20 $((total_mib * 60 / 100)); }
+  coproc H { exec env LD_PRELOAD="$LIB" GPUPOOL_STATS_AT_EXIT=1 GPUPOOL_STATS_FILE="$PWD/stats.hold.$1.txt" ./steps 20 $((total_mib * 60 / 100)); }
   local line; read -r line <&"${H[0]}"; read -r line <&"${H[0]}"
   [ "$line" = held ] || { echo "$1: holder said '$line'"; return; }
   sleep 2
