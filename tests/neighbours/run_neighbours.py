@@ -354,6 +354,18 @@ elif CHECK == "async":
     check(held == HOLD_BLOCKS * BLOCK_MIB * MIB, f"gpupool ps shows {held} bytes held by the holder")
     check(n == full, f"asking the holder, the neighbour got {n} of {full} blocks: {herr[-600:]}")
     check("for another gpupool process" in herr, f"holder did not say it released: {herr[-500:]}")
+    # A process that is not gpupool's arrives (as in "arrival"): the pool,
+    # idle since its last allocation, is trimmed for it.
+    shared = fresh()
+    h = Holder(shared, True, kind="async", **{**NO_WATCH, "GPUPOOL_ARRIVAL_IDLE": "300ms"})
+    time.sleep(0.5)
+    try:
+        n, _, _, _ = grab(shared, False, NEIGHBOUR_START_DELAY_MS=300, STANDIN_CONTEXT_BYTES=512)
+    finally:
+        herr = h.finish()
+    # (its context takes 512 bytes: one block fewer at most)
+    check(n >= raw - 1, f"an arriving process got {n} of {raw} blocks: {herr[-600:]}")
+    check("arrived on the GPU" in herr, f"the holder did not say why it released: {herr[-600:]}")
 
 elif CHECK == "self":
     # Pressure the holder makes itself is not a reason to release: a process
