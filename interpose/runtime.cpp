@@ -2,7 +2,10 @@
 
 #include <time.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <string.h>
 
 #include <cstdlib>
@@ -86,6 +89,18 @@ void fork_child() {
   g_renew_control.store(true, std::memory_order_release);
 }
 
+// The _exit() after gpupool's in the symbol order (libc's, or another
+// preloaded library's), found when the runtime starts: never looked up
+// inside _exit, which a signal handler or a forked child may call.
+using ExitFn = void (*)(int);
+std::atomic<ExitFn> g_next_exit{nullptr};
+
+[[noreturn]] void quick_exit_now(int status) noexcept {
+  control::at_quick_exit();
+  if (ExitFn next = g_next_exit.load(std::memory_order_relaxed)) next(status);
+  for (;;) syscall(SYS_exit_group, status);  // what glibc's _exit does
+}
+
 PoolOptions pool_options(const config::Config& c) {
   PoolOptions o;
   o.leading_bits = c.leading_bits;
@@ -143,6 +158,7 @@ Runtime* create() {
   set_fork_handlers(ForkPart::files, {io::private_fork_prepare, io::private_fork_parent,
                                       io::private_fork_child, nullptr});
   pthread_atfork(fork_prepare, fork_parent, fork_child);
+  g_next_exit.store(reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit")), std::memory_order_relaxed);
   log().debug("runtime started: leading_bits={} hold={}", cfg.leading_bits, cfg.hold);
   return rt;
 }
@@ -209,3 +225,9 @@ std::uint64_t internal_failures() noexcept {
 }
 
 }  // namespace gpupool
+
+// A process that ends without its exit handlers (os._exit, multiprocessing's
+// children, a C program's _exit) still leaves whole files
+// (control::at_quick_exit).
+GPUPOOL_EXPORT void _exit(int status) noexcept { gpupool::quick_exit_now(status); }
+GPUPOOL_EXPORT void _Exit(int status) noexcept { gpupool::quick_exit_now(status); }

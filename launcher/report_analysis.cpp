@@ -517,6 +517,7 @@ Report analyse(const std::vector<trace::TraceFile>& traces,
     v->path = traces[k].path;
     v->start_unix_ns = traces[k].start_unix_ns;
     v->offset_ns = traces[k].start_unix_ns - t0;
+    v->unclosed = !traces[k].ended;
   };
   if (traces.size() == 1) {
     out.all = Analysis({source(0, true)}, false).run();

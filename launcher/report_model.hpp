@@ -97,6 +97,9 @@ struct View {
   std::uint64_t start_unix_ns = 0, offset_ns = 0;  // offset: from the earliest trace's start
   std::uint64_t duration_ns = 0, allocations = 0, frees = 0, hits = 0;
   bool sites_recorded = false;
+  // One process whose trace has no end record: it ended without closing it
+  // (a kill, or an exit that went around libc's _exit).
+  bool unclosed = false;
   std::uint64_t span_ns = 1;  // of the plots' time axis
   std::size_t points = 0;     // per plotted series
   std::vector<Group> groups;
@@ -173,5 +176,7 @@ std::string summary_text(const View& v);
 std::string runs_title(const Report& r);
 // "python3 train.py (pid 42)", or "pid 42" where the trace has no command line.
 std::string process_title(const View& v);
+// What a process whose trace has no end is said to be ("" for the others).
+std::string unclosed_text(const View& v);
 
 }  // namespace gpupool::launcher::report

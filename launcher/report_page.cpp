@@ -245,7 +245,12 @@ std::string script_data(const std::string& d) {
 std::string process_title(const View& v) {
   std::string cmd = v.cmdline;
   if (cmd.size() > 100) cmd = cmd.substr(0, 97) + "...";
-  return cmd.empty() ? "pid " + num(v.pid) : cmd + " (pid " + num(v.pid) + ")";
+  return (cmd.empty() ? "pid " + num(v.pid) : cmd + " (pid " + num(v.pid) + ")") +
+         (v.unclosed ? ", " + unclosed_text(v) : "");
+}
+
+std::string unclosed_text(const View& v) {
+  return v.unclosed ? "ended without closing its trace: os._exit or a kill" : "";
 }
 
 std::string page(const Report& r) {
@@ -273,7 +278,9 @@ std::string page(const Report& r) {
            html_escape(p.cmdline.empty() ? "(not in the trace)" : p.cmdline) + "</td><td>+" +
            seconds_text(p.offset_ns) + "</td><td>" + num(p.allocations) + "</td><td>" +
            bytes_text(p.peak.at.bytes) + "</td><td>" + bytes_text(p.end.total.bytes) +
-           "</td><td class=\"l\">" + html_escape(p.path) + "</td></tr>\n";
+           "</td><td class=\"l\">" + html_escape(p.path) +
+           (p.unclosed ? " <span class=\"note\">(" + unclosed_text(p) + ")</span>" : "") +
+           "</td></tr>\n";
     h += "</table>\n<p class=\"note\">started: after the first trace started; times in \"All "
          "processes\" count "
          "from then, each process's own from its trace's start.</p>\n<h2>All processes</h2>\n";

@@ -173,7 +173,8 @@ std::string text(const Report& r) {
          pad_right(seconds_text(p.offset_ns), 9) + " peak " +
          pad_left(bytes_text(p.peak.at.bytes), 10) + ", at the end " +
          pad_left(bytes_text(p.end.total.bytes), 10) + "  " +
-         (p.cmdline.empty() ? "" : p.cmdline + "  ") + "(" + p.path + ")\n";
+         (p.cmdline.empty() ? "" : p.cmdline + "  ") + "(" + p.path + ")" +
+         (p.unclosed ? "  " + unclosed_text(p) : "") + "\n";
   o += "\n== All processes (times from the first trace's start)\n" + view_text(r.all, true);
   if (r.processes.size() > kTextProcesses)
     o += "\n(Each process on its own is left out with more than " + num(kTextProcesses) +

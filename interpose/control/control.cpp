@@ -13,6 +13,7 @@
 
 #include "config/log.hpp"
 #include "interpose/control/internal.hpp"
+#include "interpose/hook_scope.hpp"
 
 #ifndef GPUPOOL_VERSION
 #define GPUPOOL_VERSION "unknown"
@@ -416,6 +417,16 @@ void at_exit() noexcept {
     at_exit_locked_dump();
   } catch (...) {
     internal_failure("gpupool's exit handler");
+  }
+}
+
+void at_quick_exit() noexcept {
+  State* st = state();
+  if (!st || !st->rt || !st->tracer || inside_hook() || exiting()) return;
+  try {
+    st->tracer->finish();
+  } catch (...) {
+    internal_failure("_exit");
   }
 }
 

@@ -30,6 +30,13 @@ void restart(Runtime& runtime);
 // a bounded time for a dump in progress; the control thread stops.
 void at_exit() noexcept;
 
+// _exit() or _Exit() (exported by runtime.cpp): the process ends without its
+// exit handlers (multiprocessing's children, os._exit). What would be lost
+// is written first: the trace's buffered records and its end. Nothing when
+// a signal handler interrupted gpupool on this thread (its locks may be
+// held) or in a vfork() child (the parent's memory; trace.cpp).
+void at_quick_exit() noexcept;
+
 // A report of the pool now. `reason` ends up in the dump ("signal", ...).
 stats::Report report(Runtime& runtime, const char* reason);
 // The report rendered as the text table or one JSON object (with newline).

@@ -116,6 +116,8 @@ struct Tracer::Impl {
   std::string passed_over;  // the name another live process held, if any
   io::OwnedFd file;         // under write_mu; held (config/outputs.hpp)
   bool disabled = false;    // a forked child until renew_in_child
+  bool ended = false;       // under write_mu: "# end" written
+  pid_t pid = getpid();     // the process whose file this is (renew_in_child)
   // A forked child's file is opened with its first records: a child that
   // never allocates (a fork to exec another program) leaves no file.
   bool open_pending = false;
@@ -388,9 +390,13 @@ void Tracer::flush() {
 }
 
 void Tracer::finish() {
+  // A vfork() child runs in its parent's memory: the parent's records and
+  // file are not its to write.
+  if (getpid() != impl_->pid) return;
   flush();
   std::lock_guard lock(impl_->write_mu);
-  if (impl_->disabled || impl_->open_pending) return;
+  if (impl_->disabled || impl_->open_pending || impl_->ended) return;
+  impl_->ended = true;
   char line[40] = "# end ";
   char* p = put_dec(line + 6, io::mono_ns() - impl_->t0);
   *p++ = '\n';
@@ -456,6 +462,8 @@ void Tracer::renew_in_child() {
   for (ThreadBuf* b = t.bufs.load(std::memory_order_acquire); b; b = b->next)
     b->tail.store(b->head.load(std::memory_order_relaxed), std::memory_order_relaxed);
   t.open_pending = true;
+  t.ended = false;
+  t.pid = getpid();
   t.disabled = false;
 }
 

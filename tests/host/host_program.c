@@ -30,6 +30,8 @@
  *   fork-trace       allocate/free 150 times, keep one block across a fork
  *                    of a child that does 10
  *   exit             allocate for 1.5 s, then exit()
+ *   quick-exit       allocate/free 20 times, keep 5 MiB, then _exit(0)
+ *                    (no exit handler runs)
  *   family           allocate/free 30 times, then start two children that
  *                    do the same: a fork (CUDA: in a context of its own)
  *                    doing 10, and a fork+exec of `host_program API churn
@@ -706,6 +708,11 @@ int main(int argc, char** argv) {
   if (!strcmp(s, "fork-signal") && argc == 4) return fork_signal_scenario(atoi(argv[3]));
   if (!strcmp(s, "fork-trace")) return fork_trace_scenario();
   if (!strcmp(s, "exit")) return exit_scenario();
+  if (!strcmp(s, "quick-exit")) {
+    churn(20);
+    gpu_alloc((size_t)5 << 20);
+    _exit(0);
+  }
   if (!strcmp(s, "contexts") && argc == 4) return contexts_scenario(atoi(argv[3]));
   if (!strcmp(s, "spawn")) return spawn_scenario(argv[0], argv[1]);
   if (!strcmp(s, "probe")) return probe_scenario();

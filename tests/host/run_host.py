@@ -36,6 +36,8 @@ STANDIN = os.environ.get("STANDIN_DIR", "")
 SANITIZER_RUNTIME = ":".join(p for p in PRELOAD.split(":") if "gpupool" not in p)
 SANITIZER = os.environ.get("GPUPOOL_TEST_SANITIZER", "")
 ROOT = os.geteuid() == 0
+# Debian's python3-pyopencl is /usr/bin/python3's.
+PYTHON_SYSTEM = "/usr/bin/python3"
 OTHER_UID = 65534
 failures = []
 
@@ -385,6 +387,54 @@ def fork_files(tmp):
               f"the child's trace {one}.{child}: pid {tpid}, {n}")
     else:  # a child that recorded nothing leaves no file
         check(not os.path.exists(f"{one}.{child}"), f"{one}.{child}: {lines(f'{one}.{child}')}")
+
+
+def exit_quick(tmp):
+    """A process that ends without its exit handlers (_exit, Python's
+    os._exit, which multiprocessing's children end with) leaves a whole
+    trace: every record, its end, and its leak in the report (before: a
+    header and no record, "at the end 0 B"). A killed one is named in the
+    report as such."""
+    def report_of(path):
+        r = subprocess.run([LAUNCHER, "report", "--text", path], capture_output=True, text=True,
+                           timeout=120, env=env(False))
+        check(r.returncode == 0, f"report {path}: {r.stderr[-1500:]}")
+        return r.stdout
+
+    def whole(path, allocations, frees, what):
+        body = lines(path)
+        recs = [ln.split() for ln in body if ln and ln[0] in "af"]
+        check(sum(r[0] == "a" for r in recs) == allocations and
+              sum(r[0] == "f" for r in recs) == frees,
+              f"{what}: {sum(r[0] == 'a' for r in recs)} allocations, "
+              f"{sum(r[0] == 'f' for r in recs)} frees, expected {allocations} and {frees}")
+        check(any(ln.startswith("# end ") for ln in body), f"{what}: no end record")
+        text = report_of(path)
+        check("Still held at the end (5.0 MiB in 1 block)" in text and
+              "without closing" not in text, f"{what}: report says\n{text[:1500]}")
+
+    f = os.path.join(tmp, "c.trace")
+    r = run_gp(["--trace", f, "--set", "SITES=all", "--", PROGRAM, API, "quick-exit"])
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-1500:]}")
+    whole(f, 21, 20, "_exit")
+    if API == "opencl" and subprocess.run([PYTHON_SYSTEM, "-c", "import pyopencl"],
+                                          capture_output=True).returncode == 0:
+        f = os.path.join(tmp, "py.trace")
+        script = ("import os, pyopencl as cl\n"
+                  "ctx = cl.Context(cl.get_platforms()[0].get_devices())\n"
+                  "kept = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 5 << 20)\n"
+                  "os._exit(0)\n")
+        r = run_gp(["--trace", f, "--set", "SITES=all", "--", PYTHON_SYSTEM, "-c", script])
+        check(r.returncode == 0, f"python exit {r.returncode}: {r.stderr[-1500:]}")
+        whole(f, 1, 0, "os._exit")
+    # Killed: records up to the last flush, no end, and the report says so.
+    f = os.path.join(tmp, "killed.trace")
+    p, _ = start(["serve"], env=env(True, GPUPOOL_TRACE_FILE=f))
+    p.kill()
+    p.communicate(timeout=60)
+    text = report_of(f)
+    check("ended without closing its trace: os._exit or a kill" in text,
+          f"killed: report says\n{text[:1500]}")
 
 
 # ---- several processes ------------------------------------------------------
@@ -1208,6 +1258,7 @@ CHECKS = {
     "fork.busy": fork_busy,
     "fork.alloc": fork_alloc,
     "fork.signal": fork_signal,
+    "exit.quick": exit_quick,
     "fork.files": fork_files,
     "procs.trace": procs_trace,
     "procs.prometheus": procs_prometheus,
