@@ -347,6 +347,15 @@ void capture_maybe_ended(const Driver& d, CUstream s, bool ptsz) {
   captures().count.fetch_sub(1, std::memory_order_acq_rel);
 }
 
+void capture_stream_destroyed(CUstream s) {
+  auto& v = captures().ongoing;
+  const auto gone = std::remove_if(v.begin(), v.end(), [&](const Captures::Capture& c) {
+    return c.stream == s && c.thread == 0;
+  });
+  captures().count.fetch_sub(static_cast<std::size_t>(v.end() - gone), std::memory_order_acq_rel);
+  v.erase(gone, v.end());
+}
+
 void async_fork_prepare() {
   registry().mu.lock();
   captures().mu.lock();

@@ -64,6 +64,8 @@ class CaptureChange {
 void capture_started(CUstream s, bool ptsz);
 bool stream_capturing();  // a capture is under way in the process
 void capture_maybe_ended(const Driver& d, CUstream s, bool ptsz);
+// The stream was destroyed: a capture on it is over.
+void capture_stream_destroyed(CUstream s);
 
 // fork(): the registry's and the capture's locks (contexts.cpp's handlers
 // call these in rank order); in the child, the parent's pools are retired

@@ -30,6 +30,7 @@ using PFN_begin_capture_to_graph = CUresult (*)(CUstream, CUgraph, const CUgraph
                                                 const CUgraphEdgeData*, size_t, CUstreamCaptureMode);
 using PFN_end_capture = CUresult (*)(CUstream, CUgraph*);
 using PFN_is_capturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+using PFN_stream = CUresult (*)(CUstream);
 
 // Every export we hook: X(export name, Driver field). The hook for export N
 // is the hidden function gpupool_hook_N (hooks.cpp), exported as N.
@@ -64,6 +65,8 @@ using PFN_is_capturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
   X(cuStreamBeginCaptureToGraph_ptsz, begin_capture_to_graph_ptsz, PFN_begin_capture_to_graph) \
   X(cuStreamEndCapture, end_capture, PFN_end_capture)                                     \
   X(cuStreamEndCapture_ptsz, end_capture_ptsz, PFN_end_capture)                           \
+  X(cuStreamDestroy, stream_destroy_v1, PFN_stream)                                       \
+  X(cuStreamDestroy_v2, stream_destroy, PFN_stream)                                       \
   X(cuMemCreate, mem_create, decltype(&::cuMemCreate))                                    \
   X(cuMemRelease, mem_release, decltype(&::cuMemRelease))                                 \
   X(cuMemAddressReserve, mem_address_reserve, decltype(&::cuMemAddressReserve))           \

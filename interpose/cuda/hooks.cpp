@@ -622,6 +622,27 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamEndCapture_ptsz(CUstream s, CUgraph
   return end_capture(*d, s, true, [&] { return d->end_capture_ptsz(s, g); });
 } GPUPOOL_FALLBACK(end_capture_ptsz, s, g)
 
+// A stream destroyed while it captured captures no more.
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy(CUstream s) noexcept try {
+  const HookScope hook_scope;
+  const Driver* d = driver();
+  if (!d || !d->stream_destroy_v1) return kNoDriver;
+  CaptureChange change;
+  const CUresult r = d->stream_destroy_v1(s);
+  if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
+  return r;
+} GPUPOOL_FALLBACK(stream_destroy_v1, s)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy_v2(CUstream s) noexcept try {
+  const HookScope hook_scope;
+  const Driver* d = driver();
+  if (!d || !d->stream_destroy) return kNoDriver;
+  CaptureChange change;
+  const CUresult r = d->stream_destroy(s);
+  if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
+  return r;
+} GPUPOOL_FALLBACK(stream_destroy, s)
+
 // Physical memory of the virtual memory API (XLA's platform allocator,
 // PyTorch's expandable segments): pooled in units where the program uses
 // the API as that allocator does (vmm.hpp), else the driver's, on the

@@ -276,6 +276,12 @@ void scenario_capture() {
   OK(cuStreamEndCapture(s, &g));
   gpupool_call("gpupool_free_held");
   CHECK_EQ(reserved(pool), 0u);
+  // A capture whose stream is destroyed is over too.
+  CHECK_EQ(step(&cuMemAllocAsync, nullptr, 1), expected_sum(1));
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(cuStreamDestroy(s));
+  gpupool_call("gpupool_free_held");
+  CHECK_EQ(reserved(pool), 0u);
   CHECK_EQ(snap().trims_refused, 0u);
 }
 

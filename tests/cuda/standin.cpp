@@ -1429,6 +1429,9 @@ SI(CUresult, cuStreamDestroy_v2, (CUstream s)) {
   Stream* st = stream_of(s);
   if (!st || st->magic != kStreamMagic || !st->alive) return CUDA_ERROR_INVALID_HANDLE;
   st->alive = false;
+  // Its capture, if any, ends with it.
+  if (st->capturing && st->global_capture) --g_global_captures;
+  st->capturing = false;
   return CUDA_SUCCESS;
 }
 
