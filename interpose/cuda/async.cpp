@@ -87,10 +87,12 @@ bool capturing() { return captures().count.load(std::memory_order_acquire) > 0; 
 
 // ---- the pool's attributes ---------------------------------------------------
 
+// The driver's answer, else (exit, or a capture under way, where gpupool
+// makes no call it does not have to) its last one.
 std::uint64_t attribute(const Driver& d, AsyncPool& p, CUmemPool_attribute a,
                         std::atomic<std::uint64_t>& last) {
   cuuint64_t v = 0;
-  if (!exiting() && d.mem_pool_get_attribute &&
+  if (!exiting() && !capturing() && d.mem_pool_get_attribute &&
       d.mem_pool_get_attribute(p.pool, a, &v) == CUDA_SUCCESS)
     last.store(v, std::memory_order_relaxed);
   return last.load(std::memory_order_relaxed);
