@@ -4,10 +4,23 @@
 // implementation. gpupool's own threads block every signal and are never
 // the program's to cancel, so they need none.
 //
-// What it is for: a signal handler may interrupt the thread anywhere inside,
-// holding any of gpupool's locks. A fork() or _exit() from that handler
-// must then take none of them (runtime.cpp, control.cpp).
+// What it is for:
+// - A signal handler may interrupt the thread anywhere inside, holding any
+//   of gpupool's locks. A fork() or _exit() from that handler must then take
+//   none of them (runtime.cpp, control.cpp).
+// - No hook acts on a thread cancellation: a cancellation point inside
+//   (a condition wait, poll, write, the driver's own waits) would unwind
+//   through gpupool's frames, which do not expect it. pthread_setcancelstate
+//   costs two atomic updates of the thread's state (45 ns a pair here), too
+//   much for the hit path, so gpupool sees cancellations instead: its
+//   pthread_cancel (hook_scope.cpp) marks the process, from then on every
+//   hook holds cancellation off for its whole length, and a cancellation
+//   of a thread already inside an unguarded hook is delivered as it leaves.
+//   Until a program first calls pthread_cancel, a hook pays two thread-local
+//   updates and one load.
 #pragma once
+
+#include <pthread.h>
 
 #include <atomic>
 
@@ -16,23 +29,53 @@
 namespace gpupool {
 
 namespace detail {
-extern GPUPOOL_HOT_TLS unsigned t_hook_depth;
+struct HookThread {
+  std::atomic<unsigned> depth{0};     // nested entry points; read by pthread_cancel
+  std::atomic<bool> deferred{false};  // a cancellation to deliver as the thread leaves
+  bool registered = false;            // in the list pthread_cancel reads (once a thread)
+  bool guarded = false;               // cancellation held off by this scope
+  int old_state = 0;                  // the program's cancel state, given back at the exit
+  pthread_t self{};
+  HookThread* next = nullptr;  // the list, under its lock
+};
+extern GPUPOOL_HOT_TLS HookThread t_hook;
+extern std::atomic<bool> g_cancels_seen;  // the program cancelled a thread once
+
+void enter_outermost(HookThread& t) noexcept;  // registration, cancellation held off
+void leave_outermost(HookThread& t) noexcept;  // the program's state back, then as below
+void deliver_deferred(HookThread& t) noexcept;  // a cancellation that came while inside
 }  // namespace detail
 
 // True while this thread is inside one of gpupool's entry points.
-inline bool inside_hook() { return detail::t_hook_depth != 0; }
+inline bool inside_hook() {
+  return detail::t_hook.depth.load(std::memory_order_relaxed) != 0;
+}
 
 class HookScope {
  public:
-  // The fences keep the count around every lock inside (a compiler barrier
-  // only: a handler on this thread sees the thread's own order).
+  // The count goes up before anything inside and down after everything
+  // (the fences: a compiler barrier only, a handler on this thread sees the
+  // thread's own order; pthread_cancel's side is a membarrier).
   HookScope() noexcept {
-    ++detail::t_hook_depth;
+    detail::HookThread& t = detail::t_hook;
+    const unsigned d = t.depth.load(std::memory_order_relaxed);
+    t.depth.store(d + 1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (d == 0 && (!t.registered || detail::g_cancels_seen.load(std::memory_order_relaxed)))
+      detail::enter_outermost(t);
   }
   ~HookScope() {
+    detail::HookThread& t = detail::t_hook;
+    const unsigned d = t.depth.load(std::memory_order_relaxed);
+    if (d == 1 && t.guarded) {
+      detail::leave_outermost(t);
+      return;
+    }
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    --detail::t_hook_depth;
+    t.depth.store(d - 1, std::memory_order_relaxed);
+    // Out first, then the check (pthread_cancel: mark, membarrier, look).
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (d == 1 && t.deferred.load(std::memory_order_relaxed)) detail::deliver_deferred(t);
   }
   HookScope(const HookScope&) = delete;
   HookScope& operator=(const HookScope&) = delete;

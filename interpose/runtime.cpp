@@ -21,7 +21,6 @@
 namespace gpupool {
 
 std::atomic<Runtime*> detail::g_runtime{nullptr};
-GPUPOOL_HOT_TLS unsigned detail::t_hook_depth = 0;
 std::atomic<bool> detail::g_renew_control{false};
 
 namespace {

@@ -25,6 +25,9 @@
  *                    its handler forks a child that _exit()s, N times
  *                    (crash handlers fork from a handler that may have
  *                    interrupted any call)
+ *   cancel N         N rounds: two threads allocate and free, calling
+ *                    pthread_testcancel() between calls, until the main
+ *                    thread cancels and joins them
  *   fork-alloc       fork a child that creates buffers in the parent's
  *                    context and releases one the parent made
  *   fork-trace       allocate/free 150 times, keep one block across a fork
@@ -439,6 +442,37 @@ static int fork_alloc_scenario(void) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
+static void* cancelled_worker(void* arg) {
+  (void)arg;
+  if (g_cuda) cu_ctx_set_current(g_cu_ctx);
+  static const size_t sizes[] = {1000, 70000, 300000, 4096};
+  for (unsigned i = 0;; ++i) {
+    const uintptr_t h = gpu_alloc(sizes[i % 4] + i % 7);
+    pthread_testcancel();
+    gpu_free(h);
+    pthread_testcancel();
+  }
+  return NULL;
+}
+
+static int cancel_scenario(int rounds) {
+  churn(20);
+  for (int r = 0; r < rounds; ++r) {
+    pthread_t t[2];
+    for (int k = 0; k < 2; ++k) pthread_create(&t[k], NULL, cancelled_worker, NULL);
+    usleep(200 + (unsigned)(r % 7) * 150);
+    for (int k = 0; k < 2; ++k) {
+      void* res = NULL;
+      pthread_cancel(t[k]);
+      pthread_join(t[k], &res);
+      if (res != PTHREAD_CANCELED) die("a worker was not cancelled", 0);
+    }
+  }
+  churn(20);
+  printf("rounds %d\n", rounds);
+  return 0;
+}
+
 static volatile sig_atomic_t g_signal_forks;
 
 static void fork_in_handler(int sig) {
@@ -706,6 +740,7 @@ int main(int argc, char** argv) {
   if (!strcmp(s, "fork-busy") && argc == 4) return fork_busy_scenario(atoi(argv[3]));
   if (!strcmp(s, "fork-alloc")) return fork_alloc_scenario();
   if (!strcmp(s, "fork-signal") && argc == 4) return fork_signal_scenario(atoi(argv[3]));
+  if (!strcmp(s, "cancel") && argc == 4) return cancel_scenario(atoi(argv[3]));
   if (!strcmp(s, "fork-trace")) return fork_trace_scenario();
   if (!strcmp(s, "exit")) return exit_scenario();
   if (!strcmp(s, "quick-exit")) {

@@ -322,6 +322,20 @@ def fork_signal(tmp):
     print(r.stdout.strip())
 
 
+def threads_cancel(tmp):
+    """Threads that allocate are cancelled (pthread_cancel, acted on at
+    their pthread_testcancel()) and joined, 300 rounds: no hook acts on the
+    cancellation (before: a cancellation point inside a hook, a condition
+    wait for pending blocks or the implementation's, unwound into the
+    hook and the process aborted). Pending blocks are waited for rather
+    than grown past, so hooks wait often."""
+    rounds = "100" if SANITIZER else "300"
+    r = run(["cancel", rounds], timeout=300, env=env(True, GPUPOOL_PENDING_GROWTH="0"))
+    check(r.returncode == 0 and f"rounds {rounds}" in r.stdout,
+          f"exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}")
+    print(r.stdout.strip())
+
+
 def fork_alloc(tmp):
     """A child creates buffers in its parent's context and releases one the
     parent made (PoCL: gpupool's probe waited on the parent's queue forever)."""
@@ -1259,6 +1273,7 @@ CHECKS = {
     "fork.alloc": fork_alloc,
     "fork.signal": fork_signal,
     "exit.quick": exit_quick,
+    "threads.cancel": threads_cancel,
     "fork.files": fork_files,
     "procs.trace": procs_trace,
     "procs.prometheus": procs_prometheus,
