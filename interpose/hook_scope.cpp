@@ -15,7 +15,7 @@ extern "C" __attribute__((visibility("hidden"))) int gpupool_hook_pthread_cancel
 
 namespace gpupool {
 
-GPUPOOL_HOT_TLS detail::HookThread detail::t_hook;
+constinit GPUPOOL_HOT_TLS detail::HookThread detail::t_hook;
 std::atomic<bool> detail::g_cancels_seen{false};
 
 namespace {

@@ -38,7 +38,8 @@ struct HookThread {
   pthread_t self{};
   HookThread* next = nullptr;  // the list, under its lock
 };
-extern GPUPOOL_HOT_TLS HookThread t_hook;
+// constinit: no initialization check on every access (a call, otherwise).
+extern constinit GPUPOOL_HOT_TLS HookThread t_hook;
 extern std::atomic<bool> g_cancels_seen;  // the program cancelled a thread once
 
 void enter_outermost(HookThread& t) noexcept;  // registration, cancellation held off
@@ -56,7 +57,7 @@ class HookScope {
   // The count goes up before anything inside and down after everything
   // (the fences: a compiler barrier only, a handler on this thread sees the
   // thread's own order; pthread_cancel's side is a membarrier).
-  HookScope() noexcept {
+  [[gnu::always_inline]] HookScope() noexcept {
     detail::HookThread& t = detail::t_hook;
     const unsigned d = t.depth.load(std::memory_order_relaxed);
     t.depth.store(d + 1, std::memory_order_relaxed);
@@ -64,7 +65,7 @@ class HookScope {
     if (d == 0 && (!t.registered || detail::g_cancels_seen.load(std::memory_order_relaxed)))
       detail::enter_outermost(t);
   }
-  ~HookScope() {
+  [[gnu::always_inline]] ~HookScope() {
     detail::HookThread& t = detail::t_hook;
     const unsigned d = t.depth.load(std::memory_order_relaxed);
     if (d == 1 && t.guarded) {
