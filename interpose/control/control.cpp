@@ -196,10 +196,17 @@ void fork_renew() {
   // The parent's socket was in its files thread's table, which the child
   // does not have: nothing to close. Where there was none, it is a copy in
   // the child's table: closed (if the number is still that socket).
-  if (st.listen_private)
-    st.listen.forget();
-  else
-    st.listen.close();
+  for (io::OwnedFd* l : {&st.listen, &st.listen_public}) {
+    if (st.listen_private)
+      l->forget();
+    else
+      l->close();
+  }
+  // The file is the parent's: the child binds its own, and never removes
+  // the parent's at its exit.
+  st.socket_path.clear();
+  st.socket_dev.store(0);
+  st.socket_ino.store(0);
   st.dumps_dropped.store(0);
   st.prometheus_dropped.store(0);
   st.prometheus_file.forget_in_child();
@@ -374,8 +381,17 @@ namespace {
 void listen(Runtime& rt) {
   State& st = *state();
   st.socket_taken.clear();
+  st.socket_dir_note.clear();
+  st.socket_dir_taken = false;
   st.listen_error = 0;
   io::in_private([&] { build_listen(st); });
+  if (!st.socket_dir_note.empty() && st.listen.valid()) {
+    const std::string said = "control socket: " + st.socket_dir_note +
+                             "; bound in the abstract namespace instead, where other users can "
+                             "connect to it";
+    if (st.socket_dir_taken) add_warning(said);
+    else log().info("{}", said);
+  }
   if (!st.socket_taken.empty())
     log().info("control socket: @{} is taken by another process; using @{}", st.socket_taken,
                st.socket_name);
@@ -418,6 +434,7 @@ void at_exit() noexcept {
   } catch (...) {
     internal_failure("gpupool's exit handler");
   }
+  remove_socket_file(*state());
 }
 
 void at_quick_exit() noexcept {

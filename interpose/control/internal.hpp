@@ -56,14 +56,25 @@ struct State {
   Runtime* rt = nullptr;
   // The control socket, a number of the private table: only the server
   // thread (and start, on the files thread) uses it.
-  io::OwnedFd listen;
+  // Its file in the user's private directory (socket.hpp), or the abstract
+  // name where that cannot be used; listen_public: the abstract name beside
+  // the file, for other users' releases (GPUPOOL_NEIGHBOURS=all).
+  io::OwnedFd listen, listen_public;
   // Made on a thread of the private table; false where none could be made
-  // (io.hpp): then it is a number of the program's, which the program may
-  // close and reuse, and which a forked child has a copy of.
+  // (io.hpp): then they are numbers of the program's, which the program may
+  // close and reuse, and which a forked child has copies of.
   bool listen_private = false;
-  std::string socket_name;
-  std::string socket_taken;  // the usual name, when another process holds it
-  int listen_error = 0;      // why there is no socket
+  // Its file, when it has one: the same for the process's life once set
+  // (the server thread binds it again under that name), so the exit handler
+  // reads it while the server runs; what was bound there last, to remove at
+  // exit if it is still that.
+  std::string socket_path;
+  std::atomic<std::uint64_t> socket_dev{0}, socket_ino{0};
+  std::string socket_dir_note;    // why the private directory is not used
+  bool socket_dir_taken = false;  // ... because another user took its name
+  std::string socket_name;        // the abstract name, when one is bound
+  std::string socket_taken;       // the usual abstract name, when another process holds it
+  int listen_error = 0;           // why there is no socket
   // Requests the server thread read, answered by the control thread (which
   // may call the driver; the server thread must not).
   struct Request {
@@ -142,6 +153,8 @@ void start_thread(Runtime& rt);
 void build_listen(State& st);
 // Starts the server thread on the socket build_listen bound.
 void start_server(Runtime& rt);
+// Removes the socket's file, at exit.
+void remove_socket_file(State& st);
 // The control thread: answers the requests the server thread queued.
 void answer_requests(Runtime& rt);
 bool requests_waiting();

@@ -10,7 +10,10 @@
 #include <pthread.h>
 #include <string.h>
 #include <sys/random.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -79,23 +82,104 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
 
 }  // namespace
 
-// The control socket, under the usual name or, when another process holds
-// that, under a random one (socket.hpp). On the files thread.
-void build_listen(State& st) {
-  st.listen.forget();
+namespace {
+
+// A socket listening at `name` (socket.hpp: a file's path or an abstract
+// name); invalid with errno set when it cannot be bound.
+io::OwnedFd listen_at(const std::string& name) {
   io::OwnedFd fd =
       io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) {
-    st.listen_error = errno;  // a seccomp filter's EPERM, say
-    return;
+  if (!fd.valid()) return fd;  // a seccomp filter's EPERM, say
+  sockaddr_un addr;
+  const socklen_t len = socket_address(&addr, name);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::listen(fd.get(), SOMAXCONN) != 0)
+    return {};
+  return fd;
+}
+
+// Nothing listens at the socket file `path` (its process has ended).
+bool stale(const std::string& path) {
+  const io::OwnedFd probe =
+      io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!probe.valid()) return false;
+  sockaddr_un addr;
+  const socklen_t len = socket_address(&addr, path);
+  return ::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 &&
+         errno == ECONNREFUSED;
+}
+
+// The files of processes that ended without removing theirs (killed): a
+// look at a few dozen at each start keeps the directory from growing.
+void sweep_stale(const std::string& dir, long pid) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return;
+  int looked = 0;
+  while (dirent* e = readdir(d)) {
+    if (++looked > 1024) break;
+    const std::string_view n = e->d_name;
+    if (n.rfind("control.", 0) != 0) continue;
+    char* end = nullptr;
+    const long other = std::strtol(e->d_name + 8, &end, 10);
+    if (*end || other <= 0 || other == pid) continue;
+    // A process of another pid namespace sharing the directory is alive
+    // though kill() cannot see it: only a socket nobody listens on goes.
+    if (kill(static_cast<pid_t>(other), 0) == 0 || errno != ESRCH) continue;
+    if (const std::string path = dir + "/" + e->d_name; stale(path)) ::unlink(path.c_str());
   }
+  closedir(d);
+}
+
+// The control socket's file, in the user's private directory (socket.hpp),
+// made (0700) if missing. Invalid, with st.socket_dir_note saying why, when
+// the directory is not the user's alone or the name is held by a live
+// socket; a stale file (its process was killed) is replaced.
+io::OwnedFd bind_file(State& st) {
+  const unsigned uid = geteuid();
+  const long pid = static_cast<long>(getpid());
+  const std::string dir = socket_dir(uid);
+  auto refuse = [&](std::string why, bool taken) {
+    st.socket_dir_note = std::move(why);
+    st.socket_dir_taken = taken;
+    return io::OwnedFd();
+  };
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return refuse("cannot create " + dir + ": " + strerror(errno), false);
+  struct stat s {};
+  if (lstat(dir.c_str(), &s) != 0) return refuse("cannot examine " + dir + ": " + strerror(errno), false);
+  if (S_ISLNK(s.st_mode) || !S_ISDIR(s.st_mode) || s.st_uid != uid)
+    return refuse(dir + (S_ISLNK(s.st_mode) ? " is a symbolic link" : S_ISDIR(s.st_mode) ? "" : " is not a directory") +
+                      " of uid " + std::to_string(s.st_uid) + " (another user took its name; remove it)",
+                  s.st_uid != uid);
+  // Ours: nobody else may search it (a user who opened it up closes it again).
+  if ((s.st_mode & 077) && ::chmod(dir.c_str(), 0700) != 0)
+    return refuse("cannot make " + dir + " private: " + strerror(errno), false);
+  const std::string path = socket_file(dir, pid);
+  io::OwnedFd fd = listen_at(path);
+  if (!fd.valid() && errno == EADDRINUSE) {
+    if (!stale(path)) return refuse(path + " is held by a live socket", false);
+    ::unlink(path.c_str());
+    fd = listen_at(path);
+  }
+  if (!fd.valid()) return refuse("cannot bind " + path + ": " + strerror(errno), false);
+  if (lstat(path.c_str(), &s) == 0) {
+    st.socket_dev.store(s.st_dev);
+    st.socket_ino.store(s.st_ino);
+  }
+  if (st.socket_path != path) st.socket_path = path;  // only ever set once: see State
+  st.socket_dir_note.clear();
+  sweep_stale(dir, pid);
+  return fd;
+}
+
+// The abstract name, the usual one or, when another process holds that, a
+// random one (socket.hpp). Invalid with st.listen_error set when none.
+io::OwnedFd bind_abstract(State& st) {
   const unsigned uid = geteuid();
   const long pid = static_cast<long>(getpid());
   std::string name = socket_name(uid, pid);
-  sockaddr_un addr;
-  socklen_t len = socket_address(&addr, name);
-  int r = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len);
-  if (r != 0 && errno == EADDRINUSE) {
+  io::OwnedFd fd = listen_at(name);
+  if (!fd.valid() && errno == EADDRINUSE) {
     unsigned char rnd[8] = {};
     if (getrandom(rnd, sizeof rnd, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof rnd)) {
       const std::uint64_t t = io::mono_ns() ^ (std::uint64_t(pid) << 32);
@@ -105,16 +189,41 @@ void build_listen(State& st) {
     for (int i = 0; i < 8; ++i) std::snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
     st.socket_taken = name;
     name = socket_name(uid, pid, hex);
-    len = socket_address(&addr, name);
-    r = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len);
+    fd = listen_at(name);
   }
-  if (r != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
+  if (!fd.valid()) {
     st.listen_error = errno;
-    return;
+    return fd;
   }
   st.socket_name = name;
-  st.listen = std::move(fd);
+  return fd;
+}
+
+}  // namespace
+
+// The control socket: its file in the user's private directory, which no
+// other user can connect to; the abstract name where that cannot be made,
+// and beside it where GPUPOOL_NEIGHBOURS=all lets other users ask for
+// releases (socket.hpp). On the files thread.
+void build_listen(State& st) {
+  st.listen.forget();
+  st.listen_public.forget();
+  st.socket_name.clear();
+  const bool all_users = st.rt && st.rt->config.neighbours == config::Neighbours::all;
+  st.listen = bind_file(st);
+  if (!st.listen.valid() || all_users) {
+    io::OwnedFd abstract = bind_abstract(st);
+    (st.listen.valid() ? st.listen_public : st.listen) = std::move(abstract);
+  }
   st.listen_private = io::on_private_thread();
+}
+
+// At exit: the socket's file goes with the process (if it is still ours).
+void remove_socket_file(State& st) {
+  struct stat s {};
+  if (!st.socket_path.empty() && lstat(st.socket_path.c_str(), &s) == 0 &&
+      s.st_dev == st.socket_dev.load() && s.st_ino == st.socket_ino.load())
+    ::unlink(st.socket_path.c_str());
 }
 
 namespace {
@@ -152,11 +261,11 @@ bool read_request(Client& c, std::uint64_t now, Notes& notes);
 // Past the limit the oldest client without a whole request makes room
 // (another user's first, for one of theirs); where every one has asked,
 // the new one is turned away.
-void accept_clients(State& st, std::vector<Client>& clients, Notes& notes) {
+void accept_clients(State& st, int listening, std::vector<Client>& clients, Notes& notes) {
   const bool all_users = st.rt && st.rt->config.neighbours == config::Neighbours::all;
   for (int n = 0; n < kAcceptsPerRound; ++n) {
     io::OwnedFd c = io::OwnedFd::adopt(
-        accept4(st.listen.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        accept4(listening, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!c.valid()) return;
     const std::uint64_t now = io::mono_ns();
     ucred cred{};
@@ -272,105 +381,151 @@ std::string ask_control(State& st, const Client& c) {
   return std::move(req.answer);
 }
 
-bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& fds,
-                  Notes& notes, bool shared_table, int& rebuilds);
+// The server thread's own state.
+struct Server {
+  std::vector<Client> clients;
+  std::vector<pollfd> fds;
+  Notes notes;
+  // Without a private table (io.hpp) the numbers are the program's, which
+  // may close them and get them back for its own files: each is checked
+  // before every round, and the sockets bound again once one is gone.
+  bool shared_table = false;
+  int rebuilds = 0;
+  std::uint64_t next_file_check = 0;
+  bool file_lost_said = false;
+};
+
+constexpr std::uint64_t kFileCheckNs = 200 * kMs;
+
+bool server_round(State& st, Server& sv);
 
 void server_main(void* arg) {
   State& st = *static_cast<State*>(arg);
 #ifdef __GLIBC__
   pthread_setname_np(pthread_self(), "gpupool-sock");
 #endif
-  std::vector<Client> clients;
-  std::vector<pollfd> fds;
-  Notes notes;
-  // Without a private table (io.hpp) the numbers are the program's, which
-  // may close them and get them back for its own files: each is checked
-  // before every round, and the socket bound again once it is gone.
-  const bool shared_table = !io::on_private_thread();
-  int rebuilds = 0;
+  Server sv;
+  sv.shared_table = !io::on_private_thread();
   for (;;) {
     // A failure inside a round (host memory out: a client's record, a
     // request's text) costs that round, not the program: an exception
     // leaving this thread would end the process.
     try {
-      if (!server_round(st, clients, fds, notes, shared_table, rebuilds)) return;
+      if (!server_round(st, sv)) return;
     } catch (...) {
       internal_failure("gpupool's control socket thread");
-      clients.clear();  // their state may be half-made; they ask again
+      sv.clients.clear();  // their state may be half-made; they ask again
       ::poll(nullptr, 0, 10);
     }
   }
 }
 
-// One round of the server: waits for the socket and its clients, reads
-// requests and sends answers. False when the socket is gone for good.
-bool server_round(State& st, std::vector<Client>& clients, std::vector<pollfd>& fds,
-                  Notes& notes, bool shared_table, int& rebuilds) {
+// The socket's file removed (a cleaner, logout with logind's RemoveIPC,
+// which empties /dev/shm of the user's files) or replaced: bound again, so
+// that `gpupool stats` and the user's neighbours keep reaching us. Looked
+// at every kFileCheckNs.
+void check_file(State& st, Server& sv, std::uint64_t now) {
+  if (st.socket_path.empty() || now < sv.next_file_check) return;
+  sv.next_file_check = now + kFileCheckNs;
+  struct stat s {};
+  if (lstat(st.socket_path.c_str(), &s) == 0 && s.st_dev == st.socket_dev.load() &&
+      s.st_ino == st.socket_ino.load())
+    return;
+  io::OwnedFd fd;
   {
-    if (shared_table) {
-      std::erase_if(clients, [](Client& c) {
-        if (c.fd.ours()) return false;
-        c.fd.forget();
-        return true;
-      });
-      if (!st.listen.ours()) {
-        st.listen.forget();
-        if (rebuilds++ < kMaxRebuilds) {
-          io::PrivateWork work;
-          build_listen(st);
-        }
-        if (!st.listen.valid()) {
-          log().warn("control socket: closed by the program and not bound again; `gpupool "
-                     "stats PID` cannot reach this process any more");
-          return false;
-        }
-        log().info("control socket: closed by the program; bound again as @{}", st.socket_name);
+    io::PrivateWork work;
+    fd = bind_file(st);
+  }
+  if (fd.valid()) {
+    st.listen = std::move(fd);
+    sv.file_lost_said = false;
+    log().info("control socket: {} was removed; bound again", st.socket_path);
+  } else if (!sv.file_lost_said) {
+    sv.file_lost_said = true;  // tried again at the next look
+    log().info("control socket: {} was removed and cannot be bound again yet ({})",
+               st.socket_path, st.socket_dir_note);
+  }
+}
+
+// One round of the server: waits for the sockets and their clients, reads
+// requests and sends answers. False when the socket is gone for good.
+bool server_round(State& st, Server& sv) {
+  std::vector<Client>& clients = sv.clients;
+  std::vector<pollfd>& fds = sv.fds;
+  Notes& notes = sv.notes;
+  if (sv.shared_table) {
+    std::erase_if(clients, [](Client& c) {
+      if (c.fd.ours()) return false;
+      c.fd.forget();
+      return true;
+    });
+    if (!st.listen.ours() || (st.listen_public.valid() && !st.listen_public.ours())) {
+      for (io::OwnedFd* l : {&st.listen, &st.listen_public}) {
+        if (l->ours()) l->close();
+        else l->forget();
       }
+      if (sv.rebuilds++ < kMaxRebuilds) {
+        io::PrivateWork work;
+        build_listen(st);
+      }
+      if (!st.listen.valid()) {
+        log().warn("control socket: closed by the program and not bound again; `gpupool "
+                   "stats PID` cannot reach this process any more");
+        return false;
+      }
+      log().info("control socket: closed by the program; bound again as {}",
+                 st.socket_path.empty() ? "@" + st.socket_name : st.socket_path);
     }
-    std::uint64_t now = io::mono_ns();
-    std::uint64_t next = UINT64_MAX;
-    fds.clear();
-    fds.push_back({st.listen.get(), POLLIN, 0});
-    for (const Client& c : clients) {
-      fds.push_back({c.fd.get(), static_cast<short>(c.answering ? POLLOUT : POLLIN), 0});
-      next = std::min(next, c.deadline);
-    }
-    int timeout_ms = next == UINT64_MAX ? -1
-                     : next <= now      ? 0
-                                        : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
-    if (shared_table && (timeout_ms < 0 || timeout_ms > kSharedTablePollMs)) timeout_ms = kSharedTablePollMs;
-    const int r = ::poll(fds.data(), fds.size(), timeout_ms);
-    if (r < 0 && errno != EINTR) return false;
-    std::vector<Client*> asking;
-    notes.lines.clear();
-    {
-      io::PrivateWork work;  // fork() waits for this, never for the answers
-      now = io::mono_ns();
-      std::size_t i = 1;
-      std::erase_if(clients, [&](Client& c) {
-        const std::size_t j = i++;
-        const bool ready = r > 0 && (fds[j].revents != 0);
-        if (!ready && now < c.deadline) return false;
-        if (c.answering) return !send_answer(c);
-        return !read_request(c, now, notes);
-      });
-      // New clients first: accepting moves the others (push_back, and the
-      // oldest dropped past the limit), so no pointer into `clients` may
-      // be held across it.
-      if (r > 0 && (fds[0].revents & POLLIN)) accept_clients(st, clients, notes);
-      for (Client& c : clients)
-        if (c.answering && c.out.empty()) asking.push_back(&c);
-    }
-    for (const std::string& n : notes.lines) log().info("{}", n);
-    for (Client* c : asking) {
-      log().debug("control socket: '{}'", c->in);
-      c->out = ask_control(st, *c);
-      c->deadline = io::mono_ns() + io::kWriteTimeoutNs;
-    }
-    if (!asking.empty()) {
-      io::PrivateWork work;
-      std::erase_if(clients, [](Client& c) { return c.answering && !c.out.empty() && !send_answer(c); });
-    }
+  }
+  std::uint64_t now = io::mono_ns();
+  check_file(st, sv, now);
+  std::uint64_t next = st.socket_path.empty() ? UINT64_MAX : sv.next_file_check;
+  fds.clear();
+  fds.push_back({st.listen.get(), POLLIN, 0});
+  // -1 when there is none: poll() skips it.
+  fds.push_back({st.listen_public.valid() ? st.listen_public.get() : -1, POLLIN, 0});
+  constexpr std::size_t kFirstClient = 2;
+  for (const Client& c : clients) {
+    fds.push_back({c.fd.get(), static_cast<short>(c.answering ? POLLOUT : POLLIN), 0});
+    next = std::min(next, c.deadline);
+  }
+  int timeout_ms = next == UINT64_MAX ? -1
+                   : next <= now      ? 0
+                                      : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
+  if (sv.shared_table && (timeout_ms < 0 || timeout_ms > kSharedTablePollMs)) timeout_ms = kSharedTablePollMs;
+  const int r = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (r < 0 && errno != EINTR) return false;
+  std::vector<Client*> asking;
+  notes.lines.clear();
+  {
+    io::PrivateWork work;  // fork() waits for this, never for the answers
+    now = io::mono_ns();
+    std::size_t i = kFirstClient;
+    std::erase_if(clients, [&](Client& c) {
+      const std::size_t j = i++;
+      const bool ready = r > 0 && (fds[j].revents != 0);
+      if (!ready && now < c.deadline) return false;
+      if (c.answering) return !send_answer(c);
+      return !read_request(c, now, notes);
+    });
+    // New clients first: accepting moves the others (push_back, and the
+    // oldest dropped past the limit), so no pointer into `clients` may
+    // be held across it. Each socket gets its turn: other users flooding
+    // the public one take at most kAcceptsPerRound of a round.
+    for (std::size_t k = 0; k < kFirstClient; ++k)
+      if (r > 0 && (fds[k].revents & POLLIN)) accept_clients(st, fds[k].fd, clients, notes);
+    for (Client& c : clients)
+      if (c.answering && c.out.empty()) asking.push_back(&c);
+  }
+  for (const std::string& n : notes.lines) log().info("{}", n);
+  for (Client* c : asking) {
+    log().debug("control socket: '{}'", c->in);
+    c->out = ask_control(st, *c);
+    c->deadline = io::mono_ns() + io::kWriteTimeoutNs;
+  }
+  if (!asking.empty()) {
+    io::PrivateWork work;
+    std::erase_if(clients, [](Client& c) { return c.answering && !c.out.empty() && !send_answer(c); });
   }
   return true;
 }

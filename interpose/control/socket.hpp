@@ -1,15 +1,26 @@
 // The per-process control socket, shared by the library (server, in the
 // control thread) and the launcher (client).
 //
-// Address: the Linux abstract namespace, "\0gpupool.<euid>.<pid>". No file,
-// so nothing to plant, clean up or leave stale after a crash; it vanishes
-// with the process. Abstract names belong to nobody, so anyone can bind a
-// future process's name first: then the process binds
-// "\0gpupool.<euid>.<pid>.<random>" instead, and clients find it in
-// /proc/net/unix. Both ends check the other with SO_PEERCRED: the server
-// refuses other users as it accepts, before reading anything; the client
-// only trusts a socket held by the pid it asked for, running as its own
-// user (a squatter can at worst make a request fail, never answer it).
+// Address: a file, <socket_dir>/control.<pid>, in a directory of the user's
+// that nobody else may search (0700): another user cannot connect at all,
+// so cannot keep its listen queue full and shut out the user's own
+// neighbours and `gpupool stats`. socket_dir is /dev/shm/gpupool-<uid> (the
+// registry's default directory; /run/gpupool for root), the same in every
+// session of the user. A file left by a killed process is stale (nothing
+// listens): replaced by the next process of that pid, removed by the next
+// process that starts.
+//
+// Where that directory cannot be used (another user made it first, no
+// /dev/shm), and beside it where GPUPOOL_NEIGHBOURS=all lets other users ask
+// for releases, the process binds the Linux abstract name
+// "\0gpupool.<euid>.<pid>", which any user can reach. Abstract names belong
+// to nobody, so anyone can bind a future process's name first: then the
+// process binds "\0gpupool.<euid>.<pid>.<random>" instead, and clients find
+// it in /proc/net/unix. Both ends check the other with SO_PEERCRED: the
+// server refuses other users (unless GPUPOOL_NEIGHBOURS=all, and then
+// answers them only a release) as it accepts, before reading anything; the
+// client only trusts a socket held by the pid it asked for, running as its
+// own user (a squatter can at worst make a request fail, never answer it).
 //
 // Protocol: the client sends one line within 2 s: "stats", "stats json",
 // "free-held", "stop-holding", "ping", or "release GPU-<uuid> <bytes>" from
@@ -26,6 +37,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <fcntl.h>
 #include <time.h>
@@ -54,12 +66,29 @@ inline std::string socket_name(unsigned uid, long pid, const std::string& suffix
   return n;
 }
 
+// The directory of the user's control socket files. Root's in /run, where
+// only root makes entries; another user's in /dev/shm, whose sticky bit
+// keeps others from replacing it once made.
+inline std::string socket_dir(unsigned uid) {
+  struct stat s {};
+  if (uid == 0 && lstat("/run", &s) == 0 && S_ISDIR(s.st_mode) && s.st_uid == 0 &&
+      !(s.st_mode & 022))
+    return "/run/gpupool";
+  return "/dev/shm/gpupool-" + std::to_string(uid);
+}
+
+inline std::string socket_file(const std::string& dir, long pid) {
+  return dir + "/control." + std::to_string(pid);
+}
+
+// `name`: a file's path (it starts with '/') or an abstract name.
 inline socklen_t socket_address(sockaddr_un* addr, const std::string& name) {
   std::memset(addr, 0, sizeof *addr);
   addr->sun_family = AF_UNIX;
+  const std::size_t at = !name.empty() && name[0] == '/' ? 0 : 1;
   const std::size_t n = std::min(name.size(), sizeof addr->sun_path - 1);
-  std::memcpy(addr->sun_path + 1, name.data(), n);
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  std::memcpy(addr->sun_path + at, name.data(), n);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + at + n);
 }
 
 // A connection to a process's control socket (reach), or why there is none.
@@ -209,12 +238,21 @@ inline std::vector<SocketName> listed_sockets() {
   return out;
 }
 
-// Every name the process's socket may have: the usual one first, then the
-// fallback names listed in /proc/net/unix.
+// Every address the process's socket may have: its file, then the usual
+// abstract name, then the fallback names listed in /proc/net/unix.
 inline std::vector<std::string> socket_candidates(unsigned uid, long pid) {
-  std::vector<std::string> out{socket_name(uid, pid)};
-  for (SocketName& s : listed_sockets())
-    if (s.uid == uid && s.pid == pid && s.name != out[0]) out.push_back(std::move(s.name));
+  std::vector<std::string> out;
+  // The file first, if its directory is uid's own and nobody else may
+  // write there (a socket planted in another user's directory of that name
+  // could keep its queue full to hold us up).
+  const std::string dir = socket_dir(uid);
+  struct stat s {};
+  if (lstat(dir.c_str(), &s) == 0 && S_ISDIR(s.st_mode) && s.st_uid == uid && !(s.st_mode & 022))
+    out.push_back(socket_file(dir, pid));
+  const std::string usual = socket_name(uid, pid);
+  out.push_back(usual);
+  for (SocketName& n : listed_sockets())
+    if (n.uid == uid && n.pid == pid && n.name != usual) out.push_back(std::move(n.name));
   return out;
 }
 

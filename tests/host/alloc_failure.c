@@ -119,15 +119,19 @@ static int opencl(void) {
    fail: its thread accepts it and asks for memory to track it (and more to
    read its request). Returns whether one was connected. */
 static int client_while_armed(void) {
+  /* The socket's file (interpose/control/socket.hpp). */
   struct sockaddr_un a;
   memset(&a, 0, sizeof a);
   a.sun_family = AF_UNIX;
-  const int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "gpupool.%u.%ld", (unsigned)getuid(),
-                         (long)getpid());
+  if (geteuid() == 0)
+    snprintf(a.sun_path, sizeof a.sun_path, "/run/gpupool/control.%ld", (long)getpid());
+  else
+    snprintf(a.sun_path, sizeof a.sun_path, "/dev/shm/gpupool-%u/control.%ld", (unsigned)geteuid(),
+             (long)getpid());
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
   g_armed = 1;
-  const int ok = connect(fd, (struct sockaddr*)&a, (socklen_t)(sizeof a.sun_family + 1 + n)) == 0;
+  const int ok = connect(fd, (struct sockaddr*)&a, sizeof a) == 0;
   if (ok) (void)!send(fd, "stats\n", 6, MSG_NOSIGNAL); /* gpupool may drop it */
   const struct timespec wait = {0, 300 * 1000 * 1000};
   nanosleep(&wait, NULL);

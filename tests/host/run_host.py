@@ -834,12 +834,18 @@ def served_promptly(pid, stats, what):
     print(f"{what}: `gpupool stats` answered in {time.monotonic() - t0:.2f} s")
 
 
+def control_socket(pid):
+    """The file of a process's control socket (interpose/control/socket.hpp)."""
+    uid = os.geteuid()
+    return f"/run/gpupool/control.{pid}" if uid == 0 else f"/dev/shm/gpupool-{uid}/control.{pid}"
+
+
 def socket_clients(tmp):
     """One slow or idle client never holds the control thread."""
     stats = os.path.join(tmp, "stats")
     p, ready = start(["serve"], env=env(True, GPUPOOL_STATS_FILE=stats))
     pid = int(ready.split()[1])
-    name = f"\0gpupool.{os.geteuid()}.{pid}"
+    name = control_socket(pid)
     try:
         # A slow sender: a byte every 0.25 s, never a newline (it used to
         # hold the thread for up to 512 reads of 1 s).
@@ -884,7 +890,7 @@ def socket_burst(tmp):
     asking across the accept that moved them (heap use after free)."""
     p, ready = start(["serve"], env=env(True))
     pid = int(ready.split()[1])
-    name = f"\0gpupool.{os.geteuid()}.{pid}"
+    name = control_socket(pid)
     answered = 0
     try:
         for _ in range(60):
@@ -931,43 +937,32 @@ def socket_burst(tmp):
 
 
 def socket_other_user(tmp):
-    """Another user is refused as it connects, before anything it sends is
-    read: a trickling sender gets its refusal at once."""
+    """Another user cannot connect: the socket's file is in a directory of
+    the user's alone, and nothing listens under its abstract name (bound
+    only for GPUPOOL_NEIGHBOURS=all, where other users may ask for a
+    release; neighbours.flooded floods it)."""
     if not ROOT:
         print("skipped (not root): needs a second user")
         return
     stats = os.path.join(tmp, "stats")
     p, ready = start(["serve"], env=env(True, GPUPOOL_STATS_FILE=stats))
     pid = int(ready.split()[1])
-    name = f"\0gpupool.{os.geteuid()}.{pid}"
+    name = control_socket(pid)
 
     def client():
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(name)
-        s.settimeout(0.25)
-        got = b""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 20:
+        for unreachable in (name, f"\0gpupool.{os.geteuid()}.{pid}"):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                s.send(b"x")
-            except OSError:
+                s.connect(unreachable)
+                return 2
+            except (PermissionError, ConnectionRefusedError):
                 pass
-            try:
-                chunk = s.recv(4096)
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            if not chunk:
-                break
-            got += chunk
-        return 0 if got.startswith(b"error denied") else 1
+            s.close()
+        return 0
 
     try:
-        t0 = time.monotonic()
         rc = as_other_user(client)
-        check(rc == 0, f"the other user was not refused at once (exit {rc})")
-        check(time.monotonic() - t0 < 15, "the refusal waited for the client's request")
+        check(rc == 0, f"the other user could connect (exit {rc})")
         served_promptly(pid, stats, "another user's connection")
     finally:
         p.stdin.close()

@@ -130,6 +130,11 @@ def grab(shared, pooled, interval_ms=0, user=None, **extra):
     return int(f[1]), int(f[-1]), took, r.stderr
 
 
+def control_socket(uid, pid):
+    """The file of a process's control socket (interpose/control/socket.hpp)."""
+    return f"/run/gpupool/control.{pid}" if uid == 0 else f"/dev/shm/gpupool-{uid}/control.{pid}"
+
+
 def fresh():
     return tempfile.mktemp(prefix="budget-", dir=TMP)
 
@@ -593,6 +598,75 @@ elif CHECK == "users":
         squatter.stdin.close()
         squatter.wait(timeout=30)
 
+elif CHECK == "flooded":
+    # Another user loops connect()/close() on every address of a holder's
+    # control socket it can find (/proc/net/unix lists them all), from two
+    # processes: the holder's own user's neighbour must still get its
+    # memory within GPUPOOL_NEIGHBOUR_WAIT, `gpupool stats` must still
+    # answer, and the holder must not log a line per connection. Before,
+    # the flood kept the listen queue full: the neighbour's connect got
+    # EAGAIN, counted as "released 0", and it saw out-of-memory with the
+    # holder's blocks still held; the holder logged "refused a connection"
+    # each time. With GPUPOOL_NEIGHBOURS=all the holder takes other users'
+    # connections too: their flood must not hold up the user's neighbour
+    # either.
+    A, B = two_test_users()
+    full = alone(True)
+    SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    flood = ("import socket, sys\n"
+             "pid = sys.argv[1]\n"
+             "names = set()\n"
+             "for line in open('/proc/net/unix').read().splitlines()[1:]:\n"
+             "    f = line.split()\n"
+             "    if len(f) == 8 and 'gpupool' in f[7] and pid in f[7]:\n"
+             "        names.add('\\0' + f[7][1:] if f[7][0] == '@' else f[7])\n"
+             "print('flooding', sorted(names), flush=True)\n"
+             "while True:\n"
+             "    for n in names:\n"
+             "        s = socket.socket(socket.AF_UNIX)\n"
+             "        s.setblocking(False)\n"
+             "        try:\n"
+             "            s.connect(n)\n"
+             "        except OSError:\n"
+             "            pass\n"
+             "        s.close()\n")
+    for scope in ("user", "all"):
+        shared = fresh()
+        os.close(os.open(shared, os.O_CREAT | os.O_RDWR, 0o666))
+        os.chmod(shared, 0o666)
+        log = os.path.join(TMP, f"flooded-{scope}.log")  # every line (a pipe may drop some)
+        h = Holder(shared, True, A, GPUPOOL_NEIGHBOURS=scope, GPUPOOL_LOG_FILE=log, **NO_WATCH)
+        flooders = [subprocess.Popen([SYSTEM_PYTHON, "-c", flood, str(h.p.pid)],
+                                     stdout=subprocess.PIPE, text=True, **as_user(B))
+                    for _ in range(2)]
+        try:
+            for f in flooders:
+                print(f"{scope}: {f.stdout.readline().strip()}")
+            time.sleep(1)  # the flood is on
+            stats_failed = []
+            for _ in range(10):
+                r = subprocess.run([LAUNCHER, "stats", str(h.p.pid), "--timeout", "10"],
+                                   env=env(False, shared, A), capture_output=True, text=True,
+                                   timeout=60, **as_user(A))
+                if r.returncode != 0:
+                    stats_failed.append(r.stderr.strip())
+            n, err, took, nerr = grab(shared, True, 0, A, GPUPOOL_NEIGHBOURS=scope, **NO_WATCH)
+            print(f"{scope}: under another user's flood the neighbour got {n} of {full} blocks "
+                  f"in {took:.1f} s; `gpupool stats` failed {len(stats_failed)} of 10")
+            check(n == full, f"{scope}: under another user's flood the neighbour got {n} of "
+                  f"{full} blocks: {nerr[-600:]}")
+            check(not stats_failed, f"{scope}: `gpupool stats` failed under another user's "
+                  f"flood: {stats_failed[:3]}")
+        finally:
+            for f in flooders:
+                f.kill()
+                f.wait()
+            h.finish()
+        said = [l for l in open(log).read().splitlines() if "refused" in l or "dropp" in l]
+        print(f"{scope}: the holder logged {len(said)} lines about other users' connections")
+        check(len(said) <= 10, f"{scope}: the holder logged {len(said)} lines about other "
+              f"users' connections: {said[:3]} ... {said[-2:]}")
+
 elif CHECK == "many":
     # 32 processes joining at once each get their own entry.
     shared = fresh()
@@ -750,7 +824,7 @@ elif CHECK == "stdio_closed":
         # A client the control thread accepted before the program closed
         # 0-2 (new ones wait in the backlog meanwhile) asks then.
         client = socket.socket(socket.AF_UNIX)
-        client.connect("\0gpupool.%d.%d" % (os.geteuid(), h.p.pid))
+        client.connect(control_socket(os.geteuid(), h.p.pid))
         connected = time.monotonic()
         client.settimeout(30)
         time.sleep(0.2)  # accepted within the control thread's next round
@@ -988,6 +1062,13 @@ elif CHECK == "sessions":
             time.sleep(0.05)
         check(held_by(shared, h.p.pid, A, **default),
               "the registry removed at logout was not made again by the running job")
+        # So is its control socket's file (in the same directory): bound
+        # again within a look of its server (200 ms).
+        sock = os.path.join(own_dir, f"control.{h.p.pid}")
+        while not os.path.exists(sock) and time.time() < deadline:
+            time.sleep(0.05)
+        check(os.path.exists(sock), f"the control socket {sock} removed at logout was not "
+              "bound again by the running job")
         try:
             n, err, _, nerr = grab(shared, True, 0, A, **default)
             r = subprocess.run([LAUNCHER, "ps", "--json"], env=env(False, shared, A, **default),
