@@ -8,6 +8,8 @@
 //   control.cpp  start, dumps, the exit dump, fork, the public calls
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -44,6 +46,7 @@ struct Client {
   std::size_t sent = 0;
   std::uint64_t deadline = 0;
   bool answering = false;
+  pid_t pid = 0;  // the connecting process (SO_PEERCRED)
   // Another user's process (GPUPOOL_NEIGHBOURS=all): it may only ask for a
   // release; nothing of ours is shown to it.
   bool foreign = false;

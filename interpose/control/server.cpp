@@ -29,10 +29,11 @@ namespace gpupool::control {
 namespace {
 
 constexpr std::uint64_t kRequestTimeoutNs = 2'000 * kMs;  // a client's whole request line
-// Past this, the oldest client that has not sent a whole request is
-// dropped: a client of the user's that keeps connections open without
-// asking (a runaway loop) pushes out its own, never one that asked, nor one
-// that asks at once (its request is read as it is accepted).
+// Past this, a client that has not sent a whole request is dropped: the
+// oldest of the process with most such, so a client of the user's that
+// keeps connections open without asking (a runaway loop) pushes out its
+// own, never one that asked (its request is read as it is accepted), nor
+// another process's that has not sent its line yet.
 constexpr std::size_t kMaxClients = 64;
 // Other users' (GPUPOOL_NEIGHBOURS=all) may take at most this many: their
 // connections push out their own oldest, never the user's.
@@ -258,8 +259,8 @@ bool read_request(Client& c, std::uint64_t now, Notes& notes);
 // New connections: another user's is refused at once, before anything of
 // theirs is read, unless GPUPOOL_NEIGHBOURS=all lets it ask for a release;
 // the others join the clients, with what they have sent already read.
-// Past the limit the oldest client without a whole request makes room
-// (another user's first, for one of theirs); where every one has asked,
+// Past the limit a client without a whole request makes room (another
+// user's, for one of theirs; see kMaxClients); where every one has asked,
 // the new one is turned away.
 void accept_clients(State& st, int listening, std::vector<Client>& clients, Notes& notes) {
   const bool all_users = st.rt && st.rt->config.neighbours == config::Neighbours::all;
@@ -287,22 +288,46 @@ void accept_clients(State& st, int listening, std::vector<Client>& clients, Note
     cl.foreign = foreign;
     cl.deadline = now + kRequestTimeoutNs;
     if (!read_request(cl, now, notes)) continue;  // closed without asking
+    cl.pid = known ? cred.pid : 0;
+    // The oldest client that has not asked, of the process that has most
+    // such clients (among other users' only, when foreign_only): a process
+    // that keeps connections open without asking pushes out its own, never
+    // another process's client that has not sent its line yet.
     const auto idle = [&](bool foreign_only) {
+      const auto candidate = [&](const Client& x) { return !x.answering && (x.foreign || !foreign_only); };
+      std::vector<pid_t> pids;
+      for (const Client& x : clients)
+        if (candidate(x)) pids.push_back(x.pid);
+      std::sort(pids.begin(), pids.end());
+      std::size_t most = 0;
+      for (std::size_t i = 0, j; i < pids.size(); i = j) {
+        for (j = i; j < pids.size() && pids[j] == pids[i]; ++j) {
+        }
+        most = std::max(most, j - i);
+      }
       return std::find_if(clients.begin(), clients.end(), [&](const Client& x) {
-        return !x.answering && (x.foreign || !foreign_only);
+        if (!candidate(x)) return false;
+        const auto [first, last] = std::equal_range(pids.begin(), pids.end(), x.pid);
+        return static_cast<std::size_t>(last - first) == most;
       });
     };
-    const bool foreign_full =
-        foreign && static_cast<std::size_t>(std::count_if(clients.begin(), clients.end(), [](const Client& x) {
-                     return x.foreign;
-                   })) >= kMaxForeignClients;
-    if (foreign_full || clients.size() >= kMaxClients) {
+    // Clients that asked are answered within the round (or their answer's
+    // 1 s), so the limits count those that have not.
+    const auto waiting = [&](bool foreign_only) {
+      return static_cast<std::size_t>(std::count_if(clients.begin(), clients.end(), [&](const Client& x) {
+        return !x.answering && (x.foreign || !foreign_only);
+      }));
+    };
+    const bool foreign_full = foreign && waiting(true) >= kMaxForeignClients;
+    if (!cl.answering && (foreign_full || waiting(false) >= kMaxClients)) {
       auto victim = idle(true);
       if (victim == clients.end() && !foreign_full) victim = idle(false);
       notes.add(Notes::dropped, now, [&] {
         return "control socket: " + std::to_string(foreign_full ? kMaxForeignClients : kMaxClients) +
                (foreign_full ? " other users' clients" : " clients") + " at once; " +
-               (victim == clients.end() ? "turned a new one away" : "dropped the oldest that had not asked");
+               (victim == clients.end() ? "turned a new one away"
+                                           : "dropped the oldest that had not asked of the process "
+                                             "with most such");
       });
       if (victim == clients.end()) continue;
       clients.erase(victim);

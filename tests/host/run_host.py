@@ -1035,7 +1035,7 @@ def socket_idle_flood(tmp):
     finishes a request (two threads, each keeping its last 100 open) does
     not make `gpupool stats` fail: before, 25-45% of them did ("closed the
     connection without answering", "Broken pipe", "queue is full")."""
-    p, ready = start(["serve"], env=env(True))
+    p, ready = start(["serve"], env=env(True, GPUPOOL_LOG="info", GPUPOOL_LOG_FILE=os.path.join(tmp, "log")))
     pid = int(ready.split()[1])
     stop = threading.Event()
     opened = [0]
@@ -1078,6 +1078,8 @@ def socket_idle_flood(tmp):
         check(opened[0] > 0, "the flood opened no connection")
         check(not failed, f"`gpupool stats` failed {len(failed)} of 20 beside an idle client: "
               f"{failed[:3]}")
+        if failed:  # what the process said about its clients
+            print(open(os.path.join(tmp, "log")).read()[-3000:])
     finally:
         stop.set()
         for t in threads:
