@@ -1030,6 +1030,34 @@ def socket_foreign_flood(tmp):
         p.wait(timeout=60)
 
 
+def socket_file(tmp):
+    """The socket's file goes with its process: removed at exit; left by a
+    killed one, removed by the next process that starts; removed while the
+    process runs (a cleaner, logout), bound again."""
+    p, ready = start(["serve"], env=env(True))
+    pid = int(ready.split()[1])
+    path = control_socket(pid)
+    check(os.path.exists(path), f"no socket file {path}")
+    os.unlink(path)
+    check(wait_for(lambda: os.path.exists(path), 10), f"{path} removed and not bound again")
+    r = gp("stats", str(pid), "--timeout", "10")
+    check(r.returncode == 0, f"`gpupool stats` after the file was bound again: {r.stderr}")
+    p.stdin.close()
+    p.wait(timeout=60)
+    check(not os.path.exists(path), f"{path} left after the process exited")
+    killed, ready = start(["serve"], env=env(True))
+    killed_path = control_socket(int(ready.split()[1]))
+    killed.kill()
+    killed.wait()
+    check(os.path.exists(killed_path), "a killed process's file is gone by itself (the check "
+          "below could not fail)")
+    p, ready = start(["serve"], env=env(True))
+    check(not os.path.exists(killed_path), f"{killed_path} of a killed process left after "
+          "another process started")
+    p.stdin.close()
+    p.wait(timeout=60)
+
+
 def socket_idle_flood(tmp):
     """A client of the user's own that keeps opening connections and never
     finishes a request (two threads, each keeping its last 100 open) does
@@ -1284,6 +1312,7 @@ CHECKS = {
     "socket.squatted": socket_squatted,
     "socket.foreign_flood": socket_foreign_flood,
     "socket.idle_flood": socket_idle_flood,
+    "socket.file": socket_file,
     "socket.seccomp": socket_seccomp,
     "exit.stderr_blocked": exit_stderr_blocked,
     "memory.contexts": memory_contexts,
