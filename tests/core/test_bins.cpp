@@ -63,10 +63,11 @@ TEST(Bins, EveryBinBoundaryForSeveralBitCounts) {
       }
       if (size >= (std::size_t{1} << lb)) {
         // Rounding waste below 1/2^lb of the request, for the smallest request of the bin.
-        if (top != SIZE_MAX)
+        if (top != SIZE_MAX) {
           ASSERT_LT(static_cast<long double>(top - size),
                     static_cast<long double>(size) / (std::size_t{1} << lb))
               << "lb=" << lb << " size=" << size;
+        }
       } else {
         ASSERT_EQ(top, size) << "small sizes get exact bins";
       }
