@@ -18,6 +18,8 @@
 #include <mutex>
 #include <new>
 
+#include "core/lock_rank.hpp"
+
 namespace gpupool::io {
 namespace {
 
@@ -30,8 +32,8 @@ struct Job {
 
 // Never destroyed: jobs come until the process is gone (exit dumps, logs).
 struct Files {
-  std::mutex mu;
-  std::condition_variable cv;  // a job queued or done, the gate opened, a start
+  Ranked<LockRank::files_queue> mu;
+  std::condition_variable_any cv;  // a job queued or done, the gate opened, a start
   Job* head = nullptr;  // the queue, oldest first
   Job* tail = nullptr;
   pid_t pid = 0;         // the process whose files thread runs (0: none yet)
@@ -41,6 +43,8 @@ struct Files {
   int busy = 0;              // private threads inside a job or PrivateWork
   int unshare_errno = 0;     // why inline_only
 };
+
+using FilesLock = UniqueLock<Ranked<LockRank::files_queue>>;
 
 std::atomic<bool> g_enabled{false};
 Files* g_files = new Files;
@@ -64,7 +68,8 @@ bool make_private_table() {
   return true;
 }
 
-void run_job(Files& f, std::unique_lock<std::mutex>& lk, Job* job) {
+// Lets go of the queue's lock (`lk`, on f.mu) around the job.
+void run_job(Files& f, FilesLock& lk, Job* job) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   ++f.busy;
   lk.unlock();
   try {
@@ -86,7 +91,7 @@ void* files_main(void*) {
 #endif
   const bool ok = make_private_table();
   const int e = errno;
-  std::unique_lock lk(f.mu);
+  UniqueLock lk(f.mu);
   f.unshare_errno = e;
   f.starting = false;
   f.inline_only = !ok;
@@ -104,7 +109,7 @@ void* files_main(void*) {
 
 // Starts the files thread if this process has none. Called with f.mu held;
 // false: work runs inline.
-bool ensure_started(Files& f, std::unique_lock<std::mutex>& lk) {
+bool ensure_started(Files& f, FilesLock& lk) {
   const pid_t self = getpid();
   if (f.pid == self && !f.starting) return !f.inline_only;
   if (f.pid != self) {
@@ -134,7 +139,7 @@ void* spawned_main(void* p) {
   t_private = s.private_table;
   if (s.job) {
     Files& f = *g_files;
-    std::unique_lock lk(f.mu);
+    UniqueLock lk(f.mu);
     --f.busy;  // counted by its creator until run_job counts it
     run_job(f, lk, s.job);
   } else {
@@ -162,7 +167,7 @@ bool on_private_thread() { return t_private; }
 int start_private_files() {
   if (t_private || !g_enabled.load(std::memory_order_acquire)) return 0;
   Files& f = *g_files;
-  std::unique_lock lk(f.mu);
+  UniqueLock lk(f.mu);
   return ensure_started(f, lk) || !f.inline_only ? 0 : f.unshare_errno;
 }
 
@@ -174,7 +179,7 @@ void in_private_work(Work fn) {
     return;
   }
   Files& f = *g_files;
-  std::unique_lock lk(f.mu);
+  UniqueLock lk(f.mu);
   if (!ensure_started(f, lk)) {
     lk.unlock();
     fn();
@@ -198,12 +203,12 @@ void in_private_own_thread_work(Work fn) {
   in_private([&] {
     {
       // Counted busy from here, so that fork() waits for it too.
-      std::lock_guard lk(g_files->mu);
+      LockGuard lk(g_files->mu);
       ++g_files->busy;
     }
     started = t_private && spawn(new Spawned{&job, nullptr, nullptr});
     if (!started) {
-      std::lock_guard lk(g_files->mu);
+      LockGuard lk(g_files->mu);
       --g_files->busy;
     }
   });
@@ -212,7 +217,7 @@ void in_private_own_thread_work(Work fn) {
     return;
   }
   Files& f = *g_files;
-  std::unique_lock lk(f.mu);
+  UniqueLock lk(f.mu);
   f.cv.wait(lk, [&] { return job.done; });
   if (job.failed) std::rethrow_exception(job.failed);
 }
@@ -241,38 +246,37 @@ bool start_private_thread(void (*fn)(void*), void* arg) {
 
 PrivateWork::PrivateWork() {
   Files& f = *g_files;
-  std::unique_lock lk(f.mu);
+  UniqueLock lk(f.mu);
   f.cv.wait(lk, [&] { return !f.gate; });
   ++f.busy;
 }
 
 PrivateWork::~PrivateWork() {
   Files& f = *g_files;
-  std::lock_guard lk(f.mu);
+  LockGuard lk(f.mu);
   --f.busy;
   f.cv.notify_all();
 }
 
-void private_fork_prepare() {
+void private_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   Files& f = *g_files;
-  std::unique_lock lk(f.mu);
+  f.mu.lock();  // held until parent or child
   f.gate = true;
-  f.cv.wait(lk, [&] { return f.busy == 0; });
-  lk.release();  // held until parent or child
+  f.cv.wait(f.mu, [&] { return f.busy == 0; });
 }
 
-void private_fork_parent() {
+void private_fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   Files& f = *g_files;
   f.gate = false;
   f.cv.notify_all();
   f.mu.unlock();
 }
 
-void private_fork_child() {
+void private_fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   // No private thread here: the parent's jobs are the parent's.
   Files& f = *g_files;
-  new (&f.mu) std::mutex;
-  new (&f.cv) std::condition_variable;
+  f.mu.remake_held_in_child();
+  new (&f.cv) std::condition_variable_any;
   f.head = f.tail = nullptr;
   f.pid = 0;
   f.starting = false;

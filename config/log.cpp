@@ -21,6 +21,7 @@
 #include <spdlog/sinks/base_sink.h>
 
 #include "config/io.hpp"
+#include "core/lock_rank.hpp"
 
 namespace gpupool {
 namespace config::detail {
@@ -33,7 +34,11 @@ namespace {
 // Writes each line with one bounded write (config/io.hpp): to the log file,
 // reopened if the program closed or replaced its descriptor (and in a forked
 // child whose path names its pid), or to stderr.
-class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
+// The sink's lock: last but the files thread's (core/lock_rank.hpp), since
+// any code may log whatever it holds.
+using SinkLock = Ranked<LockRank::log_sink>;
+
+class FdSink final : public spdlog::sinks::base_sink<SinkLock> {
  public:
   // `pattern` empty: stderr.
   explicit FdSink(std::string pattern) : pattern_(std::move(pattern)) {}
@@ -49,12 +54,12 @@ class FdSink final : public spdlog::sinks::base_sink<std::mutex> {
     return !warned_;
   }
 
-  void fork_prepare() { mutex_.lock(); }
-  void fork_release() { mutex_.unlock(); }
+  void fork_prepare() GPUPOOL_ACQUIRE(mutex_) { mutex_.lock(); }
+  void fork_release() GPUPOOL_RELEASE(mutex_) { mutex_.unlock(); }
 
   // log_file_to_private_table(), on a thread of the program's table.
   void to_private_table() {
-    std::lock_guard lock(mutex_);
+    LockGuard lock(mutex_);
     if (pattern_.empty() || !file_in_program_ || io::on_private_thread() ||
         io::start_private_files() != 0)
       return;
@@ -167,11 +172,11 @@ void log_file_to_private_table() {
   if (FdSink* s = g_sink.load(std::memory_order_acquire)) s->to_private_table();
 }
 
-void log_fork_prepare() {
+void log_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (FdSink* s = g_sink.load(std::memory_order_acquire)) s->fork_prepare();
 }
 
-void log_fork_release() {
+void log_fork_release() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (FdSink* s = g_sink.load(std::memory_order_acquire)) s->fork_release();
 }
 

@@ -20,10 +20,13 @@
 
 #include <mutex>
 
+#include "core/lock_rank.hpp"
+
 // The instantiations gpupool uses and the headers declare without defining:
-// its own sink's base, the registry's default logger's sink, and fmt's
-// locale-free separators (FMT_STATIC_THOUSANDS_SEPARATOR).
-template class spdlog::sinks::base_sink<std::mutex>;
+// its own sink's base (its lock ranked: log.cpp), the registry's default
+// logger's sink, and fmt's locale-free separators
+// (FMT_STATIC_THOUSANDS_SEPARATOR).
+template class spdlog::sinks::base_sink<gpupool::Ranked<gpupool::LockRank::log_sink>>;
 template class spdlog::sinks::ansicolor_stdout_sink<spdlog::details::console_mutex>;
 template class spdlog::sinks::ansicolor_sink<spdlog::details::console_mutex>;
 namespace fmt::detail {

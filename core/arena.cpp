@@ -32,7 +32,7 @@ Stats Arena::stats() const {
   binned_.add_counters(s);
   if (segments_) segments_->add_counters(s);
   if (outside_) outside_->add_counters(s);
-  std::lock_guard lock(slow_mu_);
+  LockGuard lock(slow_mu_);
   s += slow_;
   return s;
 }
@@ -49,7 +49,7 @@ void Arena::give_back(Handle h, std::size_t size, void* data, bool drop) {
   } else {
     backend_->release(h, size, data);
   }
-  std::lock_guard lock(slow_mu_);
+  LockGuard lock(slow_mu_);
   if (!drop) ++slow_.backend_frees;
   slow_.managed_bytes -= size;
 }
@@ -65,7 +65,7 @@ void Arena::let_go(const Held& item, bool drop) {
 }
 
 void Arena::count(std::uint64_t Stats::*counter, std::uint64_t n) {
-  std::lock_guard lock(slow_mu_);
+  LockGuard lock(slow_mu_);
   slow_.*counter += n;
 }
 

@@ -23,7 +23,7 @@ struct Arena::Group {
 };
 
 inline void Arena::took_memory(std::size_t size) {
-  std::lock_guard lock(slow_mu_);
+  LockGuard lock(slow_mu_);
   ++slow_.backend_allocs;
   slow_.managed_bytes += size;
   slow_.peak_managed_bytes = std::max(slow_.peak_managed_bytes, slow_.managed_bytes);

@@ -11,7 +11,7 @@ ArenaList::~ArenaList() = default;
 
 Arena* ArenaList::add(std::unique_ptr<Backend> backend, ArenaOptions options, unsigned shards,
                       std::uint64_t (*clock)()) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   Group* group = nullptr;
   for (auto& g : groups_)
     if (g->name == options.group) group = g.get();
@@ -37,7 +37,7 @@ ArenaList::Pinned::~Pinned() {
 void ArenaList::unpin(std::span<Arena* const> arenas, bool emptied) noexcept {
   bool last_of_retired = false;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     for (Arena* a : arenas) {
       if (emptied) a->emptying_ = false;
       if (--a->pins_ == 0 && a->retired()) last_of_retired = true;
@@ -52,7 +52,7 @@ void ArenaList::unpin(std::span<Arena* const> arenas, bool emptied) noexcept {
 }
 
 ArenaList::Retiring ArenaList::retire(Arena* arena, bool keep_stats) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   arena->keep_stats_.store(keep_stats, std::memory_order_release);
   ++arena->pins_;
   arena->emptying_ = true;
@@ -63,7 +63,7 @@ ArenaList::Retiring ArenaList::retire(Arena* arena, bool keep_stats) {
 void ArenaList::reclaim() {
   std::vector<std::unique_ptr<Arena>> dead;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     // Room first: once an arena leaves the lists nothing may fail.
     try {
       dead.reserve(arenas_.size());
@@ -98,18 +98,18 @@ void ArenaList::reclaim() {
 }
 
 std::size_t ArenaList::size() const {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   return arenas_.size();
 }
 
 void ArenaList::add_retired(Stats& t) const {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   for (const Retired& r : retired_) t += r.stats;
 }
 
 std::vector<ArenaSnapshot> ArenaList::retired_rows() const {
   std::vector<ArenaSnapshot> out;
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   for (const Retired& r : retired_) {
     ArenaSnapshot snap;
     snap.name = r.kind + ": " + std::to_string(r.arenas) + " destroyed arena" + (r.arenas == 1 ? "" : "s");

@@ -61,7 +61,7 @@ class ArenaList {
   template <class Keep>
   Pinned pin(Keep&& keep) {
     Pinned p(*this);
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     for (const auto& a : arenas_)
       if (keep(*a)) {
         p.arenas_.push_back(a.get());
@@ -96,11 +96,13 @@ class ArenaList {
   // In the child, pins held by threads it does not have are gone, but for
   // an arena a retire was emptying: it stays, retired and half emptied, as
   // on main (destroyed, it would lose the blocks still in its bins).
-  void fork_prepare() { mu_.lock(); }
-  void fork_parent() { mu_.unlock(); }
-  void fork_child();
+  void fork_prepare() GPUPOOL_ACQUIRE(mu_) { mu_.lock(); }
+  void fork_parent() GPUPOOL_RELEASE(mu_) { mu_.unlock(); }
+  void fork_child() GPUPOOL_RELEASE(mu_);
   // Every arena; only while the list's lock is held (the fork handlers).
-  const std::vector<std::unique_ptr<Arena>>& locked_arenas() const { return arenas_; }
+  const std::vector<std::unique_ptr<Arena>>& locked_arenas() const GPUPOOL_REQUIRES(mu_) {
+    return arenas_;
+  }
 
  private:
   using Group = Arena::Group;
@@ -109,8 +111,8 @@ class ArenaList {
 
   const std::atomic<PoolObserver*>& observer_;
   mutable Ranked<LockRank::pool_arenas> mu_;
-  std::vector<std::unique_ptr<Arena>> arenas_;
-  std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<std::unique_ptr<Arena>> arenas_ GPUPOOL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Group>> groups_ GPUPOOL_GUARDED_BY(mu_);
   // Counters of destroyed retired arenas, one entry per kind: what they did
   // stays in the totals, in bounded memory.
   struct Retired {
@@ -118,7 +120,7 @@ class ArenaList {
     std::uint64_t arenas = 0;
     Stats stats;
   };
-  std::vector<Retired> retired_;
+  std::vector<Retired> retired_ GPUPOOL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpupool::core_detail

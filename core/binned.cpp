@@ -19,8 +19,8 @@ Held held(Block* b) { return {b->handle, b->size, b->data, b}; }
 void BinnedCache::offer(Victims order, Offer& best) {
   for (unsigned i = 0; i < count_; ++i) {
     Shard& s = shards_[i];
-    std::lock_guard lock(s.mu);
-    auto consider = [&](std::size_t bin) {
+    LockGuard lock(s.mu);
+    auto consider = [&](std::size_t bin) GPUPOOL_REQUIRES(s.mu) {
       const Block* b = order == Victims::largest ? s.bins[bin].back() : s.bins[bin].front();
       if (best.beaten_by(order, b->size, b->freed_at_ns))
         best = {this, b->size, b->freed_at_ns, {i, bin}};
@@ -42,7 +42,7 @@ void BinnedCache::offer(Victims order, Offer& best) {
 Held BinnedCache::take_offered(const Offer& offer) {
   Shard& s = shards_[offer.place[0]];
   const std::size_t bin = offer.place[1];
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   if (bin >= s.bins.size() || s.bins[bin].empty()) return {};
   Block* b = s.bins[bin].front();
   s.bins[bin].pop_front();
@@ -53,7 +53,7 @@ Held BinnedCache::take_offered(const Offer& offer) {
 Held BinnedCache::take_any() {
   for (unsigned i = 0; i < count_; ++i) {
     Shard& s = shards_[i];
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     for (auto& q : s.bins)
       if (!q.empty()) {
         Block* b = q.back();
@@ -68,7 +68,7 @@ Held BinnedCache::take_any() {
 void BinnedCache::take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) {
   for (unsigned i = 0; i < count_; ++i) {
     Shard& s = shards_[i];
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     if (s.c.held_blocks == 0) continue;  // the common case once a second: no walk
     for (auto& v : s.bins) {
       // Oldest first in each bin.
@@ -89,7 +89,7 @@ void BinnedCache::take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& ou
 std::size_t BinnedCache::releasable_bytes() const {
   std::size_t n = 0;
   for (unsigned i = 0; i < count_; ++i) {
-    std::lock_guard lock(shards_[i].mu);
+    LockGuard lock(shards_[i].mu);
     n += shards_[i].c.held_bytes;
   }
   return n;
@@ -97,14 +97,14 @@ std::size_t BinnedCache::releasable_bytes() const {
 
 void BinnedCache::add_counters(Stats& s) const {
   for (unsigned i = 0; i < count_; ++i) {
-    std::lock_guard lock(shards_[i].mu);
+    LockGuard lock(shards_[i].mu);
     s += shards_[i].c;
   }
 }
 
 bool BinnedCache::any_active() const {
   for (unsigned i = 0; i < count_; ++i) {
-    std::lock_guard lock(shards_[i].mu);
+    LockGuard lock(shards_[i].mu);
     if (shards_[i].c.active_blocks != 0) return true;
   }
   return false;
@@ -113,7 +113,7 @@ bool BinnedCache::any_active() const {
 void BinnedCache::add_bins(std::vector<BinSnapshot>& bins) const {
   for (unsigned i = 0; i < count_; ++i) {
     Shard& s = shards_[i];
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     if (bins.size() < s.bins.size()) bins.resize(s.bins.size());
     for (std::size_t bin = 0; bin < s.bins.size(); ++bin)
       for (Block* b : s.bins[bin]) {
@@ -124,15 +124,18 @@ void BinnedCache::add_bins(std::vector<BinSnapshot>& bins) const {
   }
 }
 
-void BinnedCache::lock_all() {
+// fork(): every shard at once (the analysis cannot follow locks taken in a
+// loop; the parent's and child's handlers release them).
+void BinnedCache::lock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (unsigned i = 0; i < count_; ++i) shards_[i].mu.lock();
 }
 
-void BinnedCache::unlock_all() {
+void BinnedCache::unlock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (unsigned i = 0; i < count_; ++i) shards_[i].mu.unlock();
 }
 
-void BinnedCache::forget_growth() {
+// fork()'s child, every shard's lock held (lock_all).
+void BinnedCache::forget_growth() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (unsigned i = 0; i < count_; ++i)
     for (BinGrowth& g : shards_[i].growth) g.growing = false;
 }

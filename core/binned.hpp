@@ -81,26 +81,26 @@ struct BinGrowth {
 // allocates, the sum of per-shard peaks (an upper bound) when several do.
 struct alignas(64) Shard {
   Ranked<LockRank::arena_shard, SpinLock> mu;
-  std::vector<BinQueue> bins;  // by bin number; back = most recently freed
-  Stats c;
-  std::vector<BinGrowth> growth;  // by bin number
-  BinGrowth& growth_of(std::size_t bin) {
+  std::vector<BinQueue> bins GPUPOOL_GUARDED_BY(mu);  // by bin number; back = most recently freed
+  Stats c GPUPOOL_GUARDED_BY(mu);
+  std::vector<BinGrowth> growth GPUPOOL_GUARDED_BY(mu);  // by bin number
+  BinGrowth& growth_of(std::size_t bin) GPUPOOL_REQUIRES(mu) {
     if (growth.size() <= bin) growth.resize(bin + 1);
     return growth[bin];
   }
 
-  void add_active(const Block* b) {
+  void add_active(const Block* b) GPUPOOL_REQUIRES(mu) {
     ++c.active_blocks;
     c.active_bytes += b->requested;
     c.peak_active_blocks = std::max(c.peak_active_blocks, c.active_blocks);
     c.peak_active_bytes = std::max(c.peak_active_bytes, c.active_bytes);
   }
-  void remove_active(const Block* b) {
+  void remove_active(const Block* b) GPUPOOL_REQUIRES(mu) {
     --c.active_blocks;
     c.active_bytes -= b->requested;
   }
   // Room to hold a block of `bin` without allocating in push_held().
-  bool room_for(std::size_t bin) noexcept {
+  bool room_for(std::size_t bin) noexcept GPUPOOL_REQUIRES(mu) {
     try {
       if (bins.size() <= bin) bins.resize(bin + 1);
     } catch (...) {
@@ -109,17 +109,17 @@ struct alignas(64) Shard {
     return bins[bin].reserve_one();
   }
   // After room_for(b->bin).
-  void push_held(Block* b) {
+  void push_held(Block* b) GPUPOOL_REQUIRES(mu) {
     bins[b->bin].push_back(b);
     c.add_held(b->size);
   }
-  void unheld(const Block* b) { c.remove_held(b->size); }
+  void unheld(const Block* b) GPUPOOL_REQUIRES(mu) { c.remove_held(b->size); }
   // A ready block of `bin`, or nullptr; *pending is set when the bin only has
   // blocks whose fence has not passed, and their number added to
   // *pending_blocks. Fences grow with push order, so the oldest block (front)
   // is the most likely to be ready.
   [[gnu::always_inline]] Block* take(std::size_t bin, Backend& backend, bool* pending,
-                                     std::size_t* pending_blocks) {
+                                     std::size_t* pending_blocks) GPUPOOL_REQUIRES(mu) {
     if (bin >= bins.size() || bins[bin].empty()) return nullptr;
     Block* b = take_ready(bins[bin], backend);
     if (!b) {
@@ -130,7 +130,7 @@ struct alignas(64) Shard {
   }
   // A ready held block of the smallest bin in (bin, last] (a request its own
   // bin cannot serve, borrowing a larger block), or nullptr.
-  Block* take_larger(std::size_t bin, std::size_t last, Backend& backend) {
+  Block* take_larger(std::size_t bin, std::size_t last, Backend& backend) GPUPOOL_REQUIRES(mu) {
     for (std::size_t k = bin + 1; k <= last && k < bins.size(); ++k)
       if (!bins[k].empty())
         if (Block* b = take_ready(bins[k], backend)) return b;
@@ -138,7 +138,7 @@ struct alignas(64) Shard {
   }
   // The newest block of a non-empty bin if the device is done with it, else
   // the oldest if that one is, else nullptr (all pending).
-  [[gnu::always_inline]] Block* take_ready(BinQueue& v, Backend& backend) {
+  [[gnu::always_inline]] Block* take_ready(BinQueue& v, Backend& backend) GPUPOOL_REQUIRES(mu) {
     Block* b = v.back();
     if (b->fence == 0 || backend.passed(b->fence)) {
       v.pop_back();
@@ -160,7 +160,7 @@ inline BinnedCache::Found BinnedCache::take(unsigned my, std::size_t bin, std::s
   Found f;
   Shard& mine = shards_[my];
   {
-    std::lock_guard lock(mine.mu);
+    LockGuard lock(mine.mu);
     f.block = mine.take(bin, backend_, &f.pending, &f.pending_blocks);
     if (f.block) {
       f.block->requested = size;
@@ -176,7 +176,7 @@ inline BinnedCache::Found BinnedCache::take(unsigned my, std::size_t bin, std::s
 template <class Keep, class OnHold>
 bool BinnedCache::hold(Block* b, Keep&& keep, OnHold&& on_hold) {
   Shard& s = shards_[b->shard];
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   s.remove_active(b);
   if (!keep() || !s.room_for(b->bin)) return false;
   on_hold();
@@ -191,7 +191,7 @@ inline void BinnedCache::take_elsewhere(unsigned my, std::size_t bin, std::size_
   const bool skip_others = f.pending && !look_past_pending;
   for (unsigned i = 1; i < count_ && !b && !skip_others; ++i) {
     Shard& other = shards_[(my + i) & (count_ - 1)];
-    std::lock_guard lock(other.mu);
+    LockGuard lock(other.mu);
     b = other.take(bin, backend_, &f.pending, &f.pending_blocks);
   }
   // Nothing of this size: a held block of a larger bin serves it rather than
@@ -200,7 +200,7 @@ inline void BinnedCache::take_elsewhere(unsigned my, std::size_t bin, std::size_
   if (!b && !f.pending && borrow_last != kNoBorrowing) {
     for (unsigned i = 0; i < count_ && !b; ++i) {
       Shard& s = shards_[(my + i) & (count_ - 1)];
-      std::lock_guard lock(s.mu);
+      LockGuard lock(s.mu);
       b = s.take_larger(bin, borrow_last, backend_);
     }
   }
@@ -208,7 +208,7 @@ inline void BinnedCache::take_elsewhere(unsigned my, std::size_t bin, std::size_
     b->shard = static_cast<std::uint8_t>(my);
     b->requested = size;
     Shard& mine = shards_[my];
-    std::lock_guard lock(mine.mu);
+    LockGuard lock(mine.mu);
     ++mine.c.hits;
     mine.add_active(b);
   }

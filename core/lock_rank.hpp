@@ -1,7 +1,6 @@
 // Lock ranks: the one order in which gpupool's locks nest.
 //
-// Every lock of core/ and interpose/ has a rank from the table below (config/'s
-// logger and files thread excepted: see the table). A thread may take a lock only
+// Every lock of gpupool has a rank from the table below. A thread may take a lock only
 // while each lock it already holds ranks lower; several locks of one rank
 // are held together only by fork handlers, which take every lock at once
 // (lock_rank::entering_fork). Debug builds (GPUPOOL_LOCK_RANKS, defined for
@@ -14,6 +13,8 @@
 #include <mutex>
 #include <new>
 
+#include "core/thread_safety.hpp"
+
 // X(id, name), lowest rank first: a lock ranks after every lock that may be
 // held when it is taken. Each lock's comment says what it guards and what
 // it is held around.
@@ -25,9 +26,9 @@
 // takes no lock, runs under the shard and segment locks), so the
 // observer's locks (trace, sites, recorder) could rank either side of the
 // core's; they go after them, the order fork() takes them in (runtime.hpp's
-// ForkPart: pool, then trace, then control). config/'s logger and files
-// thread keep their own locks, taken last of all (ForkPart log, files), and
-// are not in the table.
+// ForkPart: pool, then trace, then control, whose order runtime.hpp checks
+// against this table). config/'s logger and files thread come last of all:
+// any code may log or hand the files thread work, whatever it holds.
 #define GPUPOOL_LOCK_RANK_TABLE(X)                                                         \
   /* control: the control thread's round (internal.hpp); everything the */                \
   /* thread does, the locks below included, runs under it. */                             \
@@ -95,7 +96,12 @@
   /* control: the warnings kept for the dumps (internal.hpp). */                          \
   X(control_warnings, "control warnings")                                                  \
   /* control: the control socket's requests queue (internal.hpp). */                      \
-  X(control_requests, "control requests")
+  X(control_requests, "control requests")                                                  \
+  /* config: the logger's sink (log.cpp), around one line's write, which */                \
+  /* goes through the files thread. */                                                     \
+  X(log_sink, "logger sink")                                                               \
+  /* config: the files thread's queue (files_thread.cpp); nothing is taken under it. */   \
+  X(files_queue, "files thread queue")
 
 namespace gpupool {
 
@@ -162,43 +168,100 @@ inline namespace unchecked {
 
 // A lock (std::mutex, std::shared_mutex, SpinLock) with its rank: what every
 // lock of core/ and interpose/ is. In builds without the checks it is the
-// lock itself: nothing more on the hit path.
+// lock itself: nothing more on the hit path. For clang's thread-safety
+// analysis it is the capability that GPUPOOL_GUARDED_BY and
+// GPUPOOL_REQUIRES name (core/thread_safety.hpp).
 template <LockRank R, class Lock = std::mutex>
-class Ranked {
+class GPUPOOL_CAPABILITY("mutex") Ranked {
  public:
   static constexpr LockRank rank = R;
-  void lock() {
+  void lock() GPUPOOL_ACQUIRE() {
     lock_rank::will_take(R);
     lock_.lock();
   }
-  bool try_lock() {
+  bool try_lock() GPUPOOL_TRY_ACQUIRE(true) {
     if (!lock_.try_lock()) return false;
     lock_rank::did_take(R);
     return true;
   }
-  void unlock() {
+  void unlock() GPUPOOL_RELEASE() {
     lock_.unlock();
     lock_rank::did_release(R);
   }
   // A shared take (std::shared_mutex) ranks as an exclusive one.
-  void lock_shared() {
+  void lock_shared() GPUPOOL_ACQUIRE_SHARED() {
     lock_rank::will_take(R);
     lock_.lock_shared();
   }
-  void unlock_shared() {
+  void unlock_shared() GPUPOOL_RELEASE_SHARED() {
     lock_.unlock_shared();
     lock_rank::did_release(R);
   }
   // fork()'s child, for a lock its prepare handler took that cannot be
   // unlocked there (a written std::shared_mutex names the parent's thread,
   // which the child does not have): made new, and no longer held.
-  void remake_held_in_child() {
+  void remake_held_in_child() GPUPOOL_RELEASE() {
     new (&lock_) Lock;
     lock_rank::did_release(R);
   }
 
  private:
   Lock lock_;
+};
+
+// Scoped takes of a Ranked lock that the thread-safety analysis follows
+// (std::lock_guard, std::unique_lock and std::shared_lock are not annotated
+// in libstdc++). Same use as the standard ones.
+template <class M>
+class GPUPOOL_SCOPED_CAPABILITY LockGuard {
+ public:
+  explicit LockGuard(M& m) GPUPOOL_ACQUIRE(m) : m_(m) { m_.lock(); }
+  // `m` already taken (a try_lock that succeeded): let go at scope end.
+  LockGuard(M& m, std::adopt_lock_t) GPUPOOL_REQUIRES(m) : m_(m) {}
+  ~LockGuard() GPUPOOL_RELEASE() { m_.unlock(); }
+  LockGuard(const LockGuard&) = delete;
+  LockGuard& operator=(const LockGuard&) = delete;
+
+ private:
+  M& m_;
+};
+
+// Taken at construction; may be let go and taken again (a condition
+// variable's wait does both).
+template <class M>
+class GPUPOOL_SCOPED_CAPABILITY UniqueLock {
+ public:
+  explicit UniqueLock(M& m) GPUPOOL_ACQUIRE(m) : m_(m) { lock(); }
+  ~UniqueLock() GPUPOOL_RELEASE() {
+    if (owns_) m_.unlock();
+  }
+  UniqueLock(const UniqueLock&) = delete;
+  UniqueLock& operator=(const UniqueLock&) = delete;
+  void lock() GPUPOOL_ACQUIRE() {
+    m_.lock();
+    owns_ = true;
+  }
+  void unlock() GPUPOOL_RELEASE() {
+    owns_ = false;
+    m_.unlock();
+  }
+  bool owns_lock() const { return owns_; }
+
+ private:
+  M& m_;
+  bool owns_ = false;
+};
+
+template <class M>
+class GPUPOOL_SCOPED_CAPABILITY SharedLock {
+ public:
+  explicit SharedLock(M& m) GPUPOOL_ACQUIRE_SHARED(m) : m_(m) { m_.lock_shared(); }
+  ~SharedLock() GPUPOOL_RELEASE() { m_.unlock_shared(); }
+  SharedLock(const SharedLock&) = delete;
+  SharedLock& operator=(const SharedLock&) = delete;
+
+ private:
+  M& m_;
 };
 
 }  // namespace checked / unchecked

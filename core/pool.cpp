@@ -157,7 +157,7 @@ AllocResult Pool::allocate_block(Arena& a, unsigned my, std::size_t size, bool p
       fresh ? *fresh : allocate_releasing(*arenas_, a, want, size, hint, &exact);
   Shard& mine = a.binned().shard(my);
   if (r.status != BackendStatus::ok) {
-    std::lock_guard lock(mine.mu);
+    LockGuard lock(mine.mu);
     ++mine.c.misses;
     return {nullptr, r.status, r.error, false};
   }
@@ -179,7 +179,7 @@ AllocResult Pool::allocate_block(Arena& a, unsigned my, std::size_t size, bool p
   b->bin = static_cast<std::uint16_t>(bin);
   b->shard = static_cast<std::uint8_t>(my);
   {
-    std::lock_guard lock(mine.mu);
+    LockGuard lock(mine.mu);
     ++mine.c.misses;
     mine.add_active(b);
   }
@@ -220,7 +220,7 @@ std::optional<BackendResult> Pool::grow(Arena& a, unsigned shard, std::size_t bi
     return std::nullopt;
   Shard& s = a.binned().shard(shard);
   {
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     BinGrowth& g = s.growth_of(bin);
     if (g.growing || g.credit_ns < 0) return std::nullopt;
     g.growing = true;
@@ -228,7 +228,7 @@ std::optional<BackendResult> Pool::grow(Arena& a, unsigned shard, std::size_t bi
   const std::uint64_t t0 = cost_now();
   BackendResult r = a.backend().allocate(bytes, hint);
   const std::uint64_t took = cost_now() - t0;
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   BinGrowth& g = s.growth_of(bin);
   g.growing = false;
   if (r.status != BackendStatus::ok) return std::nullopt;
@@ -242,7 +242,7 @@ void Pool::wait_for_pending(Arena& a, unsigned shard, std::size_t bin) {
   a.backend().wait_all();
   const std::uint64_t took = cost_now() - t0;
   Shard& s = a.binned().shard(shard);
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   ++s.c.fence_waits;
   s.growth_of(bin).credit_ns += static_cast<std::int64_t>(took);
 }
@@ -269,7 +269,7 @@ AllocResult Pool::allocate_piece(Arena& a, unsigned my, std::size_t size, std::u
     // makes every pending piece ready at once, and splitting is for taking
     // less memory.
     a.backend().wait_all();
-    std::lock_guard lock(mine.mu);
+    LockGuard lock(mine.mu);
     ++mine.c.fence_waits;
   }
   const bool hit = cut.size != 0;
@@ -282,7 +282,7 @@ AllocResult Pool::allocate_piece(Arena& a, unsigned my, std::size_t size, std::u
     bool exact = false;
     const BackendResult r = allocate_releasing(*arenas_, a, seg_bytes, size, hint, &exact);
     if (r.status != BackendStatus::ok) {
-      std::lock_guard lock(mine.mu);
+      LockGuard lock(mine.mu);
       ++mine.c.misses;
       return {nullptr, r.status, r.error, false};
     }
@@ -293,7 +293,7 @@ AllocResult Pool::allocate_piece(Arena& a, unsigned my, std::size_t size, std::u
   b->size = cut.size;
   b->data = cut.data;
   {
-    std::lock_guard lock(mine.mu);
+    LockGuard lock(mine.mu);
     ++(hit ? mine.c.hits : mine.c.misses);
     mine.add_active(b.get());
   }
@@ -339,7 +339,7 @@ void Pool::free_piece(Block* b) {
   // retired arena may be destroyed by another thread.
   {
     Shard& s = a.binned().shard(b->shard);
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     s.remove_active(b);
     if (fence != 0) ++s.c.pending_frees;
   }
@@ -365,7 +365,7 @@ void Pool::forget(Block* b) {
   // destroy a retired one.
   {
     Shard& s = a.binned().shard(b->shard);
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     s.remove_active(b);
   }
   delete b;

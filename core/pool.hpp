@@ -256,8 +256,8 @@ class Arena {
   void let_go(const core_detail::Held& item, bool drop);
   // Adds to one of its slow-path counters (trims, oom_retries, ...).
   void count(std::uint64_t Stats::*counter, std::uint64_t n = 1);
-  void lock_counters() { slow_mu_.lock(); }  // fork()
-  void unlock_counters() { slow_mu_.unlock(); }
+  void lock_counters() GPUPOOL_ACQUIRE(slow_mu_) { slow_mu_.lock(); }  // fork()
+  void unlock_counters() GPUPOOL_RELEASE(slow_mu_) { slow_mu_.unlock(); }
 
  private:
   friend class core_detail::ArenaList;
@@ -279,9 +279,9 @@ class Arena {
   // none (ArenaList::Pinned). Under the arena list's lock.
   unsigned pins_ = 0;
   bool emptying_ = false;  // one of the pins is retire_arena's (ArenaList::fork_child)
-  // Slow-path counters (backend calls), under slow_mu_.
+  // Slow-path counters (backend calls).
   mutable Ranked<LockRank::arena_counters> slow_mu_;
-  Stats slow_;
+  Stats slow_ GPUPOOL_GUARDED_BY(slow_mu_);
 };
 
 // A call that allocates, frees, retires, gives held memory back or reads

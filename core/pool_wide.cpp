@@ -140,8 +140,10 @@ std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
 }
 
 // Every lock of the pool, in rank order (core/lock_rank.hpp): the list's,
-// then each kind of arena lock for every arena at once.
-void Pool::fork_prepare() {
+// then each kind of arena lock for every arena at once. The handlers take
+// locks in one function and let go of them in another, and every arena's
+// at once: out of the thread-safety analysis's sight.
+void Pool::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   lock_rank::entering_fork();
   arenas_->fork_prepare();
   const auto& all = arenas_->locked_arenas();
@@ -151,7 +153,7 @@ void Pool::fork_prepare() {
     if (a->segments()) a->segments()->lock();
 }
 
-void Pool::unlock_arenas() {
+void Pool::unlock_arenas() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   const auto& all = arenas_->locked_arenas();
   for (auto& a : all)
     if (a->segments()) a->segments()->unlock();
@@ -159,13 +161,13 @@ void Pool::unlock_arenas() {
   for (auto& a : all) a->unlock_counters();
 }
 
-void Pool::fork_parent() {
+void Pool::fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   unlock_arenas();
   arenas_->fork_parent();
   lock_rank::leaving_fork();
 }
 
-void Pool::fork_child() {
+void Pool::fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   // A growth in flight belonged to a thread the child does not have, and so
   // did any pin of an arena (ArenaList::fork_child).
   for (auto& a : arenas_->locked_arenas()) a->binned().forget_growth();

@@ -118,7 +118,7 @@ Held SegmentCache::erase_segment(Handle base) {
 }
 
 SegmentCache::Cut SegmentCache::take(std::size_t want, bool first_attempt, bool* wait) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   // The best fit among the ready pieces; else, once, the ready neighbours
   // merged (pieces freed apart, ready since) and again.
   auto fit = free_pieces_.end(), best = fit;
@@ -189,7 +189,7 @@ SegmentCache::Cut SegmentCache::add_segment(const BackendResult& r, std::size_t 
         first.size = piece = got;
       }
     }
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     segments_.emplace(h, Segment{got, r.data, 1, 0});
     try {
       pieces_.emplace(h, std::move(first));
@@ -214,7 +214,7 @@ SegmentCache::Cut SegmentCache::add_segment(const BackendResult& r, std::size_t 
 
 Held SegmentCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool reusable,
                         const std::atomic<bool>& keep, bool* over_cap) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   auto it = free_piece(at, fence, t_ns);
   Segment& seg = segments_.at(it->second.segment);
   if (--seg.used != 0) return {};
@@ -226,7 +226,7 @@ Held SegmentCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool
 }
 
 Held SegmentCache::forget(Handle at, std::uint64_t t_ns) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   auto it = free_piece(at, 0, t_ns);
   Segment& seg = segments_.at(it->second.segment);
   if (--seg.used != 0) return {};
@@ -236,7 +236,7 @@ Held SegmentCache::forget(Handle at, std::uint64_t t_ns) {
 // Largest: the largest wholly free segment (the first of equals by
 // address). Oldest: the one freed first, the largest of those freed at once.
 void SegmentCache::offer(Victims order, Offer& best) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   const Segment* mine = nullptr;
   Handle base = 0;
   for (const auto& [at, seg] : segments_) {
@@ -254,7 +254,7 @@ void SegmentCache::offer(Victims order, Offer& best) {
 
 // The offered segment, if it is still wholly free.
 Held SegmentCache::take_offered(const Offer& offer) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   const Handle base = offer.place[0];
   auto seg = segments_.find(base);
   if (seg == segments_.end() || seg->second.used != 0) return {};
@@ -263,7 +263,7 @@ Held SegmentCache::take_offered(const Offer& offer) {
 
 // The largest wholly free segment.
 Held SegmentCache::take_any() {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   Handle base = 0;
   std::size_t size = 0;
   for (const auto& [at, seg] : segments_)
@@ -272,7 +272,7 @@ Held SegmentCache::take_any() {
 }
 
 void SegmentCache::take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   for (auto it = segments_.begin(); it != segments_.end();) {
     const Handle base = it->first;
     const bool old = it->second.used == 0 && it->second.freed_at_ns <= freed_by_ns;
@@ -285,7 +285,7 @@ void SegmentCache::take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& o
 }
 
 std::size_t SegmentCache::releasable_bytes() const {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   std::size_t n = 0;
   for (const auto& [base, seg] : segments_)
     if (seg.used == 0) n += seg.size;
@@ -293,7 +293,7 @@ std::size_t SegmentCache::releasable_bytes() const {
 }
 
 void SegmentCache::add_counters(Stats& s) const {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   s += c_;
 }
 

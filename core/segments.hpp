@@ -79,8 +79,8 @@ class SegmentCache final : public Cache {
   std::size_t releasable_bytes() const override;
   void add_counters(Stats& s) const override;
 
-  void lock() { mu_.lock(); }  // fork()
-  void unlock() { mu_.unlock(); }
+  void lock() GPUPOOL_ACQUIRE(mu_) { mu_.lock(); }  // fork()
+  void unlock() GPUPOOL_RELEASE(mu_) { mu_.unlock(); }
 
  private:
   using FreeSet = std::set<std::pair<std::size_t, Handle>>;  // (size, address): best fit
@@ -104,28 +104,30 @@ class SegmentCache final : public Cache {
 
   // A piece with its node (may throw: the allocation path only).
   static Piece make_piece(std::size_t size, Handle segment);
-  void add_free(Handle at, Piece& p);
-  void remove_free(Handle at, Piece& p);
+  // The helpers below run under mu_.
+  void add_free(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
+  void remove_free(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
   static void absorb(Piece& into, const Piece& from);  // `from`, its right neighbour, merged in
   bool ready(const Piece& p) const { return p.fence == 0 || backend_.passed(p.fence); }
   // The used piece at `at` is free now (fence, at t_ns): merged with its
   // free neighbours in the same segment that are as ready as it is (a piece
   // the device may still use would hold back a ready neighbour's bytes
   // until its fence passes). Allocates nothing.
-  std::map<Handle, Piece>::iterator free_piece(Handle at, std::uint64_t fence, std::uint64_t t_ns);
+  std::map<Handle, Piece>::iterator free_piece(Handle at, std::uint64_t fence, std::uint64_t t_ns)
+      GPUPOOL_REQUIRES(mu_);
   // Merge neighbouring free pieces that are both ready (their fences passed
   // since they were freed). Returns whether any merged.
-  bool coalesce();
+  bool coalesce() GPUPOOL_REQUIRES(mu_);
   // Whether free pieces in a row in one segment would serve `want` bytes
   // once the device is done with the pending ones among them (the caller
   // found no ready piece that fits).
-  bool fits_once_ready(std::size_t want);
+  bool fits_once_ready(std::size_t want) GPUPOOL_REQUIRES(mu_);
   // The free piece `best` (an entry of free_pieces_) handed out: cut to
   // `want` when the rest is at least split_min.
-  Cut cut(FreeSet::iterator best, std::size_t want);
+  Cut cut(FreeSet::iterator best, std::size_t want) GPUPOOL_REQUIRES(mu_);
   // A segment none of whose pieces is in use leaves the maps (its bytes go
   // back to the backend, or are let go, by the caller). Allocates nothing.
-  Held erase_segment(Handle base);
+  Held erase_segment(Handle base) GPUPOOL_REQUIRES(mu_);
 
   Backend& backend_;
   HeldCap& cap_;
@@ -134,12 +136,13 @@ class SegmentCache final : public Cache {
   // A leaf: no other lock is taken and no backend call made under it but
   // Backend::passed (the allocation path allocates under it).
   mutable Ranked<LockRank::arena_segments> mu_;
-  std::map<Handle, Segment> segments_;  // by base
-  std::map<Handle, Piece> pieces_;      // every piece of every segment, by address
-  FreeSet free_pieces_;
+  std::map<Handle, Segment> segments_ GPUPOOL_GUARDED_BY(mu_);  // by base
+  // Every piece of every segment, by address.
+  std::map<Handle, Piece> pieces_ GPUPOOL_GUARDED_BY(mu_);
+  FreeSet free_pieces_ GPUPOOL_GUARDED_BY(mu_);
   // Held counters of the free pieces (held_blocks, held_bytes and their
   // peaks); hits, misses and active counts are the shards'.
-  Stats c_;
+  Stats c_ GPUPOOL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpupool::core_detail

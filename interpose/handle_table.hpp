@@ -133,10 +133,10 @@ class ShardedHandleTable {
     return shards_[static_cast<unsigned>((h * 0x9E3779B97F4A7C15ull) >> (64 - ShardBits))];
   }
   // Every shard locked (fork handlers), in one order.
-  void lock_all() {
+  void lock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
     for (Shard& s : shards_) s.mu.lock();
   }
-  void unlock_all() {
+  void unlock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
     for (Shard& s : shards_) s.mu.unlock();
   }
 

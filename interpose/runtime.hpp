@@ -49,6 +49,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 
 #include "config/config.hpp"
 #include "core/pool.hpp"
@@ -131,6 +132,38 @@ enum class ForkPart : unsigned {
             // hand it work while holding its own locks (config/io.hpp)
   count
 };
+// The ranks each part's prepare handler takes, lowest and highest (node
+// takes none: it waits for NVML calls in flight instead). Checked below
+// against the rank table: the parts' order is the ranks' order.
+struct ForkPartRanks {
+  ForkPart part;
+  LockRank first, last;
+};
+inline constexpr ForkPartRanks kForkPartRanks[] = {
+    {ForkPart::round, LockRank::control_round, LockRank::control_round},
+    {ForkPart::cuda, LockRank::cuda_solo, LockRank::cuda_pointers},
+    {ForkPart::opencl, LockRank::opencl_contexts, LockRank::opencl_queues},
+    {ForkPart::pool, LockRank::pool_arenas, LockRank::arena_segments},
+    {ForkPart::trace, LockRank::trace_buffer, LockRank::recorder_shard},
+    {ForkPart::control, LockRank::control_warnings, LockRank::control_requests},
+    {ForkPart::log, LockRank::log_sink, LockRank::log_sink},
+    {ForkPart::files, LockRank::files_queue, LockRank::files_queue},
+};
+constexpr bool fork_parts_in_rank_order() {
+  const ForkPartRanks* prev = nullptr;
+  for (const ForkPartRanks& p : kForkPartRanks) {
+    if (p.last < p.first) return false;
+    if (prev && (p.part <= prev->part || p.first <= prev->last)) return false;
+    prev = &p;
+  }
+  return true;
+}
+static_assert(fork_parts_in_rank_order(),
+              "ForkPart order and the lock ranks' (core/lock_rank.hpp) differ: fork()'s prepare "
+              "handlers would take locks out of rank order");
+static_assert(std::size(kForkPartRanks) == static_cast<unsigned>(ForkPart::count) - 1,
+              "every fork part but node takes locks: list its ranks in kForkPartRanks");
+
 struct ForkHandlers {
   void (*prepare)() = nullptr;
   void (*parent)() = nullptr;

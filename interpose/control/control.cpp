@@ -30,7 +30,7 @@ State* new_state(Runtime& rt) {
 void add_warning(const std::string& w) {
   State& st = *state();
   {
-    std::lock_guard lock(st.warn_mu);
+    LockGuard lock(st.warn_mu);
     bool repeat = false;
     for (State::Warning& k : st.warnings)
       if (k.text == w) {
@@ -93,19 +93,18 @@ void at_exit_locked_dump() {
   // writes are bounded); after that the control thread does nothing more.
   // Polled: the wait must be bounded (a stuck driver or NVML call must not
   // hang the exit) and timed locks escape ThreadSanitizer.
-  std::unique_lock lock(st.work_mu, std::try_to_lock);
-  for (const std::uint64_t give_up = io::mono_ns() + 2 * io::kWriteTimeoutNs; !lock.owns_lock();) {
+  for (const std::uint64_t give_up = io::mono_ns() + 2 * io::kWriteTimeoutNs; !st.work_mu.try_lock();) {
     if (io::mono_ns() >= give_up) {
       st.dumps_dropped.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     const timespec ms{0, 1'000'000};
     nanosleep(&ms, nullptr);
-    lock.try_lock();
   }
+  LockGuard lock(st.work_mu, std::adopt_lock);
   if (st.tracer) st.tracer->finish();
   // Stats come from the pool's own counters: no driver call here.
-  if (st.rt->config.stats_at_exit) dump_locked(*st.rt, "exit");
+  if (st.rt->config.stats_at_exit) dump_locked(st, *st.rt, "exit");
   if (st.recorder) {
     const std::string leaks = st.recorder->leak_report(static_cast<long>(getpid()));
     std::string why;
@@ -162,21 +161,21 @@ void fork_trace_child() {
 
 // The control part. The work lock serializes, it protects no data: the
 // child gets a new one rather than the parent waiting for a dump.
-void fork_prepare() {
+void fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   State* st = state();
   if (!st) return;
   st->warn_mu.lock();
   st->req_mu.lock();
 }
 
-void fork_parent() {
+void fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   State* st = state();
   if (!st) return;
   st->req_mu.unlock();
   st->warn_mu.unlock();
 }
 
-void fork_child() {
+void fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (!state()) return;
   State& st = *state();
   new (&st.work_mu) decltype(st.work_mu);
@@ -219,10 +218,10 @@ void fork_renew() {
 // all: many allocators keep locks that a child inherits held, and
 // AddressSanitizer's and ThreadSanitizer's before LLVM 18 and 19 do) is cut
 // off in the child. The wait is one round at most; the child's thread is new.
-void fork_round_prepare() {
+void fork_round_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (State* st = state()) st->round_mu.lock();
 }
-void fork_round_parent() {
+void fork_round_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (State* st = state()) st->round_mu.unlock();
 }
 const bool g_fork_registered =
@@ -240,7 +239,7 @@ namespace {
 // Writes this process's file: the first of its names that no other live
 // process holds. The first failure is said; later ones are counted in the
 // warnings (a full disk would otherwise log every interval).
-void update_prometheus(State& st, const stats::Report& r) {
+void update_prometheus(State& st, const stats::Report& r) GPUPOOL_REQUIRES(st.work_mu) {
   const std::string text = stats::to_prometheus(r);
   std::string why, passed_over;
   io::Hold h = io::Hold::failed;
@@ -267,9 +266,7 @@ void update_prometheus(State& st, const stats::Report& r) {
 }
 }  // namespace
 
-// Callers hold work_mu.
-bool dump_locked(Runtime& rt, const char* reason) {
-  State& st = *state();
+bool dump_locked(State& st, Runtime& rt, const char* reason) {
   const stats::Report r = report(rt, reason);
   std::string text = rt.config.stats_format == config::StatsFormat::json ? stats::to_json(r) + "\n"
                                                                          : stats::to_text(r);
@@ -287,7 +284,7 @@ void write_prometheus(Runtime& rt) {
   State& st = *state();
   // Serialized with dumps (which update the file too) and with the exit,
   // which removes it: no update may come after.
-  std::unique_lock lock(st.work_mu);
+  UniqueLock lock(st.work_mu);
   if (st.prometheus_path.empty() || exiting()) return;
   update_prometheus(st, report(rt, "interval"));
 }
@@ -313,7 +310,7 @@ stats::Report report(Runtime& rt, const char* reason) {
   }
   if (st) {
     {
-      std::lock_guard lock(st->warn_mu);
+      LockGuard lock(st->warn_mu);
       for (const State::Warning& w : st->warnings)
         r.warnings.push_back(w.times == 1 ? w.text
                                           : w.text + " (" + std::to_string(w.times) + " times)");
@@ -344,9 +341,9 @@ std::string render(Runtime& rt, bool json, const char* reason) {
 bool dump(Runtime& rt, const char* reason) {
   State* st = state();
   if (!st) return false;
-  std::unique_lock lock(st->work_mu);
+  UniqueLock lock(st->work_mu);
   if (exiting() && std::string(reason) != "exit") return false;
-  return dump_locked(rt, reason);
+  return dump_locked(*st, rt, reason);
 }
 
 void wake() noexcept { poke(); }
@@ -357,7 +354,7 @@ bool free_held(Runtime& rt) {
     rt.pool.free_held();
     return true;
   }
-  std::unique_lock lock(st->work_mu);
+  UniqueLock lock(st->work_mu);
   if (exiting()) return false;
   rt.pool.free_held();
   return true;
@@ -369,7 +366,7 @@ bool stop_holding(Runtime& rt) {
     rt.pool.stop_holding();
     return true;
   }
-  std::unique_lock lock(st->work_mu);
+  UniqueLock lock(st->work_mu);
   if (exiting()) return false;
   rt.pool.stop_holding();
   return true;

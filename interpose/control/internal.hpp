@@ -89,7 +89,7 @@ struct State {
   };
   Ranked<LockRank::control_requests> req_mu;
   std::condition_variable_any req_cv;
-  std::deque<Request*> requests;
+  std::deque<Request*> requests GPUPOOL_GUARDED_BY(req_mu);
 
   trace::Tracer* tracer = nullptr;
   Recorder* recorder = nullptr;  // the pool's observer, when sites, a trace or leaks are on
@@ -111,7 +111,7 @@ struct State {
     std::string text;
     std::uint64_t times = 0;
   };
-  std::vector<Warning> warnings;
+  std::vector<Warning> warnings GPUPOOL_GUARDED_BY(warn_mu);
   std::string stats_path;  // %p expanded
   // The names this process may write GPUPOOL_PROMETHEUS_FILE as, in order
   // (config/outputs.hpp), and the one it writes now: the first that no
@@ -163,8 +163,7 @@ void answer_requests(Runtime& rt);
 bool requests_waiting();
 
 // control.cpp
-// Callers hold st.work_mu.
-bool dump_locked(Runtime& rt, const char* reason);
+bool dump_locked(State& st, Runtime& rt, const char* reason) GPUPOOL_REQUIRES(st.work_mu);
 // Takes st.work_mu.
 void write_prometheus(Runtime& rt);
 

@@ -20,7 +20,7 @@ void Recorder::on_allocate(const Arena& arena, const Block& block, bool hit) noe
   if (tracer_) tracer_->allocated(arena, block, hit, site);
   if (!leaks_) return;
   Shard& s = shard_of(block.handle);
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   try {
     s.held[{&arena, block.handle}] = {&arena, block.requested, block.size, site};
   } catch (...) {
@@ -32,7 +32,7 @@ void Recorder::on_free(const Arena& arena, const Block& block) noexcept {
   if (tracer_) tracer_->freed(arena, block);
   if (!leaks_) return;
   Shard& s = shard_of(block.handle);
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   s.held.erase({&arena, block.handle});
 }
 
@@ -42,7 +42,7 @@ void Recorder::on_arena_destroyed(const Arena& arena) {
   // A retired arena goes only once none of its blocks is active; the
   // program's blocks of a destroyed context die with it all the same.
   for (Shard& s : shards_) {
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     std::erase_if(s.held, [&](const auto& kv) { return kv.first.arena == &arena; });
   }
 }
@@ -56,7 +56,7 @@ std::string Recorder::leak_report(long pid) {
   std::map<std::pair<std::uint32_t, std::string>, Group> groups;
   std::uint64_t total = 0, blocks = 0;
   for (Shard& s : shards_) {
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     for (const auto& [key, h] : s.held) {
       Group& g = groups[{h.site, h.arena->options().group}];
       g.bytes += h.requested;
@@ -106,17 +106,17 @@ std::string Recorder::leak_report(long pid) {
   return out;
 }
 
-void Recorder::fork_prepare() {
+void Recorder::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (sites_) sites_->fork_prepare();
   for (Shard& s : shards_) s.mu.lock();
 }
 
-void Recorder::fork_parent() {
+void Recorder::fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (Shard& s : shards_) s.mu.unlock();
   if (sites_) sites_->fork_parent();
 }
 
-void Recorder::fork_child() {
+void Recorder::fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (Shard& s : shards_) {
     s.held.clear();
     s.mu.unlock();

@@ -74,7 +74,7 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
            (a == kStopHolding ? "holding stopped: freed blocks are now released at once\n" : "");
   }
   if (req.rfind("release ", 0) == 0) {  // another gpupool process ran out of memory
-    std::unique_lock lock(state()->work_mu);
+    UniqueLock lock(state()->work_mu);
     if (exiting()) return "error exiting the process is exiting\n";
     return node::answer_release(rt, std::string_view(req).substr(8), foreign);
   }
@@ -391,7 +391,7 @@ std::string ask_control(State& st, const Client& c) {
   State::Request req;
   req.line = split_request(c.in, &req.deadline);
   req.foreign = c.foreign;
-  std::unique_lock lock(st.req_mu);
+  UniqueLock lock(st.req_mu);
   st.requests.push_back(&req);
   lock.unlock();
   poke();
@@ -567,7 +567,7 @@ void start_server(Runtime& rt) {
 
 bool requests_waiting() {
   State& st = *state();
-  std::lock_guard lock(st.req_mu);
+  LockGuard lock(st.req_mu);
   return !st.requests.empty();
 }
 
@@ -577,7 +577,7 @@ void answer_requests(Runtime& rt) {
   for (;;) {
     State::Request* req = nullptr;
     {
-      std::lock_guard lock(st.req_mu);
+      LockGuard lock(st.req_mu);
       if (st.requests.empty()) return;
       req = st.requests.front();
       st.requests.pop_front();
@@ -596,7 +596,7 @@ void answer_requests(Runtime& rt) {
       internal_failure("gpupool's control socket");
       answer = "error internal gpupool failed inside (out of host memory?)\n";
     }
-    std::lock_guard lock(st.req_mu);
+    LockGuard lock(st.req_mu);
     req->answer = std::move(answer);
     req->done = true;
     st.req_cv.notify_all();

@@ -245,7 +245,7 @@ std::uint32_t Sites::capture(std::uint64_t requested) noexcept {
     for (int i = skip; i < n; ++i) pcs[i - skip] = reinterpret_cast<std::uint64_t>(raw[i]);
     std::vector<std::string> py;
     python_frames(&py);
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     id = intern(pcs, n - skip, py);
     ++sampled_;
   } catch (...) {
@@ -400,7 +400,7 @@ std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
 }
 
 std::size_t Sites::declarations(std::size_t from, std::string* out) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   for (std::size_t i = from; i < decls_.size(); ++i) *out += decls_[i];
   return decls_.size();
 }
@@ -409,7 +409,7 @@ std::string Sites::describe(std::uint32_t site, const char* indent) {
   // The loader's lock is taken outside ours: a library's constructor may
   // allocate, and wait for ours inside the loader.
   symbols::load_line_reader();
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   if (site >= sites_.size()) return std::string(indent) + "(no site recorded)\n";
   if (!symbols_) symbols_ = std::make_unique<symbols::Files>();
   const Site& s = sites_[site];
@@ -443,12 +443,12 @@ std::string Sites::describe(std::uint32_t site, const char* indent) {
 }
 
 std::uint64_t Sites::sampled() const {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   return sampled_;
 }
 
-void Sites::fork_prepare() { mu_.lock(); }
-void Sites::fork_parent() { mu_.unlock(); }
-void Sites::fork_child() { mu_.unlock(); }
+void Sites::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { mu_.lock(); }
+void Sites::fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { mu_.unlock(); }
+void Sites::fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { mu_.unlock(); }
 
 }  // namespace gpupool::sites

@@ -112,7 +112,7 @@ void run_due(Runtime& rt, State& st, Schedule& s, std::uint64_t now, bool may_op
     s.next_interval = now + s.interval;
   }
   if (now >= s.next_trim) {
-    std::unique_lock lock(st.work_mu);
+    UniqueLock lock(st.work_mu);
     if (!exiting()) {
       if (std::size_t n = rt.pool.trim_idle(rt.pool.now()))
         log().debug("released {} blocks held longer than GPUPOOL_RELEASE_AFTER", n);
@@ -130,13 +130,13 @@ void run_due(Runtime& rt, State& st, Schedule& s, std::uint64_t now, bool may_op
   {
     // Publishing and the pressure watch: every round, since a new device
     // wakes the thread (node::tick returns at once when nothing is due).
-    std::unique_lock lock(st.work_mu);
+    UniqueLock lock(st.work_mu);
     if (!exiting() && may_open) s.next_node = node::tick(rt, now);
   }
   if (now >= s.next_check) {
     check_handlers();
     {
-      std::unique_lock lock(st.work_mu);
+      UniqueLock lock(st.work_mu);
       housekeeping(rt);
     }
     rt.pool.reclaim();
@@ -159,7 +159,7 @@ void* control_thread(void* arg) {
     // A failure inside (out of host memory) costs this round, not the
     // thread: it is counted and the loop goes on.
     try {
-      std::unique_lock round(st.round_mu);
+      UniqueLock round(st.round_mu);
       std::uint64_t now = io::mono_ns();
       bool may_open = may_create_descriptors(now, &stdio_closed_since);
       std::uint64_t next = sched.earliest();

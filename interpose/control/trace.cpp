@@ -114,9 +114,9 @@ struct Tracer::Impl {
   long run_pid = 0;   // GPUPOOL_RUN_PID
   std::string path;   // the file this process writes (config/outputs.hpp)
   std::string passed_over;  // the name another live process held, if any
-  io::OwnedFd file;         // under write_mu; held (config/outputs.hpp)
+  io::OwnedFd file GPUPOOL_GUARDED_BY(write_mu);  // held (config/outputs.hpp)
   bool disabled = false;    // a forked child until renew_in_child
-  bool ended = false;       // under write_mu: "# end" written
+  bool ended GPUPOOL_GUARDED_BY(write_mu) = false;  // "# end" written
   pid_t pid = getpid();     // the process whose file this is (renew_in_child)
   // A forked child's file is opened with its first records: a child that
   // never allocates (a fork to exec another program) leaves no file.
@@ -125,19 +125,20 @@ struct Tracer::Impl {
   std::atomic<ThreadBuf*> bufs{nullptr};
   pthread_key_t key{};
   Ranked<LockRank::trace_file> write_mu;  // the file, the arena ids and the declarations written
-  std::vector<const Arena*> arena_ids;
+  std::vector<const Arena*> arena_ids GPUPOOL_GUARDED_BY(write_mu);
   sites::Sites* sites = nullptr;
-  std::size_t declarations_written = 0;  // of sites->declarations(), in this file
+  // Of sites->declarations(), in this file.
+  std::size_t declarations_written GPUPOOL_GUARDED_BY(write_mu) = 0;
   std::atomic<std::uint64_t> written{0};
   std::atomic<std::uint64_t> dropped{0};
 
-  // Under write_mu (or before any thread). fresh: this process's file is
-  // chosen (output_names) and started with the header; else `path` is
-  // opened again to append.
-  bool open_file(bool fresh, bool forked_child, std::string* why);
-  bool open_file_here(bool fresh, bool forked_child, std::string* why);  // on the files thread
-  // Under write_mu; false when the records were dropped.
-  bool write_out(const std::string& out, std::uint64_t records);
+  // fresh: this process's file is chosen (output_names) and started with
+  // the header; else `path` is opened again to append.
+  bool open_file(bool fresh, bool forked_child, std::string* why) GPUPOOL_REQUIRES(write_mu);
+  // On the files thread.
+  bool open_file_here(bool fresh, bool forked_child, std::string* why) GPUPOOL_REQUIRES(write_mu);
+  // False when the records were dropped.
+  bool write_out(const std::string& out, std::uint64_t records) GPUPOOL_REQUIRES(write_mu);
   // Logged out of the files thread (which must not log).
   void say_passed_over() const {
     if (!passed_over.empty())
@@ -147,7 +148,7 @@ struct Tracer::Impl {
   ThreadBuf* mine();
   void push(Record r);
   void drain(ThreadBuf* b);
-  std::size_t arena_id(const Arena* a, std::string& out);
+  std::size_t arena_id(const Arena* a, std::string& out) GPUPOOL_REQUIRES(write_mu);
 };
 
 namespace {
@@ -211,11 +212,11 @@ std::size_t Tracer::Impl::arena_id(const Arena* a, std::string& out) {
 }
 
 void Tracer::Impl::drain(ThreadBuf* b) {
-  std::lock_guard drain_lock(b->drain_mu);
+  LockGuard drain_lock(b->drain_mu);
   const std::uint64_t t = b->tail.load(std::memory_order_relaxed);
   const std::uint64_t h = b->head.load(std::memory_order_acquire);
   if (t == h) return;
-  std::lock_guard write_lock(write_mu);
+  LockGuard write_lock(write_mu);
   std::string out;
   out.reserve((h - t) * 48);
   // Every site these records name was declared before they were pushed.
@@ -266,7 +267,9 @@ bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
   std::string why;
   bool ok = false, opened = false;
   // The file is the files thread's (config/io.hpp): so is every use of it.
-  io::in_private([&] {
+  // It runs there while this thread holds write_mu, which the analysis,
+  // thread by thread, cannot see.
+  io::in_private([&]() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
     if (open_pending) {
       open_pending = false;
       if (!open_file_here(/*fresh=*/true, /*forked_child=*/true, &why)) {
@@ -301,7 +304,10 @@ bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
 
 bool Tracer::Impl::open_file(bool fresh, bool forked_child, std::string* why) {
   bool ok = false;
-  io::in_private([&] { ok = open_file_here(fresh, forked_child, why); });
+  // On the files thread, while this one holds write_mu (as in write_out).
+  io::in_private([&]() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+    ok = open_file_here(fresh, forked_child, why);
+  });
   return ok;
 }
 
@@ -353,7 +359,12 @@ Tracer* Tracer::open(const std::string& value, long run_pid, sites::Sites* sites
   t->impl_->value = value;
   t->impl_->run_pid = run_pid;
   t->impl_->sites = sites;
-  if (!t->impl_->open_file(/*fresh=*/true, /*forked_child=*/false, why)) {
+  bool opened;
+  {
+    LockGuard lock(t->impl_->write_mu);  // no other thread has it yet
+    opened = t->impl_->open_file(/*fresh=*/true, /*forked_child=*/false, why);
+  }
+  if (!opened) {
     pthread_key_delete(t->impl_->key);
     delete t->impl_;
     delete t;
@@ -394,7 +405,7 @@ void Tracer::finish() {
   // file are not its to write.
   if (getpid() != impl_->pid) return;
   flush();
-  std::lock_guard lock(impl_->write_mu);
+  LockGuard lock(impl_->write_mu);
   if (impl_->disabled || impl_->open_pending || impl_->ended) return;
   impl_->ended = true;
   char line[40] = "# end ";
@@ -407,7 +418,7 @@ void Tracer::arena_destroyed(const Arena& arena) {
   // Buffered records name the arena by pointer: write them out while it
   // exists. A new arena at the same address then gets a new id.
   flush();
-  std::lock_guard lock(impl_->write_mu);
+  LockGuard lock(impl_->write_mu);
   for (const Arena*& a : impl_->arena_ids)
     if (a == &arena) a = nullptr;
 }
@@ -420,19 +431,19 @@ std::uint64_t Tracer::records_dropped() const {
   return impl_->dropped.load(std::memory_order_relaxed);
 }
 
-void Tracer::fork_prepare() {
+void Tracer::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (ThreadBuf* b = impl_->bufs.load(std::memory_order_acquire); b; b = b->next)
     b->drain_mu.lock();
   impl_->write_mu.lock();
 }
 
-void Tracer::fork_parent() {
+void Tracer::fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   impl_->write_mu.unlock();
   for (ThreadBuf* b = impl_->bufs.load(std::memory_order_acquire); b; b = b->next)
     b->drain_mu.unlock();
 }
 
-void Tracer::fork_child() {
+void Tracer::fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   Impl& t = *impl_;
   // Every thread but this one is gone: their buffers are free, and every
   // buffered record is the parent's to write.
@@ -449,6 +460,7 @@ void Tracer::fork_child() {
 
 void Tracer::renew_in_child() {
   Impl& t = *impl_;
+  LockGuard lock(t.write_mu);  // free: the child's one thread, every lock let go
   // The parent's file stays the parent's: where it was opened among the
   // program's descriptors (no private table), the child's copy is closed,
   // so that it does not hold the file (config/outputs.hpp).

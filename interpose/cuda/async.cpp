@@ -325,8 +325,9 @@ void async_current_pool_changed(CUdevice dev) {
 
 bool stream_capturing() { return capturing(); }
 
-CaptureChange::CaptureChange() { captures().mu.lock(); }
-CaptureChange::~CaptureChange() { captures().mu.unlock(); }
+// A guard held across calls (the analysis follows one function at a time).
+CaptureChange::CaptureChange() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { captures().mu.lock(); }
+CaptureChange::~CaptureChange() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { captures().mu.unlock(); }
 
 void capture_started(CUstream s, bool ptsz) {
   captures().ongoing.push_back(capture_key(s, ptsz));
@@ -358,17 +359,17 @@ void capture_stream_destroyed(CUstream s) {
   v.erase(gone, v.end());
 }
 
-void async_fork_prepare() {
+void async_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   registry().mu.lock();
   captures().mu.lock();
 }
 
-void async_fork_parent() {
+void async_fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   captures().mu.unlock();
   registry().mu.unlock();
 }
 
-void async_fork_child() {
+void async_fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   captures().mu.remake_held_in_child();
   registry().mu.unlock();
 }

@@ -116,7 +116,7 @@ bool id_of(const Driver& d, CUcontext ctx, unsigned long long* id) {
 // st's context died without gpupool seeing it: its record goes, with no
 // driver call on its memory (the driver freed it with the context).
 void retire_dead(CtxState* st, Runtime& rt) {
-  std::unique_lock lock(st->teardown_mu);
+  UniqueLock lock(st->teardown_mu);
   if (st->retired.load(std::memory_order_acquire)) return;
   log().debug("cuda: context {} (id {}) ended where gpupool did not see it",
               static_cast<void*>(st->ctx), st->id);
@@ -191,7 +191,7 @@ void synchronize_context(CtxState* st) {
   // that completes an epoch >= need covers them, whoever ran it.
   const std::uint64_t need = st->epoch_next.load(std::memory_order_seq_cst);
   {
-    std::unique_lock lock(st->sync_mu);
+    UniqueLock lock(st->sync_mu);
     for (;;) {
       if (st->epoch_done.load(std::memory_order_acquire) >= need) return;
       if (!st->syncing) break;
@@ -205,7 +205,7 @@ void synchronize_context(CtxState* st) {
     CtxState* st;
     ~Done() {
       {
-        std::lock_guard lock(st->sync_mu);
+        LockGuard lock(st->sync_mu);
         st->syncing = false;
       }
       st->sync_cv.notify_all();
@@ -242,7 +242,7 @@ GPUPOOL_HOT_TLS char t_solo_self;
 }  // namespace detail
 
 void end_solo(const char* why) {
-  std::lock_guard lock(solo_mu());
+  LockGuard lock(solo_mu());
   if (!detail::g_solo.load(std::memory_order_relaxed)) return;
   detail::g_solo.store(false, std::memory_order_seq_cst);
   // Only safe reuse frees blocks without a fence under the rule.
@@ -251,7 +251,7 @@ void end_solo(const char* why) {
   log().debug("cuda: freed blocks wait for the device from now on ({})", why);
   std::vector<CtxState*> live;
   {
-    std::lock_guard l(contexts().mu);
+    LockGuard l(contexts().mu);
     live = contexts().live;
   }
   for (CtxState* st : live) synchronize_context(st);
@@ -294,7 +294,7 @@ CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long
     CtxState* stale = nullptr;
     CtxState* made = nullptr;
     {
-      std::lock_guard lock(contexts().mu);
+      LockGuard lock(contexts().mu);
       const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
       CtxState* st = find_live_locked(ctx);
       if (st && same_context(st, id)) {
@@ -363,7 +363,7 @@ bool context_alive(const Driver& d, const CtxState* st) {
 void retire_dead_contexts(const Driver& d, Runtime& rt) {
   std::vector<CtxState*> live;
   {
-    std::lock_guard lock(contexts().mu);
+    LockGuard lock(contexts().mu);
     live = contexts().live;
   }
   // The driver is asked outside our locks.
@@ -373,7 +373,7 @@ void retire_dead_contexts(const Driver& d, Runtime& rt) {
 
 CUresult pitch_for(const Driver& d, CtxState* st, std::size_t width, unsigned element,
                    std::size_t* pitch) {
-  std::lock_guard lock(st->pitch_mu);
+  LockGuard lock(st->pitch_mu);
   for (const CtxState::Pitch& p : st->pitches)
     if (p.width == width && p.element == element) return *pitch = p.pitch, CUDA_SUCCESS;
   if (!d.mem_free) return CUDA_ERROR_NOT_SUPPORTED;
@@ -390,7 +390,7 @@ CUresult pitch_for(const Driver& d, CtxState* st, std::size_t width, unsigned el
 Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   const unsigned key = (flags | CU_MEMHOSTALLOC_DEVICEMAP) & 7u;
   if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
-  std::lock_guard lock(contexts().mu);
+  LockGuard lock(contexts().mu);
   if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
   if (st->retired.load(std::memory_order_acquire)) return nullptr;
   static const std::size_t host_total = host_memory_bytes();
@@ -435,7 +435,7 @@ Arena* vmm_arena(CtxState* st, Runtime& rt, const CUmemAllocationProp& prop) {
     return nullptr;
   };
   if (Arena* a = find()) return a;
-  std::lock_guard lock(contexts().mu);
+  LockGuard lock(contexts().mu);
   if (Arena* a = find()) return a;
   if (st->retired.load(std::memory_order_acquire)) return nullptr;
   std::size_t slot = 0;
@@ -460,7 +460,7 @@ Arena* vmm_arena(CtxState* st, Runtime& rt, const CUmemAllocationProp& prop) {
 }
 
 void note_primary(CUcontext ctx, CUdevice dev) noexcept {
-  std::lock_guard lock(contexts().mu);
+  LockGuard lock(contexts().mu);
   bool known = false;
   for (Primary& p : contexts().primaries)
     if (p.dev == dev) p.ctx = ctx, known = true;
@@ -476,7 +476,7 @@ CtxState* primary_state(const Driver& d, Runtime& rt, CUdevice dev) {
   for (;;) {
     CtxState* st = nullptr;
     {
-      std::lock_guard lock(contexts().mu);
+      LockGuard lock(contexts().mu);
       for (CtxState* s : contexts().live)
         if (s->primary && s->dev == dev) st = s;
     }
@@ -491,7 +491,7 @@ CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx) {
   for (;;) {
     CtxState* stale = nullptr;
     {
-      std::lock_guard lock(contexts().mu);
+      LockGuard lock(contexts().mu);
       CtxState* st = find_live_locked(ctx);
       if (!st || (named && same_context(st, id))) return st;
       stale = st;
@@ -504,7 +504,7 @@ CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx) {
 void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
   if (st->retired.exchange(true, std::memory_order_acq_rel)) return;
   {
-    std::lock_guard lock(contexts().mu);
+    LockGuard lock(contexts().mu);
     std::erase(contexts().live, st);
     g_generation.fetch_add(1, std::memory_order_acq_rel);
   }
@@ -542,14 +542,14 @@ std::size_t held_device_bytes(CUdevice dev) {
 
 namespace {
 
-void prepare() {
+void prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   // Rank order (core/lock_rank.hpp). A state created between the snapshot
   // and the registry lock is locked in the next round.
   solo_mu().lock();
   for (;;) {
     std::vector<CtxState*> all;
     {
-      std::lock_guard lock(contexts().mu);
+      LockGuard lock(contexts().mu);
       all = contexts().all;
     }
     for (std::size_t i = contexts().fork_locked.size(); i < all.size(); ++i) {
@@ -566,7 +566,7 @@ void prepare() {
   PtrMap::fork_prepare(device_map(), host_map());
 }
 
-void parent() {
+void parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   PtrMap::fork_release(device_map(), host_map());
   vmm::fork_parent();
   for (CtxState* st : contexts().fork_locked) st->sync_mu.unlock();
@@ -578,7 +578,7 @@ void parent() {
 }
 
 // The child's only thread is the one that forked, which holds every lock.
-void child() {
+void child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   PtrMap::fork_release(device_map(), host_map());
   vmm::fork_child();
   for (CtxState* st : contexts().fork_locked) {
@@ -608,11 +608,11 @@ void renew() {
   if (!rt) return;
   std::vector<CtxState*> live;
   {
-    std::lock_guard lock(contexts().mu);
+    LockGuard lock(contexts().mu);
     live = contexts().live;
   }
   for (CtxState* st : live) {
-    std::unique_lock lock(st->teardown_mu);
+    UniqueLock lock(st->teardown_mu);
     retire_locked(st, *rt, /*keep_stats=*/false);
   }
   async_fork_renew(*rt);

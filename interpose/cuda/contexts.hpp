@@ -64,7 +64,7 @@ struct CtxState {
   // (their fences came after it started) run the next one, once, together.
   Ranked<LockRank::cuda_sync> sync_mu;
   std::condition_variable_any sync_cv;
-  bool syncing = false;  // under sync_mu
+  bool syncing GPUPOOL_GUARDED_BY(sync_mu) = false;
 
   // Held shared while a backend call may touch this context's memory,
   // exclusively while the context is torn down, so the pool never frees a
@@ -80,7 +80,7 @@ struct CtxState {
     std::size_t pitch;
   };
   Ranked<LockRank::cuda_pitch> pitch_mu;
-  std::vector<Pitch> pitches;  // under pitch_mu
+  std::vector<Pitch> pitches GPUPOOL_GUARDED_BY(pitch_mu);
 
   // Null once retired: the pool destroys retired arenas.
   std::atomic<Arena*> device_arena{nullptr};
@@ -184,10 +184,11 @@ void note_primary(CUcontext ctx, CUdevice dev) noexcept;
 CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx);
 
 // Drop every block of st from the pool and the pointer maps without freeing
-// anything (the driver did). Caller holds st->teardown_mu exclusively.
+// anything (the driver did), st's teardown lock held exclusively.
 // keep_stats: its counters stay in the totals (not in a forked child, where
 // they are the parent's).
-void retire_locked(CtxState* st, Runtime& rt, bool keep_stats = true);
+void retire_locked(CtxState* st, Runtime& rt, bool keep_stats = true)
+    GPUPOOL_REQUIRES(st->teardown_mu);
 
 // The pool group of the device memory of `dev` ("cuda:<ordinal>").
 std::string device_group(CUdevice dev);

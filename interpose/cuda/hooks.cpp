@@ -191,7 +191,7 @@ CUresult end_capture(const Driver& d, CUstream s, bool ptsz, Real&& real) {
 // and its arenas destroyed there (retire_locked).
 template <class Real, class Ended>
 CUresult end_context(CtxState* st, Runtime& rt, Real&& real, Ended&& ended) {
-  std::unique_lock lock(st->teardown_mu);
+  UniqueLock lock(st->teardown_mu);
   const CUresult r = real();
   if (r == CUDA_SUCCESS && ended()) retire_locked(st, rt);
   return r;

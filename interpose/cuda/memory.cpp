@@ -58,7 +58,7 @@ class CuContextBackend : public Backend {
   template <class Free>
   void release_while_alive(Free&& free) {
     if (exiting()) return;
-    std::shared_lock lock(st_->teardown_mu);
+    SharedLock lock(st_->teardown_mu);
     if (st_->retired.load(std::memory_order_acquire)) return;
     if (!context_alive(*driver(), st_)) return;
     free();

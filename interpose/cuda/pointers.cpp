@@ -41,7 +41,7 @@ PtrMap::Entry* PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned
   e->st = st;
   e->serial = next_serial();
   e->host_flags = host_flags;
-  std::lock_guard rl(ranges_mu_);
+  LockGuard rl(ranges_mu_);
   // The driver just gave out [h, h + size): pieces recorded inside it were
   // of memory a context teardown freed (the program's blocks in the window
   // between the driver's teardown and ours, erase_context). Nothing
@@ -50,14 +50,14 @@ PtrMap::Entry* PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned
     Entry* old = it->second;
     {
       Shard& ps = shard(old->handle);
-      std::lock_guard sl(ps.mu);
+      LockGuard sl(ps.mu);
       ps.map.erase(old->handle);
     }
     it = pieces_.erase(it);
     delete old;
   }
   Shard& s = shard(h);
-  std::lock_guard sl(s.mu);
+  LockGuard sl(s.mu);
   // Both maps or neither: what throws does so before anything changed, or
   // is undone.
   Entry* stale = s.map.find(h);
@@ -81,9 +81,9 @@ PtrMap::Entry* PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned
 
 void PtrMap::erase(Entry* e) {
   {
-    std::lock_guard rl(ranges_mu_);
+    LockGuard rl(ranges_mu_);
     Shard& s = shard(e->handle);
-    std::lock_guard sl(s.mu);
+    LockGuard sl(s.mu);
     // Not in the maps any more if a newer allocation at its address took
     // its place (insert).
     if (s.map.find(e->handle) == e) {
@@ -102,7 +102,7 @@ void PtrMap::activate(Block* b) {
   }
   {
     Shard& s = shard(b->handle);
-    std::lock_guard sl(s.mu);
+    LockGuard sl(s.mu);
     Entry* e = s.map.find(b->handle);
     // A piece that starts its segment is answered for by the segment's
     // entry. A piece's own entry goes with its free: one found here is of
@@ -125,13 +125,13 @@ void PtrMap::add_piece(Block* b) {
   e->serial = next_serial();
   e->uses.store(1, std::memory_order_relaxed);
   e->piece = true;
-  std::lock_guard rl(ranges_mu_);
+  LockGuard rl(ranges_mu_);
   auto seg = ranges_.upper_bound(b->handle);
   if (seg == ranges_.begin()) return;  // cannot happen: every segment is recorded
   e->st = std::prev(seg)->second->st;
   e->host_flags = std::prev(seg)->second->host_flags;
   Shard& s = shard(b->handle);
-  std::lock_guard sl(s.mu);
+  LockGuard sl(s.mu);
   auto [slot, fresh] = pieces_.emplace(b->handle, e.get());  // may throw: nothing changed yet
   Entry* const stale = fresh ? nullptr : slot->second;
   try {
@@ -147,9 +147,9 @@ void PtrMap::add_piece(Block* b) {
 Block* PtrMap::remove_piece(Handle h) {
   Entry* e = nullptr;
   {
-    std::lock_guard rl(ranges_mu_);
+    LockGuard rl(ranges_mu_);
     Shard& s = shard(h);
-    std::lock_guard sl(s.mu);
+    LockGuard sl(s.mu);
     e = s.map.find(h);
     if (!e || !e->piece) return nullptr;  // a second free of it won the race
     s.map.erase(h);
@@ -163,7 +163,7 @@ Block* PtrMap::remove_piece(Handle h) {
 Block* PtrMap::deactivate(Handle h, bool* known) {
   {
     Shard& s = shard(h);
-    std::lock_guard sl(s.mu);
+    LockGuard sl(s.mu);
     Entry* e = s.map.find(h);
     *known = e != nullptr;
     if (!e) return nullptr;
@@ -194,11 +194,11 @@ PtrMap::Entry* PtrMap::containing(Handle p) {
 
 PtrInfo PtrMap::find(Handle p) {
   PtrInfo info;
-  std::lock_guard rl(ranges_mu_);
+  LockGuard rl(ranges_mu_);
   Entry* e = containing(p);
   if (!e) return info;
   Shard& s = shard(e->handle);
-  std::lock_guard sl(s.mu);
+  LockGuard sl(s.mu);
   const Block* b = e->block.load(std::memory_order_acquire);
   info.found = true;
   info.base = e->handle;
@@ -212,11 +212,11 @@ PtrInfo PtrMap::find(Handle p) {
 }
 
 Block* PtrMap::active_block(Handle p) {
-  std::lock_guard rl(ranges_mu_);
+  LockGuard rl(ranges_mu_);
   Entry* e = containing(p);
   if (!e) return nullptr;
   Shard& s = shard(e->handle);
-  std::lock_guard sl(s.mu);
+  LockGuard sl(s.mu);
   return e->block.load(std::memory_order_acquire);
 }
 
@@ -230,7 +230,7 @@ Block* PtrMap::take_next_locked(CtxState* st, Handle* next_range, Handle* next_p
     Block* b = nullptr;
     {
       Shard& s = shard(e->handle);
-      std::lock_guard sl(s.mu);
+      LockGuard sl(s.mu);
       s.map.erase(e->handle);  // never allocates
       b = e->block.load(std::memory_order_acquire);
       e->block.store(nullptr, std::memory_order_relaxed);
@@ -250,7 +250,7 @@ Block* PtrMap::take_next_locked(CtxState* st, Handle* next_range, Handle* next_p
     }
     {
       Shard& s = shard(e->handle);
-      std::lock_guard sl(s.mu);
+      LockGuard sl(s.mu);
       s.map.erase(e->handle);  // never allocates
     }
     *next_piece = it->first + 1;
@@ -274,7 +274,7 @@ void PtrMap::erase_context(CtxState* st, Pool& pool) {
   for (;;) {
     Block* active = nullptr;
     {
-      std::lock_guard rl(ranges_mu_);
+      LockGuard rl(ranges_mu_);
       active = take_next_locked(st, &next_range, &next_piece);
     }
     if (!active) return;
@@ -282,14 +282,14 @@ void PtrMap::erase_context(CtxState* st, Pool& pool) {
   }
 }
 
-void PtrMap::fork_prepare(PtrMap& a, PtrMap& b) {
+void PtrMap::fork_prepare(PtrMap& a, PtrMap& b) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   a.ranges_mu_.lock();
   b.ranges_mu_.lock();
   a.shards_.lock_all();
   b.shards_.lock_all();
 }
 
-void PtrMap::fork_release(PtrMap& a, PtrMap& b) {
+void PtrMap::fork_release(PtrMap& a, PtrMap& b) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   b.shards_.unlock_all();
   a.shards_.unlock_all();
   b.ranges_mu_.unlock();

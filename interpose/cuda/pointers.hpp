@@ -88,12 +88,13 @@ class PtrMap {
   // Takes the entries of st at or after the cursors out of the maps (a
   // piece's deleted, an allocation's left to its block or segment) up to
   // the next one whose block the program owns: that block, or nullptr at
-  // the end. Under ranges_mu_.
-  Block* take_next_locked(CtxState* st, Handle* next_range, Handle* next_piece);
+  // the end.
+  Block* take_next_locked(CtxState* st, Handle* next_range, Handle* next_piece)
+      GPUPOOL_REQUIRES(ranges_mu_);
   Block* remove_piece(Handle h);
   // The entry of the active piece containing p, else of the driver
-  // allocation containing it, else nullptr. Under ranges_mu_.
-  Entry* containing(Handle p);
+  // allocation containing it, else nullptr.
+  Entry* containing(Handle p) GPUPOOL_REQUIRES(ranges_mu_);
   // A shard's lock is held for one lookup or insert only; fork_prepare()
   // takes them all. 1024 shards (64 KiB a map): sixteen threads' blocks
   // rarely share one, so threads seldom meet at a lock (bench_alloc
@@ -105,8 +106,9 @@ class PtrMap {
   Shards shards_;
   // Ordered view for interior pointers; changes only on the slow path.
   Ranked<LockRank::cuda_ranges> ranges_mu_;
-  std::map<Handle, Entry*> ranges_;
-  std::map<Handle, Entry*> pieces_;  // active pieces inside segments, under ranges_mu_
+  std::map<Handle, Entry*> ranges_ GPUPOOL_GUARDED_BY(ranges_mu_);
+  // Active pieces inside segments.
+  std::map<Handle, Entry*> pieces_ GPUPOOL_GUARDED_BY(ranges_mu_);
 };
 
 // Never destroyed: hooks run from atexit handlers and other threads during

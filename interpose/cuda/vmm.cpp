@@ -462,9 +462,11 @@ void retire_context(CtxState* st, Pool& pool) {
   for (Block* b : gone) pool.forget(b);
 }
 
-void fork_prepare() { registry().mu.lock(); }
-void fork_parent() { registry().mu.unlock(); }
-void fork_child() {
+// Taken in prepare, let go in parent or child: outside the thread-safety
+// analysis (core/thread_safety.hpp).
+void fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { registry().mu.lock(); }
+void fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { registry().mu.unlock(); }
+void fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (auto& [va, u] : registry().by_va) u->inherited = true;
   t_claim = 0;
   registry().mu.unlock();

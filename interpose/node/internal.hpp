@@ -48,13 +48,14 @@ struct Device {
 
 // The room's state (Runtime::node), made with the runtime; never destroyed:
 // used during exit. A forked child gets a new one. Nothing is called while
-// holding mu: the pool, the driver and NVML are called with it released
-// (its rank: core/lock_rank.hpp).
+// holding mu: the pool, the driver, NVML, the registry's file and the logger
+// are called with it released (its rank: core/lock_rank.hpp).
 struct State {
-  Ranked<LockRank::node_devices> mu;  // devices (the list), registry (set once)
-  std::deque<Device> devices;   // stable addresses: the control thread works outside mu
-  std::unique_ptr<Registry> registry;
-  bool registry_tried = false;
+  Ranked<LockRank::node_devices> mu;
+  // Stable addresses: the control thread works on a device outside mu.
+  std::deque<Device> devices GPUPOOL_GUARDED_BY(mu);
+  std::unique_ptr<Registry> registry GPUPOOL_GUARDED_BY(mu);  // set once
+  bool registry_tried GPUPOOL_GUARDED_BY(mu) = false;
   std::atomic<bool> publish_now{false};
   // The control thread's:
   std::uint64_t next_publish = 0, next_watch = 0;

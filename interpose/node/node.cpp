@@ -44,17 +44,19 @@ State* new_state() { return new State; }
 
 namespace {
 
-void open_registry(Runtime& rt, State& s) {
-  if (s.registry_tried || rt.config.neighbours == config::Neighbours::off) return;
-  s.registry_tried = true;
+// Opening the registry creates its file, may wait for its lock and logs: a
+// caller of add_device may hold its own locks, but never the devices' lock.
+std::unique_ptr<Registry> open_registry(Runtime& rt, [[maybe_unused]] State& s)
+    GPUPOOL_EXCLUDES(s.mu) {
   const std::string path =
       rt.config.registry.empty() ? default_registry_path() : rt.config.registry;
   std::string why;
-  s.registry = Registry::open(path, &why);
-  if (!s.registry)
+  std::unique_ptr<Registry> reg = Registry::open(path, &why);
+  if (!reg)
     log().warn("node registry not used ({}): other gpupool processes on this node cannot ask "
                "this one for its held memory, nor it them",
                why);
+  return reg;
 }
 
 // The registry stopped being one while in use (cut, replaced, its disk
@@ -84,7 +86,7 @@ std::vector<ProcessEntry> others(Registry* reg) {
 
 // The devices and the registry, copied under the lock.
 std::vector<Device*> devices(State& s, Registry** reg) {
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   std::vector<Device*> out;
   for (Device& d : s.devices) out.push_back(&d);
   if (reg) *reg = s.registry.get();
@@ -92,7 +94,7 @@ std::vector<Device*> devices(State& s, Registry** reg) {
 }
 
 bool find_device(State& s, const std::string& group, Uuid* uuid, Registry** reg) {
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   for (const Device& d : s.devices)
     if (d.group == group) {
       *uuid = d.uuid;
@@ -261,8 +263,9 @@ void arrivals(Runtime& rt, State& s, Device& d, Registry* reg, std::uint64_t now
 
 void add_device(Runtime& rt, const Uuid& uuid, const std::string& group, std::size_t total) {
   State& s = state();
+  bool open = false;  // this call opens the registry (the first device's)
   {
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     for (const Device& d : s.devices)
       if (d.group == group) return;
     Device d;
@@ -270,7 +273,13 @@ void add_device(Runtime& rt, const Uuid& uuid, const std::string& group, std::si
     d.group = group;
     d.total = total;
     s.devices.push_back(d);
-    open_registry(rt, s);
+    open = !s.registry_tried && rt.config.neighbours != config::Neighbours::off;
+    if (open) s.registry_tried = true;
+  }
+  if (open) {
+    std::unique_ptr<Registry> reg = open_registry(rt, s);
+    LockGuard lock(s.mu);
+    s.registry = std::move(reg);
   }
   s.publish_now.store(true, std::memory_order_release);
   control::wake();  // published at once, not at the control thread's next round
@@ -312,8 +321,9 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now) {
 
 void at_exit() noexcept {
   State& s = state();
-  std::unique_lock lock(s.mu, std::try_to_lock);
-  if (lock.owns_lock() && s.registry) s.registry->leave();
+  if (!s.mu.try_lock()) return;
+  if (s.registry) s.registry->leave();
+  s.mu.unlock();
 }
 
 namespace {
@@ -323,8 +333,10 @@ namespace {
 // keeping only the registry mapping, and claims its own slot; its GPUs are
 // added again when it uses them, and its NVML session is its own.
 [[maybe_unused]] const bool g_fork_registered = [] {
+  // The child's one thread reads the parent's state without its lock: a
+  // thread the child does not have may have held it.
   set_fork_handlers(ForkPart::node, {nvml_fork_prepare, nvml_fork_parent,
-                                     [] {
+                                     []() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
                                        nvml_fork_child();
                                        Runtime* rt = runtime_if_started();
                                        if (!rt) return;

@@ -147,7 +147,7 @@ bool with_nvml(F&& fn) {
   Gate gate;
   Session* sp = g_session.load(std::memory_order_acquire);
   if (!sp || !gate.open()) return false;  // forking now, or a child out of host memory
-  std::lock_guard lock(sp->mu);
+  LockGuard lock(sp->mu);
   if (sp->parents) return false;
   bool ok = false;
   std::string why;

@@ -117,7 +117,7 @@ class BufferBackend final : public ClContextBackend {
 
 Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flags, bool has_props,
                  const Props& props) {
-  std::lock_guard lock(ctx->mu);
+  LockGuard lock(ctx->mu);
   for (auto& a : ctx->arenas)
     if (!a.svm && a.flags == flags && a.has_props == has_props && a.props == props) return a.arena;
   const config::Config& cfg = rt.config;
@@ -211,7 +211,7 @@ HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>& buffers() {
 // Release what the pool holds for a context the program released. Under the
 // context's lock: finish_ctx() may retire (and so destroy) its arenas.
 void release_closed(Runtime& rt, Ctx& ctx) {
-  std::lock_guard lock(ctx.mu);
+  LockGuard lock(ctx.mu);
   for (auto& a : ctx.arenas) rt.pool.release_held(a.arena);
 }
 
@@ -221,7 +221,7 @@ void finish_ctx(Runtime& rt, Ctx& ctx) {
   std::vector<Arena*> arenas;
   contexts_changed();
   {
-    std::lock_guard lock(ctx.mu);
+    LockGuard lock(ctx.mu);
     for (auto& a : ctx.arenas) arenas.push_back(a.arena);
     ctx.arenas.clear();
   }
@@ -229,7 +229,7 @@ void finish_ctx(Runtime& rt, Ctx& ctx) {
   for (Arena* a : arenas) rt.pool.retire_arena(a);
   OwnEvents evs;
   {
-    std::lock_guard lock(ctx.mu);
+    LockGuard lock(ctx.mu);
     evs = take_own_events(ctx);
   }
   evs.release(next());
@@ -240,7 +240,7 @@ void buffer_died(Buffer* r) {
   // Most buffers have none: no lock then (each atomic read-modify-write
   // costs the H100's host tens of nanoseconds on every release).
   if (r->has_callbacks.load(std::memory_order_acquire)) {
-    std::lock_guard lock(callback_lock(r));
+    LockGuard lock(callback_lock(r));
     cbs.swap(r->callbacks);
     r->has_callbacks.store(false, std::memory_order_relaxed);
   }
@@ -292,7 +292,7 @@ cl_int write_initial(Ctx& ctx, const AllocResult& res, cl_mem m, size_t size, co
   if (maybe_busy) {
     cl_command_queue q = nullptr;
     {
-      std::lock_guard lock(ctx.mu);
+      LockGuard lock(ctx.mu);
       q = ctx.solo_q ? ctx.solo_q : ctx.queues.size() == 1 ? ctx.queues[0]->q : nullptr;
       if (q) api.clRetainCommandQueue(q);
     }
@@ -440,13 +440,13 @@ cl_int put_info(void* value, size_t value_size, size_t* size_ret, const void* sr
   return CL_SUCCESS;
 }
 
-void buffers_fork_lock() {
+void buffers_fork_lock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   buffers().lock_all();
   svm_fork_lock();
   for (CallbackLock& m : g_callback_locks) m.lock();
 }
 
-void buffers_fork_unlock() {
+void buffers_fork_unlock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (CallbackLock& m : g_callback_locks) m.unlock();
   svm_fork_unlock();
   buffers().unlock_all();

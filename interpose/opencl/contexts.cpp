@@ -78,11 +78,11 @@ std::string device_string(const Api& api, cl_device_id d, cl_device_info what) {
 Ctx::Ctx() {
   static std::atomic<std::uint64_t> ordinals{0};
   ordinal = ++ordinals;
-  std::lock_guard lock(g_all_ctx_mu);
+  LockGuard lock(g_all_ctx_mu);
   all_ctx().push_back(this);
 }
 Ctx::~Ctx() {
-  std::lock_guard lock(g_all_ctx_mu);
+  LockGuard lock(g_all_ctx_mu);
   std::erase(all_ctx(), this);
 }
 
@@ -99,7 +99,7 @@ Runtime* active_runtime() {
 }
 
 std::shared_ptr<Ctx> find_ctx(cl_context c) {
-  std::lock_guard lock(ctx_mu());
+  LockGuard lock(ctx_mu());
   auto it = ctx_map().find(c);
   return it == ctx_map().end() ? nullptr : it->second;
 }
@@ -107,13 +107,13 @@ std::shared_ptr<Ctx> find_ctx(cl_context c) {
 void register_ctx(cl_context c) {
   auto ctx = std::make_shared<Ctx>();
   ctx->handle = c;
-  std::lock_guard lock(ctx_mu());
+  LockGuard lock(ctx_mu());
   ctx_map()[c] = std::move(ctx);
 }
 
 std::shared_ptr<Ctx> ctx_for_buffer(cl_context c) {
   if (!c) return nullptr;
-  std::lock_guard lock(ctx_mu());
+  LockGuard lock(ctx_mu());
   auto& slot = ctx_map()[c];
   if (!slot) {
     slot = std::make_shared<Ctx>();
@@ -135,7 +135,7 @@ void contexts_changed() { g_contexts_generation.fetch_add(1, std::memory_order_a
 
 void forget_ctx(cl_context c, const std::shared_ptr<Ctx>& ctx) {
   contexts_changed();
-  std::lock_guard lock(ctx_mu());
+  LockGuard lock(ctx_mu());
   auto it = ctx_map().find(c);
   if (it != ctx_map().end() && it->second == ctx) ctx_map().erase(it);
 }
@@ -198,7 +198,7 @@ void load_info(Ctx& ctx) {
 }
 
 cl_command_queue internal_queue(Ctx& ctx) {
-  std::lock_guard lock(ctx.mu);
+  LockGuard lock(ctx.mu);
   if (!ctx.internal && !ctx.internal_failed) {
     cl_int err = CL_SUCCESS;
     const Api& api = next();
@@ -261,7 +261,7 @@ void advance(Ctx& ctx) {
   if (cl_gone()) return;
   const Api& api = next();
   if (!api.clEnqueueMarkerWithWaitList || !api.clGetEventInfo) return;
-  std::lock_guard lock(ctx.mu);
+  LockGuard lock(ctx.mu);
   if (ctx.closing) {
     if (!events_done(api, ctx.close.events)) return;
     raise_completed(ctx, ctx.close.epoch);
@@ -318,7 +318,7 @@ void track_queue(cl_context c, cl_command_queue q, bool in_order) {
   qi->ctx = ctx.get();
   qi->owner = ctx;
   {
-    std::lock_guard lock(ctx->mu);
+    LockGuard lock(ctx->mu);
     ctx->queues.push_back(qi);
     Runtime* rt = runtime_if_started();
     const bool solo_allowed = !rt || rt->config.reuse != config::Reuse::fenced;
@@ -348,7 +348,7 @@ namespace {
 
 std::vector<Ctx*> g_fork_locked;
 
-void fork_prepare() {
+void fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   ctx_mu().lock();
   g_all_ctx_mu.lock();
   g_fork_locked = all_ctx();
@@ -357,7 +357,7 @@ void fork_prepare() {
   queues().lock_all();
 }
 
-void fork_release() {
+void fork_release() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   queues().unlock_all();
   buffers_fork_unlock();
   for (Ctx* c : g_fork_locked) c->mu.unlock();
@@ -376,7 +376,7 @@ void fork_renew() {
   Runtime* rt = runtime_if_started();
   std::vector<std::shared_ptr<Ctx>> ctxs;
   {
-    std::lock_guard lock(g_all_ctx_mu);
+    LockGuard lock(g_all_ctx_mu);
     for (Ctx* c : all_ctx())
       if (auto sp = c->weak_from_this().lock()) ctxs.push_back(std::move(sp));
   }
@@ -384,7 +384,7 @@ void fork_renew() {
   for (auto& c : ctxs) {
     std::vector<Arena*> arenas;
     {
-      std::lock_guard lock(c->mu);
+      LockGuard lock(c->mu);
       c->closed.store(true);
       c->internal = nullptr;
       c->internal_failed = true;

@@ -115,13 +115,13 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   // pool while the queue is busy). Sticky off once a second queue appears or
   // the solo queue is released.
   std::atomic<bool> solo{false};
-  cl_command_queue solo_q = nullptr;  // under mu
-  int queues_ever = 0;                // under mu
+  cl_command_queue solo_q GPUPOOL_GUARDED_BY(mu) = nullptr;
+  int queues_ever GPUPOOL_GUARDED_BY(mu) = 0;
   // Highest fence of a block reused by the solo rule: if the queue's work on
   // it may still be pending when solo mode ends, later queues first wait for
   // that work (hazard marker), so they cannot touch the block too early.
   std::atomic<std::uint64_t> solo_lent{0};
-  cl_event hazard = nullptr;  // under mu
+  cl_event hazard GPUPOOL_GUARDED_BY(mu) = nullptr;
 };
 
 // Handle -> record maps, sharded so unrelated calls do not share a lock
@@ -131,17 +131,17 @@ class HandleMap {
  public:
   V* find(K k) {
     auto& s = shards_.shard(key(k));
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     return s.map.find(key(k));
   }
   void put(K k, V* v) {
     auto& s = shards_.shard(key(k));
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     s.map.put(key(k), v);
   }
   V* take(K k) {
     auto& s = shards_.shard(key(k));
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     return s.map.erase(key(k));
   }
   void lock_all() { shards_.lock_all(); }
@@ -189,15 +189,15 @@ struct OwnEvents {
   // Drops gpupool's reference to each.
   void release(const Api& api) const;
 };
-// Takes ctx's own events, ending a close under way. Under ctx.mu.
-OwnEvents take_own_events(Ctx& ctx);
+// Takes ctx's own events, ending a close under way.
+OwnEvents take_own_events(Ctx& ctx) GPUPOOL_REQUIRES(ctx.mu);
 void raise_completed(Ctx& ctx, std::uint64_t e);
 // Called by the pool when a bin holds only pending blocks. Non-blocking.
 void advance(Ctx& ctx);
 
 // A new command queue of the program's (in_order: no out-of-order flag).
 void track_queue(cl_context c, cl_command_queue q, bool in_order);
-// Solo mode ends (under ctx.mu).
-void end_solo(Ctx& ctx);
+// Solo mode ends.
+void end_solo(Ctx& ctx) GPUPOOL_REQUIRES(ctx.mu);
 
 }  // namespace gpupool::ocl

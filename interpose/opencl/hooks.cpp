@@ -123,7 +123,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try 
       cl_command_queue internal = nullptr;
       OwnEvents evs;
       {
-        std::lock_guard lock(ctx->mu);
+        LockGuard lock(ctx->mu);
         internal = ctx->internal;
         ctx->internal = nullptr;
         ctx->internal_failed = true;
@@ -191,7 +191,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_qu
     Ctx& ctx = *qi->ctx;
     const Api& api = next();
     {
-      std::lock_guard lock(ctx.mu);
+      LockGuard lock(ctx.mu);
       std::erase(ctx.queues, qi);
       if (ctx.solo_q == q) end_solo(ctx);
       // Its commands may still use freed blocks: a marker stands in for it
@@ -219,7 +219,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) try {
   if (err != CL_SUCCESS || cl_gone()) return err;
   // Every command enqueued on q before this call is done; once all queues of
   // the context are known done past an epoch, so is every block freed in it.
-  std::lock_guard lock(ctx.mu);
+  LockGuard lock(ctx.mu);
   qi->finished = std::max(qi->finished, e);
   if (!ctx.departed.empty() && !events_done(next(), ctx.departed)) return err;
   std::uint64_t all = e;
@@ -378,7 +378,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
   if (!r || r->sub) return next().clSetMemObjectDestructorCallback(m, fn, ud);
   if (r->refs() == 0) return CL_INVALID_MEM_OBJECT;
   if (!fn) return CL_INVALID_VALUE;
-  std::lock_guard lock(callback_lock(r));
+  LockGuard lock(callback_lock(r));
   r->callbacks.emplace_back(fn, ud);
   r->has_callbacks.store(true, std::memory_order_release);
   return CL_SUCCESS;

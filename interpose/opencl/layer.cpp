@@ -94,7 +94,7 @@ cl_int init_layer(cl_uint num_entries, const cl_icd_dispatch* target, cl_uint* n
   if (!target || !num_entries_ret || !layer_dispatch_ret) return CL_INVALID_VALUE;
   static gpupool::Ranked<gpupool::LockRank::opencl_layer> mu;
   static int inits = 0;
-  std::lock_guard lock(mu);
+  gpupool::LockGuard lock(mu);
   constexpr cl_uint mine = sizeof(cl_icd_dispatch) / sizeof(void*);
   const cl_uint use = num_entries < mine ? num_entries : mine;
   // One per loader, never freed: the loader keeps the pointer for the life

@@ -77,7 +77,7 @@ class SvmBackend final : public ClContextBackend {
 };
 
 Arena* svm_arena(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_svm_mem_flags flags) {
-  std::lock_guard lock(ctx->mu);
+  LockGuard lock(ctx->mu);
   for (auto& a : ctx->arenas)
     if (a.svm && a.flags == flags) return a.arena;
   const config::Config& cfg = rt.config;
