@@ -228,5 +228,7 @@ std::uint64_t internal_failures() noexcept {
 // A process that ends without its exit handlers (os._exit, multiprocessing's
 // children, a C program's _exit) still leaves whole files
 // (control::at_quick_exit).
-GPUPOOL_EXPORT void _exit(int status) noexcept { gpupool::quick_exit_now(status); }
+// (_exit as unistd.h declares it, without noexcept: clang refuses a
+// redeclaration that adds one; _Exit is declared noexcept, __THROW.)
+GPUPOOL_EXPORT void _exit(int status) { gpupool::quick_exit_now(status); }
 GPUPOOL_EXPORT void _Exit(int status) noexcept { gpupool::quick_exit_now(status); }

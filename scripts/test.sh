@@ -1,30 +1,60 @@
 #!/usr/bin/env bash
 # Build gpupool and run its tests. README's test command.
 #   scripts/test.sh                 release build in build/, all tests
-#   scripts/test.sh --sanitizers    also ASan+UBSan and TSan builds (CI)
-#   scripts/test.sh --fuzz          also a 30-second fuzz run of the config parser (CI; clang)
 #   scripts/test.sh --package       also the wheel and the Debian package, installed and run
 #                                   (CI; scripts/package-check.sh, in build-wheel/)
+#   scripts/test.sh --sanitizers    also ASan+UBSan (build-asan/: every test but the
+#                                   Python ones) and TSan (build-tsan/: the tests with
+#                                   several threads: labels shim and threads) (CI)
+#   scripts/test.sh --clang         also the clang build (build-clang/): the library and the
+#                                   launcher with -Wthread-safety -Werror, and a 30-second
+#                                   fuzz run of the config parser (CI)
+#   scripts/test.sh --all           all of them (CI: .ci/run)
+# Each stage ends with its time, wall and CPU (CI's machine has two cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
-sanitizers=0 fuzz=0 package=0
+sanitizers=0 clang=0 package=0
 for a in "$@"; do
   case "$a" in
     --sanitizers) sanitizers=1 ;;
-    --fuzz) fuzz=1 ;;
+    --clang) clang=1 ;;
     --package) package=1 ;;
-    --all) sanitizers=1 fuzz=1 package=1 ;;
-    *) echo "usage: $0 [--sanitizers] [--fuzz] [--package] [--all]" >&2; exit 2 ;;
+    --all) sanitizers=1 clang=1 package=1 ;;
+    *) echo "usage: $0 [--package] [--sanitizers] [--clang] [--all]" >&2; exit 2 ;;
   esac
 done
 
-step() { printf '\n== %s\n' "$*"; }
+stage="" stage_t0=0 stage_cpu0=0 cpu=0
+times_file=$(mktemp)
+# cpu: the CPU seconds used so far by this script's finished children
+# (`times` in this shell: a subshell's would count none).
+cpu_now() {
+  times >"$times_file"
+  cpu=$(awk 'NR == 2 { gsub(/[ms]/, " "); printf "%d", $1 * 60 + $2 + $3 * 60 + $4 }' "$times_file")
+}
+stage_end() {
+  [ -n "$stage" ] || return 0
+  cpu_now
+  printf '== %s: %d s, %d s CPU\n' "$stage" $((SECONDS - stage_t0)) $((cpu - stage_cpu0))
+  stage=""
+}
+step() {
+  stage_end
+  stage=$*
+  cpu_now
+  stage_t0=$SECONDS stage_cpu0=$cpu
+  printf '\n== %s\n' "$*"
+}
+trap 'stage_end; rm -f "$times_file"' EXIT
+
+# A new build directory uses Ninja; an existing one keeps its generator.
+generator() { [ -f "$1/CMakeCache.txt" ] || echo "-GNinja"; }
 
 step "build (build/)"
-cmake -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUPOOL_WERROR=ON >/dev/null
+cmake -B build $(generator build) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUPOOL_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
-step "tests"
+step "tests (build/)"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 300
 
 if [ "$package" = 1 ]; then
@@ -35,35 +65,51 @@ if [ "$package" = 1 ]; then
 fi
 
 if [ "$sanitizers" = 1 ]; then
-  step "AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
-  cmake -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGPUPOOL_SANITIZE=address,undefined -DGPUPOOL_WERROR=ON \
-    -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
+  # Debug builds (the lock-rank checks), without benchmarks, with line
+  # tables only (-g1): what the sanitizers' reports need, a fifth less
+  # compile time than full debug information.
+  sanitizer_build=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
+    -DGPUPOOL_WERROR=ON -DGPUPOOL_BUILD_BENCHMARKS=OFF)
+  step "AddressSanitizer + UndefinedBehaviorSanitizer: build (build-asan/)"
+  cmake -B build-asan $(generator build-asan) "${sanitizer_build[@]}" \
+    -DGPUPOOL_SANITIZE=address,undefined >/dev/null
   cmake --build build-asan -j"$jobs"
+  step "AddressSanitizer + UndefinedBehaviorSanitizer: tests (build-asan/)"
   # Leak checks off: gpupool keeps its process-wide state until the process
   # ends on purpose (hooks may run during exit), and the Python tests' own
-  # allocations are not ours to judge.
+  # allocations are not ours to judge. -LE without_gpupool: the CUDA
+  # scenarios on the stand-in driver alone (they check the stand-in).
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 600 -LE python
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 600 -LE 'python|without_gpupool'
 
-  step "ThreadSanitizer (build-tsan/)"
-  cmake -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPUPOOL_SANITIZE=thread -DGPUPOOL_WERROR=ON \
-    -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
+  step "ThreadSanitizer: build (build-tsan/)"
+  cmake -B build-tsan $(generator build-tsan) "${sanitizer_build[@]}" -DGPUPOOL_SANITIZE=thread >/dev/null
   cmake --build build-tsan -j"$jobs"
-  # -LE variant: the CUDA scenarios repeated without gpupool or through
-  # another way of finding the hooks (tests/cuda/CMakeLists.txt), half of
-  # this stage's time for no new interleaving.
+  step "ThreadSanitizer: tests (build-tsan/)"
+  # -L 'shim|threads': programs under gpupool (its control and files
+  # threads run beside the program's) and the unit tests with threads; the
+  # other unit tests run one thread, where ThreadSanitizer finds nothing
+  # (they run in the stages above). -LE variant: the CUDA scenarios repeated
+  # without gpupool or through another way of finding the hooks
+  # (tests/cuda/CMakeLists.txt), half of this stage's time for no new
+  # interleaving.
   # die_after_fork=0: a forked child starts its own control thread, which
   # ThreadSanitizer cannot follow by default.
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$PWD/tests/tsan.supp \
-    ctest --test-dir build-tsan --output-on-failure -j"$jobs" --timeout 600 -LE 'python|variant'
+    ctest --test-dir build-tsan --output-on-failure -j"$jobs" --timeout 600 -L 'shim|threads' \
+      -LE 'python|variant'
 fi
 
-if [ "$fuzz" = 1 ]; then
-  step "fuzz smoke run (build-fuzz/)"
-  CC=clang CXX=clang++ cmake -B build-fuzz -DGPUPOOL_FUZZ=ON -DGPUPOOL_BUILD_TESTS=ON \
-    -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
-  cmake --build build-fuzz -j"$jobs" --target config_fuzz
-  mkdir -p build-fuzz/corpus
-  build-fuzz/tests/fuzz/config_fuzz -max_total_time=30 -print_final_stats=1 \
-    -dict=tests/fuzz/config.dict build-fuzz/corpus tests/fuzz/corpus
+if [ "$clang" = 1 ]; then
+  # Clang's thread-safety analysis over the library and the launcher (the
+  # lock annotations, core/thread_safety.hpp), and the libFuzzer target: one
+  # clang build, Debug (the analysis needs no optimizer).
+  step "clang: -Wthread-safety -Werror, the fuzz target (build-clang/)"
+  CC=clang CXX=clang++ cmake -B build-clang $(generator build-clang) -DCMAKE_BUILD_TYPE=Debug \
+    -DGPUPOOL_WERROR=ON -DGPUPOOL_FUZZ=ON -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build build-clang -j"$jobs" --target gpupool gpupool_launcher config_fuzz
+  step "clang: 30-second fuzz run of the config parser (build-clang/)"
+  mkdir -p build-clang/corpus
+  build-clang/tests/fuzz/config_fuzz -max_total_time=30 -print_final_stats=1 \
+    -dict=tests/fuzz/config.dict build-clang/corpus tests/fuzz/corpus
 fi
