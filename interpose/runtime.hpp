@@ -149,12 +149,16 @@ inline constexpr ForkPartRanks kForkPartRanks[] = {
     {ForkPart::log, LockRank::log_sink, LockRank::log_sink},
     {ForkPart::files, LockRank::files_queue, LockRank::files_queue},
 };
+// By index, not pointer: gcc with -fsanitize=undefined (the ASan stage)
+// does not take a pointer's comparison with null as a constant expression.
 constexpr bool fork_parts_in_rank_order() {
-  const ForkPartRanks* prev = nullptr;
-  for (const ForkPartRanks& p : kForkPartRanks) {
+  for (std::size_t i = 0; i < std::size(kForkPartRanks); ++i) {
+    const ForkPartRanks& p = kForkPartRanks[i];
     if (p.last < p.first) return false;
-    if (prev && (p.part <= prev->part || p.first <= prev->last)) return false;
-    prev = &p;
+    if (i > 0) {
+      const ForkPartRanks& prev = kForkPartRanks[i - 1];
+      if (p.part <= prev.part || p.first <= prev.last) return false;
+    }
   }
   return true;
 }
