@@ -315,11 +315,16 @@ def fork_signal(tmp):
     and frees: the handler may interrupt gpupool holding a lock, which fork()
     must not wait for (before: the parent spun forever in the pool's fork
     handler). The child _exit()s at once, as POSIX allows it to."""
+    if "thread" in SANITIZER:
+        # The handler's fork() is the signal-unsafe call this check makes on
+        # purpose, and ThreadSanitizer reports exactly that.
+        print("skipped under ThreadSanitizer: it reports the handler's fork() itself")
+        sys.exit(SKIP)
     if "address" in SANITIZER:
         # Under AddressSanitizer (2026-11-28, 69bb3bd) the parent's handler
         # waits in waitpid() for a child that no longer shows in /proc, with
         # gpupool interrupted inside Pool::free: not understood yet (issue 35's
-        # note). The release and ThreadSanitizer stages run it.
+        # note). The release stage runs it.
         print("skipped under AddressSanitizer: fork-signal hangs there (not yet understood)")
         sys.exit(SKIP)
     forks = "100" if SANITIZER else "300"
