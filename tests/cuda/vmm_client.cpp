@@ -23,23 +23,7 @@
 
 #include "standin.h"
 
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-#define CHECK_EQ(a, b)                                                                        \
-  do {                                                                                        \
-    const long long va_ = (long long)(a), vb_ = (long long)(b);                               \
-    if (va_ != vb_) {                                                                         \
-      fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %s (%lld vs %lld)\n", __FILE__, __LINE__, \
-              #a, #b, va_, vb_);                                                              \
-      exit(1);                                                                                \
-    }                                                                                         \
-  } while (0)
-#define OK(call) CHECK_EQ((call), CUDA_SUCCESS)
+#include "check.h"
 
 namespace {
 
@@ -185,7 +169,7 @@ void primary() {
 // held).
 void check_all_returned() {
   free_held();
-  CHECK_EQ(api.used(0), 0);
+  CHECK_EQ(api.used(0), 0u);
   const StandinCounters c = *api.counters();
   CHECK_EQ(c.vmm_created, c.vmm_freed);
 }
@@ -414,7 +398,7 @@ void scenario_context() {
   CHECK_EQ(sum(released.va, released.size), sum(released.va, released.size));  // still mapped
   OK(api.unmap(released.va, released.size));
   OK(api.address_free(released.va, released.size));
-  CHECK_EQ(api.used(0), 0);
+  CHECK_EQ(api.used(0), 0u);
   const StandinCounters c = *api.counters();
   CHECK_EQ(c.vmm_created, c.vmm_freed);
 }
