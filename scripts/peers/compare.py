@@ -6,7 +6,7 @@
 RESULTS is run.sh's results folder:
   junit/SUITE--MODE.xml   pytest's --junitxml of each run (MODE: plain, gpupool)
   logs/SUITE--MODE.log    its output (pytest -v): read where an XML is missing
-  meta/SUITE.info         key=value: library, version, tests, skip
+  meta/SUITE.info         key=value: library, version, tests, skip (jax_loop.info: the JAX loop's)
   meta/SUITE--MODE.rc     "rc seconds limit" of the run (rc 124: timed out)
   gpstats/TAG.jsonl       gpupool's stats at exit of every process of a run
   loops/jax.txt, loops/pycuda.txt   the RESULT lines of the timing loops
@@ -15,9 +15,10 @@ Prints, per suite, the counts of passed / failed / errors / skipped / xfailed
 without and with gpupool and every test whose outcome differs (with the
 first line of its failure message); then the loops' medians, per-round
 ratios and checksums. Writes DIR/compat.md (DIR defaults to RESULTS): the
-compatibility table, which --page also puts into docs/peers.md. Standard
-library only. Exits 0 whether or
-not the runs differ: it reports, people judge.
+compatibility table, which --page also puts into docs/peers.md, keeping the
+page's rows of suites that none of the RESULTS ran (marked as earlier runs).
+Standard library only. Exits 0 whether or not the runs differ: it reports,
+people judge.
 """
 import argparse
 import glob
@@ -32,14 +33,15 @@ from collections import Counter, defaultdict
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "peers"))
 import junit_diff  # noqa: E402  (the tree's junit reader)
 
-SUITE_ORDER = ["pycuda", "numba", "cupy", "pyopencl"]
+SUITE_ORDER = ["pycuda", "numba", "cupy", "torch", "jax", "pyopencl"]
+NOT_SUITES = ("gpupool", "jax_loop", "versions", "machine")
 MODES = ["plain", "gpupool"]
 MODE_NAME = {"plain": "without gpupool", "gpupool": "with gpupool"}
 OUTCOMES = ["passed", "failed", "error", "skipped", "xfailed"]
 RANK = {"skipped": 0, "xfailed": 1, "passed": 2, "failed": 3, "error": 4}
 RC_NOTE = {"0": "all passed", "1": "some failed", "2": "interrupted", "3": "internal error",
            "4": "usage error", "5": "no tests collected", "124": "TIMED OUT, partial",
-           "137": "KILLED", "skip": "not started"}
+           "137": "KILLED", "skip": "not started", "dry": "dry run"}
 
 
 def first_line(text, limit=160):
@@ -114,6 +116,12 @@ def read_kv(path):
     return out
 
 
+def legacy_jax_loop(res):
+    """Whether meta/jax.info is the JAX loop's (results of run.sh before the JAX suite)."""
+    return (not os.path.exists(os.path.join(res, "meta", "jax_loop.info"))
+            and read_kv(os.path.join(res, "meta", "jax.info")).get("tests", "").startswith("scripts/peers/jax_loop.py"))
+
+
 def read_rc(res, tag):
     try:
         with open(os.path.join(res, "meta", tag + ".rc")) as f:
@@ -171,10 +179,31 @@ def counts_text(results):
     return f"{len(results)} tests: " + ", ".join(f"{c[o]} {o}" for o in OUTCOMES if c[o] or o in ("passed", "failed"))
 
 
+def pass_rate(results):
+    """Percent passed of the tests that ran (neither skipped nor xfailed), or None."""
+    c = Counter(o for o, _ in results.values())
+    ran = c["passed"] + c["failed"] + c["error"]
+    return 100.0 * c["passed"] / ran if ran else None
+
+
 def counts_cell(results):
     c = Counter(o for o, _ in results.values())
     parts = [f"{c[o]} {o}" for o in OUTCOMES if c[o]]
-    return ", ".join(parts) if parts else "no tests"
+    rate = pass_rate(results)
+    return (", ".join(parts) + (f" ({rate:.1f}% of those run passed)" if rate is not None else "")
+            if parts else "no tests")
+
+
+def junit_times(path):
+    """{test id: seconds} from a junit XML (empty if unreadable)."""
+    times = Counter()
+    try:
+        for case in ET.parse(path).getroot().iter("testcase"):
+            tid = norm_id(f"{case.get('classname', '')}::{case.get('name', '')}")
+            times[tid] += float(case.get("time") or 0)
+    except (ET.ParseError, OSError, ValueError):
+        pass
+    return times
 
 
 class Suite:
@@ -190,6 +219,7 @@ class Suite:
         have_xml = {m: os.path.isfile(xml[m]) and os.path.getsize(xml[m]) > 0 for m in MODES}
         # one source for both runs, so that their test ids match
         use_xml = all(have_xml[m] for m in MODES if os.path.exists(xml[m]) or os.path.exists(log[m]))
+        self.times = {m: junit_times(xml[m]) for m in MODES if use_xml and have_xml[m]}
         for m in MODES:
             try:
                 if use_xml and have_xml[m]:
@@ -231,6 +261,14 @@ def report_suite(s, out):
             out.append(f"   {MODE_NAME[m]:16s} {counts_text(s.runs[m])}  [{s.rc_text(m)}; from {s.source[m]}]")
         else:
             out.append(f"   {MODE_NAME[m]:16s} not run")
+    rate = pass_rate(s.runs["plain"]) if "plain" in s.runs else None
+    if rate is not None:
+        out.append(f"   without gpupool, {rate:.1f}% of the tests that ran passed"
+                   + ("" if rate >= 95.0 else " (BELOW 95%: the suite's own failures dominate)"))
+    t = s.times.get("plain")
+    if t:
+        slow = ", ".join(f"{tid.rsplit('::', 1)[-1]} {sec:.0f}s" for tid, sec in t.most_common(5))
+        out.append(f"   test time without gpupool: {sum(t.values()):.0f} s in all; slowest: {slow}")
     if "gpupool" in s.runs:
         out.append("   " + gp_text(s.stats))
     d = s.diff()
@@ -318,6 +356,25 @@ def loop_summary(rows, metric, modes, ratios, unit):
     return lines, cells, rat, same
 
 
+def earlier_rows(block, libraries):
+    """The suite rows of a page's earlier table whose library is not among
+    LIBRARIES (suites that these calls did not run), and a note saying so."""
+    kept, source = [], ""
+    for line in block.splitlines():
+        if line.startswith("Generated by ") and not source:
+            m = re.search(r"\((.*?)\): each suite", line)
+            source = m.group(1) if m else ""
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if (line.startswith("| ") and len(cells) == 6 and cells[0] not in ("library", "workload")
+                and not set(cells[0]) <= set("-") and cells[0].rstrip(" *") not in libraries):
+            lib = cells[0].rstrip(" *")
+            kept.append("| " + " | ".join([lib + " *"] + cells[1:]) + " |")
+    if not kept:
+        return [], []
+    return kept, ["\\* Kept from the page's earlier table: not run in the calls above"
+                  + (f" (that table came from: {source})" if source else "") + "."]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+",
@@ -338,7 +395,7 @@ def main():
     for r in a.results:
         for p in glob.glob(os.path.join(r, "meta", "*.info")) + glob.glob(os.path.join(r, "junit", "*.xml")):
             base = os.path.basename(p).rsplit(".", 1)[0].split("--")[0]
-            if base not in ("gpupool", "jax", "versions", "machine"):
+            if base not in NOT_SUITES and not (base == "jax" and legacy_jax_loop(r)):
                 where[base] = r
     names = set(where)
     order = [n for n in SUITE_ORDER if n in names] + sorted(names - set(SUITE_ORDER))
@@ -375,7 +432,8 @@ def main():
     pc_res = last_with(os.path.join("loops", "pycuda.txt"))
     jax_rows = read_loop(os.path.join(jax_res, "loops", "jax.txt"))
     pc_rows = read_loop(os.path.join(pc_res, "loops", "pycuda.txt"))
-    jax_info = read_kv(os.path.join(jax_res, "meta", "jax.info"))
+    legacy = legacy_jax_loop(jax_res)
+    jax_info = read_kv(os.path.join(jax_res, "meta", "jax.info" if legacy else "jax_loop.info"))
     loops_md = []
     out.append("== PyCUDA gpuarray loop (issue 24 part 5): a = (a*b + c)*2.0 - a, 2**20 float32, 4 temporaries a step")
     if pc_rows:
@@ -400,7 +458,7 @@ def main():
             jax_rows, "median_step_us", ["platform", "platform-gpupool", "bfc"],
             [("platform-gpupool", "platform"), ("platform-gpupool", "bfc"), ("platform", "bfc")], "us/step")
         out += lines
-        out.append("   " + gp_text(gp_stats(res, "jax")))
+        out.append("   " + gp_text(gp_stats(jax_res, "jax" if legacy else "jax_loop")))
         loops_md.append(
             f"| JAX {jax_info.get('version', '')} jit MLP training step | "
             + " / ".join(f"{cells[m]:.1f}" if m in cells else "-" for m in ("platform", "platform-gpupool", "bfc"))
@@ -431,7 +489,7 @@ def main():
         for m in MODES:
             if m in s.runs:
                 r = s.rc.get(m) or {}
-                cut = " (timed out: partial)" if r.get("rc") == "124" else ""
+                cut = " (timed out: partial)" if r.get("rc") in ("124", "137") else ""
                 cell[m] = counts_cell(s.runs[m]) + cut
             else:
                 cell[m] = "not run"
@@ -443,6 +501,7 @@ def main():
         else:
             same = f"**no: {len(d['changed'])} of {d['both']} differ**"
         md.append(f"| {lib} | {ver} | {tests} | {cell['plain']} | {cell['gpupool']} | {same} |")
+    table_end = len(md)
     if loops_md:
         md += ["", "| workload | time | ratio | identical results |", "|---|---|---|---|"] + loops_md
     full = [(s, s.info["tests_full"]) for s in suites if s.info.get("tests_full")]
@@ -470,8 +529,10 @@ def main():
         if i < 0 or j < i:
             print(f"compare.py: {a.page} has no {begin} ... {end} block", file=sys.stderr)
             return 2
+        kept, note = earlier_rows(text[i + len(begin):j], {s.info.get("library", s.name) for s in suites})
+        page = md[:table_end] + kept + ([""] + note if note else []) + md[table_end:]
         with open(a.page, "w") as f:
-            f.write(text[: i + len(begin)] + "\n" + "\n".join(md) + text[j:])
+            f.write(text[: i + len(begin)] + "\n" + "\n".join(page) + text[j:])
     return 0
 
 

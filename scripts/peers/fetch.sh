@@ -4,18 +4,31 @@
 # what scripts/peers/run.sh needs there and the machine lacks:
 #   wheels/            PyCUDA's sdist (built there), PyOpenCL's wheel, and the
 #                      cp312 manylinux wheels of their dependencies, pytest and
-#                      pytest-xdist, cffi and filecheck (numba-cuda's tests import them; run.sh
-#                      installs only those the machine lacks)
+#                      pytest-xdist, cffi and filecheck (numba-cuda's tests import them),
+#                      expecttest (torch.testing._internal imports it); run.sh
+#                      installs only those the machine lacks
+#   numba-wheels/      numba-cuda's run only, first on its PYTHONPATH: a numpy its
+#                      release supports (the machine's numpy 2.5 removed np.row_stack,
+#                      which numba-cuda 0.30.4 overloads: its commit fd35344b, after
+#                      the release) and the pytest its test group names (>=8,<9)
 #   pyopencl-tests/    PyOpenCL's test/ from the sdist of the wheel's version
 #   cupy-tests/        CuPy's tests for memory, streams and core arrays, and the
 #                      conftest.py and pyproject.toml (pytest settings) they use,
 #                      at the tag of the machine's CuPy
 #   numba-cuda-testing/ numba-cuda's testing/pytest.ini and conftest.py at the
 #                      tag of the machine's numba-cuda (its tests ship in its wheel)
-#   SOURCES.txt        what came from where, with sha256 sums
-# Versions: the GPU machine's CuPy and numba-cuda (KINDS.md); the newest PyCUDA
-# and PyOpenCL unless PYCUDA_VERSION / PYOPENCL_VERSION say otherwise.
-# CUPY_GIT / NUMBA_CUDA_GIT: a clone or bare mirror to read instead of GitHub.
+#   torch-tests/       PyTorch's test/test_cuda.py at the machine's torch's tag
+#                      (torch.testing._internal, which it imports, is in the wheel)
+#   jax-tests/         JAX's tests that allocate, its conftest.py and pyproject.toml
+#                      (pytest settings), at the machine's jax's tag
+#   SOURCES.txt        what came from where, with sha256 sums; torch-tests/SOURCE and
+#                      jax-tests/SOURCE name the revision (run.sh puts it in the table)
+# Versions: the GPU machine's CuPy, numba-cuda, torch and jax (KINDS.md); the newest
+# PyCUDA and PyOpenCL unless PYCUDA_VERSION / PYOPENCL_VERSION say otherwise.
+# CUPY_GIT / NUMBA_CUDA_GIT / JAX_GIT / TORCH_GIT: a clone or bare mirror to read
+# instead of GitHub; JAX_REF / TORCH_REF: another revision where the mirror lacks
+# the tag; TORCH_TEST_CUDA: a test_cuda.py file to take instead of TORCH_GIT's, with
+# TORCH_TEST_CUDA_SOURCE saying where it came from (TORCH_GIT=none: no PyTorch suite).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -24,6 +37,11 @@ CUPY_VERSION=${CUPY_VERSION:-14.2.0}
 NUMBA_CUDA_VERSION=${NUMBA_CUDA_VERSION:-0.30.4}
 CUPY_GIT=${CUPY_GIT:-https://github.com/cupy/cupy.git}
 NUMBA_CUDA_GIT=${NUMBA_CUDA_GIT:-https://github.com/NVIDIA/numba-cuda.git}
+JAX_GIT=${JAX_GIT:-https://github.com/jax-ml/jax.git}
+JAX_REF=${JAX_REF:-jax-v0.11.2}
+TORCH_GIT=${TORCH_GIT:-https://github.com/pytorch/pytorch.git}
+TORCH_REF=${TORCH_REF:-v2.11.0}
+NUMBA_NUMPY=${NUMBA_NUMPY:-numpy==2.4.6}  # numba 0.68 (the machine's) takes numpy <2.6
 PY=${PYTHON:-python3}
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
@@ -35,14 +53,16 @@ grep -qxF '/.peers/' "$exclude" 2>/dev/null || echo '/.peers/' >>"$exclude"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 rm -rf "$P"
-mkdir -p "$P/wheels" "$P/pyopencl-tests" "$P/cupy-tests" "$P/numba-cuda-testing"
+mkdir -p "$P/wheels" "$P/numba-wheels" "$P/pyopencl-tests" "$P/cupy-tests" "$P/numba-cuda-testing" \
+  "$P/torch-tests" "$P/jax-tests"
 
 # --- wheels and the PyCUDA sdist (--no-binary pycuda only: :all: would build numpy too)
 "$PY" -m pip download -q --no-deps --no-binary pycuda -d "$P/wheels" "pycuda${PYCUDA_VERSION:+==$PYCUDA_VERSION}"
 "$PY" -m pip download -q --no-deps "${PLAT[@]}" -d "$P/wheels" \
   "pyopencl${PYOPENCL_VERSION:+==$PYOPENCL_VERSION}" pytools platformdirs mako markupsafe \
   typing_extensions siphash24 pytest pluggy iniconfig packaging pygments pytest-xdist execnet \
-  cffi pycparser filecheck  # numba-cuda's test group: numba.cuda.testing imports filecheck
+  cffi pycparser filecheck expecttest  # numba-cuda's test group: numba.cuda.testing imports filecheck
+"$PY" -m pip download -q --no-deps "${PLAT[@]}" -d "$P/numba-wheels" "$NUMBA_NUMPY" 'pytest>=8,<9'
 
 # every Requires-Dist (no extras, no old-Python markers) must be among the files
 echo "Requires-Dist check:"
@@ -87,10 +107,12 @@ git_files() {
   else
     local c
     c=$tmp/clone-$(basename "$src" .git)
-    [[ -d $c ]] || git clone -q --depth 1 --branch "$tag" "$src" "$c"
+    if [[ ! -d $c ]]; then  # a tag: a shallow clone; a commit: fetched alone
+      git init -q "$c" && git -C "$c" fetch -q --depth 1 "$src" "$tag" && git -C "$c" tag -f "$tag" FETCH_HEAD >/dev/null
+    fi
     git -C "$c" archive "$tag" "$@" | tar x -C "$dest"
   fi
-  echo "$tag $(git -C "${c:-$src}" rev-parse "$tag^{commit}" 2>/dev/null || echo '?')" >"$tmp/rev-$(basename "$dest")"
+  echo "$tag $(git -C "${c:-$src}" rev-parse "$tag^{commit}" 2>/dev/null || echo '?') ($(git -C "${c:-$src}" log -1 --format=%cs "$tag" 2>/dev/null))" >"$tmp/rev-$(basename "$dest")"
 }
 
 # CuPy: memory, streams, pinned memory, device and driver, and core arrays
@@ -106,14 +128,32 @@ git_files "$CUPY_GIT" "v$CUPY_VERSION" "$P/cupy-tests" pyproject.toml tests/conf
 # numba-cuda: how its CI runs its tests with pytest
 git_files "$NUMBA_CUDA_GIT" "v$NUMBA_CUDA_VERSION" "$tmp" testing/pytest.ini testing/conftest.py
 cp "$tmp"/testing/pytest.ini "$tmp"/testing/conftest.py "$P/numba-cuda-testing/"
+mv "$tmp/rev-$(basename "$tmp")" "$tmp/rev-numba"
+
+# JAX: the tests that allocate (run.sh's selection) and its pytest settings
+git_files "$JAX_GIT" "$JAX_REF" "$P/jax-tests" pyproject.toml conftest.py tests/memories_test.py \
+  tests/array_test.py tests/multi_device_test.py tests/transfer_guard_test.py tests/api_test.py
+echo "JAX's tests at $(cat "$tmp/rev-jax-tests")" >"$P/jax-tests/SOURCE"
+
+# PyTorch: test/test_cuda.py
+if [[ -n ${TORCH_TEST_CUDA:-} ]]; then
+  mkdir -p "$P/torch-tests/test"
+  cp "$TORCH_TEST_CUDA" "$P/torch-tests/test/test_cuda.py"
+  echo "PyTorch's test/test_cuda.py: ${TORCH_TEST_CUDA_SOURCE:-$TORCH_TEST_CUDA}" >"$P/torch-tests/SOURCE"
+elif [[ $TORCH_GIT != none ]]; then
+  git_files "$TORCH_GIT" "$TORCH_REF" "$P/torch-tests" test/test_cuda.py
+  echo "PyTorch's test/test_cuda.py at $(cat "$tmp/rev-torch-tests")" >"$P/torch-tests/SOURCE"
+fi
 
 {
   echo "# .peers/: made by scripts/peers/fetch.sh on $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "pyopencl-tests/: test/ of the pyopencl-$pv sdist (PyPI)"
   echo "cupy-tests/: $CUPY_GIT at $(cat "$tmp/rev-cupy-tests")"
-  echo "numba-cuda-testing/: $NUMBA_CUDA_GIT testing/ at $(cat "$tmp/rev-$(basename "$tmp")" 2>/dev/null || echo "v$NUMBA_CUDA_VERSION")"
-  echo "wheels/ (PyPI):"
-  (cd "$P/wheels" && sha256sum -- *)
+  echo "numba-cuda-testing/: $NUMBA_CUDA_GIT testing/ at $(cat "$tmp/rev-numba")"
+  echo "jax-tests/: $JAX_GIT; $(cat "$P/jax-tests/SOURCE")"
+  echo "torch-tests/: $(cat "$P/torch-tests/SOURCE")"
+  echo "wheels/ and numba-wheels/ (PyPI):"
+  (cd "$P" && sha256sum -- wheels/* numba-wheels/*)
 } >"$P/SOURCES.txt"
 cat "$P/SOURCES.txt"
 echo "total: $(du -sh "$P" | cut -f1)"

@@ -1,30 +1,35 @@
 #!/usr/bin/env bash
-# Issue 24, parts 3 to 5: the peers' own test suites on the GPU machine, each
-# run twice (without gpupool, and with LD_PRELOAD=LIB), in one device call,
-# plus the JAX and PyCUDA allocation loops, interleaved, for the speed.
+# The peers' own test suites on the GPU machine (issues 24 and 34), each run
+# twice (without gpupool, and with LD_PRELOAD=LIB) in one device call, all
+# suites at once, plus the JAX and PyCUDA allocation loops, interleaved, for
+# the speed.
 #
 #   bash scripts/peers/run.sh LIB OUTDIR [SUITE...]
-#     LIB     a built libgpupool.so (carried: the device machine builds nothing of ours here)
+#     LIB     a built libgpupool.so (the device machine builds nothing of ours here)
 #     OUTDIR  where the results go ($OUT in a device call): four files,
 #             peers-run.log, peers-summary.txt, compat.md, peers-results.tar.gz
-#     SUITE   pycuda numba cupy jax pyopencl (default: all)
+#     SUITE   pycuda numba cupy torch jax pyopencl (default: all)
+#   PEERS_LOOPS=0: no timing loops (JAX's comes with the suite jax, PyCUDA's with pycuda)
+#   PEERS_DEADLINE: seconds until everything, results included, is written (default 540)
+#   PEERS_DRY_RUN=1: install and select as for real, print each pytest command, run none
 #
 # What it needs besides the machine's own packages is carried in .peers/
 # (made by scripts/peers/fetch.sh, listed in .peers/SOURCES.txt): PyCUDA's
 # sdist (built there, in the background, while other work runs), the wheels
-# of PyCUDA's and PyOpenCL's dependencies, of pytest, pytest-xdist, cffi and
-# filecheck (installed only where the machine lacks them), PyOpenCL's wheel
-# and its own test files at the same version, CuPy's tests at the installed
-# CuPy's tag, numba-cuda's pytest.ini and conftest.py (its tests ship in its
-# wheel). scripts/peers/README.md says what runs and why.
+# the machine lacks (installed only where it lacks them), numba-cuda's own
+# numpy and pytest (numba-wheels/, first on the numba runs' PYTHONPATH only),
+# PyOpenCL's wheel and test files, and the test files of CuPy, numba-cuda,
+# PyTorch and JAX at the machine's versions. scripts/peers/README.md says
+# what runs and why.
 #
-# Order (the deadline PEERS_DEADLINE, default 540 s, bounds everything):
+# Order (the deadline PEERS_DEADLINE bounds everything):
 #   A  pycuda build (background) | JAX loop, 3 modes x PEERS_JAX_ROUNDS rounds
 #      (a quiet GPU for the timing; the build takes one core)
 #   B  every suite's tests, both runs of each at once (pytest-xdist workers),
 #      each run under `timeout -s INT` so that pytest still writes its junit
-#      XML; PyCUDA's start when its build is done
-#   C  PyCUDA's gpuarray loop, 3 modes x PEERS_PYCUDA_ROUNDS rounds (quiet GPU)
+#      XML, and killed by the deadline less PEERS_FINAL_RESERVE; PyCUDA's
+#      start when its build is done
+#   C  PyCUDA's gpuarray loop, 4 modes x PEERS_PYCUDA_ROUNDS rounds (quiet GPU)
 #   D  scripts/peers/compare.py: per suite, the outcomes without / with
 #      gpupool and every test whose outcome differs; compat.md
 # Missing pieces (a package, the GPU, OpenCL, the library) give SKIP lines,
@@ -32,7 +37,7 @@
 set -u -o pipefail
 
 usage() {
-  sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 (($# >= 2)) || usage
@@ -41,7 +46,7 @@ HERE=$ROOT/scripts/peers
 LIB_ARG=$1
 OUTDIR=$2
 shift 2
-ALL=(pycuda numba cupy jax pyopencl)
+ALL=(pycuda numba cupy torch jax pyopencl)
 SUITES=("$@")
 ((${#SUITES[@]})) || SUITES=("${ALL[@]}")
 for s in "${SUITES[@]}"; do
@@ -54,16 +59,23 @@ WORK=${PEERS_WORK:-/tmp/gpupool-peers}
 RES=$WORK/results
 DEADLINE=${PEERS_DEADLINE:-540}
 PY=${PEERS_PY:-python3}
-FINAL=${PEERS_FINAL_RESERVE:-25}            # seconds kept for compare.py and the tarball
+FINAL=${PEERS_FINAL_RESERVE:-15}            # seconds kept for compare.py and the tarball
+GRACE=20                                    # a run's seconds between SIGINT and SIGKILL
+LOOPS=${PEERS_LOOPS:-1}
+DRY=${PEERS_DRY_RUN:-0}
 LOOP_RESERVE=${PEERS_LOOP_RESERVE:-100}     # seconds kept for phase C
 JAX_BUDGET=${PEERS_JAX_BUDGET:-150}         # phase A's JAX rounds end by this many seconds
 JAX_ROUNDS=${PEERS_JAX_ROUNDS:-5}
 PYCUDA_ROUNDS=${PEERS_PYCUDA_ROUNDS:-10}
 NCPU=$(nproc 2>/dev/null || echo 4)
-# xdist workers per run (two runs of each suite go at once)
+# xdist workers per run (both runs of every suite go at once). For 16 cores and
+# numba cupy torch jax: CuPy's selection is the longest (about 1,650 worker-seconds
+# in an earlier call), numba-cuda's the shortest (about 100).
 W_PYCUDA=${PEERS_PYCUDA_WORKERS:-6}
-W_NUMBA=${PEERS_NUMBA_WORKERS:-3}
-W_CUPY=${PEERS_CUPY_WORKERS:-3}
+W_NUMBA=${PEERS_NUMBA_WORKERS:-2}
+W_CUPY=${PEERS_CUPY_WORKERS:-6}
+W_TORCH=${PEERS_TORCH_WORKERS:-3}
+W_JAX=${PEERS_JAX_WORKERS:-3}
 W_PYOPENCL=${PEERS_PYOPENCL_WORKERS:-3}
 T0=$SECONDS
 
@@ -89,6 +101,15 @@ PYOPENCL_TESTS=${PEERS_PYOPENCL_TESTS:-"
   test_array.py test_wrapper.py test_algorithm.py test_clmath.py test_enqueue_copy.py
   test_clrandom.py test_arrays_in_structs.py"}
 PYCUDA_TESTS=${PEERS_PYCUDA_TESTS:-"test_driver.py test_cumath.py test_gpuarray.py"}
+# PyTorch's test_cuda.py with the caching allocator off (every tensor a cudaMalloc)
+TORCH_TESTS=${PEERS_TORCH_TESTS:-"test/test_cuda.py::TestCuda"}
+TORCH_K=${PEERS_TORCH_K:-}  # a pytest -k expression narrowing TORCH_TESTS
+# JAX's tests that allocate: memory kinds and transfers between them, jax.Array,
+# placement, transfer guards, and jit's buffers, donation and collection
+JAX_TESTS=${PEERS_JAX_TESTS:-"
+  tests/memories_test.py tests/array_test.py tests/multi_device_test.py tests/transfer_guard_test.py
+  tests/api_test.py::JitTest tests/api_test.py::BufferDonationTest
+  tests/api_test.py::GarbageCollectionTest tests/api_test.py::CleanupTest"}
 
 mkdir -p "$OUTDIR" || exit 1
 OUTDIR=$(cd "$OUTDIR" && pwd)
@@ -113,7 +134,7 @@ left() { echo $((DEADLINE - (SECONDS - T0))); }
 meta() { printf '%s=%s\n' "$2" "$3" >>"$RES/meta/$1.info"; }
 skip_suite() { meta "$1" skip "$2"; say "SKIP $1: $2"; }
 
-say "peers run: suites ${SUITES[*]}; deadline ${DEADLINE}s; $NCPU cores; python $(command -v "$PY")"
+say "peers run: suites ${SUITES[*]}; loops $( ((LOOPS)) && echo on || echo off); deadline ${DEADLINE}s; $NCPU cores; python $(command -v "$PY")$( ((DRY)) && echo '; DRY RUN: no test runs')"
 timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1 |
   sed "s/\$/; $(nproc) cores; $(date -u '+%Y-%m-%d %H:%M UTC')/" >"$RES/meta/machine.txt"
 say "machine: $(cat "$RES/meta/machine.txt")"
@@ -150,6 +171,15 @@ MODES=(plain)
 
 # ---- carried wheels: only what the machine lacks ------------------------------
 WHEELS=$PEERS/wheels
+words() { read -r -d '' -a WORDS <<<"$1"; return 0; }  # WORDS: the words of $1
+words "${PEERS_PIP_ARGS:-}"  # more pip install arguments (a dry run elsewhere: --python-version ...)
+PIP_ARGS=("${WORDS[@]}")
+pip_target() {  # pip_target DIR WHEEL...: install carried wheels into a private folder
+  local dir=$1
+  shift
+  timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    "${PIP_ARGS[@]}" --target "$dir" "$@"
+}
 if [[ -d $WHEELS ]]; then
   mapfile -t missing < <(cd "$WHEELS" && "$PY" - <<'EOF'
 import glob, importlib.util
@@ -169,12 +199,10 @@ EOF
   )
   if ((${#missing[@]})); then
     say "installing ${#missing[@]} carried wheels the machine lacks: ${missing[*]}"
-    if ! (cd "$WHEELS" && timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile \
-      --no-cache-dir --target "$WORK/site" "${missing[@]}") >>"$RES/logs/setup.log" 2>&1; then
+    if ! (cd "$WHEELS" && pip_target "$WORK/site" "${missing[@]}") >>"$RES/logs/setup.log" 2>&1; then
       say "one pip call failed; installing them one by one"
       for w in "${missing[@]}"; do
-        (cd "$WHEELS" && timeout 60 "$PY" -m pip install -q --no-index --no-deps --no-compile \
-          --no-cache-dir --target "$WORK/site" "$w") >>"$RES/logs/setup.log" 2>&1 ||
+        (cd "$WHEELS" && pip_target "$WORK/site" "$w") >>"$RES/logs/setup.log" 2>&1 ||
           say "  could not install $w (see setup.log)"
       done
     fi
@@ -184,12 +212,23 @@ EOF
 else
   say "WARNING: $WHEELS missing (carry .peers): PyCUDA and PyOpenCL cannot be installed"
 fi
+# numba-cuda's own numpy and pytest, for its runs only (first on their PYTHONPATH)
+NUMBA_SITE=$WORK/site-numba
+NUMBA_SITE_OK=0
+if want numba; then
+  if compgen -G "$PEERS/numba-wheels/*.whl" >/dev/null &&
+    pip_target "$NUMBA_SITE" "$PEERS"/numba-wheels/*.whl >>"$RES/logs/setup.log" 2>&1; then
+    NUMBA_SITE_OK=1
+    say "numba: $(cd "$PEERS/numba-wheels" && echo *.whl) in $NUMBA_SITE"
+  fi
+fi
 "$PY" - >"$RES/meta/versions.txt" 2>&1 <<'EOF'
 import importlib.metadata as md, sys
 print("python", sys.version.split()[0])
-for d in ["pytest", "pytest-xdist", "pytest-benchmark", "numpy", "numba", "numba-cuda",
-          "cupy-cuda13x", "cupy-cuda12x", "jax", "jaxlib", "jax-cuda13-plugin", "pyopencl",
-          "pytools", "cuda-bindings"]:
+for d in ["pytest", "pytest-xdist", "pytest-timeout", "pytest-benchmark", "numpy", "numba",
+          "numba-cuda", "cupy-cuda13x", "cupy-cuda12x", "torch", "expecttest", "hypothesis",
+          "jax", "jaxlib", "jax-cuda13-plugin", "absl-py", "pyopencl", "pytools", "cuda-bindings",
+          "cffi", "filecheck", "ml_dtypes"]:
     try:
         print(d, md.version(d))
     except md.PackageNotFoundError:
@@ -216,13 +255,12 @@ nflag() {
   ((XDIST && $1 > 1)) && XA=(-n "$1" "${@:2}")
   return 0
 }
-words() { read -r -d '' -a WORDS <<<"$1"; return 0; }  # WORDS: the words of $1
-
 pyver() { "$PY" -c "$1" 2>/dev/null | tail -n 1; }
 
 # ---- run_pytest SUITE MODE CWD END [VAR=VALUE...] -- PYTEST-ARGS...
-# One run of a suite, in CWD, until END seconds after the start at the
-# latest (then SIGINT: pytest still writes its XML; SIGKILL 20 s later).
+# One run of a suite, in CWD, ended by END seconds after the start at the
+# latest: SIGINT GRACE seconds before (pytest stops and still writes its
+# XML), SIGKILL at END.
 run_pytest() {
   local suite=$1 mode=$2 cwd=$3 end=$4
   shift 4
@@ -230,7 +268,7 @@ run_pytest() {
   while (($#)) && [[ $1 != -- ]]; do envs+=("$1"); shift; done
   shift
   local tag=$suite--$mode t t1 rc
-  t=$((end - (SECONDS - T0)))
+  t=$((end - GRACE - (SECONDS - T0)))
   if ((t < 20)); then
     echo "skip 0 0" >"$RES/meta/$tag.rc"
     say "$tag: not started (out of time)"
@@ -241,13 +279,33 @@ run_pytest() {
   local cmd="pytest $*"
   ((${#cmd} > 240)) && cmd="${cmd:0:240}..."
   say "$tag: start (limit ${t}s): $cmd"
-  (cd "$cwd" && timeout -s INT -k 20 "$t" env -u LD_PRELOAD "${envs[@]}" "${MENV[@]}" \
+  if ((DRY)); then
+    {
+      echo "cd $cwd &&"
+      printf '%q ' env -u LD_PRELOAD "${envs[@]}" "${MENV[@]}" "$PY" -m pytest -v -rfEs -p no:cacheprovider \
+        -p peers_sigint "${PT_TIMEOUT[@]}" --junitxml="$RES/junit/$tag.xml" "$@"
+      echo
+    } >"$RES/logs/$tag.log"
+    echo "dry 0 $t" >"$RES/meta/$tag.rc"
+    return 0
+  fi
+  (cd "$cwd" && timeout -s INT -k "$GRACE" "$t" env -u LD_PRELOAD "${envs[@]}" "${MENV[@]}" \
     "$PY" -m pytest -v -rfEs -p no:cacheprovider -p peers_sigint "${PT_TIMEOUT[@]}" \
     --junitxml="$RES/junit/$tag.xml" "$@") >"$RES/logs/$tag.log" 2>&1 </dev/null
   rc=$?
   echo "$rc $((SECONDS - t1)) $t" >"$RES/meta/$tag.rc"
-  say "$tag: rc $rc in $((SECONDS - t1))s$( ((rc == 124)) && echo ' (TIMED OUT: partial results)')"
+  say "$tag: rc $rc in $((SECONDS - t1))s$( ((rc == 124 || rc == 137)) && echo ' (TIMED OUT: partial results)')"
   return 0
+}
+
+# check_import SUITE LOGNAME CODE [VAR=VALUE...]: CODE runs (a dry run only says so)
+check_import() {
+  local suite=$1 log=$RES/logs/$2.log code=$3
+  shift 3
+  ((DRY)) && { echo "dry run: not checked: $code" >"$log"; return 0; }
+  env "$@" timeout 120 "$PY" -c "$code" >"$log" 2>&1 && return 0
+  skip_suite "$suite" "$(head -c 60 <<<"$code") fails: $(tail -n 1 "$log")"
+  return 1
 }
 
 TEST_PIDS=()
@@ -280,7 +338,7 @@ fi
 # ---- phase A: the JAX loop, interleaved, while the GPU is otherwise idle ------
 jax_rounds() {
   local out=$RES/loops/jax.txt flags=--xla_gpu_autotune_level=0 probe r i m t1 longest=0 rstart
-  if ! "$PY" -c 'import jax' 2>/dev/null; then skip_suite jax "jax is not importable"; return; fi
+  if ! "$PY" -c 'import jax' 2>/dev/null; then skip_suite jax_loop "jax is not importable"; return; fi
   # Autotuning off: XLA then picks the same kernels in every process, so the
   # bits can be compared; probed first, since XLA aborts on an unknown flag.
   probe=$(XLA_FLAGS=$flags XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 "$PY" -c \
@@ -291,13 +349,13 @@ jax_rounds() {
     probe=$(XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 "$PY" -c \
       'import jax, jax.numpy as jnp; x = jnp.ones((64, 64)); (x @ x).block_until_ready(); print("PROBE", jax.__version__, jax.devices()[0].device_kind)' 2>&1)
     if ! grep -q '^PROBE' <<<"$probe"; then
-      skip_suite jax "JAX cannot run on the GPU: $(tail -n 3 <<<"$probe" | tr '\n' ' ')"
+      skip_suite jax_loop "JAX cannot run on the GPU: $(tail -n 3 <<<"$probe" | tr '\n' ' ')"
       return
     fi
   fi
-  meta jax library JAX
-  meta jax version "$(grep '^PROBE' <<<"$probe" | awk '{print $2}')"
-  meta jax tests "scripts/peers/jax_loop.py: jit MLP, ${JAX_ROUNDS} rounds x (platform, platform+gpupool, bfc)${flags:+, XLA_FLAGS=$flags}"
+  meta jax_loop library JAX
+  meta jax_loop version "$(grep '^PROBE' <<<"$probe" | awk '{print $2}')"
+  meta jax_loop tests "scripts/peers/jax_loop.py: jit MLP, ${JAX_ROUNDS} rounds x (platform, platform+gpupool, bfc)${flags:+, XLA_FLAGS=$flags}"
   say "jax: $(grep '^PROBE' <<<"$probe"); XLA_FLAGS=${flags:-none}"
   local modes=(platform) jargs
   words "${PEERS_JAX_ARGS:-}"  # more jax_loop.py arguments
@@ -315,7 +373,7 @@ jax_rounds() {
       local envs=(XLA_FLAGS="$flags")
       case $m in
         platform) mode_env plain x ;;
-        platform-gpupool) mode_env gpupool jax ;;
+        platform-gpupool) mode_env gpupool jax_loop ;;
         bfc) mode_env plain x ;;
       esac
       [[ $m == platform* ]] && envs+=(XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform)
@@ -332,27 +390,33 @@ jax_rounds() {
   done
   grep -h '^RESULT' "$RES/logs/jax.log" >"$out"
 }
-if want jax; then jax_rounds; fi
+# the loop's results are jax_loop's, the suite's jax's
+if want jax && ((LOOPS && !DRY)); then jax_rounds; fi
 
 # ---- phase B: the test suites, both runs of each at once ----------------------
 TESTS_END=$((DEADLINE - FINAL))
-want pycuda && TESTS_END=$((DEADLINE - FINAL - LOOP_RESERVE))
+want pycuda && ((LOOPS)) && TESTS_END=$((DEADLINE - FINAL - LOOP_RESERVE))
 
 start_numba() {
   meta numba library numba-cuda
   meta numba version "$(pyver 'import importlib.metadata as m; print(m.version("numba-cuda"))')"
   local mods=() m
   for m in $NUMBA_TESTS; do mods+=("numba.cuda.tests.$m"); done
-  meta numba tests "$(count_groups "$NUMBA_TESTS" .) of numba.cuda.tests"
   meta numba tests_full "numba.cuda.tests.{$(squeeze "$NUMBA_TESTS" | tr ' ' ',')}"
-  if ! "$PY" -c 'import numba.cuda.tests.cudadrv.test_cuda_memory' >"$RES/logs/numba-import.log" 2>&1; then
-    skip_suite numba "numba-cuda's tests are not importable: $(tail -n 1 "$RES/logs/numba-import.log")"
+  # numba-cuda 0.30.4 overloads np.row_stack, which numpy 2.5 (the machine's) removed
+  # (numba-cuda's fix, fd35344b, came after the release): its runs get numba-wheels/'s
+  # numpy and the pytest its test group names (>=8,<9), first on their PYTHONPATH
+  if ((!NUMBA_SITE_OK)); then
+    skip_suite numba "no numpy for numba-cuda: $PEERS/numba-wheels/*.whl missing or not installable (setup.log)"
     return
   fi
+  local npath=$NUMBA_SITE:$PYTHONPATH
+  meta numba tests "$(count_groups "$NUMBA_TESTS" .) of numba.cuda.tests; $(PYTHONPATH=$npath pyver 'import numpy, pytest; print("numpy", numpy.__version__, "and pytest", pytest.__version__)')"
+  check_import numba numba-import 'import numba.cuda.tests.cudadrv.test_cuda_memory' PYTHONPATH="$npath" || return
   local where
-  where=$(pyver 'import numba.cuda.tests as t; print(t.__file__)')
-  say "numba: numba.cuda.tests from $where"
-  [[ $where == */numba_cuda/* ]] || meta numba version "$(pyver 'import importlib.metadata as m; print(m.version("numba-cuda"))') (WARNING: numba.cuda.tests is numba's own, $where)"
+  where=$(PYTHONPATH=$npath pyver 'import numba.cuda.tests as t; print(t.__file__)')
+  say "numba: numba.cuda.tests from $where; $(PYTHONPATH=$npath pyver 'import numpy; print("numpy", numpy.__version__, numpy.__file__)')"
+  [[ $where == */numba_cuda/* ]] || ((DRY)) || meta numba version "$(pyver 'import importlib.metadata as m; print(m.version("numba-cuda"))') (WARNING: numba.cuda.tests is numba's own, $where)"
   if [[ ! -f $PEERS/numba-cuda-testing/pytest.ini ]]; then
     skip_suite numba "$PEERS/numba-cuda-testing/pytest.ini missing"
     return
@@ -365,18 +429,15 @@ start_numba() {
     # numba-cuda's tree, not in the wheel: pytest would not find it from the installed
     # tests, so it is loaded as a plugin (-p numba_cuda_conftest).
     cp "$PEERS"/numba-cuda-testing/conftest.py "$d"/numba_cuda_conftest.py
-    # numba-cuda's CI has pytest-benchmark; without it its addopts would not parse
     # Its addopts name the whole package (--pyargs numba.cuda.tests): keep --pyargs, run the selection.
     sed -i 's/--pyargs numba\.cuda\.tests/--pyargs/' "$d/pytest.ini"
-    # numba-cuda 0.30.4 on numpy 2.5 warns at import (np.timedelta64("nat")), which its
-    # filterwarnings=error turns into a collection error, both ways: not what is compared here.
-    sed -i "/^    error$/a\\    ignore:.*'generic' unit for NumPy timedelta is deprecated.*:DeprecationWarning" "$d/pytest.ini"
+    # numba-cuda's CI has pytest-benchmark; without it its addopts would not parse
     "$PY" -c 'import pytest_benchmark' 2>/dev/null || sed -i 's/--benchmark-disable //; /pytest_benchmark/d' "$d/pytest.ini"
     # numba-cuda's CI: pytest -v -n auto --dist loadscope (CUDATestCase needs whole classes per worker).
     # --rootdir=/: the tests live in site-packages, outside the rootdir, where pytest would give
     # them ids without their module ("::TestX::test_y"); from / every id names its file.
     nflag "$W_NUMBA" --dist loadscope
-    run_pytest numba "$mode" "$d" "$TESTS_END" PYTHONPATH="$d:${PYTHONPATH:-}" -- -c "$d/pytest.ini" \
+    run_pytest numba "$mode" "$d" "$TESTS_END" PYTHONPATH="$d:$npath" -- -c "$d/pytest.ini" \
       --rootdir=/ -p numba_cuda_conftest "${XA[@]}" "${mods[@]}" &
     TEST_PIDS+=($!)
   done
@@ -391,10 +452,7 @@ start_cupy() {
   [[ ${PEERS_CUPY_SUBSAMPLE:-1} == 1 ]] && sub=(CUPY_TEST_RANDOM_SUBSAMPLE=1 _CUPY_TEST_SUBSAMPLE_SEED="${PEERS_CUPY_SEED:-24}")
   meta cupy tests "$(count_groups "$CUPY_TESTS" /) of tests/cupy_tests, CuPy's pools off$( ((${#sub[@]})) && echo ", CuPy's CI subsampling (seed ${PEERS_CUPY_SEED:-24})")"
   meta cupy tests_full "tests/cupy_tests/{$(squeeze "$CUPY_TESTS" | tr ' ' ',')}"
-  if ! "$PY" -c 'import cupy' >"$RES/logs/cupy-import.log" 2>&1; then
-    skip_suite cupy "cupy is not importable: $(tail -n 1 "$RES/logs/cupy-import.log")"
-    return
-  fi
+  check_import cupy cupy-import 'import cupy' || return
   if [[ ! -d $PEERS/cupy-tests/tests ]]; then skip_suite cupy "$PEERS/cupy-tests missing"; return; fi
   local files=() f
   for f in $CUPY_TESTS; do files+=("tests/cupy_tests/$f"); done
@@ -405,6 +463,62 @@ start_cupy() {
     nflag "$W_CUPY"
     run_pytest cupy "$mode" "$d" "$TESTS_END" CUPY_CACHE_DIR="$WORK/cache/cupy" "${sub[@]}" -- \
       "${XA[@]}" -p peers_cupy_nopool "${files[@]}" &
+    TEST_PIDS+=($!)
+  done
+}
+
+start_torch() {
+  meta torch library PyTorch
+  meta torch version "$(pyver 'import torch; print(torch.__version__)')"
+  local src="PyTorch's test_cuda.py"
+  [[ -f $PEERS/torch-tests/SOURCE ]] && src=$(head -n 1 "$PEERS/torch-tests/SOURCE")
+  meta torch tests "$(squeeze "$TORCH_TESTS")${TORCH_K:+ -k '$TORCH_K'}; caching allocator off; $src"
+  if [[ ! -f $PEERS/torch-tests/test/test_cuda.py ]]; then
+    skip_suite torch "$PEERS/torch-tests/test/test_cuda.py missing (fetch.sh: TORCH_GIT or TORCH_TEST_CUDA)"
+    return
+  fi
+  # torch.testing._internal imports expecttest (a carried wheel where the machine lacks it)
+  check_import torch torch-import 'import torch, torch.testing._internal.common_utils; assert torch.cuda.is_available(), "no CUDA device"' || return
+  local k=()
+  [[ -n $TORCH_K ]] && k=(-k "$TORCH_K")
+  for mode in "${MODES[@]}"; do
+    local d=$WORK/torch-$mode
+    cp -r "$PEERS/torch-tests" "$d"
+    # PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor's memory a cudaMalloc and cudaFree, what
+    # gpupool pools (issue 34); the caching allocator's own stats and bookkeeping stay.
+    nflag "$W_TORCH"
+    words "$TORCH_TESTS"
+    run_pytest torch "$mode" "$d" "$TESTS_END" PYTORCH_NO_CUDA_MEMORY_CACHING=1 -- \
+      "${XA[@]}" "${k[@]}" "${WORDS[@]}" &
+    TEST_PIDS+=($!)
+  done
+}
+
+start_jax() {
+  meta jax library JAX
+  meta jax version "$(pyver 'import jax, jaxlib; print(jax.__version__, "(jaxlib", jaxlib.__version__ + ")")')"
+  local src="JAX's tests"
+  [[ -f $PEERS/jax-tests/SOURCE ]] && src=$(head -n 1 "$PEERS/jax-tests/SOURCE")
+  meta jax tests "$(squeeze "$JAX_TESTS"); XLA's platform allocator, no preallocation; $src"
+  if [[ ! -f $PEERS/jax-tests/pyproject.toml ]]; then
+    skip_suite jax "$PEERS/jax-tests missing (fetch.sh)"
+    return
+  fi
+  check_import jax jax-import 'import jax; d = jax.devices()[0]; assert d.platform == "gpu", d' \
+    XLA_PYTHON_CLIENT_PREALLOCATE=false || return
+  for mode in "${MODES[@]}"; do
+    local d=$WORK/jax-$mode
+    cp -r "$PEERS/jax-tests" "$d"
+    # As JAX's own CUDA CI runs them (ci/run_pytest_cuda.sh): the platform allocator (each
+    # buffer its own driver allocation: what gpupool pools), slow tests skipped, one
+    # compilation thread, a GPU per xdist worker; and no preallocation, so that the
+    # workers share the GPU (the sharing setting). The same in both runs.
+    nflag "$W_JAX"
+    words "$JAX_TESTS"
+    run_pytest jax "$mode" "$d" "$TESTS_END" XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_SKIP_SLOW_TESTS=true JAX_ENABLE_CUDA_XDIST=1 \
+      XLA_FLAGS=--xla_gpu_force_compilation_parallelism=1 TF_CPP_MIN_LOG_LEVEL=1 -- \
+      "${XA[@]}" "${WORDS[@]}" &
     TEST_PIDS+=($!)
   done
 }
@@ -487,11 +601,14 @@ start_pycuda() {
 
 PYCUDA_OK=0
 if ((HAVE_PYTEST)); then
-  want numba && start_numba
+  # the longest first
   want cupy && start_cupy
+  want jax && start_jax
+  want torch && start_torch
+  want numba && start_numba
   want pyopencl && start_pyopencl
 else
-  for s in numba cupy pyopencl; do want "$s" && skip_suite "$s" "pytest is not importable"; done
+  for s in numba cupy torch jax pyopencl; do want "$s" && skip_suite "$s" "pytest is not importable"; done
   PYCUDA_TESTS=
 fi
 [[ -n $BUILD_PID ]] && start_pycuda
@@ -541,11 +658,13 @@ pycuda_rounds() {
   grep -h '^RESULT' "$RES/logs/pycuda_loop.log" | grep -v ' round=0 ' >"$out"
   say "pycuda loop: $(wc -l <"$out") timed runs"
 }
-if ((PYCUDA_OK)); then pycuda_rounds; fi
+if ((PYCUDA_OK && LOOPS && !DRY)); then pycuda_rounds; fi
 
 # ---- phase D: compare, and pack ----------------------------------------------
 say "comparing"
-timeout 60 "$PY" "$HERE/compare.py" "$RES" --out "$OUTDIR" >"$OUTDIR/peers-summary.txt" 2>&1 ||
+ct=$(($(left) - 5))
+((ct < 10)) && ct=10
+timeout "$ct" "$PY" "$HERE/compare.py" "$RES" --out "$OUTDIR" >"$OUTDIR/peers-summary.txt" 2>&1 ||
   echo "compare.py failed (rc $?)" >>"$OUTDIR/peers-summary.txt"
 cp "$OUTDIR/peers-summary.txt" "$RES/"
 cp "$LOG" "$RES/" 2>/dev/null
