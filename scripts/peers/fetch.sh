@@ -27,7 +27,7 @@
 # PyCUDA and PyOpenCL unless PYCUDA_VERSION / PYOPENCL_VERSION say otherwise.
 # CUPY_GIT / NUMBA_CUDA_GIT / JAX_GIT / TORCH_GIT: a clone or bare mirror to read
 # instead of GitHub; JAX_REF / TORCH_REF: another revision where the mirror lacks
-# the tag; TORCH_TEST_CUDA: a test_cuda.py file to take instead of TORCH_GIT's, with
+# the tag (JAX_REF_NOTE: why, for the table); TORCH_TEST_CUDA: a test_cuda.py file to take instead of TORCH_GIT's, with
 # TORCH_TEST_CUDA_SOURCE saying where it came from (TORCH_GIT=none: no PyTorch suite).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -112,7 +112,10 @@ git_files() {
     fi
     git -C "$c" archive "$tag" "$@" | tar x -C "$dest"
   fi
-  echo "$tag $(git -C "${c:-$src}" rev-parse "$tag^{commit}" 2>/dev/null || echo '?') ($(git -C "${c:-$src}" log -1 --format=%cs "$tag" 2>/dev/null))" >"$tmp/rev-$(basename "$dest")"
+  local rev
+  rev=$(git -C "${c:-$src}" rev-parse "$tag^{commit}" 2>/dev/null || echo '?')
+  [[ $rev == "$tag" ]] && tag=commit
+  echo "$tag $rev ($(git -C "${c:-$src}" log -1 --format=%cs "$rev" 2>/dev/null))" >"$tmp/rev-$(basename "$dest")"
 }
 
 # CuPy: memory, streams, pinned memory, device and driver, and core arrays
@@ -133,7 +136,7 @@ mv "$tmp/rev-$(basename "$tmp")" "$tmp/rev-numba"
 # JAX: the tests that allocate (run.sh's selection) and its pytest settings
 git_files "$JAX_GIT" "$JAX_REF" "$P/jax-tests" pyproject.toml conftest.py tests/memories_test.py \
   tests/array_test.py tests/multi_device_test.py tests/transfer_guard_test.py tests/api_test.py
-echo "JAX's tests at $(cat "$tmp/rev-jax-tests")" >"$P/jax-tests/SOURCE"
+echo "JAX's tests at $(cat "$tmp/rev-jax-tests")${JAX_REF_NOTE:+, $JAX_REF_NOTE}" >"$P/jax-tests/SOURCE"
 
 # PyTorch: test/test_cuda.py
 if [[ -n ${TORCH_TEST_CUDA:-} ]]; then
