@@ -267,7 +267,7 @@ def report_suite(s, out):
                    + ("" if rate >= 95.0 else " (BELOW 95%: the suite's own failures dominate)"))
     t = s.times.get("plain")
     if t:
-        slow = ", ".join(f"{tid.rsplit('::', 1)[-1]} {sec:.0f}s" for tid, sec in t.most_common(5))
+        slow = ", ".join(f"{first_line(tid.rsplit('::', 1)[-1], 60)} {sec:.0f}s" for tid, sec in t.most_common(5))
         out.append(f"   test time without gpupool: {sum(t.values()):.0f} s in all; slowest: {slow}")
     if "gpupool" in s.runs:
         out.append("   " + gp_text(s.stats))
