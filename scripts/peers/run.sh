@@ -9,7 +9,7 @@
 #     OUTDIR  where the results go ($OUT in a device call): four files,
 #             peers-run.log, peers-summary.txt, compat.md, peers-results.tar.gz
 #     SUITE   pycuda numba cupy torch jax pyopencl (default: all)
-#   PEERS_LOOPS=0: no timing loops (JAX's comes with the suite jax, PyCUDA's with pycuda)
+#   PEERS_LOOPS=1: the timing loops too (JAX's comes with the suite jax, PyCUDA's with pycuda)
 #   PEERS_DEADLINE: seconds until everything, results included, is written (default 540)
 #   PEERS_DRY_RUN=1: install and select as for real, print each pytest command, run none
 #
@@ -23,13 +23,13 @@
 # what runs and why.
 #
 # Order (the deadline PEERS_DEADLINE bounds everything):
-#   A  pycuda build (background) | JAX loop, 3 modes x PEERS_JAX_ROUNDS rounds
+#   A  pycuda build (background) | with PEERS_LOOPS=1, JAX loop, 3 modes x PEERS_JAX_ROUNDS rounds
 #      (a quiet GPU for the timing; the build takes one core)
 #   B  every suite's tests, both runs of each at once (pytest-xdist workers),
 #      each run under `timeout -s INT` so that pytest still writes its junit
 #      XML, and killed by the deadline less PEERS_FINAL_RESERVE; PyCUDA's
 #      start when its build is done
-#   C  PyCUDA's gpuarray loop, 4 modes x PEERS_PYCUDA_ROUNDS rounds (quiet GPU)
+#   C  with PEERS_LOOPS=1, PyCUDA's gpuarray loop, 4 modes x PEERS_PYCUDA_ROUNDS rounds (quiet GPU)
 #   D  scripts/peers/compare.py: per suite, the outcomes without / with
 #      gpupool and every test whose outcome differs; compat.md
 # Missing pieces (a package, the GPU, OpenCL, the library) give SKIP lines,
@@ -61,7 +61,7 @@ DEADLINE=${PEERS_DEADLINE:-540}
 PY=${PEERS_PY:-python3}
 FINAL=${PEERS_FINAL_RESERVE:-15}            # seconds kept for compare.py and the tarball
 GRACE=20                                    # a run's seconds between SIGINT and SIGKILL
-LOOPS=${PEERS_LOOPS:-1}
+LOOPS=${PEERS_LOOPS:-0}
 DRY=${PEERS_DRY_RUN:-0}
 LOOP_RESERVE=${PEERS_LOOP_RESERVE:-100}     # seconds kept for phase C
 JAX_BUDGET=${PEERS_JAX_BUDGET:-150}         # phase A's JAX rounds end by this many seconds
