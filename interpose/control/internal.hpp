@@ -73,6 +73,11 @@ struct State {
   // exit if it is still that.
   std::string socket_path;
   std::atomic<std::uint64_t> socket_dev{0}, socket_ino{0};
+  // Set by the exit handler before it removes the file: the server thread
+  // binds it no more, and removes what it bound meanwhile (server.cpp:
+  // check_file). This flag and dev/ino are sequentially consistent, so
+  // one of the two sees the other's file.
+  std::atomic<bool> socket_file_closing{false};
   std::string socket_dir_note;    // why the private directory is not used
   bool socket_dir_taken = false;  // ... because another user took its name
   std::string socket_name;        // the abstract name, when one is bound

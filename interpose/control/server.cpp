@@ -221,6 +221,7 @@ void build_listen(State& st) {
 
 // At exit: the socket's file goes with the process (if it is still ours).
 void remove_socket_file(State& st) {
+  st.socket_file_closing.store(true);
   struct stat s {};
   if (!st.socket_path.empty() && lstat(st.socket_path.c_str(), &s) == 0 &&
       s.st_dev == st.socket_dev.load() && s.st_ino == st.socket_ino.load())
@@ -450,7 +451,7 @@ void server_main(void* arg) {
 // that `gpupool stats` and the user's neighbours keep reaching us. Looked
 // at every kFileCheckNs.
 void check_file(State& st, Server& sv, std::uint64_t now) {
-  if (st.socket_path.empty() || now < sv.next_file_check) return;
+  if (st.socket_path.empty() || now < sv.next_file_check || st.socket_file_closing.load()) return;
   sv.next_file_check = now + kFileCheckNs;
   struct stat s {};
   if (lstat(st.socket_path.c_str(), &s) == 0 && s.st_dev == st.socket_dev.load() &&
@@ -461,7 +462,11 @@ void check_file(State& st, Server& sv, std::uint64_t now) {
     io::PrivateWork work;
     fd = bind_file(st);
   }
-  if (fd.valid()) {
+  if (fd.valid() && st.socket_file_closing.load()) {
+    // The exit handler ran meanwhile and may have looked before this file
+    // was there (internal.hpp).
+    remove_socket_file(st);
+  } else if (fd.valid()) {
     st.listen = std::move(fd);
     sv.file_lost_said = false;
     log().info("control socket: {} was removed; bound again", st.socket_path);
