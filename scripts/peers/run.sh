@@ -519,12 +519,14 @@ start_jax() {
     # buffer its own driver allocation: what gpupool pools), slow tests skipped, one
     # compilation thread, a GPU per xdist worker; and no preallocation, so that the
     # workers share the GPU (the sharing setting). The same in both runs.
+    # No pytest-benchmark: its warning under xdist is an error with JAX's
+    # filterwarnings, and pytest stops before the first test.
     nflag "$W_JAX"
     words "$JAX_TESTS"
     run_pytest jax "$mode" "$d" "$TESTS_END" XLA_PYTHON_CLIENT_ALLOCATOR=platform \
       XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_SKIP_SLOW_TESTS=true JAX_ENABLE_CUDA_XDIST=1 \
       XLA_FLAGS=--xla_gpu_force_compilation_parallelism=1 TF_CPP_MIN_LOG_LEVEL=1 -- \
-      "${XA[@]}" "${WORDS[@]}" &
+      -p no:benchmark "${XA[@]}" "${WORDS[@]}" &
     TEST_PIDS+=($!)
   done
 }
