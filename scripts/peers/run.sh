@@ -250,9 +250,13 @@ fi
 XDIST=0
 "$PY" -c 'import xdist' 2>/dev/null && XDIST=1
 # pytest-timeout where the machine has it: a test that hangs fails alone, the run goes on
+# (the help read whole first: `pytest --help | grep -q` under pipefail fails whenever grep
+# stops reading before pytest has written the rest, which pytest reports as a broken pipe)
 PT_TIMEOUT=()
-((HAVE_PYTEST)) && (cd "$WORK" && "$PY" -m pytest --help 2>/dev/null) | grep -q -- '--timeout=' &&
-  PT_TIMEOUT=(--timeout "${PEERS_TEST_TIMEOUT:-150}")
+if ((HAVE_PYTEST)); then
+  pt_help=$(cd "$WORK" && "$PY" -m pytest --help 2>/dev/null)
+  [[ $pt_help == *--timeout=* ]] && PT_TIMEOUT=(--timeout "${PEERS_TEST_TIMEOUT:-150}")
+fi
 say "pytest-xdist: $( ((XDIST)) && echo yes || echo no); pytest-timeout: ${PT_TIMEOUT[*]:-no}"
 ((XDIST)) || say "pytest-xdist is not importable: each run goes in one process (slower)"
 # XA: pytest-xdist's arguments for N workers (none without xdist)
