@@ -111,6 +111,29 @@ void register_ctx(cl_context c) {
   ctx_map()[c] = std::move(ctx);
 }
 
+namespace {
+
+std::atomic<std::uint64_t> g_contexts_generation{1};
+
+// A context of the parent's, in a forked child: nothing of it is pooled or
+// asked of its device here (closed, no internal queue, gpupool's events and
+// solo mode dropped). Returns its arenas, for the caller to retire.
+std::vector<Arena*> close_inherited(Ctx& c) {
+  std::vector<Arena*> arenas;
+  LockGuard lock(c.mu);
+  c.closed.store(true);
+  c.internal = nullptr;
+  c.internal_failed = true;
+  (void)take_own_events(c);  // the parent's, which it releases
+  c.solo.store(false);
+  c.solo_q = nullptr;
+  for (auto& a : c.arenas) arenas.push_back(a.arena);
+  c.arenas.clear();
+  return arenas;
+}
+
+}  // namespace
+
 std::shared_ptr<Ctx> ctx_for_buffer(cl_context c) {
   if (!c) return nullptr;
   LockGuard lock(ctx_mu());
@@ -119,13 +142,14 @@ std::shared_ptr<Ctx> ctx_for_buffer(cl_context c) {
     slot = std::make_shared<Ctx>();
     slot->handle = c;
     slot->refs_known = false;
+    // In a forked child it may be the parent's (created where gpupool did
+    // not see it, no buffer made in it before the fork, perhaps before
+    // gpupool started at all): closed like the parent's contexts gpupool
+    // knew (fork_renew).
+    if (forked_since_load()) (void)close_inherited(*slot);
   }
   return slot;
 }
-
-namespace {
-std::atomic<std::uint64_t> g_contexts_generation{1};
-}  // namespace
 
 std::uint64_t contexts_generation() {
   return g_contexts_generation.load(std::memory_order_acquire);
@@ -368,10 +392,12 @@ void fork_release() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
 
 // The child's contexts are the parent's: their queues are served by the
 // parent's threads (on PoCL the child's own waits on them hang), and their
-// held buffers are the parent's. Nothing of them is pooled in the child:
-// new buffers go to the implementation, held ones are dropped without a
-// call, and one the program created in the parent is released for real at
-// its last release in the child, as without gpupool.
+// held buffers are the parent's. Nothing of them is pooled in the child, and
+// no device work is added there: new buffers go to the implementation, held
+// ones are dropped without a call, and one the program created in the parent
+// is released for real at its last release in the child, as without
+// gpupool. The same for a parent's context gpupool first sees in the child
+// (ctx_for_buffer); one the child creates itself is pooled as usual.
 void fork_renew() {
   Runtime* rt = runtime_if_started();
   std::vector<std::shared_ptr<Ctx>> ctxs;
@@ -382,18 +408,7 @@ void fork_renew() {
   }
   contexts_changed();
   for (auto& c : ctxs) {
-    std::vector<Arena*> arenas;
-    {
-      LockGuard lock(c->mu);
-      c->closed.store(true);
-      c->internal = nullptr;
-      c->internal_failed = true;
-      (void)take_own_events(*c);  // the parent's, which it releases
-      c->solo.store(false);
-      c->solo_q = nullptr;
-      for (auto& a : c->arenas) arenas.push_back(a.arena);
-      c->arenas.clear();
-    }
+    const std::vector<Arena*> arenas = close_inherited(*c);
     if (rt)
       for (Arena* a : arenas) rt->pool.retire_arena(a, /*keep_stats=*/false);
   }

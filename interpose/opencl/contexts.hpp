@@ -159,7 +159,8 @@ std::shared_ptr<Ctx> find_ctx(cl_context c);
 // A context the program just created.
 void register_ctx(cl_context c);
 // The context of a buffer request; one created before gpupool saw it gets a
-// record whose reference count is unknown (its release is then passed on).
+// record whose reference count is unknown (its release is then passed on),
+// closed in a forked child, where it may be the parent's (fork_renew).
 std::shared_ptr<Ctx> ctx_for_buffer(cl_context c);
 // The program released its last reference: no more pooling for it.
 void forget_ctx(cl_context c, const std::shared_ptr<Ctx>& ctx);

@@ -30,6 +30,14 @@
  *                    thread cancels and joins them
  *   fork-alloc       fork a child that creates buffers in the parent's
  *                    context and releases one the parent made
+ *   fork-unseen      (OpenCL) create a context through the loader's own
+ *                    clCreateContext (dlsym on libOpenCL.so.1, past the
+ *                    preloaded export), make no buffer, fork: the child
+ *                    makes a queue and buffers in that context (its only
+ *                    device work on PoCL: the parent's device threads are
+ *                    not in a child) and checks their size; then the
+ *                    parent writes and reads back buffers there; print
+ *                    "child status S" and "parent data ok|bad"
  *   fork-trace       allocate/free 150 times, keep one block across a fork
  *                    of a child that does 10
  *   exit             allocate for 1.5 s, then exit()
@@ -442,6 +450,68 @@ static int fork_alloc_scenario(void) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
+typedef cl_context(CL_API_CALL* create_context_fn)(const cl_context_properties*, cl_uint,
+                                                   const cl_device_id*,
+                                                   void(CL_CALLBACK*)(const char*, const void*,
+                                                                      size_t, void*),
+                                                   void*, cl_int*);
+
+static int fork_unseen_scenario(void) {
+  cl_int err = clGetPlatformIDs(1, &g_platform, NULL);
+  if (err) die("clGetPlatformIDs", err);
+  err = clGetDeviceIDs(g_platform, CL_DEVICE_TYPE_ALL, 1, &g_device, NULL);
+  if (err) die("clGetDeviceIDs", err);
+  void* loader = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!loader) die("dlopen libOpenCL.so.1", 0);
+  create_context_fn create = (create_context_fn)sym(loader, "clCreateContext");
+  cl_context ctx = create(NULL, 1, &g_device, NULL, NULL, &err);
+  if (!ctx) die("the loader's clCreateContext", err);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) die("fork", errno);
+  if (pid == 0) {
+    cl_command_queue q = clCreateCommandQueue(ctx, g_device, 0, &err);
+    if (!q) die("clCreateCommandQueue in the child", err);
+    static int data[4096];
+    for (int i = 0; i < 20; ++i) {
+      const size_t n = 1000 + (size_t)i * 700;
+      const cl_mem_flags flags = CL_MEM_READ_WRITE | (i % 2 ? CL_MEM_COPY_HOST_PTR : 0);
+      cl_mem m = clCreateBuffer(ctx, flags, n, i % 2 ? data : NULL, &err);
+      if (!m) die("clCreateBuffer in the child", err);
+      size_t size = 0;
+      err = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof size, &size, NULL);
+      if (err || size != n) die("CL_MEM_SIZE in the child", err ? err : (long)size);
+      err = clReleaseMemObject(m);
+      if (err) die("clReleaseMemObject in the child", err);
+    }
+    clReleaseCommandQueue(q);
+    exit(0);
+  }
+  int status = 0;
+  if (wait_or_kill(pid, 20, &status) < 0) {
+    printf("child hung\n");
+    return 1;
+  }
+  printf("child %d status %d\n", (int)pid,
+         WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  /* The parent's device still works in that context. */
+  g_queue = clCreateCommandQueue(ctx, g_device, 0, &err);
+  if (!g_queue) die("clCreateCommandQueue", err);
+  int ok = 1;
+  for (int i = 0; i < 10; ++i) {
+    int in[256], out[256];
+    for (int k = 0; k < 256; ++k) in[k] = i * 1000 + k;
+    cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof in, in, &err);
+    if (!m) die("clCreateBuffer", err);
+    err = clEnqueueReadBuffer(g_queue, m, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL);
+    if (err) die("clEnqueueReadBuffer", err);
+    ok &= !memcmp(in, out, sizeof out);
+    clReleaseMemObject(m);
+  }
+  printf("parent data %s\n", ok ? "ok" : "bad");
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 && ok ? 0 : 1;
+}
+
 static void* cancelled_worker(void* arg) {
   (void)arg;
   if (g_cuda) cu_ctx_set_current(g_cu_ctx);
@@ -717,6 +787,7 @@ int main(int argc, char** argv) {
     gpu_init(argv[1]);
     return stdio_kept_closed_scenario();
   }
+  if (!strcmp(s, "fork-unseen") && !strcmp(argv[1], "opencl")) return fork_unseen_scenario();  /* its own context */
   if (!strcmp(s, "idle")) {
     /* Linked with libOpenCL; CUDA's driver loaded but never called. */
     if (!strcmp(argv[1], "cuda") && !dlopen("libcuda.so.1", RTLD_NOW)) die("dlopen libcuda.so.1", 0);

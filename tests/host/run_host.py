@@ -356,6 +356,38 @@ def fork_alloc(tmp):
         check(r.returncode == 0, f"pooled={pooled}: {r.stdout} {r.stderr[-2000:]}")
 
 
+def fork_unseen_context(tmp):
+    """No device work is added in a forked child, in a context gpupool first
+    sees there: one the program created past gpupool (the loader's own
+    clCreateContext, with the layer off so the loader does not bring
+    gpupool in) and made no buffer in before the fork. Its queues are the
+    parent's: before, the child pooled its buffers, and PoCL hung in
+    gpupool's probe. The child's buffers go to the implementation (nothing
+    pooled there); the parent, after the fork, pools in that context."""
+    d = os.path.join(tmp, "s")
+    os.mkdir(d)
+    for pooled in (False, True):
+        extra = dict(GPUPOOL_OPENCL_LAYER=0, GPUPOOL_STATS_FILE=os.path.join(d, "stats.%p"),
+                     GPUPOOL_STATS_FORMAT="json", GPUPOOL_STATS_AT_EXIT=1) if pooled else {}
+        r = run(["fork-unseen"], timeout=60, env=env(pooled, **extra))
+        m = re.search(r"child (\d+) status (\d+)", r.stdout)
+        if not check(r.returncode == 0 and m and m.group(2) == "0" and "parent data ok" in r.stdout,
+                     f"pooled={pooled}: exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}"):
+            continue
+        if not pooled:
+            continue
+        child = int(m.group(1))
+        allocations = {}
+        for f in os.listdir(d):
+            docs = [json.loads(ln) for ln in lines(os.path.join(d, f))]
+            allocations[docs[-1]["pid"]] = sum(
+                b["stats"]["hits"] + b["stats"]["misses"] for b in docs[-1]["arenas"])
+        check(allocations.get(child) == 0,
+              f"the child's allocations pooled: {allocations.get(child)}, expected 0 ({allocations})")
+        parent = [n for pid, n in allocations.items() if pid != child]
+        check(parent == [10], f"the parent's allocations pooled: {parent}, expected [10]")
+
+
 def trace_records(path):
     n = {"a": 0, "f": 0}
     pid = None
@@ -1309,6 +1341,7 @@ CHECKS = {
     "fork.busy": fork_busy,
     "fork.alloc": fork_alloc,
     "fork.signal": fork_signal,
+    "fork.unseen_context": fork_unseen_context,
     "exit.quick": exit_quick,
     "threads.cancel": threads_cancel,
     "fork.files": fork_files,
