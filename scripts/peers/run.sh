@@ -69,8 +69,8 @@ JAX_ROUNDS=${PEERS_JAX_ROUNDS:-5}
 PYCUDA_ROUNDS=${PEERS_PYCUDA_ROUNDS:-10}
 NCPU=$(nproc 2>/dev/null || echo 4)
 # xdist workers per run (both runs of every suite go at once). For 16 cores and
-# numba cupy torch jax: CuPy's selection is the longest (about 1,650 worker-seconds
-# in an earlier call), numba-cuda's the shortest (about 100).
+# numba cupy torch jax: CuPy's selection is the longest (65 to 101 s of test time
+# in the calls of 2026-11-29), numba-cuda's the shortest (about 25).
 W_PYCUDA=${PEERS_PYCUDA_WORKERS:-6}
 W_NUMBA=${PEERS_NUMBA_WORKERS:-2}
 W_CUPY=${PEERS_CUPY_WORKERS:-7}
@@ -460,9 +460,17 @@ start_cupy() {
   # parametrizations and dtype loops, the same in both runs (one seed; PEERS_CUPY_SUBSAMPLE=0: all)
   local sub=()
   [[ ${PEERS_CUPY_SUBSAMPLE:-1} == 1 ]] && sub=(CUPY_TEST_RANDOM_SUBSAMPLE=1 _CUPY_TEST_SUBSAMPLE_SEED="${PEERS_CUPY_SEED:-24}")
-  meta cupy tests "$(count_groups "$CUPY_TESTS" /) of tests/cupy_tests, CuPy's pools off$( ((${#sub[@]})) && echo ", CuPy's CI subsampling (seed ${PEERS_CUPY_SEED:-24})")"
+  meta cupy tests "$(count_groups "$CUPY_TESTS" /) of tests/cupy_tests, CuPy's pools off$( ((${#sub[@]})) && echo ", CuPy's CI subsampling (seed ${PEERS_CUPY_SEED:-24})"), multi-GPU tests skipped beyond the machine's GPUs"
   meta cupy tests_full "tests/cupy_tests/{$(squeeze "$CUPY_TESTS" | tr ' ' ',')}"
   check_import cupy cupy-import 'import cupy' || return
+  # As CuPy's CI (CUPY_TEST_GPU_LIMIT: the machine's GPUs): its multi_gpu tests skip where
+  # the machine has fewer GPUs than they name. Run anyway on one GPU they fail with
+  # cudaErrorInvalidDevice, and TestDeviceSwitch::test_thread_safe waits forever for a
+  # thread that died on Device(1), holding its worker's queued tests with it.
+  local ngpu
+  ngpu=$(pyver 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')
+  [[ $ngpu =~ ^[0-9]+$ ]] || ngpu=1  # a dry run without a GPU
+  say "cupy: CUPY_TEST_GPU_LIMIT=$ngpu"
   if [[ ! -d $PEERS/cupy-tests/tests ]]; then skip_suite cupy "$PEERS/cupy-tests missing"; return; fi
   local files=() f
   for f in $CUPY_TESTS; do files+=("tests/cupy_tests/$f"); done
@@ -471,7 +479,7 @@ start_cupy() {
     cp -r "$PEERS/cupy-tests" "$d"
     # one kernel cache for both runs: CuPy writes its entries atomically
     nflag "$W_CUPY"
-    run_pytest cupy "$mode" "$d" "$TESTS_END" CUPY_CACHE_DIR="$WORK/cache/cupy" "${sub[@]}" -- \
+    run_pytest cupy "$mode" "$d" "$TESTS_END" CUPY_CACHE_DIR="$WORK/cache/cupy" CUPY_TEST_GPU_LIMIT="$ngpu" "${sub[@]}" -- \
       "${XA[@]}" -p peers_cupy_nopool "${files[@]}" &
     TEST_PIDS+=($!)
   done
