@@ -50,6 +50,9 @@
   /* CUDA: stream captures (async.cpp): exclusive around a capture's start */             \
   /* and end, shared around a trim of a memory pool (the driver's call). */               \
   X(cuda_capture, "cuda stream capture")                                                   \
+  /* CUDA: a shard of the traced stream-ordered allocations (async.cpp), */               \
+  /* around the pool's observer calls for them. */                                         \
+  X(cuda_async_blocks, "cuda stream-ordered allocations")                                  \
   /* CUDA: a context's fence synchronization state (sync_mu; not held while syncing). */  \
   X(cuda_sync, "cuda context sync")                                                        \
   /* CUDA: a context's learnt row pitches (held around one driver call). */               \

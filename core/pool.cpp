@@ -196,7 +196,7 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
                             ? allocate_piece(a, my, size, hint)
                             : allocate_block(a, my, size, pooled, hint);
   if (r.block)
-    if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *r.block, r.hit);
+    if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *r.block, r.hit ? Served::hit : Served::miss);
   return r;
 }
 
@@ -344,6 +344,26 @@ void Pool::free_piece(Block* b) {
     if (fence != 0) ++s.c.pending_frees;
   }
   delete b;
+}
+
+// A stand-in block: the observer reads handle, sizes and arena; the pool
+// keeps nothing of it (the driver holds the memory).
+void Pool::note_outside_allocate(Arena& a, Handle handle, std::size_t size) {
+  Block b;
+  b.handle = handle;
+  b.size = b.requested = size;
+  b.arena = &a;
+  if (a.counted())
+    if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, b, Served::outside);
+}
+
+void Pool::note_outside_free(Arena& a, Handle handle, std::size_t size) {
+  Block b;
+  b.handle = handle;
+  b.size = b.requested = size;
+  b.arena = &a;
+  if (a.counted())
+    if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, b);
 }
 
 void Pool::forget(Block* b) {

@@ -114,12 +114,18 @@ struct AllocResult {
   bool hit = false;
 };
 
+// How an allocation was served: by a held block or free piece (hit), by
+// the backend (miss), or by memory its driver keeps outside the pool (a
+// driver's memory pool: whether that reused memory it kept or grew is not
+// known per allocation; Pool::note_outside_allocate).
+enum class Served : unsigned char { miss, hit, outside };
+
 // Sees every allocation and free (the trace file). Called outside pool locks.
 class PoolObserver {
  public:
   virtual ~PoolObserver() = default;
   // Must not throw: the pool is mid-operation.
-  virtual void on_allocate(const Arena& arena, const Block& block, bool hit) noexcept = 0;
+  virtual void on_allocate(const Arena& arena, const Block& block, Served how) noexcept = 0;
   virtual void on_free(const Arena& arena, const Block& block) noexcept = 0;
   // The arena is about to be destroyed: nothing refers to it afterwards.
   // Called, with no pool lock held, by whichever call lets go of the last
@@ -352,6 +358,16 @@ class Pool {
   std::size_t arena_count() const;  // arenas not yet destroyed
 
   void set_observer(PoolObserver* observer) { observer_.store(observer, std::memory_order_release); }
+  bool observed() const { return observer_.load(std::memory_order_relaxed) != nullptr; }
+
+  // An allocation the program made, and its free, of memory that `arena`'s
+  // driver keeps outside the pool (Backend::outside: a driver's memory
+  // pool), told to the observer as the pool's own are (trace, sites, leak
+  // report); the stats count that memory through HeldOutside. `handle`
+  // must be unique among the arena's allocations the observer was told of
+  // and not of their free; the caller tells nothing of a retired arena.
+  void note_outside_allocate(Arena& arena, Handle handle, std::size_t size);
+  void note_outside_free(Arena& arena, Handle handle, std::size_t size);
 
   // fork(): take every lock before, release in the parent, reset in the child,
   // so a child never inherits a lock held by a thread that does not exist there.

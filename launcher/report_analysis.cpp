@@ -237,7 +237,9 @@ class Analysis {
     if (r.alloc) {
       c.active += r.requested;
       c.in_blocks += r.size;
-      if (r.hit) c.held -= std::min(c.held, r.size);
+      // A driver's memory pool ('d') is taken to reuse what it keeps
+      // first, as a hit does.
+      if (r.hit || r.outside) c.held -= std::min(c.held, r.size);
     } else {
       c.active -= std::min(c.active, requested);
       c.in_blocks -= std::min(c.in_blocks, size);
@@ -251,6 +253,7 @@ class Analysis {
     ++v_.allocations;
     (r.hit ? v_.rate_hits : v_.rate_misses)[bucket(t, report::kRateBuckets)]++;
     if (r.hit) ++v_.hits;
+    if (r.outside) ++v_.outside;
     int lg = 0;
     while (lg < 63 && (std::uint64_t(2) << lg) <= r.requested) ++lg;
     auto& s = v_.sizes[r.requested ? lg : -1];

@@ -52,7 +52,9 @@ struct SlotSizes {
       size[r.slot] = r.size;
       c->active += r.requested;
       c->in_blocks += r.size;
-      if (r.hit) c->held -= std::min(c->held, r.size);
+      // A driver's memory pool ('d') is taken to reuse what it keeps
+      // first, as a hit does.
+      if (r.hit || r.outside) c->held -= std::min(c->held, r.size);
     } else {
       c->active -= std::min(c->active, requested[r.slot]);
       c->in_blocks -= std::min(c->in_blocks, size[r.slot]);

@@ -187,8 +187,9 @@ class Parser {
         !(p = scan(p + 1, end, &r.size, 10)))
       return false;
     if (r.alloc) {
-      if (end - p < 2 || p[0] != ' ' || (p[1] != 'h' && p[1] != 'm')) return false;
+      if (end - p < 2 || p[0] != ' ' || (p[1] != 'h' && p[1] != 'm' && p[1] != 'd')) return false;
       r.hit = p[1] == 'h';
+      r.outside = p[1] == 'd';
       p += 2;
       if (p != end) {
         std::uint64_t site = 0;
@@ -348,8 +349,8 @@ class Parser {
     if (f.size() != (r.alloc ? (with_site ? 9u : 8u) : 7u) || !number(f[1], &r.t_ns) ||
         !number(f[2], &tid) || !number(f[3], &id) || !number(f[4], &r.handle, 16) ||
         !number(f[5], &r.requested) || !number(f[6], &r.size) ||
-        (r.alloc && f[7] != "h" && f[7] != "m"))
-      return fail(r.alloc ? "expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m [SITE]'"
+        (r.alloc && f[7] != "h" && f[7] != "m" && f[7] != "d"))
+      return fail(r.alloc ? "expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m|d [SITE]'"
                           : "expected 'f T TID ARENA HANDLE REQUESTED SIZE'");
     if (with_site) {
       std::uint64_t site = 0;
@@ -360,6 +361,7 @@ class Parser {
     if (!arena_index(id, &r.arena))
       return fail("a record of arena " + std::to_string(id) + ", not declared before");
     r.hit = r.alloc && f[7] == "h";
+    r.outside = r.alloc && f[7] == "d";
     r.thread = thread_index(tid);
     push(r);
     return true;

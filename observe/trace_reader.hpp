@@ -56,6 +56,9 @@ struct Record {
   std::uint32_t line = 0;
   bool alloc = false;
   bool hit = false;  // allocations
+  // Allocations served by a driver's memory pool ('d', neither hit nor
+  // miss: docs/trace.md).
+  bool outside = false;
 };
 
 struct TraceFile {

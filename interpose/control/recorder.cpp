@@ -15,9 +15,9 @@
 
 namespace gpupool::control {
 
-void Recorder::on_allocate(const Arena& arena, const Block& block, bool hit) noexcept {
+void Recorder::on_allocate(const Arena& arena, const Block& block, Served how) noexcept {
   const std::uint32_t site = sites_ ? sites_->capture(block.requested) : sites::kNoSite;
-  if (tracer_) tracer_->allocated(arena, block, hit, site);
+  if (tracer_) tracer_->allocated(arena, block, how, site);
   if (!leaks_) return;
   Shard& s = shard_of(block.handle);
   LockGuard lock(s.mu);

@@ -22,7 +22,7 @@ class Recorder final : public PoolObserver {
   Recorder(sites::Sites* sites, trace::Tracer* tracer, bool leaks)
       : sites_(sites), tracer_(tracer), leaks_(leaks) {}
 
-  void on_allocate(const Arena& arena, const Block& block, bool hit) noexcept override;
+  void on_allocate(const Arena& arena, const Block& block, Served how) noexcept override;
   void on_free(const Arena& arena, const Block& block) noexcept override;
   void on_arena_destroyed(const Arena& arena) override;
 

@@ -30,7 +30,7 @@ struct Record {
   std::uint32_t tid;
   std::uint32_t site;  // allocations: sites::kNoSite when not sampled
   char op;   // 'a' or 'f'
-  char hit;  // 'h', 'm', or 0 for frees
+  char hit;  // 'h', 'm', 'd' (docs/trace.md), or 0 for frees
 };
 
 constexpr std::size_t kRing = 1024;
@@ -340,7 +340,7 @@ bool Tracer::Impl::open_file_here(bool fresh, bool forked_child, std::string* wh
       header, sizeof header,
       "# gpupool trace 2\n# pid %ld start_unix_ns %" PRIu64
       "\n"
-      "# a t_ns tid arena handle requested size h|m [site] / f t_ns tid arena handle requested "
+      "# a t_ns tid arena handle requested size h|m|d [site] / f t_ns tid arena handle requested "
       "size\n",
       static_cast<long>(getpid()), start);
   io::write_bounded(file.get(), header, std::strlen(header));
@@ -377,11 +377,12 @@ Tracer* Tracer::open(const std::string& value, long run_pid, sites::Sites* sites
 
 // Never throws into the pool: a record that cannot be kept (out of host
 // memory for a thread's buffer) is dropped and counted.
-void Tracer::allocated(const Arena& arena, const Block& block, bool hit,
+void Tracer::allocated(const Arena& arena, const Block& block, Served how,
                        std::uint32_t site) noexcept {
+  const char letter = how == Served::hit ? 'h' : how == Served::miss ? 'm' : 'd';
   try {
     impl_->push(Record{io::mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
-                       site, 'a', hit ? 'h' : 'm'});
+                       site, 'a', letter});
   } catch (...) {
     impl_->dropped.fetch_add(1, std::memory_order_relaxed);
   }

@@ -28,7 +28,7 @@ class Tracer final {
                       std::string* why);
 
   // Never throw: the pool is mid-operation.
-  void allocated(const Arena& arena, const Block& block, bool hit, std::uint32_t site) noexcept;
+  void allocated(const Arena& arena, const Block& block, Served how, std::uint32_t site) noexcept;
   void freed(const Arena& arena, const Block& block) noexcept;
   // Writes out the records naming the arena and forgets its id.
   void arena_destroyed(const Arena& arena);

@@ -85,6 +85,57 @@ constexpr std::uint64_t kReadEveryNs = 1'000'000;
 
 bool capturing() { return captures().count.load(std::memory_order_acquire) > 0; }
 
+// ---- the allocations the observer was told of ------------------------------
+
+// Only while the pool has an observer (trace, sites, leak report): its
+// free must name the allocation's arena and size, which the driver's free
+// does not. Sharded by address, as the recorder is; each shard's lock is
+// held around the observer's call, so that a pool's destruction
+// (async_pool_destroyed), which ends its allocations here first, never
+// meets a call naming its arena after.
+struct Traced {
+  struct Allocation {
+    AsyncPool* pool;
+    std::size_t size;
+  };
+  static constexpr unsigned kShards = 16;
+  struct alignas(64) Shard {
+    Ranked<LockRank::cuda_async_blocks> mu;
+    std::unordered_map<CUdeviceptr, Allocation> live;  // under mu
+  };
+  Shard shards[kShards];
+  Shard& of(CUdeviceptr p) { return shards[(p >> 8 ^ p >> 20) % kShards]; }
+};
+Traced& traced() {
+  static Traced& t = *new Traced;  // never destroyed: hooks run during exit
+  return t;
+}
+
+// Under s.mu: the observer told of `p`'s end, and it forgotten.
+void end_traced(Runtime& rt, Traced::Shard& s, std::unordered_map<CUdeviceptr, Traced::Allocation>::iterator it)
+    GPUPOOL_REQUIRES(s.mu) {
+  if (Arena* a = it->second.pool->arena.load(std::memory_order_acquire))
+    rt.pool.note_outside_free(*a, it->first, it->second.size);
+  s.live.erase(it);
+}
+
+// Under s.mu: `p` (of `size`, from `pool`) remembered and told.
+void start_traced(Runtime& rt, Traced::Shard& s, CUdeviceptr p, AsyncPool& pool, std::size_t size)
+    GPUPOOL_REQUIRES(s.mu) {
+  // Read under the lock: a pool destroyed meanwhile has swept this shard.
+  Arena* a = pool.arena.load(std::memory_order_acquire);
+  if (!a) return;
+  // Still remembered: its free never came this way (a graph's free node,
+  // its context's end): it ended before the driver handed it out again.
+  if (auto it = s.live.find(p); it != s.live.end()) end_traced(rt, s, it);
+  try {
+    s.live.emplace(p, Traced::Allocation{&pool, size});
+  } catch (...) {
+    return;  // out of host memory: neither its start nor its end is told
+  }
+  rt.pool.note_outside_allocate(*a, p, size);
+}
+
 // ---- the pool's attributes ---------------------------------------------------
 
 // The driver's answer, else (exit, or a capture under way, where gpupool
@@ -261,12 +312,19 @@ AsyncPool* async_pool(const Driver& d, Runtime& rt, CUmemoryPool pool) {
 
 int async_device(const AsyncPool* p) { return p ? p->dev : -1; }
 
-void async_allocated(const Driver& d, AsyncPool* p, CUresult r) {
+void async_allocated(const Driver& d, Runtime& rt, AsyncPool* p, CUresult r, CUdeviceptr ptr,
+                     std::size_t bytes) {
   if (!p || r != CUDA_SUCCESS) return;
   p->last_use_ns.store(Pool::now_ns(), std::memory_order_relaxed);
   p->uses.fetch_add(1, std::memory_order_acq_rel);
-  // A captured allocation is the graph's, not the pool's.
+  // A captured allocation is the graph's, not the pool's: not counted,
+  // nor traced (its memory is made at each of the graph's launches).
   if (capturing()) return;
+  if (rt.pool.observed()) {
+    Traced::Shard& s = traced().of(ptr);
+    LockGuard lock(s.mu);
+    start_traced(rt, s, ptr, *p, bytes);
+  }
   // The pool's reserved bytes are read at most once a millisecond: a driver
   // call on every allocation costs what pooling saves a host-bound loop.
   // A reading that finds the pool grown counts one miss; the other
@@ -281,6 +339,23 @@ void async_allocated(const Driver& d, AsyncPool* p, CUresult r) {
   const std::uint64_t now = attribute(d, *p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, p->reserved);
   const std::uint64_t before = p->last_reserved.exchange(now, std::memory_order_relaxed);
   (now > before ? p->misses : p->hits).fetch_add(1, std::memory_order_relaxed);
+}
+
+bool async_freeing(Runtime& rt, CUdeviceptr ptr, AsyncFreed* freed) {
+  if (!rt.pool.observed()) return false;
+  Traced::Shard& s = traced().of(ptr);
+  LockGuard lock(s.mu);
+  auto it = s.live.find(ptr);
+  if (it == s.live.end()) return false;
+  *freed = {it->second.pool, it->second.size};
+  end_traced(rt, s, it);
+  return true;
+}
+
+void async_free_refused(Runtime& rt, CUdeviceptr ptr, const AsyncFreed& freed) {
+  Traced::Shard& s = traced().of(ptr);
+  LockGuard lock(s.mu);
+  start_traced(rt, s, ptr, *freed.pool, freed.size);
 }
 
 void async_attribute_set(const Driver& d, CUmemoryPool pool, CUmemPool_attribute attr) {
@@ -316,7 +391,22 @@ void async_pool_destroyed(Runtime& rt, CUmemoryPool pool) {
     if (p) c.compare_exchange_strong(expected, nullptr);
   }
   if (!p) return;
-  if (Arena* a = p->arena.exchange(nullptr, std::memory_order_acq_rel)) rt.pool.retire_arena(a);
+  Arena* a = p->arena.exchange(nullptr, std::memory_order_acq_rel);
+  if (!a) return;
+  // Its allocations still in the program's hands end in the trace here:
+  // their arena goes (the driver frees them when the program does).
+  for (Traced::Shard& s : traced().shards) {
+    LockGuard lock(s.mu);
+    for (auto it = s.live.begin(); it != s.live.end();) {
+      if (it->second.pool != p) {
+        ++it;
+        continue;
+      }
+      rt.pool.note_outside_free(*a, it->first, it->second.size);
+      it = s.live.erase(it);
+    }
+  }
+  rt.pool.retire_arena(a);
 }
 
 void async_current_pool_changed(CUdevice dev) {
@@ -362,14 +452,21 @@ void capture_stream_destroyed(CUstream s) {
 void async_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   registry().mu.lock();
   captures().mu.lock();
+  for (Traced::Shard& s : traced().shards) s.mu.lock();
 }
 
 void async_fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  for (Traced::Shard& s : traced().shards) s.mu.unlock();
   captures().mu.unlock();
   registry().mu.unlock();
 }
 
+// The parent's allocations are not the child's to trace.
 void async_fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  for (Traced::Shard& s : traced().shards) {
+    s.live.clear();
+    s.mu.unlock();
+  }
   captures().mu.remake_held_in_child();
   registry().mu.unlock();
 }

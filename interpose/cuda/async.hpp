@@ -36,8 +36,22 @@ struct AsyncPool;
 AsyncPool* async_pool(const Driver& d, Runtime& rt, CUmemoryPool pool);
 // Its device (the out-of-memory release looks there).
 int async_device(const AsyncPool* p);
-// After the program's allocation from `p` returned `r`.
-void async_allocated(const Driver& d, AsyncPool* p, CUresult r);
+// After the program's allocation of `bytes` from `p` returned `r` (and
+// `ptr`): counted, and told to the pool's observer if it has one (the
+// trace, sites, leak report), as an allocation of kind Served::outside.
+void async_allocated(const Driver& d, Runtime& rt, AsyncPool* p, CUresult r, CUdeviceptr ptr,
+                     std::size_t bytes);
+// Before the driver frees `ptr` (cuMemFreeAsync, or cuMemFree, which the
+// driver allows for stream-ordered memory): an allocation the observer was
+// told of ends, told before the driver can hand the address out again.
+// True (with what it was, in *freed) when it was one; should the driver
+// refuse the free, async_free_refused tells it again.
+struct AsyncFreed {
+  AsyncPool* pool = nullptr;
+  std::size_t size = 0;
+};
+bool async_freeing(Runtime& rt, CUdeviceptr ptr, AsyncFreed* freed);
+void async_free_refused(Runtime& rt, CUdeviceptr ptr, const AsyncFreed& freed);
 
 // The program set a pool attribute (the call succeeded): a release
 // threshold of its own is the driver's to apply from then on.

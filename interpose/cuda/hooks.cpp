@@ -149,7 +149,18 @@ CUresult alloc_async(const Driver& d, CUdeviceptr* dptr, std::size_t bytes, CUme
   Runtime* rt = dptr && bytes ? pooling(false) : nullptr;
   AsyncPool* p = rt ? async_pool(d, *rt, pool) : nullptr;
   const CUresult r = retry_out_of_memory(d, async_device(p), bytes, call);
-  async_allocated(d, p, r);
+  if (p) async_allocated(d, *rt, p, r, *dptr, bytes);
+  return r;
+}
+
+// Memory gpupool does not serve, freed by the driver: a stream-ordered
+// allocation's end is told to the pool's observer (async.hpp).
+template <class Real>
+CUresult free_elsewhere(Runtime& rt, CUdeviceptr p, Real&& real) {
+  AsyncFreed freed;
+  const bool traced = async_freeing(rt, p, &freed);
+  const CUresult r = real();
+  if (traced && r != CUDA_SUCCESS) async_free_refused(rt, p, freed);
   return r;
 }
 
@@ -162,7 +173,7 @@ CUresult free_async(CUdeviceptr p, CUstream s, Real real) {
   if (!rt) return real(p, s);
   bool known = false;
   Block* b = device_map().deactivate(p, &known);
-  if (!known) return real(p, s);
+  if (!known) return free_elsewhere(*rt, p, [&] { return real(p, s); });
   if (!b) return CUDA_ERROR_INVALID_VALUE;  // ours and already free: a double free
   rt->pool.free(b);
   return CUDA_SUCCESS;
@@ -318,7 +329,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
   if (!rt) return d->mem_free(p);
   bool known = false;
   Block* b = device_map().deactivate(p, &known);
-  if (!known) return d->mem_free(p);  // not ours: 0, bad, interior pointers
+  if (!known) return free_elsewhere(*rt, p, [&] { return d->mem_free(p); });  // not ours: 0, bad, interior pointers
   if (!b) return CUDA_ERROR_INVALID_VALUE;  // ours and already free: a double free
   rt->pool.free(b);
   return CUDA_SUCCESS;

@@ -93,12 +93,13 @@ def validate_dump(line, schema):
     return doc, errors
 
 
-_RECORD = re.compile(r"^([af]) (\d+) (\d+) (\d+) ([0-9a-f]+) (\d+) (\d+)(?: ([hm])(?: (\d+))?)?$")
+_RECORD = re.compile(r"^([af]) (\d+) (\d+) (\d+) ([0-9a-f]+) (\d+) (\d+)(?: ([hmd])(?: (\d+))?)?$")
 
 
 def replay_trace(path):
     """Returns (counts, problems). counts: allocs, frees, hits, misses,
-    active (blocks still active at the end), arenas."""
+    outside (served by a driver's memory pool: 'd'), active (blocks still
+    active at the end), arenas."""
     arenas = {}
     records = []
     problems = []
@@ -136,12 +137,12 @@ def replay_trace(path):
                         int(req), int(size), hit))
     records.sort()
     active = {}
-    counts = {"allocs": 0, "frees": 0, "hits": 0, "misses": 0}
+    counts = {"allocs": 0, "frees": 0, "hits": 0, "misses": 0, "outside": 0}
     for t, _, n, op, arena, handle, req, size, hit in records:
         key = (arena, handle)
         if op == "a":
             counts["allocs"] += 1
-            counts["hits" if hit == "h" else "misses"] += 1
+            counts[{"h": "hits", "d": "outside"}.get(hit, "misses")] += 1
             if key in active:
                 problems.append(f"line {n}: block {handle} allocated while active")
             if size < req:

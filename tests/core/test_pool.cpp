@@ -598,7 +598,7 @@ TEST(Pool, ForkedChildDropsItsParentsCounters) {
 TEST(Pool, ForkedChildDoesNotReportItsParentsActiveBlocks) {
   struct Counting : PoolObserver {
     int frees = 0;
-    void on_allocate(const Arena&, const Block&, bool) noexcept override {}
+    void on_allocate(const Arena&, const Block&, Served) noexcept override {}
     void on_free(const Arena&, const Block&) noexcept override { ++frees; }
   } obs;
   Fixture f;

@@ -297,6 +297,52 @@ void scenario_oom() {
   OK(cuMemPoolDestroy(mine));
 }
 
+// What a trace of stream-ordered allocations shows (run_async_trace.py
+// reads it): each allocation and free the program makes, whichever call
+// frees it, ends at its pool's destruction, none made while a stream
+// captures, and one left allocated at exit (the leak).
+void scenario_traced() {
+  CUmemoryPool pool = setup();
+  (void)pool;
+  CUdeviceptr a, b, c, e, f, g, leak;
+  OK(cuMemAllocAsync(&a, 1 * MiB + 100, nullptr));
+  OK(cuMemAllocAsync(&b, 3 * MiB, nullptr));
+  CUmemPoolProps props = {};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  CUmemoryPool mine;
+  OK(cuMemPoolCreate(&mine, &props));
+  OK(cuMemAllocFromPoolAsync(&c, 2 * MiB, mine, nullptr));
+  OK(cuMemAllocFromPoolAsync(&e, 5 * MiB, mine, nullptr));
+  OK(cuMemAllocAsync(&leak, 7 * MiB, nullptr));
+  OK(cuMemFreeAsync(a, nullptr));
+  OK(cuMemFree(b));  // the driver allows it for stream-ordered memory
+  OK(cuMemFreeAsync(c, nullptr));
+  OK(cuStreamSynchronize(nullptr));
+  // Destroyed while `e` is allocated: the driver frees it when the program does.
+  OK(cuMemPoolDestroy(mine));
+  OK(cuMemFreeAsync(e, nullptr));
+  // A free captured into a graph ends the allocation; one made while the
+  // stream captures is the graph's.
+  OK(cuMemAllocAsync(&f, 6 * MiB, nullptr));
+  CUstream s;
+  OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(cuMemAllocAsync(&g, 4 * MiB, s));
+  OK(cuMemFreeAsync(g, s));
+  OK(cuMemFreeAsync(f, s));
+  CUgraph graph;
+  OK(cuStreamEndCapture(s, &graph));
+  OK(cuStreamSynchronize(s));
+  OK(cuStreamDestroy(s));
+  // A free the driver refuses (on the destroyed stream) ends nothing.
+  CUdeviceptr h;
+  OK(cuMemAllocAsync(&h, 8 * MiB, nullptr));
+  CHECK_EQ(cuMemFreeAsync(h, s), CUDA_ERROR_INVALID_HANDLE);
+  OK(cuMemFreeAsync(h, nullptr));
+  OK(cuStreamSynchronize(nullptr));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -313,6 +359,7 @@ int main(int argc, char** argv) {
   else if (s == "release") scenario_release();
   else if (s == "capture") scenario_capture();
   else if (s == "oom") scenario_oom();
+  else if (s == "traced") scenario_traced();
   else {
     fprintf(stderr, "unknown scenario %s\n", s.c_str());
     return 2;

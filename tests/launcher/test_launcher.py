@@ -1223,7 +1223,7 @@ class Several(InTmpDir):
             r = gp(*cmd)
             self.assertEqual(r.returncode, FAILED, cmd)
             self.assertEqual(r.stderr, f"gpupool: {cmd[0] if cmd[0] == 'report' else 'trace convert'}: "
-                                       f"{bad}:4: expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m [SITE]'\n")
+                                       f"{bad}:4: expected 'a T TID ARENA HANDLE REQUESTED SIZE h|m|d [SITE]'\n")
             self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.json")))
             self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.html")))
         empty = os.path.join(self.tmp, "empty")
