@@ -46,12 +46,73 @@ step() {
   stage_t0=$SECONDS stage_cpu0=$cpu
   printf '\n== %s\n' "$*"
 }
-trap 'stage_end; rm -f "$times_file"' EXIT
+# At an early exit, a build still running beside the tests goes too. The
+# script's own status is kept.
+on_exit() {
+  local rc=$?
+  stage_end
+  rm -f "$times_file"
+  if [ "${bg_pid:-0}" != 0 ]; then
+    pkill -P "$bg_pid" 2>/dev/null
+    kill "$bg_pid" 2>/dev/null
+  fi
+  exit "$rc"
+}
+trap on_exit EXIT
 
 # A new build directory uses Ninja (scripts/package-check.sh reads its
 # record of the headers each object read); an existing one keeps its
 # generator.
 generator() { [ -f "$1/CMakeCache.txt" ] || echo "-GNinja"; }
+
+# The builds after the first: each is made while the stage before it runs
+# its tests (those mostly wait on processes, sockets and deadlines: CI's
+# TSan stage used 1.2 of its 2 cores), at the lowest priority, so the tests
+# get the CPU whenever they want it. One build at a time, in this order;
+# its output goes to build-*.log, printed if it fails.
+sanitizer_build=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
+  -DGPUPOOL_WERROR=ON -DGPUPOOL_BUILD_BENCHMARKS=OFF)
+configure_asan() {
+  cmake -B build-asan $(generator build-asan) "${sanitizer_build[@]}" -DGPUPOOL_SANITIZE=address,undefined
+  cmake --build build-asan -j"$jobs"
+}
+configure_tsan() {
+  cmake -B build-tsan $(generator build-tsan) "${sanitizer_build[@]}" -DGPUPOOL_SANITIZE=thread
+  cmake --build build-tsan -j"$jobs"
+}
+# Clang's thread-safety analysis over the library and the launcher (the
+# lock annotations, core/thread_safety.hpp), and the libFuzzer target: one
+# clang build, Debug (the analysis needs no optimizer).
+configure_clang() {
+  CC=clang CXX=clang++ cmake -B build-clang $(generator build-clang) -DCMAKE_BUILD_TYPE=Debug \
+    -DGPUPOOL_WERROR=ON -DGPUPOOL_FUZZ=ON -DGPUPOOL_BUILD_BENCHMARKS=OFF
+  cmake --build build-clang -j"$jobs" --target gpupool gpupool_launcher config_fuzz
+}
+queue=()
+[ "$sanitizers" = 0 ] || queue+=(asan tsan)
+[ "$clang" = 0 ] || queue+=(clang)
+bg_name="" bg_pid=0 bg_t0=0
+bg_start() {  # the next build of the queue, if any
+  [ ${#queue[@]} -gt 0 ] || return 0
+  bg_name=${queue[0]}
+  queue=("${queue[@]:1}")
+  bg_t0=$SECONDS
+  nice -n 19 bash -c "$(declare -f generator "configure_$bg_name"); $(declare -p sanitizer_build jobs);
+    configure_$bg_name" >"build-$bg_name.log" 2>&1 &
+  bg_pid=$!
+}
+bg_wait() {  # the build started last, finished
+  local rc=0
+  wait "$bg_pid" || rc=$?
+  if [ "$rc" != 0 ]; then
+    tail -n 60 "build-$bg_name.log"
+    echo "build of build-$bg_name/ failed (rc $rc): build-$bg_name.log" >&2
+    exit "$rc"
+  fi
+  bg_pid=0
+  printf '   (build-%s/ built beside the tests before it in %d s: build-%s.log)\n' \
+    "$bg_name" $((SECONDS - bg_t0)) "$bg_name"
+}
 
 step "build (build/)"
 # The packages are made from build/ (scripts/package-check.sh): the wheel's
@@ -62,6 +123,7 @@ package_headers=()
 cmake -B build $(generator build) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUPOOL_WERROR=ON \
   "${package_headers[@]}" -U 'SKBUILD*' >/dev/null
 cmake --build build -j"$jobs"
+bg_start
 step "tests (build/)"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 300
 
@@ -73,18 +135,12 @@ fi
 if [ "$sanitizers" = 1 ]; then
   # Debug builds (the lock-rank checks), without benchmarks, with line
   # tables only (-g1): what the sanitizers' reports need, a fifth less
-  # compile time than full debug information.
-  # The sanitizers' tests spend most of their time waiting (processes,
-  # sockets, deadlines): one more at a time than cores keeps both busy
-  # (CI's TSan stage used 1.2 of its 2 cores at -j2).
+  # compile time than full debug information. Their tests run one more at
+  # a time than cores: they mostly wait.
   san_jobs=$((jobs + 1))
-  sanitizer_build=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
-    -DGPUPOOL_WERROR=ON -DGPUPOOL_BUILD_BENCHMARKS=OFF)
-  step "AddressSanitizer + UndefinedBehaviorSanitizer: build (build-asan/)"
-  cmake -B build-asan $(generator build-asan) "${sanitizer_build[@]}" \
-    -DGPUPOOL_SANITIZE=address,undefined >/dev/null
-  cmake --build build-asan -j"$jobs"
   step "AddressSanitizer + UndefinedBehaviorSanitizer: tests (build-asan/)"
+  bg_wait
+  bg_start
   # Leak checks off: gpupool keeps its process-wide state until the process
   # ends on purpose (hooks may run during exit), and the Python tests' own
   # allocations are not ours to judge. -LE without_gpupool: the CUDA
@@ -95,10 +151,9 @@ if [ "$sanitizers" = 1 ]; then
     ctest --test-dir build-asan --output-on-failure -j"$san_jobs" --timeout 600 \
       -LE 'python|without_gpupool|variant'
 
-  step "ThreadSanitizer: build (build-tsan/)"
-  cmake -B build-tsan $(generator build-tsan) "${sanitizer_build[@]}" -DGPUPOOL_SANITIZE=thread >/dev/null
-  cmake --build build-tsan -j"$jobs"
   step "ThreadSanitizer: tests (build-tsan/)"
+  bg_wait
+  bg_start
   # -L 'shim|threads': programs under gpupool (its control and files
   # threads run beside the program's) and the unit tests with threads; the
   # other unit tests run one thread, where ThreadSanitizer finds nothing
@@ -114,14 +169,8 @@ if [ "$sanitizers" = 1 ]; then
 fi
 
 if [ "$clang" = 1 ]; then
-  # Clang's thread-safety analysis over the library and the launcher (the
-  # lock annotations, core/thread_safety.hpp), and the libFuzzer target: one
-  # clang build, Debug (the analysis needs no optimizer).
-  step "clang: -Wthread-safety -Werror, the fuzz target (build-clang/)"
-  CC=clang CXX=clang++ cmake -B build-clang $(generator build-clang) -DCMAKE_BUILD_TYPE=Debug \
-    -DGPUPOOL_WERROR=ON -DGPUPOOL_FUZZ=ON -DGPUPOOL_BUILD_BENCHMARKS=OFF >/dev/null
-  cmake --build build-clang -j"$jobs" --target gpupool gpupool_launcher config_fuzz
-  step "clang: 30-second fuzz run of the config parser (build-clang/)"
+  step "clang: -Wthread-safety -Werror and the fuzz target built; 30-second fuzz run of the config parser (build-clang/)"
+  bg_wait
   mkdir -p build-clang/corpus
   build-clang/tests/fuzz/config_fuzz -max_total_time=30 -print_final_stats=1 \
     -dict=tests/fuzz/config.dict build-clang/corpus tests/fuzz/corpus
