@@ -272,7 +272,7 @@ std::string to_prometheus(const Report& r) {
   }
   for (const Field& f : fields()) {
     const std::string metric = std::string("gpupool_") + f.name + (f.counter ? "_total" : "");
-    out += format("# HELP %s gpupool %s per backend (see docs/stats.md).\n# TYPE %s %s\n",
+    out += format("# HELP %s gpupool %s per arena (see docs/stats.md).\n# TYPE %s %s\n",
                   metric.c_str(), f.name, metric.c_str(), f.counter ? "counter" : "gauge");
     for (std::size_t i = 0; i < r.arenas.size(); ++i)
       out += format("%s{%s} %" PRIu64 "\n", metric.c_str(), labels[i].c_str(),
