@@ -205,13 +205,6 @@ Runtime* runtime_if_started() { return g_runtime.load(std::memory_order_acquire)
 bool exiting() { return g_exiting.load(std::memory_order_acquire); }
 
 namespace {
-// The pid at load (0: asked before the library's initialisers ran).
-const pid_t g_loaded_pid = getpid();
-}  // namespace
-
-bool forked_since_load() { return g_loaded_pid != 0 && getpid() != g_loaded_pid; }
-
-namespace {
 std::atomic<std::uint64_t> g_internal_failures{0};
 }  // namespace
 

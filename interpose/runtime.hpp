@@ -106,11 +106,6 @@ std::uint64_t internal_failures() noexcept;
 // already be torn down.
 bool exiting();
 
-// True in a process forked (without exec) from the one gpupool was loaded
-// into, whether or not gpupool had started there: what the parent did
-// before, gpupool may not have seen. One getpid() a call.
-bool forked_since_load();
-
 // fork(). Every part of gpupool that keeps locks registers its handlers
 // under its place below; the runtime's single pthread_atfork handler calls
 // them:

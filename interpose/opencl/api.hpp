@@ -20,6 +20,8 @@ namespace gpupool::ocl {
 
 // Functions gpupool intercepts (X) and only calls (Y).
 #define GPUPOOL_CL_HOOKED(X)            \
+  X(clGetPlatformIDs)                   \
+  X(clGetDeviceIDs)                     \
   X(clCreateContext)                    \
   X(clCreateContextFromType)            \
   X(clRetainContext)                    \
@@ -46,8 +48,6 @@ namespace gpupool::ocl {
   X(clEnqueueSVMFree)
 
 #define GPUPOOL_CL_USED(Y)        \
-  Y(clGetPlatformIDs)             \
-  Y(clGetDeviceIDs)               \
   Y(clGetContextInfo)             \
   Y(clGetDeviceInfo)              \
   Y(clFlush)                      \
@@ -68,8 +68,18 @@ struct Api {
 };
 
 // The table the hooks call (never null once a hook runs; entries may be null
-// when the implementation lacks them).
+// when the implementation lacks them). The first call marks the process as
+// the one where OpenCL was first used (implementation_inherited).
 const Api& next();
+
+// Whether this process inherited an initialised OpenCL implementation: OpenCL
+// first reached gpupool in another process (the loader initialising the
+// layer, or any call gpupool passed on: next()), which then forked this one
+// without exec. The implementation's device threads (PoCL's) stay in that
+// process, so device work here may wait forever: gpupool adds none
+// (contexts.cpp closes every context here). A child whose ancestors made no
+// OpenCL call is a fresh OpenCL process: false. One getpid() a call.
+bool implementation_inherited();
 
 }  // namespace gpupool::ocl
 

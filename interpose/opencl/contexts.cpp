@@ -104,20 +104,14 @@ std::shared_ptr<Ctx> find_ctx(cl_context c) {
   return it == ctx_map().end() ? nullptr : it->second;
 }
 
-void register_ctx(cl_context c) {
-  auto ctx = std::make_shared<Ctx>();
-  ctx->handle = c;
-  LockGuard lock(ctx_mu());
-  ctx_map()[c] = std::move(ctx);
-}
-
 namespace {
 
 std::atomic<std::uint64_t> g_contexts_generation{1};
 
-// A context of the parent's, in a forked child: nothing of it is pooled or
-// asked of its device here (closed, no internal queue, gpupool's events and
-// solo mode dropped). Returns its arenas, for the caller to retire.
+// A context in a process whose OpenCL implementation an ancestor initialised
+// (api.hpp, implementation_inherited): nothing of it is pooled or asked of
+// its device here (closed, no internal queue, gpupool's events and solo mode
+// dropped). Returns its arenas, for the caller to retire.
 std::vector<Arena*> close_inherited(Ctx& c) {
   std::vector<Arena*> arenas;
   LockGuard lock(c.mu);
@@ -132,22 +126,30 @@ std::vector<Arena*> close_inherited(Ctx& c) {
   return arenas;
 }
 
+// A new record, closed where the implementation was inherited, whether the
+// context is the parent's (gpupool did not see it created there) or the
+// child's own: its device's threads are the parent's either way.
+std::shared_ptr<Ctx> new_record(cl_context c, bool refs_known) {
+  auto ctx = std::make_shared<Ctx>();
+  ctx->handle = c;
+  ctx->refs_known = refs_known;
+  if (implementation_inherited()) (void)close_inherited(*ctx);
+  return ctx;
+}
+
 }  // namespace
+
+void register_ctx(cl_context c) {
+  auto ctx = new_record(c, /*refs_known=*/true);
+  LockGuard lock(ctx_mu());
+  ctx_map()[c] = std::move(ctx);
+}
 
 std::shared_ptr<Ctx> ctx_for_buffer(cl_context c) {
   if (!c) return nullptr;
   LockGuard lock(ctx_mu());
   auto& slot = ctx_map()[c];
-  if (!slot) {
-    slot = std::make_shared<Ctx>();
-    slot->handle = c;
-    slot->refs_known = false;
-    // In a forked child it may be the parent's (created where gpupool did
-    // not see it, no buffer made in it before the fork, perhaps before
-    // gpupool started at all): closed like the parent's contexts gpupool
-    // knew (fork_renew).
-    if (forked_since_load()) (void)close_inherited(*slot);
-  }
+  if (!slot) slot = new_record(c, /*refs_known=*/false);
   return slot;
 }
 
@@ -396,8 +398,8 @@ void fork_release() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
 // no device work is added there: new buffers go to the implementation, held
 // ones are dropped without a call, and one the program created in the parent
 // is released for real at its last release in the child, as without
-// gpupool. The same for a parent's context gpupool first sees in the child
-// (ctx_for_buffer); one the child creates itself is pooled as usual.
+// gpupool. Contexts gpupool first sees in the child get closed records too
+// (new_record): the child inherited the initialised implementation.
 void fork_renew() {
   Runtime* rt = runtime_if_started();
   std::vector<std::shared_ptr<Ctx>> ctxs;

@@ -156,11 +156,12 @@ HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>& queues();
 
 // The record of context c, if gpupool saw it created.
 std::shared_ptr<Ctx> find_ctx(cl_context c);
-// A context the program just created.
+// A context the program just created. Its record, like ctx_for_buffer's, is
+// closed in a process that inherited the implementation
+// (implementation_inherited).
 void register_ctx(cl_context c);
 // The context of a buffer request; one created before gpupool saw it gets a
-// record whose reference count is unknown (its release is then passed on),
-// closed in a forked child, where it may be the parent's (fork_renew).
+// record whose reference count is unknown (its release is then passed on).
 std::shared_ptr<Ctx> ctx_for_buffer(cl_context c);
 // The program released its last reference: no more pooling for it.
 void forget_ctx(cl_context c, const std::shared_ptr<Ctx>& ctx);

@@ -65,6 +65,29 @@ cl_mem record_sub(Buffer* root, cl_mem s, cl_int* errcode_ret) noexcept {
 
 }  // namespace
 
+// Passed on unchanged. Hooked so that, with the layer off (a loader without
+// layers, GPUPOOL_OPENCL_LAYER=0), a process that only looks up the devices
+// is known to have OpenCL initialised (next(), implementation_inherited):
+// PoCL starts its device threads there, not in a child forked later.
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetPlatformIDs(cl_uint n, cl_platform_id* platforms,
+                                                              cl_uint* count) try {
+  const HookScope hook_scope;
+  const Api& api = next();
+  if (!api.clGetPlatformIDs) return CL_INVALID_OPERATION;
+  return api.clGetPlatformIDs(n, platforms, count);
+} GPUPOOL_CL_FALLBACK(clGetPlatformIDs, CL_INVALID_OPERATION, n, platforms, count)
+
+// As clGetPlatformIDs (a null platform makes the loader initialise, too).
+GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetDeviceIDs(cl_platform_id platform,
+                                                            cl_device_type type, cl_uint n,
+                                                            cl_device_id* devices,
+                                                            cl_uint* count) try {
+  const HookScope hook_scope;
+  const Api& api = next();
+  if (!api.clGetDeviceIDs) return CL_INVALID_OPERATION;
+  return api.clGetDeviceIDs(platform, type, n, devices, count);
+} GPUPOOL_CL_FALLBACK(clGetDeviceIDs, CL_INVALID_OPERATION, platform, type, n, devices, count)
+
 GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContext(
     const cl_context_properties* properties, cl_uint num_devices, const cl_device_id* devices,
     void(CL_CALLBACK* notify)(const char*, const void*, size_t, void*), void* user_data,

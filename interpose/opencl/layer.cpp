@@ -69,11 +69,27 @@ const Api& loader() {
   return g_loader;
 }
 
+// The pid of the process in which OpenCL first reached gpupool; 0 before.
+// Kept across fork(), new at exec.
+std::atomic<pid_t> g_first_use{0};
+
+void note_use() {
+  pid_t none = 0;
+  g_first_use.compare_exchange_strong(none, getpid(), std::memory_order_relaxed);
+}
+
 }  // namespace
 
 const Api& next() {
+  if (g_first_use.load(std::memory_order_relaxed) == 0) [[unlikely]]
+    note_use();
   const Api* p = g_next.load(std::memory_order_acquire);
   return p ? *p : loader();
+}
+
+bool implementation_inherited() {
+  const pid_t first = g_first_use.load(std::memory_order_relaxed);
+  return first != 0 && first != getpid();
 }
 
 }  // namespace gpupool::ocl
@@ -92,6 +108,9 @@ using cl_layer_props = cl_ulong;  // cl_layer_properties in newer headers
 cl_int init_layer(cl_uint num_entries, const cl_icd_dispatch* target, cl_uint* num_entries_ret,
                   const cl_icd_dispatch** layer_dispatch_ret) {
   if (!target || !num_entries_ret || !layer_dispatch_ret) return CL_INVALID_VALUE;
+  // The loader initialises its implementations with its layers: OpenCL is
+  // in use in this process, whether or not any call reaches a hook here.
+  note_use();
   static gpupool::Ranked<gpupool::LockRank::opencl_layer> mu;
   static int inits = 0;
   gpupool::LockGuard lock(mu);

@@ -38,6 +38,16 @@
  *                    not in a child) and checks their size; then the
  *                    parent writes and reads back buffers there; print
  *                    "child status S" and "parent data ok|bad"
+ *   fork-own looked|looked-past|fresh  (OpenCL) the parent looks up the
+ *                    platform and device (looked; looked-past: through the
+ *                    loader's own functions, dlsym on libOpenCL.so.1, past
+ *                    the preloaded exports) or makes no OpenCL call at all
+ *                    (fresh), then forks: the child looks them up if the parent did
+ *                    not, creates a context of its own and makes and
+ *                    releases 20 buffers there (every other one
+ *                    COPY_HOST_PTR), checking their size; a fresh child,
+ *                    whose device is its own, also reads its data back.
+ *                    Print "child PID status S"
  *   fork-trace       allocate/free 150 times, keep one block across a fork
  *                    of a child that does 10
  *   exit             allocate for 1.5 s, then exit()
@@ -512,6 +522,76 @@ static int fork_unseen_scenario(void) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 && ok ? 0 : 1;
 }
 
+/* On PoCL the device's threads start where the platform was first looked
+ * up: a child of a parent that looked does no device work of its own (its
+ * first wait would hang, with or without gpupool) and only makes buffers. */
+static int fork_own_scenario(int looked, int past) {
+  cl_int err;
+  if (looked) {
+    cl_int(CL_API_CALL * platform_ids)(cl_uint, cl_platform_id*, cl_uint*) = clGetPlatformIDs;
+    cl_int(CL_API_CALL * device_ids)(cl_platform_id, cl_device_type, cl_uint, cl_device_id*,
+                                     cl_uint*) = clGetDeviceIDs;
+    if (past) {
+      void* loader = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_NOLOAD);
+      if (!loader) die("dlopen libOpenCL.so.1", 0);
+      platform_ids = sym(loader, "clGetPlatformIDs");
+      device_ids = sym(loader, "clGetDeviceIDs");
+    }
+    err = platform_ids(1, &g_platform, NULL);
+    if (err) die("clGetPlatformIDs", err);
+    err = device_ids(g_platform, CL_DEVICE_TYPE_ALL, 1, &g_device, NULL);
+    if (err) die("clGetDeviceIDs", err);
+  }
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) die("fork", errno);
+  if (pid == 0) {
+    if (!looked) {
+      err = clGetPlatformIDs(1, &g_platform, NULL);
+      if (err) die("clGetPlatformIDs in the child", err);
+      err = clGetDeviceIDs(g_platform, CL_DEVICE_TYPE_ALL, 1, &g_device, NULL);
+      if (err) die("clGetDeviceIDs in the child", err);
+    }
+    cl_context ctx = clCreateContext(NULL, 1, &g_device, NULL, NULL, &err);
+    if (!ctx) die("clCreateContext in the child", err);
+    cl_command_queue q = NULL;
+    if (!looked) {
+      q = clCreateCommandQueue(ctx, g_device, 0, &err);
+      if (!q) die("clCreateCommandQueue in the child", err);
+    }
+    static int data[1024], back[1024];
+    for (int i = 0; i < 20; ++i) {
+      const int copy = i % 2;
+      const size_t n = copy ? sizeof data : 3000;
+      for (int k = 0; k < 1024; ++k) data[k] = i * 1000 + k;
+      cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | (copy ? CL_MEM_COPY_HOST_PTR : 0), n,
+                                copy ? data : NULL, &err);
+      if (!m) die("clCreateBuffer in the child", err);
+      size_t size = 0;
+      err = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof size, &size, NULL);
+      if (err || size != n) die("CL_MEM_SIZE in the child", err ? err : (long)size);
+      if (q && copy) {
+        err = clEnqueueReadBuffer(q, m, CL_TRUE, 0, n, back, 0, NULL, NULL);
+        if (err) die("clEnqueueReadBuffer in the child", err);
+        if (memcmp(data, back, n)) die("the child's data read back", i);
+      }
+      err = clReleaseMemObject(m);
+      if (err) die("clReleaseMemObject in the child", err);
+    }
+    if (q) clReleaseCommandQueue(q);
+    clReleaseContext(ctx);
+    exit(0);
+  }
+  int status = 0;
+  if (wait_or_kill(pid, 20, &status) < 0) {
+    printf("child hung\n");
+    return 1;
+  }
+  printf("child %d status %d\n", (int)pid,
+         WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}
+
 static void* cancelled_worker(void* arg) {
   (void)arg;
   if (g_cuda) cu_ctx_set_current(g_cu_ctx);
@@ -788,6 +868,9 @@ int main(int argc, char** argv) {
     return stdio_kept_closed_scenario();
   }
   if (!strcmp(s, "fork-unseen") && !strcmp(argv[1], "opencl")) return fork_unseen_scenario();  /* its own context */
+  if (!strcmp(s, "fork-own") && argc == 4 && !strcmp(argv[1], "opencl"))
+    return fork_own_scenario(strncmp(argv[3], "looked", 6) == 0,  /* no OpenCL call before */
+                             !strcmp(argv[3], "looked-past"));
   if (!strcmp(s, "idle")) {
     /* Linked with libOpenCL; CUDA's driver loaded but never called. */
     if (!strcmp(argv[1], "cuda") && !dlopen("libcuda.so.1", RTLD_NOW)) die("dlopen libcuda.so.1", 0);

@@ -388,6 +388,69 @@ def fork_unseen_context(tmp):
         check(parent == [10], f"the parent's allocations pooled: {parent}, expected [10]")
 
 
+def child_allocations(d, child):
+    """The pooled allocations (hits, misses) in the child's last stats dump."""
+    for f in os.listdir(d):
+        docs = [json.loads(ln) for ln in lines(os.path.join(d, f))]
+        if docs and docs[-1]["pid"] == child:
+            arenas = docs[-1]["arenas"]
+            return (sum(a["stats"]["hits"] for a in arenas),
+                    sum(a["stats"]["misses"] for a in arenas))
+    return None
+
+
+def fork_own(tmp, parent):
+    """A forked child creates a context of its own and makes and releases 20
+    buffers there (half COPY_HOST_PTR), through the layer (also without the
+    probe: gpupool's write of the COPY_HOST_PTR data) and through the
+    preloaded exports alone (not when the parent's calls went past them:
+    gpupool cannot see those). `parent`: host_program's fork-own argument.
+    Returns {mode: (hits, misses)} of the child's stats."""
+    seen = {}
+    for mode, extra in (("plain", None), ("layer", {}), ("no-probe", dict(GPUPOOL_PROBE=0)),
+                        ("exports", dict(GPUPOOL_OPENCL_LAYER=0))):
+        if mode == "exports" and parent == "looked-past":
+            continue
+        d = os.path.join(tmp, f"{parent}-{mode}")
+        os.mkdir(d)
+        if extra is not None:
+            extra = dict(extra, GPUPOOL_STATS_FILE=os.path.join(d, "stats.%p"),
+                         GPUPOOL_STATS_FORMAT="json", GPUPOOL_STATS_AT_EXIT=1)
+        r = run(["fork-own", parent], timeout=60, env=env(extra is not None, **(extra or {})))
+        m = re.search(r"child (\d+) status (\d+)", r.stdout)
+        if check(r.returncode == 0 and m and m.group(2) == "0",
+                 f"{mode}: exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}") and extra is not None:
+            seen[mode] = child_allocations(d, int(m.group(1)))
+    print(parent, seen)
+    return seen
+
+
+def fork_own_context(tmp):
+    """No device work is added in a process whose OpenCL implementation an
+    ancestor initialised: the parent looks up the platform and device (on
+    PoCL its device threads start there) and forks; the child creates a
+    context of its own and makes buffers there. Before, gpupool pooled them
+    and the child hung in gpupool's probe of the first (with
+    GPUPOOL_PROBE=0, in its write of COPY_HOST_PTR data), waiting for the
+    parent's device threads; without gpupool it exits 0. Nothing is pooled
+    in the child, also when the parent looked past gpupool's exports (the
+    loader passes the lookup through gpupool's layer)."""
+    for parent in ("looked", "looked-past"):
+        for mode, stats in fork_own(tmp, parent).items():
+            check(stats == (0, 0), f"{parent}, {mode}: the child's allocations pooled "
+                  f"(hits, misses): {stats}, expected (0, 0)")
+
+
+def fork_fresh_parent(tmp):
+    """A forked child whose parent made no OpenCL call is a fresh OpenCL
+    process (the multiprocessing pattern: the workers use the GPU, the
+    parent does not): its own context is pooled as usual, its buffers made
+    again from the pool, their data intact."""
+    for mode, stats in fork_own(tmp, "fresh").items():
+        check(stats is not None and stats[0] > 0 and stats[0] + stats[1] == 20,
+              f"{mode}: the child's allocations (hits, misses): {stats}, expected 20 with hits")
+
+
 def trace_records(path):
     n = {"a": 0, "f": 0}
     pid = None
@@ -1342,6 +1405,8 @@ CHECKS = {
     "fork.alloc": fork_alloc,
     "fork.signal": fork_signal,
     "fork.unseen_context": fork_unseen_context,
+    "fork.own_context": fork_own_context,
+    "fork.fresh_parent": fork_fresh_parent,
     "exit.quick": exit_quick,
     "threads.cancel": threads_cancel,
     "fork.files": fork_files,
