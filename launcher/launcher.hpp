@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "interpose/node/registry.hpp"
+#include "wire/registry.hpp"
 
 namespace gpupool::launcher {
 
@@ -49,7 +49,7 @@ std::string registry_path();
 // trace.cpp: gpupool trace convert
 int cmd_trace(int argc, char** argv);
 const char* trace_help();
-bool registry_processes(std::vector<node::ProcessEntry>* out);
+bool registry_processes(std::vector<wire::ProcessEntry>* out);
 // report.cpp: gpupool report
 int cmd_report(int argc, char** argv);
 const char* report_help();

@@ -1,13 +1,13 @@
 // gpupool ps: every gpupool process of this user on the node, from the node
-// registry (interpose/node/registry.hpp), and what each holds per GPU.
+// registry (wire/registry.hpp), and what each holds per GPU.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
-#include "interpose/node/registry.hpp"
 #include "launcher/launcher.hpp"
 #include "observe/bytes.hpp"
 #include "observe/stats_format.hpp"
+#include "wire/registry.hpp"
 
 namespace gpupool::launcher {
 namespace {
@@ -31,14 +31,14 @@ std::string json_string(const std::string& s) { return "\"" + stats::json_escape
 
 std::string registry_path() {
   const char* p = std::getenv("GPUPOOL_REGISTRY");
-  return p && *p ? p : node::default_registry_path();
+  return p && *p ? p : wire::default_registry_path();
 }
 
 // The registry's live processes; false (after saying why) when it cannot be
 // read. A registry that does not exist yet lists nobody.
-bool registry_processes(std::vector<node::ProcessEntry>* out) {
+bool registry_processes(std::vector<wire::ProcessEntry>* out) {
   std::string why;
-  auto reg = node::Registry::open(registry_path(), &why, /*create=*/false);
+  auto reg = wire::Registry::open(registry_path(), &why, /*create=*/false);
   if (!reg) {
     if (why.empty()) return true;
     std::fprintf(stderr, "%s: %s\n", kProg, why.c_str());
@@ -69,7 +69,7 @@ int cmd_ps(int argc, char** argv) {
     if (a == "--json") json = true;
     else return usage_error("ps: unexpected argument '" + a + "'", "ps");
   }
-  std::vector<node::ProcessEntry> procs;
+  std::vector<wire::ProcessEntry> procs;
   if (!registry_processes(&procs)) return kFailed;
   if (json) {
     std::string o = "{\"registry\": " + json_string(registry_path()) + ", \"processes\": [";
@@ -79,7 +79,7 @@ int cmd_ps(int argc, char** argv) {
            ", \"command\": " + json_string(p.command) + ", \"devices\": [";
       for (std::size_t k = 0; k < p.devices.size(); ++k) {
         const auto& d = p.devices[k];
-        o += (k ? ", " : "") + std::string("{\"uuid\": ") + json_string(node::uuid_text(d.uuid)) +
+        o += (k ? ", " : "") + std::string("{\"uuid\": ") + json_string(wire::uuid_text(d.uuid)) +
              ", \"active_bytes\": " + std::to_string(d.active) +
              ", \"held_bytes\": " + std::to_string(d.held) +
              ", \"managed_bytes\": " + std::to_string(d.managed) +
@@ -102,10 +102,9 @@ int cmd_ps(int argc, char** argv) {
       std::printf("%-8ld %-16s %-40s\n", p.pid, terminal_text(p.command).c_str(), "-");
     for (const auto& d : p.devices)
       std::printf("%-8ld %-16s %-40s %10s %10s %10s %10llu %8llu\n", p.pid,
-                  terminal_text(p.command).c_str(),
-                  node::uuid_text(d.uuid).c_str(), observe::bytes_text(d.active).c_str(),
-                  observe::bytes_text(d.held).c_str(), observe::bytes_text(d.managed).c_str(),
-                  static_cast<unsigned long long>(d.hits),
+                  terminal_text(p.command).c_str(), wire::uuid_text(d.uuid).c_str(),
+                  observe::bytes_text(d.active).c_str(), observe::bytes_text(d.held).c_str(),
+                  observe::bytes_text(d.managed).c_str(), static_cast<unsigned long long>(d.hits),
                   static_cast<unsigned long long>(d.misses));
   }
   return kOk;

@@ -1,5 +1,5 @@
 // gpupool stats | free-held | stop-holding PID: one request over the
-// process's control socket (interpose/control/socket.hpp).
+// process's control socket (wire/socket.hpp).
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -22,9 +22,9 @@
 
 #include "config/config.hpp"
 #include "config/io.hpp"
-#include "interpose/control/socket.hpp"
-#include "interpose/node/registry.hpp"
 #include "launcher/launcher.hpp"
+#include "wire/registry.hpp"
+#include "wire/socket.hpp"
 
 namespace gpupool::launcher {
 namespace {
@@ -98,7 +98,7 @@ int has_gpupool_mapped(long pid) {
 
 std::uint64_t now_ms() { return io::mono_ns() / 1'000'000; }
 
-// The deadline a request carries (socket.hpp), for a command that waits
+// The deadline a request carries (wire/socket.hpp), for a command that waits
 // timeout_s from start_ns for its answer: a process that has not begun it
 // by then drops it, so "no answer" means nothing was done. It comes before
 // the command gives up by what a request takes to be carried out and
@@ -126,7 +126,7 @@ struct Asking {
 };
 
 // Checks the process and connects to its socket, then sends the request
-// (a whole line, socket.hpp's request_line). false with a->result and
+// (a whole line, wire/socket.hpp's request_line). false with a->result and
 // a->err set when there is nobody to ask. A full listen queue is tried
 // again until connect_until (io::mono_ns(); 0: tried once), then a->busy.
 bool ask(long pid, const std::string& line, Asking* a, std::uint64_t connect_until) {
@@ -152,10 +152,10 @@ bool ask(long pid, const std::string& line, Asking* a, std::uint64_t connect_unt
                                std::to_string(*euid) +
                                "; gpupool only talks to processes of the same user (run this "
                                "as that user)");
-  // The process's socket under any of its names (socket.hpp's reach: a
+  // The process's socket under any of its names (wire/socket.hpp's reach: a
   // squatter is skipped; a full queue is tried again until connect_until).
-  control::Reached reached =
-      control::reach(control::socket_candidates(geteuid(), pid), pid, geteuid(), connect_until);
+  wire::Reached reached =
+      wire::reach(wire::socket_candidates(geteuid(), pid), pid, geteuid(), connect_until);
   if (reached.socket_error != 0 && !reached.fd.valid() && reached.error == ECONNREFUSED)
     return settle(kFailed, std::string("socket: ") + std::strerror(reached.socket_error));
   a->fd = std::move(reached.fd);
@@ -264,7 +264,7 @@ int talk(long pid, const std::string& request, double timeout_s) {
   std::vector<Asking> asks(1);
   const std::uint64_t start = io::mono_ns();
   const std::uint64_t until = request_deadline(start, timeout_s);
-  if (ask(pid, control::request_line(request, until), &asks[0], until))
+  if (ask(pid, wire::request_line(request, until), &asks[0], until))
     read_answers(asks, start / 1'000'000 + static_cast<std::uint64_t>(timeout_s * 1000));
   const int r = settle(asks[0], timeout_s);
   print(asks[0]);
@@ -273,9 +273,9 @@ int talk(long pid, const std::string& request, double timeout_s) {
 
 // free-held --all: every listed process once (a pid listed in several
 // slots is asked once), all at once, with one deadline for every answer.
-int talk_all(const std::vector<node::ProcessEntry>& procs, const std::string& request,
+int talk_all(const std::vector<wire::ProcessEntry>& procs, const std::string& request,
              double timeout_s) {
-  std::vector<const node::ProcessEntry*> once;
+  std::vector<const wire::ProcessEntry*> once;
   for (const auto& p : procs)
     if (std::none_of(once.begin(), once.end(), [&](auto* o) { return o->pid == p.pid; }))
       once.push_back(&p);
@@ -283,7 +283,7 @@ int talk_all(const std::vector<node::ProcessEntry>& procs, const std::string& re
   const std::uint64_t start = io::mono_ns();
   const std::uint64_t deadline = start / 1'000'000 + static_cast<std::uint64_t>(timeout_s * 1000);
   const std::uint64_t until = request_deadline(start, timeout_s);
-  const std::string line = control::request_line(request, until);
+  const std::string line = wire::request_line(request, until);
   // Each once at first: a process whose queue is full must not hold up the
   // others; those are tried again, every few ms, while there is time.
   for (std::size_t i = 0; i < once.size(); ++i) ask(once[i]->pid, line, &asks[i], 0);
@@ -323,7 +323,7 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
   bool json = false, all = false;
   double timeout = 5;
   std::optional<long> pid;
-  std::optional<node::Uuid> device;
+  std::optional<wire::Uuid> device;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
     if (is_help(a)) {
@@ -350,8 +350,8 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
       all = true;
     } else if (cmd == "free-held" && value_of("--device", "a GPU UUID")) {
       if (bad) return bad;
-      node::Uuid u;
-      if (!node::parse_uuid(v, &u))
+      wire::Uuid u;
+      if (!wire::parse_uuid(v, &u))
         return usage_error(cmd + ": --device: '" + v + "' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) nor host", cmd.c_str());
       device = u;
     } else if (value_of("--timeout", "a value")) {
@@ -375,17 +375,17 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
   if (all && pid) return usage_error(cmd + ": --all and a PID given", cmd.c_str());
   if (device && !all) return usage_error(cmd + ": --device goes with --all", cmd.c_str());
   if (all) {
-    std::vector<node::ProcessEntry> procs;
+    std::vector<wire::ProcessEntry> procs;
     if (!registry_processes(&procs)) return kFailed;
-    const std::string req = device ? "release " + node::uuid_text(*device) + " " +
-                                         std::to_string(UINT64_MAX)
-                                   : std::string("free-held");
+    const std::string req =
+        device ? "release " + wire::uuid_text(*device) + " " + std::to_string(UINT64_MAX)
+               : std::string("free-held");
     if (device)
       procs.erase(std::remove_if(procs.begin(), procs.end(),
-                                 [&](const node::ProcessEntry& p) {
+                                 [&](const wire::ProcessEntry& p) {
                                    return std::none_of(
                                        p.devices.begin(), p.devices.end(),
-                                       [&](const node::DeviceUse& d) { return d.uuid == *device; });
+                                       [&](const wire::DeviceUse& d) { return d.uuid == *device; });
                                  }),
                   procs.end());
     const int worst = talk_all(procs, req, timeout);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The include map of gpupool's rooms, from the sources' #include lines.
 
-A room is a top-level folder (core, config, observe, launcher) or a room of
+A room is a top-level folder (core, config, wire, observe, launcher) or a room of
 interpose/ (interpose/cuda, interpose/opencl, interpose/control,
 interpose/node; the files directly in interpose/ are the room "interpose",
 the runtime they share). An edge A -> B: a file of A includes a header of B.
@@ -21,7 +21,7 @@ import sys
 from collections import defaultdict
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-TOP = ["core", "config", "observe", "interpose", "launcher"]
+TOP = ["core", "config", "wire", "observe", "interpose", "launcher"]
 SOURCES = (".cpp", ".hpp", ".h", ".c", ".def", ".inc")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -59,7 +59,7 @@ struct State {
   Runtime* rt = nullptr;
   // The control socket, a number of the private table: only the server
   // thread (and start, on the files thread) uses it.
-  // Its file in the user's private directory (socket.hpp), or the abstract
+  // Its file in the user's private directory (wire/socket.hpp), or the abstract
   // name where that cannot be used; listen_public: the abstract name beside
   // the file, for other users' releases (GPUPOOL_NEIGHBOURS=all).
   io::OwnedFd listen, listen_public;

@@ -1,4 +1,4 @@
-// The control socket (socket.hpp has its names and protocol). Its own
+// The control socket (wire/socket.hpp has its names and protocol). Its own
 // thread, in gpupool's private descriptor table (config/io.hpp), accepts
 // and reads: its descriptors never take a number of the program's. It
 // never waits for one client: requests and answers are non-blocking, with
@@ -22,8 +22,8 @@
 
 #include "config/log.hpp"
 #include "interpose/control/internal.hpp"
-#include "interpose/control/socket.hpp"
 #include "interpose/node/node.hpp"
+#include "wire/socket.hpp"
 
 namespace gpupool::control {
 namespace {
@@ -85,14 +85,14 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
 
 namespace {
 
-// A socket listening at `name` (socket.hpp: a file's path or an abstract
+// A socket listening at `name` (wire/socket.hpp: a file's path or an abstract
 // name); invalid with errno set when it cannot be bound.
 io::OwnedFd listen_at(const std::string& name) {
   io::OwnedFd fd =
       io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return fd;  // a seccomp filter's EPERM, say
   sockaddr_un addr;
-  const socklen_t len = socket_address(&addr, name);
+  const socklen_t len = wire::socket_address(&addr, name);
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
       ::listen(fd.get(), SOMAXCONN) != 0)
     return {};
@@ -105,7 +105,7 @@ bool stale(const std::string& path) {
       io::OwnedFd::adopt(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!probe.valid()) return false;
   sockaddr_un addr;
-  const socklen_t len = socket_address(&addr, path);
+  const socklen_t len = wire::socket_address(&addr, path);
   return ::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 &&
          errno == ECONNREFUSED;
 }
@@ -131,14 +131,14 @@ void sweep_stale(const std::string& dir, long pid) {
   closedir(d);
 }
 
-// The control socket's file, in the user's private directory (socket.hpp),
+// The control socket's file, in the user's private directory (wire/socket.hpp),
 // made (0700) if missing. Invalid, with st.socket_dir_note saying why, when
 // the directory is not the user's alone or the name is held by a live
 // socket; a stale file (its process was killed) is replaced.
 io::OwnedFd bind_file(State& st) {
   const unsigned uid = geteuid();
   const long pid = static_cast<long>(getpid());
-  const std::string dir = socket_dir(uid);
+  const std::string dir = wire::socket_dir(uid);
   auto refuse = [&](std::string why, bool taken) {
     st.socket_dir_note = std::move(why);
     st.socket_dir_taken = taken;
@@ -155,7 +155,7 @@ io::OwnedFd bind_file(State& st) {
   // Ours: nobody else may search it (a user who opened it up closes it again).
   if ((s.st_mode & 077) && ::chmod(dir.c_str(), 0700) != 0)
     return refuse("cannot make " + dir + " private: " + strerror(errno), false);
-  const std::string path = socket_file(dir, pid);
+  const std::string path = wire::socket_file(dir, pid);
   io::OwnedFd fd = listen_at(path);
   if (!fd.valid() && errno == EADDRINUSE) {
     if (!stale(path)) return refuse(path + " is held by a live socket", false);
@@ -174,11 +174,11 @@ io::OwnedFd bind_file(State& st) {
 }
 
 // The abstract name, the usual one or, when another process holds that, a
-// random one (socket.hpp). Invalid with st.listen_error set when none.
+// random one (wire/socket.hpp). Invalid with st.listen_error set when none.
 io::OwnedFd bind_abstract(State& st) {
   const unsigned uid = geteuid();
   const long pid = static_cast<long>(getpid());
-  std::string name = socket_name(uid, pid);
+  std::string name = wire::socket_name(uid, pid);
   io::OwnedFd fd = listen_at(name);
   if (!fd.valid() && errno == EADDRINUSE) {
     unsigned char rnd[8] = {};
@@ -189,7 +189,7 @@ io::OwnedFd bind_abstract(State& st) {
     char hex[17];
     for (int i = 0; i < 8; ++i) std::snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
     st.socket_taken = name;
-    name = socket_name(uid, pid, hex);
+    name = wire::socket_name(uid, pid, hex);
     fd = listen_at(name);
   }
   if (!fd.valid()) {
@@ -205,7 +205,7 @@ io::OwnedFd bind_abstract(State& st) {
 // The control socket: its file in the user's private directory, which no
 // other user can connect to; the abstract name where that cannot be made,
 // and beside it where GPUPOOL_NEIGHBOURS=all lets other users ask for
-// releases (socket.hpp). On the files thread.
+// releases (wire/socket.hpp). On the files thread.
 void build_listen(State& st) {
   st.listen.forget();
   st.listen_public.forget();
@@ -390,7 +390,7 @@ bool send_answer(Client& c) {
 // request is still queued (taken back).
 std::string ask_control(State& st, const Client& c) {
   State::Request req;
-  req.line = split_request(c.in, &req.deadline);
+  req.line = wire::split_request(c.in, &req.deadline);
   req.foreign = c.foreign;
   UniqueLock lock(st.req_mu);
   st.requests.push_back(&req);

@@ -1,5 +1,5 @@
 // Asking another gpupool process for its held memory, over its control
-// socket (interpose/control/socket.hpp: names and protocol).
+// socket (wire/socket.hpp: names and protocol).
 // Non-blocking throughout, bounded by the caller's deadline: the caller is a
 // program thread whose allocation failed.
 #include <errno.h>
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "config/io.hpp"
-#include "interpose/control/socket.hpp"
 #include "interpose/node/internal.hpp"
 #include "interpose/runtime.hpp"
+#include "wire/socket.hpp"
 
 namespace gpupool::node {
 namespace {
@@ -43,13 +43,13 @@ std::size_t released_in(const std::string& answer) {
   return static_cast<std::size_t>(std::min<std::uint64_t>(got, SIZE_MAX));
 }
 
-std::size_t ask_release_here(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
+std::size_t ask_release_here(long pid, unsigned uid, const wire::Uuid& uuid, std::size_t bytes,
                              std::uint64_t deadline) {
-  const io::OwnedFd fd = control::reach(control::socket_candidates(uid, pid), pid, uid, deadline).fd;
+  const io::OwnedFd fd = wire::reach(wire::socket_candidates(uid, pid), pid, uid, deadline).fd;
   if (!fd.valid()) return 0;
   // Dropped by a holder that gets to it after we gave up (stopped, busy).
-  const std::string req =
-      control::request_line("release " + uuid_text(uuid) + " " + std::to_string(bytes), deadline);
+  const std::string req = wire::request_line(
+      "release " + wire::uuid_text(uuid) + " " + std::to_string(bytes), deadline);
   std::size_t sent = 0;
   while (sent < req.size()) {
     const ssize_t n = ::send(fd.get(), req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
@@ -82,7 +82,7 @@ std::size_t ask_release_here(long pid, unsigned uid, const Uuid& uuid, std::size
 // descriptor table (config/io.hpp), one of their own: the caller is the
 // program's allocating thread, and the wait must not hold up gpupool's
 // other files.
-std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
+std::size_t ask_release(long pid, unsigned uid, const wire::Uuid& uuid, std::size_t bytes,
                         std::uint64_t deadline) {
   std::size_t got = 0;
   io::in_private_own_thread([&] { got = ask_release_here(pid, uid, uuid, bytes, deadline); });
@@ -97,7 +97,7 @@ std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t by
 // take the places of the processes that hold memory.
 namespace {
 
-std::size_t ask_release_all_here(const std::vector<Target>& targets, const Uuid& uuid,
+std::size_t ask_release_all_here(const std::vector<Target>& targets, const wire::Uuid& uuid,
                                  std::size_t bytes, std::uint64_t deadline) {
   struct Asked {
     io::OwnedFd fd;
@@ -105,8 +105,8 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const Uuid&
   };
   std::vector<Asked> asked;
   std::set<std::pair<unsigned, long>> reached;  // (uid, pid) asked
-  const std::string req =
-      control::request_line("release " + uuid_text(uuid) + " " + std::to_string(bytes), deadline);
+  const std::string req = wire::request_line(
+      "release " + wire::uuid_text(uuid) + " " + std::to_string(bytes), deadline);
   // Connects to t and sends the request; false when its queue is full
   // (busy: tried again while the wait lasts).
   auto ask_one = [&](const Target& t) {
@@ -116,7 +116,7 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const Uuid&
     // Once, not waiting: one process's full queue must not use up the wait
     // the others could have answered in.
     sockaddr_un addr;
-    const socklen_t len = control::socket_address(&addr, t.name);
+    const socklen_t len = wire::socket_address(&addr, t.name);
     if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) return errno != EAGAIN;
     ucred cred{};
     socklen_t cl = sizeof cred;
@@ -178,7 +178,7 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const Uuid&
 
 }  // namespace
 
-std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid,
+std::size_t ask_release_all(const std::vector<Target>& targets, const wire::Uuid& uuid,
                             std::size_t bytes, std::uint64_t deadline) {
   std::size_t got = 0;
   io::in_private_own_thread([&] { got = ask_release_all_here(targets, uuid, bytes, deadline); });

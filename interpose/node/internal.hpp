@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/lock_rank.hpp"
-#include "interpose/node/registry.hpp"
+#include "wire/registry.hpp"
 
 namespace gpupool {
 struct Runtime;
@@ -22,7 +22,7 @@ namespace gpupool::node {
 // and OpenCL's). uuid, group and total never change once added; the watch
 // fields are the control thread's alone.
 struct Device {
-  Uuid uuid{};
+  wire::Uuid uuid{};
   std::string group;
   std::size_t total = 0;
   // The pressure watch: the other processes' use when free memory was last
@@ -54,7 +54,7 @@ struct State {
   Ranked<LockRank::node_devices> mu;
   // Stable addresses: the control thread works on a device outside mu.
   std::deque<Device> devices GPUPOOL_GUARDED_BY(mu);
-  std::unique_ptr<Registry> registry GPUPOOL_GUARDED_BY(mu);  // set once
+  std::unique_ptr<wire::Registry> registry GPUPOOL_GUARDED_BY(mu);  // set once
   bool registry_tried GPUPOOL_GUARDED_BY(mu) = false;
   std::atomic<bool> publish_now{false};
   // The control thread's:
@@ -66,11 +66,11 @@ struct State {
 State& state();
 // Every live entry of the registry but this process's; an unusable
 // registry lists nobody (said once).
-std::vector<ProcessEntry> others(Registry* reg);
+std::vector<wire::ProcessEntry> others(wire::Registry* reg);
 // The devices and the registry, copied under the lock.
-std::vector<Device*> devices(State& s, Registry** reg = nullptr);
+std::vector<Device*> devices(State& s, wire::Registry** reg = nullptr);
 // The device of pool group `group`, and the registry; false if none.
-bool find_device(State& s, const std::string& group, Uuid* uuid, Registry** reg);
+bool find_device(State& s, const std::string& group, wire::Uuid* uuid, wire::Registry** reg);
 std::uint64_t add_sat(std::uint64_t a, std::uint64_t b);
 // The GPU's free and total memory and what the other processes use of it,
 // from NVML; false when NVML cannot say.
@@ -80,7 +80,7 @@ bool gpu_use(Runtime& rt, const Device& d, std::uint64_t* free, std::uint64_t* t
 // ask.cpp: asks process `pid`, running as `uid`, to release `bytes` of its
 // held memory on `uuid`, over its control socket, by `deadline` (io::mono_ns).
 // Returns the bytes it released (0 on any failure, or when it refuses).
-std::size_t ask_release(long pid, unsigned uid, const Uuid& uuid, std::size_t bytes,
+std::size_t ask_release(long pid, unsigned uid, const wire::Uuid& uuid, std::size_t bytes,
                         std::uint64_t deadline);
 
 // ask.cpp: asks every target at once (other users' processes), each for up
@@ -90,19 +90,19 @@ struct Target {
   unsigned uid = 0;
   std::string name;  // its control socket's abstract name
 };
-std::size_t ask_release_all(const std::vector<Target>& targets, const Uuid& uuid,
+std::size_t ask_release_all(const std::vector<Target>& targets, const wire::Uuid& uuid,
                             std::size_t bytes, std::uint64_t deadline);
 
 // nvml.cpp: the GPU's free and total memory, from NVML (libnvidia-ml.so.1,
 // loaded on first use). False when NVML or the device is not available.
-bool nvml_memory(const Uuid& uuid, std::uint64_t* free, std::uint64_t* total);
+bool nvml_memory(const wire::Uuid& uuid, std::uint64_t* free, std::uint64_t* total);
 // What NVML says process `pid` uses on the GPU (its contexts, libraries and
 // every allocation, pooled or not). False when NVML cannot say (no such
 // query, the pid is in another PID namespace).
-bool nvml_process_used(const Uuid& uuid, long pid, std::uint64_t* used);
+bool nvml_process_used(const wire::Uuid& uuid, long pid, std::uint64_t* used);
 // The pids NVML lists as computing on the GPU, sorted (host pids, also
 // for a process in a PID namespace). False when NVML cannot say.
-bool nvml_processes(const Uuid& uuid, std::vector<unsigned>* pids);
+bool nvml_processes(const wire::Uuid& uuid, std::vector<unsigned>* pids);
 // fork(): prepare waits until the control thread is out of NVML (and
 // keeps it out until parent/child).
 void nvml_fork_prepare() noexcept;

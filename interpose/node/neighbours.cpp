@@ -13,21 +13,21 @@
 #include "config/io.hpp"
 #include "config/log.hpp"
 #include "interpose/control/control.hpp"
-#include "interpose/control/socket.hpp"
 #include "interpose/node/internal.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
+#include "wire/socket.hpp"
 
 namespace gpupool::node {
 
 std::size_t others_held(const std::string& group) {
   State& s = state();
-  Uuid uuid;
-  Registry* reg = nullptr;
+  wire::Uuid uuid;
+  wire::Registry* reg = nullptr;
   if (!find_device(s, group, &uuid, &reg) || !reg) return 0;
   std::uint64_t sum = 0;
-  for (const ProcessEntry& p : others(reg))
-    for (const DeviceUse& u : p.devices)
+  for (const wire::ProcessEntry& p : others(reg))
+    for (const wire::DeviceUse& u : p.devices)
       if (u.uuid == uuid) sum = add_sat(sum, u.held);
   return static_cast<std::size_t>(std::min<std::uint64_t>(sum, SIZE_MAX));
 }
@@ -37,7 +37,7 @@ namespace {
 // One out-of-memory's request to the neighbours on device `uuid`: what is
 // asked for, until when, and what came back so far.
 struct Asking {
-  Uuid uuid;
+  wire::Uuid uuid;
   std::size_t bytes = 0;
   std::uint64_t start = 0, deadline = 0;
   std::size_t released = 0;
@@ -47,10 +47,11 @@ struct Asking {
 // The user's processes holding the most first (the registry says who):
 // each asked in turn until enough came back or time is up (*stopped: some
 // were not asked). Returns whom it asked, with what each held.
-std::vector<std::pair<std::uint64_t, long>> ask_holders(Registry* reg, Asking& q, bool* stopped) {
+std::vector<std::pair<std::uint64_t, long>> ask_holders(wire::Registry* reg, Asking& q,
+                                                        bool* stopped) {
   std::vector<std::pair<std::uint64_t, long>> holders;
-  for (const ProcessEntry& p : others(reg))
-    for (const DeviceUse& u : p.devices)
+  for (const wire::ProcessEntry& p : others(reg))
+    for (const wire::DeviceUse& u : p.devices)
       if (u.uuid == q.uuid && u.held > 0) holders.push_back({u.held, p.pid});
   std::sort(holders.rbegin(), holders.rend());
   std::vector<std::pair<std::uint64_t, long>> asked;
@@ -60,7 +61,7 @@ std::vector<std::pair<std::uint64_t, long>> ask_holders(Registry* reg, Asking& q
     const std::uint64_t t0 = io::mono_ns();
     const std::size_t got = ask_release(pid, geteuid(), q.uuid, q.bytes - q.released, q.deadline);
     log().info("out of memory on {}: process {} (holding {} MiB) released {} MiB in {:.1f} ms",
-               uuid_text(q.uuid), pid, held >> 20, got >> 20,
+               wire::uuid_text(q.uuid), pid, held >> 20, got >> 20,
                double(io::mono_ns() - t0) / 1e6);
     q.released += got;
     asked.push_back({held, pid});
@@ -73,22 +74,24 @@ std::vector<std::pair<std::uint64_t, long>> ask_holders(Registry* reg, Asking& q
 // our request (measured on an H200: the program then saw out-of-memory
 // with 3 GiB just freed). Its entry shows it: what the asked holders no
 // longer hold counts as released, so the caller retries.
-void count_released_meanwhile(Registry* reg, const std::vector<std::pair<std::uint64_t, long>>& holders,
+void count_released_meanwhile(wire::Registry* reg,
+                              const std::vector<std::pair<std::uint64_t, long>>& holders,
                               Asking& q) {
   std::uint64_t dropped = 0;
-  const std::vector<ProcessEntry> now = others(reg);
+  const std::vector<wire::ProcessEntry> now = others(reg);
   for (const auto& [held, pid] : holders) {
     std::uint64_t still = 0;
-    for (const ProcessEntry& p : now)
+    for (const wire::ProcessEntry& p : now)
       if (p.pid == pid)
-        for (const DeviceUse& u : p.devices)
+        for (const wire::DeviceUse& u : p.devices)
           if (u.uuid == q.uuid) still = u.held;
     dropped = add_sat(dropped, held - std::min(held, still));
   }
   if (dropped > q.released) {
-    log().info("out of memory on {}: the processes asked hold {} MiB less than before "
-               "(released meanwhile); retrying",
-               uuid_text(q.uuid), (dropped - q.released) >> 20);
+    log().info(
+        "out of memory on {}: the processes asked hold {} MiB less than before "
+        "(released meanwhile); retrying",
+        wire::uuid_text(q.uuid), (dropped - q.released) >> 20);
     q.released = static_cast<std::size_t>(std::min<std::uint64_t>(dropped, SIZE_MAX));
   }
 }
@@ -102,16 +105,17 @@ void ask_other_users(Asking& q) {
   std::vector<Target> others;
   // /proc/net/unix is opened on the files thread (config/io.hpp): this is
   // the program's allocating thread, whose table is the program's.
-  std::vector<control::SocketName> listed;
-  io::in_private([&] { listed = control::listed_sockets(); });
-  for (control::SocketName& sock : listed)
+  std::vector<wire::SocketName> listed;
+  io::in_private([&] { listed = wire::listed_sockets(); });
+  for (wire::SocketName& sock : listed)
     if (sock.uid != geteuid()) others.push_back({sock.pid, sock.uid, std::move(sock.name)});
   if (others.empty()) return;
   const std::uint64_t t0 = io::mono_ns();
   const std::size_t got = ask_release_all(others, q.uuid, q.bytes - q.released, q.deadline);
-  log().info("out of memory on {}: other users' processes asked ({} control sockets "
-             "listed), {} MiB released in {:.1f} ms",
-             uuid_text(q.uuid), others.size(), got >> 20, double(io::mono_ns() - t0) / 1e6);
+  log().info(
+      "out of memory on {}: other users' processes asked ({} control sockets "
+      "listed), {} MiB released in {:.1f} ms",
+      wire::uuid_text(q.uuid), others.size(), got >> 20, double(io::mono_ns() - t0) / 1e6);
   q.released += got;
 }
 
@@ -121,13 +125,13 @@ void ask_other_users(Asking& q) {
 // holds nothing to be asked for (1 round in about 700 of the ask_and_watch
 // test on a loaded 2-core machine). Its entry says when it last gave
 // memory back: within the last `wait`, and the caller tries once more.
-bool gave_back_lately(Registry* reg, const Asking& q, std::uint64_t wait) {
+bool gave_back_lately(wire::Registry* reg, const Asking& q, std::uint64_t wait) {
   const std::uint64_t since = q.start - std::min(q.start, wait);
-  for (const ProcessEntry& p : others(reg))
-    for (const DeviceUse& u : p.devices)
+  for (const wire::ProcessEntry& p : others(reg))
+    for (const wire::DeviceUse& u : p.devices)
       if (u.uuid == q.uuid && u.returned_at != 0 && u.returned_at >= since) {
         log().info("out of memory on {}: process {} gave memory back {:.1f} ms ago; retrying",
-                   uuid_text(q.uuid), p.pid,
+                   wire::uuid_text(q.uuid), p.pid,
                    double(q.start - std::min(q.start, u.returned_at)) / 1e6);
         return true;
       }
@@ -139,7 +143,7 @@ bool gave_back_lately(Registry* reg, const Asking& q, std::uint64_t wait) {
 bool ask_neighbours(const std::string& group, std::size_t bytes) {
   State& s = state();
   Asking q;
-  Registry* reg = nullptr;
+  wire::Registry* reg = nullptr;
   if (!find_device(s, group, &q.uuid, &reg)) return false;
   Runtime* rt = runtime_if_started();
   const std::uint64_t wait = rt ? rt->config.neighbour_wait_ns : 0;
@@ -162,9 +166,9 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
 
 std::string answer_release(Runtime& rt, std::string_view args, bool other_user) {
   const std::size_t sp = args.find(' ');
-  Uuid uuid;
+  wire::Uuid uuid;
   std::uint64_t bytes = 0;
-  if (sp == std::string_view::npos || !parse_uuid(args.substr(0, sp), &uuid) ||
+  if (sp == std::string_view::npos || !wire::parse_uuid(args.substr(0, sp), &uuid) ||
       std::from_chars(args.data() + sp + 1, args.data() + args.size(), bytes).ec != std::errc())
     return "error bad-request expected 'release GPU-<uuid> <bytes>'\n";
   State& s = state();
@@ -197,8 +201,8 @@ std::string answer_release(Runtime& rt, std::string_view args, bool other_user) 
     if (d->uuid == uuid && released < want) released += rt.pool.release_group(d->group, want - released);
   if (released && watched) watched->others_at_foreign = others;
   if (released) {
-    log().info("released {} MiB of held memory on {} for another gpupool process{}",
-               released >> 20, uuid_text(uuid), other_user ? " (another user's)" : "");
+    log().info("released {} MiB of held memory on {} for another gpupool process{}", released >> 20,
+               wire::uuid_text(uuid), other_user ? " (another user's)" : "");
     // Published by this thread's next tick, not here: publishing opens the
     // registry, and the tick waits while the program has 0-2 closed.
     s.publish_now.store(true, std::memory_order_release);

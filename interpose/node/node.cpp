@@ -19,7 +19,6 @@
 #include "config/io.hpp"
 #include "config/log.hpp"
 #include "interpose/control/control.hpp"
-#include "interpose/control/socket.hpp"
 #include "interpose/node/internal.hpp"
 #include "interpose/runtime.hpp"
 
@@ -46,12 +45,12 @@ namespace {
 
 // Opening the registry creates its file, may wait for its lock and logs: a
 // caller of add_device may hold its own locks, but never the devices' lock.
-std::unique_ptr<Registry> open_registry(Runtime& rt, [[maybe_unused]] State& s)
+std::unique_ptr<wire::Registry> open_registry(Runtime& rt, [[maybe_unused]] State& s)
     GPUPOOL_EXCLUDES(s.mu) {
   const std::string path =
-      rt.config.registry.empty() ? default_registry_path() : rt.config.registry;
+      rt.config.registry.empty() ? wire::default_registry_path() : rt.config.registry;
   std::string why;
-  std::unique_ptr<Registry> reg = Registry::open(path, &why);
+  std::unique_ptr<wire::Registry> reg = wire::Registry::open(path, &why);
   if (!reg)
     log().warn("node registry not used ({}): other gpupool processes on this node cannot ask "
                "this one for its held memory, nor it them",
@@ -76,16 +75,16 @@ void registry_unusable(const std::string& why) {
 State& state() { return *runtime_if_started()->node.load(std::memory_order_acquire); }
 
 // Every live entry but this process's; an unusable registry lists nobody.
-std::vector<ProcessEntry> others(Registry* reg) {
+std::vector<wire::ProcessEntry> others(wire::Registry* reg) {
   std::string why;
   bool busy = false;
-  std::vector<ProcessEntry> out = reg->processes(/*skip_self=*/true, &why, &busy);
+  std::vector<wire::ProcessEntry> out = reg->processes(/*skip_self=*/true, &why, &busy);
   if (!busy) registry_unusable(why);
   return out;
 }
 
 // The devices and the registry, copied under the lock.
-std::vector<Device*> devices(State& s, Registry** reg) {
+std::vector<Device*> devices(State& s, wire::Registry** reg) {
   LockGuard lock(s.mu);
   std::vector<Device*> out;
   for (Device& d : s.devices) out.push_back(&d);
@@ -93,7 +92,7 @@ std::vector<Device*> devices(State& s, Registry** reg) {
   return out;
 }
 
-bool find_device(State& s, const std::string& group, Uuid* uuid, Registry** reg) {
+bool find_device(State& s, const std::string& group, wire::Uuid* uuid, wire::Registry** reg) {
   LockGuard lock(s.mu);
   for (const Device& d : s.devices)
     if (d.group == group) {
@@ -125,8 +124,8 @@ namespace {
 
 // Control thread: this process's figures per GPU, published when there is
 // a registry; `held` feeds the watch either way.
-void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
-  std::vector<DeviceUse> out;  // one per GPU: CUDA and OpenCL on one GPU are summed
+void refresh(Runtime& rt, const std::vector<Device*>& devs, wire::Registry* reg) {
+  std::vector<wire::DeviceUse> out;  // one per GPU: CUDA and OpenCL on one GPU are summed
   for (Device* d : devs) {
     const Stats t = rt.pool.group_totals(d->group);
     // What could be given back (GPUPOOL_SPLIT: not a partly used segment's
@@ -135,8 +134,9 @@ void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
     d->held = held;
     if (t.managed_bytes < d->managed) d->returned_at = io::mono_ns();
     d->managed = t.managed_bytes;
-    auto u = std::find_if(out.begin(), out.end(), [&](const DeviceUse& x) { return x.uuid == d->uuid; });
-    if (u == out.end()) u = out.insert(out.end(), DeviceUse{d->uuid});
+    auto u = std::find_if(out.begin(), out.end(),
+                          [&](const wire::DeviceUse& x) { return x.uuid == d->uuid; });
+    if (u == out.end()) u = out.insert(out.end(), wire::DeviceUse{d->uuid});
     u->returned_at = std::max(u->returned_at, d->returned_at);
     u->held = add_sat(u->held, held);
     u->active = add_sat(u->active, t.active_bytes);
@@ -147,15 +147,19 @@ void refresh(Runtime& rt, const std::vector<Device*>& devs, Registry* reg) {
   if (!reg) return;
   std::string why;
   switch (reg->publish(out, &why)) {
-    case Registry::Outcome::ok: break;
-    case Registry::Outcome::full:
+    case wire::Registry::Outcome::ok:
+      break;
+    case wire::Registry::Outcome::full:
       log().debug("node registry: no free slot; this process is not listed");
       break;
-    case Registry::Outcome::busy: log().debug("node registry: {}; next time", why); break;
-    case Registry::Outcome::unusable: registry_unusable(why); break;
+    case wire::Registry::Outcome::busy:
+      log().debug("node registry: {}; next time", why);
+      break;
+    case wire::Registry::Outcome::unusable:
+      registry_unusable(why);
+      break;
   }
 }
-
 
 // One GPU whose free memory is low because other processes allocate:
 // release held blocks until twice the threshold is free (so a neighbour
@@ -175,9 +179,10 @@ void watch(Runtime& rt, Device& d) {
   const std::size_t released =
       rt.pool.release_group(d.group, static_cast<std::size_t>(std::max<std::uint64_t>(want, 1)));
   if (released)
-    log().info("{}: {} MiB free, under GPUPOOL_PRESSURE_FREE ({} MiB) as other processes "
-               "allocate: released {} MiB of held memory",
-               uuid_text(d.uuid), free >> 20, threshold >> 20, released >> 20);
+    log().info(
+        "{}: {} MiB free, under GPUPOOL_PRESSURE_FREE ({} MiB) as other processes "
+        "allocate: released {} MiB of held memory",
+        wire::uuid_text(d.uuid), free >> 20, threshold >> 20, released >> 20);
 }
 
 constexpr std::uint64_t kArrivalWindowNs = 5000 * kMs;
@@ -187,8 +192,8 @@ constexpr std::uint64_t kArrivalWindowNs = 5000 * kMs;
 // gpupool). Such processes ask for memory themselves. /proc/PID/maps is
 // read in gpupool's own descriptor table; in another PID namespace the
 // number names nobody here (or someone else) and the answer is no.
-bool gpupool_process(unsigned pid, const std::vector<ProcessEntry>& listed) {
-  for (const ProcessEntry& p : listed)
+bool gpupool_process(unsigned pid, const std::vector<wire::ProcessEntry>& listed) {
+  for (const wire::ProcessEntry& p : listed)
     if (p.pid == static_cast<long>(pid)) return true;
   bool found = false;
   io::in_private([&] {
@@ -223,7 +228,7 @@ bool gpupool_process(unsigned pid, const std::vector<ProcessEntry>& listed) {
 // GPUPOOL_ARRIVAL_IDLE go back at once, the largest first, and for the next
 // few seconds as more reach that age; blocks in use by a busy loop stay.
 // Control thread.
-void arrivals(Runtime& rt, State& s, Device& d, Registry* reg, std::uint64_t now) {
+void arrivals(Runtime& rt, State& s, Device& d, wire::Registry* reg, std::uint64_t now) {
   std::vector<unsigned> pids;
   if (!nvml_processes(d.uuid, &pids)) return;
   std::vector<unsigned> fresh;
@@ -234,7 +239,8 @@ void arrivals(Runtime& rt, State& s, Device& d, Registry* reg, std::uint64_t now
   d.pids_looked = true;
   unsigned arrived = 0;
   if (!first && !fresh.empty()) {
-    const std::vector<ProcessEntry> listed = reg ? others(reg) : std::vector<ProcessEntry>{};
+    const std::vector<wire::ProcessEntry> listed =
+        reg ? others(reg) : std::vector<wire::ProcessEntry>{};
     for (unsigned pid : fresh)
       if (static_cast<long>(pid) != getpid() && !gpupool_process(pid, listed)) {
         arrived = pid;
@@ -250,18 +256,20 @@ void arrivals(Runtime& rt, State& s, Device& d, Registry* reg, std::uint64_t now
   s.publish_now.store(true, std::memory_order_release);
   const double ms = double(io::mono_ns() - t0) / 1e6;
   if (arrived)
-    log().info("{}: process {} arrived on the GPU: released {} MiB ({} blocks unused for "
-               "GPUPOOL_ARRIVAL_IDLE or longer) in {:.1f} ms",
-               uuid_text(d.uuid), arrived, bytes >> 20, blocks, ms);
+    log().info(
+        "{}: process {} arrived on the GPU: released {} MiB ({} blocks unused for "
+        "GPUPOOL_ARRIVAL_IDLE or longer) in {:.1f} ms",
+        wire::uuid_text(d.uuid), arrived, bytes >> 20, blocks, ms);
   else
-    log().debug("{}: after an arrival, {} MiB more ({} blocks) reached GPUPOOL_ARRIVAL_IDLE "
-                "and were released",
-                uuid_text(d.uuid), bytes >> 20, blocks);
+    log().debug(
+        "{}: after an arrival, {} MiB more ({} blocks) reached GPUPOOL_ARRIVAL_IDLE "
+        "and were released",
+        wire::uuid_text(d.uuid), bytes >> 20, blocks);
 }
 
 }  // namespace
 
-void add_device(Runtime& rt, const Uuid& uuid, const std::string& group, std::size_t total) {
+void add_device(Runtime& rt, const wire::Uuid& uuid, const std::string& group, std::size_t total) {
   State& s = state();
   bool open = false;  // this call opens the registry (the first device's)
   {
@@ -277,7 +285,7 @@ void add_device(Runtime& rt, const Uuid& uuid, const std::string& group, std::si
     if (open) s.registry_tried = true;
   }
   if (open) {
-    std::unique_ptr<Registry> reg = open_registry(rt, s);
+    std::unique_ptr<wire::Registry> reg = open_registry(rt, s);
     LockGuard lock(s.mu);
     s.registry = std::move(reg);
   }
@@ -287,7 +295,7 @@ void add_device(Runtime& rt, const Uuid& uuid, const std::string& group, std::si
 
 std::uint64_t tick(Runtime& rt, std::uint64_t now) {
   State& s = state();
-  Registry* reg = nullptr;
+  wire::Registry* reg = nullptr;
   const std::vector<Device*> devs = devices(s, &reg);
   if (devs.empty()) return UINT64_MAX;
   if (now >= s.next_publish || s.publish_now.exchange(false, std::memory_order_acq_rel)) {
@@ -297,14 +305,14 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now) {
   std::uint64_t next = s.next_publish;
   const std::uint64_t interval = rt.config.pressure_interval_ns;
   bool holding = false;
-  for (const Device* d : devs) holding = holding || (d->held > 0 && d->uuid != kHostMemory);
+  for (const Device* d : devs) holding = holding || (d->held > 0 && d->uuid != wire::kHostMemory);
   const config::SizeSpec& pf = rt.config.pressure_free;
   const bool watching = pf.unlimited || (pf.percent ? pf.fraction > 0 : pf.bytes > 0);
   const bool arrivals_on = rt.config.arrival_idle_ns > 0;
   if (interval && holding && (watching || arrivals_on)) {
     if (now >= s.next_watch) {
       for (Device* d : devs) {
-        if (d->held == 0 || d->uuid == kHostMemory) {  // NVML sees GPUs only
+        if (d->held == 0 || d->uuid == wire::kHostMemory) {  // NVML sees GPUs only
           d->pids_looked = false;  // who comes meanwhile is no arrival
           continue;
         }

@@ -1,12 +1,14 @@
 // gpupool as a neighbour on a shared GPU: memory it holds is free memory for
 // every process on the node.
 //
-//   registry.cpp   the node registry (what each gpupool process holds, per GPU)
 //   node.cpp       this process's devices, publishing, and releasing for others:
 //                  on request (another gpupool process ran out), and when the
 //                  GPU's free memory runs low because others allocate (pressure)
 //   ask.cpp        asking the other gpupool processes, over their control sockets
 //   nvml.cpp       the GPU's free memory, from NVML loaded at run time
+//
+// The node registry's file, what each gpupool process holds per GPU, is
+// wire/registry.* (`gpupool ps` reads it too).
 //
 // The CUDA and OpenCL rooms tell which pool group draws on which GPU
 // (add_device); the control thread calls tick() and answers requests
@@ -18,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "interpose/node/registry.hpp"
+#include "wire/uuid.hpp"
 
 namespace gpupool {
 struct Runtime;
@@ -32,7 +34,7 @@ State* new_state();
 // The pool group `group` allocates device memory of the GPU `uuid`, of
 // `total` bytes. Called when a context (CUDA) or a pool group (OpenCL) is
 // first seen; repeats are ignored.
-void add_device(Runtime& rt, const Uuid& uuid, const std::string& group, std::size_t total);
+void add_device(Runtime& rt, const wire::Uuid& uuid, const std::string& group, std::size_t total);
 
 // The control thread's periodic work: publish this process's figures,
 // watch the free memory of GPUs it holds memory on. Returns when it wants

@@ -173,7 +173,7 @@ bool ClContextBackend::relieve(std::size_t bytes) {
 std::string memory_group(const Ctx& ctx) {
   // The GPU when it has a UUID (every context on it draws on the same
   // memory), else the context's own.
-  return ctx.has_uuid ? "opencl:" + node::uuid_text(ctx.uuid)
+  return ctx.has_uuid ? "opencl:" + wire::uuid_text(ctx.uuid)
                       : fmt::format("opencl:ctx{}", ctx.ordinal);
 }
 

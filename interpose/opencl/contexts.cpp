@@ -201,14 +201,14 @@ void load_info(Ctx& ctx) {
   ctx.device_name = device_string(api, devs[0], CL_DEVICE_NAME);
   if (devs.size() == 1) {
     const std::string ext = " " + device_string(api, devs[0], CL_DEVICE_EXTENSIONS) + " ";
-    static_assert(CL_UUID_SIZE_KHR == sizeof(node::Uuid));
+    static_assert(CL_UUID_SIZE_KHR == sizeof(wire::Uuid));
     ctx.has_uuid = ext.find(" cl_khr_device_uuid ") != std::string::npos &&
                    api.clGetDeviceInfo(devs[0], CL_DEVICE_UUID_KHR, ctx.uuid.size(),
                                        ctx.uuid.data(), nullptr) == CL_SUCCESS &&
-                   ctx.uuid != node::Uuid{};
+                   ctx.uuid != wire::Uuid{};
   }
   if (ctx.has_uuid) {
-    ctx.device_label = node::uuid_text(ctx.uuid);
+    ctx.device_label = wire::uuid_text(ctx.uuid);
   } else {
     for (cl_device_id d : devs) {
       std::string one = device_index(api, d);

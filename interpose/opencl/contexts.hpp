@@ -21,9 +21,9 @@
 
 #include "core/pool.hpp"
 #include "interpose/handle_table.hpp"
-#include "interpose/node/registry.hpp"
 #include "interpose/opencl/api.hpp"
 #include "interpose/runtime.hpp"
+#include "wire/uuid.hpp"
 
 namespace gpupool::ocl {
 
@@ -82,7 +82,7 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   // processes can name (NVIDIA's is the CUDA UUID), and take part in
   // releasing for them (interpose/node).
   bool has_uuid = false;
-  node::Uuid uuid{};
+  wire::Uuid uuid{};
 
   Ranked<LockRank::opencl_context> mu;  // everything below
   cl_command_queue internal = nullptr;

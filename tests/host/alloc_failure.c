@@ -119,7 +119,7 @@ static int opencl(void) {
    fail: its thread accepts it and asks for memory to track it (and more to
    read its request). Returns whether one was connected. */
 static int client_while_armed(void) {
-  /* The socket's file (interpose/control/socket.hpp). */
+  /* The socket's file (wire/socket.hpp). */
   struct sockaddr_un a;
   memset(&a, 0, sizeof a);
   a.sun_family = AF_UNIX;

@@ -942,7 +942,7 @@ def served_promptly(pid, stats, what):
 
 
 def control_socket(pid):
-    """The file of a process's control socket (interpose/control/socket.hpp)."""
+    """The file of a process's control socket (wire/socket.hpp)."""
     uid = os.geteuid()
     return f"/run/gpupool/control.{pid}" if uid == 0 else f"/dev/shm/gpupool-{uid}/control.{pid}"
 

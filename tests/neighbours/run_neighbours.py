@@ -131,7 +131,7 @@ def grab(shared, pooled, interval_ms=0, user=None, **extra):
 
 
 def control_socket(uid, pid):
-    """The file of a process's control socket (interpose/control/socket.hpp)."""
+    """The file of a process's control socket (wire/socket.hpp)."""
     return f"/run/gpupool/control.{pid}" if uid == 0 else f"/dev/shm/gpupool-{uid}/control.{pid}"
 
 
@@ -708,7 +708,7 @@ elif CHECK == "stopped":
     shared = fresh()
     reg = os.path.join(TMP, "registry")
     stopped, b, c = (Holder(shared, True, **NO_WATCH) for _ in range(3))
-    header, slot = 64, 1088  # interpose/node/registry.cpp: Header, Slot
+    header, slot = 64, 1088  # wire/registry.cpp: Header, Slot
     with open(reg, "r+b") as f:
         # Under the registry's lock (a record lock conflicts with gpupool's
         # OFD lock): a holder publishing between our read and write would

@@ -19,7 +19,6 @@
 // (CUDA_VISIBLE_DEVICES).
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -27,20 +26,9 @@
 #include <string_view>
 #include <vector>
 
-namespace gpupool::node {
+#include "wire/uuid.hpp"
 
-using Uuid = std::array<std::uint8_t, 16>;
-
-// The node's pinned host memory, as a device of its own: every process on
-// the node draws on the same host memory.
-inline constexpr Uuid kHostMemory = {'p', 'i', 'n', 'n', 'e', 'd', ' ', 'h',
-                                     'o', 's', 't', ' ', 'm', 'e', 'm', 0};
-
-// NVML's spelling: "GPU-" and the bytes as 8-4-4-4-12 lowercase hex; "host"
-// for kHostMemory.
-std::string uuid_text(const Uuid& u);
-// Accepts uuid_text's forms, with or without "GPU-"; false otherwise.
-bool parse_uuid(std::string_view text, Uuid* out);
+namespace gpupool::wire {
 
 // One process's figures for one device.
 struct DeviceUse {
@@ -136,4 +124,4 @@ bool process_alive(long pid, std::uint64_t start);
 // The start time of `pid` (0 if unknown).
 std::uint64_t process_start(long pid);
 
-}  // namespace gpupool::node
+}  // namespace gpupool::wire
