@@ -195,7 +195,10 @@ Runtime* detail::runtime_slow() {
     Runtime* created = create();
     // Published before the control starts: its fork handlers use it.
     g_runtime.store(created, std::memory_order_release);
-    if (created) control::start(*created);
+    if (created) {
+      node::start(*created);  // the control thread's work in the node room
+      control::start(*created);
+    }
   });
   return g_runtime.load(std::memory_order_acquire);
 }

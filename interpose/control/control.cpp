@@ -27,6 +27,8 @@ State* new_state(Runtime& rt) {
   return st;
 }
 
+void set_node_work(Runtime& rt, NodeWork work) { rt.control->node_work = work; }
+
 void add_warning(const std::string& w) {
   State& st = *state();
   {

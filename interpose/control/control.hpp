@@ -2,7 +2,9 @@
 // stats dumps, the trace file and the per-process control socket.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "observe/stats_format.hpp"
 
@@ -14,6 +16,21 @@ namespace control {
 // start; never destroyed.
 struct State;
 State* new_state(Runtime& runtime);
+
+// The control thread's work for the node room (node/node.hpp), which
+// registers it (node::start) before start() starts the thread: control
+// includes no other room, so the two do not depend on each other.
+struct NodeWork {
+  // Every round, under the work lock, unless exit began: publishing and the
+  // pressure watch. Returns when it wants to run next (CLOCK_MONOTONIC ns;
+  // UINT64_MAX: only when woken).
+  std::uint64_t (*tick)(Runtime& runtime, std::uint64_t now_ns) = nullptr;
+  // The answer's body to another process's "release <args>", under the
+  // work lock; other_user: it runs as another user.
+  std::string (*answer_release)(Runtime& runtime, std::string_view args,
+                                bool other_user) = nullptr;
+};
+void set_node_work(Runtime& runtime, NodeWork work);
 
 // Called once, right after the runtime is created (first intercepted call).
 // Installs signal handlers, registers the at-exit dump, opens the trace file

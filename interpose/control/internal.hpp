@@ -96,6 +96,9 @@ struct State {
   std::condition_variable_any req_cv;
   std::deque<Request*> requests GPUPOOL_GUARDED_BY(req_mu);
 
+  // Set before the thread starts (set_node_work), read by it unlocked.
+  NodeWork node_work;
+
   trace::Tracer* tracer = nullptr;
   Recorder* recorder = nullptr;  // the pool's observer, when sites, a trace or leaks are on
   std::atomic<bool> thread_running{false};

@@ -22,7 +22,6 @@
 
 #include "config/log.hpp"
 #include "interpose/control/internal.hpp"
-#include "interpose/node/node.hpp"
 #include "wire/socket.hpp"
 
 namespace gpupool::control {
@@ -73,10 +72,11 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
     return "ok\n" + held_summary(before, rt.pool.totals()) +
            (a == kStopHolding ? "holding stopped: freed blocks are now released at once\n" : "");
   }
-  if (req.rfind("release ", 0) == 0) {  // another gpupool process ran out of memory
+  if (req.rfind("release ", 0) == 0 && state()->node_work.answer_release) {
+    // another gpupool process ran out of memory
     UniqueLock lock(state()->work_mu);
     if (exiting()) return "error exiting the process is exiting\n";
-    return node::answer_release(rt, std::string_view(req).substr(8), foreign);
+    return state()->node_work.answer_release(rt, std::string_view(req).substr(8), foreign);
   }
   return "error bad-request unknown command '" + req.substr(0, 64) + "'\n";
 }

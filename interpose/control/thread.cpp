@@ -25,7 +25,6 @@
 #include "config/io.hpp"
 #include "config/log.hpp"
 #include "interpose/control/internal.hpp"
-#include "interpose/node/node.hpp"
 
 namespace gpupool::control {
 namespace {
@@ -78,7 +77,7 @@ struct Schedule {
     next_prom = prom_period ? now : UINT64_MAX;
     next_flush = st.tracer ? now + kFlushPeriod : UINT64_MAX;
     next_check = now + kCheckPeriod;
-    next_node = now;
+    next_node = st.node_work.tick ? now : UINT64_MAX;
   }
   std::uint64_t earliest() const {
     return std::min({next_interval, next_trim, next_prom, next_flush, next_check, next_node});
@@ -129,9 +128,10 @@ void run_due(Runtime& rt, State& st, Schedule& s, std::uint64_t now, bool may_op
   }
   {
     // Publishing and the pressure watch: every round, since a new device
-    // wakes the thread (node::tick returns at once when nothing is due).
+    // wakes the thread (the node room's tick returns at once when nothing
+    // is due).
     UniqueLock lock(st.work_mu);
-    if (!exiting() && may_open) s.next_node = node::tick(rt, now);
+    if (!exiting() && may_open && st.node_work.tick) s.next_node = st.node_work.tick(rt, now);
   }
   if (now >= s.next_check) {
     check_handlers();

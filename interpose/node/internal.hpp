@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/lock_rank.hpp"
@@ -60,6 +61,19 @@ struct State {
   // The control thread's:
   std::uint64_t next_publish = 0, next_watch = 0;
 };
+
+// node.cpp: the control thread's periodic work (control::NodeWork):
+// publish this process's figures, watch the free memory of GPUs it holds
+// memory on. Returns when it wants to run next (CLOCK_MONOTONIC ns;
+// UINT64_MAX: only when woken).
+std::uint64_t tick(Runtime& rt, std::uint64_t now_ns);
+
+// neighbours.cpp: a request from another process, "release <uuid> <bytes>"
+// (control::NodeWork). Releases this process's held blocks on that GPU and
+// returns the answer's body. For another user's process (other_user), at
+// most what the GPU lacks for the request, and only once the other
+// processes have used more of the GPU since the last such release.
+std::string answer_release(Runtime& rt, std::string_view args, bool other_user);
 
 // node.cpp: the room's state (every caller runs inside the runtime: a hook,
 // its backends, its control thread, its exit handler).

@@ -12,7 +12,6 @@
 
 #include "config/io.hpp"
 #include "config/log.hpp"
-#include "interpose/control/control.hpp"
 #include "interpose/node/internal.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"

@@ -41,6 +41,8 @@ std::uint64_t growth_slack(std::uint64_t total) {
 
 State* new_state() { return new State; }
 
+void start(Runtime& rt) { control::set_node_work(rt, {tick, answer_release}); }
+
 namespace {
 
 // Opening the registry creates its file, may wait for its lock and logs: a

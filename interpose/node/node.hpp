@@ -11,14 +11,13 @@
 // wire/registry.* (`gpupool ps` reads it too).
 //
 // The CUDA and OpenCL rooms tell which pool group draws on which GPU
-// (add_device); the control thread calls tick() and answers requests
-// (answer_release).
+// (add_device); start() gives the control thread its work here
+// (control::NodeWork: tick and answer_release, node/internal.hpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 #include "wire/uuid.hpp"
 
@@ -36,10 +35,9 @@ State* new_state();
 // first seen; repeats are ignored.
 void add_device(Runtime& rt, const wire::Uuid& uuid, const std::string& group, std::size_t total);
 
-// The control thread's periodic work: publish this process's figures,
-// watch the free memory of GPUs it holds memory on. Returns when it wants
-// to run next (CLOCK_MONOTONIC ns; UINT64_MAX: only when woken).
-std::uint64_t tick(Runtime& rt, std::uint64_t now_ns);
+// Once the runtime is published, before the control thread starts:
+// registers the room's work with it (control::set_node_work).
+void start(Runtime& rt);
 
 // An allocation on `group`'s GPU ran out of memory and this process holds
 // nothing more there: ask the other gpupool processes holding the most on
@@ -51,13 +49,6 @@ bool ask_neighbours(const std::string& group, std::size_t bytes);
 // Bytes the other gpupool processes hold on `group`'s GPU (what one request
 // would make free; cuMemGetInfo counts it).
 std::size_t others_held(const std::string& group);
-
-// A request from another process: "release <uuid> <bytes>". Releases this
-// process's held blocks on that GPU and returns the answer's body. For
-// another user's process (other_user), at most what the GPU lacks for the
-// request, and only once the other processes have used more of the GPU
-// since the last such release.
-std::string answer_release(Runtime& rt, std::string_view args, bool other_user);
 
 // Exit: the registry slot is given back.
 void at_exit() noexcept;
