@@ -26,7 +26,7 @@
 // takes no lock, runs under the shard and segment locks), so the
 // observer's locks (trace, sites, recorder) could rank either side of the
 // core's; they go after them, the order fork() takes them in (runtime.hpp's
-// ForkPart: pool, then trace, then control, whose order runtime.hpp checks
+// Part: pool, then trace, then control, whose order runtime.hpp checks
 // against this table). config/'s logger and files thread come last of all:
 // any code may log or hand the files thread work, whatever it holds.
 #define GPUPOOL_LOCK_RANK_TABLE(X)                                                         \

@@ -38,7 +38,7 @@
 // cannot follow (a lock taken in one function and let go in another).
 #define GPUPOOL_ASSERT_CAPABILITY(x) GPUPOOL_TSA(assert_capability(x))
 // A function the analysis does not look at. Mostly fork handlers
-// (interpose/runtime.hpp, ForkPart): prepare takes every lock of a part, in
+// (interpose/runtime.hpp, Part): prepare takes every lock of a part, in
 // loops, and the parent or child handler lets go of them, which the
 // analysis, function by function, cannot follow.
 #define GPUPOOL_NO_THREAD_SAFETY_ANALYSIS GPUPOOL_TSA(no_thread_safety_analysis)

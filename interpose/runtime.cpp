@@ -14,9 +14,7 @@
 
 #include "config/io.hpp"
 #include "config/log.hpp"
-#include "interpose/control/control.hpp"
 #include "interpose/hook_scope.hpp"
-#include "interpose/node/node.hpp"
 
 namespace gpupool {
 
@@ -30,11 +28,22 @@ using detail::g_runtime;
 
 std::atomic<bool> g_exiting{false};
 
-// Constant-initialized: parts register from static initializers, in any
-// order, before or after the runtime starts.
-ForkHandlers g_fork[static_cast<unsigned>(ForkPart::count)];
+void pool_fork_prepare() {
+  if (Runtime* r = g_runtime.load()) r->pool.fork_prepare();
+}
+void pool_fork_parent() {
+  if (Runtime* r = g_runtime.load()) r->pool.fork_parent();
+}
+void pool_fork_child() {
+  if (Runtime* r = g_runtime.load()) r->pool.fork_child();
+}
 
-constexpr unsigned kParts = static_cast<unsigned>(ForkPart::count);
+// Each part's handlers, in Part order; `reverse`: in reverse order.
+template <typename F>
+void each_part(F&& f, bool reverse = false) {
+  constexpr std::size_t n = std::size(kParts);
+  for (std::size_t i = 0; i < n; ++i) f(*kParts[reverse ? n - 1 - i : i].handlers);
+}
 
 // A fork() from a signal handler that interrupted this thread inside
 // gpupool (crash handlers do that): the thread may hold any of gpupool's
@@ -57,14 +66,18 @@ void fork_prepare() {
   // From here to the parent's or the child's handler this thread holds
   // every lock of a rank at once (core/lock_rank.hpp).
   lock_rank::entering_fork();
-  for (unsigned i = 0; i < kParts; ++i)
-    if (g_fork[i].prepare) g_fork[i].prepare();
+  each_part([](const PartHandlers& p) {
+    if (p.fork.prepare) p.fork.prepare();
+  });
 }
 
 void fork_parent() {
   if (std::exchange(t_fork_inside_hook, false)) return;
-  for (unsigned i = kParts; i-- > 0;)
-    if (g_fork[i].parent) g_fork[i].parent();
+  each_part(
+      [](const PartHandlers& p) {
+        if (p.fork.parent) p.fork.parent();
+      },
+      /*reverse=*/true);
   lock_rank::leaving_fork();
 }
 
@@ -75,16 +88,19 @@ void fork_child() {
     g_runtime.store(nullptr, std::memory_order_relaxed);
     return;
   }
-  for (unsigned i = kParts; i-- > 0;)
-    if (g_fork[i].child) g_fork[i].child();
+  each_part(
+      [](const PartHandlers& p) {
+        if (p.fork.child) p.fork.child();
+      },
+      /*reverse=*/true);
   lock_rank::leaving_fork();
-  for (unsigned i = 0; i < kParts; ++i) {
+  each_part([](const PartHandlers& p) {
     try {
-      if (g_fork[i].renew) g_fork[i].renew();
+      if (p.fork.renew) p.fork.renew();
     } catch (...) {
       internal_failure("fork() (the child's start)");
     }
-  }
+  });
   g_renew_control.store(true, std::memory_order_release);
 }
 
@@ -95,7 +111,11 @@ using ExitFn = void (*)(int);
 std::atomic<ExitFn> g_next_exit{nullptr};
 
 [[noreturn]] void quick_exit_now(int status) noexcept {
-  control::at_quick_exit();
+  each_part(
+      [](const PartHandlers& p) {
+        if (p.quick_exit) p.quick_exit();
+      },
+      /*reverse=*/true);
   if (ExitFn next = g_next_exit.load(std::memory_order_relaxed)) next(status);
   for (;;) syscall(SYS_exit_group, status);  // what glibc's _exit does
 }
@@ -133,29 +153,21 @@ Runtime* create() {
   // Never destroyed: hooks may still run from other threads or atexit
   // handlers while the process exits.
   auto* rt = new Runtime{cfg, Pool(pool_options(cfg))};
-  rt->control = control::new_state(*rt);
-  rt->node.store(node::new_state(), std::memory_order_relaxed);
+  each_part([rt](const PartHandlers& p) {
+    if (p.make) p.make(*rt);
+  });
   // The one shutdown flag: from now on no call into drivers that may be
-  // torn down, and the control thread stops; then the exit dump.
+  // torn down, and the control thread stops; then the parts' exits (the
+  // exit dump).
   std::atexit([] {
     if (g_inert.load(std::memory_order_relaxed)) return;
     g_exiting.store(true, std::memory_order_release);
-    control::at_exit();
-    node::at_exit();
+    each_part(
+        [](const PartHandlers& p) {
+          if (p.exit) p.exit();
+        },
+        /*reverse=*/true);
   });
-  set_fork_handlers(ForkPart::pool, {[] {
-                                       if (Runtime* r = g_runtime.load()) r->pool.fork_prepare();
-                                     },
-                                     [] {
-                                       if (Runtime* r = g_runtime.load()) r->pool.fork_parent();
-                                     },
-                                     [] {
-                                       if (Runtime* r = g_runtime.load()) r->pool.fork_child();
-                                     },
-                                     nullptr});
-  set_fork_handlers(ForkPart::log, {log_fork_prepare, log_fork_release, log_fork_release, nullptr});
-  set_fork_handlers(ForkPart::files, {io::private_fork_prepare, io::private_fork_parent,
-                                      io::private_fork_child, nullptr});
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   g_next_exit.store(reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit")), std::memory_order_relaxed);
   log().debug("runtime started: leading_bits={} hold={}", cfg.leading_bits, cfg.hold);
@@ -164,21 +176,20 @@ Runtime* create() {
 
 }  // namespace
 
-void set_fork_handlers(ForkPart part, ForkHandlers handlers) {
-  g_fork[static_cast<unsigned>(part)] = handlers;
-}
-
-namespace {
-void (*g_housekeeping[static_cast<unsigned>(ForkPart::count)])(Runtime&) = {};
-}  // namespace
-
-void set_housekeeping(ForkPart part, void (*check)(Runtime&)) {
-  g_housekeeping[static_cast<unsigned>(part)] = check;
-}
+// The runtime's own parts: the pool's, the logger's and the files
+// thread's locks, taken for fork() (created with the runtime: nothing to
+// do before it exists).
+constinit const PartHandlers kPoolPart{
+    .fork = {pool_fork_prepare, pool_fork_parent, pool_fork_child, nullptr}};
+constinit const PartHandlers kLogPart{
+    .fork = {log_fork_prepare, log_fork_release, log_fork_release, nullptr}};
+constinit const PartHandlers kFilesPart{
+    .fork = {io::private_fork_prepare, io::private_fork_parent, io::private_fork_child, nullptr}};
 
 void housekeeping(Runtime& rt) {
-  for (auto check : g_housekeeping)
-    if (check && !exiting()) check(rt);
+  each_part([&rt](const PartHandlers& p) {
+    if (p.housekeeping && !exiting()) p.housekeeping(rt);
+  });
 }
 
 Runtime* detail::runtime_slow() {
@@ -186,7 +197,9 @@ Runtime* detail::runtime_slow() {
   if (rt) {
     if (g_renew_control.load(std::memory_order_relaxed) &&
         g_renew_control.exchange(false, std::memory_order_acq_rel))
-      control::restart(*rt);
+      each_part([rt](const PartHandlers& p) {
+        if (p.restart) p.restart(*rt);
+      });
     return rt;
   }
   if (g_exiting.load(std::memory_order_relaxed)) return nullptr;
@@ -195,10 +208,10 @@ Runtime* detail::runtime_slow() {
     Runtime* created = create();
     // Published before the control starts: its fork handlers use it.
     g_runtime.store(created, std::memory_order_release);
-    if (created) {
-      node::start(*created);  // the control thread's work in the node room
-      control::start(*created);
-    }
+    if (created)
+      each_part([created](const PartHandlers& p) {
+        if (p.start) p.start(*created);
+      });
   });
   return g_runtime.load(std::memory_order_acquire);
 }
@@ -230,7 +243,7 @@ std::uint64_t internal_failures() noexcept {
 
 // A process that ends without its exit handlers (os._exit, multiprocessing's
 // children, a C program's _exit) still leaves whole files
-// (control::at_quick_exit).
+// (the parts' quick_exit: control's writes the trace's last records).
 // (_exit as unistd.h declares it, without noexcept: clang refuses a
 // redeclaration that adds one; _Exit is declared noexcept, __THROW.)
 GPUPOOL_EXPORT void _exit(int status) { gpupool::quick_exit_now(status); }

@@ -9,8 +9,8 @@
 // GPUs and the node registry). What stays outside it, and why:
 //   - runtime.cpp: g_runtime, g_renew_control (every hook asks, before the
 //     runtime exists too), g_exiting (set at exit, read by hooks whether a
-//     runtime exists or not), the fork and housekeeping tables (filled by
-//     static initializers), the internal failure count.
+//     runtime exists or not), the internal failure count. The parts' table
+//     (kParts, below) is constant data.
 //   - the hit path's state, reached without the runtime (one guard or
 //     relaxed load, no indirection): cuda/driver.cpp's resolved driver table
 //     (g_resolved, g_driver; also read by the dlsym hook before the runtime
@@ -28,23 +28,30 @@
 //   - node/nvml.cpp: the NVML session and its fork gate (its own fork part).
 //   - config/: the configuration, the logger and the files thread.
 //
+// gpupool's parts (Part, below: the rooms and the runtime's own pieces)
+// take part in the process's life through one ordered table, kParts: the
+// runtime calls them and includes none of their headers, so the rooms
+// include runtime.hpp and it includes none of them.
+//
 // Start (runtime_slow, once): create() reads the configuration, moves
 // gpupool's files to their own descriptor table, starts the logger, makes
-// the pool and the rooms' state, registers the exit handler and the fork
-// handlers; the runtime is published; control::start then opens the sites,
-// the trace and the recorder (the pool's observer), installs the signal
-// handlers, binds the control socket and starts the control thread. The
-// CUDA and OpenCL rooms make their records at their first calls; their
-// fork parts register at static initialization.
+// the pool, then each part's state (make: node's, control's), registers the
+// exit handler and the fork handlers; the runtime is published; each part
+// starts: node gives the control thread its work, then control opens the
+// sites, the trace and the recorder (the pool's observer), installs the
+// signal handlers, binds the control socket and starts the control thread.
+// The CUDA and OpenCL rooms make their records at their first calls.
 //
-// Fork: every part's handlers, in ForkPart order (below); the child then
-// renews each part, and its first intercepted call restarts the control
-// thread and socket (control::restart).
+// Fork: every part's handlers, in Part order (below); the child then
+// renews each part, and its first intercepted call restarts what it did not
+// inherit (restart: control's thread and socket).
 //
 // Stop: the exit handler sets exiting() (no more driver calls; the control
-// thread stops), then control::at_exit (the last trace records, the exit
-// dump, the leak report, the Prometheus file removed), then node::at_exit
-// (this process leaves the registry). Nothing is destroyed.
+// thread stops), then each part's exit in reverse order: control's (the
+// last trace records, the exit dump, the leak report, the Prometheus file
+// removed), then node's (this process leaves the registry). Nothing is
+// destroyed. _exit() and _Exit() run each part's quick_exit instead
+// (control's: the trace's last records).
 #pragma once
 
 #include <atomic>
@@ -106,9 +113,9 @@ std::uint64_t internal_failures() noexcept;
 // already be torn down.
 bool exiting();
 
-// fork(). Every part of gpupool that keeps locks registers its handlers
-// under its place below; the runtime's single pthread_atfork handler calls
-// them:
+// gpupool's parts, in the one order of everything the runtime calls in them
+// (PartHandlers, kParts below). fork(): the runtime's single pthread_atfork
+// handler calls each part's ForkHandlers:
 //   prepare  in this order, taking the part's locks (so no lock is held by
 //            a thread the child will not have);
 //   parent   in reverse order, releasing them;
@@ -119,7 +126,7 @@ bool exiting();
 // The parts are in the order of their locks' ranks (core/lock_rank.hpp),
 // and each takes its own in rank order: prepare takes every lock in the
 // table's order.
-enum class ForkPart : unsigned {
+enum class Part : unsigned {
   round,    // the control thread's round (it allocates, and takes every lock below)
   cuda,     // the solo rule, contexts' teardown locks, the registry, fence syncs, pointer maps
   opencl,   // the context map, the records, each context, buffer/SVM/callback/queue maps
@@ -135,38 +142,38 @@ enum class ForkPart : unsigned {
 // The ranks each part's prepare handler takes, lowest and highest (node
 // takes none: it waits for NVML calls in flight instead). Checked below
 // against the rank table: the parts' order is the ranks' order.
-struct ForkPartRanks {
-  ForkPart part;
+struct PartRanks {
+  Part part;
   LockRank first, last;
 };
-inline constexpr ForkPartRanks kForkPartRanks[] = {
-    {ForkPart::round, LockRank::control_round, LockRank::control_round},
-    {ForkPart::cuda, LockRank::cuda_solo, LockRank::cuda_pointers},
-    {ForkPart::opencl, LockRank::opencl_contexts, LockRank::opencl_queues},
-    {ForkPart::pool, LockRank::pool_arenas, LockRank::arena_segments},
-    {ForkPart::trace, LockRank::trace_buffer, LockRank::recorder_shard},
-    {ForkPart::control, LockRank::control_warnings, LockRank::control_requests},
-    {ForkPart::log, LockRank::log_sink, LockRank::log_sink},
-    {ForkPart::files, LockRank::files_queue, LockRank::files_queue},
+inline constexpr PartRanks kPartRanks[] = {
+    {Part::round, LockRank::control_round, LockRank::control_round},
+    {Part::cuda, LockRank::cuda_solo, LockRank::cuda_pointers},
+    {Part::opencl, LockRank::opencl_contexts, LockRank::opencl_queues},
+    {Part::pool, LockRank::pool_arenas, LockRank::arena_segments},
+    {Part::trace, LockRank::trace_buffer, LockRank::recorder_shard},
+    {Part::control, LockRank::control_warnings, LockRank::control_requests},
+    {Part::log, LockRank::log_sink, LockRank::log_sink},
+    {Part::files, LockRank::files_queue, LockRank::files_queue},
 };
 // By index, not pointer: gcc with -fsanitize=undefined (the ASan stage)
 // does not take a pointer's comparison with null as a constant expression.
-constexpr bool fork_parts_in_rank_order() {
-  for (std::size_t i = 0; i < std::size(kForkPartRanks); ++i) {
-    const ForkPartRanks& p = kForkPartRanks[i];
+constexpr bool parts_in_rank_order() {
+  for (std::size_t i = 0; i < std::size(kPartRanks); ++i) {
+    const PartRanks& p = kPartRanks[i];
     if (p.last < p.first) return false;
     if (i > 0) {
-      const ForkPartRanks& prev = kForkPartRanks[i - 1];
+      const PartRanks& prev = kPartRanks[i - 1];
       if (p.part <= prev.part || p.first <= prev.last) return false;
     }
   }
   return true;
 }
-static_assert(fork_parts_in_rank_order(),
-              "ForkPart order and the lock ranks' (core/lock_rank.hpp) differ: fork()'s prepare "
+static_assert(parts_in_rank_order(),
+              "Part order and the lock ranks' (core/lock_rank.hpp) differ: fork()'s prepare "
               "handlers would take locks out of rank order");
-static_assert(std::size(kForkPartRanks) == static_cast<unsigned>(ForkPart::count) - 1,
-              "every fork part but node takes locks: list its ranks in kForkPartRanks");
+static_assert(std::size(kPartRanks) == static_cast<unsigned>(Part::count) - 1,
+              "every fork part but node takes locks: list its ranks in kPartRanks");
 
 struct ForkHandlers {
   void (*prepare)() = nullptr;
@@ -174,14 +181,67 @@ struct ForkHandlers {
   void (*child)() = nullptr;
   void (*renew)() = nullptr;
 };
-// Called at static initialization (or before the runtime is created).
-void set_fork_handlers(ForkPart part, ForkHandlers handlers);
 
-// A check a part makes once a second on gpupool's control thread, for what
-// no call of the program's brings up (CUDA: contexts that ended where
-// gpupool did not see them). Registered at static initialization; run in
-// ForkPart order, never once exit began.
-void set_housekeeping(ForkPart part, void (*check)(Runtime&));
+// What a part does at each step of the process's life (the top of this
+// file); any may be null. Each runs in Part order, the exits in reverse.
+struct PartHandlers {
+  // The part's state in the runtime, before the runtime is published.
+  void (*make)(Runtime&) = nullptr;
+  // Once the runtime is published.
+  void (*start)(Runtime&) = nullptr;
+  // In a forked child, at its first intercepted call.
+  void (*restart)(Runtime&) = nullptr;
+  // The exit handler, once exiting() is true; and _exit(), _Exit().
+  void (*exit)() noexcept = nullptr;
+  void (*quick_exit)() noexcept = nullptr;
+  // A check made once a second on gpupool's control thread, never once
+  // exit began, for what no call of the program's brings up (CUDA:
+  // contexts that ended where gpupool did not see them).
+  void (*housekeeping)(Runtime&) = nullptr;
+  ForkHandlers fork;
+};
+
+// Each part's handlers, defined by its room (the runtime's own in
+// runtime.cpp) as constant data: the table is whole before any code runs,
+// since a hook may be called before gpupool's static initializers (from
+// another library's constructor).
+namespace control {
+extern const PartHandlers kRoundPart, kTracePart, kPart;
+}
+namespace cuda {
+extern const PartHandlers kPart;
+}
+namespace ocl {
+extern const PartHandlers kPart;
+}
+namespace node {
+extern const PartHandlers kPart;
+}
+extern const PartHandlers kPoolPart, kLogPart, kFilesPart;
+
+struct PartEntry {
+  Part part;
+  const PartHandlers* handlers;
+};
+inline constexpr PartEntry kParts[] = {
+    {Part::round, &control::kRoundPart},
+    {Part::cuda, &cuda::kPart},
+    {Part::opencl, &ocl::kPart},
+    {Part::node, &node::kPart},
+    {Part::pool, &kPoolPart},
+    {Part::trace, &control::kTracePart},
+    {Part::control, &control::kPart},
+    {Part::log, &kLogPart},
+    {Part::files, &kFilesPart},
+};
+constexpr bool parts_listed_in_order() {
+  for (std::size_t i = 0; i < std::size(kParts); ++i)
+    if (kParts[i].part != static_cast<Part>(i)) return false;
+  return std::size(kParts) == static_cast<unsigned>(Part::count);
+}
+static_assert(parts_listed_in_order(), "kParts lists every Part once, in Part's order");
+
+// Every part's housekeeping check (the control thread's, once a second).
 void housekeeping(Runtime& rt);
 
 }  // namespace gpupool

@@ -21,12 +21,6 @@
 
 namespace gpupool::control {
 
-State* new_state(Runtime& rt) {
-  auto* st = new State;
-  st->rt = &rt;
-  return st;
-}
-
 void set_node_work(Runtime& rt, NodeWork work) { rt.control->node_work = work; }
 
 void add_warning(const std::string& w) {
@@ -137,7 +131,7 @@ void set_paths(State& st, bool child) {
   st.prometheus_path = st.prometheus_names.empty() ? std::string() : st.prometheus_names[0];
 }
 
-// fork(): see runtime.hpp. The observer's part (ForkPart::trace): the
+// fork(): see runtime.hpp. The observer's part (Part::trace): the
 // tracer's locks, then the recorder's (the sites', then its shards), in
 // rank order (core/lock_rank.hpp).
 void fork_trace_prepare() {
@@ -226,14 +220,6 @@ void fork_round_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
 void fork_round_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (State* st = state()) st->round_mu.unlock();
 }
-const bool g_fork_registered =
-    (set_fork_handlers(ForkPart::control, {fork_prepare, fork_parent, fork_child, fork_renew}),
-     set_fork_handlers(ForkPart::trace, {fork_trace_prepare, fork_trace_parent, fork_trace_child,
-                                         nullptr}),
-     set_fork_handlers(ForkPart::round, {fork_round_prepare, fork_round_parent, fork_round_parent,
-                                         nullptr}),
-     true);
-
 }  // namespace
 
 namespace {
@@ -404,8 +390,20 @@ void listen(Runtime& rt) {
 
 }  // namespace
 
+namespace {
+
+// The room's state, before the runtime is published; never destroyed.
+void make(Runtime& rt) {
+  auto* st = new State;
+  st->rt = &rt;
+  rt.control = st;
+}
+
+// Right after the runtime is published (first intercepted call), once the
+// other rooms gave the control thread their work: opens the sites, the
+// trace and the recorder, installs the signal handlers, binds the control
+// socket and starts the control thread as configured.
 void start(Runtime& rt) {
-  (void)g_fork_registered;
   State* st = rt.control;
   const config::Config& cfg = rt.config;
   set_paths(*st, /*child=*/false);
@@ -426,6 +424,9 @@ void start(Runtime& rt) {
   start_thread(rt);
 }
 
+// Exit began (exiting() is true): the last trace records and, with
+// GPUPOOL_STATS_AT_EXIT, the exit dump. Waits a bounded time for a dump in
+// progress; the control thread stops.
 void at_exit() noexcept {
   if (!state()) return;
   try {
@@ -436,6 +437,11 @@ void at_exit() noexcept {
   remove_socket_file(*state());
 }
 
+// _exit() or _Exit(): the process ends without its exit handlers
+// (multiprocessing's children, os._exit). What would be lost is written
+// first: the trace's buffered records and its end. Nothing when a signal
+// handler interrupted gpupool on this thread (its locks may be held) or in
+// a vfork() child (the parent's memory; trace.cpp).
 void at_quick_exit() noexcept {
   State* st = state();
   if (!st || !st->rt || !st->tracer || inside_hook() || exiting()) return;
@@ -446,11 +452,28 @@ void at_quick_exit() noexcept {
   }
 }
 
+// In a forked child, at its first intercepted call: the child's own wake
+// channel, control socket and control thread (the parent's stay the
+// parent's).
 void restart(Runtime& rt) {
   State* st = rt.control;
   if (!st || st->thread_running.load() || exiting()) return;
   listen(rt);
   start_thread(rt);
 }
+
+}  // namespace
+
+// The room's three parts (runtime.hpp: Part::round, trace and control).
+constinit const PartHandlers kRoundPart{
+    .fork = {fork_round_prepare, fork_round_parent, fork_round_parent, nullptr}};
+constinit const PartHandlers kTracePart{
+    .fork = {fork_trace_prepare, fork_trace_parent, fork_trace_child, nullptr}};
+constinit const PartHandlers kPart{.make = make,
+                                   .start = start,
+                                   .restart = restart,
+                                   .exit = at_exit,
+                                   .quick_exit = at_quick_exit,
+                                   .fork = {fork_prepare, fork_parent, fork_child, fork_renew}};
 
 }  // namespace gpupool::control

@@ -12,13 +12,13 @@ namespace gpupool {
 struct Runtime;
 namespace control {
 
-// The room's state (internal.hpp), made by the runtime's create(), before
-// start; never destroyed.
+// The room's state (internal.hpp), made by the runtime's create(); never
+// destroyed. The room's parts of the process's life, its start, exit and
+// fork, are in runtime.hpp's table (control::kPart: control.cpp).
 struct State;
-State* new_state(Runtime& runtime);
 
 // The control thread's work for the node room (node/node.hpp), which
-// registers it (node::start) before start() starts the thread: control
+// registers it when it starts, before control starts the thread: control
 // includes no other room, so the two do not depend on each other.
 struct NodeWork {
   // Every round, under the work lock, unless exit began: publishing and the
@@ -31,28 +31,6 @@ struct NodeWork {
                                 bool other_user) = nullptr;
 };
 void set_node_work(Runtime& runtime, NodeWork work);
-
-// Called once, right after the runtime is created (first intercepted call).
-// Installs signal handlers, registers the at-exit dump, opens the trace file
-// and starts the control thread as configured.
-void start(Runtime& runtime);
-
-// In a forked child, at its first intercepted call: the child's own wake
-// channel, control socket and control thread (the parent's stay the
-// parent's).
-void restart(Runtime& runtime);
-
-// Exit began (runtime.cpp's exit handler, after exiting() turned true): the
-// last trace records and, with GPUPOOL_STATS_AT_EXIT, the exit dump. Waits
-// a bounded time for a dump in progress; the control thread stops.
-void at_exit() noexcept;
-
-// _exit() or _Exit() (exported by runtime.cpp): the process ends without its
-// exit handlers (multiprocessing's children, os._exit). What would be lost
-// is written first: the trace's buffered records and its end. Nothing when
-// a signal handler interrupted gpupool on this thread (its locks may be
-// held) or in a vfork() child (the parent's memory; trace.cpp).
-void at_quick_exit() noexcept;
 
 // A report of the pool now. `reason` ends up in the dump ("signal", ...).
 stats::Report report(Runtime& runtime, const char* reason);

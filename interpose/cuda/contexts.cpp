@@ -618,17 +618,17 @@ void renew() {
   async_fork_renew(*rt);
 }
 
-const bool g_fork_registered =
-    (set_fork_handlers(ForkPart::cuda, {prepare, parent, child, renew}), true);
-
 // Contexts that ended unseen while the program allocates only in others (or
 // not at all): their records go within a second, and with them the held
 // bytes that stats, cuMemGetInfo and the neighbours' requests would count.
 void check_contexts(Runtime& rt) {
   if (const Driver* d = driver_if_loaded()) retire_dead_contexts(*d, rt);
 }
-const bool g_housekeeping_registered = (set_housekeeping(ForkPart::cuda, check_contexts), true);
 
 }  // namespace
+
+// The room's part (runtime.hpp: Part::cuda).
+constinit const PartHandlers kPart{.housekeeping = check_contexts,
+                                   .fork = {prepare, parent, child, renew}};
 
 }  // namespace gpupool::cuda

@@ -39,10 +39,6 @@ std::uint64_t growth_slack(std::uint64_t total) {
 
 }  // namespace
 
-State* new_state() { return new State; }
-
-void start(Runtime& rt) { control::set_node_work(rt, {tick, answer_release}); }
-
 namespace {
 
 // Opening the registry creates its file, may wait for its lock and logs: a
@@ -329,6 +325,12 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now) {
   return next;
 }
 
+namespace {
+
+// Once the runtime is published: the control thread's work here.
+void start(Runtime& rt) { control::set_node_work(rt, {tick, answer_release}); }
+
+// Exit: the registry slot is given back.
 void at_exit() noexcept {
   State& s = state();
   if (!s.mu.try_lock()) return;
@@ -336,31 +338,35 @@ void at_exit() noexcept {
   s.mu.unlock();
 }
 
-namespace {
 // fork(): no lock taken, but no NVML or dlopen call in flight
 // (nvml_fork_prepare). The child starts from a new state (the parent's,
 // possibly mid-change by a thread the child does not have, is left alone)
 // keeping only the registry mapping, and claims its own slot; its GPUs are
 // added again when it uses them, and its NVML session is its own.
-[[maybe_unused]] const bool g_fork_registered = [] {
-  // The child's one thread reads the parent's state without its lock: a
-  // thread the child does not have may have held it.
-  set_fork_handlers(ForkPart::node, {nvml_fork_prepare, nvml_fork_parent,
-                                     []() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-                                       nvml_fork_child();
-                                       Runtime* rt = runtime_if_started();
-                                       if (!rt) return;
-                                       State* old = rt->node.load(std::memory_order_relaxed);
-                                       auto* fresh = new (std::nothrow) State;
-                                       if (!fresh) return;  // out of memory: keep the parent's
-                                       fresh->registry = std::move(old->registry);
-                                       fresh->registry_tried = old->registry_tried;
-                                       if (fresh->registry) fresh->registry->forget_slot();
-                                       rt->node.store(fresh, std::memory_order_release);
-                                     },
-                                     nullptr});
-  return true;
-}();
+// The child's one thread reads the parent's state without its lock: a
+// thread the child does not have may have held it.
+void fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  nvml_fork_child();
+  Runtime* rt = runtime_if_started();
+  if (!rt) return;
+  State* old = rt->node.load(std::memory_order_relaxed);
+  auto* fresh = new (std::nothrow) State;
+  if (!fresh) return;  // out of memory: keep the parent's
+  fresh->registry = std::move(old->registry);
+  fresh->registry_tried = old->registry_tried;
+  if (fresh->registry) fresh->registry->forget_slot();
+  rt->node.store(fresh, std::memory_order_release);
+}
+
 }  // namespace
+
+// The room's part (runtime.hpp: Part::node). Its state is made with the
+// runtime; when it starts, it gives the control thread its work (before
+// control, the next part that starts, starts the thread).
+constinit const PartHandlers kPart{
+    .make = [](Runtime& rt) { rt.node.store(new State, std::memory_order_relaxed); },
+    .start = start,
+    .exit = at_exit,
+    .fork = {nvml_fork_prepare, nvml_fork_parent, fork_child, nullptr}};
 
 }  // namespace gpupool::node

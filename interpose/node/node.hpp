@@ -11,7 +11,7 @@
 // wire/registry.* (`gpupool ps` reads it too).
 //
 // The CUDA and OpenCL rooms tell which pool group draws on which GPU
-// (add_device); start() gives the control thread its work here
+// (add_device); when it starts, the room gives the control thread its work
 // (control::NodeWork: tick and answer_release, node/internal.hpp).
 #pragma once
 
@@ -25,19 +25,15 @@ namespace gpupool {
 struct Runtime;
 namespace node {
 
-// The room's state (node.cpp), made by the runtime's create(); never
-// destroyed.
+// The room's state (internal.hpp), made by the runtime's create(); never
+// destroyed. The room's parts of the process's life are in runtime.hpp's
+// table (node::kPart: node.cpp).
 struct State;
-State* new_state();
 
 // The pool group `group` allocates device memory of the GPU `uuid`, of
 // `total` bytes. Called when a context (CUDA) or a pool group (OpenCL) is
 // first seen; repeats are ignored.
 void add_device(Runtime& rt, const wire::Uuid& uuid, const std::string& group, std::size_t total);
-
-// Once the runtime is published, before the control thread starts:
-// registers the room's work with it (control::set_node_work).
-void start(Runtime& rt);
 
 // An allocation on `group`'s GPU ran out of memory and this process holds
 // nothing more there: ask the other gpupool processes holding the most on
@@ -49,9 +45,6 @@ bool ask_neighbours(const std::string& group, std::size_t bytes);
 // Bytes the other gpupool processes hold on `group`'s GPU (what one request
 // would make free; cuMemGetInfo counts it).
 std::size_t others_held(const std::string& group);
-
-// Exit: the registry slot is given back.
-void at_exit() noexcept;
 
 }  // namespace node
 }  // namespace gpupool

@@ -416,10 +416,9 @@ void fork_renew() {
   }
 }
 
-const bool g_fork_registered =
-    (set_fork_handlers(ForkPart::opencl, {fork_prepare, fork_release, fork_release, fork_renew}),
-     true);
-
 }  // namespace
+
+// The room's part (runtime.hpp: Part::opencl).
+constinit const PartHandlers kPart{.fork = {fork_prepare, fork_release, fork_release, fork_renew}};
 
 }  // namespace gpupool::ocl

@@ -34,6 +34,17 @@
 #include "interpose/control/control.hpp"
 #include "interpose/runtime.hpp"
 
+// The harness links the runtime and the control and node rooms, not the CUDA
+// and OpenCL rooms: their parts of the runtime's table do nothing here.
+namespace gpupool {
+namespace cuda {
+constinit const PartHandlers kPart{};
+}
+namespace ocl {
+constinit const PartHandlers kPart{};
+}
+}  // namespace gpupool
+
 extern "C" {
 std::size_t gpupool_stats_json(char* buf, std::size_t len);
 int gpupool_dump_stats(void);
