@@ -114,6 +114,9 @@ bg_wait() {  # the build started last, finished
     "$bg_name" $((SECONDS - bg_t0)) "$bg_name"
 }
 
+step "include map: no cycle between rooms, launcher/ includes nothing of interpose/"
+python3 scripts/include_map.py --check
+
 step "build (build/)"
 # The packages are made from build/ (scripts/package-check.sh): the wheel's
 # cuda.h is the nvidia-cuda-runtime wheel's, never a toolkit's. SKBUILD*:
