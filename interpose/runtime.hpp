@@ -5,7 +5,7 @@
 // State. Runtime (below) owns the configuration, the one pool and the
 // rooms' state objects: control::State (control/internal.hpp: the control
 // thread and socket, dumps, warnings, the Tracer and the Recorder, which
-// is the pool's observer) and node::State (node/node.cpp: this process's
+// is the pool's observer) and node::State (node/internal.hpp: this process's
 // GPUs and the node registry). What stays outside it, and why:
 //   - runtime.cpp: g_runtime, g_renew_control (every hook asks, before the
 //     runtime exists too), g_exiting (set at exit, read by hooks whether a
@@ -75,8 +75,8 @@ struct State;
 struct Runtime {
   const config::Config& config;
   Pool pool;
-  // The rooms' state, made by create() (runtime.cpp lists the process's
-  // state). Set before the runtime is published, so read without locks.
+  // The rooms' state, made by their parts' make (kParts, below), before
+  // the runtime is published, so read without locks.
   control::State* control = nullptr;
   // A forked child's is new (node.cpp's fork handler).
   std::atomic<node::State*> node{nullptr};

@@ -53,8 +53,8 @@ struct Client {
 };
 
 // Everything else: the room's state, made by the runtime's create()
-// (new_state) and never destroyed, since the control thread and hooks may
-// run while the process exits.
+// (control.cpp: make) and never destroyed, since the control thread and
+// hooks may run while the process exits.
 struct State {
   Runtime* rt = nullptr;
   // The control socket, a number of the private table: only the server
