@@ -10,7 +10,9 @@
 
 namespace gpupool::launcher {
 
-// Exit codes of the PID commands (documented in --help and docs/c-api.md).
+// Exit codes of the PID commands (documented in --help and docs/c-api.md),
+// and report's CI gates (its help, docs/trace.md); each code means one thing
+// whichever command returns it.
 enum Exit : int {
   kOk = 0,
   kFailed = 1,      // the process answered with an error, or an I/O error
@@ -20,6 +22,8 @@ enum Exit : int {
   kIdle = 5,        // loaded, but no GPU call yet: control not started
   kDenied = 6,      // another user's process
   kTimeout = 7,     // no answer in time (stopped or busy process)
+  kLeaked = 8,      // report --fail-on-leak: memory still held at the end
+  kPeakGrew = 9,    // report --fail-if-peak-grows: the peak grew past the limit
 };
 
 inline constexpr const char* kProg = "gpupool";

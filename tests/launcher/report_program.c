@@ -9,7 +9,8 @@
  *
  * so the peak of managed memory is 13 MiB + 64 KiB, at the end, and what is
  * still held at exit is 3 MiB from load_weights and 64 KiB from
- * keep_scratch. The functions are not static and never inlined: the report
+ * keep_scratch. With the argument "free-all" it releases them before exit:
+ * nothing is held at the end. The functions are not static and never inlined: the report
  * names them from this file's symbol table; create() is always inlined, so
  * they are the frames that call OpenCL at every optimisation level (the
  * sanitizer builds are -O0).
@@ -17,6 +18,7 @@
 #include <CL/cl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static cl_context g_ctx;
 static cl_mem g_weights[3];
@@ -44,7 +46,7 @@ __attribute__((noinline)) void forward(void) {
 
 __attribute__((noinline)) void keep_scratch(void) { g_scratch = create(64 << 10); }
 
-int main(void) {
+int main(int argc, char** argv) {
   cl_platform_id platform;
   cl_device_id device;
   cl_int err;
@@ -62,6 +64,10 @@ int main(void) {
   forward();
   forward();
   keep_scratch();
+  if (argc > 1 && strcmp(argv[1], "free-all") == 0) {
+    for (int i = 0; i < 3; ++i) clReleaseMemObject(g_weights[i]);
+    clReleaseMemObject(g_scratch);
+  }
   printf("done\n");
   return 0;
 }

@@ -31,7 +31,7 @@ TEST_PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
 # Sanitizer runtimes that must stay first in LD_PRELOAD (sanitizer builds).
 SANITIZER_PRELOAD = ":".join(p for p in TEST_PRELOAD.split(":") if "libgpupool" not in p)
 
-OK, FAILED, USAGE, NO_PROCESS, NOT_GPUPOOL, IDLE, DENIED, TIMEOUT = range(8)
+OK, FAILED, USAGE, NO_PROCESS, NOT_GPUPOOL, IDLE, DENIED, TIMEOUT, LEAKED, PEAK_GREW = range(10)
 
 
 def clean_env(**extra):
@@ -1620,6 +1620,94 @@ Frameworks keep memory until exit on purpose: a cache or a model's weights still
         self.assertIn("keep_scratch", stacks[1])
         for stack in stacks:
             self.assertRegex(stack, r"\n +main\b")
+
+    def test_fail_on_leak(self):
+        """CI gates on `report --text --fail-on-leak`: a program that keeps
+        buffers fails it (after the report is written, with one line saying
+        how much); one that frees everything passes."""
+        if not REPORT_PROGRAM:
+            self.skipTest("no report_program (OpenCL not built)")
+        leaks = os.path.join(self.tmp, "leaks.trace")
+        r = gp("run", "--trace", leaks, "--", REPORT_PROGRAM)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = gp("report", "--text", leaks, "--fail-on-leak")
+        self.assertEqual((r.returncode, r.stderr), (LEAKED, "gpupool: report: 3.1 MiB in 4 blocks "
+                         "still held at the end, never freed (--fail-on-leak)\n"))
+        self.assertIn("Still held at the end (3.1 MiB in 4 blocks)", r.stdout)
+        # The page too, written before the gate fails.
+        out = os.path.join(self.tmp, "r.html")
+        r = gp("report", leaks, "-o", out, "--fail-on-leak")
+        self.assertEqual(r.returncode, LEAKED, r.stderr)
+        self.assertTrue(os.path.getsize(out) > 0)
+        # Without the option, the same report passes.
+        self.assertEqual(gp("report", "--text", leaks).returncode, OK)
+        freed = os.path.join(self.tmp, "freed.trace")
+        r = gp("run", "--trace", freed, "--", REPORT_PROGRAM, "free-all")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = gp("report", "--text", freed, "--fail-on-leak")
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        self.assertIn("Still held at the end (0 B in 0 blocks)", r.stdout)
+
+    def test_fail_on_leak_several_processes(self):
+        """With several processes, what each one never freed counts, though
+        "all together" drops an exited process's blocks."""
+        keeps = ["arena 0 cuda cuda:0 dev 0", "a 10 1 0 a0 1000 1024 m", "a 20 1 0 b0 2000 2048 m",
+                 "f 30 1 0 a0 1000 1024"]
+        frees = ["arena 0 cuda cuda:0 dev 0", "a 10 1 0 a0 500 512 m", "f 20 1 0 a0 500 512"]
+        d = os.path.join(self.tmp, "run")
+        os.mkdir(d)
+        for pid, lines in ((11, keeps), (12, frees)):
+            with open(os.path.join(d, f"t.{pid}.trace"), "w") as f:
+                f.write(trace_text(pid, 1, lines + ["# end 40"]))
+        # (Standard error's first line names the traces read.)
+        r = gp("report", "--text", d, "--fail-on-leak")
+        self.assertEqual((r.returncode, r.stderr.splitlines()[1:]), (LEAKED, [
+            "gpupool: report: 2.0 KiB in 1 block still held at the end, never freed "
+            "(--fail-on-leak)"]))
+        os.remove(os.path.join(d, "t.11.trace"))
+        r = gp("report", "--text", d, "--fail-on-leak")
+        self.assertEqual(r.returncode, OK, r.stderr)
+        self.assertNotIn("--fail-on-leak", r.stderr)
+
+    def test_fail_if_peak_grows(self):
+        """`--diff BASE --fail-if-peak-grows PERCENT` fails when the peak
+        grew by more than PERCENT (here 4.0 MiB -> 6.0 MiB, +50%)."""
+        base, new = self.diff_traces()
+        for percent, status in (("10", PEAK_GREW), ("49.9", PEAK_GREW), ("50", OK), ("200", OK)):
+            r = gp("report", "--diff", base, new, "--text", "--fail-if-peak-grows", percent)
+            self.assertEqual(r.returncode, status, (percent, r.stderr))
+            self.assertIn("  peak active             4.0 MiB       6.0 MiB  +2.0 MiB (+50%)\n",
+                          r.stdout)
+        r = gp("report", "--diff", base, new, "--text", "--fail-if-peak-grows=0")
+        self.assertEqual((r.returncode, r.stderr), (PEAK_GREW, "gpupool: report: the peak of active "
+                         "memory grew from 4.0 MiB to 6.0 MiB (+50.0%), more than 0% "
+                         "(--fail-if-peak-grows)\n"))
+        # Shrinking passes any limit; both gates failing: the leak's status.
+        r = gp("report", "--diff", new, base, "--text", "--fail-if-peak-grows", "0")
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        r = gp("report", "--diff", base, new, "--text", "--fail-if-peak-grows", "0", "--fail-on-leak")
+        self.assertEqual(r.returncode, LEAKED, r.stderr)
+        self.assertEqual(len(r.stderr.splitlines()), 2, r.stderr)
+        # From nothing: past any limit.
+        empty = self.write("empty.trace", trace_text(7, 1, ["# end 5"]))
+        r = gp("report", "--diff", empty, new, "--text", "--fail-if-peak-grows", "1000")
+        self.assertEqual((r.returncode, r.stderr), (PEAK_GREW, "gpupool: report: the peak of active "
+                         "memory grew from 0 B to 6.0 MiB (--fail-if-peak-grows)\n"))
+
+    def test_gate_usage_errors(self):
+        """A PERCENT that is not a number of 0 or more, or the gate without
+        --diff: a usage error naming the option and value, nothing written."""
+        base, new = self.diff_traces()
+        for value in ("-5", "ten", "", "5%", "nan", "inf"):
+            r = gp("report", "--diff", base, new, "--text", "--fail-if-peak-grows", value)
+            self.assertEqual((r.returncode, r.stdout), (USAGE, ""), value)
+            self.assertIn(f"report: --fail-if-peak-grows: '{value}' is not a percentage", r.stderr)
+        r = gp("report", "--diff", base, new, "--text", "--fail-if-peak-grows")
+        self.assertEqual((r.returncode, r.stdout), (USAGE, ""))
+        self.assertIn("--fail-if-peak-grows needs a PERCENT", r.stderr)
+        r = gp("report", "--text", new, "--fail-if-peak-grows", "5")
+        self.assertEqual((r.returncode, r.stdout), (USAGE, ""))
+        self.assertIn("--fail-if-peak-grows compares with --diff BASE", r.stderr)
 
     def diff_traces(self):
         def trace(name, step_line, peak_mib, held):
