@@ -346,24 +346,28 @@ void Pool::free_piece(Block* b) {
   delete b;
 }
 
+namespace {
 // A stand-in block: the observer reads handle, sizes and arena; the pool
 // keeps nothing of it (the driver holds the memory).
-void Pool::note_outside_allocate(Arena& a, Handle handle, std::size_t size) {
+Block outside_block(Arena& a, Handle handle, std::size_t size) {
   Block b;
   b.handle = handle;
   b.size = b.requested = size;
   b.arena = &a;
+  return b;
+}
+}  // namespace
+
+void Pool::note_outside_allocate(Arena& a, Handle handle, std::size_t size) {
   if (a.counted())
-    if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, b, Served::outside);
+    if (auto* obs = observer_.load(std::memory_order_acquire))
+      obs->on_allocate(a, outside_block(a, handle, size), Served::outside);
 }
 
 void Pool::note_outside_free(Arena& a, Handle handle, std::size_t size) {
-  Block b;
-  b.handle = handle;
-  b.size = b.requested = size;
-  b.arena = &a;
   if (a.counted())
-    if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_free(a, b);
+    if (auto* obs = observer_.load(std::memory_order_acquire))
+      obs->on_free(a, outside_block(a, handle, size));
 }
 
 void Pool::forget(Block* b) {

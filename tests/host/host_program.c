@@ -415,6 +415,18 @@ static int wait_or_kill(pid_t pid, double seconds, int* status) {
   }
 }
 
+/* A forked child waited for (20 s at most), and what became of it said:
+ * "child hung" (-1, killed) or "child PID status N" (0). */
+static int wait_child_said(pid_t pid, int* status) {
+  if (wait_or_kill(pid, 20, status) < 0) {
+    printf("child hung\n");
+    return -1;
+  }
+  printf("child %d status %d\n", (int)pid,
+         WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status));
+  return 0;
+}
+
 static int fork_busy_scenario(int n) {
   churn(20);
   pthread_t t;
@@ -498,12 +510,7 @@ static int fork_unseen_scenario(void) {
     exit(0);
   }
   int status = 0;
-  if (wait_or_kill(pid, 20, &status) < 0) {
-    printf("child hung\n");
-    return 1;
-  }
-  printf("child %d status %d\n", (int)pid,
-         WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  if (wait_child_said(pid, &status) < 0) return 1;
   /* The parent's device still works in that context. */
   g_queue = clCreateCommandQueue(ctx, g_device, 0, &err);
   if (!g_queue) die("clCreateCommandQueue", err);
@@ -583,12 +590,7 @@ static int fork_own_scenario(int looked, int past) {
     exit(0);
   }
   int status = 0;
-  if (wait_or_kill(pid, 20, &status) < 0) {
-    printf("child hung\n");
-    return 1;
-  }
-  printf("child %d status %d\n", (int)pid,
-         WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  if (wait_child_said(pid, &status) < 0) return 1;
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
