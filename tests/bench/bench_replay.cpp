@@ -1,11 +1,17 @@
 // Replays a recorded workload through the pool core with a simulated
-// backend: pool policy (bins, holding, caps, idle release) judged on real
-// programs' allocations, on any machine, without a GPU.
+// backend: pool policy (bins, holding, caps, idle release, splitting)
+// judged on real programs' allocations, on any machine, without a GPU.
 //
-//   bench_replay TRACE... [--rounds N] [--leading-bits B] [--max-pooled BYTES]
-//                [--device-memory BYTES] [--release-after NS] [--max-held BYTES|Fx]
-//                [--borrow] [--split BYTES] [--sync-gap NS] [--pending-growth BYTES]
-//                [--alloc-cost NS] [--wait-cost NS] [--json]
+//   bench_replay TRACE... [GPUPOOL_NAME=VALUE...] [--rounds N] [--leading-bits B]
+//                [--max-pooled BYTES] [--device-memory BYTES] [--release-after NS]
+//                [--max-held BYTES|Fx] [--borrow] [--split BYTES] [--sync-gap NS]
+//                [--pending-growth BYTES] [--alloc-cost NS] [--wait-cost NS] [--json]
+//
+// With no option it replays what a user gets: the library's defaults, read
+// from config/'s one options table (config::Config), on a device of
+// --device-memory bytes (80 GiB). GPUPOOL_NAME=VALUE arguments set options
+// as the environment would, through the same parser and checks; the
+// --flags are shorthands for some of them (--split 1M is GPUPOOL_SPLIT=1MiB).
 //
 // TRACE: a GPUPOOL_TRACE_FILE (docs/trace.md) or an RMM memory event log
 // (CSV, "Thread,Time,Action,Pointer,Size,Stream"; RMM's
@@ -13,23 +19,25 @@
 // Events are replayed in time order (frees first at equal times), one
 // thread. For each trace it prints: time per pool operation (median of the
 // rounds), hit rate, peak active bytes (what the program asked for), peak
-// managed bytes (what the simulated driver gave), their ratio, and driver
-// calls; for a gpupool trace also the hits and misses the program saw.
+// managed bytes (what the simulated driver gave), their ratio, and driver calls; for a gpupool trace also the
+// hits and misses the program saw.
 // Also the binned floor: the least peak managed of any pool that serves a
 // request only with a block of its own bin and keeps the blocks it
 // allocated (each bin needs as many blocks as it ever had active at once);
 // a pool can go under it only by releasing held blocks (--max-held: a cap
 // on held bytes, in bytes or as a multiple F of the trace's peak active,
-// which costs driver calls) or by splitting blocks (--split: requests of at
-// least BYTES served by pieces of shared segments, GPUPOOL_SPLIT).
-// --sync-gap NS replays safe reuse (GPUPOOL_REUSE=safe): a freed block
-// waits for the program's next context synchronization, taken to be each
-// pause of NS or more between events, or for the pool's own wait (PyTorch
-// synchronizes streams, never the context: a gap longer than the trace); --pending-growth
-// is GPUPOOL_PENDING_GROWTH in bytes (0 by default here), and what the
-// growth rule weighs is --alloc-cost per driver allocation (50 us) against
-// --wait-cost per wait of the pool's (500 us).
-// A malformed trace gets one error naming the file and line, exit 1.
+// which costs driver calls) or by splitting blocks (GPUPOOL_SPLIT).
+// Safe reuse (GPUPOOL_REUSE=safe, the default; fenced too) is replayed on
+// CUDA arenas: a freed block waits for the program's next context
+// synchronization, taken to be each pause of --sync-gap NS or more between
+// events, or for the pool's own wait. Without --sync-gap the program never
+// synchronizes the context (PyTorch synchronizes streams only), so only the
+// pool's waits make blocks ready. OpenCL arenas reuse at once under safe
+// reuse (one in-order queue, as the library does). What the growth rule
+// weighs is --alloc-cost per driver allocation (40 us) against --wait-cost
+// per wait of the pool's (1 us: an idle H100's).
+// A malformed trace gets one error naming the file and line, exit 1; a bad
+// option, exit 2.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -42,6 +50,7 @@
 #include <string_view>
 #include <vector>
 
+#include "config/config.hpp"
 #include "core/pool.hpp"
 #include "observe/trace_reader.hpp"
 
@@ -60,6 +69,7 @@ struct Event {
 struct Trace {
   std::string path, format;
   std::vector<std::string> arenas;  // group per arena
+  std::vector<std::string> kinds;   // kind per arena (cuda, opencl, ...)
   std::vector<Event> events;
   std::uint64_t slots = 0;
   std::uint64_t recorded_hits = 0, recorded_misses = 0;  // gpupool traces: what the program saw
@@ -134,7 +144,10 @@ Trace to_replay(const trace::TraceFile& f, const char* format) {
   Trace tr;
   tr.path = f.path;
   tr.format = format;
-  for (const trace::ArenaDecl& a : f.arenas) tr.arenas.push_back(a.group);
+  for (const trace::ArenaDecl& a : f.arenas) {
+    tr.arenas.push_back(a.group);
+    tr.kinds.push_back(a.kind);
+  }
   tr.slots = f.slots;
   tr.unfreed = f.unfreed;
   for (const trace::Record& r : f.records) {
@@ -227,7 +240,6 @@ Trace read_trace(const std::string& path) {
 // (a loop's loss.item(), say), or until the pool waits.
 struct SimDriver {
   std::uint64_t next = 1 << 20, bytes = 0, peak = 0, allocs = 0, frees = 0;
-  bool fences = false;
   std::uint64_t issued = 0, completed = 0, waits = 0;
   // What an allocation and a wait take on the pool's cost clock (the growth
   // rule weighs one against the other).
@@ -239,7 +251,7 @@ std::uint64_t cost_clock() { return g_cost_now; }
 
 class SimBackend final : public Backend {
  public:
-  explicit SimBackend(SimDriver* d) : d_(d) {}
+  SimBackend(SimDriver* d, bool fenced) : d_(d), fenced_(fenced) {}
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     ++d_->allocs;
     g_cost_now += d_->alloc_cost_ns;
@@ -253,7 +265,7 @@ class SimBackend final : public Backend {
     ++d_->frees;
     d_->bytes -= bytes;
   }
-  std::uint64_t fence() override { return d_->fences ? ++d_->issued : 0; }
+  std::uint64_t fence() override { return fenced_ ? ++d_->issued : 0; }
   bool passed(std::uint64_t f) override { return f <= d_->completed; }
   void wait_all() override {
     ++d_->waits;
@@ -263,35 +275,43 @@ class SimBackend final : public Backend {
 
  private:
   SimDriver* d_;
+  bool fenced_;
 };
 
 struct Options {
-  unsigned rounds = 5, leading_bits = 4;
+  unsigned rounds = 5;
   std::uint64_t device_memory = 80ull << 30;
-  std::uint64_t max_pooled = 0;  // 0: 25% of device_memory, as the shim's default
-  std::uint64_t release_after_ns = 0;
-  std::uint64_t max_held = 0;        // 0: no cap
-  double max_held_of_active = 0;     // > 0: the cap is this times the trace's peak active
+  // The library's options, its defaults unless set (GPUPOOL_NAME=VALUE or
+  // a --flag): sizes given as a % resolve against device_memory.
+  config::Config cfg;
+  double max_held_of_active = 0;  // > 0: the cap is this times the trace's peak active
   bool json = false;
-  bool borrow = false;  // the library default (GPUPOOL_BORROW)
-  std::uint64_t split_min = 0;  // 0: off (GPUPOOL_SPLIT)
-  std::uint64_t sync_gap_ns = 0;  // 0: immediate reuse; else safe, synchronized at gaps this long
-  std::uint64_t pending_growth = 0;
-  std::uint64_t alloc_cost_ns = 50'000, wait_cost_ns = 500'000;
+  std::uint64_t sync_gap_ns = 0;  // safe reuse: the program synchronizes at gaps this long; 0: never
+  // An H100's: a cuMemAlloc ~40 us, a context synchronize on an idle
+  // device 0.6-2.7 us (docs/memory.md); with them the default replay
+  // manages what the H100 runs did.
+  std::uint64_t alloc_cost_ns = 40'000, wait_cost_ns = 1'000;
 };
 
 // The pool's clock in a replay is the trace's own.
 std::uint64_t g_trace_now = 0;
 std::uint64_t trace_clock() { return g_trace_now; }
 
-// The arenas' options that depend on the command line (replay_once).
-std::uint64_t max_pooled_of(const Options& o) {
-  return o.max_pooled ? o.max_pooled : o.device_memory / 4;  // the shim's default
-}
+// The arenas' options that depend on the command line (replay_once), as
+// the shim resolves them for a device of device_memory bytes.
+std::uint64_t max_pooled_of(const Options& o) { return o.cfg.max_pooled.resolve(o.device_memory); }
 std::uint64_t max_held_of(const Trace& tr, const Options& o) {  // 0: no cap
   if (o.max_held_of_active > 0)
     return static_cast<std::uint64_t>(o.max_held_of_active * double(tr.peak_active));
-  return o.max_held;
+  const std::size_t cap = o.cfg.max_held.resolve(o.device_memory);
+  return cap == SIZE_MAX ? 0 : cap;
+}
+bool safe_reuse(const Options& o) { return o.cfg.reuse != config::Reuse::immediate; }
+// Whether an arena's freed blocks wait for fences (the shim's choice:
+// safe reuse on one in-order OpenCL queue reuses at once).
+bool fenced(const Trace& tr, std::size_t arena, const Options& o) {
+  if (o.cfg.reuse == config::Reuse::fenced) return true;
+  return safe_reuse(o) && tr.kinds[arena].rfind("opencl", 0) != 0;
 }
 
 // The pool's pooled size for a request, as replay_once's arenas have it (0:
@@ -305,7 +325,7 @@ std::uint64_t pooled_size(const BinScheme& bins, const Options& o, std::uint64_t
 // at once so far, times the bin's size, summed, plus the unpooled requests
 // active; its peak over the trace.
 std::uint64_t binned_floor(const Trace& tr, const Options& o) {
-  const BinScheme bins(o.leading_bits);
+  const BinScheme bins(o.cfg.leading_bits);
   struct Count {
     std::uint64_t now = 0, most = 0;
   };
@@ -343,10 +363,11 @@ struct Result {
 
 Result replay_once(const Trace& tr, const Options& o) {
   PoolOptions po;
-  po.leading_bits = o.leading_bits;
+  po.leading_bits = o.cfg.leading_bits;
   po.shards = 1;
-  po.release_after_ns = o.release_after_ns;
-  po.borrow_larger = o.borrow;
+  po.hold = o.cfg.hold;
+  po.release_after_ns = o.cfg.release_after_ns;
+  po.borrow_larger = o.cfg.borrow;
   po.clock = trace_clock;
   po.cost_clock = cost_clock;
   Result r;
@@ -360,13 +381,13 @@ Result replay_once(const Trace& tr, const Options& o) {
     ao.max_pooled = max_pooled_of(o);
     ao.max_block = o.device_memory;
     if (const std::uint64_t cap = max_held_of(tr, o)) ao.max_held = cap;
-    ao.split_min = o.split_min;
-    ao.pending_growth = o.pending_growth;
-    arenas.push_back(pool.add_arena(std::make_unique<SimBackend>(&r.driver), std::move(ao)));
+    ao.split_min = o.cfg.split;
+    ao.pending_growth = o.cfg.pending_growth.resolve(o.device_memory);
+    arenas.push_back(
+        pool.add_arena(std::make_unique<SimBackend>(&r.driver, fenced(tr, i, o)), std::move(ao)));
   }
   std::vector<Block*> slots(tr.slots, nullptr);
   std::uint64_t next_trim = 0, last_t = 0;
-  r.driver.fences = o.sync_gap_ns != 0;
   r.driver.alloc_cost_ns = o.alloc_cost_ns;
   r.driver.wait_cost_ns = o.wait_cost_ns;
   const auto t0 = std::chrono::steady_clock::now();
@@ -375,9 +396,9 @@ Result replay_once(const Trace& tr, const Options& o) {
     g_cost_now = std::max(g_cost_now, e.t_ns);
     if (o.sync_gap_ns && e.t_ns - last_t >= o.sync_gap_ns) r.driver.completed = r.driver.issued;
     last_t = e.t_ns;
-    if (o.release_after_ns && e.t_ns >= next_trim) {  // the control thread's round
+    if (o.cfg.release_after_ns && e.t_ns >= next_trim) {  // the control thread's round
       pool.trim_idle(e.t_ns);
-      next_trim = e.t_ns + std::max<std::uint64_t>(o.release_after_ns / 4, 1);
+      next_trim = e.t_ns + std::max<std::uint64_t>(o.cfg.release_after_ns / 4, 1);
     }
     if (e.alloc) {
       Block* b = pool.allocate(arenas[e.arena], e.requested ? e.requested : 1).block;
@@ -435,8 +456,9 @@ void report(const Trace& tr, const Options& o) {
         (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees,
         (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
         (unsigned long long)tr.recorded_managed, (unsigned long long)floor, floor_ratio,
-        (unsigned long long)max_held, (unsigned long long)s.fence_waits, o.leading_bits, (unsigned long long)o.release_after_ns,
-        o.borrow ? "true" : "false", (unsigned long long)o.split_min);
+        (unsigned long long)max_held, (unsigned long long)s.fence_waits, o.cfg.leading_bits,
+        (unsigned long long)o.cfg.release_after_ns, o.cfg.borrow ? "true" : "false",
+        (unsigned long long)o.cfg.split);
     return;
   }
   std::printf("%s (%s trace): %zu events, %llu allocations, %llu never freed\n", tr.path.c_str(),
@@ -458,9 +480,15 @@ void report(const Trace& tr, const Options& o) {
               "blocks manages less)\n",
               (unsigned long long)floor, floor_ratio);
   if (max_held) std::printf("  held bytes capped at     %llu\n", (unsigned long long)max_held);
-  if (o.sync_gap_ns)
-    std::printf("  pool's waits             %llu (safe reuse, synchronized at pauses of %llu ns)\n",
-                (unsigned long long)s.fence_waits, (unsigned long long)o.sync_gap_ns);
+  if (safe_reuse(o)) {
+    if (o.sync_gap_ns)
+      std::printf("  pool's waits             %llu (safe reuse, synchronized at pauses of %llu ns)\n",
+                  (unsigned long long)s.fence_waits, (unsigned long long)o.sync_gap_ns);
+    else
+      std::printf("  pool's waits             %llu (safe reuse, no synchronization of the "
+                  "program's)\n",
+                  (unsigned long long)s.fence_waits);
+  }
   std::printf("  driver calls             %llu allocations, %llu releases\n",
               (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees);
 }
@@ -479,6 +507,13 @@ bool size_arg(const char* s, std::uint64_t* out) {
   return true;
 }
 
+config::SizeSpec bytes_spec(std::uint64_t bytes) {
+  config::SizeSpec s;
+  s.unlimited = false;
+  s.bytes = bytes;
+  return s;
+}
+
 // --max-held: BYTES (K/M/G), or Fx, F times the trace's peak active.
 bool held_arg(const char* s, Options* o) {
   const std::size_t n = std::strlen(s);
@@ -490,7 +525,10 @@ bool held_arg(const char* s, Options* o) {
     o->max_held_of_active = f;
     return true;
   }
-  return size_arg(s, &o->max_held) && o->max_held > 0;
+  std::uint64_t bytes = 0;
+  if (!size_arg(s, &bytes) || bytes == 0) return false;
+  o->cfg.max_held = bytes_spec(bytes);
+  return true;
 }
 
 }  // namespace
@@ -498,42 +536,68 @@ bool held_arg(const char* s, Options* o) {
 int main(int argc, char** argv) {
   Options o;
   std::vector<std::string> paths;
+  std::vector<std::string> settings;  // GPUPOOL_NAME=VALUE, in order
+  auto usage = [](const std::string& bad) {
+    std::fprintf(stderr,
+                 "usage: bench_replay TRACE... [GPUPOOL_NAME=VALUE...] [--rounds N] "
+                 "[--leading-bits 1-8] [--max-pooled BYTES] [--device-memory BYTES] "
+                 "[--release-after NS] [--max-held BYTES|Fx] [--borrow] [--split BYTES] "
+                 "[--sync-gap NS] [--pending-growth BYTES] [--alloc-cost NS] [--wait-cost NS] "
+                 "[--json]\n"
+                 "bench_replay: bad argument '%s'\n",
+                 bad.c_str());
+    std::exit(2);
+  };
+  // The --flags, after every GPUPOOL_NAME=VALUE whatever the order.
+  std::vector<std::pair<std::string, std::string>> flags;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&](const char* name) -> const char* {
+    if (a.rfind("GPUPOOL_", 0) == 0 && a.find('=') != std::string::npos) {
+      settings.push_back(a);
+    } else if (a == "--json" || a == "--borrow") {
+      flags.emplace_back(a, "");
+    } else if (a.rfind("--", 0) == 0) {
       if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_replay: %s needs a value\n", name);
-        std::exit(2);
+        std::fprintf(stderr, "bench_replay: %s needs a value\n", a.c_str());
+        return 2;
       }
-      return argv[++i];
-    };
-    std::uint64_t v = 0;
-    if (a == "--json") o.json = true;
-    else if (a == "--borrow") o.borrow = true;
-    else if (a == "--rounds" && size_arg(value("--rounds"), &v) && v > 0) o.rounds = unsigned(v);
-    else if (a == "--leading-bits" && size_arg(value("--leading-bits"), &v) && v >= 1 && v <= 8)
-      o.leading_bits = unsigned(v);
-    else if (a == "--max-pooled" && size_arg(value("--max-pooled"), &v)) o.max_pooled = v;
-    else if (a == "--device-memory" && size_arg(value("--device-memory"), &v) && v > 0)
-      o.device_memory = v;
-    else if (a == "--release-after" && size_arg(value("--release-after"), &v)) o.release_after_ns = v;
-    else if (a == "--max-held" && held_arg(value("--max-held"), &o)) {}
-    else if (a == "--split" && size_arg(value("--split"), &v) && v > 0) o.split_min = v;
-    else if (a == "--sync-gap" && size_arg(value("--sync-gap"), &v) && v > 0) o.sync_gap_ns = v;
-    else if (a == "--pending-growth" && size_arg(value("--pending-growth"), &v)) o.pending_growth = v;
-    else if (a == "--alloc-cost" && size_arg(value("--alloc-cost"), &v)) o.alloc_cost_ns = v;
-    else if (a == "--wait-cost" && size_arg(value("--wait-cost"), &v)) o.wait_cost_ns = v;
-    else if (!a.empty() && a[0] != '-') paths.push_back(a);
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_replay TRACE... [--rounds N] [--leading-bits 1-8] "
-                   "[--max-pooled BYTES] [--device-memory BYTES] [--release-after NS] "
-                   "[--max-held BYTES|Fx] [--borrow] [--split BYTES] [--sync-gap NS] "
-                   "[--pending-growth BYTES] [--alloc-cost NS] [--wait-cost NS] [--json]\n"
-                   "bench_replay: bad argument '%s'\n",
-                   a.c_str());
-      return 2;
+      flags.emplace_back(a, argv[++i]);
+    } else if (!a.empty() && a[0] != '-') {
+      paths.push_back(a);
+    } else {
+      usage(a);
     }
+  }
+  // The library's parser and checks: a value it would warn about is an error here.
+  std::vector<const char*> env;
+  for (const std::string& s : settings) env.push_back(s.c_str());
+  env.push_back(nullptr);
+  std::vector<config::Diagnostic> diagnostics;
+  o.cfg = config::parse(env.data(), &diagnostics);
+  for (const config::Diagnostic& d : diagnostics)
+    std::fprintf(stderr, "bench_replay: %s\n", d.message.c_str());
+  if (!diagnostics.empty()) return 2;
+  for (const auto& [a, value] : flags) {
+    std::uint64_t v = 0;
+    const char* val = value.c_str();
+    if (a == "--json") o.json = true;
+    else if (a == "--borrow") o.cfg.borrow = true;
+    else if (a == "--rounds" && size_arg(val, &v) && v > 0) o.rounds = unsigned(v);
+    else if (a == "--leading-bits" && size_arg(val, &v) && v >= 1 && v <= 8)
+      o.cfg.leading_bits = unsigned(v);
+    else if (a == "--max-pooled" && size_arg(val, &v)) o.cfg.max_pooled = bytes_spec(v);
+    else if (a == "--device-memory" && size_arg(val, &v) && v > 0) o.device_memory = v;
+    else if (a == "--release-after" && size_arg(val, &v)) o.cfg.release_after_ns = v;
+    else if (a == "--max-held" && held_arg(val, &o)) {}
+    else if (a == "--split" && size_arg(val, &v) && v > 0) o.cfg.split = v;
+    else if (a == "--sync-gap" && size_arg(val, &v) && v > 0) {
+      o.sync_gap_ns = v;
+      if (!safe_reuse(o)) o.cfg.reuse = config::Reuse::safe;
+    }
+    else if (a == "--pending-growth" && size_arg(val, &v)) o.cfg.pending_growth = bytes_spec(v);
+    else if (a == "--alloc-cost" && size_arg(val, &v)) o.alloc_cost_ns = v;
+    else if (a == "--wait-cost" && size_arg(val, &v)) o.wait_cost_ns = v;
+    else usage(a + (value.empty() ? "" : " " + value));
   }
   if (paths.empty()) {
     std::fprintf(stderr, "usage: bench_replay TRACE... [options]\n");

@@ -31,8 +31,15 @@ def write(name, text):
     return path
 
 
-def replay(path, *extra):
-    r = subprocess.run([BENCH, path, "--json", "--rounds", "1", *extra], capture_output=True,
+# The library's defaults are bench_replay's; these checks count hits as a
+# program that reuses at once would see them unless they say otherwise.
+IMMEDIATE = "GPUPOOL_REUSE=immediate"
+
+
+def replay(path, *extra, defaults=False):
+    pinned = () if defaults else (IMMEDIATE,)
+    r = subprocess.run([BENCH, path, "--json", "--rounds", "1", *pinned, *extra],
+                       capture_output=True,
                        text=True, timeout=300)
     if r.returncode != 0:
         raise RuntimeError(f"bench_replay {path}: {r.returncode} {r.stderr}")
@@ -151,7 +158,7 @@ elif CHECK == "split":
     check(r["peak_managed_bytes"] == 4 * MiB and r["fence_waits"] == 0, f"split: {r}")
     binned = replay(t)
     check(binned["driver_allocs"] == 3, f"binned: {binned}")
-    safe = replay(t, "--split", "1M", "--sync-gap", str(1 << 62))
+    safe = replay(t, "--split", "1M", "--sync-gap", str(1 << 62), "--pending-growth", "0")
     check((safe["driver_allocs"], safe["fence_waits"]) == (1, 1), f"split, safe: {safe}")
     # The recorded workloads: splitting takes no more than binning, with
     # immediate reuse and with safe reuse as PyTorch runs it (its programs
@@ -168,6 +175,28 @@ elif CHECK == "split":
               f"split {i['managed_over_active']:.3f}; safe reuse, waits only: binned "
               f"{bs['managed_over_active']:.3f}, split {sf['managed_over_active']:.3f} "
               f"({sf['fence_waits']} waits)")
+
+elif CHECK == "defaults":
+    # No option: the library's defaults (config/options.def), so safe reuse
+    # on a CUDA arena: a block freed and asked for again while the device
+    # may still use it is not reused at once (a first growth instead);
+    # GPUPOOL_REUSE=immediate reuses it.
+    t = write("again.trace", GPUPOOL_HEADER +
+              "a 10 7 0 a000 1000 1024 m\n"
+              "f 20 7 0 a000 1000 1024\n"
+              "a 30 7 0 a000 1000 1024 h\n")
+    d = replay(t, defaults=True)
+    check((d["hits"], d["misses"], d["leading_bits"], d["split_min"]) == (0, 2, 4, 0),
+          f"defaults: {d}")
+    i = replay(t, "GPUPOOL_REUSE=immediate", defaults=True)
+    check((i["hits"], i["misses"]) == (1, 1), f"immediate: {i}")
+    # Options go through the library's parser: its values, its errors.
+    b = replay(t, "GPUPOOL_LEADING_BITS=1", defaults=True)
+    check(b["leading_bits"] == 1, f"GPUPOOL_LEADING_BITS=1: {b}")
+    r = subprocess.run([BENCH, t, "GPUPOOL_SPLIT=7"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "GPUPOOL_SPLIT" in r.stderr and r.stdout == "",
+          f"bad value: {r.returncode} {r.stderr!r}")
+    print(f"defaults: {d['hits']}/{d['misses']} safe, {i['hits']}/{i['misses']} immediate")
 
 else:
     sys.exit(f"unknown check {CHECK}")
