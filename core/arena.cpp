@@ -64,6 +64,12 @@ void Arena::let_go(const Held& item, bool drop) {
   delete item.block;
 }
 
+void Arena::reset_peaks() {
+  for (Cache* c : caches()) c->reset_peaks();
+  LockGuard lock(slow_mu_);
+  slow_.reset_peaks();
+}
+
 void Arena::count(std::uint64_t Stats::*counter, std::uint64_t n) {
   LockGuard lock(slow_mu_);
   slow_.*counter += n;

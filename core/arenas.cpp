@@ -107,6 +107,11 @@ void ArenaList::add_retired(Stats& t) const {
   for (const Retired& r : retired_) t += r.stats;
 }
 
+void ArenaList::reset_retired_peaks() {
+  LockGuard lock(mu_);
+  for (Retired& r : retired_) r.stats.reset_peaks();
+}
+
 std::vector<ArenaSnapshot> ArenaList::retired_rows() const {
   std::vector<ArenaSnapshot> out;
   LockGuard lock(mu_);

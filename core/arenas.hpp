@@ -91,6 +91,8 @@ class ArenaList {
   // The counters of destroyed arenas: added to `t`; one row per kind.
   void add_retired(Stats& t) const;
   std::vector<ArenaSnapshot> retired_rows() const;
+  // The destroyed arenas' peaks down to their current values.
+  void reset_retired_peaks();
 
   // fork(): the list's lock, taken and released around the arenas' own.
   // In the child, pins held by threads it does not have are gone, but for

@@ -42,6 +42,8 @@ class HeldOutside {
   virtual std::size_t give_back() = 0;
   // Its counters (held, active and managed bytes, hits, misses...) added.
   virtual void add_counters(Stats& s) = 0;
+  // Its peaks down to their current values (Pool::reset_peaks).
+  virtual void reset_peaks() = 0;
 
  protected:
   ~HeldOutside() = default;

@@ -102,6 +102,13 @@ void BinnedCache::add_counters(Stats& s) const {
   }
 }
 
+void BinnedCache::reset_peaks() {
+  for (unsigned i = 0; i < count_; ++i) {
+    LockGuard lock(shards_[i].mu);
+    shards_[i].c.reset_peaks();
+  }
+}
+
 bool BinnedCache::any_active() const {
   for (unsigned i = 0; i < count_; ++i) {
     LockGuard lock(shards_[i].mu);

@@ -95,6 +95,8 @@ class Cache {
   virtual std::size_t releasable_bytes() const = 0;
   // Its counters, added to `s`.
   virtual void add_counters(Stats& s) const = 0;
+  // Its peaks down to its current values (Pool::reset_peaks).
+  virtual void reset_peaks() = 0;
 
  protected:
   ~Cache() = default;

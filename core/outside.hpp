@@ -39,6 +39,9 @@ class OutsideCache final : public Cache {
   void add_counters(Stats& s) const override {
     if (!retired()) held_.add_counters(s);
   }
+  void reset_peaks() override {
+    if (!retired()) held_.reset_peaks();
+  }
 
  private:
   bool retired() const { return retired_.load(std::memory_order_acquire); }

@@ -193,6 +193,8 @@ class BinnedCache final : public Cache {
   void take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) override;
   std::size_t releasable_bytes() const override;
   void add_counters(Stats& s) const override;
+  // Every shard's peaks: the per-thread peaks whose sum the stats show.
+  void reset_peaks() override;
 
   // Whether any block of the arena (pieces of segments too: their counts
   // are the shards') is in the program's hands.
@@ -260,6 +262,8 @@ class Arena {
   // An item taken out of one of its caches: no longer held, given back (or
   // dropped), its block deleted.
   void let_go(const core_detail::Held& item, bool drop);
+  // Every peak of its caches and counters down to its current value.
+  void reset_peaks();
   // Adds to one of its slow-path counters (trims, oom_retries, ...).
   void count(std::uint64_t Stats::*counter, std::uint64_t n = 1);
   void lock_counters() GPUPOOL_ACQUIRE(slow_mu_) { slow_mu_.lock(); }  // fork()
@@ -348,6 +352,10 @@ class Pool {
   std::uint64_t release_after_ns() const { return options_.release_after_ns; }
 
   Stats totals() const;
+  // Every peak (peak_*), of every arena, its per-thread shards and the
+  // destroyed arenas' rows, down to its current value, as PyTorch's
+  // reset_peak_memory_stats does; the other counters go on.
+  void reset_peaks();
   // The counters of the live arenas of one group (no per-bin walk: cheap
   // enough to call every few milliseconds).
   Stats group_totals(const std::string& group) const;

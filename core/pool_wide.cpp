@@ -98,6 +98,14 @@ Stats Pool::totals() const {
   return t;
 }
 
+// Pinned first, as totals(): a counted arena is reset, or destroyed before
+// the pin and so in the retired rows by then.
+void Pool::reset_peaks() {
+  const ArenaList::Pinned counted = arenas_->pin([](const Arena& a) { return a.counted(); });
+  arenas_->reset_retired_peaks();
+  for (Arena* a : counted) a->reset_peaks();
+}
+
 std::size_t Pool::arena_count() const { return arenas_->size(); }
 
 std::size_t Pool::group_releasable(const std::string& group) const {

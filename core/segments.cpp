@@ -297,4 +297,9 @@ void SegmentCache::add_counters(Stats& s) const {
   s += c_;
 }
 
+void SegmentCache::reset_peaks() {
+  LockGuard lock(mu_);
+  c_.reset_peaks();
+}
+
 }  // namespace gpupool::core_detail

@@ -78,6 +78,7 @@ class SegmentCache final : public Cache {
   void take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) override;
   std::size_t releasable_bytes() const override;
   void add_counters(Stats& s) const override;
+  void reset_peaks() override;
 
   void lock() GPUPOOL_ACQUIRE(mu_) { mu_.lock(); }  // fork()
   void unlock() GPUPOOL_RELEASE(mu_) { mu_.unlock(); }

@@ -58,6 +58,14 @@ struct Stats {
     --held_blocks;
     held_bytes -= bytes;
   }
+  // Every peak down to its current value (Pool::reset_peaks).
+  void reset_peaks() {
+    peak_held_blocks = held_blocks;
+    peak_active_blocks = active_blocks;
+    peak_held_bytes = held_bytes;
+    peak_active_bytes = active_bytes;
+    peak_managed_bytes = managed_bytes;
+  }
 };
 
 struct BinSnapshot {

@@ -244,6 +244,8 @@ class Parser {
       number(f[4], &tr_.start_unix_ns);
     } else if (f.size() == 3 && f[1] == "end") {
       tr_.ended = number(f[2], &tr_.end_ns);
+    } else if (f.size() == 2 && f[1] == "attached") {
+      tr_.attached = true;
     } else if (f.size() >= 2 && f[1] == "cmdline") {
       tr_.cmdline = std::string(line.substr(std::min(line.size(), std::size_t(10))));
     }
@@ -498,6 +500,7 @@ bool pair_records(TraceFile* tr, bool lenient, bool frees_first, std::string* er
   std::size_t kept = 0;
   std::uint64_t slots = 0;
   tr->unpaired = 0;
+  tr->freed_from_before = 0;
   for (std::size_t i = 0; i < recs.size(); ++i) {
     Record r = recs[i];
     if (r.alloc) {
@@ -519,6 +522,10 @@ bool pair_records(TraceFile* tr, bool lenient, bool frees_first, std::string* er
       active.insert(r.arena, r.handle, r.slot);
     } else {
       const std::uint32_t slot = active.find(r.arena, r.handle);
+      if (slot == ActiveBlocks::kNone && tr->attached) {
+        ++tr->freed_from_before;
+        continue;
+      }
       if (slot == ActiveBlocks::kNone) {
         if (!lenient) return fail(r.line, "a free of a handle that is not active");
         ++tr->unpaired;

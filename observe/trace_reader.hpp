@@ -91,6 +91,11 @@ struct TraceFile {
   // earlier allocation freed by a free record the reader adds, at the time
   // of the allocation that reuses its handle.
   std::uint64_t unpaired = 0;
+  // A trace started while the process ran ('# attached': gpupool_trace_start,
+  // docs/c-api.md): frees of blocks allocated before it began are in it.
+  // They are left out, counted here, in strict reads too.
+  bool attached = false;
+  std::uint64_t freed_from_before = 0;
 };
 
 // True and *out filled, or false and *error = "PATH:LINE: what", or for the

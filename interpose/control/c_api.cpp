@@ -80,6 +80,67 @@ GPUPOOL_EXPORT int gpupool_stop_holding(void) {
   }
 }
 
+GPUPOOL_EXPORT int gpupool_reset_peak(void) {
+  const gpupool::HookScope hook_scope;
+  try {
+    gpupool::Runtime* rt = gpupool::runtime();
+    return rt && gpupool::control::reset_peaks(*rt) ? 0 : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+namespace {
+
+// The trace calls: 0, or -1 with why in msg (snprintf's way; msg may be
+// NULL). On success msg is the file written.
+int trace_call(const char* path, char* msg, std::size_t msg_len, bool start) noexcept {
+  const gpupool::HookScope hook_scope;
+  std::string said;
+  bool ok = false;
+  try {
+    gpupool::Runtime* rt = gpupool::runtime();
+    if (!rt) {
+      said = "gpupool is disabled (GPUPOOL_DISABLE=1)";
+    } else if (start && (!path || !*path)) {
+      said = "no trace file named (path is NULL or empty)";
+    } else {
+      ok = start ? gpupool::control::trace_start(*rt, path, &said)
+                 : gpupool::control::trace_stop(*rt, &said);
+    }
+  } catch (...) {
+    ok = false;
+    said = "out of host memory";
+  }
+  copy_out(said, msg, msg_len);
+  return ok ? 0 : -1;
+}
+
+}  // namespace
+
+GPUPOOL_EXPORT int gpupool_trace_start(const char* path, char* msg, std::size_t msg_len) {
+  return trace_call(path, msg, msg_len, true);
+}
+
+GPUPOOL_EXPORT int gpupool_trace_stop(char* msg, std::size_t msg_len) {
+  return trace_call(nullptr, msg, msg_len, false);
+}
+
+GPUPOOL_EXPORT std::size_t gpupool_snapshot_json(char* buf, std::size_t len) {
+  const gpupool::HookScope hook_scope;
+  try {
+    gpupool::Runtime* rt = gpupool::runtime();
+    if (!rt) {
+      if (buf && len) buf[0] = '\0';
+      return 0;
+    }
+    return copy_out(gpupool::control::snapshot_json(*rt), buf, len);
+  } catch (...) {
+    if (buf && len) buf[0] = '\0';
+    return 0;
+  }
+}
+
 GPUPOOL_EXPORT int gpupool_active(void) {
   try {
     return gpupool::runtime() != nullptr ? 1 : 0;

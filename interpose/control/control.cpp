@@ -98,11 +98,11 @@ void at_exit_locked_dump() {
     nanosleep(&ms, nullptr);
   }
   LockGuard lock(st.work_mu, std::adopt_lock);
-  if (st.tracer) st.tracer->finish();
+  if (trace::Tracer* t = st.tracer.load()) t->finish();
   // Stats come from the pool's own counters: no driver call here.
   if (st.rt->config.stats_at_exit) dump_locked(st, *st.rt, "exit");
-  if (st.recorder) {
-    const std::string leaks = st.recorder->leak_report(static_cast<long>(getpid()));
+  if (Recorder* rec = st.recorder.load()) {
+    const std::string leaks = rec->leak_report(static_cast<long>(getpid()));
     std::string why;
     if (!leaks.empty() && !append_dump(st.stats_path, leaks, &why))
       st.dumps_dropped.fetch_add(1, std::memory_order_relaxed);
@@ -134,25 +134,27 @@ void set_paths(State& st, bool child) {
 // fork(): see runtime.hpp. The observer's part (Part::trace): the
 // tracer's locks, then the recorder's (the sites', then its shards), in
 // rank order (core/lock_rank.hpp).
+// Both are set under round_mu, which fork holds (Part::round, first):
+// the same in all three handlers.
 void fork_trace_prepare() {
   State* st = state();
   if (!st) return;
-  if (st->tracer) st->tracer->fork_prepare();
-  if (st->recorder) st->recorder->fork_prepare();
+  if (trace::Tracer* t = st->tracer.load()) t->fork_prepare();
+  if (Recorder* r = st->recorder.load()) r->fork_prepare();
 }
 
 void fork_trace_parent() {
   State* st = state();
   if (!st) return;
-  if (st->recorder) st->recorder->fork_parent();
-  if (st->tracer) st->tracer->fork_parent();
+  if (Recorder* r = st->recorder.load()) r->fork_parent();
+  if (trace::Tracer* t = st->tracer.load()) t->fork_parent();
 }
 
 void fork_trace_child() {
   State* st = state();
   if (!st) return;
-  if (st->recorder) st->recorder->fork_child();
-  if (st->tracer) st->tracer->fork_child();
+  if (Recorder* r = st->recorder.load()) r->fork_child();
+  if (trace::Tracer* t = st->tracer.load()) t->fork_child();
 }
 
 // The control part. The work lock serializes, it protects no data: the
@@ -205,7 +207,8 @@ void fork_renew() {
   st.dumps_dropped.store(0);
   st.prometheus_dropped.store(0);
   st.prometheus_file.forget_in_child();
-  if (st.tracer) st.tracer->renew_in_child();
+  // A trace the program stopped stays stopped in its children.
+  if (trace::Tracer* t = st.tracer.load(); t && st.recorder.load()->tracing()) t->renew_in_child();
   set_paths(st, /*child=*/true);
 }
 
@@ -313,8 +316,8 @@ stats::Report report(Runtime& rt, const char* reason) {
       r.warnings.push_back(std::to_string(d) + " call" + (d == 1 ? "" : "s") +
                            " failed inside gpupool (out of host memory?) and went to the "
                            "driver alone");
-    if (st->tracer)
-      if (const std::uint64_t d = st->tracer->records_dropped())
+    if (trace::Tracer* t = st->tracer.load())
+      if (const std::uint64_t d = t->records_dropped())
         r.warnings.push_back(std::to_string(d) + " trace record" + (d == 1 ? "" : "s") +
                              " could not be written and " + (d == 1 ? "was" : "were") + " dropped");
   }
@@ -346,6 +349,85 @@ bool free_held(Runtime& rt) {
   if (exiting()) return false;
   rt.pool.free_held();
   return true;
+}
+
+bool reset_peaks(Runtime& rt) {
+  State* st = state();
+  if (!st) return false;
+  UniqueLock lock(st->work_mu);
+  if (exiting()) return false;
+  rt.pool.reset_peaks();
+  return true;
+}
+
+bool trace_start(Runtime& rt, const std::string& path, std::string* msg) {
+  State* st = state();
+  if (!st) return false;
+  // round_mu first (its rank), as the control thread's rounds take both.
+  UniqueLock round(st->round_mu);
+  UniqueLock lock(st->work_mu);
+  if (exiting()) {
+    *msg = "the process is exiting";
+    return false;
+  }
+  Recorder* rec = st->recorder.load();
+  trace::Tracer* t = st->tracer.load();
+  if (rec && rec->tracing() && t) {
+    *msg = "a trace is already running, into " + t->path() +
+           (rt.config.trace_file.empty() ? "" : " (GPUPOOL_TRACE_FILE)") +
+           ": stop it first (gpupool_trace_stop)";
+    return false;
+  }
+  // As a forked child's (config/outputs.hpp): this process writes the name
+  // unless another live process holds it, then its sibling.
+  const long self = static_cast<long>(getpid());
+  if (t) {
+    if (!t->restart(path, self, msg)) return false;
+  } else {
+    t = trace::Tracer::open(path, self, st->sites, /*attached=*/true, msg);
+    if (!t) return false;
+    st->tracer.store(t);
+  }
+  if (!rec) {
+    rec = new Recorder(st->sites, nullptr, false);  // never destroyed: see recorder.hpp
+    st->recorder.store(rec);
+    rt.pool.set_observer(rec);
+  }
+  rec->trace_into(t);
+  poke();  // the control thread writes the records out from now on
+  *msg = t->path();
+  return true;
+}
+
+bool trace_stop(Runtime& /*rt*/, std::string* msg) {
+  State* st = state();
+  if (!st) return false;
+  UniqueLock round(st->round_mu);
+  UniqueLock lock(st->work_mu);
+  Recorder* rec = st->recorder.load();
+  trace::Tracer* t = st->tracer.load();
+  if (!rec || !rec->tracing() || !t) {
+    *msg = "no trace is running";
+    return false;
+  }
+  // Exit began: its handler finishes the trace (or has).
+  if (exiting()) {
+    *msg = "the process is exiting";
+    return false;
+  }
+  rec->stop_tracing();
+  t->finish();
+  *msg = t->path();
+  return true;
+}
+
+std::string snapshot_json(Runtime& /*rt*/) {
+  State* st = state();
+  Recorder* rec = st ? st->recorder.load() : nullptr;
+  if (rec) return rec->snapshot_json(static_cast<long>(getpid())) + "\n";
+  return std::string("{\"version\":1,\"gpupool\":\"" GPUPOOL_VERSION "\",\"pid\":") +
+         std::to_string(getpid()) +
+         ",\"tracked\":false,\"sites\":false,\"arenas\":{},\"blocks\":[],\"stacks\":{}}\n";
 }
 
 bool stop_holding(Runtime& rt) {
@@ -408,14 +490,18 @@ void start(Runtime& rt) {
   const config::Config& cfg = rt.config;
   set_paths(*st, /*child=*/false);
   sites::Sites* sites = sites::Sites::create(cfg.sites);
+  st->sites = sites;
+  trace::Tracer* tracer = nullptr;
   if (!cfg.trace_file.empty()) {
     std::string why;
-    st->tracer = trace::Tracer::open(cfg.trace_file, cfg.run_pid, sites, &why);
-    if (!st->tracer) add_warning("trace disabled: " + why);
+    tracer = trace::Tracer::open(cfg.trace_file, cfg.run_pid, sites, /*attached=*/false, &why);
+    if (!tracer) add_warning("trace disabled: " + why);
   }
-  if (sites || st->tracer || cfg.leaks) {
-    st->recorder = new Recorder(sites, st->tracer, cfg.leaks);  // never destroyed: see recorder.hpp
-    rt.pool.set_observer(st->recorder);
+  st->tracer.store(tracer);
+  if (sites || tracer || cfg.leaks) {
+    auto* rec = new Recorder(sites, tracer, cfg.leaks);  // never destroyed: see recorder.hpp
+    st->recorder.store(rec);
+    rt.pool.set_observer(rec);
   }
   install_handlers(cfg);
   // Bound before the first intercepted call returns: from then on `gpupool
@@ -444,9 +530,10 @@ void at_exit() noexcept {
 // a vfork() child (the parent's memory; trace.cpp).
 void at_quick_exit() noexcept {
   State* st = state();
-  if (!st || !st->rt || !st->tracer || inside_hook() || exiting()) return;
+  trace::Tracer* t = st ? st->tracer.load() : nullptr;
+  if (!t || !st->rt || inside_hook() || exiting()) return;
   try {
-    st->tracer->finish();
+    t->finish();
   } catch (...) {
     internal_failure("_exit");
   }

@@ -49,6 +49,17 @@ void wake() noexcept;
 // since they call into drivers that may be torn down.
 bool free_held(Runtime& runtime);
 bool stop_holding(Runtime& runtime);
+// Every peak down to its current value (Pool::reset_peaks).
+bool reset_peaks(Runtime& runtime);
+
+// The trace, started and stopped by the program (docs/c-api.md). True with
+// *msg the file written; false with *msg why (a trace already runs, none
+// runs, the file cannot be had, exit began), nothing changed.
+bool trace_start(Runtime& runtime, const std::string& path, std::string* msg);
+bool trace_stop(Runtime& runtime, std::string* msg);
+
+// The live blocks as one JSON object with newline (docs/c-api.md).
+std::string snapshot_json(Runtime& runtime);
 
 }  // namespace control
 }  // namespace gpupool

@@ -99,8 +99,15 @@ struct State {
   // Set before the thread starts (set_node_work), read by it unlocked.
   NodeWork node_work;
 
-  trace::Tracer* tracer = nullptr;
-  Recorder* recorder = nullptr;  // the pool's observer, when sites, a trace or leaks are on
+  // The tracer (GPUPOOL_TRACE_FILE, or the program's gpupool_trace_start):
+  // made once, then only restarted, never replaced; whether it traces now is
+  // the recorder's (Recorder::tracing). Set, as the recorder is, under
+  // round_mu (so a fork sees it before or after, never between its
+  // handlers) and work_mu.
+  std::atomic<trace::Tracer*> tracer{nullptr};
+  // The pool's observer, when sites, a trace or leaks are on.
+  std::atomic<Recorder*> recorder{nullptr};
+  sites::Sites* sites = nullptr;  // GPUPOOL_SITES; set at start
   std::atomic<bool> thread_running{false};
   // Serializes dumps and pool actions between the control thread, the
   // at-exit dump and the C API. The exit handler waits for it a bounded

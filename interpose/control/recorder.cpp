@@ -1,6 +1,7 @@
 #include "interpose/control/recorder.hpp"
 
 #include "observe/bytes.hpp"
+#include "observe/stats_format.hpp"
 
 #include <algorithm>
 #include <cinttypes>
@@ -17,7 +18,7 @@ namespace gpupool::control {
 
 void Recorder::on_allocate(const Arena& arena, const Block& block, Served how) noexcept {
   const std::uint32_t site = sites_ ? sites_->capture(block.requested) : sites::kNoSite;
-  if (tracer_) tracer_->allocated(arena, block, how, site);
+  if (tracing()) tracer_.load(std::memory_order_acquire)->allocated(arena, block, how, site);
   if (!leaks_) return;
   Shard& s = shard_of(block.handle);
   LockGuard lock(s.mu);
@@ -29,7 +30,7 @@ void Recorder::on_allocate(const Arena& arena, const Block& block, Served how) n
 }
 
 void Recorder::on_free(const Arena& arena, const Block& block) noexcept {
-  if (tracer_) tracer_->freed(arena, block);
+  if (tracing()) tracer_.load(std::memory_order_acquire)->freed(arena, block);
   if (!leaks_) return;
   Shard& s = shard_of(block.handle);
   LockGuard lock(s.mu);
@@ -37,7 +38,9 @@ void Recorder::on_free(const Arena& arena, const Block& block) noexcept {
 }
 
 void Recorder::on_arena_destroyed(const Arena& arena) {
-  if (tracer_) tracer_->arena_destroyed(arena);
+  // Also when stopped: records a thread pushed as the trace stopped name
+  // the arena until they are dropped.
+  if (trace::Tracer* t = tracer_.load(std::memory_order_acquire)) t->arena_destroyed(arena);
   if (!leaks_) return;
   // A retired arena goes only once none of its blocks is active; the
   // program's blocks of a destroyed context die with it all the same.
@@ -104,6 +107,75 @@ std::string Recorder::leak_report(long pid) {
     out += "  (" + std::to_string(lost) +
            " allocations could not be remembered, out of host memory)\n";
   return out;
+}
+
+std::string Recorder::snapshot_json(long pid) {
+  struct Live {
+    std::uint64_t handle, requested, size;
+    std::uint32_t site;
+    std::string arena;
+  };
+  std::vector<Live> live;
+  // Arenas by name, with what the stats call them (kind, group, device).
+  std::map<std::string, std::string> arenas;
+  if (leaks_)
+    for (Shard& s : shards_) {
+      LockGuard lock(s.mu);
+      for (const auto& [key, h] : s.held) {
+        // The arena lives while its blocks are here (on_arena_destroyed).
+        const ArenaOptions& o = h.arena->options();
+        live.push_back({key.handle, h.requested, h.size, h.site, o.name});
+        if (!arenas.count(o.name))
+          arenas[o.name] = "{\"kind\":\"" + stats::json_escape(o.kind) + "\",\"group\":\"" +
+                           stats::json_escape(o.group) + "\",\"device\":\"" +
+                           stats::json_escape(o.device) + "\"}";
+      }
+    }
+  std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) {
+    return a.arena != b.arena ? a.arena < b.arena : a.handle < b.handle;
+  });
+  std::string out = "{\"version\":1,\"gpupool\":\"" GPUPOOL_VERSION "\",\"pid\":" +
+                    std::to_string(pid) + ",\"tracked\":" + (leaks_ ? "true" : "false") +
+                    ",\"sites\":" + (sites_ ? "true" : "false") + ",\"arenas\":{";
+  bool first = true;
+  for (const auto& [name, desc] : arenas) {
+    out += (first ? "\"" : ",\"") + stats::json_escape(name) + "\":" + desc;
+    first = false;
+  }
+  out += "},\"blocks\":[";
+  std::map<std::uint32_t, bool> named;
+  char num[128];
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    const Live& b = live[i];
+    std::snprintf(num, sizeof num, "\"handle\":%" PRIu64 ",\"requested\":%" PRIu64
+                  ",\"size\":%" PRIu64 ",\"site\":",
+                  b.handle, b.requested, b.size);
+    out += std::string(i ? "," : "") + "{\"arena\":\"" + stats::json_escape(b.arena) + "\"," + num;
+    if (b.site == sites::kNoSite) {
+      out += "null}";
+    } else {
+      out += std::to_string(b.site) + "}";
+      named[b.site] = true;
+    }
+  }
+  // Each site once, a frame per line as the leak report names them
+  // (symbolised from the loaded files: this reads them).
+  out += "],\"stacks\":{";
+  first = true;
+  for (const auto& [site, unused] : named) {
+    out += (first ? "\"" : ",\"") + std::to_string(site) + "\":[";
+    first = false;
+    const std::string text = sites_->describe(site, "");
+    std::size_t at = 0;
+    for (bool first_frame = true; at < text.size(); first_frame = false) {
+      std::size_t nl = text.find('\n', at);
+      if (nl == std::string::npos) nl = text.size();
+      out += std::string(first_frame ? "\"" : ",\"") + stats::json_escape(text.substr(at, nl - at)) + "\"";
+      at = nl + 1;
+    }
+    out += "]";
+  }
+  return out + "}}";
 }
 
 void Recorder::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

@@ -75,7 +75,7 @@ struct Schedule {
     next_interval = interval ? now + interval : UINT64_MAX;
     next_trim = trim_period ? now + trim_period : UINT64_MAX;
     next_prom = prom_period ? now : UINT64_MAX;
-    next_flush = st.tracer ? now + kFlushPeriod : UINT64_MAX;
+    next_flush = st.tracer.load() ? now + kFlushPeriod : UINT64_MAX;
     next_check = now + kCheckPeriod;
     next_node = st.node_work.tick ? now : UINT64_MAX;
   }
@@ -122,8 +122,10 @@ void run_due(Runtime& rt, State& st, Schedule& s, std::uint64_t now, bool may_op
     write_prometheus(rt);
     s.next_prom = now + s.prom_period;
   }
+  // A trace the program started (control.cpp: trace_start pokes).
+  if (s.next_flush == UINT64_MAX && st.tracer.load()) s.next_flush = now + Schedule::kFlushPeriod;
   if (now >= s.next_flush) {
-    if (st.tracer) st.tracer->flush();
+    if (trace::Tracer* t = st.tracer.load()) t->flush();
     s.next_flush = now + Schedule::kFlushPeriod;
   }
   {

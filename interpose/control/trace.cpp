@@ -116,6 +116,7 @@ struct Tracer::Impl {
   std::string passed_over;  // the name another live process held, if any
   io::OwnedFd file GPUPOOL_GUARDED_BY(write_mu);  // held (config/outputs.hpp)
   bool disabled = false;    // a forked child until renew_in_child
+  bool attached = false;    // started while the process ran ('# attached')
   bool ended GPUPOOL_GUARDED_BY(write_mu) = false;  // "# end" written
   pid_t pid = getpid();     // the process whose file this is (renew_in_child)
   // A forked child's file is opened with its first records: a child that
@@ -217,6 +218,12 @@ void Tracer::Impl::drain(ThreadBuf* b) {
   const std::uint64_t h = b->head.load(std::memory_order_acquire);
   if (t == h) return;
   LockGuard write_lock(write_mu);
+  // Finished (the program stopped the trace): what a thread pushed as it
+  // stopped is not the file's.
+  if (ended) {
+    b->tail.store(h, std::memory_order_release);
+    return;
+  }
   std::string out;
   out.reserve((h - t) * 48);
   // Every site these records name was declared before they were pushed.
@@ -344,6 +351,7 @@ bool Tracer::Impl::open_file_here(bool fresh, bool forked_child, std::string* wh
       "size\n",
       static_cast<long>(getpid()), start);
   io::write_bounded(file.get(), header, std::strlen(header));
+  if (attached) io::write_bounded(file.get(), std::string("# attached\n"));
   io::write_bounded(file.get(), command_line_comment());
   return true;
 }
@@ -354,11 +362,12 @@ Tracer::Tracer() : impl_(new Impl) {
 }
 
 Tracer* Tracer::open(const std::string& value, long run_pid, sites::Sites* sites,
-                     std::string* why) {
+                     bool attached, std::string* why) {
   auto* t = new Tracer;  // never destroyed: threads may trace during exit
   t->impl_->value = value;
   t->impl_->run_pid = run_pid;
   t->impl_->sites = sites;
+  t->impl_->attached = attached;
   bool opened;
   {
     LockGuard lock(t->impl_->write_mu);  // no other thread has it yet
@@ -413,6 +422,36 @@ void Tracer::finish() {
   char* p = put_dec(line + 6, io::mono_ns() - impl_->t0);
   *p++ = '\n';
   (void)impl_->write_out(std::string(line, p), 0);
+}
+
+bool Tracer::restart(const std::string& value, long run_pid, std::string* why) {
+  Impl& t = *impl_;
+  flush();  // finished: drops what came since
+  LockGuard lock(t.write_mu);
+  // The last file is let go (its lock too: another process may take its
+  // name now); its descriptor is the files thread's.
+  io::in_private([&]() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { t.file.close(); });
+  t.value = value;
+  t.run_pid = run_pid;
+  t.attached = true;
+  t.t0 = io::mono_ns();
+  t.arena_ids.clear();
+  t.declarations_written = 0;
+  t.open_pending = false;
+  t.disabled = false;
+  t.pid = getpid();
+  if (!t.open_file(/*fresh=*/true, /*forked_child=*/false, why)) {
+    t.file.forget();
+    return false;  // still ended
+  }
+  t.ended = false;
+  t.say_passed_over();
+  return true;
+}
+
+std::string Tracer::path() const {
+  LockGuard lock(impl_->write_mu);
+  return impl_->path;
 }
 
 void Tracer::arena_destroyed(const Arena& arena) {

@@ -24,8 +24,18 @@ class Tracer final {
   // while the process lives) and writes the header. nullptr with *why set
   // when it cannot. sites: where allocation sites are declared from (may be
   // null).
+  // attached: started while the process runs (gpupool_trace_start): the
+  // header says so ('# attached'), since frees of blocks allocated before
+  // are recorded.
   static Tracer* open(const std::string& value, long run_pid, sites::Sites* sites,
-                      std::string* why);
+                      bool attached, std::string* why);
+
+  // After finish(): traces again, into the file for `value` (as open()
+  // with attached), with this tracer's thread buffers. False with *why set
+  // when the file cannot be had; it stays finished then.
+  bool restart(const std::string& value, long run_pid, std::string* why);
+  // The file this process writes (or last wrote).
+  std::string path() const;
 
   // Never throw: the pool is mid-operation.
   void allocated(const Arena& arena, const Block& block, Served how, std::uint32_t site) noexcept;
@@ -36,9 +46,11 @@ class Tracer final {
   // Write out every thread's buffered records. Thread-safe.
   void flush();
 
-  // At the process's exit: flush(), then "# end T_NS" (the exit on the
-  // trace's clock), so that a report of several processes stops counting
-  // what this one held. Nothing for a process that never opened its file.
+  // At the process's exit, or when the program stops the trace
+  // (gpupool_trace_stop): flush(), then "# end T_NS" (on the trace's
+  // clock), so that a report of several processes stops counting what this
+  // one held. Nothing for a process that never opened its file. Records
+  // that come later are dropped until restart().
   void finish();
 
   std::uint64_t records_written() const;

@@ -232,6 +232,18 @@ class AsyncBackend final : public Backend, public HeldOutside {
     s.backend_allocs += misses;
   }
 
+  // The driver's high-water marks (which it resets to the current value
+  // when set to 0), as PyTorch's reset_peak_memory_stats does for its
+  // cudaMallocAsync backend.
+  void reset_peaks() override {
+    const Driver* d = driver_if_loaded();
+    if (!d || exiting() || capturing() || !d->mem_pool_set_attribute) return;
+    for (CUmemPool_attribute a : {CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, CU_MEMPOOL_ATTR_USED_MEM_HIGH}) {
+      cuuint64_t zero = 0;
+      d->mem_pool_set_attribute(p_.pool, a, &zero);
+    }
+  }
+
  private:
   AsyncPool& p_;
 };

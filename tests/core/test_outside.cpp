@@ -24,7 +24,7 @@ std::uint64_t test_clock() { return g_now; }
 // What the driver's pool keeps (`kept`), of which `stuck` it cannot give
 // back (frees not yet executed); last used at `used_at`.
 struct DriverPool final : Backend, HeldOutside {
-  std::size_t kept = 0, stuck = 0, in_use = 0, give_backs = 0;
+  std::size_t kept = 0, stuck = 0, in_use = 0, give_backs = 0, peak_resets = 0;
   std::uint64_t used_at = 0;
   BackendResult allocate(std::size_t, std::uint64_t) override { return {}; }
   void release(Handle, std::size_t, void*) override { ADD_FAILURE() << "not a block"; }
@@ -42,6 +42,7 @@ struct DriverPool final : Backend, HeldOutside {
     s.active_bytes += in_use;
     s.managed_bytes += kept + in_use;
   }
+  void reset_peaks() override { ++peak_resets; }
 };
 
 struct Fixture {
@@ -108,4 +109,12 @@ TEST(Outside, ARetiredArenaGivesNothingBack) {
   f.pool.retire_arena(f.outside);  // the driver's pool is gone
   f.pool.free_held();
   EXPECT_EQ(f.pool.group_releasable("g"), 0u);
+}
+
+// The driver's pool keeps its own peaks (its high-water marks): the pool's
+// reset_peaks asks it to reset them.
+TEST(Outside, ResetPeaksAsksTheDriversPool) {
+  Fixture f;
+  f.pool.reset_peaks();
+  EXPECT_EQ(f.driver_pool->peak_resets, 1u);
 }

@@ -714,3 +714,61 @@ TEST(Pool, ForkedWhileAnArenaIsEmptiedTheChildKeepsIt) {
       << "the child destroyed, or lost the row of, the arena its parent was emptying";
   EXPECT_EQ(pool.arena_count(), 0u) << "the parent's retire ends as usual";
 }
+
+// reset_peaks (PyTorch's reset_peak_memory_stats): every peak comes down to
+// its current value, in every thread's shard, the segments' free pieces and
+// the destroyed arenas' rows; the other counters go on, and later peaks
+// grow from there.
+TEST(Pool, ResetPeaksBringsEveryPeakDownToItsCurrentValue) {
+  ArenaOptions ao;
+  ao.split_min = 1 << 20;
+  Fixture f({}, ao);
+  Arena* gone = f.pool.add_arena(std::make_unique<FakeBackend>(f.dev), {.group = "g", .kind = "old"});
+  f.pool.free(f.pool.allocate(gone, 4096).block);
+  f.pool.retire_arena(gone);
+  // Blocks of two threads (two shards), and a split piece.
+  std::vector<Block*> mine, theirs;
+  for (int i = 0; i < 8; ++i) mine.push_back(f.alloc(1000));
+  std::thread([&] {
+    for (int i = 0; i < 8; ++i) theirs.push_back(f.alloc(3000));
+  }).join();
+  Block* piece = f.alloc(3 << 20);
+  for (int i = 0; i < 6; ++i) {
+    f.pool.free(mine.back());
+    mine.pop_back();
+    f.pool.free(theirs.back());
+    theirs.pop_back();
+  }
+  f.pool.free(piece);
+  const Stats before = f.pool.totals();
+  EXPECT_EQ(before.peak_active_blocks, 18u);  // 8 + 8 + the piece, and the destroyed arena's 1
+  EXPECT_GT(before.peak_active_bytes, before.active_bytes);
+  EXPECT_GT(before.peak_managed_bytes, 0u);
+
+  f.pool.reset_peaks();
+  const Stats after = f.pool.totals();
+  EXPECT_EQ(after.peak_active_blocks, after.active_blocks);
+  EXPECT_EQ(after.active_blocks, 4u);
+  EXPECT_EQ(after.peak_active_bytes, after.active_bytes);
+  EXPECT_EQ(after.peak_held_blocks, after.held_blocks);
+  EXPECT_EQ(after.peak_held_bytes, after.held_bytes);
+  EXPECT_EQ(after.peak_managed_bytes, after.managed_bytes);
+  for (const ArenaSnapshot& row : f.pool.snapshot()) {
+    EXPECT_EQ(row.stats.peak_active_bytes, row.stats.active_bytes) << row.name;
+    EXPECT_EQ(row.stats.peak_held_bytes, row.stats.held_bytes) << row.name;
+    EXPECT_EQ(row.stats.peak_managed_bytes, row.stats.managed_bytes) << row.name;
+  }
+  // Nothing else changed.
+  EXPECT_EQ(after.hits, before.hits);
+  EXPECT_EQ(after.misses, before.misses);
+  EXPECT_EQ(after.backend_allocs, before.backend_allocs);
+  EXPECT_EQ(after.held_bytes, before.held_bytes);
+
+  // Later peaks count from the reset.
+  Block* one = f.alloc(1000);
+  EXPECT_EQ(f.pool.totals().peak_active_blocks, 5u);
+  f.pool.free(one);
+  EXPECT_EQ(f.pool.totals().peak_active_blocks, 5u);
+  for (Block* b : mine) f.pool.free(b);
+  for (Block* b : theirs) f.pool.free(b);
+}

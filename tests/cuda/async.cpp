@@ -225,6 +225,15 @@ void scenario_release() {
   gpupool_call("gpupool_free_held");
   CHECK_EQ(reserved(pool), 0u);
   CHECK_EQ(async_held(), g_pooled ? 0 : -1);
+  // reset_peak resets the pool's high-water marks to what it has now.
+  CHECK(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) >= 4 * MiB);
+  gpupool_call("gpupool_reset_peak");
+  if (g_pooled) {
+    CHECK_EQ(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), 0u);
+    CHECK_EQ(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 0u);
+  } else {
+    CHECK(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) >= 4 * MiB);
+  }
   CHECK_EQ(step(&cuMemAllocAsync, nullptr, 3), expected_sum(3));
   CHECK_EQ(reserved(pool), g_pooled ? 12 * MiB : 0u);
   gpupool_call("gpupool_stop_holding");
