@@ -17,7 +17,9 @@
 #      needs), and installed into a fresh virtual environment;
 #   4. the PoCL demo program (scripts/demo.sh's) run through each package's
 #      `gpupool run`: the same result as without gpupool, every buffer it
-#      creates served by the pool, most from held blocks.
+#      creates served by the pool, most from held blocks; and the wheel's
+#      `import gpupool` under its `gpupool run`, asking the pool of a
+#      program that made an OpenCL buffer.
 # Needs what scripts/install-deps.sh installs, and PyPI (scikit-build-core,
 # auditwheel).
 set -euo pipefail
@@ -168,6 +170,38 @@ step "the demo through the installed gpupool: build-wheel/venv/bin/gpupool run -
   [ "$(command -v gpupool)" = "$out/venv/bin/gpupool" ] ||
     fail "gpupool on PATH is $(command -v gpupool || echo nothing), not the environment's"
   run_demo gpupool wheel
+
+  # The wheel's Python module, imported from the environment (not the
+  # source tree), under the wheel's launcher: a PoCL buffer made through
+  # ctypes shows in its stats; without the launcher it says to use it.
+  step "import gpupool from the wheel, under build-wheel/venv/bin/gpupool run"
+  cd "$out"
+  got=$(gpupool run -- python - <<'EOF'
+import ctypes, gpupool
+print(gpupool.__file__)
+cl = ctypes.CDLL("libOpenCL.so.1")
+vp = ctypes.c_void_p
+cl.clCreateContext.restype = cl.clCreateBuffer.restype = vp
+cl.clCreateBuffer.argtypes = [vp, ctypes.c_uint64, ctypes.c_size_t, vp, vp]
+p, d = vp(), vp()
+assert cl.clGetPlatformIDs(1, ctypes.byref(p), None) == 0
+assert cl.clGetDeviceIDs(p, ctypes.c_uint64(0xFFFFFFFF), 1, ctypes.byref(d), None) == 0
+ctx = cl.clCreateContext(None, 1, ctypes.byref(d), None, None, None)
+buf = cl.clCreateBuffer(ctx, 1, 123456, None, None)
+t = gpupool.stats()["totals"]
+print("active_bytes", t["active_bytes"], "active_blocks", t["active_blocks"])
+EOF
+  ) || fail "import gpupool under the wheel's gpupool run failed"
+  echo "$got"
+  printf '%s\n' "$got" | head -1 | grep -q "^$out/venv/lib/python3[^/]*/site-packages/gpupool/__init__.py$" ||
+    fail "gpupool was not imported from the wheel's environment: $(printf '%s\n' "$got" | head -1)"
+  printf '%s\n' "$got" | grep -qx 'active_bytes 123456 active_blocks 1' ||
+    fail "gpupool.stats() does not show the buffer the program made"
+  ls "$out"/venv/lib/python3*/site-packages/gpupool/py.typed >/dev/null || fail "the wheel has no gpupool/py.typed"
+  err=$(python -c 'import gpupool; gpupool.stats()' 2>&1) && fail "gpupool.stats() without the library did not raise"
+  printf '%s\n' "$err" | grep -q 'NotPreloadedError: .*gpupool run' ||
+    fail "gpupool.stats() without the library: $err"
+  echo "without the library: $(printf '%s\n' "$err" | tail -1)"
 )
 
 step "the demo through the Debian package's launcher"
