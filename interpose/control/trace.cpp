@@ -118,11 +118,20 @@ struct Tracer::Impl {
   bool disabled = false;    // a forked child until renew_in_child
   bool attached = false;    // started while the process ran ('# attached')
   bool ended GPUPOOL_GUARDED_BY(write_mu) = false;  // "# end" written
-  pid_t pid = getpid();     // the process whose file this is (renew_in_child)
+  // The process whose file this is (renew_in_child, restart); read unlocked
+  // by finish() at _exit.
+  std::atomic<pid_t> pid{getpid()};
   // A forked child's file is opened with its first records: a child that
   // never allocates (a fork to exec another program) leaves no file.
   bool open_pending = false;
-  std::uint64_t t0 = 0;  // CLOCK_MONOTONIC at the trace's start: records' times count from it
+  // CLOCK_MONOTONIC at the trace's start: records' times count from it.
+  // Read unlocked by the allocating threads; a restart sets it anew.
+  std::atomic<std::uint64_t> t0{0};
+  // Now on the trace's clock: 0 for a time read before a restart set t0.
+  std::uint64_t since_t0() const {
+    const std::uint64_t now = io::mono_ns(), start = t0.load(std::memory_order_relaxed);
+    return now > start ? now - start : 0;
+  }
   std::atomic<ThreadBuf*> bufs{nullptr};
   pthread_key_t key{};
   Ranked<LockRank::trace_file> write_mu;  // the file, the arena ids and the declarations written
@@ -341,7 +350,7 @@ bool Tracer::Impl::open_file_here(bool fresh, bool forked_child, std::string* wh
   timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   const std::uint64_t start =
-      std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec) - (io::mono_ns() - t0);
+      std::uint64_t(now.tv_sec) * 1000000000u + std::uint64_t(now.tv_nsec) - since_t0();
   char header[256];
   snprintf(
       header, sizeof header,
@@ -390,7 +399,7 @@ void Tracer::allocated(const Arena& arena, const Block& block, Served how,
                        std::uint32_t site) noexcept {
   const char letter = how == Served::hit ? 'h' : how == Served::miss ? 'm' : 'd';
   try {
-    impl_->push(Record{io::mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
+    impl_->push(Record{impl_->since_t0(), &arena, block.handle, block.requested, block.size, 0,
                        site, 'a', letter});
   } catch (...) {
     impl_->dropped.fetch_add(1, std::memory_order_relaxed);
@@ -399,7 +408,7 @@ void Tracer::allocated(const Arena& arena, const Block& block, Served how,
 
 void Tracer::freed(const Arena& arena, const Block& block) noexcept {
   try {
-    impl_->push(Record{io::mono_ns() - impl_->t0, &arena, block.handle, block.requested, block.size, 0,
+    impl_->push(Record{impl_->since_t0(), &arena, block.handle, block.requested, block.size, 0,
                        sites::kNoSite, 'f', 0});
   } catch (...) {
     impl_->dropped.fetch_add(1, std::memory_order_relaxed);
@@ -419,7 +428,7 @@ void Tracer::finish() {
   if (impl_->disabled || impl_->open_pending || impl_->ended) return;
   impl_->ended = true;
   char line[40] = "# end ";
-  char* p = put_dec(line + 6, io::mono_ns() - impl_->t0);
+  char* p = put_dec(line + 6, impl_->since_t0());
   *p++ = '\n';
   (void)impl_->write_out(std::string(line, p), 0);
 }
