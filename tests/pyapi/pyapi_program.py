@@ -4,11 +4,12 @@ recorded as sites), and checks what the module says against what it did.
 Prints one line per check that failed ("FAILED: ...") and "pyapi: N checks"
 at the end; exits 1 if any failed, 77 without an OpenCL device.
 
-usage: pyapi_program.py full|plain|envtrace|threads|nopreload TRACE_DIR
+usage: pyapi_program.py full|plain|envtrace|threads|disabled|nopreload TRACE_DIR
   full       GPUPOOL_LEAKS=1 GPUPOOL_SITES=all: every call, snapshot with sites
   plain      no option: stats, free_held, reset_peak, trace; snapshot refused
   envtrace   GPUPOOL_TRACE_FILE set: trace() refused until stop_trace()
   threads    calls from several threads while others allocate
+  disabled   GPUPOOL_DISABLE=1: every call raises GpupoolError saying so
   nopreload  without the library: every call raises NotPreloadedError"""
 import ctypes
 import os
@@ -58,6 +59,15 @@ if MODE == "nopreload":
               lambda: gpupool.trace(os.path.join(TRACE_DIR, "t")).__enter__()):
         raises(f, gpupool.NotPreloadedError, "gpupool run", "LD_PRELOAD")
     check(issubclass(gpupool.NotPreloadedError, RuntimeError), "a RuntimeError")
+    check(not os.listdir(TRACE_DIR), "no trace file written")
+    finish()
+
+if MODE == "disabled":
+    check(gpupool.available(), "available() with the library loaded")
+    for f in (gpupool.stats, gpupool.free_held, gpupool.reset_peak, gpupool.snapshot,
+              lambda: gpupool.start_trace(os.path.join(TRACE_DIR, "t"))):
+        text = raises(f, gpupool.GpupoolError, "GPUPOOL_DISABLE=1")
+        check(text is None or "gpupool run" not in text, f"disabled is not 'not loaded': {text}")
     check(not os.listdir(TRACE_DIR), "no trace file written")
     finish()
 

@@ -31,6 +31,8 @@ with tempfile.TemporaryDirectory() as tmp:
         env["LD_PRELOAD"] = os.environ["GPUPOOL_TEST_PRELOAD"]
     if MODE == "full":
         env.update(GPUPOOL_LEAKS="1", GPUPOOL_SITES="all")
+    if MODE == "disabled":
+        env["GPUPOOL_DISABLE"] = "1"
     if MODE == "envtrace":
         env["GPUPOOL_TRACE_FILE"] = os.path.join(tmp, "from-env.gpupool-trace")
     r = subprocess.run([PYTHON, PROGRAM, MODE, tmp], env=env, capture_output=True, text=True,
