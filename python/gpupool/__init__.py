@@ -123,10 +123,11 @@ def _active() -> None:
 
 
 def _json(name: str) -> Dict[str, Any]:
-    """A gpupool_*_json call's object: sized, then read (again if it grew)."""
+    """A gpupool_*_json call's object, read again into a larger buffer
+    when it did not fit (each call renders it anew)."""
     _active()
     f = _function(name, ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t])
-    size = f(None, 0) + 4096
+    size = 1 << 16
     while True:
         buf = ctypes.create_string_buffer(size)
         n = f(buf, size)

@@ -209,6 +209,9 @@ raises(gpupool.stop_trace, gpupool.GpupoolError, "no trace is running")
 # snapshot(): the live blocks, their sites.
 live = {int(m): n for m, n in zip(bufs + traced, [sizes[0], 4096, 100000])}
 if MODE == "full":
+    # Enough blocks that the answer outgrows the module's first buffer.
+    many = [create(64) for _ in range(1000)]
+    live.update((int(m), 64) for m in many)
     snap = gpupool.snapshot()
     blocks = {b["handle"]: b for b in snap["blocks"]}
     check(set(blocks) == set(live), f"snapshot handles {sorted(blocks)} != {sorted(live)}")
