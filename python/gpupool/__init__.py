@@ -29,7 +29,7 @@ import contextlib
 import ctypes
 import json
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union, cast
 
 __all__ = [
     "GpupoolError",
@@ -114,7 +114,7 @@ def _function(name: str, restype: Any, argtypes: List[Any]) -> Callable[..., Any
         ) from None
     f.restype = restype
     f.argtypes = argtypes
-    return f
+    return cast(Callable[..., Any], f)
 
 
 def _active() -> None:
@@ -134,7 +134,8 @@ def _json(name: str) -> Dict[str, Any]:
         if n == 0:
             raise GpupoolError(f"{name} gave nothing (gpupool disabled, or out of host memory)")
         if n < size:
-            return json.loads(buf.value.decode("utf-8", "replace"))
+            obj: Dict[str, Any] = json.loads(buf.value.decode("utf-8", "replace"))
+            return obj
         size = n + 4096
 
 
