@@ -425,8 +425,9 @@ void Tracer::finish() {
   if (getpid() != impl_->pid) return;
   flush();
   LockGuard lock(impl_->write_mu);
-  if (impl_->disabled || impl_->open_pending || impl_->ended) return;
-  impl_->ended = true;
+  if (impl_->disabled || impl_->ended) return;
+  impl_->ended = true;  // from now on records are dropped (drain)
+  if (impl_->open_pending) return;  // a forked child's file, never opened: nothing to end
   char line[40] = "# end ";
   char* p = put_dec(line + 6, impl_->since_t0());
   *p++ = '\n';
