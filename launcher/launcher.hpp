@@ -6,9 +6,15 @@
 #include <string_view>
 #include <vector>
 
+#include "observe/text_width.hpp"
 #include "wire/registry.hpp"
 
 namespace gpupool::launcher {
+
+using observe::kTextColumns;
+using observe::shorten_middle;
+using observe::text_columns;
+using observe::wrap_text;
 
 // Exit codes of the PID commands (documented in --help and docs/c-api.md),
 // and report's CI gates (its help, docs/trace.md); each code means one thing
@@ -36,6 +42,8 @@ int usage_error(const std::string& msg, const char* cmd = nullptr);
 // the terminal (an ESC sequence, a BEL). What the launcher prints goes
 // through it: say(), usage_error(), text outputs.
 std::string terminal_text(std::string_view s);
+// `s` as a JSON string, quotes included (what --json writes).
+std::string json_string(std::string_view s);
 // "gpupool: CMD: what" on standard error (terminal_text).
 void say(const char* cmd, const std::string& what);
 inline bool is_help(const std::string& a) { return a == "-h" || a == "--help"; }

@@ -29,6 +29,7 @@
 
 #include "config/config.hpp"
 #include "launcher/launcher.hpp"
+#include "observe/stats_format.hpp"
 
 extern char** environ;
 
@@ -83,6 +84,10 @@ std::string terminal_text(std::string_view s) {
   return o;
 }
 
+std::string json_string(std::string_view s) {
+  return "\"" + stats::json_escape(std::string(s)) + "\"";
+}
+
 void say(const char* cmd, const std::string& what) {
   std::fprintf(stderr, "%s: %s: %s\n", kProg, cmd, terminal_text(what).c_str());
 }
@@ -98,14 +103,14 @@ const char kMainHelp[] =
     "Commands:\n"
     "  run [OPTIONS] [--] PROGRAM [ARGS...]  run PROGRAM with gpupool preloaded\n"
     "  stats PID [--json]                    print the pool statistics of process PID\n"
-    "  free-held PID                         release the memory PID's pool holds\n"
-    "  free-held --all [--device UUID]       ask every gpupool process here to release\n"
-    "  stop-holding PID                      release held memory and stop holding\n"
-    "  ps [--json]                           list gpupool processes here, per GPU\n"
+    "  free-held PID [--json]                release the memory PID's pool holds\n"
+    "  free-held --all [--device DEVICE]     ask every gpupool process here to release\n"
+    "  stop-holding PID [--json]             release held memory and stop holding\n"
+    "  ps [--json]                           list gpupool processes here, per device\n"
     "  trace convert TRACE... --to FMT -o F  GPUPOOL_TRACE_FILEs for Perfetto or RMM\n"
-    "  report TRACE... -o F.html | --text    where traced programs' memory went: a page\n"
-    "                                        or text (--diff BASE: what changed)\n"
-    "  env                                   list the GPUPOOL_* variables and values\n"
+    "  report TRACE... -o F.html | --text    where traced programs' memory went: a page,\n"
+    "                                        text or --json (--diff BASE: what changed)\n"
+    "  env [--json]                          list the GPUPOOL_* variables and values\n"
     "  help [COMMAND]                        show help for COMMAND\n"
     "\n"
     "Options:\n"
@@ -119,19 +124,58 @@ const char kMainHelp[] =
     "`gpupool run` exits with PROGRAM's status (127: not found, 126: cannot run).\n";
 
 const char kEnvHelp[] =
-    "Usage: gpupool env\n"
+    "Usage: gpupool env [--json]\n"
     "\n"
     "List every GPUPOOL_* variable: its value in this environment (or '-'),\n"
-    "its default and what it does; then any problem with the values set.\n";
+    "its default and what it does; then any problem with the values set.\n"
+    "--json: one JSON object, {\"variables\": [{\"name\", \"value\" (null when\n"
+    "unset), \"default\", \"description\"}], \"problems\": [MESSAGE...]}.\n";
+
+// The problems with the values set, as the library would log them.
+std::vector<std::string> env_problems() {
+  std::vector<gpupool::config::Diagnostic> diags;
+  (void)gpupool::config::parse(environ, &diags);
+  std::vector<std::string> out;
+  for (const auto& d : diags)
+    if (d.level >= gpupool::config::LogLevel::warn) out.push_back(d.message);
+  return out;
+}
+
+int env_json() {
+  std::string o = "{\"variables\": [";
+  bool first = true;
+  for (const auto& opt : gpupool::config::options()) {
+    const char* v = getenv(opt.name);
+    o += std::string(first ? "" : ", ") + "{\"name\": " + json_string(opt.name) +
+         ", \"value\": " + (v ? json_string(v) : "null") +
+         ", \"default\": " + json_string(opt.default_value) +
+         ", \"description\": " + json_string(opt.doc) + "}";
+    first = false;
+  }
+  o += "], \"problems\": [";
+  first = true;
+  for (const std::string& p : env_problems()) {
+    o += (first ? "" : ", ") + json_string(p);
+    first = false;
+  }
+  std::printf("%s]}\n", o.c_str());
+  return kOk;
+}
 
 int cmd_env(int argc, char** argv) {
+  bool json = false;
   for (int i = 0; i < argc; ++i) {
     if (is_help(argv[i])) {
       std::fputs(kEnvHelp, stdout);
       return kOk;
     }
+    if (std::string(argv[i]) == "--json") {
+      json = true;
+      continue;
+    }
     return usage_error(std::string("env: unexpected argument '") + argv[i] + "'", "env");
   }
+  if (json) return env_json();
   const auto& opts = gpupool::config::options();
   std::size_t name_w = 8, value_w = 5, def_w = 7;
   for (const auto& o : opts) {
@@ -141,23 +185,34 @@ int cmd_env(int argc, char** argv) {
     def_w = std::max(def_w, std::strlen(o.default_value));
   }
   value_w = std::min<std::size_t>(value_w, 24);
+  // The description wrapped to what is left of kTextColumns (at least 30
+  // columns; a longer value is shortened: --json has it whole).
+  const std::size_t desc_at = name_w + value_w + def_w + 6;
+  const std::size_t desc_w = kTextColumns > desc_at + 30 ? kTextColumns - desc_at : 30;
   std::printf("%-*s  %-*s  %-*s  %s\n", static_cast<int>(name_w), "VARIABLE",
               static_cast<int>(value_w), "VALUE", static_cast<int>(def_w), "DEFAULT",
               "DESCRIPTION");
   for (const auto& o : opts) {
     const char* v = getenv(o.name);
-    std::printf("%-*s  %-*s  %-*s  %s\n", static_cast<int>(name_w), o.name,
-                static_cast<int>(value_w), v ? v : "-", static_cast<int>(def_w),
-                *o.default_value ? o.default_value : "-", o.doc);
+    std::string value = v ? terminal_text(v) : "-";
+    if (text_columns(value) > value_w) value = shorten_middle(value, value_w);
+    const std::vector<std::string> doc = wrap_text(o.doc, desc_w);
+    for (std::size_t k = 0; k < doc.size(); ++k) {
+      if (k == 0)
+        std::printf("%-*s  %s%*s  %-*s  %s\n", static_cast<int>(name_w), o.name, value.c_str(),
+                    static_cast<int>(value_w - text_columns(value)), "", static_cast<int>(def_w),
+                    *o.default_value ? o.default_value : "-", doc[k].c_str());
+      else
+        std::printf("%*s%s\n", static_cast<int>(desc_at), "", doc[k].c_str());
+    }
   }
-  std::vector<gpupool::config::Diagnostic> diags;
-  (void)gpupool::config::parse(environ, &diags);
   bool first = true;
-  for (const auto& d : diags) {
-    if (d.level < gpupool::config::LogLevel::warn) continue;
+  for (const std::string& p : env_problems()) {
     if (first) std::printf("\nProblems:\n");
     first = false;
-    std::printf("  %s\n", d.message.c_str());
+    const std::vector<std::string> lines = wrap_text(terminal_text(p), kTextColumns - 4);
+    for (std::size_t k = 0; k < lines.size(); ++k)
+      std::printf("%s%s\n", k ? "    " : "  ", lines[k].c_str());
   }
   return kOk;
 }

@@ -15,17 +15,18 @@ namespace {
 const char kPsHelp[] =
     "Usage: gpupool ps [--json]\n"
     "\n"
-    "List this user's processes running gpupool on this node, with, per GPU\n"
-    "(by UUID), the bytes in the program's hands (active), freed and kept by\n"
-    "gpupool (held), allocated from the driver (managed), and pool hits and\n"
-    "misses. Figures are at most 100 ms old. The registry is\n"
-    "GPUPOOL_REGISTRY, else /dev/shm/gpupool-<uid>/registry\n"
+    "List this user's processes running gpupool on this node, with, per device,\n"
+    "the bytes in the program's hands (active), freed and kept by gpupool\n"
+    "(held) and allocated from the driver (managed); --json adds pool hits and\n"
+    "misses (docs/sharing.md has its schema). A device is a GPU by its UUID\n"
+    "(GPU-...), pinned host memory (host), or an OpenCL device without a UUID\n"
+    "by a key made from its platform, vendor, name and the node (opencl-...,\n"
+    "as `gpupool stats` names it). Figures are at most 100 ms old. The\n"
+    "registry is GPUPOOL_REGISTRY, else /dev/shm/gpupool-<uid>/registry\n"
     "(/run/gpupool.registry for root).\n"
     "\n"
-    "`gpupool free-held --all [--device UUID]` asks every one of them to\n"
-    "release its held memory (on that GPU only, with --device).\n";
-
-std::string json_string(const std::string& s) { return "\"" + stats::json_escape(s) + "\""; }
+    "`gpupool free-held --all [--device DEVICE]` asks every one of them to\n"
+    "release its held memory (on that device only, with --device).\n";
 
 }  // namespace
 
@@ -79,7 +80,7 @@ int cmd_ps(int argc, char** argv) {
            ", \"command\": " + json_string(p.command) + ", \"devices\": [";
       for (std::size_t k = 0; k < p.devices.size(); ++k) {
         const auto& d = p.devices[k];
-        o += (k ? ", " : "") + std::string("{\"uuid\": ") + json_string(wire::uuid_text(d.uuid)) +
+        o += (k ? ", " : "") + std::string("{\"device\": ") + json_string(wire::key_text(d.key)) +
              ", \"active_bytes\": " + std::to_string(d.active) +
              ", \"held_bytes\": " + std::to_string(d.held) +
              ", \"managed_bytes\": " + std::to_string(d.managed) +
@@ -92,20 +93,20 @@ int cmd_ps(int argc, char** argv) {
     return kOk;
   }
   if (procs.empty()) {
-    std::printf("no gpupool process of this user on this node has used a GPU\n");
+    std::printf("no gpupool process of this user on this node has used a device\n");
     return kOk;
   }
-  std::printf("%-8s %-16s %-40s %10s %10s %10s %10s %8s\n", "PID", "COMMAND", "GPU", "ACTIVE",
-              "HELD", "MANAGED", "HITS", "MISSES");
+  // 97 columns: a pid has at most 7 digits, a command (/proc/PID/comm) 15
+  // characters, a device's key 40.
+  std::printf("%-7s %-15s %-40s %10s %10s %10s\n", "PID", "COMMAND", "DEVICE", "ACTIVE", "HELD",
+              "MANAGED");
   for (const auto& p : procs) {
-    if (p.devices.empty())
-      std::printf("%-8ld %-16s %-40s\n", p.pid, terminal_text(p.command).c_str(), "-");
+    const std::string command = terminal_text(p.command);
+    if (p.devices.empty()) std::printf("%-7ld %-15.15s %s\n", p.pid, command.c_str(), "-");
     for (const auto& d : p.devices)
-      std::printf("%-8ld %-16s %-40s %10s %10s %10s %10llu %8llu\n", p.pid,
-                  terminal_text(p.command).c_str(), wire::uuid_text(d.uuid).c_str(),
-                  observe::bytes_text(d.active).c_str(), observe::bytes_text(d.held).c_str(),
-                  observe::bytes_text(d.managed).c_str(), static_cast<unsigned long long>(d.hits),
-                  static_cast<unsigned long long>(d.misses));
+      std::printf("%-7ld %-15.15s %-40s %10s %10s %10s\n", p.pid, command.c_str(),
+                  wire::key_text(d.key).c_str(), observe::bytes_text(d.active).c_str(),
+                  observe::bytes_text(d.held).c_str(), observe::bytes_text(d.managed).c_str());
   }
   return kOk;
 }

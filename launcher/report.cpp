@@ -28,7 +28,8 @@ namespace {
 const char kReportHelp[] =
     "Usage: gpupool report TRACE... -o OUTPUT.html\n"
     "       gpupool report --text TRACE... [-o OUTPUT] [--fail-on-leak]\n"
-    "       gpupool report --diff BASE TRACE... [--text] [-o OUTPUT]\n"
+    "       gpupool report --json TRACE... [-o OUTPUT] [--fail-on-leak]\n"
+    "       gpupool report --diff BASE TRACE... [--text | --json] [-o OUTPUT]\n"
     "                      [--fail-on-leak] [--fail-if-peak-grows PERCENT]\n"
     "\n"
     "Where the memory of a program traced with GPUPOOL_TRACE_FILE went\n"
@@ -48,6 +49,8 @@ const char kReportHelp[] =
     "  --text          text instead of the page: the summary, the peak and what is\n"
     "                  still held at the end by site (the leak list); standard\n"
     "                  output unless -o\n"
+    "  --json          the page's figures as one JSON document (docs/trace.md,\n"
+    "                  \"JSON\"); standard output unless -o\n"
     "  --diff BASE     what changed from the run traced in BASE (a trace or a\n"
     "                  directory, as TRACE) to TRACE: peaks, and the sites at the\n"
     "                  peak and at the end, by how much they grew\n"
@@ -99,7 +102,7 @@ int cmd_report(int argc, char** argv) {
   }
   std::vector<std::string> inputs;
   std::string output, base;
-  bool text = false, fail_on_leak = false, gate_peak = false;
+  bool text = false, json = false, fail_on_leak = false, gate_peak = false;
   double peak_percent = 0;
   auto set_percent = [&](const std::string& v) {
     gate_peak = parse_percent(v, &peak_percent);
@@ -121,6 +124,8 @@ int cmd_report(int argc, char** argv) {
       output = a.substr(9);
     } else if (a == "--text") {
       text = true;
+    } else if (a == "--json") {
+      json = true;
     } else if (a == "--diff" || a == "-d") {
       if (i + 1 >= argc) return usage_error("report: --diff needs the BASE trace", "report");
       base = argv[++i];
@@ -147,8 +152,10 @@ int cmd_report(int argc, char** argv) {
   if (gate_peak && base.empty())
     return usage_error("report: --fail-if-peak-grows compares with --diff BASE: which BASE?",
                        "report");
-  if (output.empty() && !text)
-    return usage_error("report: -o OUTPUT.html is needed ('-': stdout), or --text", "report");
+  if (text && json) return usage_error("report: --text or --json, not both", "report");
+  if (output.empty() && !text && !json)
+    return usage_error("report: -o OUTPUT.html is needed ('-': stdout), or --text or --json",
+                       "report");
   if (output.empty()) output = "-";
   // The output is opened first: a name it refuses costs no reading.
   std::string why;
@@ -168,12 +175,15 @@ int cmd_report(int argc, char** argv) {
     leaked = held_at_end(now);
     peak_now = now.all.peak.at;
     if (base.empty()) {
-      out.put(text ? terminal_text(report::text(now)) : report::page(now));
+      out.put(text ? observe::fit_lines(terminal_text(report::text(now)))
+              : json ? report::json(now) + "\n"
+                     : report::page(now));
     } else {
       const report::Report before = report::analyse(base_traces, &namers);
       peak_before = before.all.peak.at;
-      out.put(text ? terminal_text(report::diff_text(before, now))
-                   : report::diff_page(before, now));
+      out.put(text   ? observe::fit_lines(terminal_text(report::diff_text(before, now)))
+              : json ? report::diff_json(before, now) + "\n"
+                     : report::diff_page(before, now));
     }
   } catch (const std::bad_alloc&) {
     say("report", "out of memory; nothing written");

@@ -160,8 +160,11 @@ extern const char kScript[];
 extern const char kReportMain[];
 extern const char kDiffMain[];
 
-// The page and the text (report_page.cpp, report_text.cpp).
+// The page, its data as one JSON document (report --json, docs/trace.md)
+// and the text (report_page.cpp, report_text.cpp).
 std::string page(const Report& r);
+std::string json(const Report& r);
+std::string diff_json(const Report& base, const Report& now);
 std::string text(const Report& r);
 std::string diff_text(const Report& base, const Report& now);
 std::string diff_page(const Report& base, const Report& now);

@@ -253,6 +253,17 @@ std::string unclosed_text(const View& v) {
   return v.unclosed ? "ended without closing its trace: os._exit or a kill" : "";
 }
 
+std::string json(const Report& r) {
+  std::string d = view_json(r.all) + ",\"version\":1,\"files\":" + list(r.files, q);
+  if (!r.processes.empty()) {
+    d += ",\"processes\":[";
+    for (std::size_t k = 0; k < r.processes.size(); ++k)
+      d += (k ? "," : "") + view_json(r.processes[k]) + "}";
+    d += "]";
+  }
+  return d + "}";
+}
+
 std::string page(const Report& r) {
   const View& all = r.all;
   const bool several = !r.processes.empty();
@@ -298,14 +309,7 @@ std::string page(const Report& r) {
   if (several)
     h += "<p class=\"note\">Frameworks keep memory until exit on purpose: a cache or a model's "
          "weights still held at the end is not a leak.</p>\n";
-  std::string d = view_json(all) + ",\"files\":" + list(r.files, q);
-  if (several) {
-    d += ",\"processes\":[";
-    for (std::size_t k = 0; k < r.processes.size(); ++k)
-      d += (k ? "," : "") + view_json(r.processes[k]) + "}";
-    d += "]";
-  }
-  h += script_data(d + "}");
+  h += script_data(json(r));
   h += kReportMain;
   h += kScript;
   h += "</body></html>\n";
@@ -383,7 +387,26 @@ void diff_sites_section(const std::string& title, const std::string& part, const
     *h += "<p class=\"note\">" + num(c.size() - kTopSites) + " more sites changed.</p>\n";
 }
 
+// A moment's sites by change, as --diff --json lists them.
+std::string changes_json(const View& b, const Moment& mb, const View& n, const Moment& mn) {
+  return list(changes(b, mb, n, mn), [&](const SiteChange& c) {
+    const SiteName& name = c.name_now != UINT32_MAX ? n.names[c.name_now] : b.names[c.name_base];
+    return "{\"label\":" + q(name.label) + ",\"change\":" + std::to_string(c.change()) +
+           ",\"before\":{\"bytes\":" + num(c.base.bytes) + ",\"blocks\":" + num(c.base.blocks) +
+           "},\"after\":{\"bytes\":" + num(c.now.bytes) + ",\"blocks\":" + num(c.now.blocks) +
+           "},\"frames\":" + list(name.frames, q) + "}";
+  });
+}
+
 }  // namespace
+
+std::string diff_json(const Report& base, const Report& now) {
+  const View& b = base.all;
+  const View& n = now.all;
+  return "{\"version\":1,\"base\":" + json(base) + ",\"now\":" + json(now) +
+         ",\"peak\":" + changes_json(b, b.peak, n, n.peak) +
+         ",\"end\":" + changes_json(b, b.end, n, n.end) + "}";
+}
 
 std::string diff_page(const Report& base, const Report& now) {
   const View& b = base.all;

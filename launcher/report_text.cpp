@@ -10,11 +10,16 @@
 #include <unordered_map>
 
 #include "launcher/report_model.hpp"
+#include "observe/text_width.hpp"
 
 namespace gpupool::launcher::report {
 namespace {
 
+using observe::kTextColumns;
+using observe::shorten_middle;
+
 constexpr std::size_t kStackFrames = 8;    // frames a leak row shows
+constexpr std::size_t kRowIndent = 29;     // a site row's label, and its stack, start here
 constexpr std::size_t kTextProcesses = 8;  // shown each on its own
 
 std::string num(std::uint64_t v) { return std::to_string(v); }
@@ -57,11 +62,20 @@ std::string table(const std::vector<std::vector<std::string>>& cells) {
       if (w.size() <= c) w.push_back(0);
       w[c] = std::max(w[c], width(row[c]));
     }
+  // Too wide for kTextColumns (a long first cell: a pool group named by a
+  // GPU's UUID): each row's first cell on a line of its own, above the rest.
+  std::size_t total = 0;
+  for (std::size_t c = 0; c < w.size(); ++c) total += 2 + w[c];
+  const bool apart = total > kTextColumns && !w.empty();
+  if (apart) w[0] = 0;
   std::string o;
   for (const auto& row : cells) {
     std::string line;
+    if (apart && !row.empty()) o += "  " + row[0] + "\n";
     for (std::size_t c = 0; c < row.size(); ++c)
-      line += "  " + (c ? pad_left(row[c], w[c]) : row[c] + std::string(w[c] - width(row[c]), ' '));
+      line += "  " + (c ? pad_left(row[c], w[c])
+                        : apart ? std::string()
+                                : row[c] + std::string(w[c] - width(row[c]), ' '));
     while (!line.empty() && line.back() == ' ') line.pop_back();
     o += line + "\n";
   }
@@ -89,18 +103,25 @@ std::string rows(const View& v, const Moment& m, bool at_end, bool several, bool
   for (std::size_t k = 0; k < m.rows.size() && k < kTopSites; ++k) {
     const SiteRow& row = m.rows[k];
     const SiteName& n = v.names[row.name];
+    const std::size_t room = kTextColumns - kRowIndent;
+    const std::string label = shorten_middle(n.label, room);
     o += "  " + pad_left(bytes_text(row.held.bytes), 10) + "  " +
-         pad_left(blocks_text(row.held.blocks), 11) + "  " + n.label;
+         pad_left(blocks_text(row.held.blocks), 11) + "  " + label;
     std::string where;
     if (at_end) where = row.group + (row.arena.empty() ? "" : " " + row.arena);
     if (several) where += (where.empty() ? "" : ", ") + pids_text(row.pids);
-    if (!where.empty()) o += "  [" + where + "]";
+    // Beside the label when there is room, else on a line of its own.
+    if (!where.empty() && observe::text_columns(label + where) + 4 <= room)
+      o += "  [" + where + "]";
+    else if (!where.empty())
+      o += "\n" + std::string(kRowIndent, ' ') + "[" + shorten_middle(where, room - 2) + "]";
     o += "\n";
     if (stacks) {
       for (std::size_t f = 0; f < n.frames.size() && f < kStackFrames; ++f)
-        o += std::string(29, ' ') + n.frames[f] + "\n";
+        o += std::string(kRowIndent, ' ') + shorten_middle(n.frames[f], room) + "\n";
       if (n.frames.size() > kStackFrames)
-        o += std::string(29, ' ') + "... " + num(n.frames.size() - kStackFrames) + " more frames\n";
+        o += std::string(kRowIndent, ' ') + "... " + num(n.frames.size() - kStackFrames) +
+             " more frames\n";
     }
   }
   if (m.rows.size() > kTopSites) {
@@ -170,8 +191,7 @@ std::string text(const Report& r) {
     o = "gpupool report: " + process_title(r.all) + "\n" + r.all.path + ": " +
         view_text(r.all, false);
     o += "\nFrameworks keep memory until exit on purpose: a cache or a model's weights still held "
-         "at the end is "
-         "not a leak.\n";
+         "at the end\nis not a leak.\n";
     return o;
   }
   o = "gpupool report: " + num(r.processes.size()) + " processes\n\n";
@@ -179,7 +199,7 @@ std::string text(const Report& r) {
     o += "  pid " + pad_right(num(p.pid), 8) + " started +" +
          pad_right(seconds_text(p.offset_ns), 9) + " peak " +
          pad_left(bytes_text(p.peak.at.bytes), 10) + ", at the end " +
-         pad_left(bytes_text(p.end.total.bytes), 10) + "  " +
+         pad_left(bytes_text(p.end.total.bytes), 10) + "\n      " +
          (p.cmdline.empty() ? "" : p.cmdline + "  ") + "(" + p.path + ")" +
          (p.unclosed ? "  " + unclosed_text(p) : "") + "\n";
   o += "\n== All processes (times from the first trace's start)\n" + view_text(r.all, true);
@@ -190,8 +210,7 @@ std::string text(const Report& r) {
     for (const View& p : r.processes)
       o += "\n== " + process_title(p) + "\n" + p.path + ": " + view_text(p, false);
   o += "\nFrameworks keep memory until exit on purpose: a cache or a model's weights still held at "
-       "the end is not "
-       "a leak.\n";
+       "the end\nis not a leak.\n";
   return o;
 }
 
@@ -290,7 +309,8 @@ std::string diff_sites(const std::string& title, const View& b, const Moment& mb
                                                            : b.names[c[k].name_base].label;
     o += "  " + pad_left(signed_bytes(c[k].change()), 11) + "  " +
          pad_left(bytes_text(c[k].base.bytes), 10) + " -> " +
-         pad_right(bytes_text(c[k].now.bytes), 10) + "  " + label +
+         pad_right(bytes_text(c[k].now.bytes), 10) + "  " +
+         shorten_middle(label, kTextColumns - 41 - 8) +
          (c[k].name_now == UINT32_MAX    ? "  (gone)"
           : c[k].name_base == UINT32_MAX ? "  (new)"
                                          : "") +

@@ -195,8 +195,17 @@ std::string run_help() {
     flag_w = std::max(flag_w, flag_of(o).size() + 2);
     var_w = std::max(var_w, var_of(o).size() + 2);
   }
+  // An option that sets no variable of its own has its help where the
+  // variable would be; a help that does not fit goes on under it.
   for (const RunOption& o : kRunOptions) {
-    std::string line = "  " + pad(flag_of(o), flag_w) + pad(var_of(o), var_w) + o.help;
+    const std::string var = var_of(o);
+    std::string line = "  " + pad(flag_of(o), flag_w) + (var.empty() ? "" : pad(var, var_w));
+    const std::size_t at = text_columns(line);
+    const std::vector<std::string> help =
+        wrap_text(o.help, kTextColumns > at + 20 ? kTextColumns - at : kTextColumns - 8);
+    if (kTextColumns <= at + 20 && *o.help) line += "\n" + std::string(8, ' ');
+    for (std::size_t k = 0; k < help.size(); ++k)
+      line += (k ? "\n" + std::string(at, ' ') : "") + help[k];
     while (!line.empty() && line.back() == ' ') line.pop_back();
     h += line + "\n";
   }

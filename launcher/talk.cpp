@@ -37,21 +37,24 @@ const char kStatsHelp[] =
     "JSON object (docs/stats-schema.json) with --json.\n";
 
 const char kFreeHeldHelp[] =
-    "Usage: gpupool free-held PID [--timeout SECONDS]\n"
-    "       gpupool free-held --all [--device UUID] [--timeout SECONDS]\n"
+    "Usage: gpupool free-held PID [--json] [--timeout SECONDS]\n"
+    "       gpupool free-held --all [--device DEVICE] [--json] [--timeout SECONDS]\n"
     "\n"
     "Release every block process PID's pool holds (freed by the program, kept\n"
-    "for reuse). The pool keeps holding blocks freed afterwards. --all asks\n"
+    "for reuse). The pool keeps holding blocks freed afterwards. --json: one\n"
+    "JSON object (docs/c-api.md), per process with --all. --all asks\n"
     "every gpupool process of this user on the node (`gpupool ps`) at once,\n"
     "each once, --timeout being one deadline for all answers; with\n"
-    "--device, only their blocks on that GPU (GPU-... as `gpupool ps` and\n"
-    "nvidia-smi -L show it), or their pinned host memory (host).\n";
+    "--device, only their blocks on that device, as `gpupool ps` names it: a\n"
+    "GPU (GPU-..., as nvidia-smi -L shows it too), pinned host memory (host),\n"
+    "or an OpenCL device without a UUID (opencl-...).\n";
 
 const char kStopHoldingHelp[] =
-    "Usage: gpupool stop-holding PID [--timeout SECONDS]\n"
+    "Usage: gpupool stop-holding PID [--json] [--timeout SECONDS]\n"
     "\n"
     "Release every held block of process PID and stop holding: blocks the\n"
-    "program frees from now on go straight back to the driver.\n";
+    "program frees from now on go straight back to the driver. --json: what\n"
+    "was released as one JSON object (docs/c-api.md).\n";
 
 bool parse_pid(const std::string& s, long* pid) {
   if (s.empty() || s.size() > 9) return false;
@@ -271,10 +274,32 @@ int talk(long pid, const std::string& request, double timeout_s) {
   return r;
 }
 
+// One process's entry in free-held --all --json: its answer's fields (a
+// JSON object from "free-held json", "released N" from a release), or the
+// error and exit code it would have as a PID command.
+std::string json_entry(const wire::ProcessEntry& p, const Asking& a, int result) {
+  std::string o = "{\"pid\": " + std::to_string(p.pid) + ", \"command\": " + json_string(p.command);
+  if (result != kOk) {
+    std::string err = a.err;
+    if (err.rfind(std::string(kProg) + ": ", 0) == 0) err.erase(0, std::strlen(kProg) + 2);
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    return o + ", \"ok\": false, \"exit\": " + std::to_string(result) +
+           ", \"error\": " + json_string(err) + "}";
+  }
+  o += ", \"ok\": true";
+  const std::string body = a.out.substr(0, a.out.find('\n'));
+  if (body.rfind("released ", 0) == 0) return o + ", \"released_bytes\": " + body.substr(9) + "}";
+  const auto open = body.find('{'), close = body.rfind('}');
+  if (open != std::string::npos && close != std::string::npos && close > open + 1)
+    o += ", " + body.substr(open + 1, close - open - 1);
+  return o + "}";
+}
+
 // free-held --all: every listed process once (a pid listed in several
-// slots is asked once), all at once, with one deadline for every answer.
+// slots is asked once), all at once, with one deadline for every answer;
+// with `json`, one document for them all.
 int talk_all(const std::vector<wire::ProcessEntry>& procs, const std::string& request,
-             double timeout_s) {
+             double timeout_s, bool json, const std::string& device) {
   std::vector<const wire::ProcessEntry*> once;
   for (const auto& p : procs)
     if (std::none_of(once.begin(), once.end(), [&](auto* o) { return o->pid == p.pid; }))
@@ -298,11 +323,20 @@ int talk_all(const std::vector<wire::ProcessEntry>& procs, const std::string& re
   }
   read_answers(asks, deadline);
   int worst = kOk;
+  std::string doc = "{\"device\": " + (device.empty() ? "null" : json_string(device)) +
+                    ", \"processes\": [";
   for (std::size_t i = 0; i < once.size(); ++i) {
-    if (settle(asks[i], timeout_s) != kOk) worst = kFailed;
+    const int result = settle(asks[i], timeout_s);
+    if (result != kOk) worst = kFailed;
+    if (json) {
+      doc += (i ? ", " : "") + json_entry(*once[i], asks[i], result);
+      continue;
+    }
     std::printf("process %ld (%s): ", once[i]->pid, terminal_text(once[i]->command).c_str());
     print(asks[i]);
   }
+  if (json) std::printf("%s]}\n", doc.c_str());
+  else if (once.empty()) std::printf("no gpupool process of this user on this node\n");
   return worst;
 }
 
@@ -323,7 +357,7 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
   bool json = false, all = false;
   double timeout = 5;
   std::optional<long> pid;
-  std::optional<wire::Uuid> device;
+  std::optional<wire::DeviceKey> device;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
     if (is_help(a)) {
@@ -344,15 +378,16 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
       else v = argv[++i];
       return true;
     };
-    if (a == "--json" && cmd == "stats") {
+    if (a == "--json") {
       json = true;
     } else if (a == "--all" && cmd == "free-held") {
       all = true;
-    } else if (cmd == "free-held" && value_of("--device", "a GPU UUID")) {
+    } else if (cmd == "free-held" && value_of("--device", "a device")) {
       if (bad) return bad;
-      wire::Uuid u;
-      if (!wire::parse_uuid(v, &u))
-        return usage_error(cmd + ": --device: '" + v + "' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) nor host", cmd.c_str());
+      wire::DeviceKey u;
+      if (!wire::parse_key(v, &u))
+        return usage_error(cmd + ": --device: '" + v + "' is not a device as `gpupool ps` names it (GPU-<UUID>, host, opencl-<24 hex digits>)",
+                           cmd.c_str());
       device = u;
     } else if (value_of("--timeout", "a value")) {
       if (bad) return bad;
@@ -378,23 +413,21 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
     std::vector<wire::ProcessEntry> procs;
     if (!registry_processes(&procs)) return kFailed;
     const std::string req =
-        device ? "release " + wire::uuid_text(*device) + " " + std::to_string(UINT64_MAX)
+        device ? "release " + wire::key_text(*device) + " " + std::to_string(UINT64_MAX)
                : std::string("free-held");
     if (device)
       procs.erase(std::remove_if(procs.begin(), procs.end(),
                                  [&](const wire::ProcessEntry& p) {
                                    return std::none_of(
                                        p.devices.begin(), p.devices.end(),
-                                       [&](const wire::DeviceUse& d) { return d.uuid == *device; });
+                                       [&](const wire::DeviceUse& d) { return d.key == *device; });
                                  }),
                   procs.end());
-    const int worst = talk_all(procs, req, timeout);
-    if (procs.empty()) std::printf("no gpupool process of this user on this node\n");
-    return worst;
+    return talk_all(procs, device || !json ? req : req + " json", timeout, json,
+                    device ? wire::key_text(*device) : "");
   }
   if (!pid) return usage_error(cmd + ": no PID given", cmd.c_str());
-  std::string request = cmd == "stats" ? (json ? "stats json" : "stats") : cmd;
-  return talk(*pid, request, timeout);
+  return talk(*pid, json ? cmd + " json" : cmd, timeout);
 }
 
 // ---------------------------------------------------------------- env

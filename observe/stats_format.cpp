@@ -1,6 +1,7 @@
 #include "observe/stats_format.hpp"
 
 #include "config/config.hpp"
+#include "observe/text_width.hpp"
 
 #include <signal.h>
 
@@ -55,14 +56,11 @@ std::string iso_time(double t) {
   return format("%s.%03dZ", buf, ms);
 }
 
+// Long names are cut in the middle: the start says what it is, the end
+// (device, flags) which one.
 std::string pad(std::string s, std::size_t width, bool right = false) {
-  if (s.size() > width) {
-    // Cut the middle of long names: the start says what it is, the end
-    // (device, flags) which one.
-    const std::size_t head = (width - 3) / 2;
-    s = s.substr(0, head) + "..." + s.substr(s.size() - (width - 3 - head));
-  }
-  std::string spaces(width - s.size(), ' ');
+  s = observe::shorten_middle(s, width);
+  std::string spaces(width - std::min(width, observe::text_columns(s)), ' ');
   return right ? spaces + s : s + spaces;
 }
 
@@ -145,56 +143,72 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
+// Within kTextColumns: per arena a row of the figures that move (active,
+// held, managed, the hit rate), then a detail paragraph (its whole name,
+// kind, group, driver calls, hits and misses, peaks) and the bins holding
+// most, wrapped.
 std::string to_text(const Report& r) {
   std::string out =
       format("gpupool %s stats: pid %ld, %s, %s, holding %s\n", r.version.c_str(), r.pid,
              iso_time(r.time).c_str(), r.reason.c_str(), r.holding ? "on" : "off (stop_holding)");
+  constexpr std::size_t kFigures = 2 + 18 + 2 + 18 + 2 + 10 + 2 + 6;
   std::size_t name_w = 24;
   for (const auto& b : r.arenas) name_w = std::max(name_w, b.name.size() + (b.retired ? 10 : 0));
-  name_w = std::min<std::size_t>(name_w, 48);
-  std::size_t kind_w = 9;  // "cuda-host"; "cuda-async" and "opencl-svm" are one more
-  for (const auto& b : r.arenas) kind_w = std::max(kind_w, b.kind.size());
-  kind_w = std::min<std::size_t>(kind_w, 16);
+  name_w = std::min(name_w, observe::kTextColumns - kFigures);
 
-  out += pad("arena", name_w) + "  " + pad("kind", kind_w) + "  " + pad("active", 18, true) + "  " +
-         pad("held", 18, true) + "  " + pad("managed", 10, true) + "  " +
-         pad("peak mgd", 10, true) + "  " + pad("hits", 10, true) + "  " + pad("misses", 8, true) +
-         "  " + pad("hit%", 6, true) + "\n";
-  auto row = [&](const std::string& name, const std::string& kind, const Stats& s) {
-    out += pad(name, name_w) + "  " + pad(kind, kind_w) + "  " +
-           pad(blocks_bytes(s.active_blocks, s.active_bytes), 18, true) + "  " +
-           pad(blocks_bytes(s.held_blocks, s.held_bytes), 18, true) + "  " +
-           pad(human_bytes(s.managed_bytes), 10, true) + "  " +
-           pad(human_bytes(s.peak_managed_bytes), 10, true) + "  " +
-           pad(format("%" PRIu64, s.hits), 10, true) + "  " +
-           pad(format("%" PRIu64, s.misses), 8, true) + "  " + pad(hit_rate(s), 6, true) + "\n";
+  out += pad("arena", name_w) + "  " + pad("active", 18, true) + "  " + pad("held", 18, true) +
+         "  " + pad("managed", 10, true) + "  " + pad("hit%", 6, true) + "\n";
+  auto row = [&](const std::string& name, const Stats& s) {
+    out += pad(name, name_w) + "  " + pad(blocks_bytes(s.active_blocks, s.active_bytes), 18, true) +
+           "  " + pad(blocks_bytes(s.held_blocks, s.held_bytes), 18, true) + "  " +
+           pad(human_bytes(s.managed_bytes), 10, true) + "  " + pad(hit_rate(s), 6, true) + "\n";
   };
-  for (const auto& b : r.arenas) row(b.retired ? b.name + " (retired)" : b.name, b.kind, b.stats);
-  row(format("total (%zu arena%s)", r.arenas.size(), r.arenas.size() == 1 ? "" : "s"), "",
-      r.totals);
-
+  for (const auto& b : r.arenas) row(b.retired ? b.name + " (retired)" : b.name, b.stats);
+  row(format("total (%zu arena%s)", r.arenas.size(), r.arenas.size() == 1 ? "" : "s"), r.totals);
+  // Wrapped between items (an item's own spaces are written as \x01 until
+  // then): "10.0 KiB x 1 = 10.0 KiB" stays on one line.
+  auto paragraph = [&](const std::string& text, std::size_t indent) {
+    std::vector<std::string> lines = observe::wrap_text(text, observe::kTextColumns - indent - 2);
+    for (std::size_t k = 0; k < lines.size(); ++k) {
+      std::replace(lines[k].begin(), lines[k].end(), '\x01', ' ');
+      out += std::string(indent + (k ? 2 : 0), ' ') + lines[k] + "\n";
+    }
+  };
+  auto item = [](std::string s) {
+    std::replace(s.begin(), s.end(), ' ', '\x01');
+    return s;
+  };
   for (const auto& b : r.arenas) {
     const Stats& s = b.stats;
-    out += format("  %s [%s]: backend allocs %" PRIu64 ", frees %" PRIu64 "; oom retries %" PRIu64
-                  ", trims %" PRIu64 ", pending frees %" PRIu64 ", fence waits %" PRIu64
-                  "; peak active %" PRIu64 " / %s, peak held %" PRIu64 " / %s\n",
-                  b.name.c_str(), b.group.c_str(), s.backend_allocs, s.backend_frees, s.oom_retries,
-                  s.trims, s.pending_frees, s.fence_waits, s.peak_active_blocks,
-                  human_bytes(s.peak_active_bytes).c_str(), s.peak_held_blocks,
-                  human_bytes(s.peak_held_bytes).c_str());
+    paragraph(b.name + " [" + b.kind + ", " + b.group + "]: " +
+                  item(format("hits %" PRIu64 ",", s.hits)) + " " +
+                  item(format("misses %" PRIu64 ";", s.misses)) + " " +
+                  item(format("backend allocs %" PRIu64 ",", s.backend_allocs)) + " " +
+                  item(format("frees %" PRIu64 ";", s.backend_frees)) + " " +
+                  item(format("oom retries %" PRIu64 ",", s.oom_retries)) + " " +
+                  item(format("trims %" PRIu64 ",", s.trims)) + " " +
+                  item(format("pending frees %" PRIu64 ",", s.pending_frees)) + " " +
+                  item(format("fence waits %" PRIu64 ";", s.fence_waits)) + " " +
+                  item("peak managed " + human_bytes(s.peak_managed_bytes) + ",") + " " +
+                  item(format("peak active %" PRIu64 " / %s,", s.peak_active_blocks,
+                              human_bytes(s.peak_active_bytes).c_str())) +
+                  " " +
+                  item(format("peak held %" PRIu64 " / %s", s.peak_held_blocks,
+                              human_bytes(s.peak_held_bytes).c_str())),
+              2);
     if (!b.bins.empty()) {
-      out += "    bins holding most:";
+      std::string bins = "bins holding most:";
       bool first = true;
       for (const auto& bin : b.bins) {
-        out += format("%s %s x %" PRIu64 " = %s", first ? "" : ",",
-                      human_bytes(bin.alloc_size).c_str(), bin.held_blocks,
-                      human_bytes(bin.held_bytes).c_str());
+        bins += std::string(first ? " " : ", ") +
+                item(format("%s x %" PRIu64 " = %s", human_bytes(bin.alloc_size).c_str(),
+                            bin.held_blocks, human_bytes(bin.held_bytes).c_str()));
         first = false;
       }
-      out += "\n";
+      paragraph(bins, 4);
     }
   }
-  for (const auto& w : r.warnings) out += "  warning: " + w + "\n";
+  for (const auto& w : r.warnings) paragraph("warning: " + w, 2);
   return out;
 }
 

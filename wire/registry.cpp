@@ -32,7 +32,7 @@ struct Header {
 static_assert(sizeof(Header) == 64);
 
 struct DeviceWords {
-  std::uint64_t uuid[2];
+  std::uint64_t key[2];
   std::uint64_t held, active, managed, hits, misses;
   std::uint64_t returned_at;
 };
@@ -429,7 +429,7 @@ Registry::Outcome Registry::publish_here(const std::vector<DeviceUse>& devices, 
   for (std::size_t i = 0; i < n; ++i) {
     const DeviceUse& d = devices[i];
     DeviceWords& w = s.dev[i];
-    std::memcpy(w.uuid, d.uuid.data(), sizeof w.uuid);
+    std::memcpy(w.key, d.key.data(), sizeof w.key);
     w.held = d.held;
     w.active = d.active;
     w.managed = d.managed;
@@ -509,7 +509,7 @@ std::vector<ProcessEntry> Registry::processes_here(bool skip_self, std::string* 
     for (std::uint64_t k = 0; k < s.count && k < kRegistryDevices; ++k) {
       const DeviceWords& w = s.dev[k];
       DeviceUse d;
-      std::memcpy(d.uuid.data(), w.uuid, sizeof w.uuid);
+      std::memcpy(d.key.data(), w.key, sizeof w.key);
       d.held = w.held;
       d.active = w.active;
       d.managed = w.managed;

@@ -26,13 +26,13 @@
 #include <string_view>
 #include <vector>
 
-#include "wire/uuid.hpp"
+#include "wire/device_key.hpp"
 
 namespace gpupool::wire {
 
 // One process's figures for one device.
 struct DeviceUse {
-  Uuid uuid{};
+  DeviceKey key{};
   std::uint64_t held = 0;     // bytes freed by the program, kept by gpupool
   std::uint64_t active = 0;   // bytes in the program's hands
   std::uint64_t managed = 0;  // allocated from the driver: held + active blocks

@@ -23,8 +23,10 @@
 // own user (a squatter can at worst make a request fail, never answer it).
 //
 // Protocol: the client sends one line within 2 s: "stats", "stats json",
-// "free-held", "stop-holding", "ping", or "release GPU-<uuid> <bytes>" from
-// another gpupool process that ran out of memory on that GPU, optionally
+// "free-held", "stop-holding" (either with " json": the answer's body is one
+// JSON object), "ping", or "release <device> <bytes>" (device_key.hpp's
+// text) from another gpupool process that ran out of memory on that
+// device, or `gpupool free-held --all --device`, optionally
 // after "by <ns> ", a deadline in CLOCK_MONOTONIC nanoseconds (one clock for
 // every process of the node): a request the process has not begun by then
 // is answered "error expired" and not carried out, so a client that gave

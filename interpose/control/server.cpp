@@ -48,13 +48,20 @@ constexpr std::uint64_t kQuietNs = 10'000 * kMs;
 constexpr int kMaxRebuilds = 16;
 constexpr int kSharedTablePollMs = 100;
 
-std::string held_summary(const Stats& before, const Stats& after) {
-  return "released " +
-         std::to_string(before.held_blocks - std::min(before.held_blocks, after.held_blocks)) +
-         " held blocks (" +
-         stats::human_bytes(before.held_bytes - std::min(before.held_bytes, after.held_bytes)) +
+// What a free-held or stop-holding did, as text or as one JSON object
+// (`gpupool free-held PID --json`, docs/c-api.md).
+std::string held_summary(const Stats& before, const Stats& after, bool holding, bool json) {
+  const std::uint64_t blocks = before.held_blocks - std::min(before.held_blocks, after.held_blocks);
+  const std::uint64_t bytes = before.held_bytes - std::min(before.held_bytes, after.held_bytes);
+  if (json)
+    return "{\"released_blocks\": " + std::to_string(blocks) + ", \"released_bytes\": " +
+           std::to_string(bytes) + ", \"held_blocks\": " + std::to_string(after.held_blocks) +
+           ", \"held_bytes\": " + std::to_string(after.held_bytes) +
+           ", \"holding\": " + (holding ? "true" : "false") + "}\n";
+  return "released " + std::to_string(blocks) + " held blocks (" + stats::human_bytes(bytes) +
          "); now held: " + std::to_string(after.held_blocks) + " blocks, " +
-         stats::human_bytes(after.held_bytes) + "\n";
+         stats::human_bytes(after.held_bytes) + "\n" +
+         (holding ? "" : "holding stopped: freed blocks are now released at once\n");
 }
 
 std::string handle_request(Runtime& rt, std::string req, bool foreign) {
@@ -65,12 +72,13 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
   if (req == "ping") return "ok\n";
   if (req == "stats") return "ok\n" + render(rt, false, "request");
   if (req == "stats json") return "ok\n" + render(rt, true, "request");
-  if (const Action a = config::action_of_verb(req); a == kFreeHeld || a == kStopHolding) {
+  const bool json = req.size() > 5 && req.compare(req.size() - 5, 5, " json") == 0;
+  if (const Action a = config::action_of_verb(json ? req.substr(0, req.size() - 5) : req);
+      a == kFreeHeld || a == kStopHolding) {
     const Stats before = rt.pool.totals();
     const bool ok = a == kFreeHeld ? free_held(rt) : stop_holding(rt);
     if (!ok) return "error exiting the process is exiting\n";
-    return "ok\n" + held_summary(before, rt.pool.totals()) +
-           (a == kStopHolding ? "holding stopped: freed blocks are now released at once\n" : "");
+    return "ok\n" + held_summary(before, rt.pool.totals(), rt.pool.holding(), json);
   }
   if (req.rfind("release ", 0) == 0 && state()->node_work.answer_release) {
     // another gpupool process ran out of memory

@@ -137,7 +137,7 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned lon
   const bool has_uuid =
       (d.device_get_uuid_v2 && d.device_get_uuid_v2(&u, dev) == CUDA_SUCCESS) ||
       (d.device_get_uuid && d.device_get_uuid(&u, dev) == CUDA_SUCCESS);
-  wire::Uuid uuid{};
+  wire::DeviceKey uuid{};
   if (has_uuid) std::memcpy(uuid.data(), u.bytes, uuid.size());
   static std::atomic<unsigned> ordinals{0};
   auto* st = new CtxState;
@@ -146,7 +146,7 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned lon
   st->ordinal = ++ordinals;
   st->dev = dev;
   st->device_total = total;
-  st->device = has_uuid ? wire::uuid_text(uuid) : device_group(dev);
+  st->device = has_uuid ? wire::key_text(uuid) : device_group(dev);
   for (const Primary& p : contexts().primaries)
     if (p.dev == dev && p.ctx == ctx) st->primary = true;
   ArenaOptions o;
@@ -398,7 +398,7 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   o.name = fmt::format("cuda-host flags {:#x} ctx {}", key, st->ordinal);
   o.group = "cuda-host";
   o.kind = "cuda-host";
-  o.device = wire::uuid_text(wire::kHostMemory);
+  o.device = wire::key_text(wire::kHostMemory);
   o.max_block = host_total;
   o.max_pooled = rt.config.max_pooled.resolve(host_total);
   o.max_held = rt.config.max_held.resolve(host_total);

@@ -43,13 +43,13 @@ std::size_t released_in(const std::string& answer) {
   return static_cast<std::size_t>(std::min<std::uint64_t>(got, SIZE_MAX));
 }
 
-std::size_t ask_release_here(long pid, unsigned uid, const wire::Uuid& uuid, std::size_t bytes,
+std::size_t ask_release_here(long pid, unsigned uid, const wire::DeviceKey& key, std::size_t bytes,
                              std::uint64_t deadline) {
   const io::OwnedFd fd = wire::reach(wire::socket_candidates(uid, pid), pid, uid, deadline).fd;
   if (!fd.valid()) return 0;
   // Dropped by a holder that gets to it after we gave up (stopped, busy).
   const std::string req = wire::request_line(
-      "release " + wire::uuid_text(uuid) + " " + std::to_string(bytes), deadline);
+      "release " + wire::key_text(key) + " " + std::to_string(bytes), deadline);
   std::size_t sent = 0;
   while (sent < req.size()) {
     const ssize_t n = ::send(fd.get(), req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
@@ -82,10 +82,10 @@ std::size_t ask_release_here(long pid, unsigned uid, const wire::Uuid& uuid, std
 // descriptor table (config/io.hpp), one of their own: the caller is the
 // program's allocating thread, and the wait must not hold up gpupool's
 // other files.
-std::size_t ask_release(long pid, unsigned uid, const wire::Uuid& uuid, std::size_t bytes,
+std::size_t ask_release(long pid, unsigned uid, const wire::DeviceKey& key, std::size_t bytes,
                         std::uint64_t deadline) {
   std::size_t got = 0;
-  io::in_private_own_thread([&] { got = ask_release_here(pid, uid, uuid, bytes, deadline); });
+  io::in_private_own_thread([&] { got = ask_release_here(pid, uid, key, bytes, deadline); });
   return got;
 }
 
@@ -97,7 +97,7 @@ std::size_t ask_release(long pid, unsigned uid, const wire::Uuid& uuid, std::siz
 // take the places of the processes that hold memory.
 namespace {
 
-std::size_t ask_release_all_here(const std::vector<Target>& targets, const wire::Uuid& uuid,
+std::size_t ask_release_all_here(const std::vector<Target>& targets, const wire::DeviceKey& key,
                                  std::size_t bytes, std::uint64_t deadline) {
   struct Asked {
     io::OwnedFd fd;
@@ -106,7 +106,7 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const wire:
   std::vector<Asked> asked;
   std::set<std::pair<unsigned, long>> reached;  // (uid, pid) asked
   const std::string req = wire::request_line(
-      "release " + wire::uuid_text(uuid) + " " + std::to_string(bytes), deadline);
+      "release " + wire::key_text(key) + " " + std::to_string(bytes), deadline);
   // Connects to t and sends the request; false when its queue is full
   // (busy: tried again while the wait lasts).
   auto ask_one = [&](const Target& t) {
@@ -178,10 +178,10 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const wire:
 
 }  // namespace
 
-std::size_t ask_release_all(const std::vector<Target>& targets, const wire::Uuid& uuid,
+std::size_t ask_release_all(const std::vector<Target>& targets, const wire::DeviceKey& key,
                             std::size_t bytes, std::uint64_t deadline) {
   std::size_t got = 0;
-  io::in_private_own_thread([&] { got = ask_release_all_here(targets, uuid, bytes, deadline); });
+  io::in_private_own_thread([&] { got = ask_release_all_here(targets, key, bytes, deadline); });
   return got;
 }
 

@@ -20,10 +20,10 @@ struct Runtime;
 namespace gpupool::node {
 
 // One pool group on a GPU this process draws on (a GPU may have two: CUDA's
-// and OpenCL's). uuid, group and total never change once added; the watch
+// and OpenCL's). key, group and total never change once added; the watch
 // fields are the control thread's alone.
 struct Device {
-  wire::Uuid uuid{};
+  wire::DeviceKey key{};
   std::string group;
   std::size_t total = 0;
   // The pressure watch: the other processes' use when free memory was last
@@ -68,7 +68,7 @@ struct State {
 // UINT64_MAX: only when woken).
 std::uint64_t tick(Runtime& rt, std::uint64_t now_ns);
 
-// neighbours.cpp: a request from another process, "release <uuid> <bytes>"
+// neighbours.cpp: a request from another process, "release <key> <bytes>"
 // (control::NodeWork). Releases this process's held blocks on that GPU and
 // returns the answer's body. For another user's process (other_user), at
 // most what the GPU lacks for the request, and only once the other
@@ -84,7 +84,7 @@ std::vector<wire::ProcessEntry> others(wire::Registry* reg);
 // The devices and the registry, copied under the lock.
 std::vector<Device*> devices(State& s, wire::Registry** reg = nullptr);
 // The device of pool group `group`, and the registry; false if none.
-bool find_device(State& s, const std::string& group, wire::Uuid* uuid, wire::Registry** reg);
+bool find_device(State& s, const std::string& group, wire::DeviceKey* key, wire::Registry** reg);
 std::uint64_t add_sat(std::uint64_t a, std::uint64_t b);
 // The GPU's free and total memory and what the other processes use of it,
 // from NVML; false when NVML cannot say.
@@ -92,9 +92,9 @@ bool gpu_use(Runtime& rt, const Device& d, std::uint64_t* free, std::uint64_t* t
              std::uint64_t* others);
 
 // ask.cpp: asks process `pid`, running as `uid`, to release `bytes` of its
-// held memory on `uuid`, over its control socket, by `deadline` (io::mono_ns).
+// held memory on `key`, over its control socket, by `deadline` (io::mono_ns).
 // Returns the bytes it released (0 on any failure, or when it refuses).
-std::size_t ask_release(long pid, unsigned uid, const wire::Uuid& uuid, std::size_t bytes,
+std::size_t ask_release(long pid, unsigned uid, const wire::DeviceKey& key, std::size_t bytes,
                         std::uint64_t deadline);
 
 // ask.cpp: asks every target at once (other users' processes), each for up
@@ -104,19 +104,19 @@ struct Target {
   unsigned uid = 0;
   std::string name;  // its control socket's abstract name
 };
-std::size_t ask_release_all(const std::vector<Target>& targets, const wire::Uuid& uuid,
+std::size_t ask_release_all(const std::vector<Target>& targets, const wire::DeviceKey& key,
                             std::size_t bytes, std::uint64_t deadline);
 
 // nvml.cpp: the GPU's free and total memory, from NVML (libnvidia-ml.so.1,
 // loaded on first use). False when NVML or the device is not available.
-bool nvml_memory(const wire::Uuid& uuid, std::uint64_t* free, std::uint64_t* total);
+bool nvml_memory(const wire::DeviceKey& key, std::uint64_t* free, std::uint64_t* total);
 // What NVML says process `pid` uses on the GPU (its contexts, libraries and
 // every allocation, pooled or not). False when NVML cannot say (no such
 // query, the pid is in another PID namespace).
-bool nvml_process_used(const wire::Uuid& uuid, long pid, std::uint64_t* used);
+bool nvml_process_used(const wire::DeviceKey& key, long pid, std::uint64_t* used);
 // The pids NVML lists as computing on the GPU, sorted (host pids, also
 // for a process in a PID namespace). False when NVML cannot say.
-bool nvml_processes(const wire::Uuid& uuid, std::vector<unsigned>* pids);
+bool nvml_processes(const wire::DeviceKey& key, std::vector<unsigned>* pids);
 // fork(): prepare waits until the control thread is out of NVML (and
 // keeps it out until parent/child).
 void nvml_fork_prepare() noexcept;

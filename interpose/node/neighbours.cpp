@@ -21,22 +21,22 @@ namespace gpupool::node {
 
 std::size_t others_held(const std::string& group) {
   State& s = state();
-  wire::Uuid uuid;
+  wire::DeviceKey key;
   wire::Registry* reg = nullptr;
-  if (!find_device(s, group, &uuid, &reg) || !reg) return 0;
+  if (!find_device(s, group, &key, &reg) || !reg) return 0;
   std::uint64_t sum = 0;
   for (const wire::ProcessEntry& p : others(reg))
     for (const wire::DeviceUse& u : p.devices)
-      if (u.uuid == uuid) sum = add_sat(sum, u.held);
+      if (u.key == key) sum = add_sat(sum, u.held);
   return static_cast<std::size_t>(std::min<std::uint64_t>(sum, SIZE_MAX));
 }
 
 namespace {
 
-// One out-of-memory's request to the neighbours on device `uuid`: what is
+// One out-of-memory's request to the neighbours on device `key`: what is
 // asked for, until when, and what came back so far.
 struct Asking {
-  wire::Uuid uuid;
+  wire::DeviceKey key;
   std::size_t bytes = 0;
   std::uint64_t start = 0, deadline = 0;
   std::size_t released = 0;
@@ -51,16 +51,16 @@ std::vector<std::pair<std::uint64_t, long>> ask_holders(wire::Registry* reg, Ask
   std::vector<std::pair<std::uint64_t, long>> holders;
   for (const wire::ProcessEntry& p : others(reg))
     for (const wire::DeviceUse& u : p.devices)
-      if (u.uuid == q.uuid && u.held > 0) holders.push_back({u.held, p.pid});
+      if (u.key == q.key && u.held > 0) holders.push_back({u.held, p.pid});
   std::sort(holders.rbegin(), holders.rend());
   std::vector<std::pair<std::uint64_t, long>> asked;
   *stopped = false;
   for (const auto& [held, pid] : holders) {
     if ((*stopped = q.enough())) break;
     const std::uint64_t t0 = io::mono_ns();
-    const std::size_t got = ask_release(pid, geteuid(), q.uuid, q.bytes - q.released, q.deadline);
+    const std::size_t got = ask_release(pid, geteuid(), q.key, q.bytes - q.released, q.deadline);
     log().info("out of memory on {}: process {} (holding {} MiB) released {} MiB in {:.1f} ms",
-               wire::uuid_text(q.uuid), pid, held >> 20, got >> 20,
+               wire::key_text(q.key), pid, held >> 20, got >> 20,
                double(io::mono_ns() - t0) / 1e6);
     q.released += got;
     asked.push_back({held, pid});
@@ -83,14 +83,14 @@ void count_released_meanwhile(wire::Registry* reg,
     for (const wire::ProcessEntry& p : now)
       if (p.pid == pid)
         for (const wire::DeviceUse& u : p.devices)
-          if (u.uuid == q.uuid) still = u.held;
+          if (u.key == q.key) still = u.held;
     dropped = add_sat(dropped, held - std::min(held, still));
   }
   if (dropped > q.released) {
     log().info(
         "out of memory on {}: the processes asked hold {} MiB less than before "
         "(released meanwhile); retrying",
-        wire::uuid_text(q.uuid), (dropped - q.released) >> 20);
+        wire::key_text(q.key), (dropped - q.released) >> 20);
     q.released = static_cast<std::size_t>(std::min<std::uint64_t>(dropped, SIZE_MAX));
   }
 }
@@ -110,11 +110,11 @@ void ask_other_users(Asking& q) {
     if (sock.uid != geteuid()) others.push_back({sock.pid, sock.uid, std::move(sock.name)});
   if (others.empty()) return;
   const std::uint64_t t0 = io::mono_ns();
-  const std::size_t got = ask_release_all(others, q.uuid, q.bytes - q.released, q.deadline);
+  const std::size_t got = ask_release_all(others, q.key, q.bytes - q.released, q.deadline);
   log().info(
       "out of memory on {}: other users' processes asked ({} control sockets "
       "listed), {} MiB released in {:.1f} ms",
-      wire::uuid_text(q.uuid), others.size(), got >> 20, double(io::mono_ns() - t0) / 1e6);
+      wire::key_text(q.key), others.size(), got >> 20, double(io::mono_ns() - t0) / 1e6);
   q.released += got;
 }
 
@@ -128,9 +128,9 @@ bool gave_back_lately(wire::Registry* reg, const Asking& q, std::uint64_t wait) 
   const std::uint64_t since = q.start - std::min(q.start, wait);
   for (const wire::ProcessEntry& p : others(reg))
     for (const wire::DeviceUse& u : p.devices)
-      if (u.uuid == q.uuid && u.returned_at != 0 && u.returned_at >= since) {
+      if (u.key == q.key && u.returned_at != 0 && u.returned_at >= since) {
         log().info("out of memory on {}: process {} gave memory back {:.1f} ms ago; retrying",
-                   wire::uuid_text(q.uuid), p.pid,
+                   wire::key_text(q.key), p.pid,
                    double(q.start - std::min(q.start, u.returned_at)) / 1e6);
         return true;
       }
@@ -143,7 +143,7 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
   State& s = state();
   Asking q;
   wire::Registry* reg = nullptr;
-  if (!find_device(s, group, &q.uuid, &reg)) return false;
+  if (!find_device(s, group, &q.key, &reg)) return false;
   Runtime* rt = runtime_if_started();
   const std::uint64_t wait = rt ? rt->config.neighbour_wait_ns : 0;
   if (wait == 0 || !rt || rt->config.neighbours == config::Neighbours::off) return false;
@@ -165,11 +165,11 @@ bool ask_neighbours(const std::string& group, std::size_t bytes) {
 
 std::string answer_release(Runtime& rt, std::string_view args, bool other_user) {
   const std::size_t sp = args.find(' ');
-  wire::Uuid uuid;
+  wire::DeviceKey key;
   std::uint64_t bytes = 0;
-  if (sp == std::string_view::npos || !wire::parse_uuid(args.substr(0, sp), &uuid) ||
+  if (sp == std::string_view::npos || !wire::parse_key(args.substr(0, sp), &key) ||
       std::from_chars(args.data() + sp + 1, args.data() + args.size(), bytes).ec != std::errc())
-    return "error bad-request expected 'release GPU-<uuid> <bytes>'\n";
+    return "error bad-request expected 'release <device> <bytes>'\n";
   State& s = state();
   const std::vector<Device*> devs = devices(s);
   std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, SIZE_MAX));
@@ -184,7 +184,7 @@ std::string answer_release(Runtime& rt, std::string_view args, bool other_user) 
   std::uint64_t others = 0;
   if (other_user) {
     for (Device* d : devs)
-      if (d->uuid == uuid && !watched) watched = d;
+      if (d->key == key && !watched) watched = d;
     std::uint64_t free = 0, total = 0;
     if (!watched || !gpu_use(rt, *watched, &free, &total, &others) ||
         (watched->others_at_foreign != UINT64_MAX && others <= watched->others_at_foreign))
@@ -197,11 +197,11 @@ std::string answer_release(Runtime& rt, std::string_view args, bool other_user) 
   }
   std::size_t released = 0;
   for (Device* d : devs)
-    if (d->uuid == uuid && released < want) released += rt.pool.release_group(d->group, want - released);
+    if (d->key == key && released < want) released += rt.pool.release_group(d->group, want - released);
   if (released && watched) watched->others_at_foreign = others;
   if (released) {
     log().info("released {} MiB of held memory on {} for another gpupool process{}", released >> 20,
-               wire::uuid_text(uuid), other_user ? " (another user's)" : "");
+               wire::key_text(key), other_user ? " (another user's)" : "");
     // Published by this thread's next tick, not here: publishing opens the
     // registry, and the tick waits while the program has 0-2 closed.
     s.publish_now.store(true, std::memory_order_release);

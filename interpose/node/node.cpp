@@ -90,11 +90,11 @@ std::vector<Device*> devices(State& s, wire::Registry** reg) {
   return out;
 }
 
-bool find_device(State& s, const std::string& group, wire::Uuid* uuid, wire::Registry** reg) {
+bool find_device(State& s, const std::string& group, wire::DeviceKey* key, wire::Registry** reg) {
   LockGuard lock(s.mu);
   for (const Device& d : s.devices)
     if (d.group == group) {
-      *uuid = d.uuid;
+      *key = d.key;
       *reg = s.registry.get();
       return true;
     }
@@ -107,12 +107,12 @@ std::uint64_t add_sat(std::uint64_t a, std::uint64_t b) { return a > UINT64_MAX 
 // from NVML; false when NVML cannot say.
 bool gpu_use(Runtime& rt, const Device& d, std::uint64_t* free, std::uint64_t* total,
              std::uint64_t* others) {
-  if (!nvml_memory(d.uuid, free, total) || *total == 0) return false;
+  if (!wire::is_gpu(d.key) || !nvml_memory(d.key, free, total) || *total == 0) return false;
   const std::uint64_t used = *total - std::min(*free, *total);
   // This process's share: all it has on the GPU when NVML can say (its
   // contexts, libraries and memory outside the pool too), else the pool's.
   std::uint64_t mine = rt.pool.group_totals(d.group).managed_bytes, listed = 0;
-  if (nvml_process_used(d.uuid, static_cast<long>(getpid()), &listed)) mine = std::max(mine, listed);
+  if (nvml_process_used(d.key, static_cast<long>(getpid()), &listed)) mine = std::max(mine, listed);
   *others = used - std::min(used, mine);
   return true;
 }
@@ -133,8 +133,8 @@ void refresh(Runtime& rt, const std::vector<Device*>& devs, wire::Registry* reg)
     if (t.managed_bytes < d->managed) d->returned_at = io::mono_ns();
     d->managed = t.managed_bytes;
     auto u = std::find_if(out.begin(), out.end(),
-                          [&](const wire::DeviceUse& x) { return x.uuid == d->uuid; });
-    if (u == out.end()) u = out.insert(out.end(), wire::DeviceUse{d->uuid});
+                          [&](const wire::DeviceUse& x) { return x.key == d->key; });
+    if (u == out.end()) u = out.insert(out.end(), wire::DeviceUse{d->key});
     u->returned_at = std::max(u->returned_at, d->returned_at);
     u->held = add_sat(u->held, held);
     u->active = add_sat(u->active, t.active_bytes);
@@ -180,7 +180,7 @@ void watch(Runtime& rt, Device& d) {
     log().info(
         "{}: {} MiB free, under GPUPOOL_PRESSURE_FREE ({} MiB) as other processes "
         "allocate: released {} MiB of held memory",
-        wire::uuid_text(d.uuid), free >> 20, threshold >> 20, released >> 20);
+        wire::key_text(d.key), free >> 20, threshold >> 20, released >> 20);
 }
 
 constexpr std::uint64_t kArrivalWindowNs = 5000 * kMs;
@@ -228,7 +228,7 @@ bool gpupool_process(unsigned pid, const std::vector<wire::ProcessEntry>& listed
 // Control thread.
 void arrivals(Runtime& rt, State& s, Device& d, wire::Registry* reg, std::uint64_t now) {
   std::vector<unsigned> pids;
-  if (!nvml_processes(d.uuid, &pids)) return;
+  if (!nvml_processes(d.key, &pids)) return;
   std::vector<unsigned> fresh;
   std::set_difference(pids.begin(), pids.end(), d.pids.begin(), d.pids.end(),
                       std::back_inserter(fresh));
@@ -257,17 +257,17 @@ void arrivals(Runtime& rt, State& s, Device& d, wire::Registry* reg, std::uint64
     log().info(
         "{}: process {} arrived on the GPU: released {} MiB ({} blocks unused for "
         "GPUPOOL_ARRIVAL_IDLE or longer) in {:.1f} ms",
-        wire::uuid_text(d.uuid), arrived, bytes >> 20, blocks, ms);
+        wire::key_text(d.key), arrived, bytes >> 20, blocks, ms);
   else
     log().debug(
         "{}: after an arrival, {} MiB more ({} blocks) reached GPUPOOL_ARRIVAL_IDLE "
         "and were released",
-        wire::uuid_text(d.uuid), bytes >> 20, blocks);
+        wire::key_text(d.key), bytes >> 20, blocks);
 }
 
 }  // namespace
 
-void add_device(Runtime& rt, const wire::Uuid& uuid, const std::string& group, std::size_t total) {
+void add_device(Runtime& rt, const wire::DeviceKey& key, const std::string& group, std::size_t total) {
   State& s = state();
   bool open = false;  // this call opens the registry (the first device's)
   {
@@ -275,7 +275,7 @@ void add_device(Runtime& rt, const wire::Uuid& uuid, const std::string& group, s
     for (const Device& d : s.devices)
       if (d.group == group) return;
     Device d;
-    d.uuid = uuid;
+    d.key = key;
     d.group = group;
     d.total = total;
     s.devices.push_back(d);
@@ -303,14 +303,14 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now) {
   std::uint64_t next = s.next_publish;
   const std::uint64_t interval = rt.config.pressure_interval_ns;
   bool holding = false;
-  for (const Device* d : devs) holding = holding || (d->held > 0 && d->uuid != wire::kHostMemory);
+  for (const Device* d : devs) holding = holding || (d->held > 0 && wire::is_gpu(d->key));
   const config::SizeSpec& pf = rt.config.pressure_free;
   const bool watching = pf.unlimited || (pf.percent ? pf.fraction > 0 : pf.bytes > 0);
   const bool arrivals_on = rt.config.arrival_idle_ns > 0;
   if (interval && holding && (watching || arrivals_on)) {
     if (now >= s.next_watch) {
       for (Device* d : devs) {
-        if (d->held == 0 || d->uuid == wire::kHostMemory) {  // NVML sees GPUs only
+        if (d->held == 0 || !wire::is_gpu(d->key)) {  // NVML knows GPUs by UUID only
           d->pids_looked = false;  // who comes meanwhile is no arrival
           continue;
         }

@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <string>
 
-#include "wire/uuid.hpp"
+#include "wire/device_key.hpp"
 
 namespace gpupool {
 struct Runtime;
@@ -30,10 +30,11 @@ namespace node {
 // table (node::kPart: node.cpp).
 struct State;
 
-// The pool group `group` allocates device memory of the GPU `uuid`, of
-// `total` bytes. Called when a context (CUDA) or a pool group (OpenCL) is
+// The pool group `group` allocates memory of the device `key` (a GPU's
+// UUID, host memory, or a key derived for a device without a UUID:
+// wire/device_key.hpp), of `total` bytes. Called when a context (CUDA) or a pool group (OpenCL) is
 // first seen; repeats are ignored.
-void add_device(Runtime& rt, const wire::Uuid& uuid, const std::string& group, std::size_t total);
+void add_device(Runtime& rt, const wire::DeviceKey& key, const std::string& group, std::size_t total);
 
 // An allocation on `group`'s GPU ran out of memory and this process holds
 // nothing more there: ask the other gpupool processes holding the most on

@@ -59,7 +59,7 @@ struct Nvml {
   // the other processes'.
   nvmlReturn_t (*processes)(nvmlDevice_t, unsigned*, nvmlProcessInfo_v1_t*) = nullptr;
   struct Handle {
-    wire::Uuid uuid;
+    wire::DeviceKey uuid;
     nvmlDevice_t dev;
   };
   std::vector<Handle> handles;
@@ -128,14 +128,14 @@ bool load(Nvml& n, std::string* why) {
 namespace {
 // The device's handle (cached); nullptr when NVML or the device is not
 // available. Caller holds the session's lock; private table, no logging.
-nvmlDevice_t device_of(Nvml& n, const wire::Uuid& uuid, std::string* why) {
+nvmlDevice_t device_of(Nvml& n, const wire::DeviceKey& uuid, std::string* why) {
   if (!load(n, why) || n.pid != getpid()) return nullptr;
   for (const Nvml::Handle& h : n.handles)
     if (h.uuid == uuid) return h.dev;
   nvmlDevice_t dev = nullptr;
-  if (n.by_uuid(wire::uuid_text(uuid).c_str(), &dev) != kNvmlSuccess) dev = nullptr;
+  if (n.by_uuid(wire::key_text(uuid).c_str(), &dev) != kNvmlSuccess) dev = nullptr;
   if (!dev)
-    *why = "NVML does not know " + wire::uuid_text(uuid) + ": its free memory is not watched";
+    *why = "NVML does not know " + wire::key_text(uuid) + ": its free memory is not watched";
   n.handles.push_back({uuid, dev});
   return dev;
 }
@@ -164,7 +164,7 @@ constexpr unsigned kMaxProcesses = 64;
 
 // NVML's list of the processes computing on the GPU: *count entries of
 // infos[kMaxProcesses]. False when NVML cannot say.
-bool list_processes(const wire::Uuid& uuid, nvmlProcessInfo_v1_t* infos, unsigned* count) {
+bool list_processes(const wire::DeviceKey& uuid, nvmlProcessInfo_v1_t* infos, unsigned* count) {
   return with_nvml([&](Nvml& n, std::string* why) {
     nvmlDevice_t dev = device_of(n, uuid, why);
     if (!dev || !n.processes) return false;
@@ -176,7 +176,7 @@ bool list_processes(const wire::Uuid& uuid, nvmlProcessInfo_v1_t* infos, unsigne
 }
 }  // namespace
 
-bool nvml_process_used(const wire::Uuid& uuid, long pid, std::uint64_t* used) {
+bool nvml_process_used(const wire::DeviceKey& uuid, long pid, std::uint64_t* used) {
   nvmlProcessInfo_v1_t infos[kMaxProcesses];
   unsigned count = 0;
   if (!list_processes(uuid, infos, &count)) return false;
@@ -188,7 +188,7 @@ bool nvml_process_used(const wire::Uuid& uuid, long pid, std::uint64_t* used) {
   return false;  // not listed (another PID namespace, or nothing used yet)
 }
 
-bool nvml_processes(const wire::Uuid& uuid, std::vector<unsigned>* pids) {
+bool nvml_processes(const wire::DeviceKey& uuid, std::vector<unsigned>* pids) {
   nvmlProcessInfo_v1_t infos[kMaxProcesses];
   unsigned count = 0;
   if (!list_processes(uuid, infos, &count)) return false;
@@ -198,7 +198,7 @@ bool nvml_processes(const wire::Uuid& uuid, std::vector<unsigned>* pids) {
   return true;
 }
 
-bool nvml_memory(const wire::Uuid& uuid, std::uint64_t* free, std::uint64_t* total) {
+bool nvml_memory(const wire::DeviceKey& uuid, std::uint64_t* free, std::uint64_t* total) {
   return with_nvml([&](Nvml& n, std::string* why) {
     nvmlDevice_t dev = device_of(n, uuid, why);
     if (!dev) return false;

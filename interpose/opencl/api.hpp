@@ -50,6 +50,7 @@ namespace gpupool::ocl {
 #define GPUPOOL_CL_USED(Y)        \
   Y(clGetContextInfo)             \
   Y(clGetDeviceInfo)              \
+  Y(clGetPlatformInfo)            \
   Y(clFlush)                      \
   Y(clEnqueueMarkerWithWaitList)  \
   Y(clEnqueueBarrierWithWaitList) \

@@ -127,7 +127,7 @@ Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flag
   o.kind = "opencl";
   o.group = group;
   o.name = fmt::format("opencl ctx {} dev {} flags {:#x}", ctx->ordinal, ctx->device_name, flags);
-  o.device = ctx->device_label;
+  o.device = wire::key_text(ctx->key);
   if (has_props) {
     o.name += " props";
     for (cl_mem_properties p : props) o.name += fmt::format(" {:#x}", p);
@@ -137,7 +137,7 @@ Arena* arena_for(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_mem_flags flag
   o.max_held = cfg.max_held.resolve(ctx->global_mem);
   Arena* arena = rt.pool.add_arena(std::move(backend), std::move(o));
   ctx->arenas.push_back({flags, has_props, props, arena, false});
-  if (ctx->has_uuid) node::add_device(rt, ctx->uuid, group, ctx->global_mem);
+  node::add_device(rt, ctx->key, group, ctx->global_mem);
   return arena;
 }
 
@@ -167,13 +167,13 @@ bool ClContextBackend::passed(std::uint64_t f) {
 void ClContextBackend::wait_all() { advance(*ctx_); }
 
 bool ClContextBackend::relieve(std::size_t bytes) {
-  return ctx_->has_uuid && node::ask_neighbours(group_, bytes);
+  return node::ask_neighbours(group_, bytes);
 }
 
 std::string memory_group(const Ctx& ctx) {
   // The GPU when it has a UUID (every context on it draws on the same
   // memory), else the context's own.
-  return ctx.has_uuid ? "opencl:" + wire::uuid_text(ctx.uuid)
+  return ctx.has_uuid ? "opencl:" + wire::key_text(ctx.uuid)
                       : fmt::format("opencl:ctx{}", ctx.ordinal);
 }
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <unordered_map>
 
+#include <unistd.h>
+
 #include <CL/cl_ext.h>
 #include <fmt/format.h>
 
@@ -38,37 +40,27 @@ std::unordered_map<cl_context, std::shared_ptr<Ctx>>& ctx_map() {
   return *m;
 }
 
-// "opencl:P:D": the device's platform's index in clGetPlatformIDs and its
-// own in that platform's clGetDeviceIDs (stable on a node; not a
-// sub-device). Empty when unknown.
-std::string device_index(const Api& api, cl_device_id d) {
-  cl_platform_id platform = nullptr;
-  cl_uint np = 0, nd = 0;
-  if (!api.clGetPlatformIDs || !api.clGetDeviceIDs ||
-      api.clGetDeviceInfo(d, CL_DEVICE_PLATFORM, sizeof platform, &platform, nullptr) !=
-          CL_SUCCESS ||
-      api.clGetPlatformIDs(0, nullptr, &np) != CL_SUCCESS || np == 0)
-    return {};
-  std::vector<cl_platform_id> platforms(np);
-  if (api.clGetPlatformIDs(np, platforms.data(), nullptr) != CL_SUCCESS) return {};
-  const auto p = std::find(platforms.begin(), platforms.end(), platform);
-  if (p == platforms.end() ||
-      api.clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 0, nullptr, &nd) != CL_SUCCESS || nd == 0)
-    return {};
-  std::vector<cl_device_id> devices(nd);
-  if (api.clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, nd, devices.data(), nullptr) != CL_SUCCESS)
-    return {};
-  const auto i = std::find(devices.begin(), devices.end(), d);
-  if (i == devices.end()) return {};
-  return "opencl:" + std::to_string(p - platforms.begin()) + ":" +
-         std::to_string(i - devices.begin());
-}
-
 std::string device_string(const Api& api, cl_device_id d, cl_device_info what) {
   std::size_t n = 0;
   if (api.clGetDeviceInfo(d, what, 0, nullptr, &n) != CL_SUCCESS || n == 0) return {};
   std::string s(n, '\0');
   if (api.clGetDeviceInfo(d, what, n, s.data(), nullptr) != CL_SUCCESS) return {};
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+// The name of the device's platform; empty when unknown.
+std::string platform_name(const Api& api, cl_device_id d) {
+  cl_platform_id platform = nullptr;
+  std::size_t n = 0;
+  if (!api.clGetPlatformInfo ||
+      api.clGetDeviceInfo(d, CL_DEVICE_PLATFORM, sizeof platform, &platform, nullptr) !=
+          CL_SUCCESS ||
+      api.clGetPlatformInfo(platform, CL_PLATFORM_NAME, 0, nullptr, &n) != CL_SUCCESS || n == 0)
+    return {};
+  std::string s(n, '\0');
+  if (api.clGetPlatformInfo(platform, CL_PLATFORM_NAME, n, s.data(), nullptr) != CL_SUCCESS)
+    return {};
   s.resize(std::strlen(s.c_str()));
   return s;
 }
@@ -201,20 +193,25 @@ void load_info(Ctx& ctx) {
   ctx.device_name = device_string(api, devs[0], CL_DEVICE_NAME);
   if (devs.size() == 1) {
     const std::string ext = " " + device_string(api, devs[0], CL_DEVICE_EXTENSIONS) + " ";
-    static_assert(CL_UUID_SIZE_KHR == sizeof(wire::Uuid));
+    static_assert(CL_UUID_SIZE_KHR == sizeof(wire::DeviceKey));
     ctx.has_uuid = ext.find(" cl_khr_device_uuid ") != std::string::npos &&
                    api.clGetDeviceInfo(devs[0], CL_DEVICE_UUID_KHR, ctx.uuid.size(),
                                        ctx.uuid.data(), nullptr) == CL_SUCCESS &&
-                   ctx.uuid != wire::Uuid{};
+                   ctx.uuid != wire::DeviceKey{};
   }
+  // Named alike in every process of the node (the registry, `gpupool ps`,
+  // release requests, the stats): the UUID, else what names the devices
+  // (their platform, vendor and name) and the node.
   if (ctx.has_uuid) {
-    ctx.device_label = wire::uuid_text(ctx.uuid);
+    ctx.key = ctx.uuid;
   } else {
-    for (cl_device_id d : devs) {
-      std::string one = device_index(api, d);
-      if (one.empty()) one = "opencl:" + device_string(api, d, CL_DEVICE_NAME);
-      ctx.device_label += (ctx.device_label.empty() ? "" : "+") + one;
-    }
+    std::string identity;
+    for (cl_device_id d : devs)
+      identity += platform_name(api, d) + '\n' + device_string(api, d, CL_DEVICE_VENDOR) + '\n' +
+                  device_string(api, d, CL_DEVICE_NAME) + '\n';
+    char node[256] = {};
+    if (gethostname(node, sizeof node - 1) != 0) node[0] = 0;
+    ctx.key = wire::derived_key(identity + "node " + node);
   }
   ctx.max_alloc = max_alloc;
   ctx.global_mem = global;

@@ -23,7 +23,7 @@
 #include "interpose/handle_table.hpp"
 #include "interpose/opencl/api.hpp"
 #include "interpose/runtime.hpp"
-#include "wire/uuid.hpp"
+#include "wire/device_key.hpp"
 
 namespace gpupool::ocl {
 
@@ -70,19 +70,21 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   // 1, 2, ...: the context's name in gpupool's stats (no address: the same
   // program's stats read alike from run to run).
   std::uint64_t ordinal = 0;
-  // What its memory is in the stats, the same in every process: the UUID
-  // (below), else "opencl:P:D" (platform and device index), else its name.
-  std::string device_label;
   std::size_t max_alloc = 0;   // min CL_DEVICE_MAX_MEM_ALLOC_SIZE over the devices
   std::size_t global_mem = 0;  // min CL_DEVICE_GLOBAL_MEM_SIZE
   bool ocl12 = false;
   bool svm = false;  // every device has coarse-grained SVM buffers (svm.cpp)
   // The device's UUID (cl_khr_device_uuid), for a context of one device
-  // that has one: its buffers then draw on a GPU the node's other
-  // processes can name (NVIDIA's is the CUDA UUID), and take part in
-  // releasing for them (interpose/node).
+  // that has one: its buffers then draw on a GPU every context on it shares
+  // (one pool group), which NVML watches (NVIDIA's is the CUDA UUID).
   bool has_uuid = false;
-  wire::Uuid uuid{};
+  wire::DeviceKey uuid{};
+  // What the node's other processes know its memory by (the registry,
+  // `gpupool ps`, release requests: interpose/node): the UUID, else a key
+  // derived from its devices' platform, vendor and name and the node
+  // (wire/device_key.hpp), so that PoCL's CPU device takes part too. Its
+  // text is the device in the stats.
+  wire::DeviceKey key{};
 
   Ranked<LockRank::opencl_context> mu;  // everything below
   cl_command_queue internal = nullptr;

@@ -87,13 +87,13 @@ Arena* svm_arena(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_svm_mem_flags 
   o.group = group;
   o.name = fmt::format("opencl svm ctx {} dev {} flags {:#x}", ctx->ordinal, ctx->device_name,
                        flags);
-  o.device = ctx->device_label;
+  o.device = wire::key_text(ctx->key);
   o.max_block = ctx->max_alloc;
   o.max_pooled = cfg.max_pooled.resolve(ctx->global_mem);
   o.max_held = cfg.max_held.resolve(ctx->global_mem);
   Arena* arena = rt.pool.add_arena(std::make_unique<SvmBackend>(ctx, flags, cfg, group), std::move(o));
   ctx->arenas.push_back({flags, false, {}, arena, true});
-  if (ctx->has_uuid) node::add_device(rt, ctx->uuid, group, ctx->global_mem);
+  node::add_device(rt, ctx->key, group, ctx->global_mem);
   return arena;
 }
 

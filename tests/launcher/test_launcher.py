@@ -153,8 +153,13 @@ class Usage(unittest.TestCase):
             self.bad(cmd, "1", "--timeout", contains="--timeout needs a value")
             self.bad(cmd, "1", "--timeout", "0", contains="is not a number of seconds")
             self.bad(cmd, "1", "--timeout=x", contains="is not a number of seconds")
-        self.bad("free-held", "1", "--json", contains="unknown option '--json'")
+        self.bad("free-held", "--json", contains="no PID given")
+        self.bad("free-held", "--all", "--device", "GPU-12", contains="'GPU-12' is not a device")
+        self.bad("free-held", "--all", "--device", "opencl-xyz", contains="is not a device")
+        self.bad("free-held", "1", "--device", "host", contains="--device goes with --all")
         self.bad("env", "extra", contains="unexpected argument 'extra'")
+        self.bad("env", "--json", "--text", contains="unexpected argument '--text'")
+        self.bad("report", "--text", "--json", "t", contains="--text or --json, not both")
 
     def test_env(self):
         r = gp("env", env=clean_env(GPUPOOL_MAX_HELD="2G"))
@@ -171,6 +176,25 @@ class Usage(unittest.TestCase):
         self.assertIn("Problems:", r.stdout)
         self.assertIn("GPUPOOL_MAX_HELD=", r.stdout.split("Problems:")[1])
         self.assertIn("did you mean GPUPOOL_MAX_HELD", r.stdout)
+
+    def test_env_json(self):
+        r = gp("env", "--json", env=clean_env(GPUPOOL_MAX_HELD="2G"))
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        doc = json.loads(r.stdout)
+        by_name = {v["name"]: v for v in doc["variables"]}
+        self.assertEqual(by_name["GPUPOOL_MAX_HELD"]["value"], "2G")
+        self.assertEqual(by_name["GPUPOOL_MAX_HELD"]["default"], "unlimited")
+        self.assertIsNone(by_name["GPUPOOL_REUSE"]["value"])
+        self.assertTrue(by_name["GPUPOOL_REUSE"]["description"])
+        # Every variable the text lists, in its order.
+        text = gp("env", env=clean_env(GPUPOOL_MAX_HELD="2G")).stdout
+        listed = [ln.split()[0] for ln in text.splitlines()[1:] if ln.startswith("GPUPOOL_")]
+        self.assertEqual([v["name"] for v in doc["variables"]], listed)
+        self.assertEqual(doc["problems"], [])
+        r = gp("env", "--json", env=clean_env(GPUPOOL_MAX_HELD="lots", GPUPOOL_MAX_HLED="1"))
+        doc = json.loads(r.stdout)
+        self.assertEqual(len(doc["problems"]), 2, doc["problems"])
+        self.assertTrue(any("did you mean GPUPOOL_MAX_HELD" in p for p in doc["problems"]))
 
 
 class Run(unittest.TestCase):
@@ -262,7 +286,7 @@ class Run(unittest.TestCase):
         self.assertIn(", exit, holding on", r.stderr)
         # The program released its context: the arena's row is the retired
         # OpenCL arenas' (their counters stay in the totals).
-        self.assertRegex(r.stderr, r"\nopencl: 1 destroyed arena \(retired\) +opencl +0 / 0 B")
+        self.assertRegex(r.stderr, r"\nopencl: 1 destroyed arena \(retired\) +0 / 0 B")
         self.assertIn("total (", r.stderr)
         r = gp("run", "--stats", "--json", "--", CL_WORKLOAD, "once")
         doc, errors = gpupool_check.validate_dump(r.stderr.strip().splitlines()[-1], SCHEMA)
@@ -302,6 +326,31 @@ class Pid(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         return out
 
+    def test_json_answers(self):
+        """free-held and stop-holding --json: what was released and what is
+        held, exact, as one object; free-held --all --json: one per process."""
+        tmp = tempfile.mkdtemp(prefix="gpupool-json-")
+        env = clean_env(GPUPOOL_REGISTRY=os.path.join(tmp, "registry"))
+        server = Serving([HARNESS, "serve"], env)
+        try:
+            before = json.loads(gp("stats", str(server.pid), "--json").stdout)["totals"]
+            r = gp("free-held", str(server.pid), "--json")
+            self.assertEqual((r.returncode, r.stderr), (OK, ""))
+            self.assertEqual(json.loads(r.stdout), {
+                "released_blocks": 7, "released_bytes": before["held_bytes"],
+                "held_blocks": 0, "held_bytes": 0, "holding": True})
+            r = gp("stop-holding", str(server.pid), "--json")
+            self.assertEqual((r.returncode, r.stderr), (OK, ""))
+            self.assertEqual(json.loads(r.stdout), {
+                "released_blocks": 0, "released_bytes": 0, "held_blocks": 0, "held_bytes": 0,
+                "holding": False})
+            # A process that is not there: its error, nothing on stdout.
+            r = gp("free-held", "999999999", "--json")
+            self.assertEqual((r.returncode, r.stdout), (NO_PROCESS, ""))
+        finally:
+            server.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_commands_on_a_running_program(self):
         self.check_pid_commands(Serving([HARNESS, "serve"], clean_env()))
 
@@ -312,6 +361,96 @@ class Pid(unittest.TestCase):
         # Holding stopped: the 3 buffers released at the end went back at once.
         doc = json.loads(out.split("stats: ", 1)[1])
         self.assertEqual(doc["totals"]["held_blocks"], 0)
+
+    @unittest.skipUnless(CL_WORKLOAD, "OpenCL hooks not built")
+    def test_ps_and_free_held_all_on_an_opencl_device_without_uuid(self):
+        # PoCL's CPU device has no UUID: it is named by a key made from its
+        # platform, vendor and name and the node, the same in `ps`, `stats`
+        # and --device (before: ps listed nobody, free-held --all asked
+        # nobody, while `stats PID` answered).
+        tmp = tempfile.mkdtemp(prefix="gpupool-ps-")
+        env = clean_env(LD_PRELOAD=TEST_PRELOAD, GPUPOOL_REGISTRY=os.path.join(tmp, "registry"))
+        server = Serving([CL_WORKLOAD, "serve"], env)
+        try:
+            def listed():
+                r = gp("ps", "--json", env=env)
+                self.assertEqual(r.returncode, OK, r.stderr)
+                return [p for p in json.loads(r.stdout)["processes"] if p["pid"] == server.pid]
+            # Published at its first buffer, then every 100 ms: until its
+            # figures after the 7 releases are there.
+            for _ in range(600):
+                if listed() and listed()[0]["devices"] and listed()[0]["devices"][0]["held_bytes"]:
+                    break
+                time.sleep(0.05)
+            entry = listed()
+            self.assertEqual(len(entry), 1, "the OpenCL process is not listed by ps --json")
+            dev = entry[0]["devices"][0]
+            self.assertRegex(dev["device"], r"^opencl-[0-9a-f]{24}$")
+            doc = json.loads(gp("stats", str(server.pid), "--json", env=env).stdout)
+            self.assertEqual({a["device"] for a in doc["arenas"]}, {dev["device"]})
+            self.assertEqual(dev["held_bytes"], doc["totals"]["held_bytes"])
+            self.assertGreater(dev["held_bytes"], 0)
+            r = gp("ps", env=env)
+            self.assertEqual(r.returncode, OK, r.stderr)
+            row = [ln for ln in r.stdout.splitlines() if ln.split()[:1] == [str(server.pid)]]
+            self.assertEqual(len(row), 1, r.stdout)
+            self.assertIn(dev["device"], row[0])
+            # --device another device asks nobody; the key asks it.
+            r = gp("free-held", "--all", "--device", "host", env=env)
+            self.assertEqual(r.returncode, OK, r.stderr)
+            self.assertIn("no gpupool process", r.stdout)
+            doc = json.loads(gp("stats", str(server.pid), "--json", env=env).stdout)
+            self.assertEqual(doc["totals"]["held_blocks"], 7)
+            r = gp("free-held", "--all", "--device", dev["device"], env=env)
+            self.assertEqual(r.returncode, OK, r.stderr)
+            self.assertIn(f"process {server.pid} (cl_workload): released {dev['held_bytes']}\n",
+                          r.stdout)
+            doc = json.loads(gp("stats", str(server.pid), "--json", env=env).stdout)
+            self.assertEqual(doc["totals"]["held_blocks"], 0)
+            self.assertEqual(doc["totals"]["active_blocks"], 3)
+        finally:
+            rc, out, err = server.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.assertEqual(rc, 0, err)
+
+    @unittest.skipUnless(CL_WORKLOAD, "OpenCL hooks not built")
+    def test_free_held_all_asks_an_opencl_process(self):
+        tmp = tempfile.mkdtemp(prefix="gpupool-ps-")
+        env = clean_env(LD_PRELOAD=TEST_PRELOAD, GPUPOOL_REGISTRY=os.path.join(tmp, "registry"))
+        server = Serving([CL_WORKLOAD, "serve"], env)
+        try:
+            for _ in range(600):
+                r = gp("ps", "--json", env=env)
+                if any(p["pid"] == server.pid and p["devices"] and p["devices"][0]["held_bytes"]
+                       for p in json.loads(r.stdout)["processes"]):
+                    break
+                time.sleep(0.05)
+            held = json.loads(gp("stats", str(server.pid), "--json").stdout)["totals"]["held_bytes"]
+            r = gp("free-held", "--all", "--json", env=env)
+            self.assertEqual((r.returncode, r.stderr), (OK, ""))
+            doc = json.loads(r.stdout)
+            self.assertIsNone(doc["device"])
+            self.assertEqual(doc["processes"], [{
+                "pid": server.pid, "command": "cl_workload", "ok": True, "released_blocks": 7,
+                "released_bytes": held, "held_blocks": 0, "held_bytes": 0, "holding": True}])
+            r = gp("free-held", "--all", env=env)
+            self.assertEqual(r.returncode, OK, r.stderr)
+            self.assertIn(f"process {server.pid} (cl_workload): released 0", r.stdout)
+            doc = json.loads(gp("stats", str(server.pid), "--json", env=env).stdout)
+            self.assertEqual(doc["totals"]["held_blocks"], 0)
+            # A process that does not answer: its entry says why.
+            os.kill(server.pid, signal.SIGSTOP)
+            r = gp("free-held", "--all", "--json", "--timeout", "0.5", env=env)
+            self.assertEqual(r.returncode, FAILED, r.stderr)
+            entry = json.loads(r.stdout)["processes"][0]
+            self.assertEqual((entry["pid"], entry["ok"], entry["exit"]),
+                             (server.pid, False, TIMEOUT))
+            self.assertIn("no answer", entry["error"])
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+            rc, out, err = server.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.assertEqual(rc, 0, err)
 
     def test_no_such_process(self):
         for cmd in ("stats", "free-held", "stop-holding"):
@@ -1289,8 +1428,9 @@ class Several(InTmpDir):
         # The text report: each process and all together.
         r = gp("report", "--text", self.two_processes())
         self.assertEqual(r.returncode, OK, r.stderr)
-        self.assertRegex(r.stdout, r"pid 11 +started \+200 µs +peak +2\.0 MiB, at the end +512\.0 KiB  "
-                                   r"python3 train.py --rank 1")
+        # (A process's command line and trace on the line under its figures.)
+        self.assertRegex(r.stdout, r"pid 11 +started \+200 µs +peak +2\.0 MiB, at the end +512\.0 KiB\n"
+                                   r" +python3 train.py --rank 1  \(")
         self.assertIn("== All processes", r.stdout)
         self.assertRegex(r.stdout, r"6\.0 MiB +2 blocks  py step \(/src/train.py:10\)  \[pids 10,11\]")
         self.assertIn("== python3 train.py --rank 0 (pid 10)", r.stdout)
@@ -1536,9 +1676,11 @@ class Text(InTmpDir):
         self.assertEqual(r.returncode, OK, r.stderr)
         for c in "\x1b\x07\x9b\x7f":
             self.assertNotIn(c, r.stdout + r.stderr)
-        self.assertIn(f"gpupool report: python3 x{shown} (pid 4)", r.stdout)
-        self.assertIn(f"py step{shown} (/src/t{shown}.py:10)", r.stdout)
-        self.assertIn(f"cuda:0{shown}", r.stdout)
+        # (Lines the escapes made longer than 100 columns are wrapped.)
+        flat = re.sub(r"\n +", " ", r.stdout)
+        self.assertIn(f"gpupool report: python3 x{shown} (pid 4)", flat)
+        self.assertIn(f"py step{shown} (/src/t{shown}.py:10)", flat)
+        self.assertIn(f"cuda:0{shown}", flat)
         # An error names the file, escaped too.
         self.write(f"bad{evil}.trace", "# gpupool trace 2\nnonsense\n")
         r = gp("report", "--text", os.path.join(self.tmp, f"bad{evil}.trace"))
@@ -1588,7 +1730,8 @@ Still held at the end (10.7 KiB in 3 blocks), by allocation site, largest first:
                              libapp.so+0x1100
                              libapp.so+0x1200
 
-Frameworks keep memory until exit on purpose: a cache or a model's weights still held at the end is not a leak.
+Frameworks keep memory until exit on purpose: a cache or a model's weights still held at the end
+is not a leak.
 """)
         # -o: a file, with the same promise as the page's.
         out = os.path.join(self.tmp, "t.txt")
@@ -1611,7 +1754,8 @@ Frameworks keep memory until exit on purpose: a cache or a model's weights still
         r = gp("report", "--text", trace)
         self.assertEqual(r.returncode, OK, r.stderr)
         leaks = r.stdout[r.stdout.index("Still held at the end (3.1 MiB in 4 blocks)"):]
-        rows = re.findall(r"^ +([0-9.]+ \w+) +(\d+) blocks? +(\S.*?)  \[opencl:", leaks, re.M)
+        # (The pool group and arena beside the label, or under it when long.)
+        rows = re.findall(r"^ +([0-9.]+ \w+) +(\d+) blocks? +(\S.*?)\s+\[opencl:", leaks, re.M)
         self.assertEqual([(b, n) for b, n, _ in rows], [("3.0 MiB", "3"), ("64.0 KiB", "1")], leaks)
         # Each with its stack (the lines under it), the program's main in it.
         stacks = re.split(r"^ +[0-9.]+ \w+ +\d+ blocks? +.*$", leaks, flags=re.M)[1:]
@@ -1708,6 +1852,88 @@ Frameworks keep memory until exit on purpose: a cache or a model's weights still
         r = gp("report", "--text", new, "--fail-if-peak-grows", "5")
         self.assertEqual((r.returncode, r.stdout), (USAGE, ""))
         self.assertIn("--fail-if-peak-grows compares with --diff BASE", r.stderr)
+
+    def test_every_line_within_100_columns(self):
+        """Text output fits a 100-column terminal or CI log: report --text
+        (one process and several, with stacks and long arena names),
+        --diff, env (with problems), ps, stats, every command's help, each
+        on a real program's data (before: report lines of up to 227
+        columns, stats 225, env 150)."""
+        if not REPORT_PROGRAM or not CL_WORKLOAD:
+            self.skipTest("no report_program (OpenCL not built)")
+        one = os.path.join(self.tmp, "one.trace")
+        several = os.path.join(self.tmp, "several")
+        os.mkdir(several)
+        for trace in (one, os.path.join(several, "t.%p.trace"), os.path.join(several, "t.%p.trace")):
+            r = gp("run", "--trace", trace, "--set", "SITES=all", "--", REPORT_PROGRAM)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        outputs = {}
+        for args in (("report", "--text", one), ("report", "--text", several),
+                     ("report", "--diff", one, several, "--text"), ("--help",),
+                     *(("help", c) for c in ("run", "stats", "free-held", "stop-holding", "ps",
+                                             "trace", "report", "env", "help"))):
+            r = gp(*args)
+            self.assertEqual(r.returncode, OK, (args, r.stderr))
+            outputs[args] = r.stdout
+        r = gp("env", env=clean_env(GPUPOOL_MAX_HELD="x" * 150, GPUPOOL_MAX_HLED="1",
+                                   GPUPOOL_LOG_FILE="/" + "long/" * 40 + "log"))
+        self.assertIn("Problems:", r.stdout)
+        outputs[("env",)] = r.stdout
+        env = clean_env(LD_PRELOAD=TEST_PRELOAD, GPUPOOL_REGISTRY=os.path.join(self.tmp, "registry"))
+        server = Serving([CL_WORKLOAD, "serve"], env)
+        try:
+            for _ in range(600):
+                r = gp("ps", env=env)
+                if str(server.pid) in r.stdout:
+                    break
+                time.sleep(0.05)
+            outputs[("ps",)] = r.stdout
+            outputs[("stats",)] = gp("stats", str(server.pid)).stdout
+        finally:
+            server.close()
+        self.assertIn(str(server.pid), outputs[("ps",)])
+        self.assertIn("bins holding most", outputs[("stats",)])
+        self.assertIn("still held at the end", outputs[("report", "--text", one)].lower())
+        for args, out in outputs.items():
+            self.assertTrue(out, args)
+            wide = [ln for ln in out.splitlines() if len(ln) > 100]
+            self.assertEqual(wide, [], args)
+
+    def test_report_json(self):
+        """report --json: the page's figures as one document; --diff --json
+        adds the sites by change."""
+        trace = self.write("t.trace", Flame.KNOWN)
+        r = gp("report", "--json", trace)
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        doc = json.loads(r.stdout)
+        self.assertEqual(doc["version"], 1)
+        self.assertEqual((doc["pid"], doc["allocations"], doc["frees"]), (4, 4, 1))
+        self.assertEqual(doc["files"], [trace])
+        self.assertEqual(doc["peak"]["bytes"], 15000)
+        self.assertEqual((doc["end"]["blocks"], doc["end"]["bytes"]), (3, 11000))
+        self.assertEqual(doc["end"]["sites"][0]["label"], "py step (/src/train.py:10)")
+        self.assertEqual([g["name"] for g in doc["groups"]], ["cuda:0"])
+        # The same data as the page's.
+        out = os.path.join(self.tmp, "r.html")
+        self.assertEqual(gp("report", trace, "-o", out).returncode, OK)
+        d, _ = page_data(out)
+        self.assertEqual(d, doc)
+        # -o and the gates as with --text.
+        r = gp("report", "--json", trace, "-o", os.path.join(self.tmp, "r.json"), "--fail-on-leak")
+        self.assertEqual(r.returncode, LEAKED)
+        self.assertEqual(json.loads(read_text(os.path.join(self.tmp, "r.json"))), doc)
+        base, new = self.diff_traces()
+        r = gp("report", "--diff", base, new, "--json")
+        self.assertEqual((r.returncode, r.stderr), (OK, ""))
+        doc = json.loads(r.stdout)
+        self.assertEqual((doc["base"]["peak"]["bytes"], doc["now"]["peak"]["bytes"]),
+                         (4 * MIB, 6 * MIB))
+        self.assertEqual([(c["label"], c["change"], c["before"]["bytes"], c["after"]["bytes"])
+                          for c in doc["peak"]],
+                         [("py step (/src/train.py:12)", 2 * MIB, 4 * MIB, 6 * MIB)])
+        self.assertEqual([(c["label"], c["change"]) for c in doc["end"]],
+                         [("py helper (/src/train.py:20)", -2 * MIB),
+                          ("py load (/src/train.py:40)", 512 * KIB)])
 
     def diff_traces(self):
         def trace(name, step_line, peak_mib, held):

@@ -764,7 +764,7 @@ elif CHECK == "asked_by_others":
     os.close(os.open(shared, os.O_CREAT | os.O_RDWR, 0o666))
     os.chmod(shared, 0o666)
     h = Holder(shared, True, A, GPUPOOL_NEIGHBOURS="all", **NO_WATCH)
-    uuid = next(d["uuid"] for p in ps(shared, A) if p["pid"] == h.p.pid for d in p["devices"])
+    uuid = next(d["device"] for p in ps(shared, A) if p["pid"] == h.p.pid for d in p["devices"])
     SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     asker = ("import socket, sys\n"
              "s = socket.socket(socket.AF_UNIX)\n"
@@ -819,7 +819,7 @@ elif CHECK == "stdio_closed":
         deadline = time.time() + 10  # all its blocks published (the first publish may see some)
         while held_by(shared, h.p.pid) != held and time.time() < deadline:
             time.sleep(0.05)
-        uuid = next(d["uuid"] for p in ps(shared) if p["pid"] == h.p.pid for d in p["devices"])
+        uuid = next(d["device"] for p in ps(shared) if p["pid"] == h.p.pid for d in p["devices"])
         answer = []
         # A client the control thread accepted before the program closed
         # 0-2 (new ones wait in the backlog meanwhile) asks then.
