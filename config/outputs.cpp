@@ -187,6 +187,18 @@ long sibling_pid(const std::string& of, const std::string& name) {
   return pid;
 }
 
+std::string unsibling(const std::string& name) {
+  // ".<digits>" before the last extension, or as it.
+  const std::size_t last = pid_slot(name);
+  for (const std::size_t end : {last, name.size()}) {
+    const std::size_t dot = name.rfind('.', end == 0 ? 0 : end - 1);
+    if (dot == std::string::npos || dot == 0 || dot + 1 >= end) continue;
+    const std::string of = name.substr(0, dot) + name.substr(end);
+    if (sibling_pid(of, name) >= 0) return of;
+  }
+  return {};
+}
+
 bool is_output_name(const std::string& value_name, const std::string& name) {
   if (has_pid(value_name)) return match_pid_pattern(value_name, 0, name, 0);
   const std::string plain = expand_path(value_name, 0);  // %% -> %
@@ -282,28 +294,36 @@ void HeldFile::remove(const std::string& path) {
   held_.close();
 }
 
-std::vector<std::string> remove_unheld_outputs(const std::string& value, const std::string& keep,
-                                               const std::string& starts_with) {
+namespace {
+
+// Calls fn(dir, entry, file, temporary) for each file in the directory of
+// `value` that is_output_name gives for it and gpupool wrote (a regular
+// file of this user starting with `starts_with`), and, with temporaries,
+// for HeldFile's temporary files beside them whose writer is gone or is
+// this process; `file` is opened read-only. Not when the directory part
+// holds %p.
+template <class Fn>
+void each_output(const std::string& value, const std::string& keep, const std::string& starts_with,
+                 bool temporaries, Fn&& fn) {
   const std::size_t slash = value.rfind('/');
-  if (slash != std::string::npos && has_pid(value.substr(0, slash))) return {};
+  if (slash != std::string::npos && has_pid(value.substr(0, slash))) return;
   const std::string value_name = slash == std::string::npos ? value : value.substr(slash + 1);
   std::string name, why;
   const OwnedFd dir = open_parent(expand_path(value, 0), &name, &why);
-  if (!dir.valid()) return {};
+  if (!dir.valid()) return;
   const int d = dir.get();
   const int list = above_stdio(::openat(d, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (list < 0) return {};
+  if (list < 0) return;
   DIR* dp = fdopendir(list);
   if (!dp) {
     ::close(list);
-    return {};
+    return;
   }
-  std::vector<std::string> removed;
   std::string head(starts_with.size(), '\0');
   while (const dirent* e = readdir(dp)) {
     const std::string entry = e->d_name;
     if (entry == keep || entry == "." || entry == "..") continue;
-    const long writer = temporary_pid(value_name, entry);
+    const long writer = temporaries ? temporary_pid(value_name, entry) : -1;
     if (writer < 0 ? !is_output_name(value_name, entry) : !stale_temporary(writer)) continue;
     OwnedFd f = OwnedFd::adopt(
         ::openat(d, entry.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
@@ -316,13 +336,36 @@ std::vector<std::string> remove_unheld_outputs(const std::string& value, const s
         (pread(f.get(), head.data(), head.size(), 0) != static_cast<ssize_t>(head.size()) ||
          head != starts_with))
       continue;
-    // Held: a live process's. Where locks are not supported nothing is known.
-    if (flock(f.get(), LOCK_EX | LOCK_NB) != 0) continue;
-    if (id_at(d, entry, &st) == f.id() && ::unlinkat(d, entry.c_str(), 0) == 0)
-      removed.push_back(entry);
+    fn(d, entry, f, writer >= 0);
   }
   closedir(dp);
+}
+
+}  // namespace
+
+std::vector<std::string> remove_unheld_outputs(const std::string& value, const std::string& keep,
+                                               const std::string& starts_with) {
+  std::vector<std::string> removed;
+  each_output(value, keep, starts_with, /*temporaries=*/true,
+              [&](int d, const std::string& entry, OwnedFd& f, bool) {
+                // Held: a live process's. Where locks are not supported
+                // nothing is known.
+                if (flock(f.get(), LOCK_EX | LOCK_NB) != 0) return;
+                struct stat st{};
+                if (id_at(d, entry, &st) == f.id() && ::unlinkat(d, entry.c_str(), 0) == 0)
+                  removed.push_back(entry);
+              });
   return removed;
+}
+
+std::vector<std::string> held_outputs(const std::string& value, const std::string& starts_with) {
+  std::vector<std::string> held;
+  each_output(value, "", starts_with, /*temporaries=*/false,
+              [&](int, const std::string& entry, OwnedFd& f, bool) {
+                if (flock(f.get(), LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+                  held.push_back(entry);
+              });
+  return held;
 }
 
 }  // namespace gpupool::io

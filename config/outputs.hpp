@@ -36,6 +36,10 @@ long sibling_pid(const std::string& of, const std::string& name);
 std::vector<std::string> output_names(const std::string& value, long pid, long run_pid,
                                       bool forked_child);
 
+// The file name `name` is a sibling of (sibling_path's rule undone:
+// out.4242.trace -> out.trace, trace.4242 -> trace); empty when it is none.
+std::string unsibling(const std::string& name);
+
 // `name` (a file name) is one that output_names gives for some pid, for the
 // value whose file name is `value_name`: value_name itself, a sibling
 // (.<digits> before the same extension), or with %p the pattern with any
@@ -81,5 +85,11 @@ class HeldFile {
 // directory part holds %p.
 std::vector<std::string> remove_unheld_outputs(const std::string& value, const std::string& keep,
                                                const std::string& starts_with);
+
+// The files of `value` (as remove_unheld_outputs finds them, temporaries
+// aside) that a live process holds: it is writing them. A shared lock is
+// tried, so a holder's exclusive one refuses it and nobody is refused
+// meanwhile but another process taking the file at that instant.
+std::vector<std::string> held_outputs(const std::string& value, const std::string& starts_with);
 
 }  // namespace gpupool::io

@@ -150,6 +150,28 @@ void remove_earlier_traces(const std::string& file) {
                removed.size(), removed.size() == 1 ? "" : "s", file.c_str(), names.c_str());
 }
 
+// A --trace FILE that a live process is writing (FILE or a sibling: another
+// run given the same name is under way) is refused, as memray refuses an
+// existing output: its report would read both runs' processes as one
+// program's. Empty when none; else the message. Not with %p in FILE (the
+// pid keeps the names apart).
+std::string trace_in_use(const std::string& file) {
+  if (file.find("%p") != std::string::npos) return {};
+  const std::vector<std::string> held = io::held_outputs(file, trace::kTraceHeaderPrefix);
+  if (held.empty()) return {};
+  const std::size_t slash = file.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : file.substr(0, slash + 1);
+  std::uint64_t pid = 0, run = 0;
+  trace::trace_head(dir + held.front(), &pid, &run);
+  std::string who = pid ? "process " + std::to_string(pid) : "a live process";
+  if (run && run != pid) who += " of the `gpupool run` " + std::to_string(run);
+  return "--trace " + file + ": " + dir + held.front() + " is being written by " + who +
+         (held.size() > 1 ? " (and " + std::to_string(held.size() - 1) + " more of its names)"
+                          : "") +
+         ": another run is using this name; give this run another (or a directory of its own), "
+         "or wait until it ends; the program was not started";
+}
+
 // The Prometheus files of processes that are gone (killed: they hold them
 // no more), and the temporary files of writes an exec or a kill cut short,
 // removed before the program starts (and then by each of its processes as
@@ -333,6 +355,13 @@ int cmd_run(int argc, char** argv) {
   bool run_pid_given = false;
   for (const Var& v : vars) run_pid_given |= v.name == "GPUPOOL_RUN_PID";
   const bool within_a_run = run_pid_given || getenv("GPUPOOL_RUN_PID");
+  // Nothing is changed before every check has passed.
+  for (const Var& v : vars)
+    if (v.name == "GPUPOOL_TRACE_FILE" && !within_a_run)
+      if (const std::string why = trace_in_use(v.value); !why.empty()) {
+        say("run", why);
+        return kUsage;
+      }
   for (const Var& v : vars) {
     setenv(v.name.c_str(), v.value.c_str(), 1);
     if (v.name == "GPUPOOL_TRACE_FILE" && !within_a_run) remove_earlier_traces(v.value);

@@ -77,6 +77,14 @@ bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string
     }
     files->push_back(path);
   };
+  // Another run's traces beside an input: said at the end, but for those
+  // read anyway (named themselves, or in a directory named).
+  struct LeftOut {
+    std::string beside;
+    std::vector<std::string> files;
+    std::uint64_t run = 0;
+  };
+  std::vector<LeftOut> left_out;
   for (const std::string& input : inputs) {
     struct stat st {};
     const bool exists = ::stat(input.c_str(), &st) == 0;
@@ -109,25 +117,76 @@ bool trace_files(const std::vector<std::string>& inputs, std::vector<std::string
     // (docs/trace.md): NAME.PID.EXT beside NAME.EXT.
     const std::size_t slash = input.rfind('/');
     const std::string dir = dir_of(input);
+    const std::string prefix = slash == std::string::npos ? "" : input.substr(0, slash + 1);
     const std::string base = slash == std::string::npos ? input : input.substr(slash + 1);
-    std::vector<std::pair<long, std::string>> siblings;
     std::vector<std::string> names;
     std::string ignored;
-    if (!base.empty() && names_in(dir, &names, &ignored)) {
+    if (!base.empty()) names_in(dir, &names, &ignored);
+    // The traces of `of`'s siblings, by pid.
+    auto siblings_of = [&](const std::string& of, bool say) {
+      std::vector<std::pair<long, std::string>> out;
       for (const std::string& name : names) {
-        const long pid = io::sibling_pid(base, name);
+        const long pid = io::sibling_pid(of, name);
         if (pid < 0) continue;
-        const std::string path =
-            (slash == std::string::npos ? "" : input.substr(0, slash + 1)) + name;
-        if (trace::is_trace_file(path)) siblings.emplace_back(pid, path);
-        else notes->push_back(path + ": not a gpupool trace, left out");
+        if (trace::is_trace_file(prefix + name)) out.emplace_back(pid, prefix + name);
+        else if (say) notes->push_back(prefix + name + ": not a gpupool trace, left out");
       }
+      std::sort(out.begin(), out.end());
+      return out;
+    };
+    std::vector<std::pair<long, std::string>> siblings = siblings_of(base, true);
+    // A trace of a `gpupool run` (its '# run' line): that run's traces only.
+    // Another run's beside it (two runs given one name at once) are left out,
+    // and said; and a file that is itself a sibling (that other run's
+    // program found the name taken) is read with its own run's traces
+    // beside the name it was given.
+    std::uint64_t pid = 0, run = 0;
+    if (exists) trace::trace_head(input, &pid, &run);
+    if (run != 0) {
+      const std::string named = io::unsibling(base);
+      if (!named.empty()) {
+        if (const std::string path = prefix + named; trace::is_trace_file(path))
+          siblings.emplace_back(-1, path);
+        for (auto& s : siblings_of(named, false))
+          if (s.second != input) siblings.push_back(std::move(s));
+      }
+      std::vector<std::pair<long, std::string>> ours;
+      std::vector<std::string> others;
+      std::uint64_t other_run = 0;
+      for (auto& s : siblings) {
+        std::uint64_t p = 0, r = 0;
+        trace::trace_head(s.second, &p, &r);
+        if (r == run) {
+          ours.push_back(std::move(s));
+        } else if (s.first >= 0 && io::sibling_pid(base, s.second.substr(prefix.size())) >= 0) {
+          others.push_back(s.second);
+          other_run = r;
+        }
+      }
+      siblings = std::move(ours);
+      if (!others.empty()) left_out.push_back({input, std::move(others), other_run});
     }
-    std::sort(siblings.begin(), siblings.end());
     // The file itself, unless only its siblings exist (the first process
     // made no GPU call): a missing one is read, to say so.
     if (exists || siblings.empty()) add(input);
-    for (const auto& [pid, path] : siblings) add(path);
+    for (const auto& [sibling_pid, path] : siblings) add(path);
+  }
+  for (const LeftOut& l : left_out) {
+    std::string list;
+    std::size_t n = 0;
+    for (const std::string& f : l.files) {
+      struct stat st {};
+      if (::stat(f.c_str(), &st) == 0 &&
+          std::find(seen.begin(), seen.end(), std::pair{st.st_dev, st.st_ino}) != seen.end())
+        continue;
+      list += (list.empty() ? "" : ", ") + f;
+      ++n;
+    }
+    if (n)
+      notes->push_back(std::to_string(n) + (n == 1 ? " trace" : " traces") + " beside " + l.beside +
+                       " of another run left out: " + list +
+                       (l.run ? " (`gpupool run` " + std::to_string(l.run) + ")" : "") +
+                       "; name one of them to read its run");
   }
   return true;
 }

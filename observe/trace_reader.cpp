@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <string_view>
@@ -246,6 +247,8 @@ class Parser {
       tr_.ended = number(f[2], &tr_.end_ns);
     } else if (f.size() == 2 && f[1] == "attached") {
       tr_.attached = true;
+    } else if (f.size() == 3 && f[1] == "run") {
+      number(f[2], &tr_.run);
     } else if (f.size() >= 2 && f[1] == "cmdline") {
       tr_.cmdline = std::string(line.substr(std::min(line.size(), std::size_t(10))));
     }
@@ -404,6 +407,29 @@ bool is_trace_file(const std::string& path) {
          (std::memcmp(head, kTraceHeader, len) == 0 ||
           std::memcmp(head, kTraceHeaderV1, len) == 0) &&
          (head[len] == '\n' || head[len] == '\r');
+}
+
+bool trace_head(const std::string& path, std::uint64_t* pid, std::uint64_t* run) {
+  *pid = *run = 0;
+  if (!is_trace_file(path)) return false;
+  Fd in;
+  in.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (in.fd < 0) return false;
+  char buf[4096];
+  const ssize_t n = ::read(in.fd, buf, sizeof buf);
+  if (n <= 0) return false;
+  // The '#' lines at the top (a command line is at most about 1 KiB).
+  std::string_view head(buf, static_cast<std::size_t>(n));
+  while (!head.empty() && head.front() == '#') {
+    const std::size_t nl = head.find('\n');
+    if (nl == std::string_view::npos) break;
+    const std::string line(head.substr(0, nl));
+    head.remove_prefix(nl + 1);
+    unsigned long long a = 0, b = 0;
+    if (std::sscanf(line.c_str(), "# pid %llu start_unix_ns %llu", &a, &b) == 2) *pid = a;
+    else if (char more = 0; std::sscanf(line.c_str(), "# run %llu%c", &a, &more) == 1) *run = a;
+  }
+  return true;
 }
 
 bool read_trace(const std::string& path, TraceFile* out, std::string* error, bool lenient) {

@@ -67,6 +67,10 @@ struct TraceFile {
   // The traced program's command line, as the header's '# cmdline' line
   // gives it (shell-quoted words; empty in traces written before it).
   std::string cmdline;
+  // The `gpupool run` the process belongs to (its pid, GPUPOOL_RUN_PID), as
+  // the header's '# run' line gives it; 0 without one (not under gpupool
+  // run, or written before the line existed).
+  std::uint64_t run = 0;
   // The process's exit, as its '# end T_NS' line gives it (on the records'
   // clock): ended is false for a trace without one (the process was killed
   // or exec'd, or the trace was written before the line existed).
@@ -107,6 +111,10 @@ bool read_trace(const std::string& path, TraceFile* out, std::string* error, boo
 
 // Whether the file at path starts as a gpupool trace does (either version).
 bool is_trace_file(const std::string& path);
+
+// What a trace's header says of its process: its pid and its run (as
+// TraceFile has them; 0 when not said). False when it is not a trace.
+bool trace_head(const std::string& path, std::uint64_t* pid, std::uint64_t* run);
 
 // Puts tr.records (each with its line, increasing in the file's order) in
 // time order and pairs each free with its allocation (slot, slots,

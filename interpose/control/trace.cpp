@@ -150,8 +150,17 @@ struct Tracer::Impl {
   // False when the records were dropped.
   bool write_out(const std::string& out, std::uint64_t records) GPUPOOL_REQUIRES(write_mu);
   // Logged out of the files thread (which must not log).
+  // The program `gpupool run` started finds its name taken only when
+  // another run has it (two started at once): said as a warning. A forked
+  // child, or a second program under a hand-set name, takes a sibling as
+  // usual.
   void say_passed_over() const {
-    if (!passed_over.empty())
+    if (passed_over.empty()) return;
+    if (run_pid == static_cast<long>(getpid()))
+      log().warn("GPUPOOL_TRACE_FILE: {} is written by another run's process; this run's trace is "
+                 "{} (its '# run' line keeps it apart)",
+                 passed_over, path);
+    else
       log().info("GPUPOOL_TRACE_FILE: {} is written by another live process; this one writes {}",
                  passed_over, path);
   }
@@ -362,6 +371,9 @@ bool Tracer::Impl::open_file_here(bool fresh, bool forked_child, std::string* wh
   io::write_bounded(file.get(), header, std::strlen(header));
   if (attached) io::write_bounded(file.get(), std::string("# attached\n"));
   io::write_bounded(file.get(), command_line_comment());
+  // Which `gpupool run` this process belongs to: readers keep apart the
+  // traces of two runs beside one name (docs/trace.md).
+  if (run_pid > 0) io::write_bounded(file.get(), "# run " + std::to_string(run_pid) + "\n");
   return true;
 }
 

@@ -1459,7 +1459,8 @@ class Several(InTmpDir):
 
     def test_two_programs_traced(self):
         """Two real processes, traced by the library into a file and its
-        sibling; the trace header names each one's command line."""
+        sibling, by two runs, and read together by naming both; the trace
+        header names each one's command line."""
         if not REPORT_PROGRAM:
             self.skipTest("no report_program (OpenCL not built)")
         d = os.path.join(self.tmp, "real")
@@ -1476,9 +1477,9 @@ class Several(InTmpDir):
             head = f.read(4096).splitlines()
         self.assertIn(f"# cmdline {REPORT_PROGRAM} 'first run' 'it'\\''s'", head[:4])
         out = os.path.join(self.tmp, "real.html")
-        r = gp("report", trace, "-o", out)
+        r = gp("report", trace, os.path.join(d, sibling), "-o", out)
         self.assertEqual(r.returncode, OK, r.stderr)
-        self.assertIn(f"2 traces: {trace}, {d}/{sibling}\n", r.stderr)
+        self.assertEqual(f"gpupool: report: 2 traces: {trace}, {d}/{sibling}\n", r.stderr)
         data, _ = page_data(out)
         self.assertEqual([p["cmdline"] for p in data["processes"]],
                          [f"{REPORT_PROGRAM} 'first run' 'it'\\''s'", f"{REPORT_PROGRAM} second"])
@@ -1496,8 +1497,10 @@ class Several(InTmpDir):
     def test_run_replaces_an_earlier_runs_traces(self):
         """`gpupool run --trace F` removes what an earlier run left under
         F's names (F and its siblings) before the program starts, so that
-        a report reads this run's processes only; a live process's file,
-        the user's own files, %p names and runs within a run are left."""
+        a report reads this run's processes only; the user's own files, %p
+        names and runs within a run are left. While a live process writes
+        one of the names (another run under way), it refuses, changing
+        nothing."""
         d = os.path.join(self.tmp, "again")
         arena = "arena 0 cuda cuda:0 dev 0"
         for name in ("out.trace", "out.77.trace", "out.79.trace", "out.80.trace"):
@@ -1520,18 +1523,68 @@ class Several(InTmpDir):
             r = gp("run", "--trace", os.path.join(d, "out.%p.trace"), "--", "true")
             self.assertEqual((r.returncode, r.stderr), (0, ""))
             self.assertEqual(len(os.listdir(d)), 6)
-            r = gp("run", "--trace", os.path.join(d, "out.trace"), "--", "true")
-            self.assertEqual(r.returncode, 0, r.stderr)
+            marker = os.path.join(self.tmp, "ran")
+            r = gp("run", "--trace", os.path.join(d, "out.trace"), "--", "touch", marker)
+            self.assertEqual((r.returncode, r.stdout), (USAGE, ""))
+            real = os.path.realpath(d)
+            self.assertEqual(r.stderr, f"gpupool: run: --trace {real}/out.trace: {real}/out.79.trace "
+                             "is being written by process 7: another run is using this name; "
+                             "give this run another (or a directory of its own), or wait until it "
+                             "ends; the program was not started\n")
+            self.assertEqual(len(os.listdir(d)), 6)
+            self.assertFalse(os.path.exists(marker))
         finally:
             holder.stdin.close()
             holder.stdout.close()
             holder.wait()
-        self.assertEqual(sorted(os.listdir(d)), ["other.81.trace", "out.78.trace", "out.79.trace"])
-        real = os.path.realpath(d)
-        prefix = f"gpupool: run: removed 3 traces an earlier run left beside {real}/out.trace: "
+        r = gp("run", "--trace", os.path.join(d, "out.trace"), "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(sorted(os.listdir(d)), ["other.81.trace", "out.78.trace"])
+        prefix = f"gpupool: run: removed 4 traces an earlier run left beside {real}/out.trace: "
         self.assertTrue(r.stderr.startswith(prefix) and r.stderr.endswith("\n"), r.stderr)
         self.assertEqual(sorted(r.stderr[len(prefix):-1].split(", ")),
-                         ["out.77.trace", "out.80.trace", "out.trace"])
+                         ["out.77.trace", "out.79.trace", "out.80.trace", "out.trace"])
+
+    @unittest.skipUnless(CL_WORKLOAD and REPORT_PROGRAM, "OpenCL not built")
+    def test_two_runs_at_once_kept_apart(self):
+        """Two unrelated `gpupool run --trace t` at once: the second is
+        refused while the first writes t. Two started at the same moment
+        (the second's program finds t taken and writes its sibling) are
+        told apart by their traces' '# run' lines: `report t` reads the
+        first run only, saying so, and `report t.PID` the second (before:
+        "2 processes" of one program)."""
+        t = os.path.join(self.tmp, "t")
+        first = Serving([LAUNCHER, "run", "--trace", t, "--", CL_WORKLOAD, "serve"], clean_env())
+        try:
+            before = read_text(t)
+            r = gp("run", "--trace", t, "--", REPORT_PROGRAM)
+            self.assertEqual((r.returncode, r.stdout), (USAGE, ""))
+            self.assertIn(f"{t} is being written by process {first.pid}", r.stderr)
+            self.assertEqual(sorted(os.listdir(self.tmp)), ["t"])
+            self.assertEqual(read_text(t), before)
+            # The second run's program as `gpupool run` starts it (its own
+            # pid as GPUPOOL_RUN_PID), begun before the first took t.
+            env = clean_env(LD_PRELOAD=TEST_PRELOAD, GPUPOOL_TRACE_FILE=t)
+            second = subprocess.run(["sh", "-c", 'GPUPOOL_RUN_PID=$$ exec "$0"', REPORT_PROGRAM],
+                                    env=env, capture_output=True, text=True, timeout=120)
+            self.assertEqual(second.returncode, 0, second.stderr)
+        finally:
+            first.close()
+        siblings = [n for n in os.listdir(self.tmp) if n != "t"]
+        self.assertEqual(len(siblings), 1, siblings)
+        other = os.path.join(self.tmp, siblings[0])
+        r = gp("report", "--json", t)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertNotIn("processes", doc)  # one process: the first run's
+        self.assertEqual((doc["pid"], doc["files"]), (first.pid, [t]))
+        self.assertIn(f"1 trace beside {t} of another run left out: {other}", r.stderr)
+        r = gp("report", "--json", other)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertNotIn("processes", doc)
+        self.assertEqual(doc["files"], [other])
+        self.assertEqual((doc["end"]["blocks"], doc["end"]["bytes"]), (4, 3 * MIB + 64 * KIB))
 
     def test_exited_process_stops_counting(self):
         """Rank 0 exits (its '# end') at 0.75 ms holding a block of load;
