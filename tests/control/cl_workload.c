@@ -7,6 +7,14 @@
  *   cl_workload serve                  keep 3 buffers, release 7, print
  *                                      "ready PID", wait for stdin to close
  *   cl_workload once                   create and release a few buffers
+ *   cl_workload api THREADS ROUNDS TRACE
+ *                                      create/release buffers from THREADS
+ *                                      threads while the main thread calls
+ *                                      gpupool's C API (docs/c-api.md):
+ *                                      ROUNDS times a trace into TRACE
+ *                                      started and stopped, the peaks reset,
+ *                                      the stats and the snapshot read,
+ *                                      held blocks freed; then print stats
  */
 #include <CL/cl.h>
 #include <dlfcn.h>
@@ -53,6 +61,50 @@ static void* churn(void* arg) {
   return NULL;
 }
 
+/* gpupool's C API, looked up (it must be loaded for the api mode). */
+static void* api(const char* name) {
+  void* f = dlsym(RTLD_DEFAULT, name);
+  if (!f) {
+    fprintf(stderr, "cl_workload: %s not found: is gpupool loaded?\n", name);
+    exit(3);
+  }
+  return f;
+}
+
+static void call_api(int rounds, const char* trace) {
+  int (*start)(const char*, char*, size_t) = (int (*)(const char*, char*, size_t))api("gpupool_trace_start");
+  int (*stop)(char*, size_t) = (int (*)(char*, size_t))api("gpupool_trace_stop");
+  int (*reset)(void) = (int (*)(void))api("gpupool_reset_peak");
+  int (*free_held)(void) = (int (*)(void))api("gpupool_free_held");
+  size_t (*stats)(char*, size_t) = (size_t (*)(char*, size_t))api("gpupool_stats_json");
+  size_t (*snapshot)(char*, size_t) = (size_t (*)(char*, size_t))api("gpupool_snapshot_json");
+  static char buf[1 << 20];
+  char msg[512];
+  for (int r = 0; r < rounds; ++r) {
+    if (start(trace, msg, sizeof msg) != 0) {
+      fprintf(stderr, "cl_workload: gpupool_trace_start: %s\n", msg);
+      exit(4);
+    }
+    /* A second start while it runs is refused, and changes nothing. */
+    if (start(trace, msg, sizeof msg) == 0 || !strstr(msg, "already running")) {
+      fprintf(stderr, "cl_workload: a second gpupool_trace_start: %s\n", msg);
+      exit(4);
+    }
+    if (reset() != 0 || stats(buf, sizeof buf) == 0 || snapshot(buf, sizeof buf) == 0) {
+      fprintf(stderr, "cl_workload: reset, stats or snapshot failed\n");
+      exit(4);
+    }
+    if (stop(msg, sizeof msg) != 0) {
+      fprintf(stderr, "cl_workload: gpupool_trace_stop: %s\n", msg);
+      exit(4);
+    }
+    if (stop(msg, sizeof msg) == 0 || free_held() != 0) {
+      fprintf(stderr, "cl_workload: a second gpupool_trace_stop did not fail, or free_held did\n");
+      exit(4);
+    }
+  }
+}
+
 static void print_stats(void) {
   size_t (*stats_json)(char*, size_t) =
       (size_t (*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
@@ -69,7 +121,7 @@ static void print_stats(void) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: cl_workload storm THREADS SECONDS | serve | once\n");
+    fprintf(stderr, "usage: cl_workload storm THREADS SECONDS | serve | once | api THREADS ROUNDS TRACE\n");
     return 2;
   }
   cl_platform_id platform;
@@ -81,9 +133,10 @@ int main(int argc, char** argv) {
   ctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
   if (!ctx) die("clCreateContext", err);
 
-  if (!strcmp(argv[1], "storm") && argc == 4) {
+  const int api_mode = !strcmp(argv[1], "api") && argc == 5;
+  if ((!strcmp(argv[1], "storm") && argc == 4) || api_mode) {
     const int threads = atoi(argv[2]);
-    const double seconds = atof(argv[3]);
+    const double seconds = api_mode ? 0 : atof(argv[3]);
     /* gpupool starts at the first OpenCL call it intercepts: make it
        happen before "ready", after which signals come. */
     cl_mem warm = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4096, NULL, &err);
@@ -94,8 +147,12 @@ int main(int argc, char** argv) {
       pthread_create(&t[i], NULL, churn, (void*)(uintptr_t)i);
     printf("ready %d\n", (int)getpid());
     fflush(stdout);
-    struct timespec ts = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0) {
+    if (api_mode) {
+      call_api(atoi(argv[3]), argv[4]);
+    } else {
+      struct timespec ts = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
+      while (nanosleep(&ts, &ts) != 0) {
+      }
     }
     stop = 1;
     unsigned long long total = 0;

@@ -2,7 +2,7 @@
 """Signals against a real OpenCL program (cl_workload on PoCL) running with
 the preloaded library (GPUPOOL_TEST_PRELOAD).
 
-usage: run_shim.py CL_WORKLOAD SCHEMA storm THREADS SECONDS | signals
+usage: run_shim.py CL_WORKLOAD SCHEMA storm THREADS SECONDS | signals | api THREADS ROUNDS
 """
 import json
 import os
@@ -114,6 +114,31 @@ with tempfile.TemporaryDirectory() as tmp:
         if n < 2:
             fail(f"only {n} dumps after {sent} signals")
         print(f"storm: {n} dumps validated")
+
+    elif scenario == "api":
+        # gpupool's C API from the main thread while the others allocate:
+        # traces started and stopped, peaks reset, stats and snapshots read
+        # (with the record of live blocks and sampled sites on).
+        threads, rounds = args
+        trace = os.path.join(tmp, "api.trace")
+        p = start(["api", threads, rounds, trace], dict(env, GPUPOOL_LEAKS="1", GPUPOOL_SITES="16"))
+        out, err = p.communicate(timeout=300)
+        sys.stderr.write(err[-3000:])
+        if p.returncode != 0:
+            fail(f"workload exited {p.returncode}")
+        doc = final_stats(out)
+        made = next((int(l.split()[1]) for l in out.splitlines() if l.startswith("allocations: ")), None)
+        if doc and made is not None:
+            t = opencl(doc)
+            print(f"api: {rounds} rounds, {made} allocations, OpenCL: {t}")
+            if t["active_blocks"] != 0:
+                fail(f"active blocks left: {t}")
+            if t["hits"] + t["misses"] != made + 1:  # and the warm-up buffer
+                fail(f"{t['hits']} + {t['misses']} pooled, {made} + 1 made")
+        with open(trace) as f:
+            lines = f.read().splitlines()
+        if "# attached" not in lines or not lines[-1].startswith("# end "):
+            fail(f"the last trace: {lines[:3]} ... {lines[-1:]}")
 
     elif scenario == "signals":
         env["GPUPOOL_SIGNAL_STOP_HOLDING"] = "SIGRTMIN+3"
