@@ -149,6 +149,8 @@ struct Tracer::Impl {
   bool open_file_here(bool fresh, bool forked_child, std::string* why) GPUPOOL_REQUIRES(write_mu);
   // False when the records were dropped.
   bool write_out(const std::string& out, std::uint64_t records) GPUPOOL_REQUIRES(write_mu);
+  // Where the name came from, for what is logged.
+  const char* setting() const { return attached ? "gpupool_trace_start" : "GPUPOOL_TRACE_FILE"; }
   // Logged out of the files thread (which must not log).
   // The program `gpupool run` started finds its name taken only when
   // another run has it (two started at once): said as a warning. A forked
@@ -157,11 +159,11 @@ struct Tracer::Impl {
   void say_passed_over() const {
     if (passed_over.empty()) return;
     if (run_pid == static_cast<long>(getpid()))
-      log().warn("GPUPOOL_TRACE_FILE: {} is written by another run's process; this run's trace is "
+      log().warn("{}: {} is written by another run's process; this run's trace is "
                  "{} (its '# run' line keeps it apart)",
-                 passed_over, path);
+                 setting(), passed_over, path);
     else
-      log().info("GPUPOOL_TRACE_FILE: {} is written by another live process; this one writes {}",
+      log().info("{}: {} is written by another live process; this one writes {}", setting(),
                  passed_over, path);
   }
   ThreadBuf* mine();
