@@ -438,10 +438,16 @@ class Pid(unittest.TestCase):
             self.assertIn(f"process {server.pid} (cl_workload): released 0", r.stdout)
             doc = json.loads(gp("stats", str(server.pid), "--json", env=env).stdout)
             self.assertEqual(doc["totals"]["held_blocks"], 0)
-            # A process that does not answer: its entry says why.
+            # A process that does not answer: its entry says why. (Asked
+            # once the kernel shows it stopped.)
             os.kill(server.pid, signal.SIGSTOP)
+            for _ in range(6000):
+                with open(f"/proc/{server.pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                        break
+                time.sleep(0.01)
             r = gp("free-held", "--all", "--json", "--timeout", "0.5", env=env)
-            self.assertEqual(r.returncode, FAILED, r.stderr)
+            self.assertEqual(r.returncode, FAILED, r.stdout + r.stderr)
             entry = json.loads(r.stdout)["processes"][0]
             self.assertEqual((entry["pid"], entry["ok"], entry["exit"]),
                              (server.pid, False, TIMEOUT))
