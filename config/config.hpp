@@ -31,6 +31,10 @@ struct SizeSpec {
 };
 
 enum class Reuse { safe, fenced, immediate };
+// What GPUPOOL_SPLIT's pieces are cut from (GPUPOOL_SEGMENTS).
+enum class Segments { driver, expandable };
+// GPUPOOL_SPLIT=on: PyTorch's line between its small and large blocks.
+inline constexpr std::uint64_t kSplitOn = std::uint64_t{1} << 20;
 
 // Which allocations get their call stack recorded (GPUPOOL_SITES).
 struct SiteSampling {
@@ -72,6 +76,11 @@ inline constexpr ActionInfo kActionInfo[kActions] = {
 };
 // The action whose verb is `verb`, or kActions.
 Action action_of_verb(std::string_view verb);
+
+// The smallest CUDA device request served by pieces (ArenaOptions::split_min;
+// 0: none): GPUPOOL_SPLIT, or kSplitOn when it is off and GPUPOOL_SEGMENTS
+// is expandable.
+std::uint64_t split_min(const Config& config);
 
 // One problem found while parsing, already worded for the log.
 struct Diagnostic {

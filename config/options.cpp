@@ -71,6 +71,11 @@ const std::vector<OptionInfo>& options() {
   return v;
 }
 
+std::uint64_t split_min(const Config& c) {
+  if (c.split) return c.split;
+  return c.segments == Segments::expandable ? kSplitOn : 0;
+}
+
 std::string options_markdown() {
   std::string r = "| Variable | Type | Default | Description |\n|---|---|---|---|\n";
   for (const OptionInfo& o : options()) {

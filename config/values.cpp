@@ -213,9 +213,6 @@ std::string Sampling::show(const T& v) {
   return "off";
 }
 
-// GPUPOOL_SPLIT=on: PyTorch's line between its small and large blocks.
-constexpr std::uint64_t kSplitOn = std::uint64_t{1} << 20;
-
 bool Split::parse(std::string_view text, T* out, std::string* reason) {
   const std::string_view v = trim(text);
   if (v.empty()) { *reason = "is empty"; return false; }
@@ -281,6 +278,19 @@ bool ReuseKind::parse(std::string_view text, T* out, std::string* reason) {
 
 std::string ReuseKind::show(const T& v) {
   return v == Reuse::safe ? "safe" : v == Reuse::fenced ? "fenced" : "immediate";
+}
+
+bool SegmentsKind::parse(std::string_view text, T* out, std::string* reason) {
+  const std::string v = lower(trim(text));
+  if (v.empty()) { *reason = "is empty"; return false; }
+  if (v == "driver") { *out = Segments::driver; return true; }
+  if (v == "expandable") { *out = Segments::expandable; return true; }
+  *reason = "is not a kind of segments";
+  return false;
+}
+
+std::string SegmentsKind::show(const T& v) {
+  return v == Segments::expandable ? "expandable" : "driver";
 }
 
 bool NeighbourScope::parse(std::string_view text, T* out, std::string* reason) {

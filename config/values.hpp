@@ -53,6 +53,7 @@ GPUPOOL_KIND(Sampling, SiteSampling, "sampling",
 // on and not as one byte. Bytes, 0 = off.
 GPUPOOL_KIND(Split, std::uint64_t, "off, on or size",
              "off, on (1MiB) or a size with a unit of at least 4KiB (e.g. 4MiB)")
+GPUPOOL_KIND(SegmentsKind, Segments, "driver or expandable", "driver or expandable")
 // Nanoseconds, 0 = off.
 GPUPOOL_KIND(Duration, std::uint64_t, "duration",
              "a number with unit ns, us, ms, s, m or h (no unit: seconds), or off")

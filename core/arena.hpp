@@ -9,6 +9,7 @@
 #include "core/cache.hpp"
 #include "core/outside.hpp"
 #include "core/pool.hpp"
+#include "core/ranges.hpp"
 #include "core/segments.hpp"
 
 namespace gpupool {

@@ -1,7 +1,8 @@
 // What the pool needs from a memory source (a CUDA context's device memory,
 // pinned host memory of one flag set, an OpenCL context's buffers of one flag
-// set): allocate, release, and optional fences for blocks the device may
-// still be using after the program freed them.
+// set): allocate, release, optional fences for blocks the device may still
+// be using after the program freed them, and optionally address ranges whose
+// physical memory is mapped granule by granule.
 #pragma once
 
 #include <cstddef>
@@ -85,6 +86,31 @@ class Backend {
   // Memory it keeps outside the pool's caches, if any (for the arena's
   // lifetime).
   virtual HeldOutside* outside() { return nullptr; }
+
+  // Expandable ranges (ArenaOptions::expandable, core/ranges.hpp): address
+  // space reserved once, physical memory mapped into it and unmapped, a
+  // granule at a time, under addresses that stay put. A backend that can
+  // returns its granule (the least it maps: CUDA's allocation granularity,
+  // 2 MiB); 0: it cannot, and the arena splits driver allocations instead.
+  virtual std::size_t granule() { return 0; }
+  // `bytes` of address space, nothing behind it (handle: its start, aligned
+  // to the granule; data: the backend's record of the range, passed back
+  // with every call on it). Out-of-memory makes the pool fall back to
+  // driver allocations.
+  virtual BackendResult reserve(std::size_t /*bytes*/) { return {}; }
+  // Physical memory behind [at, at + bytes) of the range (granule multiples,
+  // nothing mapped there yet), readable and writable by the device. Out of
+  // memory makes the pool release held memory and retry, as for allocate().
+  virtual BackendResult map(Handle /*at*/, std::size_t /*bytes*/, void* /*range*/) { return {}; }
+  // [at, at + bytes), mapped by map() (in one or several calls), unmapped
+  // and its physical memory given back. The device may still use it unless
+  // passed(fence): the backend waits for that first.
+  virtual void unmap(Handle /*at*/, std::size_t /*bytes*/, void* /*range*/,
+                     std::uint64_t /*fence*/) {}
+  // The range given back, nothing mapped in it any more; or, with `drop`,
+  // only forgotten (the driver freed it with its context).
+  virtual void unreserve(Handle /*base*/, std::size_t /*bytes*/, void* /*range*/,
+                         bool /*drop*/) {}
 };
 
 }  // namespace gpupool

@@ -32,6 +32,10 @@ struct Held {
   // Memory the backend kept outside the pool (HeldOutside), already given
   // back when taken: counted, nothing more.
   bool outside = false;
+  // Granules of an arena's range (ranges.hpp), unmapped (or, retired,
+  // dropped) by their cache when taken, and out of the cap's count: only
+  // the arena's counters are left to do.
+  bool unmapped = false;
 };
 
 // Room in `out` for n more items, so that taking them out of a cache cannot

@@ -23,7 +23,8 @@
 // calling into the pool (a context's teardown lock around retire_arena, the
 // context registries around add_arena). The pool holds none of its locks
 // while it calls a backend or its observer (only Backend::passed, which
-// takes no lock, runs under the shard and segment locks), so the
+// takes no lock, runs under the shard and segment locks; and a range's
+// reserve, map and unmap under its own, arena_ranges), so the
 // observer's locks (trace, sites, recorder) could rank either side of the
 // core's; they go after them, the order fork() takes them in (runtime.hpp's
 // Part: pool, then trace, then control, whose order runtime.hpp checks
@@ -88,6 +89,10 @@
   X(arena_shard, "arena shard")                                                            \
   /* core: SegmentCache::mu_: an arena's segments and pieces. */                          \
   X(arena_segments, "arena segments")                                                      \
+  /* core: RangeCache::mu_ (ranges.hpp): an arena's range and pieces, held around */    \
+  /* the backend's reserve, map and unmap: a backend may take there only locks */          \
+  /* ranked after it (none of interpose/'s). */                                            \
+  X(arena_ranges, "arena ranges")                                                          \
   /* the observer: a thread's trace buffer while it is drained (trace.cpp), */            \
   X(trace_buffer, "trace buffer")                                                          \
   /* then the trace file, */                                                               \

@@ -192,9 +192,10 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
   const unsigned my = thread_slot() & (shard_count_ - 1);
   const ArenaOptions& o = a.options();
   const bool pooled = size <= o.max_pooled && size <= o.max_block;
-  const AllocResult r = pooled && a.segments() && size >= o.split_min
-                            ? allocate_piece(a, my, size, hint)
-                            : allocate_block(a, my, size, pooled, hint);
+  const bool piece = pooled && o.split_min && size >= o.split_min;
+  const AllocResult r = piece && a.ranges()     ? allocate_range_piece(a, my, size, hint)
+                        : piece && a.segments() ? allocate_piece(a, my, size, hint)
+                                                : allocate_block(a, my, size, pooled, hint);
   if (r.block)
     if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *r.block, r.hit ? Served::hit : Served::miss);
   return r;
@@ -301,6 +302,55 @@ AllocResult Pool::allocate_piece(Arena& a, unsigned my, std::size_t size, std::u
   return {b.release(), BackendStatus::ok, 0, hit};
 }
 
+// From the range cache: a ready free piece, else granules mapped for it
+// (or, where the range has no room, a block of its bin).
+AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
+                                       std::uint64_t hint) {
+  RangeCache& rg = *a.ranges();
+  Shard& mine = a.binned().shard(my);
+  const std::size_t want = round_up(size, kPieceGranule);
+  std::unique_ptr<Block> b(new Block);
+  b->requested = size;
+  b->arena = &a;
+  b->shard = static_cast<std::uint8_t>(my);
+  b->split = true;
+  b->bin = 0;
+
+  RangeCache::Cut cut;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool wait = false;  // pending pieces would serve, and hold more than the bound
+    cut = rg.take(want, attempt == 0, &wait);
+    if (cut.size || !wait) break;
+    a.backend().wait_all();
+    LockGuard lock(mine.mu);
+    ++mine.c.fence_waits;
+  }
+  if (!cut.size) {
+    bool no_room = false;
+    const BackendResult r =
+        retry_releasing(*arenas_, a, round_up(want, rg.granule()),
+                        [&] { return rg.grow(want, &cut, &no_room); });
+    if (no_room) return allocate_block(a, my, size, /*pooled=*/true, hint);
+    if (r.status != BackendStatus::ok) {
+      LockGuard lock(mine.mu);
+      ++mine.c.misses;
+      return {nullptr, r.status, r.error, false};
+    }
+  }
+  // A piece that took no new granule is a hit, however it was found.
+  const bool hit = cut.mapped == 0;
+  b->handle = cut.at;
+  b->size = cut.size;
+  b->data = cut.data;
+  {
+    LockGuard lock(mine.mu);
+    ++(hit ? mine.c.hits : mine.c.misses);
+    mine.add_active(b.get());
+  }
+  if (!hit) a.took_memory(cut.mapped);
+  return {b.release(), BackendStatus::ok, 0, hit};
+}
+
 void Pool::free(Block* b) {
   Arena& a = *b->arena;
   if (a.retired()) return forget(b);
@@ -332,8 +382,15 @@ void Pool::free_piece(Block* b) {
   bool over_cap = false;
   // A block never to be reused (never_reuse: another process may map it) is
   // its whole segment: it goes back at once, as when holding stopped.
-  const Held gone = a.segments()->free(b->handle, fence, t, b->pooled, holding_, &over_cap);
-  if (gone.size) a.give_back(gone.handle, gone.size, gone.data, /*drop=*/false);
+  // A range's piece: its whole granules are unmapped at once.
+  if (RangeCache* rg = a.ranges()) {
+    if (const Held gone = rg->free(b->handle, fence, t, b->pooled, holding_, &over_cap); gone.size)
+      a.let_go(gone, /*drop=*/false);
+  } else if (const Held gone =
+                 a.segments()->free(b->handle, fence, t, b->pooled, holding_, &over_cap);
+             gone.size) {
+    a.give_back(gone.handle, gone.size, gone.data, /*drop=*/false);
+  }
   if (over_cap) enforce_cap_nothrow(a);
   // The last touch of the arena, as in forget(): once no block is active, a
   // retired arena may be destroyed by another thread.
@@ -380,6 +437,8 @@ void Pool::forget(Block* b) {
   const bool retired = a.retired();
   if (!b->split) {
     a.give_back(b->handle, b->size, b->data, /*drop=*/true);
+  } else if (RangeCache* rg = a.ranges()) {
+    if (const Held gone = rg->forget(b->handle, now()); gone.size) a.let_go(gone, /*drop=*/true);
   } else if (const Held gone = a.segments()->forget(b->handle, now()); gone.size) {
     // The driver already freed the piece's memory, or it is a forked
     // parent's: no backend call but drop, once its segment is all free.

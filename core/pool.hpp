@@ -54,8 +54,9 @@ struct alignas(64) Block {
   std::uint16_t bin = 0;      // < BinScheme::bin_count() (at most 16385)
   std::uint8_t shard = 0;     // < kMaxShards
   bool pooled = true;         // false: released at free (too large, exact-size fallback)
-  // A piece of a segment (ArenaOptions::split_min): `handle` may lie inside
-  // a driver allocation shared with other pieces; `size` is the piece's.
+  // A piece of a segment or of a range (ArenaOptions::split_min): `handle`
+  // may lie inside a driver allocation or mapping shared with other
+  // pieces; `size` is the piece's.
   bool split = false;
 };
 static_assert(sizeof(Block) == 64);
@@ -98,6 +99,15 @@ struct ArenaOptions {
   // every g <= f). A segment goes back to the backend only when all of it
   // is free.
   std::size_t split_min = 0;
+  // With split_min set and a backend that maps granules (Backend::granule),
+  // those requests are served by pieces of one reserved address range
+  // instead, its physical memory mapped and unmapped a granule at a time
+  // (core/ranges.hpp): held memory goes back granule by granule whatever
+  // pieces are still in use around it. Without such a backend, segments.
+  bool expandable = false;
+  // The range's granule: at least the backend's, rounded up to a multiple
+  // of it (0: the backend's).
+  std::size_t granule = 0;
 };
 
 // At most this many blocks of one bin wait for the device at a time. A loop
@@ -142,6 +152,7 @@ class PoolObserver {
 namespace core_detail {
 
 class SegmentCache;
+class RangeCache;
 class OutsideCache;
 class ArenaList;
 struct Shard;
@@ -244,8 +255,9 @@ class Arena {
   Group& group() const { return *group_; }
   core_detail::BinnedCache& binned() { return binned_; }
   const core_detail::BinnedCache& binned() const { return binned_; }
-  // When options().split_min != 0.
+  // When options().split_min != 0: one of the two.
   core_detail::SegmentCache* segments() const { return segments_.get(); }
+  core_detail::RangeCache* ranges() const { return ranges_.get(); }
   // When the backend keeps memory outside the pool (Backend::outside).
   core_detail::OutsideCache* outside() const { return outside_.get(); }
   // Its caches, in the order the release policies look at them.
@@ -279,6 +291,7 @@ class Arena {
   Group* group_;
   core_detail::BinnedCache binned_;
   std::unique_ptr<core_detail::SegmentCache> segments_;
+  std::unique_ptr<core_detail::RangeCache> ranges_;
   std::unique_ptr<core_detail::OutsideCache> outside_;
   core_detail::Cache* caches_[3];
   std::size_t cache_count_ = 0;
@@ -399,6 +412,7 @@ class Pool {
                                     std::size_t pending_blocks, std::uint64_t hint);
   void wait_for_pending(Arena& a, unsigned shard, std::size_t bin);
   AllocResult allocate_piece(Arena& a, unsigned shard, std::size_t size, std::uint64_t hint);
+  AllocResult allocate_range_piece(Arena& a, unsigned shard, std::size_t size, std::uint64_t hint);
   void free_piece(Block* b);
   void enforce_cap_nothrow(Arena& arena) noexcept;
   // Pool-wide (pool_wide.cpp).

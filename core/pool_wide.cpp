@@ -50,6 +50,7 @@ void Pool::empty(Arena& arena, bool drop) {
   };
   empty_cache(arena.binned());
   if (arena.segments()) empty_cache(*arena.segments());
+  if (arena.ranges()) empty_cache(*arena.ranges());
   if (arena.outside()) empty_cache(*arena.outside());
 }
 
@@ -159,10 +160,14 @@ void Pool::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (auto& a : all) a->binned().lock_all();
   for (auto& a : all)
     if (a->segments()) a->segments()->lock();
+  for (auto& a : all)
+    if (a->ranges()) a->ranges()->lock();
 }
 
 void Pool::unlock_arenas() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   const auto& all = arenas_->locked_arenas();
+  for (auto& a : all)
+    if (a->ranges()) a->ranges()->unlock();
   for (auto& a : all)
     if (a->segments()) a->segments()->unlock();
   for (auto& a : all) a->binned().unlock_all();

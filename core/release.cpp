@@ -104,8 +104,9 @@ std::size_t release_freed_by(std::span<Arena* const> arenas, std::uint64_t freed
       // its driver's.
       if (a->retired()) continue;
       scanned = a;
-      if (SegmentCache* sg = a->segments()) {
-        sg->take_freed_by(freed_by_ns, found);
+      if (a->segments() || a->ranges()) {
+        if (SegmentCache* sg = a->segments()) sg->take_freed_by(freed_by_ns, found);
+        if (RangeCache* rg = a->ranges()) rg->take_freed_by(freed_by_ns, found);
         // Out of `found` before the first is given back, so that a backend
         // that throws cannot have one given back twice.
         std::vector<Held> segments = std::move(found);
@@ -136,7 +137,19 @@ std::size_t release_freed_by(std::span<Arena* const> arenas, std::uint64_t freed
 BackendResult allocate_releasing(ArenaList& arenas, Arena& arena, std::size_t bytes,
                                  std::size_t exact, std::uint64_t hint, bool* used_exact) {
   Backend& backend = arena.backend();
-  BackendResult r = backend.allocate(bytes, hint);
+  BackendResult r =
+      retry_releasing(arenas, arena, bytes, [&] { return backend.allocate(bytes, hint); });
+  if (r.status == BackendStatus::out_of_memory && exact < bytes) {
+    r = backend.allocate(exact, hint);
+    *used_exact = r.status == BackendStatus::ok;
+  }
+  return r;
+}
+
+BackendResult retry_releasing(ArenaList& arenas, Arena& arena, std::size_t bytes,
+                              const std::function<BackendResult()>& attempt) {
+  Backend& backend = arena.backend();
+  BackendResult r = attempt();
   std::size_t released = 0;
   while (r.status == BackendStatus::out_of_memory) {
     const std::size_t now_released =
@@ -144,7 +157,7 @@ BackendResult allocate_releasing(ArenaList& arenas, Arena& arena, std::size_t by
     if (now_released == 0) break;
     released += now_released;
     arena.count(&Stats::oom_retries);
-    r = backend.allocate(bytes, hint);
+    r = attempt();
   }
   // Nothing more of ours to release: other holders of the same memory may
   // release theirs (a bounded wait).
@@ -152,11 +165,7 @@ BackendResult allocate_releasing(ArenaList& arenas, Arena& arena, std::size_t by
                       backend.relieve(bytes);
        ++round) {
     arena.count(&Stats::oom_retries);
-    r = backend.allocate(bytes, hint);
-  }
-  if (r.status == BackendStatus::out_of_memory && exact < bytes) {
-    r = backend.allocate(exact, hint);
-    *used_exact = r.status == BackendStatus::ok;
+    r = attempt();
   }
   return r;
 }

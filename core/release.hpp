@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "core/arenas.hpp"
@@ -51,5 +52,10 @@ std::size_t release_freed_by(std::span<Arena* const> arenas, std::uint64_t freed
 // the `exact` size is tried (*used_exact).
 BackendResult allocate_releasing(ArenaList& arenas, Arena& arena, std::size_t bytes,
                                  std::size_t exact, std::uint64_t hint, bool* used_exact);
+// `attempt` (what takes `bytes` of the arena's backend: an allocation, a
+// range's growth) retried the out-of-memory way, as above, but for the
+// exact size.
+BackendResult retry_releasing(ArenaList& arenas, Arena& arena, std::size_t bytes,
+                              const std::function<BackendResult()>& attempt);
 
 }  // namespace gpupool::core_detail

@@ -5,7 +5,8 @@
 //   bench_replay TRACE... [GPUPOOL_NAME=VALUE...] [--rounds N] [--leading-bits B]
 //                [--max-pooled BYTES] [--device-memory BYTES] [--release-after NS]
 //                [--max-held BYTES|Fx] [--borrow] [--split BYTES] [--sync-gap NS]
-//                [--pending-growth BYTES] [--alloc-cost NS] [--wait-cost NS] [--json]
+//                [--pending-growth BYTES] [--granule BYTES] [--alloc-cost NS]
+//                [--wait-cost NS] [--map-cost NS] [--json]
 //
 // With no option it replays what a user gets: the library's defaults, read
 // from config/'s one options table (config::Config), on a device of
@@ -19,14 +20,18 @@
 // Events are replayed in time order (frees first at equal times), one
 // thread. For each trace it prints: time per pool operation (median of the
 // rounds), hit rate, peak active bytes (what the program asked for), peak
-// managed bytes (what the simulated driver gave), their ratio, and driver calls; for a gpupool trace also the
+// managed bytes (what the simulated driver gave: allocations and mapped
+// granules), their ratio, and driver calls; for a gpupool trace also the
 // hits and misses the program saw.
 // Also the binned floor: the least peak managed of any pool that serves a
 // request only with a block of its own bin and keeps the blocks it
 // allocated (each bin needs as many blocks as it ever had active at once);
 // a pool can go under it only by releasing held blocks (--max-held: a cap
 // on held bytes, in bytes or as a multiple F of the trace's peak active,
-// which costs driver calls) or by splitting blocks (GPUPOOL_SPLIT).
+// which costs driver calls) or by splitting blocks (GPUPOOL_SPLIT, and
+// GPUPOOL_SEGMENTS=expandable: pieces of one reserved range per arena
+// mapped in granules of --granule bytes, 2 MiB by default, each granule
+// mapped costing --map-cost, 20 us, a guess).
 // Safe reuse (GPUPOOL_REUSE=safe, the default; fenced too) is replayed on
 // CUDA arenas: a freed block waits for the program's next context
 // synchronization, taken to be each pause of --sync-gap NS or more between
@@ -240,6 +245,10 @@ Trace read_trace(const std::string& path) {
 // (a loop's loss.item(), say), or until the pool waits.
 struct SimDriver {
   std::uint64_t next = 1 << 20, bytes = 0, peak = 0, allocs = 0, frees = 0;
+  // Ranges: granule bytes (the backend's property), map and unmap calls,
+  // the granules they mapped and unmapped, unmaps that waited for the device.
+  std::uint64_t granule = 2 << 20, maps = 0, unmaps = 0, mapped = 0, unmapped = 0;
+  std::uint64_t unmap_waits = 0, map_cost_ns = 0;
   std::uint64_t issued = 0, completed = 0, waits = 0;
   // What an allocation and a wait take on the pool's cost clock (the growth
   // rule weighs one against the other).
@@ -272,6 +281,32 @@ class SimBackend final : public Backend {
     d_->completed = d_->issued;
     g_cost_now += d_->wait_cost_ns;
   }
+  std::size_t granule() override { return d_->granule; }
+  BackendResult reserve(std::size_t bytes) override {
+    const Handle h = (d_->next + d_->granule - 1) / d_->granule * d_->granule;
+    d_->next = h + bytes + d_->granule;
+    return {BackendStatus::ok, h, 0};
+  }
+  BackendResult map(Handle at, std::size_t bytes, void*) override {
+    ++d_->maps;
+    d_->mapped += bytes / d_->granule;
+    g_cost_now += d_->map_cost_ns * (bytes / d_->granule);
+    d_->bytes += bytes;
+    d_->peak = std::max(d_->peak, d_->bytes);
+    return {BackendStatus::ok, at, 0};
+  }
+  void unmap(Handle, std::size_t bytes, void*, std::uint64_t fence) override {
+    if (!passed(fence)) {  // the device may still use it: a wait first
+      ++d_->unmap_waits;
+      wait_all();
+    }
+    ++d_->unmaps;
+    d_->unmapped += bytes / d_->granule;
+    d_->bytes -= bytes;
+  }
+  void unreserve(Handle, std::size_t bytes, void*, bool) override {
+    (void)bytes;  // what is still mapped went with the pool's end: not counted
+  }
 
  private:
   SimDriver* d_;
@@ -291,6 +326,7 @@ struct Options {
   // device 0.6-2.7 us (docs/memory.md); with them the default replay
   // manages what the H100 runs did.
   std::uint64_t alloc_cost_ns = 40'000, wait_cost_ns = 1'000;
+  std::uint64_t granule = 2 << 20, map_cost_ns = 20'000;
 };
 
 // The pool's clock in a replay is the trace's own.
@@ -371,6 +407,11 @@ Result replay_once(const Trace& tr, const Options& o) {
   po.clock = trace_clock;
   po.cost_clock = cost_clock;
   Result r;
+  // The driver's properties before any arena asks for them.
+  r.driver.alloc_cost_ns = o.alloc_cost_ns;
+  r.driver.wait_cost_ns = o.wait_cost_ns;
+  r.driver.granule = o.granule;
+  r.driver.map_cost_ns = o.map_cost_ns;
   Pool pool(po);
   std::vector<Arena*> arenas;
   for (std::size_t i = 0; i < tr.arenas.size(); ++i) {
@@ -381,15 +422,14 @@ Result replay_once(const Trace& tr, const Options& o) {
     ao.max_pooled = max_pooled_of(o);
     ao.max_block = o.device_memory;
     if (const std::uint64_t cap = max_held_of(tr, o)) ao.max_held = cap;
-    ao.split_min = o.cfg.split;
+    ao.split_min = config::split_min(o.cfg);
+    ao.expandable = o.cfg.segments == config::Segments::expandable;
     ao.pending_growth = o.cfg.pending_growth.resolve(o.device_memory);
     arenas.push_back(
         pool.add_arena(std::make_unique<SimBackend>(&r.driver, fenced(tr, i, o)), std::move(ao)));
   }
   std::vector<Block*> slots(tr.slots, nullptr);
   std::uint64_t next_trim = 0, last_t = 0;
-  r.driver.alloc_cost_ns = o.alloc_cost_ns;
-  r.driver.wait_cost_ns = o.wait_cost_ns;
   const auto t0 = std::chrono::steady_clock::now();
   for (const Event& e : tr.events) {
     g_trace_now = e.t_ns;
@@ -447,7 +487,9 @@ void report(const Trace& tr, const Options& o) {
         "\"peak_managed_bytes\":%llu,\"managed_over_active\":%.4f,\"driver_allocs\":%llu,"
         "\"driver_frees\":%llu,\"recorded_hits\":%llu,\"recorded_misses\":%llu,"
         "\"recorded_managed_bytes\":%llu,\"binned_floor_bytes\":%llu,\"floor_over_active\":%.4f,"
-        "\"max_held_bytes\":%llu,\"fence_waits\":%llu,"
+        "\"max_held_bytes\":%llu,\"fence_waits\":%llu,\"maps\":%llu,\"unmaps\":%llu,"
+        "\"granules_mapped\":%llu,\"granules_unmapped\":%llu,\"unmap_waits\":%llu,"
+        "\"segments\":\"%s\",\"granule\":%llu,"
         "\"leading_bits\":%u,\"release_after_ns\":%llu,\"borrow\":%s,\"split_min\":%llu}\n",
         tr.path.c_str(), tr.format.c_str(), tr.events.size(), (unsigned long long)allocs,
         (unsigned long long)tr.unfreed, median, times.front(), times.back(), times.size(),
@@ -456,9 +498,14 @@ void report(const Trace& tr, const Options& o) {
         (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees,
         (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
         (unsigned long long)tr.recorded_managed, (unsigned long long)floor, floor_ratio,
-        (unsigned long long)max_held, (unsigned long long)s.fence_waits, o.cfg.leading_bits,
+        (unsigned long long)max_held, (unsigned long long)s.fence_waits,
+        (unsigned long long)last.during.maps, (unsigned long long)last.during.unmaps,
+        (unsigned long long)last.during.mapped, (unsigned long long)last.during.unmapped,
+        (unsigned long long)last.during.unmap_waits,
+        o.cfg.segments == config::Segments::expandable ? "expandable" : "driver",
+        (unsigned long long)o.granule, o.cfg.leading_bits,
         (unsigned long long)o.cfg.release_after_ns, o.cfg.borrow ? "true" : "false",
-        (unsigned long long)o.cfg.split);
+        (unsigned long long)config::split_min(o.cfg));
     return;
   }
   std::printf("%s (%s trace): %zu events, %llu allocations, %llu never freed\n", tr.path.c_str(),
@@ -491,6 +538,12 @@ void report(const Trace& tr, const Options& o) {
   }
   std::printf("  driver calls             %llu allocations, %llu releases\n",
               (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees);
+  if (last.during.maps || o.cfg.segments == config::Segments::expandable)
+    std::printf("  granules of %llu bytes   %llu mapped in %llu calls, %llu unmapped in %llu calls "
+                "(%llu of them waited for the device)\n",
+                (unsigned long long)o.granule, (unsigned long long)last.during.mapped,
+                (unsigned long long)last.during.maps, (unsigned long long)last.during.unmapped,
+                (unsigned long long)last.during.unmaps, (unsigned long long)last.during.unmap_waits);
 }
 
 bool size_arg(const char* s, std::uint64_t* out) {
@@ -542,8 +595,8 @@ int main(int argc, char** argv) {
                  "usage: bench_replay TRACE... [GPUPOOL_NAME=VALUE...] [--rounds N] "
                  "[--leading-bits 1-8] [--max-pooled BYTES] [--device-memory BYTES] "
                  "[--release-after NS] [--max-held BYTES|Fx] [--borrow] [--split BYTES] "
-                 "[--sync-gap NS] [--pending-growth BYTES] [--alloc-cost NS] [--wait-cost NS] "
-                 "[--json]\n"
+                 "[--sync-gap NS] [--pending-growth BYTES] [--granule BYTES] [--alloc-cost NS] "
+                 "[--wait-cost NS] [--map-cost NS] [--json]\n"
                  "bench_replay: bad argument '%s'\n",
                  bad.c_str());
     std::exit(2);
@@ -597,6 +650,8 @@ int main(int argc, char** argv) {
     else if (a == "--pending-growth" && size_arg(val, &v)) o.cfg.pending_growth = bytes_spec(v);
     else if (a == "--alloc-cost" && size_arg(val, &v)) o.alloc_cost_ns = v;
     else if (a == "--wait-cost" && size_arg(val, &v)) o.wait_cost_ns = v;
+    else if (a == "--map-cost" && size_arg(val, &v)) o.map_cost_ns = v;
+    else if (a == "--granule" && size_arg(val, &v) && v >= 4096 && v % 4096 == 0) o.granule = v;
     else usage(a + (value.empty() ? "" : " " + value));
   }
   if (paths.empty()) {

@@ -176,6 +176,37 @@ elif CHECK == "split":
               f"{bs['managed_over_active']:.3f}, split {sf['managed_over_active']:.3f} "
               f"({sf['fence_waits']} waits)")
 
+elif CHECK == "expandable":
+    # GPUPOOL_SEGMENTS=expandable replayed: 3 MiB maps two 2 MiB granules;
+    # freed, it serves 1 MiB and 2 MiB with no driver call; a 4 MiB block
+    # then maps only what the free rest lacks.
+    MiB = 1 << 20
+    t = write("expandable.trace", GPUPOOL_HEADER +
+              f"a 10 7 0 a00000 {3 * MiB} {3 * MiB} m\n"
+              f"f 20 7 0 a00000 {3 * MiB} {3 * MiB}\n"
+              f"a 30 7 0 a00000 {MiB} {MiB} h\n"
+              f"a 40 7 0 b00000 {2 * MiB} {2 * MiB} h\n"
+              f"a 50 7 0 c00000 {4 * MiB} {4 * MiB} m\n")
+    r = replay(t, "GPUPOOL_SEGMENTS=expandable")
+    check((r["hits"], r["misses"], r["driver_allocs"], r["maps"], r["granules_mapped"]) ==
+          (2, 2, 0, 2, 4), f"expandable: {r}")
+    check(r["peak_managed_bytes"] == 8 * MiB and r["split_min"] == MiB, f"expandable: {r}")
+    # The recorded workloads: no more than splitting driver allocations,
+    # with the library's defaults (safe reuse) and reusing at once; under
+    # 1.3x peak active on PyTorch's CNN and MNIST (issue 36).
+    for path in sorted(glob.glob(os.path.join(HERE, "traces", "*.trace"))):
+        name = os.path.basename(path)
+        for mode, pinned in (("safe", ()), ("immediate", (IMMEDIATE,))):
+            e = replay(path, "GPUPOOL_SEGMENTS=expandable", *pinned, defaults=True)
+            sp = replay(path, "GPUPOOL_SPLIT=on", *pinned, defaults=True)
+            check(e["peak_managed_bytes"] <= sp["peak_managed_bytes"],
+                  f"{name}: expandable ({mode}) took more than split: {e} {sp}")
+            if name in ("torch-cnn.trace", "torch-mnist.trace"):
+                check(e["managed_over_active"] <= 1.3, f"{name}: expandable ({mode}): {e}")
+            print(f"{name} ({mode}): managed/active expandable {e['managed_over_active']:.3f}, "
+                  f"split {sp['managed_over_active']:.3f}; waits {e['fence_waits']} and "
+                  f"{sp['fence_waits']}")
+
 elif CHECK == "defaults":
     # No option: the library's defaults (config/options.def), so safe reuse
     # on a CUDA arena: a block freed and asked for again while the device

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <memory>
 #include <stdexcept>
 #include <utility>
@@ -44,6 +45,18 @@ struct FakeDevice {
   // Called after each release, outside the device's lock: what the program
   // does meanwhile (frees another block while a release is under way).
   std::function<void()> after_release;
+
+  // Ranges (Backend::granule): 0 cannot map. Mapped bytes count in `used`
+  // against `capacity`, as allocations do.
+  std::size_t granule = 0;
+  std::map<Handle, std::size_t> ranges;  // reserved: base -> bytes
+  std::set<Handle> mapped;               // granules mapped, by address
+  std::uint64_t reserves = 0, maps = 0, unmaps = 0, unreserves = 0;
+  std::uint64_t unmap_waits = 0;  // unmaps that waited for the device first
+  bool fail_reserve = false;
+  std::uint64_t map_cost = 0;
+  // Bytes mapped in ranges now.
+  std::size_t mapped_bytes() const { return mapped.size() * granule; }
 };
 
 // The pool's cost clock in core tests (PoolOptions::cost_clock): it moves
@@ -121,7 +134,77 @@ class FakeBackend : public Backend {
     g_cost_ns += dev_->wait_cost;
   }
 
+  // Ranges: every granule mapped once, inside a reserved range, unmapped
+  // only while mapped; a misuse throws, failing the test.
+  std::size_t granule() override { return dev_->granule; }
+  BackendResult reserve(std::size_t bytes) override {
+    FakeDevice& d = *dev_;
+    std::lock_guard lock(d.mu);
+    if (d.fail_reserve || d.granule == 0) return {BackendStatus::out_of_memory, 0, 2};
+    if (bytes % d.granule) throw std::logic_error("reserve of a part of a granule");
+    // Apart from allocations' addresses, aligned to the granule.
+    const Handle from = d.next_handle + (Handle{1} << 44);
+    const Handle h = (from + d.granule - 1) / d.granule * d.granule;
+    d.next_handle += bytes + d.granule;
+    d.ranges[h] = bytes;
+    ++d.reserves;
+    return {BackendStatus::ok, h, 0, record_of(h)};
+  }
+  BackendResult map(Handle at, std::size_t bytes, void* range) override {
+    FakeDevice& d = *dev_;
+    std::lock_guard lock(d.mu);
+    check_range(at, bytes, range);
+    if (bytes > d.capacity || d.used > d.capacity - bytes) {
+      ++d.alloc_failures;
+      return {BackendStatus::out_of_memory, 0, 2};
+    }
+    for (Handle g = at; g < at + bytes; g += d.granule)
+      if (!d.mapped.insert(g).second) throw std::logic_error("map of a mapped granule");
+    d.used += bytes;
+    ++d.maps;
+    g_cost_ns += d.map_cost;
+    return {BackendStatus::ok, at, 0, range};
+  }
+  void unmap(Handle at, std::size_t bytes, void* range, std::uint64_t fence) override {
+    FakeDevice& d = *dev_;
+    std::lock_guard lock(d.mu);
+    check_range(at, bytes, range);
+    for (Handle g = at; g < at + bytes; g += d.granule)
+      if (!d.mapped.erase(g)) throw std::logic_error("unmap of a granule not mapped");
+    if (fence > d.completed) {  // the device may still use it: wait first
+      ++d.unmap_waits;
+      d.completed = std::max(d.completed, fence);
+    }
+    d.used -= bytes;
+    ++d.unmaps;
+  }
+  void unreserve(Handle base, std::size_t bytes, void* range, bool drop) override {
+    FakeDevice& d = *dev_;
+    std::lock_guard lock(d.mu);
+    auto it = d.ranges.find(base);
+    if (it == d.ranges.end() || it->second != bytes || range != record_of(base))
+      throw std::logic_error("unreserve of no reserved range");
+    // What is still mapped goes with it (a dropped range's context freed it).
+    for (auto g = d.mapped.lower_bound(base); g != d.mapped.end() && *g < base + bytes;) {
+      g = d.mapped.erase(g);
+      d.used -= d.granule;
+    }
+    d.ranges.erase(it);
+    if (!drop) ++d.unreserves;
+  }
+
  private:
+  void check_range(Handle at, std::size_t bytes, void* range) {
+    FakeDevice& d = *dev_;
+    if (bytes == 0 || at % d.granule || bytes % d.granule)
+      throw std::logic_error("map or unmap of a part of a granule");
+    auto it = d.ranges.upper_bound(at);
+    if (it == d.ranges.begin()) throw std::logic_error("map or unmap outside any range");
+    --it;
+    if (at + bytes > it->first + it->second || range != record_of(it->first))
+      throw std::logic_error("map or unmap outside its range");
+  }
+
   std::shared_ptr<FakeDevice> dev_;
 };
 

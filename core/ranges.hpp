@@ -1,0 +1,176 @@
+// The range cache: large requests served by pieces of one reserved address
+// range per arena, physical memory mapped into it granule by granule
+// (ArenaOptions::expandable; PyTorch's expandable_segments).
+//
+// The range is address space only (Backend::reserve); its pieces tile it.
+// A piece is in use (the program's), free (mapped, held for reuse) or
+// unmapped (address space with nothing behind it, starting and ending on
+// granules). A request takes the best ready free piece that fits, cut to
+// size; without one, the granules that serve it with the fewest bytes newly
+// mapped: an unmapped piece, joined with the ready free pieces either side
+// of it (growth at the range's end is the case of the unmapped piece that
+// ends it). Freed pieces merge with their free neighbours, so the pieces
+// never fragment across driver allocations: memory one phase of a program
+// freed serves the sizes of the next, and memory held is given back granule
+// by granule (the release policies' items are the whole granules of free
+// pieces), whatever pieces are still in use around it.
+//
+// Safe reuse: a piece freed while the device may still use it (its fence
+// has not passed) is not handed out. When it is the best fit, the pool
+// waits for the device (as segments do). When only such pieces would
+// serve, in a row once ready, new granules are mapped instead while the
+// free pieces that wait for the device hold at most a bound (a
+// kPendingShare of what is mapped, and the arena's pending_growth); past
+// it, the pool waits once and every pending piece is ready.
+//
+// Backend calls (reserve, map, unmap) are made under this cache's lock, so
+// that no other thread sees a granule half mapped or half given back; the
+// lock is taken by nothing the backend calls. Internal to core/.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "core/cache.hpp"
+#include "core/lock_rank.hpp"
+
+namespace gpupool::core_detail {
+
+// New granules are mapped instead of waiting for the device while the
+// pending free pieces hold at most 1/kPendingShare of the mapped bytes
+// (replayed: 1/8 takes the MNIST trace to 1.23x, 1/2 to 1.68x, 1/32 to
+// 1.37x, where waiting sooner leaves pieces where they do not fit later).
+inline constexpr std::size_t kPendingShare = 16;
+
+class RangeCache final : public Cache {
+ public:
+  // `granule`: what is mapped at a time (a multiple of the backend's);
+  // `reserve`: the range's bytes; `min_rest`: a free piece is cut when at
+  // least this much is left; `pending_growth`: bytes pending pieces may hold
+  // before a request waits rather than map more; `cap`: the group's held
+  // bytes (free mapped bytes count); `retired`: the arena's flag (a retired
+  // arena's memory went with its context: dropped, never unmapped).
+  RangeCache(Backend& backend, HeldCap& cap, std::size_t granule, std::size_t reserve,
+             std::size_t min_rest, std::size_t pending_growth, const std::atomic<bool>& retired,
+             std::uint64_t (*clock)());
+  ~RangeCache();
+
+  std::size_t granule() const { return granule_; }
+
+  // A piece handed to the program.
+  struct Cut {
+    Handle at = 0;
+    std::size_t size = 0;    // 0: none
+    std::size_t mapped = 0;  // bytes mapped for it (a growth)
+    void* data = nullptr;    // the range's record
+  };
+  // The best ready free piece for `want` bytes (a multiple of
+  // kPieceGranule). None when no ready piece fits; then, on a first
+  // attempt, *wait says whether to wait for the device rather than map
+  // more (pending pieces would serve, and hold more than the bound).
+  Cut take(std::size_t want, bool first_attempt, bool* wait);
+  // New granules mapped for `want` bytes (the range reserved first if it
+  // is not yet). The backend's failure is returned as is (out of memory:
+  // the caller releases and retries); *no_room when the range cannot hold
+  // it (or cannot be reserved): the caller serves the request otherwise.
+  BackendResult grow(std::size_t want, Cut* cut, bool* no_room);
+
+  // The program freed the piece at `at` (fence, at t_ns). Held when
+  // `reusable` and `keep` (asked under this cache's lock, so that
+  // stop_holding() never misses it); otherwise its whole granules are
+  // unmapped at once: returned, to be counted (Arena::let_go). *over_cap:
+  // holding it put the group over its cap. Allocates nothing.
+  Held free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool reusable,
+            const std::atomic<bool>& keep, bool* over_cap);
+  // The piece at `at` let go without a fence (its memory went with its
+  // context, or it is a forked parent's): its whole free granules dropped.
+  Held forget(Handle at, std::uint64_t t_ns);
+
+  // Cache: the whole granules of each free piece are an item, unmapped
+  // when taken (the Held says so: already given back).
+  void offer(Victims order, Offer& best) override;
+  Held take_offered(const Offer& offer) override;
+  Held take_any() override;
+  void take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) override;
+  std::size_t releasable_bytes() const override;
+  void add_counters(Stats& s) const override;
+  void reset_peaks() override;
+
+  void lock() GPUPOOL_ACQUIRE(mu_) { mu_.lock(); }  // fork()
+  void unlock() GPUPOOL_RELEASE(mu_) { mu_.unlock(); }
+
+ private:
+  using FreeSet = std::set<std::pair<std::size_t, Handle>>;  // (size, address): best fit
+  enum class State : unsigned char { used, free, unmapped };
+  struct Piece {
+    std::size_t size = 0;
+    State state = State::used;
+    std::uint64_t fence = 0;        // free pieces: ready once passed
+    std::uint64_t freed_at_ns = 0;  // free pieces: the latest free merged in
+    // Every piece owns one node: in free_ while free, in unmapped_ while
+    // unmapped, here while in use. A free merges pieces, which only lets
+    // nodes go.
+    FreeSet::node_type node;
+  };
+  using Pieces = std::map<Handle, Piece>;
+
+  // Pieces made ahead (both their nodes), so that giving granules back,
+  // which may split a free piece in three, allocates nothing.
+  static constexpr std::size_t kSpares = 4;
+  void make_spares() GPUPOOL_REQUIRES(mu_);  // may throw
+  void refill() GPUPOOL_REQUIRES(mu_);       // make_spares(), or not now
+  bool spares_for(Handle at, const Piece& p) const GPUPOOL_REQUIRES(mu_);
+  // A piece from the spares, placed at `at`.
+  Pieces::iterator place(Handle at, std::size_t size, State state) GPUPOOL_REQUIRES(mu_);
+
+  void add_free(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
+  void remove_free(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
+  void add_unmapped(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
+  void remove_unmapped(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
+  bool ready(const Piece& p) const { return p.fence == 0 || backend_.passed(p.fence); }
+  // Merge `it` with its neighbours in the same state (free ones only when
+  // as ready as it is); returns the merged piece. Allocates nothing.
+  Pieces::iterator merge(Pieces::iterator it) GPUPOOL_REQUIRES(mu_);
+  // Merge neighbouring free pieces that are both ready (or, pending_too,
+  // whatever their fences: the later one covers the merged piece); whether
+  // any merged. Allocates nothing.
+  bool coalesce(bool pending_too = false) GPUPOOL_REQUIRES(mu_);
+  // The whole granules of a free piece: [*from, *from + bytes).
+  std::size_t whole_granules(Handle at, const Piece& p, Handle* from) const;
+  // The whole granules of the free piece `it` unmapped (dropped when
+  // `drop`); returns them, as a Held already given back, or nothing when
+  // there are none or no spare pieces for the split. Allocates nothing.
+  Held give_back(Pieces::iterator it, bool drop) GPUPOOL_REQUIRES(mu_);
+  // The free piece `it` handed out: cut to `want` when the rest is at
+  // least min_rest.
+  Cut cut(Pieces::iterator it, std::size_t want) GPUPOOL_REQUIRES(mu_);
+  std::size_t pending_bytes() const GPUPOOL_REQUIRES(mu_);
+  bool fits_once_ready(std::size_t want) const GPUPOOL_REQUIRES(mu_);
+
+  Backend& backend_;
+  HeldCap& cap_;
+  const std::size_t granule_, reserve_, min_rest_, pending_growth_;
+  const std::atomic<bool>& retired_;
+  std::uint64_t (*const clock_)();
+  // Taken by nothing the backend calls; the backend's reserve, map, unmap
+  // and passed run under it (the header).
+  mutable Ranked<LockRank::arena_ranges> mu_;
+  Handle base_ GPUPOOL_GUARDED_BY(mu_) = 0;  // 0: not reserved yet
+  void* data_ GPUPOOL_GUARDED_BY(mu_) = nullptr;
+  bool unreservable_ GPUPOOL_GUARDED_BY(mu_) = false;  // reserve() failed: never again
+  std::size_t mapped_ GPUPOOL_GUARDED_BY(mu_) = 0;
+  Pieces pieces_ GPUPOOL_GUARDED_BY(mu_);
+  FreeSet free_ GPUPOOL_GUARDED_BY(mu_);
+  FreeSet unmapped_ GPUPOOL_GUARDED_BY(mu_);
+  std::vector<Pieces::node_type> spares_ GPUPOOL_GUARDED_BY(mu_);
+  // Held counters of the free pieces; hits, misses and active counts are
+  // the shards'.
+  Stats c_ GPUPOOL_GUARDED_BY(mu_);
+};
+
+}  // namespace gpupool::core_detail

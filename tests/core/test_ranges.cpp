@@ -1,0 +1,369 @@
+// Expandable ranges (ArenaOptions::expandable): large requests served by
+// pieces of one reserved address range, physical memory mapped and unmapped
+// granule by granule, as a program sees them and as the backend is asked.
+// The fake backend throws (failing the test) on a granule mapped twice,
+// unmapped while not mapped, or outside its range.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <vector>
+
+#include "core/pool.hpp"
+#include "pool_fixture.hpp"
+
+using namespace gpupool;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t G = 2 * MiB;  // the fake device's granule
+
+// One arena on a fake device that maps granules of `granule` bytes (0:
+// none), splitting from 1 MiB unless ao says otherwise.
+struct Fixture {
+  std::shared_ptr<gpupool::testing::FakeDevice> dev;
+  Pool pool;
+  Arena* arena;
+  explicit Fixture(ArenaOptions ao = {}, PoolOptions po = {}, std::size_t granule = G)
+      : dev(device(granule)), pool(gpupool::testing::PoolFixture::with_cost_clock(po)) {
+    ao.group = "dev";
+    if (!ao.split_min) ao.split_min = MiB;
+    ao.expandable = true;
+    arena = pool.add_arena(std::make_unique<gpupool::testing::FakeBackend>(dev), ao);
+  }
+  static std::shared_ptr<gpupool::testing::FakeDevice> device(std::size_t granule) {
+    auto d = std::make_shared<gpupool::testing::FakeDevice>();
+    d->granule = granule;
+    return d;
+  }
+  Block* alloc(std::size_t n) {
+    AllocResult r = pool.allocate(arena, n);
+    EXPECT_EQ(r.status, BackendStatus::ok);
+    return r.block;
+  }
+  Stats stats() const { return arena->stats(); }
+};
+
+}  // namespace
+
+TEST(Ranges, ARequestMapsWholeGranulesAndTheRestServesTheNext) {
+  Fixture f;
+  Block* a = f.alloc(3 * MiB);  // two granules mapped: 3 MiB used, 1 MiB free
+  EXPECT_EQ(f.dev->reserves, 1u);
+  EXPECT_EQ(f.dev->allocs, 0u);
+  EXPECT_EQ(f.dev->maps, 1u);
+  EXPECT_EQ(f.dev->mapped_bytes(), 2 * G);
+  EXPECT_TRUE(a->split);
+  EXPECT_EQ(a->size, 3 * MiB);
+  Stats s = f.stats();
+  EXPECT_EQ(s.managed_bytes, 2 * G);
+  EXPECT_EQ(s.held_bytes, MiB);
+  EXPECT_EQ(s.backend_allocs, 1u);
+  AllocResult r = f.pool.allocate(f.arena, MiB);
+  EXPECT_TRUE(r.hit);
+  EXPECT_EQ(r.block->handle, a->handle + 3 * MiB);
+  EXPECT_EQ(f.dev->maps, 1u);
+  // The next request maps the granule after them: one range, no hole.
+  Block* c = f.alloc(MiB);
+  EXPECT_EQ(c->handle, a->handle + 2 * G);
+  EXPECT_EQ(f.dev->maps, 2u);
+  EXPECT_EQ(f.stats().managed_bytes, 3 * G);
+  f.pool.free(a);
+  f.pool.free(r.block);
+  f.pool.free(c);
+}
+
+TEST(Ranges, FreedNeighboursMergeAndServeLargerSizesWithoutMapping) {
+  Fixture f;
+  std::vector<Block*> phase1;
+  for (int i = 0; i < 4; ++i) phase1.push_back(f.alloc(2 * MiB));
+  const Handle start = phase1[0]->handle;
+  for (Block* b : phase1) f.pool.free(b);
+  EXPECT_EQ(f.stats().held_blocks, 1u);  // merged into one piece
+  const std::uint64_t maps = f.dev->maps;
+  // A size the first phase never asked for, larger than each of its pieces.
+  AllocResult r = f.pool.allocate(f.arena, 7 * MiB);
+  EXPECT_TRUE(r.hit);
+  EXPECT_EQ(r.block->handle, start);
+  EXPECT_EQ(f.dev->maps, maps);
+  EXPECT_EQ(f.stats().managed_bytes, 8 * MiB);
+  f.pool.free(r.block);
+}
+
+TEST(Ranges, GrowthJoinsAFreePieceToTheGranulesAfterIt) {
+  Fixture f;
+  Block* a = f.alloc(3 * MiB);  // [0, 4) mapped, [3, 4) free
+  Block* b = f.alloc(5 * MiB);  // [3, 8): 1 MiB free joined to 4 new MiB
+  EXPECT_EQ(b->handle, a->handle + 3 * MiB);
+  EXPECT_EQ(f.dev->mapped_bytes(), 8 * MiB);
+  EXPECT_EQ(f.stats().held_bytes, 0u);
+  f.pool.free(a);
+  f.pool.free(b);
+}
+
+// Held memory goes back granule by granule, whatever is still in use
+// around it; the partial granules stay with their neighbours.
+TEST(Ranges, FreeHeldUnmapsTheWholeFreeGranulesBetweenPiecesInUse) {
+  Fixture f;
+  Block* x = f.alloc(MiB);      // [0, 1)
+  Block* y = f.alloc(7 * MiB);  // [1, 8)
+  Block* z = f.alloc(MiB);      // [8, 9), granule [8, 10) mapped, [9, 10) free
+  const Handle hy = y->handle;
+  EXPECT_EQ(f.dev->mapped_bytes(), 10 * MiB);
+  f.pool.free(y);
+  EXPECT_EQ(f.arena->releasable_bytes(), 6 * MiB);  // granules [2, 8): not x's
+  f.pool.free_held();
+  EXPECT_EQ(f.dev->unmaps, 1u);
+  EXPECT_EQ(f.dev->mapped_bytes(), 4 * MiB);
+  Stats s = f.stats();
+  EXPECT_EQ(s.managed_bytes, 4 * MiB);
+  EXPECT_EQ(s.held_bytes, 2 * MiB);  // [1, 2) and [9, 10), in x's and z's granules
+  EXPECT_EQ(s.backend_frees, 1u);
+  // 7 MiB again: the hole is mapped again (the fake would throw on a
+  // granule mapped twice).
+  Block* w = f.alloc(7 * MiB);
+  EXPECT_EQ(w->handle, hy);
+  EXPECT_EQ(f.dev->mapped_bytes(), 10 * MiB);
+  f.pool.free(x);
+  f.pool.free(w);
+  f.pool.free(z);
+  f.pool.free_held();
+  EXPECT_EQ(f.dev->mapped_bytes(), 0u);
+  EXPECT_EQ(f.stats().managed_bytes, 0u);
+  EXPECT_EQ(f.stats().held_bytes, 0u);
+}
+
+TEST(Ranges, StopHoldingUnmapsAtFree) {
+  Fixture f;
+  Block* a = f.alloc(4 * MiB);
+  Block* b = f.alloc(4 * MiB);
+  f.pool.stop_holding();
+  f.pool.free(a);
+  EXPECT_EQ(f.dev->mapped_bytes(), 4 * MiB);
+  f.pool.free(b);
+  EXPECT_EQ(f.dev->mapped_bytes(), 0u);
+  EXPECT_EQ(f.stats().managed_bytes, 0u);
+}
+
+TEST(Ranges, OutOfMemoryUnmapsFreeGranulesAndRetries) {
+  Fixture f;
+  f.dev->capacity = 6 * MiB;
+  Block* a = f.alloc(2 * MiB);
+  Block* b = f.alloc(2 * MiB);
+  Block* c = f.alloc(2 * MiB);
+  const Handle ha = a->handle;
+  f.pool.free(a);
+  f.pool.free(c);  // free: [0, 2) and [4, 6); all 6 MiB mapped
+  // 4 MiB fits no free piece: mapping [6, 8) to join [4, 6) fails, so the
+  // first of the largest free granules, [0, 2), is unmapped and the growth
+  // tried again.
+  Block* d = f.alloc(4 * MiB);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->handle, ha + 4 * MiB);
+  EXPECT_EQ(f.stats().oom_retries, 1u);
+  EXPECT_EQ(f.dev->unmaps, 1u);
+  EXPECT_FALSE(f.dev->mapped.count(ha));
+  EXPECT_EQ(f.dev->used, 6 * MiB);
+  EXPECT_EQ(f.stats().managed_bytes, f.dev->mapped_bytes());
+  f.pool.free(b);
+  f.pool.free(d);
+}
+
+TEST(Ranges, CapUnmapsTheOldestFreeGranules) {
+  static std::uint64_t t = 0;
+  Fixture f({.max_held = 5 * MiB}, {.clock = [] { return ++t; }});
+  Block* a = f.alloc(4 * MiB);
+  Block* keep = f.alloc(MiB);  // between them: a's and b's pieces do not merge
+  Block* b = f.alloc(4 * MiB);
+  f.pool.free(a);
+  EXPECT_EQ(f.dev->unmaps, 0u);
+  f.pool.free(b);  // held over the cap: a's granules (the oldest) go
+  EXPECT_EQ(f.dev->unmaps, 1u);
+  EXPECT_EQ(f.stats().trims, 1u);
+  EXPECT_LE(f.stats().held_bytes, 5 * MiB);
+  f.pool.free(keep);
+}
+
+TEST(Ranges, IdleGranulesAreUnmappedAfterTheirTime) {
+  static std::uint64_t t = 0;
+  Fixture f({}, {.release_after_ns = 100, .clock = [] { return t; }});
+  t = 1000;
+  Block* a = f.alloc(4 * MiB);
+  Block* keep = f.alloc(MiB);
+  f.pool.free(a);
+  EXPECT_EQ(f.pool.trim_idle(1099), 0u);
+  EXPECT_EQ(f.pool.trim_idle(1100), 1u);
+  EXPECT_EQ(f.dev->mapped_bytes(), 2 * MiB);  // keep's granule
+  EXPECT_EQ(f.stats().trims, 1u);
+  f.pool.free(keep);
+}
+
+TEST(Ranges, RetiredArenaDropsItsGranulesAndRange) {
+  Fixture f;
+  Block* a = f.alloc(4 * MiB);
+  Block* b = f.alloc(4 * MiB);
+  f.pool.free(a);
+  f.pool.retire_arena(f.arena);  // the driver freed the memory
+  f.pool.free(b);                // forgotten: nothing unmapped, the range dropped
+  EXPECT_EQ(f.dev->unmaps, 0u);
+  EXPECT_EQ(f.dev->unreserves, 0u);
+  EXPECT_TRUE(f.dev->ranges.empty());
+  EXPECT_EQ(f.pool.arena_count(), 0u);
+  EXPECT_EQ(f.pool.totals().managed_bytes, 0u);
+}
+
+TEST(Ranges, WithoutGranulesTheArenaSplitsDriverAllocations) {
+  Fixture f({}, {}, /*granule=*/0);
+  Block* a = f.alloc(4 * MiB);
+  EXPECT_EQ(f.dev->allocs, 1u);
+  EXPECT_EQ(f.dev->reserves, 0u);
+  EXPECT_EQ(f.arena->ranges(), nullptr);
+  EXPECT_NE(f.arena->segments(), nullptr);
+  f.pool.free(a);
+}
+
+TEST(Ranges, WithoutARangeRequestsTakeBlocksOfTheirBins) {
+  Fixture f;
+  f.dev->fail_reserve = true;
+  Block* a = f.alloc(3 * MiB);
+  EXPECT_FALSE(a->split);
+  EXPECT_EQ(f.dev->allocs, 1u);
+  Block* b = f.alloc(3 * MiB);  // no second try at reserving
+  EXPECT_EQ(f.dev->allocs, 2u);
+  f.pool.free(a);
+  f.pool.free(b);
+}
+
+// Safe reuse: a pending best fit is waited for, rather than a larger ready
+// piece cut.
+TEST(Ranges, APendingBestFitIsWaitedFor) {
+  Fixture f({.pending_growth = 64 * MiB});
+  f.dev->fences = true;
+  Block* small = f.alloc(2 * MiB);
+  Block* sep = f.alloc(2 * MiB);  // so that the two do not merge
+  Block* big = f.alloc(16 * MiB);
+  const Handle hsmall = small->handle;
+  f.pool.free(big);
+  f.dev->completed = f.dev->issued;  // big ready
+  f.pool.free(small);                // small pending
+  Block* s = f.alloc(2 * MiB);
+  EXPECT_EQ(s->handle, hsmall);
+  EXPECT_EQ(f.dev->waits, 1u);
+  EXPECT_EQ(f.stats().fence_waits, 1u);
+  // A ready best fit is taken at once.
+  f.pool.free(s);
+  f.dev->completed = f.dev->issued;
+  Block* t = f.alloc(2 * MiB);
+  EXPECT_EQ(t->handle, hsmall);
+  EXPECT_EQ(f.dev->waits, 1u);
+  f.pool.free(t);
+  f.pool.free(sep);
+}
+// Safe reuse: when only pending pieces would serve, new granules are mapped
+// while the pending pieces hold at most a sixteenth of what is mapped (and
+// pending_growth); past that the pool waits.
+TEST(Ranges, OnlyPendingPiecesWouldServeMapsMoreWithinTheBound) {
+  Fixture f({.pending_growth = 64 * MiB});
+  f.dev->fences = true;
+  Block* big = f.alloc(62 * MiB);  // 64 MiB mapped with the next
+  Block* a = f.alloc(2 * MiB);
+  const Handle ha = a->handle;
+  f.pool.free(a);  // 2 MiB pending: 2 + 2 <= 66 / 16
+  Block* b = f.alloc(2 * MiB);
+  EXPECT_EQ(f.dev->waits, 0u);
+  EXPECT_NE(b->handle, ha);
+  EXPECT_EQ(f.dev->mapped_bytes(), 66 * MiB);
+  Block* c = f.alloc(4 * MiB);
+  f.pool.free(c);  // 6 MiB pending: 6 + 2 > 70 / 16
+  Block* d = f.alloc(2 * MiB);
+  EXPECT_EQ(f.dev->waits, 1u);
+  EXPECT_EQ(d->handle, ha);
+  EXPECT_EQ(f.dev->mapped_bytes(), 70 * MiB);
+  f.pool.free(d);
+  f.pool.free(b);
+  f.pool.free(big);
+}
+
+TEST(Ranges, WithoutAGrowthBudgetPendingPiecesAreWaitedFor) {
+  Fixture f;
+  f.dev->fences = true;
+  Block* big = f.alloc(62 * MiB);
+  Block* a = f.alloc(2 * MiB);
+  const Handle ha = a->handle;
+  f.pool.free(a);
+  Block* b = f.alloc(2 * MiB);
+  EXPECT_EQ(f.dev->waits, 1u);
+  EXPECT_EQ(b->handle, ha);
+  f.pool.free(b);
+  f.pool.free(big);
+}
+
+// Granules the device may still use are unmapped only once it is done.
+TEST(Ranges, UnmappingPendingGranulesWaitsForTheirFence) {
+  Fixture f;
+  f.dev->fences = true;
+  Block* a = f.alloc(4 * MiB);
+  f.pool.free(a);
+  f.pool.free_held();
+  EXPECT_EQ(f.dev->unmaps, 1u);
+  EXPECT_EQ(f.dev->unmap_waits, 1u);
+  // Ready ones need no wait.
+  Block* b = f.alloc(4 * MiB);
+  f.pool.free(b);
+  f.dev->completed = f.dev->issued;
+  f.pool.free_held();
+  EXPECT_EQ(f.dev->unmaps, 2u);
+  EXPECT_EQ(f.dev->unmap_waits, 1u);
+}
+
+// Random programs: every active piece lies in the range and overlaps no
+// other, every byte of it mapped; what is mapped is what the stats say is
+// managed, and held is mapped less active; once everything is freed,
+// free_held unmaps all of it.
+TEST(Ranges, RandomProgramsKeepPiecesDisjointMappedAndAccountsExact) {
+  for (unsigned seed = 1; seed <= 200; ++seed) {
+    std::mt19937_64 rng(seed);
+    Fixture f({.pending_growth = (seed % 3) * 8 * MiB}, {}, (seed % 2 ? 1 : 3) * G);
+    f.dev->fences = seed % 2;
+    f.dev->capacity = (seed % 5 == 0) ? 64 * MiB : SIZE_MAX;
+    std::vector<Block*> live;
+    for (int step = 0; step < 300; ++step) {
+      if (!live.empty() && rng() % 3 == 0) {
+        std::size_t i = rng() % live.size();
+        f.pool.free(live[i]);
+        live.erase(live.begin() + std::ptrdiff_t(i));
+      } else {
+        const std::size_t n = MiB + rng() % (9 * MiB);
+        AllocResult r = f.pool.allocate(f.arena, n);
+        if (r.status == BackendStatus::out_of_memory) continue;
+        ASSERT_EQ(r.status, BackendStatus::ok) << seed;
+        live.push_back(r.block);
+      }
+      if (rng() % 16 == 0) f.dev->completed = f.dev->issued;
+      if (rng() % 64 == 0) f.pool.free_held();
+      std::map<Handle, std::size_t> pieces;
+      std::size_t active = 0;
+      for (Block* b : live)
+        if (b->split) pieces[b->handle] = b->size, active += b->size;
+      Handle end = 0;
+      for (auto [h, n] : pieces) {
+        ASSERT_GE(h, end) << seed;
+        end = h + n;
+        const std::size_t g = f.dev->granule;
+        for (Handle p = h / g * g; p < h + n; p += g) ASSERT_TRUE(f.dev->mapped.count(p)) << seed;
+      }
+      const Stats s = f.stats();
+      std::size_t binned = 0;
+      for (Block* b : live)
+        if (!b->split) binned += b->size;
+      ASSERT_EQ(s.managed_bytes, f.dev->mapped_bytes() + binned) << seed;
+      ASSERT_EQ(s.held_bytes + active, f.dev->mapped_bytes()) << seed;
+    }
+    for (Block* b : live) f.pool.free(b);
+    f.pool.free_held();
+    EXPECT_EQ(f.dev->mapped_bytes(), 0u) << seed;
+    EXPECT_EQ(f.stats().managed_bytes, 0u) << seed;
+    EXPECT_EQ(f.stats().held_bytes, 0u) << seed;
+  }
+}
