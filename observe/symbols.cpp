@@ -209,12 +209,14 @@ class Lines {
     return false;
   }
 
-  // A file of the line table as an absolute path: one named relative to the
-  // unit's directory (a build that hides its directories from ccache, or
-  // DWARF 5's relative include directories) joined to it.
+  // A file of the line table as an absolute path without "." or "..": one
+  // named relative to the unit's directory (a build that hides its
+  // directories from ccache, or DWARF 5's relative include directories)
+  // joined to it; clang's "BUILD/../src/x.c" (a build directory beside the
+  // sources) said as "src/x.c" is, as GCC's tables say it.
   std::string source_path(const char* file, Dwarf_Die* cu) {
     if (!file) return "?";
-    if (file[0] == '/') return file;
+    if (file[0] == '/') return lexically_normal(file);
     Dwarf_Attribute a;
     const char* dir = dw_.attr_integrate(cu, DW_AT_comp_dir, &a) ? dw_.formstring(&a) : nullptr;
     if (!dir || dir[0] != '/') return file;
