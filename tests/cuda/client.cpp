@@ -97,7 +97,7 @@ StandinCounters snap() { return *api.counters(); }
 // gpupool's C API when it is preloaded (free_held, to make it release
 // everything it holds).
 void free_held() {
-  using Fn = void (*)();
+  using Fn = int (*)();  // docs/c-api.md
   if (auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "gpupool_free_held"))) fn();
 }
 

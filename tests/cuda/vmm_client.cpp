@@ -56,7 +56,7 @@ struct Api {
 bool g_pooled = false;
 
 void free_held() {
-  using Fn = void (*)();
+  using Fn = int (*)();  // docs/c-api.md
   if (auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "gpupool_free_held"))) fn();
 }
 
