@@ -97,7 +97,7 @@ RangeCache::Pieces::iterator RangeCache::merge(Pieces::iterator it) {
   auto mergeable = [&](const Piece& n) {
     return n.state == s && (s == State::unmapped || ready(n) == is_ready);
   };
-  auto out = [&](Handle at, Piece& n) {
+  auto out = [&](Handle at, Piece& n) GPUPOOL_REQUIRES(mu_) {
     if (s == State::free) remove_free(at, n);
     else remove_unmapped(at, n);
   };
@@ -306,7 +306,7 @@ BackendResult RangeCache::grow(std::size_t want, Cut* cut_out, bool* no_room) {
   // The unmapped piece whose mapping serves `want` with the fewest new
   // bytes, joined with the ready free pieces either side; of equals, the
   // lowest.
-  auto usable = [&](Pieces::iterator n) {
+  auto usable = [&](Pieces::iterator n) GPUPOOL_REQUIRES(mu_) {
     return n != pieces_.end() && n->second.state == State::free && ready(n->second);
   };
   Pieces::iterator best = pieces_.end();

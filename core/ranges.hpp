@@ -141,7 +141,7 @@ class RangeCache final : public Cache {
   // any merged. Allocates nothing.
   bool coalesce(bool pending_too = false) GPUPOOL_REQUIRES(mu_);
   // The whole granules of a free piece: [*from, *from + bytes).
-  std::size_t whole_granules(Handle at, const Piece& p, Handle* from) const;
+  std::size_t whole_granules(Handle at, const Piece& p, Handle* from) const GPUPOOL_REQUIRES(mu_);
   // The whole granules of the free piece `it` unmapped (dropped when
   // `drop`); returns them, as a Held already given back, or nothing when
   // there are none or no spare pieces for the split. Allocates nothing.
