@@ -55,12 +55,22 @@ for line in open("trace.txt"):
         d += w[7] == "d"; hm += w[7] != "d"
     elif w[:1] == ["f"] and arenas.get(w[3]) == "cuda-async":
         frees += 1
-rep = open("report.txt").read(); stats = open("stats.txt").read()
+# The text is wrapped at 100 columns: continuation lines joined.
+rep = re.sub(r"\n\s+", " ", open("report.txt").read())
+stats = re.sub(r"\n\s+", " ", open("stats.txt").read())
 print(f"cuda-async: {d} allocations (d), {hm} h|m, {frees} frees")
-ok = d >= 150 and hm == 0 and frees == d - 1
-ok &= "stream-ordered, served by the driver's memory pools" in rep
-ok &= bool(re.search(r"Still held at the end \(7\.0 MiB in 1 block\)", rep))
-ok &= bool(re.search(r"leaks: pid \d+: 1 block \(7\.0 MiB\)", stats))
+checks = {
+    "records": d >= 150 and hm == 0 and frees == d - 1,
+    "summary": "stream-ordered, served by the driver's memory pools" in rep,
+    "still held": bool(re.search(r"Still held at the end \(7\.0 MiB in 1 block\)", rep)),
+    "leak report": bool(re.search(r"leaks: pid \d+: 1 block \(7\.0 MiB\)", stats)),
+}
+for name, good in checks.items():
+    if not good:
+        print("FAILED:", name)
+if not checks["leak report"]:
+    print(stats[-2000:])
+ok = all(checks.values())
 print("async trace:", "ok" if ok else "FAILED")
 sys.exit(0 if ok else 1)
 PY

@@ -159,7 +159,7 @@ def child(caching, out):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gpupool", required=True, help="the gpupool launcher (build/bin/gpupool)")
+    ap.add_argument("--gpupool", help="the gpupool launcher (build/bin/gpupool); the children run without it")
     ap.add_argument("--out", default=None, help="where to keep the traces and dumps")
     ap.add_argument("--child", choices=["caching", "nocache"])
     a = ap.parse_args()
@@ -168,6 +168,8 @@ def main():
     if a.child:
         child(a.child == "caching", out)
         return
+    if not a.gpupool:
+        ap.error("--gpupool is required")
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
