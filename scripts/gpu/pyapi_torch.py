@@ -16,8 +16,9 @@ FAILED" (exit 1).
 What the docs promise and the checks hold to (docs/stats.md):
   - active_bytes: the sizes the program asked for: with caching, PyTorch's
     segments (memory_reserved() and each memory_snapshot() segment's
-    address and total_size); without, each tensor's nbytes at its
-    data_ptr();
+    address and total_size) plus a fixed amount libraries allocate
+    themselves (cuBLAS's and cuDNN's workspaces); without, each tensor's
+    nbytes at its data_ptr();
   - peaks: exact with one allocating thread, an upper bound with several
     (autograd's backward runs on its own thread): gpupool's peak after
     reset_peak() is at least PyTorch's max_memory_reserved() after
@@ -81,9 +82,14 @@ def child(caching, out):
     check(t["held_bytes"] == 0, f"free_held(): held_bytes {t['held_bytes']}")
 
     if caching:
+        # gpupool sees every device allocation of the process: PyTorch's
+        # segments and what libraries take themselves (cuBLAS's and cuDNN's
+        # workspaces: 128.3 MiB on the H200's first run), a fixed amount.
         reserved = torch.cuda.memory_reserved()
-        check(t["active_bytes"] == reserved,
-              f"PyTorch's memory_reserved() {reserved} == gpupool's active_bytes {t['active_bytes']}")
+        outside = t["active_bytes"] - reserved
+        check(outside >= 0,
+              f"gpupool's active_bytes {t['active_bytes']} >= PyTorch's memory_reserved() {reserved} "
+              f"(outside PyTorch's allocator: {outside})")
         # A tensor no cached segment fits: one more segment, of the same size both ways.
         before_t, before_r = t["active_bytes"], reserved
         big = torch.empty(300 * MiB, dtype=torch.uint8, device=dev)
@@ -102,8 +108,9 @@ def child(caching, out):
         del big
         torch.cuda.empty_cache()
         t = cuda_totals()
-        check(t["active_bytes"] == torch.cuda.memory_reserved(),
-              f"after empty_cache(): reserved {torch.cuda.memory_reserved()} == active_bytes {t['active_bytes']}")
+        check(t["active_bytes"] - torch.cuda.memory_reserved() == outside,
+              f"after empty_cache(): active_bytes {t['active_bytes']} - reserved {torch.cuda.memory_reserved()} "
+              f"== the {outside} outside PyTorch's allocator, as before")
         check(t["held_bytes"] >= 300 * MiB, f"after empty_cache(): gpupool holds {t['held_bytes']} (>= 300 MiB)")
         gpupool.free_held()
         check(cuda_totals()["held_bytes"] == 0, "free_held() after empty_cache(): nothing held")
