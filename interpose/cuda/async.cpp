@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -46,9 +45,9 @@ namespace {
 
 struct Registry {
   Ranked<LockRank::cuda_async_pools> mu;
-  std::unordered_map<CUmemoryPool, AsyncPool*> pools;  // under mu
+  std::unordered_map<CUmemoryPool, AsyncPool*> pools GPUPOOL_GUARDED_BY(mu);
   // Pools whose release threshold the program set before allocating.
-  std::unordered_set<CUmemoryPool> program_threshold;  // under mu
+  std::unordered_set<CUmemoryPool> program_threshold GPUPOOL_GUARDED_BY(mu);
 };
 Registry& registry() {
   static Registry& r = *new Registry;  // never destroyed: hooks run during exit
@@ -63,16 +62,16 @@ std::atomic<AsyncPool*> g_current[kCachedDevices] = {};
 // ---- stream capture --------------------------------------------------------
 
 struct Captures {
-  Ranked<LockRank::cuda_capture, std::shared_mutex> mu;
+  CaptureLock mu;
   struct Capture {
     CUstream stream;
     long thread;  // a per-thread default stream's thread, else 0
   };
-  std::vector<Capture> ongoing;  // under mu
+  std::vector<Capture> ongoing GPUPOOL_GUARDED_BY(capture_lock());
   std::atomic<std::size_t> count{0};
 };
 Captures& captures() {
-  static Captures& c = *new Captures;
+  static Captures& c = *new Captures;  // never destroyed: hooks run during exit
   return c;
 }
 
@@ -101,7 +100,7 @@ struct Traced {
   static constexpr unsigned kShards = 16;
   struct alignas(64) Shard {
     Ranked<LockRank::cuda_async_blocks> mu;
-    std::unordered_map<CUdeviceptr, Allocation> live;  // under mu
+    std::unordered_map<CUdeviceptr, Allocation> live GPUPOOL_GUARDED_BY(mu);
   };
   Shard shards[kShards];
   Shard& of(CUdeviceptr p) { return shards[(p >> 8 ^ p >> 20) % kShards]; }
@@ -111,7 +110,7 @@ Traced& traced() {
   return t;
 }
 
-// Under s.mu: the observer told of `p`'s end, and it forgotten.
+// The observer told of `p`'s end, and it forgotten.
 void end_traced(Runtime& rt, Traced::Shard& s, std::unordered_map<CUdeviceptr, Traced::Allocation>::iterator it)
     GPUPOOL_REQUIRES(s.mu) {
   if (Arena* a = it->second.pool->arena.load(std::memory_order_acquire))
@@ -119,7 +118,7 @@ void end_traced(Runtime& rt, Traced::Shard& s, std::unordered_map<CUdeviceptr, T
   s.live.erase(it);
 }
 
-// Under s.mu: `p` (of `size`, from `pool`) remembered and told.
+// `p` (of `size`, from `pool`) remembered and told.
 void start_traced(Runtime& rt, Traced::Shard& s, CUdeviceptr p, AsyncPool& pool, std::size_t size)
     GPUPOOL_REQUIRES(s.mu) {
   // Read under the lock: a pool destroyed meanwhile has swept this shard.
@@ -198,7 +197,7 @@ class AsyncBackend final : public Backend, public HeldOutside {
     const Driver* d = driver_if_loaded();
     Runtime* rt = runtime_if_started();
     if (!d || !rt || exiting() || !d->mem_pool_trim_to) return 0;
-    std::shared_lock lock(captures().mu);
+    SharedLock lock(capture_lock());
     if (capturing()) return 0;
     const std::uint64_t uses = p_.uses.load(std::memory_order_acquire);
     const std::uint64_t before = kept(*d, p_);
@@ -252,7 +251,7 @@ class AsyncBackend final : public Backend, public HeldOutside {
 // time; the threshold raised unless the program set one.
 AsyncPool* record(const Driver& d, Runtime& rt, CUmemoryPool pool, CtxState* st) {
   Registry& r = registry();
-  std::lock_guard lock(r.mu);
+  LockGuard lock(r.mu);
   if (auto it = r.pools.find(pool); it != r.pools.end()) return it->second;
   // Not a pool (the allocation gets the driver's error): nothing to manage.
   cuuint64_t reserved = 0;
@@ -288,7 +287,7 @@ AsyncPool* record(const Driver& d, Runtime& rt, CUmemoryPool pool, CtxState* st)
 
 AsyncPool* find(CUmemoryPool pool) {
   Registry& r = registry();
-  std::lock_guard lock(r.mu);
+  LockGuard lock(r.mu);
   auto it = r.pools.find(pool);
   return it == r.pools.end() ? nullptr : it->second;
 }
@@ -374,7 +373,7 @@ void async_attribute_set(const Driver& d, CUmemoryPool pool, CUmemPool_attribute
   (void)d;
   if (attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return;
   Registry& r = registry();
-  std::lock_guard lock(r.mu);
+  LockGuard lock(r.mu);
   r.program_threshold.insert(pool);
   if (auto it = r.pools.find(pool); it != r.pools.end())
     it->second->raised.store(false, std::memory_order_release);
@@ -391,7 +390,7 @@ void async_pool_destroyed(Runtime& rt, CUmemoryPool pool) {
   AsyncPool* p = nullptr;
   {
     Registry& r = registry();
-    std::lock_guard lock(r.mu);
+    LockGuard lock(r.mu);
     r.program_threshold.erase(pool);
     if (auto it = r.pools.find(pool); it != r.pools.end()) {
       p = it->second;
@@ -427,9 +426,11 @@ void async_current_pool_changed(CUdevice dev) {
 
 bool stream_capturing() { return capturing(); }
 
+CaptureLock& capture_lock() { return captures().mu; }
+
 // A guard held across calls (the analysis follows one function at a time).
-CaptureChange::CaptureChange() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { captures().mu.lock(); }
-CaptureChange::~CaptureChange() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { captures().mu.unlock(); }
+CaptureChange::CaptureChange() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { capture_lock().lock(); }
+CaptureChange::~CaptureChange() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { capture_lock().unlock(); }
 
 void capture_started(CUstream s, bool ptsz) {
   captures().ongoing.push_back(capture_key(s, ptsz));
@@ -489,14 +490,17 @@ void async_fork_renew(Runtime& rt) {
   std::vector<AsyncPool*> all;
   {
     Registry& r = registry();
-    std::lock_guard lock(r.mu);
+    LockGuard lock(r.mu);
     for (auto& [pool, p] : r.pools) all.push_back(p);
     r.pools.clear();
     r.program_threshold.clear();
   }
   for (auto& c : g_current) c.store(nullptr, std::memory_order_relaxed);
-  captures().ongoing.clear();
-  captures().count.store(0, std::memory_order_relaxed);
+  {
+    LockGuard lock(capture_lock());
+    captures().ongoing.clear();
+    captures().count.store(0, std::memory_order_relaxed);
+  }
   for (AsyncPool* p : all)
     if (Arena* a = p->arena.exchange(nullptr, std::memory_order_acq_rel))
       rt.pool.retire_arena(a, /*keep_stats=*/false);

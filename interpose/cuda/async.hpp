@@ -19,7 +19,9 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <shared_mutex>
 
+#include "core/lock_rank.hpp"
 #include "interpose/cuda/driver.hpp"
 
 namespace gpupool {
@@ -68,18 +70,21 @@ void async_current_pool_changed(CUdevice dev);
 // started is counted (capture_started) until the driver says the stream
 // captures no more (capture_maybe_ended). ptsz: the per-thread variant,
 // where stream 0 is the thread's own default stream.
-class CaptureChange {
+// The captures' lock: a CaptureChange holds it exclusively, a trim shared.
+using CaptureLock = Ranked<LockRank::cuda_capture, std::shared_mutex>;
+CaptureLock& capture_lock();
+class GPUPOOL_SCOPED_CAPABILITY CaptureChange {
  public:
-  CaptureChange();
-  ~CaptureChange();
+  CaptureChange() GPUPOOL_ACQUIRE(capture_lock());
+  ~CaptureChange() GPUPOOL_RELEASE();
   CaptureChange(const CaptureChange&) = delete;
   CaptureChange& operator=(const CaptureChange&) = delete;
 };
-void capture_started(CUstream s, bool ptsz);
+void capture_started(CUstream s, bool ptsz) GPUPOOL_REQUIRES(capture_lock());
 bool stream_capturing();  // a capture is under way in the process
-void capture_maybe_ended(const Driver& d, CUstream s, bool ptsz);
+void capture_maybe_ended(const Driver& d, CUstream s, bool ptsz) GPUPOOL_REQUIRES(capture_lock());
 // The stream was destroyed: a capture on it is over.
-void capture_stream_destroyed(CUstream s);
+void capture_stream_destroyed(CUstream s) GPUPOOL_REQUIRES(capture_lock());
 
 // fork(): the registry's and the capture's locks (contexts.cpp's handlers
 // call these in rank order); in the child, the parent's pools are retired

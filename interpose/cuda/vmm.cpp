@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -41,10 +40,13 @@ struct Unit {
   bool inherited = false;   // a forked parent's: no driver call about it
 };
 
+// The units, found by handle and by address. Unit's fields are read and
+// written under mu too (the analysis cannot say so: the lock is not the
+// unit's).
 struct Registry {
   Ranked<LockRank::cuda_vmm> mu;
-  std::unordered_map<CUmemGenericAllocationHandle, Unit*> by_handle;
-  std::map<CUdeviceptr, Unit*> by_va;
+  std::unordered_map<CUmemGenericAllocationHandle, Unit*> by_handle GPUPOOL_GUARDED_BY(mu);
+  std::map<CUdeviceptr, Unit*> by_va GPUPOOL_GUARDED_BY(mu);
 };
 Registry& registry() {
   static Registry* const r = new Registry;  // never destroyed: hooks run during exit
@@ -58,34 +60,32 @@ thread_local CUmemGenericAllocationHandle t_claim = 0;
 
 bool none() { return g_units.load(std::memory_order_acquire) == 0; }
 
-Unit* by_handle_locked(CUmemGenericAllocationHandle h) {
-  auto& m = registry().by_handle;
-  auto it = m.find(h);
-  return it == m.end() ? nullptr : it->second;
+Unit* by_handle_locked(Registry& r, CUmemGenericAllocationHandle h) GPUPOOL_REQUIRES(r.mu) {
+  auto it = r.by_handle.find(h);
+  return it == r.by_handle.end() ? nullptr : it->second;
 }
 
-Unit* containing_locked(CUdeviceptr p) {
-  auto& m = registry().by_va;
-  auto it = m.upper_bound(p);
-  if (it == m.begin()) return nullptr;
+Unit* containing_locked(Registry& r, CUdeviceptr p) GPUPOOL_REQUIRES(r.mu) {
+  auto it = r.by_va.upper_bound(p);
+  if (it == r.by_va.begin()) return nullptr;
   --it;
   return p - it->first < it->second->size ? it->second : nullptr;
 }
 
-void add_locked(Unit* u) {
-  registry().by_handle.emplace(u->handle, u);  // may throw: the caller undoes
+void add_locked(Registry& r, Unit* u) GPUPOOL_REQUIRES(r.mu) {
+  r.by_handle.emplace(u->handle, u);  // may throw: the caller undoes
   try {
-    registry().by_va.emplace(u->va, u);
+    r.by_va.emplace(u->va, u);
   } catch (...) {
-    registry().by_handle.erase(u->handle);
+    r.by_handle.erase(u->handle);
     throw;
   }
   g_units.fetch_add(1, std::memory_order_release);
 }
 
-void remove_locked(Unit* u) {
-  if (registry().by_handle.erase(u->handle)) g_units.fetch_sub(1, std::memory_order_release);
-  registry().by_va.erase(u->va);
+void remove_locked(Registry& r, Unit* u) GPUPOOL_REQUIRES(r.mu) {
+  if (r.by_handle.erase(u->handle)) g_units.fetch_sub(1, std::memory_order_release);
+  r.by_va.erase(u->va);
 }
 
 // A driver call on a unit that should not fail; if it does (a driver torn
@@ -108,42 +108,24 @@ void free_in_driver(const Driver& d, const Unit& u) {
 // gpupool kept mapped, reserved or created for it is undone), the unit
 // leaves the registry, and its block is returned for the caller to forget
 // (Pool::forget, outside the lock).
-Block* escape_locked(const Driver* d, Unit* u) {
+Block* escape_locked(Registry& r, const Driver* d, Unit* u) GPUPOOL_REQUIRES(r.mu) {
   if (d && !u->inherited) {
     if (!u->mapped) expect_success(d->mem_unmap(u->va, u->size), "unmap", *u);
     if (!u->va_out) expect_success(d->mem_address_free(u->va, u->size), "address free", *u);
     if (!u->handle_out) expect_success(d->mem_release(u->handle), "release", *u);
   }
-  remove_locked(u);
+  remove_locked(r, u);
   u->escaped = true;
   log().debug("cuda: a virtual memory allocation of {} bytes left the pool (the program uses it "
               "in a way the pool does not follow)", u->size);
   return u->block;
 }
 
-void forget(const std::vector<Block*>& blocks) {
-  Runtime* rt = runtime_if_started();
-  for (Block* b : blocks)
-    if (b && rt) rt->pool.forget(b);
-}
-
-using Lock = std::unique_lock<Ranked<LockRank::cuda_vmm>>;
-
-// Escape whichever of (handle's unit, address's unit) is active, then ask
-// the driver.
-template <class Call>
-CUresult escape_and_pass(const Driver& d, Lock& lock, Unit* a, Unit* b, Call&& call) {
-  std::vector<Block*> gone;
-  if (a && a->active) gone.push_back(escape_locked(&d, a));
-  if (b && b != a && b->active) gone.push_back(escape_locked(&d, b));
-  lock.unlock();
-  forget(gone);
-  return call();
-}
-
 // The program gave up both the handle and the reservation: the unit goes
-// back to the pool (outside the lock).
-Block* take_back_locked(Unit* u) {
+// back to the pool (its block returned, for the caller to free outside the
+// lock).
+Block* take_back_locked(Registry& r, Unit* u) GPUPOOL_REQUIRES(r.mu) {
+  (void)r;
   if (u->handle_out || u->va_out) return nullptr;
   u->active = false;
   Block* b = u->block;
@@ -151,33 +133,28 @@ Block* take_back_locked(Unit* u) {
   return b;
 }
 
-void give_back(Block* b) {
-  if (!b) return;
-  if (Runtime* rt = runtime_if_started()) rt->pool.free(b);
-}
+// What one hook's visit to the registry leaves for after its lock: blocks
+// whose units escaped (the pool forgets them) and one the pool takes back.
+// Declared before the lock, so settled once it is let go.
+struct AfterLock {
+  std::vector<Block*> escaped;
+  Block* back = nullptr;
 
-// The program gave up part of u: if that was the last of it, the unit
-// goes back to the pool (after the lock).
-CUresult take_back(Lock& lock, Unit* u) {
-  Block* back = take_back_locked(u);
-  lock.unlock();
-  give_back(back);
-  return CUDA_SUCCESS;
-}
-
-// A call naming (`lookup`, under the registry lock) at most one unit: the
-// driver's when it names none, else `body(lock, unit)`'s answer.
-template <class Lookup, class Pass, class Body>
-CUresult on_unit(Lookup&& lookup, Pass&& pass, Body&& body) {
-  if (none()) return pass();
-  Lock lock(registry().mu);
-  Unit* u = lookup();
-  if (!u) {
-    lock.unlock();
-    return pass();
+  // Whichever of two units (a handle's, an address's) is active escapes.
+  void escape(Registry& r, const Driver& d, Unit* a, Unit* b) GPUPOOL_REQUIRES(r.mu) {
+    if (a && a->active) escaped.push_back(escape_locked(r, &d, a));
+    if (b && b != a && b->active) escaped.push_back(escape_locked(r, &d, b));
   }
-  return body(lock, u);
-}
+  void settle() {
+    Runtime* rt = escaped.empty() && !back ? nullptr : runtime_if_started();
+    for (Block* b : escaped)
+      if (b && rt) rt->pool.forget(b);
+    escaped.clear();
+    if (back && rt) rt->pool.free(back);
+    back = nullptr;
+  }
+  ~AfterLock() { settle(); }
+};
 
 // Plain device memory. Not a tile pool (usage): sparse arrays map those
 // through calls gpupool does not follow.
@@ -219,8 +196,9 @@ class VmmBackend final : public Backend {
     u->size = bytes;
     u->st = st_;
     try {
-      std::lock_guard lock(registry().mu);
-      add_locked(u);
+      Registry& r = registry();
+      LockGuard lock(r.mu);
+      add_locked(r, u);
     } catch (...) {
       free_in_driver(d, *u);
       delete u;
@@ -253,9 +231,10 @@ class VmmBackend final : public Backend {
   static void let_go(Unit* u) {
     bool call_driver = false;
     {
-      std::lock_guard lock(registry().mu);
+      Registry& r = registry();
+      LockGuard lock(r.mu);
       if (!u->escaped) {
-        remove_locked(u);
+        remove_locked(r, u);
         call_driver = !u->inherited && !exiting();
       }
     }
@@ -299,7 +278,7 @@ std::optional<CUresult> create(const Driver& d, CUmemGenericAllocationHandle* ha
   auto* u = static_cast<Unit*>(a.block->data);
   CUmemGenericAllocationHandle h = 0;
   {
-    std::lock_guard lock(registry().mu);
+    LockGuard lock(registry().mu);
     u->block = a.block;
     u->active = u->handle_out = true;
     u->va_out = u->mapped = u->claimed = false;
@@ -316,8 +295,9 @@ CUresult address_reserve(const Driver& d, CUdeviceptr* ptr, size_t bytes, size_t
   const CUmemGenericAllocationHandle claim = t_claim;
   t_claim = 0;
   if (claim && ptr && flags == 0) {
-    std::lock_guard lock(registry().mu);
-    Unit* u = by_handle_locked(claim);
+    Registry& r = registry();
+    LockGuard lock(r.mu);
+    Unit* u = by_handle_locked(r, claim);
     if (u && u->active && u->handle_out && !u->va_out && !u->mapped && bytes == u->size &&
         (alignment == 0 || ((alignment & (alignment - 1)) == 0 && u->va % alignment == 0)) &&
         (addr == 0 || addr == u->va)) {
@@ -329,102 +309,158 @@ CUresult address_reserve(const Driver& d, CUdeviceptr* ptr, size_t bytes, size_t
   return d.mem_address_reserve(ptr, bytes, alignment, addr, flags);
 }
 
+// Each call below that names a unit: without units, the driver's; else,
+// under the registry's lock, the unit found and what the call does to it:
+// an answer of gpupool's, or the unit taken back, or the units it names
+// escaped and the call passed to the driver (after the lock, once the pool
+// has forgotten them).
+
 CUresult map(const Driver& d, CUdeviceptr ptr, size_t bytes, size_t offset,
              CUmemGenericAllocationHandle handle, unsigned long long flags) {
-  auto pass = [&] { return d.mem_map(ptr, bytes, offset, handle, flags); };
-  if (none()) return pass();
-  Lock lock(registry().mu);
-  Unit* uh = by_handle_locked(handle);
-  Unit* uv = containing_locked(ptr);
-  if (!uh && !uv) {
-    lock.unlock();
-    return pass();
+  if (none()) return d.mem_map(ptr, bytes, offset, handle, flags);
+  Registry& r = registry();
+  AfterLock after;
+  {
+    LockGuard lock(r.mu);
+    Unit* uh = by_handle_locked(r, handle);
+    Unit* uv = containing_locked(r, ptr);
+    if (uh && (!uh->active || !uh->handle_out)) return kGone;  // a released handle
+    if (uv && (!uv->active || !uv->va_out)) return kGone;      // a freed reservation
+    if (uh && uh == uv && ptr == uh->va && offset == 0 && bytes == uh->size && flags == 0 &&
+        !uh->mapped) {
+      uh->mapped = true;  // it is: since its creation
+      return CUDA_SUCCESS;
+    }
+    after.escape(r, d, uh, uv);
   }
-  if (uh && (!uh->active || !uh->handle_out)) return kGone;  // a released handle
-  if (uv && (!uv->active || !uv->va_out)) return kGone;      // a freed reservation
-  if (uh == uv && ptr == uh->va && offset == 0 && bytes == uh->size && flags == 0 &&
-      !uh->mapped) {
-    uh->mapped = true;  // it is: since its creation
-    return CUDA_SUCCESS;
-  }
-  return escape_and_pass(d, lock, uh, uv, pass);
+  after.settle();
+  return d.mem_map(ptr, bytes, offset, handle, flags);
 }
 
 CUresult unmap(const Driver& d, CUdeviceptr ptr, size_t bytes) {
-  auto pass = [&] { return d.mem_unmap(ptr, bytes); };
-  return on_unit([&] { return containing_locked(ptr); }, pass, [&](Lock& lock, Unit* u) {
-    if (!u->active || !u->va_out) return kGone;
-    if (ptr != u->va || bytes != u->size) return escape_and_pass(d, lock, u, nullptr, pass);
-    u->mapped = false;  // unmapping an unmapped range of a reservation succeeds too
-    return CUDA_SUCCESS;
-  });
+  if (none()) return d.mem_unmap(ptr, bytes);
+  Registry& r = registry();
+  AfterLock after;
+  {
+    LockGuard lock(r.mu);
+    if (Unit* u = containing_locked(r, ptr)) {
+      if (!u->active || !u->va_out) return kGone;
+      if (ptr == u->va && bytes == u->size) {
+        u->mapped = false;  // unmapping an unmapped range of a reservation succeeds too
+        return CUDA_SUCCESS;
+      }
+      after.escape(r, d, u, nullptr);
+    }
+  }
+  after.settle();
+  return d.mem_unmap(ptr, bytes);
 }
 
 CUresult address_free(const Driver& d, CUdeviceptr ptr, size_t bytes) {
-  auto pass = [&] { return d.mem_address_free(ptr, bytes); };
-  return on_unit([&] { return containing_locked(ptr); }, pass, [&](Lock& lock, Unit* u) {
-    if (!u->active || !u->va_out) return kGone;
-    if (ptr != u->va || bytes != u->size) return escape_and_pass(d, lock, u, nullptr, pass);
-    if (u->mapped) return CUDA_ERROR_INVALID_VALUE;  // the driver's answer while mapped
-    u->va_out = false;
-    return take_back(lock, u);
-  });
+  if (none()) return d.mem_address_free(ptr, bytes);
+  Registry& r = registry();
+  AfterLock after;
+  {
+    LockGuard lock(r.mu);
+    if (Unit* u = containing_locked(r, ptr)) {
+      if (!u->active || !u->va_out) return kGone;
+      if (ptr == u->va && bytes == u->size) {
+        if (u->mapped) return CUDA_ERROR_INVALID_VALUE;  // the driver's answer while mapped
+        u->va_out = false;
+        after.back = take_back_locked(r, u);
+        return CUDA_SUCCESS;
+      }
+      after.escape(r, d, u, nullptr);
+    }
+  }
+  after.settle();
+  return d.mem_address_free(ptr, bytes);
 }
 
 CUresult release(const Driver& d, CUmemGenericAllocationHandle handle) {
-  auto pass = [&] { return d.mem_release(handle); };
-  return on_unit([&] { return by_handle_locked(handle); }, pass, [&](Lock& lock, Unit* u) {
-    if (!u->active || !u->handle_out) return kGone;
-    // Never reserved through the pool since its hand-out: the program may
-    // have used the handle where gpupool does not see (a multicast binding,
-    // another reservation it maps later): the driver releases it.
-    if (!u->claimed) return escape_and_pass(d, lock, u, nullptr, pass);
-    // Released while mapped, the memory stays until it is unmapped, as in
-    // the driver.
-    u->handle_out = false;
-    return take_back(lock, u);
-  });
+  if (none()) return d.mem_release(handle);
+  Registry& r = registry();
+  AfterLock after;
+  {
+    LockGuard lock(r.mu);
+    if (Unit* u = by_handle_locked(r, handle)) {
+      if (!u->active || !u->handle_out) return kGone;
+      // Never reserved through the pool since its hand-out: the program may
+      // have used the handle where gpupool does not see (a multicast binding,
+      // another reservation it maps later): the driver releases it.
+      if (u->claimed) {
+        // Released while mapped, the memory stays until it is unmapped, as
+        // in the driver.
+        u->handle_out = false;
+        after.back = take_back_locked(r, u);
+        return CUDA_SUCCESS;
+      }
+      after.escape(r, d, u, nullptr);
+    }
+  }
+  after.settle();
+  return d.mem_release(handle);
 }
 
 CUresult set_access(const Driver& d, CUdeviceptr ptr, size_t bytes, const CUmemAccessDesc* desc,
                     size_t count) {
-  auto pass = [&] { return d.mem_set_access(ptr, bytes, desc, count); };
-  return on_unit([&] { return containing_locked(ptr); }, pass, [&](Lock& lock, Unit* u) {
-    if (!u->active || !u->va_out) return kGone;
-    if (!u->mapped) return CUDA_ERROR_INVALID_VALUE;  // nothing mapped there
-    if (ptr != u->va || bytes != u->size) return escape_and_pass(d, lock, u, nullptr, pass);
-    // Mapped as the program believes: the driver answers (again, cheaply:
-    // 0.3 µs on the H200 for access it already has).
-    lock.unlock();
-    return pass();
-  });
+  if (none()) return d.mem_set_access(ptr, bytes, desc, count);
+  Registry& r = registry();
+  AfterLock after;
+  {
+    LockGuard lock(r.mu);
+    if (Unit* u = containing_locked(r, ptr)) {
+      if (!u->active || !u->va_out) return kGone;
+      if (!u->mapped) return CUDA_ERROR_INVALID_VALUE;  // nothing mapped there
+      // Mapped as the program believes: the driver answers (again, cheaply:
+      // 0.3 µs on the H200 for access it already has).
+      if (ptr != u->va || bytes != u->size) after.escape(r, d, u, nullptr);
+    }
+  }
+  after.settle();
+  return d.mem_set_access(ptr, bytes, desc, count);
 }
 
 CUresult retain_handle(const Driver& d, CUmemGenericAllocationHandle* handle, void* addr) {
-  auto pass = [&] { return d.mem_retain_handle(handle, addr); };
+  if (none()) return d.mem_retain_handle(handle, addr);
   const auto p = reinterpret_cast<CUdeviceptr>(addr);
-  return on_unit([&] { return containing_locked(p); }, pass, [&](Lock& lock, Unit* u) {
-    if (!u->active || !u->mapped) return kGone;
-    // Another reference to release: the program's to count, with the driver.
-    return escape_and_pass(d, lock, u, nullptr, pass);
-  });
+  Registry& r = registry();
+  AfterLock after;
+  {
+    LockGuard lock(r.mu);
+    if (Unit* u = containing_locked(r, p)) {
+      if (!u->active || !u->mapped) return kGone;
+      // Another reference to release: the program's to count, with the driver.
+      after.escape(r, d, u, nullptr);
+    }
+  }
+  after.settle();
+  return d.mem_retain_handle(handle, addr);
 }
 
 CUresult export_handle(const Driver& d, void* shareable, CUmemGenericAllocationHandle handle,
                        CUmemAllocationHandleType type, unsigned long long flags) {
-  auto pass = [&] { return d.mem_export(shareable, handle, type, flags); };
-  return on_unit([&] { return by_handle_locked(handle); }, pass, [&](Lock& lock, Unit* u) {
-    if (!u->active || !u->handle_out) return kGone;
-    // Another process may map it: never to be handed out again.
-    return escape_and_pass(d, lock, u, nullptr, pass);
-  });
+  if (none()) return d.mem_export(shareable, handle, type, flags);
+  Registry& r = registry();
+  AfterLock after;
+  {
+    LockGuard lock(r.mu);
+    if (Unit* u = by_handle_locked(r, handle)) {
+      if (!u->active || !u->handle_out) return kGone;
+      // Another process may map it: never to be handed out again.
+      after.escape(r, d, u, nullptr);
+    }
+  }
+  after.settle();
+  return d.mem_export(shareable, handle, type, flags);
 }
 
 PtrInfo find(CUdeviceptr p) {
   PtrInfo i;
   if (none()) return i;
-  std::lock_guard lock(registry().mu);
-  if (const Unit* u = containing_locked(p)) {
+  Registry& r = registry();
+  LockGuard lock(r.mu);
+  if (const Unit* u = containing_locked(r, p)) {
     i.found = true;
     i.active = u->active && u->mapped;
     i.base = u->va;
@@ -436,28 +472,31 @@ PtrInfo find(CUdeviceptr p) {
 
 bool escape_ghosts() {
   if (none()) return false;
-  std::vector<Block*> gone;
+  Registry& r = registry();
+  AfterLock after;
   {
     const Driver* d = driver();
-    std::lock_guard lock(registry().mu);
+    LockGuard lock(r.mu);
     std::vector<Unit*> ghosts;
-    for (auto& [va, u] : registry().by_va)
+    for (auto& [va, u] : r.by_va)
       if (u->active && !u->handle_out && !u->mapped && u->va_out) ghosts.push_back(u);
-    for (Unit* u : ghosts) gone.push_back(escape_locked(exiting() ? nullptr : d, u));
+    for (Unit* u : ghosts) after.escaped.push_back(escape_locked(r, exiting() ? nullptr : d, u));
   }
-  forget(gone);
-  return !gone.empty();
+  const bool any = !after.escaped.empty();
+  after.settle();
+  return any;
 }
 
 void retire_context(CtxState* st, Pool& pool) {
   std::vector<Block*> gone;
   {
     const Driver* d = driver();
-    std::lock_guard lock(registry().mu);
+    Registry& r = registry();
+    LockGuard lock(r.mu);
     std::vector<Unit*> mine;
-    for (auto& [va, u] : registry().by_va)
+    for (auto& [va, u] : r.by_va)
       if (u->st == st && u->active) mine.push_back(u);
-    for (Unit* u : mine) gone.push_back(escape_locked(exiting() ? nullptr : d, u));
+    for (Unit* u : mine) gone.push_back(escape_locked(r, exiting() ? nullptr : d, u));
   }
   for (Block* b : gone) pool.forget(b);
 }

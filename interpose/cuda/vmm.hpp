@@ -34,6 +34,7 @@
 #include <optional>
 
 #include "core/backend.hpp"
+#include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/pointers.hpp"
 
@@ -42,9 +43,6 @@ struct Runtime;
 }
 
 namespace gpupool::cuda {
-
-struct CtxState;
-
 namespace vmm {
 
 // The hooks' work: each returns what the driver answers (or would, for the
@@ -78,11 +76,11 @@ bool escape_ghosts();
 // The backend of one context's units of one set of properties.
 std::unique_ptr<Backend> backend(CtxState* st, const CUmemAllocationProp& prop, bool fenced);
 
-// st's context ends (its teardown lock held exclusively): the units the
+// st's context ends: the units the
 // program has leave the pool as plain driver allocations, in the state the
 // program knows. Its held units go back to the driver when the pool drops
 // them (retire_arena), unless this process is a forked child.
-void retire_context(CtxState* st, Pool& pool);
+void retire_context(CtxState* st, Pool& pool) GPUPOOL_REQUIRES(st->teardown_mu);
 
 // fork(): the unit registry's lock; in the child, the parent's units are
 // forgotten without a driver call (CUDA does not cross fork()).
