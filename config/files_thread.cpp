@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <new>
 
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 
 namespace gpupool::io {
@@ -39,12 +41,27 @@ struct Files {
   pid_t pid = 0;         // the process whose files thread runs (0: none yet)
   bool starting = false;
   bool inline_only = false;  // no private table here: work runs where asked
-  bool gate = false;         // fork() is waiting: no new work starts
+  // fork() is waiting: no new work starts. Closed and opened under mu,
+  // except by a fork's prepare that gave up (private_fork_prepare).
+  std::atomic<bool> gate{false};
   int busy = 0;              // private threads inside a job or PrivateWork
   int unshare_errno = 0;     // why inline_only
 };
 
 using FilesLock = UniqueLock<Ranked<LockRank::files_queue>>;
+
+// Waits on f.cv (lk on f.mu) until `ready`. While the gate is closed, a
+// turn lasts 10 ms at most: a prepare that gave up opens it without the
+// lock, and its wake-up may come between a check and the wait.
+template <class Pred>
+void wait_gated(Files& f, FilesLock& lk, Pred ready) {
+  while (!ready()) {
+    if (f.gate.load(std::memory_order_relaxed))
+      f.cv.wait_for(lk, std::chrono::milliseconds(10));
+    else
+      f.cv.wait(lk);
+  }
+}
 
 std::atomic<bool> g_enabled{false};
 Files* g_files = new Files;
@@ -128,7 +145,7 @@ void* files_main(void*) {
   if (!ok) return nullptr;  // inline from now on in this process
   t_private = true;
   for (;;) {
-    f.cv.wait(lk, [&] { return !f.gate && f.head; });
+    wait_gated(f, lk, [&] { return !f.gate.load(std::memory_order_relaxed) && f.head; });
     Job* job = f.head;
     f.head = job->next;
     if (!f.head) f.tail = nullptr;
@@ -276,7 +293,7 @@ bool start_private_thread(void (*fn)(void*), void* arg) {
 PrivateWork::PrivateWork() {
   Files& f = *g_files;
   UniqueLock lk(f.mu);
-  f.cv.wait(lk, [&] { return !f.gate; });
+  wait_gated(f, lk, [&] { return !f.gate.load(std::memory_order_relaxed); });
   ++f.busy;
 }
 
@@ -287,16 +304,31 @@ PrivateWork::~PrivateWork() {
   f.cv.notify_all();
 }
 
+// The queue's lock, once no private thread is busy (the gate closed
+// meanwhile: no new work starts). Its waits give up as every prepare's
+// (core/fork_wait.hpp); the gate is then opened again.
 void private_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   Files& f = *g_files;
-  f.mu.lock();  // held until parent or child
-  f.gate = true;
-  f.cv.wait(f.mu, [&] { return f.busy == 0; });
+  for (unsigned turn = 0;; ++turn) {
+    if (!f.mu.lock_or_give_up()) return;
+    if (!f.gate.exchange(true, std::memory_order_relaxed))
+      fork_wait::journal(
+          [](void* p) {
+            Files& files = *static_cast<Files*>(p);
+            files.gate.store(false, std::memory_order_relaxed);
+            files.cv.notify_all();
+          },
+          &f);
+    if (f.busy == 0) break;
+    f.mu.unlock();
+    if (!fork_wait::keep_waiting(turn)) return;
+  }
+  fork_wait::journal_lock(f.mu);  // held until parent or child
 }
 
 void private_fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   Files& f = *g_files;
-  f.gate = false;
+  f.gate.store(false, std::memory_order_relaxed);
   f.cv.notify_all();
   f.mu.unlock();
 }
@@ -310,7 +342,7 @@ void private_fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   f.pid = 0;
   f.starting = false;
   f.inline_only = false;
-  f.gate = false;
+  f.gate.store(false, std::memory_order_relaxed);
   f.busy = 0;
 }
 

@@ -21,6 +21,7 @@
 #include <spdlog/sinks/base_sink.h>
 
 #include "config/io.hpp"
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 
 namespace gpupool {
@@ -54,7 +55,7 @@ class FdSink final : public spdlog::sinks::base_sink<SinkLock> {
     return !warned_;
   }
 
-  void fork_prepare() GPUPOOL_ACQUIRE(mutex_) { mutex_.lock(); }
+  bool fork_prepare() GPUPOOL_TRY_ACQUIRE(true, mutex_) { return fork_wait::take(mutex_); }
   void fork_release() GPUPOOL_RELEASE(mutex_) { mutex_.unlock(); }
 
   // log_file_to_private_table(), on a thread of the program's table.

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 #include "core/pool.hpp"
 
@@ -98,7 +99,7 @@ class ArenaList {
   // In the child, pins held by threads it does not have are gone, but for
   // an arena a retire was emptying: it stays, retired and half emptied, as
   // on main (destroyed, it would lose the blocks still in its bins).
-  void fork_prepare() GPUPOOL_ACQUIRE(mu_) { mu_.lock(); }
+  bool fork_prepare() GPUPOOL_TRY_ACQUIRE(true, mu_) { return fork_wait::take(mu_); }
   void fork_parent() GPUPOOL_RELEASE(mu_) { mu_.unlock(); }
   void fork_child() GPUPOOL_RELEASE(mu_);
   // Every arena; only while the list's lock is held (the fork handlers).

@@ -1,6 +1,8 @@
 // The binned cache (binned.hpp): its slow side.
 #include "core/binned.hpp"
 
+#include "core/fork_wait.hpp"
+
 namespace gpupool::core_detail {
 
 BinnedCache::BinnedCache(Backend& backend, unsigned shards)
@@ -133,8 +135,10 @@ void BinnedCache::add_bins(std::vector<BinSnapshot>& bins) const {
 
 // fork(): every shard at once (the analysis cannot follow locks taken in a
 // loop; the parent's and child's handlers release them).
-void BinnedCache::lock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  for (unsigned i = 0; i < count_; ++i) shards_[i].mu.lock();
+bool BinnedCache::lock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  for (unsigned i = 0; i < count_; ++i)
+    if (!fork_wait::take(shards_[i].mu)) return false;
+  return true;
 }
 
 void BinnedCache::unlock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

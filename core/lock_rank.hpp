@@ -113,6 +113,10 @@
 
 namespace gpupool {
 
+namespace fork_wait {
+bool keep_waiting(unsigned turn);  // core/fork_wait.hpp
+}
+
 enum class LockRank : unsigned char {
 #define GPUPOOL_LOCK_RANK_ID(id, name) id,
   GPUPOOL_LOCK_RANK_TABLE(GPUPOOL_LOCK_RANK_ID)
@@ -195,6 +199,17 @@ class GPUPOOL_CAPABILITY("mutex") Ranked {
   void unlock() GPUPOOL_RELEASE() {
     lock_.unlock();
     lock_rank::did_release(R);
+  }
+  // fork()'s prepare handlers (core/fork_wait.hpp): as lock(), unless the
+  // wait gives up first (false, nothing taken). Checked as lock() is.
+  bool lock_or_give_up() GPUPOOL_TRY_ACQUIRE(true) {
+    lock_rank::will_take(R);
+    for (unsigned turn = 0; !lock_.try_lock(); ++turn)
+      if (!fork_wait::keep_waiting(turn)) {
+        lock_rank::did_release(R);
+        return false;
+      }
+    return true;
   }
   // A shared take (std::shared_mutex) ranks as an exclusive one.
   void lock_shared() GPUPOOL_ACQUIRE_SHARED() {

@@ -25,6 +25,7 @@
 #include "core/backend.hpp"
 #include "core/bins.hpp"
 #include "core/cache.hpp"
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 #include "core/stats.hpp"
 
@@ -214,9 +215,10 @@ class BinnedCache final : public Cache {
   // (indexed by bin number).
   void add_bins(std::vector<BinSnapshot>& bins) const;
 
-  // fork(): every shard's lock taken, and released; a growth in flight
-  // belonged to a thread the child does not have.
-  void lock_all();
+  // fork(): every shard's lock taken (false: the wait gave up,
+  // core/fork_wait.hpp), and released; a growth in flight belonged to a
+  // thread the child does not have.
+  bool lock_all();
   void unlock_all();
   void forget_growth();
 
@@ -278,7 +280,9 @@ class Arena {
   void reset_peaks();
   // Adds to one of its slow-path counters (trims, oom_retries, ...).
   void count(std::uint64_t Stats::*counter, std::uint64_t n = 1);
-  void lock_counters() GPUPOOL_ACQUIRE(slow_mu_) { slow_mu_.lock(); }  // fork()
+  bool lock_counters() GPUPOOL_TRY_ACQUIRE(true, slow_mu_) {  // fork()
+    return fork_wait::take(slow_mu_);
+  }
   void unlock_counters() GPUPOOL_RELEASE(slow_mu_) { slow_mu_.unlock(); }
 
  private:
@@ -392,7 +396,8 @@ class Pool {
 
   // fork(): take every lock before, release in the parent, reset in the child,
   // so a child never inherits a lock held by a thread that does not exist there.
-  void fork_prepare();
+  // false: a wait gave up (core/fork_wait.hpp); what was taken is journaled.
+  bool fork_prepare();
   void fork_parent();
   void fork_child();
 

@@ -8,6 +8,7 @@
 
 #include "core/arena.hpp"
 #include "core/arenas.hpp"
+#include "core/fork_wait.hpp"
 #include "core/pool.hpp"
 #include "core/release.hpp"
 
@@ -151,17 +152,22 @@ std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
 // Every lock of the pool, in rank order (core/lock_rank.hpp): the list's,
 // then each kind of arena lock for every arena at once. The handlers take
 // locks in one function and let go of them in another, and every arena's
-// at once: out of the thread-safety analysis's sight.
-void Pool::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+// at once: out of the thread-safety analysis's sight. A wait that gives up
+// (core/fork_wait.hpp) ends it: what it took is in the fork's journal.
+bool Pool::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   lock_rank::entering_fork();
-  arenas_->fork_prepare();
+  fork_wait::journal([](void*) { lock_rank::leaving_fork(); }, nullptr);
+  if (!arenas_->fork_prepare()) return false;
   const auto& all = arenas_->locked_arenas();
-  for (auto& a : all) a->lock_counters();
-  for (auto& a : all) a->binned().lock_all();
   for (auto& a : all)
-    if (a->segments()) a->segments()->lock();
+    if (!a->lock_counters()) return false;
   for (auto& a : all)
-    if (a->ranges()) a->ranges()->lock();
+    if (!a->binned().lock_all()) return false;
+  for (auto& a : all)
+    if (a->segments() && !a->segments()->lock()) return false;
+  for (auto& a : all)
+    if (a->ranges() && !a->ranges()->lock()) return false;
+  return true;
 }
 
 void Pool::unlock_arenas() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

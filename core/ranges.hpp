@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "core/cache.hpp"
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 
 namespace gpupool::core_detail {
@@ -101,7 +102,7 @@ class RangeCache final : public Cache {
   void add_counters(Stats& s) const override;
   void reset_peaks() override;
 
-  void lock() GPUPOOL_ACQUIRE(mu_) { mu_.lock(); }  // fork()
+  bool lock() GPUPOOL_TRY_ACQUIRE(true, mu_) { return fork_wait::take(mu_); }  // fork()
   void unlock() GPUPOOL_RELEASE(mu_) { mu_.unlock(); }
 
  private:

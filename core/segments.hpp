@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "core/cache.hpp"
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 
 namespace gpupool::core_detail {
@@ -80,7 +81,7 @@ class SegmentCache final : public Cache {
   void add_counters(Stats& s) const override;
   void reset_peaks() override;
 
-  void lock() GPUPOOL_ACQUIRE(mu_) { mu_.lock(); }  // fork()
+  bool lock() GPUPOOL_TRY_ACQUIRE(true, mu_) { return fork_wait::take(mu_); }  // fork()
   void unlock() GPUPOOL_RELEASE(mu_) { mu_.unlock(); }
 
  private:

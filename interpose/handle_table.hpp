@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 #include "core/spin_lock.hpp"
 
@@ -133,8 +134,11 @@ class ShardedHandleTable {
     return shards_[static_cast<unsigned>((h * 0x9E3779B97F4A7C15ull) >> (64 - ShardBits))];
   }
   // Every shard locked (fork handlers), in one order.
-  void lock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-    for (Shard& s : shards_) s.mu.lock();
+  // fork(): false when a wait gave up (core/fork_wait.hpp).
+  bool lock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+    for (Shard& s : shards_)
+      if (!fork_wait::take(s.mu)) return false;
+    return true;
   }
   void unlock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
     for (Shard& s : shards_) s.mu.unlock();

@@ -7,7 +7,8 @@
 // What it is for:
 // - A signal handler may interrupt the thread anywhere inside, holding any
 //   of gpupool's locks. A fork() or _exit() from that handler must then take
-//   none of them (runtime.cpp, control.cpp).
+//   none of them (runtime.cpp, control.cpp), and its fork() says so first:
+//   another thread's fork waiting for one of them gives up (runtime.cpp).
 // - No hook acts on a thread cancellation: a cancellation point inside
 //   (a condition wait, poll, write, the driver's own waits) would unwind
 //   through gpupool's frames, which do not expect it. pthread_setcancelstate

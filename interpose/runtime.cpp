@@ -8,12 +8,14 @@
 #include <unistd.h>
 #include <string.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 #include <utility>
 
 #include "config/io.hpp"
 #include "config/log.hpp"
+#include "core/fork_wait.hpp"
 #include "interpose/hook_scope.hpp"
 
 namespace gpupool {
@@ -29,7 +31,7 @@ using detail::g_runtime;
 std::atomic<bool> g_exiting{false};
 
 void pool_fork_prepare() {
-  if (Runtime* r = g_runtime.load()) r->pool.fork_prepare();
+  if (Runtime* r = g_runtime.load()) (void)r->pool.fork_prepare();
 }
 void pool_fork_parent() {
   if (Runtime* r = g_runtime.load()) r->pool.fork_parent();
@@ -45,34 +47,48 @@ void each_part(F&& f, bool reverse = false) {
   for (std::size_t i = 0; i < n; ++i) f(*kParts[reverse ? n - 1 - i : i].handlers);
 }
 
-// A fork() from a signal handler that interrupted this thread inside
-// gpupool (crash handlers do that): the thread may hold any of gpupool's
-// locks, and the handlers below would wait for it forever. Nothing is taken
-// then, and the child, which may hold copies of locks taken anywhere, is
-// left inert: gpupool does nothing more in it (its calls go to the driver
-// alone, no exit work). POSIX allows such a child async-signal-safe calls
-// only, an exec or an _exit, which is what crash handlers do.
-GPUPOOL_HOT_TLS bool t_fork_inside_hook = false;
+// A fork() made without gpupool: gpupool takes none of its locks for it,
+// and the child, which may hold copies of locks taken anywhere, is left
+// inert: gpupool does nothing more in it (its calls go to the driver alone,
+// no exit work). POSIX allows a child forked from a signal handler
+// async-signal-safe calls only, an exec or an _exit, which is what crash
+// handlers do. That is such a fork:
+//   - from a signal handler that interrupted this thread inside gpupool:
+//     it may hold any of gpupool's locks;
+//   - one whose prepare gave up waiting for a lock (core/fork_wait.hpp):
+//     another thread holds it and does not let go, one a signal handler
+//     interrupted inside gpupool, most likely, whose handler forks too.
+GPUPOOL_HOT_TLS bool t_fork_without_gpupool = false;
 std::atomic<bool> g_inert{false};
 
 // The parts' handlers take and release locks; only the child's renewal
 // allocates, and a failure there costs the child its pooling of what
-// failed, not its life (pthread_atfork handlers must not throw).
+// failed, not its life (pthread_atfork handlers must not throw: a prepare
+// that fails gives up as one that waited too long).
 void fork_prepare() {
   if (inside_hook()) {
-    t_fork_inside_hook = true;
+    t_fork_without_gpupool = true;
     return;
   }
   // From here to the parent's or the child's handler this thread holds
   // every lock of a rank at once (core/lock_rank.hpp).
   lock_rank::entering_fork();
-  each_part([](const PartHandlers& p) {
-    if (p.fork.prepare) p.fork.prepare();
-  });
+  fork_wait::begin();
+  try {
+    each_part([](const PartHandlers& p) {
+      if (p.fork.prepare && !fork_wait::gave_up()) p.fork.prepare();
+    });
+  } catch (...) {
+    fork_wait::give_up();
+  }
+  if (fork_wait::end()) {  // gave up: everything it took let go
+    lock_rank::leaving_fork();
+    t_fork_without_gpupool = true;
+  }
 }
 
 void fork_parent() {
-  if (std::exchange(t_fork_inside_hook, false)) return;
+  if (std::exchange(t_fork_without_gpupool, false)) return;
   each_part(
       [](const PartHandlers& p) {
         if (p.fork.parent) p.fork.parent();
@@ -82,7 +98,8 @@ void fork_parent() {
 }
 
 void fork_child() {
-  if (std::exchange(t_fork_inside_hook, false)) {
+  fork_wait::forget_holders_in_child();
+  if (std::exchange(t_fork_without_gpupool, false)) {
     g_inert.store(true, std::memory_order_relaxed);
     g_exiting.store(true, std::memory_order_relaxed);  // runtime() is nullptr from now on
     g_runtime.store(nullptr, std::memory_order_relaxed);
@@ -102,6 +119,32 @@ void fork_child() {
     }
   });
   g_renew_control.store(true, std::memory_order_release);
+}
+
+// The fork() after gpupool's in the symbol order (libc's, or another
+// preloaded library's), found as the library loads: never looked up inside
+// fork, which a signal handler may call.
+using ForkFn = pid_t (*)();
+ForkFn g_next_fork = nullptr;
+[[gnu::constructor]] void find_next_fork() {
+  g_next_fork = reinterpret_cast<ForkFn>(dlsym(RTLD_NEXT, "fork"));
+}
+
+pid_t fork_now() noexcept {
+  ForkFn next = g_next_fork;
+  if (!next) {
+    errno = ENOSYS;
+    return -1;
+  }
+  // A thread inside gpupool that forks (from a signal handler: nothing
+  // inside forks) may hold any of gpupool's locks, and does not let go
+  // before its handler returns. It says so first: another thread's
+  // prepare waiting for one of its locks gives up (core/fork_wait.hpp).
+  if (!inside_hook()) return next();
+  fork_wait::holder_forking_begin();
+  const pid_t pid = next();
+  if (pid != 0) fork_wait::holder_forking_end();  // the child forgot the counts (fork_child)
+  return pid;
 }
 
 // The _exit() after gpupool's in the symbol order (libc's, or another
@@ -248,3 +291,4 @@ std::uint64_t internal_failures() noexcept {
 // redeclaration that adds one; _Exit is declared noexcept, __THROW.)
 GPUPOOL_EXPORT void _exit(int status) { gpupool::quick_exit_now(status); }
 GPUPOOL_EXPORT void _Exit(int status) noexcept { gpupool::quick_exit_now(status); }
+GPUPOOL_EXPORT pid_t fork() noexcept { return gpupool::fork_now(); }

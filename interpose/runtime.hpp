@@ -44,7 +44,9 @@
 //
 // Fork: every part's handlers, in Part order (below); the child then
 // renews each part, and its first intercepted call restarts what it did not
-// inherit (restart: control's thread and socket).
+// inherit (restart: control's thread and socket). A fork from a signal
+// handler inside gpupool, or one whose prepare gave up waiting for a lock
+// (core/fork_wait.hpp), goes without gpupool: its child is inert.
 //
 // Stop: the exit handler sets exiting() (no more driver calls; the control
 // thread stops), then each part's exit in reverse order: control's (the
@@ -117,7 +119,9 @@ bool exiting();
 // (PartHandlers, kParts below). fork(): the runtime's single pthread_atfork
 // handler calls each part's ForkHandlers:
 //   prepare  in this order, taking the part's locks (so no lock is held by
-//            a thread the child will not have);
+//            a thread the child will not have), each wait one that gives
+//            up (core/fork_wait.hpp: fork_wait::take): a prepare whose
+//            wait gave up returns, what it took is in the fork's journal;
 //   parent   in reverse order, releasing them;
 //   child    in reverse order, releasing them (or making them new);
 //   renew    in this order, in the child once every lock is free: the

@@ -12,6 +12,7 @@
 #include <new>
 
 #include "config/log.hpp"
+#include "core/fork_wait.hpp"
 #include "interpose/control/internal.hpp"
 #include "interpose/hook_scope.hpp"
 
@@ -139,7 +140,7 @@ void set_paths(State& st, bool child) {
 void fork_trace_prepare() {
   State* st = state();
   if (!st) return;
-  if (trace::Tracer* t = st->tracer.load()) t->fork_prepare();
+  if (trace::Tracer* t = st->tracer.load(); t && !t->fork_prepare()) return;
   if (Recorder* r = st->recorder.load()) r->fork_prepare();
 }
 
@@ -161,9 +162,7 @@ void fork_trace_child() {
 // child gets a new one rather than the parent waiting for a dump.
 void fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   State* st = state();
-  if (!st) return;
-  st->warn_mu.lock();
-  st->req_mu.lock();
+  if (st && fork_wait::take(st->warn_mu)) fork_wait::take(st->req_mu);
 }
 
 void fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
@@ -218,7 +217,7 @@ void fork_renew() {
 // AddressSanitizer's and ThreadSanitizer's before LLVM 18 and 19 do) is cut
 // off in the child. The wait is one round at most; the child's thread is new.
 void fork_round_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  if (State* st = state()) st->round_mu.lock();
+  if (State* st = state()) fork_wait::take(st->round_mu);
 }
 void fork_round_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (State* st = state()) st->round_mu.unlock();

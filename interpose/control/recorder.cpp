@@ -1,5 +1,6 @@
 #include "interpose/control/recorder.hpp"
 
+#include "core/fork_wait.hpp"
 #include "observe/bytes.hpp"
 #include "observe/stats_format.hpp"
 
@@ -179,8 +180,9 @@ std::string Recorder::snapshot_json(long pid) {
 }
 
 void Recorder::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  if (sites_) sites_->fork_prepare();
-  for (Shard& s : shards_) s.mu.lock();
+  if (sites_ && !sites_->fork_prepare()) return;
+  for (Shard& s : shards_)
+    if (!fork_wait::take(s.mu)) return;
 }
 
 void Recorder::fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

@@ -1,6 +1,7 @@
 #include "interpose/control/sites.hpp"
 
 #include "config/log.hpp"
+#include "core/fork_wait.hpp"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -447,7 +448,7 @@ std::uint64_t Sites::sampled() const {
   return sampled_;
 }
 
-void Sites::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { mu_.lock(); }
+bool Sites::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { return fork_wait::take(mu_); }
 void Sites::fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { mu_.unlock(); }
 void Sites::fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { mu_.unlock(); }
 

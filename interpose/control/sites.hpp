@@ -58,7 +58,7 @@ class Sites {
   std::uint64_t sampled() const;
 
   // fork(): the table's lock.
-  void fork_prepare();
+  bool fork_prepare();  // false: gave up (core/fork_wait.hpp)
   void fork_parent();
   void fork_child();
 

@@ -1,4 +1,5 @@
 #include "interpose/control/trace.hpp"
+#include "core/fork_wait.hpp"
 #include "interpose/runtime.hpp"
 
 #include <fcntl.h>
@@ -495,10 +496,10 @@ std::uint64_t Tracer::records_dropped() const {
   return impl_->dropped.load(std::memory_order_relaxed);
 }
 
-void Tracer::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+bool Tracer::fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (ThreadBuf* b = impl_->bufs.load(std::memory_order_acquire); b; b = b->next)
-    b->drain_mu.lock();
-  impl_->write_mu.lock();
+    if (!fork_wait::take(b->drain_mu)) return false;
+  return fork_wait::take(impl_->write_mu);
 }
 
 void Tracer::fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

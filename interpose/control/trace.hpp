@@ -62,7 +62,7 @@ class Tracer final {
   // buffered records are discarded (the parent writes them: fork_child);
   // then the child traces into its own file (its pid for %p, else the
   // sibling name), opened when its first records are written.
-  void fork_prepare();
+  bool fork_prepare();  // false: gave up (core/fork_wait.hpp)
   void fork_parent();
   void fork_child();
   void renew_in_child();

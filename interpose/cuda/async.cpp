@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config/log.hpp"
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/runtime.hpp"
@@ -462,10 +463,11 @@ void capture_stream_destroyed(CUstream s) {
   v.erase(gone, v.end());
 }
 
-void async_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  registry().mu.lock();
-  captures().mu.lock();
-  for (Traced::Shard& s : traced().shards) s.mu.lock();
+bool async_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!fork_wait::take(registry().mu) || !fork_wait::take(captures().mu)) return false;
+  for (Traced::Shard& s : traced().shards)
+    if (!fork_wait::take(s.mu)) return false;
+  return true;
 }
 
 void async_fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

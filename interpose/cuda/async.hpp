@@ -89,7 +89,7 @@ void capture_stream_destroyed(CUstream s) GPUPOOL_REQUIRES(capture_lock());
 // fork(): the registry's and the capture's locks (contexts.cpp's handlers
 // call these in rank order); in the child, the parent's pools are retired
 // without driver calls.
-void async_fork_prepare();
+bool async_fork_prepare();  // false: gave up (core/fork_wait.hpp)
 void async_fork_parent();
 void async_fork_child();
 void async_fork_renew(Runtime& rt);

@@ -1,5 +1,6 @@
 #include "interpose/cuda/contexts.hpp"
 
+#include "core/fork_wait.hpp"
 #include "interpose/cuda/async.hpp"
 
 #include <pthread.h>
@@ -545,28 +546,33 @@ std::size_t held_device_bytes(CUdevice dev) {
 
 namespace {
 
+// A wait that gives up (core/fork_wait.hpp) ends it: what it took is in
+// the fork's journal, with the list of teardown locks taken.
 void prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   // Rank order (core/lock_rank.hpp). A state created between the snapshot
   // and the registry lock is locked in the next round.
-  solo_mu().lock();
+  if (!fork_wait::take(solo_mu())) return;
+  fork_wait::journal([](void*) { contexts().fork_locked.clear(); }, nullptr);
   for (;;) {
     std::vector<CtxState*> all;
+    if (!contexts().mu.lock_or_give_up()) return;
     {
-      LockGuard lock(contexts().mu);
+      LockGuard lock(contexts().mu, std::adopt_lock);
       all = contexts().all;
     }
     for (std::size_t i = contexts().fork_locked.size(); i < all.size(); ++i) {
-      all[i]->teardown_mu.lock();
+      if (!fork_wait::take(all[i]->teardown_mu)) return;
       contexts().fork_locked.push_back(all[i]);
     }
-    contexts().mu.lock();
+    if (!contexts().mu.lock_or_give_up()) return;
     if (contexts().all.size() == contexts().fork_locked.size()) break;
     contexts().mu.unlock();
   }
-  async_fork_prepare();
-  for (CtxState* st : contexts().fork_locked) st->sync_mu.lock();
-  vmm::fork_prepare();
-  PtrMap::fork_prepare(device_map(), host_map());
+  fork_wait::journal_lock(contexts().mu);
+  if (fork_wait::gave_up() || !async_fork_prepare()) return;
+  for (CtxState* st : contexts().fork_locked)
+    if (!fork_wait::take(st->sync_mu)) return;
+  if (vmm::fork_prepare()) PtrMap::fork_prepare(device_map(), host_map());
 }
 
 void parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

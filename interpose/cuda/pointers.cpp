@@ -1,5 +1,7 @@
 #include "interpose/cuda/pointers.hpp"
 
+#include "core/fork_wait.hpp"
+
 namespace gpupool::cuda {
 namespace {
 
@@ -282,11 +284,9 @@ void PtrMap::erase_context(CtxState* st, Pool& pool) {
   }
 }
 
-void PtrMap::fork_prepare(PtrMap& a, PtrMap& b) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  a.ranges_mu_.lock();
-  b.ranges_mu_.lock();
-  a.shards_.lock_all();
-  b.shards_.lock_all();
+bool PtrMap::fork_prepare(PtrMap& a, PtrMap& b) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  return fork_wait::take(a.ranges_mu_) && fork_wait::take(b.ranges_mu_) && a.shards_.lock_all() &&
+         b.shards_.lock_all();
 }
 
 void PtrMap::fork_release(PtrMap& a, PtrMap& b) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

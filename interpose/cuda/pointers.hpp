@@ -66,7 +66,7 @@ class PtrMap {
 
   // fork(): both maps' locks, in rank order (core/lock_rank.hpp): the
   // ordered views, then the shards.
-  static void fork_prepare(PtrMap& a, PtrMap& b);
+  static bool fork_prepare(PtrMap& a, PtrMap& b);  // false: gave up (core/fork_wait.hpp)
   static void fork_release(PtrMap& a, PtrMap& b);
 
   struct Entry {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config/log.hpp"
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/node/node.hpp"
@@ -503,7 +504,7 @@ void retire_context(CtxState* st, Pool& pool) {
 
 // Taken in prepare, let go in parent or child: outside the thread-safety
 // analysis (core/thread_safety.hpp).
-void fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { registry().mu.lock(); }
+bool fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { return fork_wait::take(registry().mu); }
 void fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { registry().mu.unlock(); }
 void fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   for (auto& [va, u] : registry().by_va) u->inherited = true;

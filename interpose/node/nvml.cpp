@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "config/io.hpp"
+#include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 
 #include "config/log.hpp"
@@ -212,7 +213,9 @@ bool nvml_memory(const wire::DeviceKey& uuid, std::uint64_t* free, std::uint64_t
 
 void nvml_fork_prepare() noexcept {
   g_forking.store(true, std::memory_order_seq_cst);
-  while (g_inside.load(std::memory_order_seq_cst)) sched_yield();
+  fork_wait::journal([](void*) { nvml_fork_parent(); }, nullptr);
+  for (unsigned turn = 0; g_inside.load(std::memory_order_seq_cst); ++turn)
+    if (!fork_wait::keep_waiting(turn)) return;
 }
 
 void nvml_fork_parent() noexcept { g_forking.store(false, std::memory_order_seq_cst); }

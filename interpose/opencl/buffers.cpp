@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "config/log.hpp"
+#include "core/fork_wait.hpp"
 #include "core/hot_tls.hpp"
 #include "interpose/node/node.hpp"
 
@@ -440,10 +441,11 @@ cl_int put_info(void* value, size_t value_size, size_t* size_ret, const void* sr
   return CL_SUCCESS;
 }
 
-void buffers_fork_lock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  buffers().lock_all();
-  svm_fork_lock();
-  for (CallbackLock& m : g_callback_locks) m.lock();
+bool buffers_fork_lock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!buffers().lock_all() || !svm_fork_lock()) return false;
+  for (CallbackLock& m : g_callback_locks)
+    if (!fork_wait::take(m)) return false;
+  return true;
 }
 
 void buffers_fork_unlock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

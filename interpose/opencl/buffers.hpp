@@ -113,11 +113,12 @@ void svm_free(cl_context context, void* p);
 cl_int svm_enqueue_free(cl_command_queue q, cl_uint n, void* pointers[],
                         void(CL_CALLBACK* free_func)(cl_command_queue, cl_uint, void*[], void*),
                         void* user_data, cl_uint waits, const cl_event* wait_list, cl_event* event);
-void svm_fork_lock();
+bool svm_fork_lock();  // false: gave up (core/fork_wait.hpp)
 void svm_fork_unlock();
 
-// fork(): the buffer map's and callbacks' locks.
-void buffers_fork_lock();
+// fork(): the buffer map's and callbacks' locks; false: gave up
+// (core/fork_wait.hpp).
+bool buffers_fork_lock();
 void buffers_fork_unlock();
 
 }  // namespace gpupool::ocl

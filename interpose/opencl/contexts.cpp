@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "config/log.hpp"
+#include "core/fork_wait.hpp"
 #include "interpose/opencl/buffers.hpp"
 
 namespace gpupool::ocl {
@@ -371,13 +372,15 @@ namespace {
 
 std::vector<Ctx*> g_fork_locked;
 
+// A wait that gives up (core/fork_wait.hpp) ends it: what it took is in
+// the fork's journal, with the list of contexts locked.
 void fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  ctx_mu().lock();
-  g_all_ctx_mu.lock();
+  if (!fork_wait::take(ctx_mu()) || !fork_wait::take(g_all_ctx_mu)) return;
+  fork_wait::journal([](void*) { g_fork_locked.clear(); }, nullptr);
   g_fork_locked = all_ctx();
-  for (Ctx* c : g_fork_locked) c->mu.lock();
-  buffers_fork_lock();
-  queues().lock_all();
+  for (Ctx* c : g_fork_locked)
+    if (!fork_wait::take(c->mu)) return;
+  if (buffers_fork_lock()) queues().lock_all();
 }
 
 void fork_release() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {

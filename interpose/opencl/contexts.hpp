@@ -146,7 +146,7 @@ class HandleMap {
     LockGuard lock(s.mu);
     return s.map.erase(key(k));
   }
-  void lock_all() { shards_.lock_all(); }
+  bool lock_all() { return shards_.lock_all(); }  // false: gave up (core/fork_wait.hpp)
   void unlock_all() { shards_.unlock_all(); }
 
  private:

@@ -168,7 +168,7 @@ cl_int svm_enqueue_free(cl_command_queue q, cl_uint n, void* pointers[],
   return api.clEnqueueSVMFree(q, n, pointers, free_enqueued, context, waits, wait_list, event);
 }
 
-void svm_fork_lock() { svm_blocks().lock_all(); }
+bool svm_fork_lock() { return svm_blocks().lock_all(); }
 void svm_fork_unlock() { svm_blocks().unlock_all(); }
 
 }  // namespace gpupool::ocl

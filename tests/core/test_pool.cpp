@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/fork_wait.hpp"
 #include "core/pool.hpp"
 #include "pool_fixture.hpp"
 
@@ -662,6 +663,113 @@ TEST(Pool, ForkHandlersTakeEveryLockAndGiveThemBack) {
   const Stats s = pool.totals();
   EXPECT_EQ(s.active_blocks, 0u);
   EXPECT_EQ(s.held_bytes, dev->used);
+}
+
+// A thread inside the pool holding a shard's lock, stopped there: a backend
+// whose passed() (the one backend call made under a shard's lock) waits
+// until the test lets it go, as a thread a signal handler interrupted
+// inside Pool::free or allocate waits for its handler.
+class StoppedInShard {
+ public:
+  explicit StoppedInShard(Pool& pool) : pool_(pool) {}
+  // The thread allocates and frees a block whose fence has not passed,
+  // then asks for one of its size: passed() is asked under its shard's lock.
+  void start(std::shared_ptr<FakeDevice> dev) {
+    dev->fences = true;
+    auto backend = std::make_unique<PassWaiting>(dev, *this);
+    Arena* a = pool_.add_arena(std::move(backend), {.group = "g"});
+    thread_ = std::thread([this, a] {
+      pool_.free(pool_.allocate(a, 100).block);
+      armed_ = true;
+      pool_.free(pool_.allocate(a, 100).block);
+    });
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return inside_; });
+  }
+  void let_go() {
+    {
+      std::lock_guard lock(mu_);
+      go_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  struct PassWaiting : FakeBackend {
+    PassWaiting(std::shared_ptr<FakeDevice> dev, StoppedInShard& s)
+        : FakeBackend(std::move(dev)), s_(s) {}
+    bool passed(std::uint64_t f) override {
+      if (s_.armed_) {
+        std::unique_lock lock(s_.mu_);
+        s_.inside_ = true;
+        s_.cv_.notify_all();
+        s_.cv_.wait(lock, [&] { return s_.go_; });
+      }
+      return FakeBackend::passed(f);
+    }
+    StoppedInShard& s_;
+  };
+  Pool& pool_;
+  std::thread thread_;
+  std::atomic<bool> armed_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool inside_ = false, go_ = false;
+};
+
+// fork() from a signal handler on one thread while another forks (issue
+// 35): the other's prepare waits for a shard's lock that the first holds,
+// and the first, inside its handler, waits for the other's fork to end. The
+// prepare gives up as soon as a holder says it forks, lets go of every lock
+// it took (the list's, the counters', the shards' before the busy one), and
+// a later fork takes them all. Before, the prepare spun on the shard for ever.
+TEST(Pool, ForkPrepareGivesUpWhenAHolderForksAndLetsGoOfWhatItTook) {
+  auto dev = std::make_shared<FakeDevice>();
+  Pool pool({.shards = 4});
+  Arena* other = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
+  Block* kept = pool.allocate(other, 5000).block;
+  StoppedInShard stopped(pool);
+  stopped.start(dev);
+
+  fork_wait::begin();
+  fork_wait::holder_forking_begin();
+  EXPECT_FALSE(pool.fork_prepare());
+  EXPECT_TRUE(fork_wait::end()) << "a prepare that gave up says so";
+  fork_wait::holder_forking_end();
+
+  // Every lock the prepare took is free again: the program goes on (a
+  // lock left taken would stop this thread here), and so does the thread
+  // that was stopped.
+  pool.free(kept);
+  pool.free(pool.allocate(other, 5000).block);
+  stopped.let_go();
+  fork_wait::begin();
+  EXPECT_TRUE(pool.fork_prepare()) << "a later fork takes every lock";
+  EXPECT_FALSE(fork_wait::end());
+  pool.fork_parent();
+  EXPECT_EQ(pool.totals().active_blocks, 0u);
+}
+
+// Without a holder that forks, a busy lock is waited for up to the bound:
+// with none, the prepare gives up at the first busy lock. A prepare that
+// finds every lock free completes whoever forks behind it.
+TEST(Pool, ForkPrepareWaitsUpToItsBoundAndOnlyWhenALockIsBusy) {
+  auto dev = std::make_shared<FakeDevice>();
+  Pool pool({.shards = 4});
+  StoppedInShard stopped(pool);
+  stopped.start(dev);
+  fork_wait::begin(/*bound_ns=*/0);
+  EXPECT_FALSE(pool.fork_prepare());
+  EXPECT_TRUE(fork_wait::end());
+  stopped.let_go();
+
+  fork_wait::begin(/*bound_ns=*/0);
+  fork_wait::holder_forking_begin();
+  EXPECT_TRUE(pool.fork_prepare()) << "no lock was busy: nothing to give up";
+  fork_wait::holder_forking_end();
+  EXPECT_FALSE(fork_wait::end());
+  pool.fork_parent();
 }
 
 // A fork while another thread empties a retired arena (an OpenCL context

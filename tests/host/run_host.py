@@ -314,18 +314,25 @@ def fork_signal(tmp):
     """A signal handler forks (crash handlers do) while the program allocates
     and frees: the handler may interrupt gpupool holding a lock, which fork()
     must not wait for (before: the parent spun forever in the pool's fork
-    handler). The child _exit()s at once, as POSIX allows it to."""
+    handler). SIGALRM comes to any thread that does not block it, PoCL's
+    included, so another thread's handler may fork meanwhile, its fork
+    handler waiting for a lock the interrupted thread holds while that
+    thread's handler waits for the other's fork to end (before: a hang under
+    AddressSanitizer, in the pool's shard lock). The child _exit()s at once,
+    as POSIX allows it to."""
     if "thread" in SANITIZER:
         # The handler's fork() is the signal-unsafe call this check makes on
         # purpose, and ThreadSanitizer reports exactly that.
         print("skipped under ThreadSanitizer: it reports the handler's fork() itself")
         sys.exit(SKIP)
-    if "address" in SANITIZER:
-        # Under AddressSanitizer (2026-11-28, 69bb3bd) the parent's handler
-        # waits in waitpid() for a child that no longer shows in /proc, with
-        # gpupool interrupted inside Pool::free: not understood yet (issue 35's
-        # note). The release stage runs it.
-        print("skipped under AddressSanitizer: fork-signal hangs there (not yet understood)")
+    if "address" in SANITIZER and API == "cuda":
+        # Under AddressSanitizer (2026-11-29) about 1 run in 20 on the
+        # stand-in ends with the handler's waitpid() waiting while the
+        # process's one child spins (State R, one thread; gdb could not
+        # attach), the main thread interrupted inside ASan's __tls_get_addr
+        # interceptor under a hook: not understood yet (issue 35's note).
+        # The release stage runs it, and PoCL's variant runs here.
+        print("skipped under AddressSanitizer on the stand-in: a forked child spins (not yet understood)")
         sys.exit(SKIP)
     forks = "100" if SANITIZER else "300"
     r = run(["fork-signal", forks], timeout=90, env=env(True))
