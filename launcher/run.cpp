@@ -128,6 +128,8 @@ const RunOption kRunOptions[] = {
     {"--prometheus", "GPUPOOL_PROMETHEUS_FILE", true, nullptr, true, "FILE", ""},
     {"--trace", "GPUPOOL_TRACE_FILE", true, nullptr, true, "FILE",
      "record every allocation and free"},
+    {"--leaks", "GPUPOOL_LEAKS", false, "1", false, "",
+     "list the blocks still held at exit; gpupool.snapshot() needs it"},
     {"--log", "GPUPOOL_LOG", true, nullptr, false, "LEVEL", "off, error, warn, info, debug, trace"},
     {"--log-file", "GPUPOOL_LOG_FILE", true, nullptr, true, "FILE", ""},
     {"--set", nullptr, true, nullptr, false, "NAME=VALUE",

@@ -273,14 +273,15 @@ def snapshot() -> Dict[str, Any]:
     (``py  FILE:LINE FUNC`` for Python frames), where GPUPOOL_SITES recorded
     it, else None.
 
-    Needs GPUPOOL_LEAKS=1, which keeps the record of live blocks (it also
-    lists them at exit); raises :class:`GpupoolError` without it.
+    Needs GPUPOOL_LEAKS=1 (``gpupool run --leaks``), which keeps the record
+    of live blocks (it also lists them at exit); raises
+    :class:`GpupoolError` without it.
     """
     snap = _json("gpupool_snapshot_json")
     if not snap.get("tracked"):
         raise GpupoolError(
             "snapshot() needs the record of live blocks that GPUPOOL_LEAKS=1 keeps "
-            "(gpupool run --set GPUPOOL_LEAKS=1; add GPUPOOL_SITES=all for their call stacks)"
+            "(gpupool run --leaks; add --set GPUPOOL_SITES=all for their call stacks)"
         )
     stacks = snap.pop("stacks", {})
     for block in snap["blocks"]:

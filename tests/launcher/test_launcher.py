@@ -221,7 +221,7 @@ class Run(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             r = gp("run", "--max-held", "2G", "--max-pooled=64M", "--release-after", "10s",
                    "--reuse", "immediate", "--no-probe", "--no-hold", "--stats",
-                   "--stats-file", "s.%p", "--json", "--trace", "t.txt", "--log", "info",
+                   "--stats-file", "s.%p", "--json", "--trace", "t.txt", "--leaks", "--log", "info",
                    "--disable", "cuda,opencl", "--set", "LEADING_BITS=3", "--",
                    "sh", "-c", "env", env=env, cwd=tmp)
             self.assertEqual(r.returncode, 0, r.stderr)
@@ -230,7 +230,7 @@ class Run(unittest.TestCase):
                 "GPUPOOL_MAX_HELD": "2G", "GPUPOOL_MAX_POOLED": "64M",
                 "GPUPOOL_RELEASE_AFTER": "10s", "GPUPOOL_REUSE": "immediate",
                 "GPUPOOL_PROBE": "0", "GPUPOOL_HOLD": "0", "GPUPOOL_STATS_AT_EXIT": "1",
-                "GPUPOOL_STATS_FORMAT": "json", "GPUPOOL_LOG": "info",
+                "GPUPOOL_STATS_FORMAT": "json", "GPUPOOL_LOG": "info", "GPUPOOL_LEAKS": "1",
                 "GPUPOOL_CUDA": "0", "GPUPOOL_OPENCL": "0", "GPUPOOL_LEADING_BITS": "3",
                 # Files are made absolute: the program may change directory.
                 "GPUPOOL_STATS_FILE": os.path.join(os.path.realpath(tmp), "s.%p"),
