@@ -23,6 +23,7 @@
 #include "config/config.hpp"
 #include "config/io.hpp"
 #include "launcher/launcher.hpp"
+#include "observe/text_width.hpp"
 #include "wire/registry.hpp"
 #include "wire/socket.hpp"
 
@@ -332,8 +333,17 @@ int talk_all(const std::vector<wire::ProcessEntry>& procs, const std::string& re
       doc += (i ? ", " : "") + json_entry(*once[i], asks[i], result);
       continue;
     }
-    std::printf("process %ld (%s): ", once[i]->pid, terminal_text(once[i]->command).c_str());
-    print(asks[i]);
+    // One line per process within 100 columns: what it released on standard
+    // output, or why it could not (the error names the process) on stderr.
+    if (result == kOk) {
+      const std::string out = observe::fit_lines(
+          "process " + std::to_string(once[i]->pid) + " (" + terminal_text(once[i]->command) +
+          "): " + terminal_text(asks[i].out));
+      std::fwrite(out.data(), 1, out.size(), stdout);
+      std::fflush(stdout);
+    } else {
+      std::fputs(observe::fit_lines(terminal_text(asks[i].err)).c_str(), stderr);
+    }
   }
   if (json) std::printf("%s]}\n", doc.c_str());
   else if (once.empty()) std::printf("no gpupool process of this user on this node\n");

@@ -1915,9 +1915,10 @@ is not a leak.
     def test_every_line_within_100_columns(self):
         """Text output fits a 100-column terminal or CI log: report --text
         (one process and several, with stacks and long arena names),
-        --diff, env (with problems), ps, stats, every command's help, each
-        on a real program's data (before: report lines of up to 227
-        columns, stats 225, env 150)."""
+        --diff, env (with problems), ps, stats, free-held --all (and its
+        error for a stopped process), every command's help, each on a real
+        program's data (before: report lines of up to 227 columns, stats
+        225, env 150, free-held --all's error 125)."""
         if not REPORT_PROGRAM or not CL_WORKLOAD:
             self.skipTest("no report_program (OpenCL not built)")
         one = os.path.join(self.tmp, "one.trace")
@@ -1948,9 +1949,29 @@ is not a leak.
                 time.sleep(0.05)
             outputs[("ps",)] = r.stdout
             outputs[("stats",)] = gp("stats", str(server.pid)).stdout
+            outputs[("free-held", "--all")] = gp("free-held", "--all", env=env).stdout
+            # A process that does not answer: the error, on stderr (before:
+            # 125 columns after the stdout line's "process PID (COMMAND): ").
+            # (Asked once the kernel shows it stopped.)
+            os.kill(server.pid, signal.SIGSTOP)
+            try:
+                for _ in range(6000):
+                    with open(f"/proc/{server.pid}/stat") as f:
+                        if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                            break
+                    time.sleep(0.01)
+                r = gp("free-held", "--all", "--timeout", "0.5", env=env)
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+            self.assertEqual((r.returncode, r.stdout), (FAILED, ""), r.stderr)
+            outputs[("free-held", "--all", "stopped")] = r.stderr
         finally:
             server.close()
         self.assertIn(str(server.pid), outputs[("ps",)])
+        self.assertIn(f"process {server.pid} (cl_workload): released ",
+                      outputs[("free-held", "--all")])
+        self.assertIn(f"no answer from process {server.pid}",
+                      outputs[("free-held", "--all", "stopped")])
         self.assertIn("bins holding most", outputs[("stats",)])
         self.assertIn("still held at the end", outputs[("report", "--text", one)].lower())
         for args, out in outputs.items():
