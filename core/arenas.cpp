@@ -75,11 +75,13 @@ void ArenaList::reclaim() {
       if (!a->retired() || a->pins_ != 0) continue;
       if (a->binned().any_active()) continue;
       if (a->counted()) {
-        auto it = std::find_if(retired_.begin(), retired_.end(),
-                               [&](const Retired& r) { return r.kind == a->options().kind; });
+        const ArenaOptions& o = a->options();
+        auto it = std::find_if(retired_.begin(), retired_.end(), [&](const Retired& r) {
+          return r.kind == o.kind && r.device == o.device;
+        });
         if (it == retired_.end()) {
           if (retired_.size() == retired_.capacity()) continue;  // next call, with room
-          it = retired_.insert(retired_.end(), Retired{a->options().kind, 0, {}});
+          it = retired_.insert(retired_.end(), Retired{o.kind, o.device, 0, {}});
         }
         it->stats += a->stats();
         ++it->arenas;
@@ -120,6 +122,7 @@ std::vector<ArenaSnapshot> ArenaList::retired_rows() const {
     snap.name = r.kind + ": " + std::to_string(r.arenas) + " destroyed arena" + (r.arenas == 1 ? "" : "s");
     snap.group = "retired";
     snap.kind = r.kind;
+    snap.device = r.device;
     snap.retired = true;
     snap.stats = r.stats;
     out.push_back(std::move(snap));

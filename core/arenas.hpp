@@ -89,7 +89,7 @@ class ArenaList {
   void reclaim();
 
   std::size_t size() const;
-  // The counters of destroyed arenas: added to `t`; one row per kind.
+  // The counters of destroyed arenas: added to `t`; one row per kind and device.
   void add_retired(Stats& t) const;
   std::vector<ArenaSnapshot> retired_rows() const;
   // The destroyed arenas' peaks down to their current values.
@@ -116,10 +116,11 @@ class ArenaList {
   mutable Ranked<LockRank::pool_arenas> mu_;
   std::vector<std::unique_ptr<Arena>> arenas_ GPUPOOL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Group>> groups_ GPUPOOL_GUARDED_BY(mu_);
-  // Counters of destroyed retired arenas, one entry per kind: what they did
-  // stays in the totals, in bounded memory.
+  // Counters of destroyed retired arenas, one entry per kind and device:
+  // what they did stays in the totals, in bounded memory, and per device.
   struct Retired {
     std::string kind;
+    std::string device;
     std::uint64_t arenas = 0;
     Stats stats;
   };

@@ -78,7 +78,7 @@ struct ArenaSnapshot {
   std::string name;   // e.g. "cuda dev 0 ctx 1" or "opencl ctx 1 dev ... flags 0x1"
   std::string group;  // the memory it draws on, e.g. "cuda:0", "cuda-host", "opencl:ctx"
   std::string kind;   // "cuda", "cuda-host", "opencl"
-  std::string device;  // ArenaOptions::device; empty for the destroyed arenas' row
+  std::string device;  // ArenaOptions::device (the destroyed arenas' rows too)
   bool retired = false;
   Stats stats;
   std::vector<BinSnapshot> bins;  // bins holding memory, most bytes first

@@ -4,11 +4,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -557,13 +560,16 @@ TEST(Pool, RetiringArenaIsNotDestroyedWhileItsHeldBlocksAreDropped) {
   EXPECT_EQ(pool.arena_count(), 0u);
 }
 
-TEST(Pool, DestroyedArenasKeepOneRowPerKind) {
+TEST(Pool, DestroyedArenasKeepOneRowPerKindAndDevice) {
+  // One row per kind and device, with its device: Prometheus sums them by
+  // GPU (before: one row per kind, its device empty).
   auto dev = std::make_shared<FakeDevice>();
   Pool pool;
   for (int i = 0; i < 1000; ++i) {
     Arena* a = pool.add_arena(std::make_unique<FakeBackend>(dev),
                               {.name = "ctx " + std::to_string(i), .group = "g" + std::to_string(i),
-                               .kind = i % 2 ? "odd" : "even"});
+                               .kind = i % 2 ? "odd" : "even",
+                               .device = i / 2 % 2 ? "GPU-b" : "GPU-a"});
     pool.free(pool.allocate(a, 100).block);
     pool.free(pool.allocate(a, 100 + std::size_t(i)).block);
     pool.retire_arena(a);
@@ -572,12 +578,19 @@ TEST(Pool, DestroyedArenasKeepOneRowPerKind) {
   pool.free(pool.allocate(live, 10).block);
   EXPECT_EQ(pool.arena_count(), 1u);
   const auto snap = pool.snapshot();
-  ASSERT_EQ(snap.size(), 3u);
-  EXPECT_EQ(snap[0].name, "even: 500 destroyed arenas");
-  EXPECT_EQ(snap[0].kind, "even");
-  EXPECT_TRUE(snap[0].retired);
-  EXPECT_EQ(snap[1].name, "odd: 500 destroyed arenas");
-  EXPECT_EQ(snap[2].name, "live");
+  ASSERT_EQ(snap.size(), 5u);
+  std::vector<std::tuple<std::string, std::string, std::string>> rows;
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(snap[i].retired);
+    rows.emplace_back(snap[i].name, snap[i].kind, snap[i].device);
+  }
+  std::sort(rows.begin(), rows.end());
+  using Row = std::tuple<std::string, std::string, std::string>;
+  EXPECT_EQ(rows, (std::vector<Row>{{"even: 250 destroyed arenas", "even", "GPU-a"},
+                                    {"even: 250 destroyed arenas", "even", "GPU-b"},
+                                    {"odd: 250 destroyed arenas", "odd", "GPU-a"},
+                                    {"odd: 250 destroyed arenas", "odd", "GPU-b"}}));
+  EXPECT_EQ(snap[4].name, "live");
   Stats sum;
   for (const auto& row : snap) sum += row.stats;
   EXPECT_EQ(sum, pool.totals()) << "the rows add up to the totals";
