@@ -170,6 +170,27 @@ std::vector<std::string> output_names(const std::string& value, long pid, long r
   return {sibling};
 }
 
+NumberedNames numbered_names(const std::string& value, long pid, long run_pid, bool forked_child) {
+  NumberedNames n;
+  n.path = expand_path(value, pid);
+  if (has_pid(value)) n.fixed = pid;
+  n.first = (run_pid > 0 ? pid == run_pid : !forked_child) ? 0 : 1;
+  return n;
+}
+
+std::string NumberedNames::name(std::size_t i, long* number) const {
+  // As many as pids could be: every live process finds a free one.
+  constexpr std::size_t kMost = 1u << 22;
+  if (fixed >= 0) {
+    if (i) return {};
+    *number = fixed;
+    return path;
+  }
+  if (i >= kMost) return {};
+  *number = first + static_cast<long>(i);
+  return *number == 0 ? path : sibling_path(path, *number);
+}
+
 long sibling_pid(const std::string& of, const std::string& name) {
   const std::size_t at = pid_slot(of);
   const std::string_view stem(of.data(), at), ext(of.data() + at, of.size() - at);

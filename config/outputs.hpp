@@ -36,6 +36,24 @@ long sibling_pid(const std::string& of, const std::string& name);
 std::vector<std::string> output_names(const std::string& value, long pid, long run_pid,
                                       bool forked_child);
 
+// The numbered names of a file each live process writes one of
+// (GPUPOOL_PROMETHEUS_FILE, docs/stats.md "Prometheus"): name 0 is the value
+// itself, name n its sibling value.n.ext. A process takes the first it can
+// hold, so a name, and the number the file's series are labelled with, is
+// reused once its process is gone: as many as run at once, not one per pid.
+// The process output_names lets take the value tries from 0, any other from
+// 1; with %p the value expanded is the only name, numbered with the pid.
+struct NumberedNames {
+  std::string path;  // the value, %p expanded
+  long first = 0;    // the number tried first
+  long fixed = -1;   // with %p: the pid; else -1
+
+  // The name tried at attempt `i` (0, 1, ...) and its number; empty when
+  // there is none left.
+  std::string name(std::size_t i, long* number) const;
+};
+NumberedNames numbered_names(const std::string& value, long pid, long run_pid, bool forked_child);
+
 // The file name `name` is a sibling of (sibling_path's rule undone:
 // out.4242.trace -> out.trace, trace.4242 -> trace); empty when it is none.
 std::string unsibling(const std::string& name);

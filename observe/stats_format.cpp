@@ -254,26 +254,31 @@ std::string to_json(const Report& r) {
   return out;
 }
 
-std::string to_prometheus(const Report& r) {
-  // Every series names its process: the textfile collector of node_exporter
-  // reads every process's file into one scrape, and refuses a series two
-  // files share. No address anywhere: the same program's series keep their
-  // names from run to run.
-  const std::string pid = format("pid=\"%ld\"", r.pid);
+std::string to_prometheus(const Report& r, const PromSource& source) {
+  // node_exporter's textfile collector reads every process's file into one
+  // scrape and refuses a series two files share: the slot (the file's
+  // number) tells live processes apart. No pid and no address on the
+  // series: a new process takes a free slot's series over, so they do not
+  // grow with every process, and a program's keep their names from run to
+  // run. The pid is on gpupool_info alone, for the per-process detail.
+  const std::string who = format("slot=\"%ld\",uid=\"%ld\",program=\"%s\"", source.slot,
+                                 source.uid, prom_escape(source.program).c_str());
   std::string out;
-  out += "# HELP gpupool_info gpupool version and process.\n# TYPE gpupool_info gauge\n";
-  out += format("gpupool_info{%s,version=\"%s\"} 1\n", pid.c_str(), prom_escape(r.version).c_str());
+  out += "# HELP gpupool_info gpupool version and the process writing this slot.\n"
+         "# TYPE gpupool_info gauge\n";
+  out += format("gpupool_info{%s,pid=\"%ld\",version=\"%s\"} 1\n", who.c_str(), r.pid,
+                prom_escape(r.version).c_str());
   out +=
       "# HELP gpupool_holding 1 while freed blocks are held for reuse, 0 after stop_holding.\n"
       "# TYPE gpupool_holding gauge\n";
-  out += format("gpupool_holding{%s} %d\n", pid.c_str(), r.holding ? 1 : 0);
-  // One label set per arena; the destroyed arenas' row (one per kind) is
-  // "destroyed", whatever their count.
+  out += format("gpupool_holding{%s} %d\n", who.c_str(), r.holding ? 1 : 0);
+  // One label set per arena; the destroyed arenas' row (one per kind and
+  // device) is "destroyed", whatever their count.
   std::vector<std::string> labels;
   for (const auto& b : r.arenas) {
     const bool destroyed = b.retired && b.group == "retired";
     std::string arena = destroyed ? "destroyed" : b.name;
-    std::string l = format("%s,gpu=\"%s\",kind=\"%s\",arena=\"", pid.c_str(),
+    std::string l = format("%s,gpu=\"%s\",kind=\"%s\",arena=\"", who.c_str(),
                            prom_escape(b.device).c_str(), prom_escape(b.kind).c_str());
     // Names are unique in a process; should two ever meet, the second is
     // numbered rather than refused by the collector.

@@ -47,7 +47,16 @@ const std::vector<Field>& fields();
 
 std::string to_text(const Report& report);
 std::string to_json(const Report& report);  // one line, no trailing newline
-std::string to_prometheus(const Report& report);
+// Whose a Prometheus text is: the labels every series has. `slot` is the
+// number of the file the process writes (config/outputs.hpp's
+// NumberedNames), reused once its process is gone, so the series are as
+// many as the processes that run at once; the pid is only gpupool_info's.
+struct PromSource {
+  long slot = 0;
+  long uid = 0;
+  std::string program;  // /proc/self/comm
+};
+std::string to_prometheus(const Report& report, const PromSource& source);
 // How every to_prometheus text begins (how gpupool knows its own files).
 inline constexpr const char* kPrometheusStart = "# HELP gpupool_info ";
 

@@ -288,6 +288,8 @@ int create(const std::string& path, std::string* why) {
   return err == 0 ? 0 : err == EEXIST && why->empty() ? -1 : -2;
 }
 
+}  // namespace
+
 std::string comm_of_self() {
   char buf[32] = {};
   if (FILE* f = std::fopen("/proc/self/comm", "re")) {
@@ -298,8 +300,6 @@ std::string comm_of_self() {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s.substr(0, 16);
 }
-
-}  // namespace
 
 std::string default_registry_path() {
   // The same for every process of the user, whatever its session: a job

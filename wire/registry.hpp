@@ -117,6 +117,9 @@ class Registry {
 // user made it first, the registry is not used, and Registry::open says who
 // took it).
 std::string default_registry_path();
+// This process's command as the kernel names it (/proc/self/comm, at most
+// 15 characters): what `gpupool ps` lists, and the Prometheus `program`.
+std::string comm_of_self();
 
 // Whether the process `pid` is alive and started at `start` (clock ticks
 // after boot, /proc/<pid>/stat's 22nd field).

@@ -15,6 +15,7 @@
 #include "core/fork_wait.hpp"
 #include "interpose/control/internal.hpp"
 #include "interpose/hook_scope.hpp"
+#include "wire/registry.hpp"
 
 #ifndef GPUPOOL_VERSION
 #define GPUPOOL_VERSION "unknown"
@@ -125,11 +126,14 @@ void set_paths(State& st, bool child) {
   const config::Config& cfg = st.rt->config;
   const long pid = static_cast<long>(getpid());
   st.stats_path = cfg.stats_file.empty() ? std::string() : io::expand_path(cfg.stats_file, pid);
-  st.prometheus_names.clear();
   st.prometheus_next = 0;
-  if (!cfg.prometheus_file.empty())
-    st.prometheus_names = io::output_names(cfg.prometheus_file, pid, cfg.run_pid, child);
-  st.prometheus_path = st.prometheus_names.empty() ? std::string() : st.prometheus_names[0];
+  st.prometheus_path.clear();
+  if (!cfg.prometheus_file.empty()) {
+    st.prometheus_names = io::numbered_names(cfg.prometheus_file, pid, cfg.run_pid, child);
+    st.prometheus_path = st.prometheus_names.name(0, &st.prometheus_slot);
+    st.prometheus_source.uid = static_cast<long>(getuid());
+    st.prometheus_source.program = wire::comm_of_self();
+  }
 }
 
 // fork(): see runtime.hpp. The observer's part (Part::trace): the
@@ -230,18 +234,20 @@ namespace {
 // process holds. The first failure is said; later ones are counted in the
 // warnings (a full disk would otherwise log every interval).
 void update_prometheus(State& st, const stats::Report& r) GPUPOOL_REQUIRES(st.work_mu) {
-  const std::string text = stats::to_prometheus(r);
   std::string why, passed_over;
   io::Hold h = io::Hold::failed;
   std::size_t swept = 0;
   io::in_private([&] {
-    while (st.prometheus_next < st.prometheus_names.size()) {
-      h = st.prometheus_file.replace(st.prometheus_names[st.prometheus_next], text, &why);
+    // Each name's text has its number: rendered again only when a name is
+    // passed over (the first update of a process that finds it held).
+    for (std::string name = st.prometheus_path; !name.empty();) {
+      st.prometheus_source.slot = st.prometheus_slot;
+      h = st.prometheus_file.replace(name, stats::to_prometheus(r, st.prometheus_source), &why);
       if (h != io::Hold::taken) break;
-      passed_over = st.prometheus_names[st.prometheus_next++];
+      passed_over = name;
+      name = st.prometheus_names.name(++st.prometheus_next, &st.prometheus_slot);
+      if (!name.empty()) st.prometheus_path = name;
     }
-    if (st.prometheus_next < st.prometheus_names.size())
-      st.prometheus_path = st.prometheus_names[st.prometheus_next];
     swept = sweep_prometheus(st, h == io::Hold::held ? st.prometheus_path : std::string());
   });
   if (!passed_over.empty() && h == io::Hold::held)

@@ -130,10 +130,13 @@ struct State {
   std::string stats_path;  // %p expanded
   // The names this process may write GPUPOOL_PROMETHEUS_FILE as, in order
   // (config/outputs.hpp), and the one it writes now: the first that no
-  // other live process holds. Empty: none. The file is the files thread's.
-  std::vector<std::string> prometheus_names;
+  // other live process holds, and its number (the series' `slot`). Empty:
+  // none. The file is the files thread's.
+  io::NumberedNames prometheus_names;
   std::size_t prometheus_next = 0;
   std::string prometheus_path;
+  long prometheus_slot = 0;
+  stats::PromSource prometheus_source;  // the labels every series has
   io::HeldFile prometheus_file;
   std::atomic<std::uint64_t> dumps_dropped{0};
   std::atomic<std::uint64_t> prometheus_dropped{0};  // updates of the Prometheus file that failed

@@ -80,6 +80,31 @@ TEST(OutputNames, WhoWritesWhat) {
             (Names{"/d/100%.trace", "/d/100%.13.trace"}));
 }
 
+TEST(OutputNames, NumberedNamesAreReusedNotPerPid) {
+  // The Prometheus file's names (each number a label value): gpupool run's
+  // process tries the name itself first, then 1, 2, ...; any other process
+  // 1, 2, ...; never its pid, so a name is reused when its process is gone.
+  auto names = [](const NumberedNames& n) {
+    std::vector<std::pair<std::string, long>> out;
+    long number = -1;
+    for (std::size_t i = 0; i < 3; ++i)
+      if (std::string name = n.name(i, &number); !name.empty()) out.emplace_back(name, number);
+    return out;
+  };
+  using Got = std::vector<std::pair<std::string, long>>;
+  EXPECT_EQ(names(numbered_names("/d/g.prom", 10, 10, false)),
+            (Got{{"/d/g.prom", 0}, {"/d/g.1.prom", 1}, {"/d/g.2.prom", 2}}));
+  EXPECT_EQ(names(numbered_names("/d/g.prom", 11, 10, false)),
+            (Got{{"/d/g.1.prom", 1}, {"/d/g.2.prom", 2}, {"/d/g.3.prom", 3}}));
+  // Set by hand: as output_names says, a forked child never the name itself.
+  EXPECT_EQ(names(numbered_names("/d/g.prom", 12, 0, false))[0].first, "/d/g.prom");
+  EXPECT_EQ(names(numbered_names("/d/g.prom", 12, 0, true))[0].first, "/d/g.1.prom");
+  // %p: the user chose one name per process, numbered with its pid.
+  EXPECT_EQ(names(numbered_names("/d/g.%p.prom", 13, 10, false)), (Got{{"/d/g.13.prom", 13}}));
+  // Every one is a name of the family (swept when its process is gone).
+  EXPECT_TRUE(is_output_name("g.prom", "g.2.prom"));
+}
+
 TEST(OutputNames, KnowsItsFamily) {
   EXPECT_TRUE(is_output_name("gpupool.prom", "gpupool.prom"));
   EXPECT_TRUE(is_output_name("gpupool.prom", "gpupool.4242.prom"));

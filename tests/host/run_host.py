@@ -671,7 +671,7 @@ def serving(prom, stats):
 
 def file_pid(path):
     """The pid a gpupool Prometheus file names (None: none)."""
-    m = re.search(r'^gpupool_info\{pid="(\d+)"', "".join(lines(path)), re.M)
+    m = re.search(r'^gpupool_info\{[^}]*pid="(\d+)"', "".join(lines(path)), re.M)
     return int(m.group(1)) if m else None
 
 
@@ -682,44 +682,66 @@ def with_arenas(path):
 
 
 def procs_prometheus(tmp):
-    """Every series names its process (pid) and its GPU (the device's UUID
-    as nvidia-smi prints it, or the OpenCL device's index), and no address;
-    two programs get a file each; a program's file goes when it exits."""
+    """Every series names its file's slot, the user, the program and the GPU
+    (the device's UUID as nvidia-smi prints it, or the OpenCL device's key),
+    no pid (gpupool_info alone has it) and no address; two programs get a
+    file each, numbered; a program's file goes when it exits, and the next
+    program takes its number, and so its series, over."""
     d = os.path.join(tmp, "prom")
     os.mkdir(d)
     f = os.path.join(d, "gpupool.prom")
     # Two `gpupool run`s at once: the one that writes first holds F, the
-    # other finds it held and writes its sibling.
+    # other finds it held and writes the next number's file.
     stats = os.path.join(tmp, "stats.%p")
     servers = [serving(f, stats) for _ in range(2)]
     a, b = servers[0][1], servers[1][1]
-    options = ({"gpupool.prom": a, f"gpupool.{b}.prom": b},
-               {"gpupool.prom": b, f"gpupool.{a}.prom": a})
-    check(wait_for(lambda: sorted(os.listdir(d)) in [sorted(o) for o in options] and
+    options = ({"gpupool.prom": a, "gpupool.1.prom": b}, {"gpupool.prom": b, "gpupool.1.prom": a})
+    check(wait_for(lambda: sorted(os.listdir(d)) == ["gpupool.1.prom", "gpupool.prom"] and
                    all(with_arenas(os.path.join(d, n)) for n in os.listdir(d)), 30),
-          f"files: {sorted(os.listdir(d))}, expected one of {options} with their arenas")
+          f"files: {sorted(os.listdir(d))}, expected gpupool.prom and gpupool.1.prom with arenas")
     want = options[0] if file_pid(os.path.join(d, "gpupool.prom")) == a else options[1]
     gpu = (r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}" if API == "cuda"
            else r"(GPU-[0-9a-f-]{36}|opencl-[0-9a-f]{24})")
+    labels_of = {}
     for name, pid in want.items():
         series = prom_series(os.path.join(d, name))
         check(series, f"{name}: no series")
+        slot = "0" if name == "gpupool.prom" else "1"
         for (metric, labels), _ in series.items():
             lab = dict(labels)
-            check(lab.get("pid") == str(pid), f"{name}: {metric}{labels} lacks pid {pid}")
+            check((lab.get("slot"), lab.get("uid"), lab.get("program")) ==
+                  (slot, str(os.getuid()), "host_program"),
+                  f"{name}: {metric}{labels}: not slot {slot}, uid {os.getuid()}, host_program")
+            if metric == "gpupool_info":
+                check(lab.get("pid") == str(pid), f"{name}: {metric}{labels} lacks pid {pid}")
+            else:
+                check("pid" not in lab, f"{name}: a pid on {metric}{labels}")
             if metric not in ("gpupool_info", "gpupool_holding"):
                 check(re.fullmatch(gpu, lab.get("gpu", "")), f"{name}: {metric} gpu label: {labels}")
             check(not re.search(r"0x[0-9a-f]{5,}", " ".join(v for _, v in labels)),
                   f"{name}: an address in {metric}{labels}")
-    # One exits: its file goes with it; the other's stays.
-    p, _ = servers[0]
+        labels_of[name] = {k for k in series if k[0] != "gpupool_info"}
+    # The one in gpupool.prom exits: its file goes with it; the other's stays.
+    first = 0 if want["gpupool.prom"] == a else 1
+    p, _ = servers[first]
     p.communicate(input="", timeout=120)
     check(p.returncode == 0, f"exit {p.returncode}")
-    check([file_pid(os.path.join(d, n)) for n in os.listdir(d)] == [b],
-          f"after {a} exited: {sorted(os.listdir(d))}")
-    p, _ = servers[1]
-    p.communicate(input="", timeout=120)
-    check(os.listdir(d) == [], f"after both exited: {os.listdir(d)}")
+    check(os.listdir(d) == ["gpupool.1.prom"], f"after {want['gpupool.prom']} exited: {os.listdir(d)}")
+    # The same program again: the free number, so the same series as before
+    # (before: a new set, labelled with its pid). Compared without the gpu
+    # label: the CUDA stand-in's GPU has a new UUID in every process.
+    c, pc = serving(f, stats)
+    check(wait_for(lambda: with_arenas(f), 30), f"files: {sorted(os.listdir(d))}")
+    check(file_pid(f) == pc, f"{f} is not the new process's ({pc})")
+
+    def without_gpu(keys):
+        return {(m, tuple(kv for kv in labels if kv[0] != "gpu")) for m, labels in keys}
+    again = without_gpu(k for k in prom_series(f) if k[0] != "gpupool_info")
+    before = without_gpu(labels_of["gpupool.prom"])
+    check(again == before, f"new series: {sorted(again ^ before)[:4]}")
+    for p in (servers[1 - first][0], c):
+        p.communicate(input="", timeout=120)
+    check(os.listdir(d) == [], f"after all exited: {os.listdir(d)}")
 
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
@@ -785,9 +807,9 @@ def procs_node_exporter(tmp):
 
         served, text = pids_served()
         check(served == {pa, pb}, f"node_exporter serves pids {served}, expected {pa} and {pb}")
-        for pid in (pa, pb):
-            check(re.search(r'gpupool_hits_total\{[^}]*pid="%d"[^}]*\} \d' % pid, text),
-                  f"no gpupool_hits_total of pid {pid}")
+        for slot in (0, 1):
+            check(re.search(r'gpupool_hits_total\{[^}]*\bslot="%d"[^}]*\} \d' % slot, text),
+                  f"no gpupool_hits_total of slot {slot}")
         a.communicate(input="", timeout=120)
         served, _ = pids_served()
         check(served == {pb}, f"after {pa} exited node_exporter serves {served}")

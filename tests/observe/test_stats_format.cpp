@@ -118,27 +118,38 @@ TEST(StatsFormat, TextTable) {
 }
 
 TEST(StatsFormat, Prometheus) {
-  const std::string p = stats::to_prometheus(sample());
+  const stats::PromSource source{.slot = 2, .uid = 1000, .program = "python3"};
+  const std::string p = stats::to_prometheus(sample(), source);
   EXPECT_NE(p.find("# TYPE gpupool_hits_total counter"), std::string::npos);
   EXPECT_NE(p.find("# TYPE gpupool_held_bytes gauge"), std::string::npos);
-  // Every series names its process and GPU: node_exporter refuses two
-  // files' series that share their labels.
-  EXPECT_NE(p.find("gpupool_hits_total{pid=\"42\",gpu=\"GPU-f0a785bc-d381-6155-02db-427e7e86a778\","
+  // Every series names its file's slot (node_exporter refuses two files'
+  // series that share their labels), the user, the program and the GPU;
+  // the pid is gpupool_info's alone, so a new process does not make new
+  // series.
+  const std::string who = "slot=\"2\",uid=\"1000\",program=\"python3\"";
+  EXPECT_NE(p.find("gpupool_hits_total{" + who +
+                   ",gpu=\"GPU-f0a785bc-d381-6155-02db-427e7e86a778\","
                    "kind=\"opencl\",arena=\"opencl ctx \\\"odd\\\"\\nname\"} 3\n"),
             std::string::npos)
       << p;
-  EXPECT_NE(p.find("gpupool_holding{pid=\"42\"} 0\n"), std::string::npos);
-  EXPECT_NE(p.find("gpupool_info{pid=\"42\",version=\"9.9\"} 1\n"), std::string::npos);
+  EXPECT_NE(p.find("gpupool_holding{" + who + "} 0\n"), std::string::npos);
+  EXPECT_NE(p.find("gpupool_info{" + who + ",pid=\"42\",version=\"9.9\"} 1\n"), std::string::npos);
   EXPECT_EQ(p.rfind(stats::kPrometheusStart, 0), 0u);
-  // Every sample line: name{labels with pid} value, nothing else.
+  // Every sample line: name{labels with the slot} value, nothing else; a
+  // pid on gpupool_info only.
   std::istringstream in(p);
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#') continue;
     EXPECT_EQ(line.rfind("gpupool_", 0), 0u) << line;
-    EXPECT_NE(line.find("{pid=\"42\""), std::string::npos) << line;
+    EXPECT_NE(line.find("{" + who), std::string::npos) << line;
     EXPECT_NE(line.find("} "), std::string::npos) << line;
+    EXPECT_EQ(line.find("pid=") != std::string::npos, line.rfind("gpupool_info{", 0) == 0) << line;
   }
+  // Odd characters in the program's name are escaped.
+  EXPECT_NE(stats::to_prometheus(sample(), {.slot = 0, .uid = 0, .program = "a\"b"})
+                .find("program=\"a\\\"b\""),
+            std::string::npos);
 }
 
 TEST(StatsFormat, PrometheusSeriesAreUnique) {
@@ -151,10 +162,13 @@ TEST(StatsFormat, PrometheusSeriesAreUnique) {
   destroyed.group = "retired";
   destroyed.kind = "opencl";
   destroyed.retired = true;
+  destroyed.device = "GPU-f0a785bc-d381-6155-02db-427e7e86a778";  // one row per kind and device
   r.arenas.push_back(destroyed);
   r.arenas.push_back(r.arenas[0]);
-  const std::string p = stats::to_prometheus(r);
-  EXPECT_NE(p.find("gpupool_hits_total{pid=\"42\",gpu=\"\",kind=\"opencl\",arena=\"destroyed\"} 0\n"),
+  const std::string p = stats::to_prometheus(r, {.slot = 0, .uid = 1000, .program = "p"});
+  EXPECT_NE(p.find("gpupool_hits_total{slot=\"0\",uid=\"1000\",program=\"p\","
+                   "gpu=\"GPU-f0a785bc-d381-6155-02db-427e7e86a778\",kind=\"opencl\","
+                   "arena=\"destroyed\"} 0\n"),
             std::string::npos)
       << p;
   std::istringstream in(p);
