@@ -13,8 +13,10 @@
 #      the check fails if any object was compiled against a header of a CUDA
 #      Toolkit, as pyproject.toml's GPUPOOL_CUDA_HEADERS=pip promises of every
 #      wheel;
-#   3. the wheel given its true platform tag by auditwheel (the glibc it
-#      needs), and installed into a fresh virtual environment;
+#   3. the wheel given its true platform tag by auditwheel repair (the
+#      glibc it needs), checked by auditwheel show (consistent with that
+#      tag, nothing grafted in), and installed into a fresh virtual
+#      environment, timed;
 #   4. the PoCL demo program (scripts/demo.sh's) run through each package's
 #      `gpupool run`: the same result as without gpupool, every buffer it
 #      creates served by the pool, most from held blocks; and the wheel's
@@ -116,10 +118,23 @@ step "auditwheel repair: the platform tag the wheel's binaries need"
 PATH="$out/tools/bin:$PATH" auditwheel repair -w "$out/dist-repaired" "$wheel" 2>&1 | grep -v '^INFO' || true
 wheel=$(ls "$out"/dist-repaired/gpupool-*-manylinux_*.whl 2>/dev/null) || fail "auditwheel made no manylinux wheel"
 echo "$(basename "$wheel") ($(stat -c %s "$wheel") bytes)"
+# The repaired wheel checked again: every binary in it within the policy
+# its tag names (the glibc symbol versions, no library outside it but the
+# manylinux ones), and nothing grafted in (gpupool links no other library).
+tag=$(basename "$wheel" .whl | sed 's/.*-//')
+shown=$(PATH="$out/tools/bin:$PATH" auditwheel show "$wheel" 2>&1) || fail "auditwheel show: $shown"
+printf '%s\n' "$shown" | tr -s ' \n' ' ' |
+  grep -q "is consistent with the following platform tag: \"$tag\"" ||
+  fail "auditwheel show does not find $(basename "$wheel") consistent with $tag: $shown"
+grafted=$(python3 -c 'import sys, zipfile; print(*[n for n in zipfile.ZipFile(sys.argv[1]).namelist() if ".libs/" in n])' "$wheel")
+[ -z "$grafted" ] || fail "auditwheel grafted libraries into the wheel: $grafted"
+echo "auditwheel show: consistent with $tag"
 
 step "install into a fresh virtual environment (build-wheel/venv)"
 python3 -m venv "$out/venv"
-"$out/venv/bin/pip" install -q "$wheel"
+t0=$(date +%s%N)
+"$out/venv/bin/pip" install -q --no-index "$wheel"
+echo "pip install $(basename "$wheel"): $(( ($(date +%s%N) - t0) / 1000000 )) ms, nothing compiled"
 for f in "$out/venv/bin/gpupool" "$out/venv/lib/libgpupool.so"; do
   [ -f "$f" ] || fail "the wheel did not install $f"
 done
