@@ -131,8 +131,11 @@ void set_paths(State& st, bool child) {
   if (!cfg.prometheus_file.empty()) {
     st.prometheus_names = io::numbered_names(cfg.prometheus_file, pid, cfg.run_pid, child);
     st.prometheus_path = st.prometheus_names.name(0, &st.prometheus_slot);
-    st.prometheus_source.uid = static_cast<long>(getuid());
-    st.prometheus_source.program = wire::comm_of_self();
+    // A forked child has its parent's user and command: nothing to read.
+    if (!child) {
+      st.prometheus_source.uid = static_cast<long>(getuid());
+      st.prometheus_source.program = wire::comm_of_self();
+    }
   }
 }
 
