@@ -160,8 +160,8 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned lon
   o.max_held = rt.config.max_held.resolve(total);
   o.pending_growth = rt.config.pending_growth.resolve(total);
   o.split_min = config::split_min(rt.config);
-  // Granules only where the backend maps them (Backend::granule): not yet
-  // the CUDA backend's, which splits driver allocations meanwhile.
+  // Device memory maps granules (memory.cpp); pinned memory splits driver
+  // allocations (its backend maps none).
   o.expandable = rt.config.segments == config::Segments::expandable;
   const bool fenced = rt.config.reuse != config::Reuse::immediate;
   const std::string group = o.group;

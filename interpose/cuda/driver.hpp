@@ -106,6 +106,7 @@ using PFN_stream = CUresult (*)(CUstream);
   X(cuDevicePrimaryCtxGetState, primary_get_state, decltype(&::cuDevicePrimaryCtxGetState)) \
   X(cuDeviceGetUuid_v2, device_get_uuid_v2, decltype(&::cuDeviceGetUuid_v2))                 \
   X(cuDeviceGetUuid, device_get_uuid, decltype(&::cuDeviceGetUuid_v2))                      \
+  X(cuMemGetAllocationGranularity, mem_get_granularity, decltype(&::cuMemGetAllocationGranularity)) \
   X(cuMemPoolTrimTo, mem_pool_trim_to, decltype(&::cuMemPoolTrimTo))                         \
   X(cuDeviceGetMemPool, device_get_mem_pool, decltype(&::cuDeviceGetMemPool))                \
   X(cuDeviceGetDefaultMemPool, device_get_default_mem_pool, decltype(&::cuDeviceGetDefaultMemPool)) \

@@ -48,13 +48,20 @@ PtrInfo find_any(CUdeviceptr p, bool* host = nullptr) {
 // True when p is free memory from the program's point of view although the
 // driver still has it: a held block, or the rounding padding after the
 // requested size.
-void log_once_split_ipc() {
+void log_once_split_ipc(bool in_range) {
   static std::atomic<bool> said{false};
   if (said.exchange(true)) return;
-  log().error(
-      "cuIpcGetMemHandle on a block split from a larger allocation (GPUPOOL_SPLIT) is refused "
-      "with CUDA_ERROR_NOT_SUPPORTED: another process would open the allocation's start, not "
-      "this block. Unset GPUPOOL_SPLIT to share device memory between processes.");
+  if (in_range)
+    log().error(
+        "cuIpcGetMemHandle on a block of an expandable range (GPUPOOL_SEGMENTS=expandable) is "
+        "refused with CUDA_ERROR_NOT_SUPPORTED: the range is virtual memory, which the driver "
+        "does not share through legacy IPC. Unset GPUPOOL_SEGMENTS to share device memory "
+        "between processes.");
+  else
+    log().error(
+        "cuIpcGetMemHandle on a block split from a larger allocation (GPUPOOL_SPLIT) is refused "
+        "with CUDA_ERROR_NOT_SUPPORTED: another process would open the allocation's start, not "
+        "this block. Unset GPUPOOL_SPLIT to share device memory between processes.");
 }
 
 bool unallocated_for_program(const PtrInfo& i, CUdeviceptr p) {
@@ -70,6 +77,12 @@ void patch_attribute(CUpointer_attribute attr, void* data, const PtrInfo& i) {
   if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data) = i.base;
   if (attr == CU_POINTER_ATTRIBUTE_BUFFER_ID)
     *static_cast<unsigned long long*>(data) = i.buffer_id;
+  if (!i.in_range) return;
+  // A piece of an expandable range is the driver's virtual memory, which it
+  // says legacy IPC cannot share: answered as for the cuMemAlloc block the
+  // program asked for (its IPC handle is refused all the same, as a
+  // GPUPOOL_SPLIT piece's).
+  if (attr == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE) *static_cast<int*>(data) = 1;
 }
 
 // The pool's block into the device map for the program. Recording a piece
@@ -462,7 +475,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, C
   // would be handed out here while that process maps it. (A piece that is
   // its whole segment is shared as any block: released when freed.)
   if (i.shares_allocation) {
-    log_once_split_ipc();
+    log_once_split_ipc(i.in_range);
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   const CUresult r = d->ipc_get_mem_handle(handle, dptr);

@@ -1,6 +1,9 @@
 #include "interpose/cuda/memory.hpp"
 
+#include <unistd.h>
+
 #include <shared_mutex>
+#include <vector>
 
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
@@ -96,8 +99,120 @@ class DeviceBackend final : public CuContextBackend {
     return vmm::escape_ghosts() || node::ask_neighbours(device_group(st_->dev), bytes);
   }
 
+  // Expandable ranges (GPUPOOL_SEGMENTS=expandable), with the driver's
+  // virtual memory calls. These run under the range's lock, which ranks
+  // after every interpose lock (core/lock_rank.hpp): they call the driver
+  // and take no lock. Virtual memory is the device's, not the context's:
+  // it outlives the context, so a retired context's range is still given
+  // back (not in a forked child, whose driver is not the parent's).
+  std::size_t granule() override {
+    const Driver* d = driver();
+    if (!d->mem_get_granularity || !d->mem_create || !d->mem_map || !d->mem_unmap ||
+        !d->mem_set_access || !d->mem_release || !d->mem_address_reserve ||
+        !d->mem_address_free)
+      return 0;
+    const CUmemAllocationProp prop = properties();
+    std::size_t g = 0;
+    if (d->mem_get_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS)
+      return 0;
+    granule_ = g;
+    return g;
+  }
+
+  // One range per arena (core/ranges.hpp): its granules' state is kept here.
+  BackendResult reserve(std::size_t bytes) override {
+    std::vector<bool> mapped(bytes / granule_);  // before the driver: may throw
+    CUdeviceptr p = 0;
+    const CUresult r = driver()->mem_address_reserve(&p, bytes, granule_, 0, 0);
+    if (r != CUDA_SUCCESS) return result(r, 0);
+    base_ = p;
+    mapped_ = std::move(mapped);
+    pid_ = getpid();
+    return {BackendStatus::ok, p, 0, device_map().range_record(p, bytes, st_)};
+  }
+
+  // One physical allocation per granule, as PyTorch's expandable segments:
+  // a granule can then be unmapped and given back alone (the driver unmaps
+  // whole mappings only). Access for this context's device only: peers the
+  // program enables access for are not given it (docs/memory.md).
+  BackendResult map(Handle at, std::size_t bytes, void*) override {
+    const Driver* d = driver();
+    const CUmemAllocationProp prop = properties();
+    std::size_t done = 0;
+    CUresult r = CUDA_SUCCESS;
+    for (; done < bytes; done += granule_) {
+      CUmemGenericAllocationHandle h = 0;
+      r = d->mem_create(&h, granule_, &prop, 0);
+      if (r != CUDA_SUCCESS) break;
+      r = d->mem_map(at + done, granule_, 0, h, 0);
+      // Mapped, the physical memory lives until unmapped.
+      d->mem_release(h);
+      if (r != CUDA_SUCCESS) break;
+      mapped_[(at + done - base_) / granule_] = true;
+    }
+    if (r == CUDA_SUCCESS) {
+      CUmemAccessDesc access{};
+      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access.location.id = st_->dev;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      r = d->mem_set_access(at, bytes, &access, 1);
+    }
+    if (r != CUDA_SUCCESS) {
+      unmap_granules(at, done);  // all or nothing
+      return result(r, 0);
+    }
+    return {BackendStatus::ok, at, 0, nullptr};
+  }
+
+  void unmap(Handle at, std::size_t bytes, void*, std::uint64_t fence) override {
+    if (exiting()) return;
+    const Driver* d = driver();
+    // The device may still use it: wait for the context's work (the
+    // driver's own synchronization, not synchronize_context, whose lock
+    // ranks before the range's). A context gone has no work left.
+    if (!passed(fence) && !st_->retired.load(std::memory_order_acquire) &&
+        context_alive(*d, st_) && d->ctx_push(st_->ctx) == CUDA_SUCCESS) {
+      d->ctx_synchronize();
+      CUcontext popped = nullptr;
+      d->ctx_pop(&popped);
+    }
+    unmap_granules(at, bytes);
+  }
+
+  void unreserve(Handle base, std::size_t bytes, void* range, bool) override {
+    PtrMap::forget_range(static_cast<PtrMap::Entry*>(range));
+    if (exiting() || getpid() != pid_) return;
+    unmap_granules(base, bytes);  // what a retired context's pieces still map
+    driver()->mem_address_free(base, bytes);
+  }
+
  private:
+  CUmemAllocationProp properties() const {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = st_->dev;
+    return prop;
+  }
+
+  // Each mapped granule of [at, at + bytes) unmapped: its physical memory
+  // goes with its mapping.
+  void unmap_granules(Handle at, std::size_t bytes) {
+    const Driver* d = driver();
+    for (Handle g = at; g < at + bytes; g += granule_) {
+      const std::size_t i = (g - base_) / granule_;
+      if (!mapped_[i]) continue;
+      d->mem_unmap(g, granule_);
+      mapped_[i] = false;
+    }
+  }
+
   bool solo_;
+  std::size_t granule_ = 0;
+  // The range (set by reserve, used under the range's lock).
+  Handle base_ = 0;
+  std::vector<bool> mapped_;  // per granule
+  pid_t pid_ = 0;             // the process that reserved it
 };
 
 class HostBackend final : public CuContextBackend {

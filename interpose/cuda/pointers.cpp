@@ -81,6 +81,22 @@ PtrMap::Entry* PtrMap::insert(Handle h, std::size_t size, CtxState* st, unsigned
   return e.release();
 }
 
+PtrMap::Entry* PtrMap::range_record(Handle base, std::size_t size, CtxState* st) {
+  auto* e = new Entry;
+  e->handle = base;
+  e->size = size;
+  e->st = st;
+  e->serial = next_serial();
+  e->range = true;
+  return e;
+}
+
+bool PtrMap::forget_range(Entry* e) {
+  if (e->listed.load(std::memory_order_acquire)) return false;
+  delete e;
+  return true;
+}
+
 void PtrMap::erase(Entry* e) {
   {
     LockGuard rl(ranges_mu_);
@@ -128,6 +144,26 @@ void PtrMap::add_piece(Block* b) {
   e->uses.store(1, std::memory_order_relaxed);
   e->piece = true;
   LockGuard rl(ranges_mu_);
+  auto* range = static_cast<Entry*>(b->data);
+  if (range && range->range && !range->listed.load(std::memory_order_relaxed)) {
+    // The range's first piece handed out: the range joins the maps, so its
+    // held and unmapped addresses are answered for as unallocated.
+    Shard& rs = shard(range->handle);
+    LockGuard sl(rs.mu);
+    auto [slot, fresh] = ranges_.emplace(range->handle, range);  // may throw: nothing changed yet
+    try {
+      rs.map.put(range->handle, range);
+    } catch (...) {
+      if (fresh) ranges_.erase(slot);
+      throw;
+    }
+    slot->second = range;
+    range->listed.store(true, std::memory_order_release);
+    if (b->handle == range->handle) {
+      hand_out(range, b);  // the piece at its start: answered for by the range's entry
+      return;
+    }
+  }
   auto seg = ranges_.upper_bound(b->handle);
   if (seg == ranges_.begin()) return;  // cannot happen: every segment is recorded
   e->st = std::prev(seg)->second->st;
@@ -208,6 +244,7 @@ PtrInfo PtrMap::find(Handle p) {
   info.active = b != nullptr;
   info.requested = b ? b->requested : 0;
   info.shares_allocation = b && b->split && (e->piece || b->size != e->size);
+  info.in_range = b && b->split && b->data && static_cast<const Entry*>(b->data)->range;
   info.buffer_id = buffer_id(e->serial, e->uses.load(std::memory_order_relaxed));
   info.host_flags = e->host_flags;
   return info;
@@ -239,6 +276,7 @@ Block* PtrMap::take_next_locked(CtxState* st, Handle* next_range, Handle* next_p
     }
     *next_range = it->first + 1;
     it = ranges_.erase(it);
+    e->listed.store(false, std::memory_order_release);
     // Not deleted: the entry is the record of its block or segment, deleted
     // when that goes (erase). One the program owns goes now (the caller
     // forgets it); a segment with pieces out goes with its last piece.

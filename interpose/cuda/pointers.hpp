@@ -37,6 +37,7 @@ struct PtrInfo {
   // A piece of a split segment that does not have its driver allocation to
   // itself (other pieces share it, now or once it is freed).
   bool shares_allocation = false;
+  bool in_range = false;  // a piece of an expandable range (GPUPOOL_SEGMENTS=expandable)
   std::uint64_t buffer_id = 0;
   unsigned host_flags = 0;  // pinned: the normalised flags the block was allocated for
 };
@@ -48,6 +49,16 @@ class PtrMap {
   // for BackendResult::data) / the pool releases or drops it.
   Entry* insert(Handle h, std::size_t size, CtxState* st, unsigned host_flags = 0);
   void erase(Entry* e);
+  // An expandable range's record (Backend::reserve, under the range's lock,
+  // which ranks after this map's: so no lock here). It joins the maps with
+  // the first piece handed out in it (activate) and leaves them with its
+  // context (erase_context). forget_range: the range is given back or
+  // dropped; false while it is still in the maps (the caller may not take
+  // their locks), where it stays, as the record of address space nobody
+  // will be handed again (only a pool destroyed with its context alive,
+  // which the interposer never does).
+  Entry* range_record(Handle base, std::size_t size, CtxState* st);
+  static bool forget_range(Entry* e);
   // Hit path. activate: the pool handed `b` out (may throw for a piece
   // inside its segment, whose entry is made then: the caller gives the
   // block back). deactivate: the program frees h; *known = false if h is
@@ -81,6 +92,8 @@ class PtrMap {
     std::atomic<std::uint32_t> uses{0};  // times handed out (buffer ids); activate() writes it
     unsigned host_flags = 0;
     bool piece = false;  // a piece inside a segment: in pieces_, gone when freed
+    bool range = false;  // an expandable range's record (range_record)
+    std::atomic<bool> listed{false};  // a range record in the maps (under ranges_mu_)
   };
 
  private:

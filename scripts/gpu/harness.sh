@@ -377,6 +377,9 @@ if [[ -x $CHK ]]; then
   # The safe default without growth: a busy block is waited for, not replaced.
   check_resumable gp cuda-check-nogrowth cuda.log 60 env GPUPOOL_PENDING_GROWTH=0 "$CHK" --no-oom
   check_resumable gp cuda-check-immediate cuda.log 60 env GPUPOOL_REUSE=immediate "$CHK" --report-hazard --no-oom
+  # Large blocks cut from a range mapped granule by granule: the same checks,
+  # their IPC refused (beside.ipc says so).
+  check_resumable gp cuda-check-expandable cuda.log 90 env GPUPOOL_SEGMENTS=expandable "$CHK"
 else
   skip cuda-check cuda.log "cuda_driver_check not compiled"
 fi
@@ -621,13 +624,15 @@ threads() {
 
 # ---- memory, speed: memory overhead on real programs --------------------------
 # memory: driver-API checks (split_check.py: no gpupool, gpupool, gpupool
-# with splitting), then each loop once per allocator: PyTorch's caching
-# allocator, gpupool (caching off), gpupool with GPUPOOL_SPLIT=on, and with
-# GPUPOOL_REUSE=immediate besides (one stream: what PyTorch's allocator
-# does); CuPy's pools against gpupool and gpupool split. gpupool runs are
-# traced and dump their stats at exit; everything lands in
-# $OUT/memory.tar.gz for memory_summary.py. SPLIT_ONLY=1: only the
-# GPUPOOL_SPLIT=on runs.
+# with splitting, gpupool with expandable ranges), then each loop once per
+# allocator: PyTorch's caching allocator, gpupool (caching off), gpupool
+# with GPUPOOL_SPLIT=on, with GPUPOOL_SEGMENTS=expandable, and each of those
+# two with GPUPOOL_REUSE=immediate besides (one stream: what PyTorch's
+# allocator does); CuPy's pools against gpupool, gpupool split and gpupool
+# expandable. gpupool runs are traced and dump their stats at exit;
+# everything lands in $OUT/memory.tar.gz for memory_summary.py.
+# SPLIT_ONLY=1: only the GPUPOOL_SPLIT=on and GPUPOOL_SEGMENTS=expandable
+# runs.
 memory() {
   (($# >= 1)) || usage
   local lib w
@@ -640,6 +645,8 @@ memory() {
     echo "== driver API: gpupool"; LD_PRELOAD=$lib timeout 60 "$PY" "$W/split_check.py"
     echo "== driver API: gpupool, GPUPOOL_SPLIT=on"
     LD_PRELOAD=$lib GPUPOOL_SPLIT=on timeout 60 "$PY" "$W/split_check.py"
+    echo "== driver API: gpupool, GPUPOOL_SEGMENTS=expandable"
+    LD_PRELOAD=$lib GPUPOOL_SEGMENTS=expandable timeout 60 "$PY" "$W/split_check.py"
   } 2>&1 | tee "$w/checks.log"
   one() {  # name, then the command (env assignments first)
     local name=$1
@@ -648,10 +655,11 @@ memory() {
     env "$@" >"$w/$name.out" 2>"$w/$name.err" || echo "$name failed: $?"
     grep -h '^RESULT' "$w/$name.out" | cut -c1-160
   }
-  pooled() {  # name split reuse growth, then the program
+  pooled() {  # name split reuse growth, then the program; SEGMENTS: GPUPOOL_SEGMENTS (driver)
     local name=$1 split=$2 reuse=$3 growth=$4
     shift 4
     one "$name" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$lib" GPUPOOL_SPLIT="$split" \
+      GPUPOOL_SEGMENTS="${SEGMENTS:-driver}" \
       GPUPOOL_REUSE="$reuse" GPUPOOL_PENDING_GROWTH="$growth" \
       GPUPOOL_TRACE_FILE="$w/$name.trace" GPUPOOL_STATS_AT_EXIT=1 GPUPOOL_STATS_FORMAT=json \
       GPUPOOL_STATS_FILE="$w/$name.stats" timeout 200 "$@"
@@ -666,10 +674,14 @@ memory() {
     # PyTorch's loops run on one stream: immediate reuse is what its own
     # allocator does there.
     [ -n "$only" ] || pooled "torch-$1-$2-splitimm" on immediate 2% "$PY" "$t" "${args[@]}" --tag split-imm
+    SEGMENTS=expandable pooled "torch-$1-$2-expandable" off safe 2% "$PY" "$t" "${args[@]}" --tag expandable
+    [ -n "$only" ] || SEGMENTS=expandable pooled "torch-$1-$2-expandableimm" off immediate 2% \
+      "$PY" "$t" "${args[@]}" --tag expandable-imm
   done
   [ -n "$only" ] || one cupy-caching timeout 200 "$PY" "$c" --pool cupy --iters 60 --tag cupy-pool
   [ -n "$only" ] || pooled cupy-gpupool off safe 2% "$PY" "$c" --pool none --iters 60 --tag gpupool
   pooled cupy-split on safe 2% "$PY" "$c" --pool none --iters 60 --tag split
+  SEGMENTS=expandable pooled cupy-expandable off safe 2% "$PY" "$c" --pool none --iters 60 --tag expandable
   tar -C "$w" -czf "$OUT/memory.tar.gz" .
   ls -la "$OUT"
 }

@@ -4,8 +4,8 @@
   scripts/gpu/memory_summary.py DIR BENCH_REPLAY
 
 DIR holds what memory.tar.gz unpacks to. For each loop: PyTorch's caching
-allocator's peak reserved / peak allocated, and for gpupool with and without
-GPUPOOL_SPLIT the peak bytes it took from the driver (the exit dump's
+allocator's peak reserved / peak allocated, and for gpupool binned, with
+GPUPOOL_SPLIT and with GPUPOOL_SEGMENTS=expandable the peak bytes it took from the driver (the exit dump's
 totals.peak_managed_bytes, exact: driver calls are counted under a lock)
 over the peak bytes the program asked for (from the trace, by bench_replay:
 exact, where the dump's per-thread peaks would be an upper bound). Also
@@ -39,9 +39,9 @@ def main():
     d, replay = sys.argv[1], sys.argv[2]
     names = sorted({os.path.basename(p).rsplit("-", 1)[0] for p in glob.glob(f"{d}/*-caching.out")})
     print("| loop | PyTorch / CuPy own pool | gpupool (binned) | gpupool, GPUPOOL_SPLIT=on "
-          "| the same, GPUPOOL_REUSE=immediate "
-          "| identical results |")
-    print("|---|---|---|---|---|---|")
+          "| the same, GPUPOOL_REUSE=immediate | gpupool, GPUPOOL_SEGMENTS=expandable "
+          "| the same, GPUPOOL_REUSE=immediate | identical results |")
+    print("|---|---|---|---|---|---|---|---|")
     for n in names:
         own = result(f"{d}/{n}-caching.out")
         cells, runs = [], [own]
@@ -49,7 +49,7 @@ def main():
             cells.append(f"{own['max_memory_reserved'] / own['max_memory_allocated']:.2f}")
         else:
             cells.append("n/a")
-        for mode in ("gpupool", "split", "splitimm"):
+        for mode in ("gpupool", "split", "splitimm", "expandable", "expandableimm"):
             if not os.path.exists(f"{d}/{n}-{mode}.out"):
                 cells.append("-")
                 continue

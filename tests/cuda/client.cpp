@@ -90,6 +90,7 @@ bool g_pooled = false;
 bool g_immediate = false;
 // Safe reuse may allocate fresh blocks instead of waiting (GPUPOOL_PENDING_GROWTH).
 bool g_growth = false;
+bool g_expandable = false;  // GPUPOOL_SEGMENTS=expandable, pooled
 [[maybe_unused]] void* g_handle = nullptr;  // dlopen'ed libcuda (dl modes)
 
 StandinCounters snap() { return *api.counters(); }
@@ -1049,12 +1050,17 @@ void scenario_context() {
     OK(api.mem_alloc(&p, n));
     OK(api.mem_free(p));
   }
+  // GPUPOOL_SEGMENTS=expandable: the 1 MiB block is a piece of the
+  // context's range, mapped (one granule), not allocated.
+  const unsigned blocks = g_expandable ? 2u : 3u;
   StandinCounters c1 = snap();
-  CHECK_EQ(c1.mem_alloc - c0.mem_alloc, 3u);  // fresh memory, not the dead context's
+  CHECK_EQ(c1.mem_alloc - c0.mem_alloc, blocks);  // fresh memory, not the dead context's
+  CHECK_EQ(c1.vmm_created - c0.vmm_created, g_expandable ? 1u : 0u);
   free_held();
   // Only this context's three blocks went back to the driver, none of the
   // destroyed context's.
-  CHECK_EQ(snap().mem_free - c0.mem_free, 3u);
+  CHECK_EQ(snap().mem_free - c0.mem_free, blocks);
+  CHECK_EQ(snap().vmm_freed - c0.vmm_freed, g_expandable ? 1u : 0u);
   CHECK_EQ(snap().dead_ptr_calls, c0.dead_ptr_calls);
   OK(api.ctx_destroy(b));
 
@@ -1103,9 +1109,11 @@ void scenario_context() {
       OK(api.mem_alloc(&p, n));
       OK(api.mem_free(p));
     }
-    CHECK_EQ(snap().mem_alloc - d0.mem_alloc, 3u);
+    CHECK_EQ(snap().mem_alloc - d0.mem_alloc, g_expandable ? 2u : 3u);
+    CHECK_EQ(snap().vmm_created - d0.vmm_created, g_expandable ? 1u : 0u);
     free_held();
-    CHECK_EQ(snap().mem_free - d0.mem_free, 3u);
+    CHECK_EQ(snap().mem_free - d0.mem_free, g_expandable ? 2u : 3u);
+    CHECK_EQ(snap().vmm_freed - d0.vmm_freed, g_expandable ? 1u : 0u);
     CHECK_EQ(snap().dead_ptr_calls, d0.dead_ptr_calls);
     OK(api.primary_release(dev));
   }
@@ -1139,6 +1147,14 @@ void check_live(CUdeviceptr p, size_t n, CUcontext ctx, unsigned char v) {
   CHECK(all_equal(p, n, v));
 }
 
+// Fresh memory for sizes {1000, 70000, 1 MiB} since c0: three driver
+// allocations; with GPUPOOL_SEGMENTS=expandable two, and one granule mapped
+// in the context's range for the 1 MiB block.
+void check_fresh_three(const StandinCounters& c0) {
+  CHECK_EQ(snap().mem_alloc - c0.mem_alloc, g_expandable ? 2u : 3u);
+  CHECK_EQ(snap().vmm_created - c0.vmm_created, g_expandable ? 1u : 0u);
+}
+
 // PyCUDA's test harness: a context per test, made current, used, popped,
 // pushed again and dropped with cuCtxDetach (through the hooked export, or
 // unseen), some of its pointers still held by the program.
@@ -1165,7 +1181,15 @@ void lifetime_detach_loop(bool unseen) {
     const uint64_t dead0 = snap().dead_ptr_calls;
     for (size_t i = 0; i + 2 < orphans.size(); ++i) CHECK_EQ(api.mem_free(orphans[i]), CUDA_ERROR_INVALID_VALUE);
     const size_t freed = orphans.size() >= 2 ? orphans.size() - 2 : 0;
-    CHECK_EQ(snap().dead_ptr_calls - dead0, freed);
+    if (g_expandable) {
+      // The 3 MiB orphans are pieces of their context's range, virtual
+      // memory that outlives the context until the pool lets the arena go
+      // (its next reclaim): dead memory only from then on.
+      const uint64_t dead = snap().dead_ptr_calls - dead0;
+      CHECK(dead >= freed / 2 && dead <= freed);
+    } else {
+      CHECK_EQ(snap().dead_ptr_calls - dead0, freed);
+    }
     orphans.erase(orphans.begin(), orphans.begin() + static_cast<std::ptrdiff_t>(freed));
     CUcontext popped = nullptr;
     OK(api.ctx_pop(&popped));
@@ -1256,7 +1280,7 @@ void lifetime_primary_unseen() {
       check_live(p, n, again, 6);
       OK(api.mem_free(p));
     }
-    CHECK_EQ(snap().mem_alloc - c0.mem_alloc, 3u);  // fresh memory, none of the dead context's
+    check_fresh_three(c0);  // fresh memory, none of the dead context's
     CHECK_EQ(api.mem_free(held), CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(snap().dead_ptr_calls - c0.dead_ptr_calls, 1u);
     free_held();
@@ -1302,7 +1326,7 @@ void lifetime_other_thread(bool unseen) {
     check_live(p, n, b, 8);
     OK(api.mem_free(p));
   }
-  CHECK_EQ(snap().mem_alloc - c0.mem_alloc, 3u);
+  check_fresh_three(c0);
   CHECK_EQ(api.mem_free(kept), CUDA_ERROR_INVALID_VALUE);
   free_held();
   CHECK_EQ(snap().dead_ptr_calls - c0.dead_ptr_calls, 1u);
@@ -1540,10 +1564,17 @@ void scenario_lookup() {
 // phase before freed, each piece an allocation of its own to the program
 // (its range, attributes, contents and errors); a piece that shares its
 // driver allocation cannot be exported over IPC; whole segments go back.
+// GPUPOOL_SEGMENTS=expandable: the same, the pieces cut from one reserved
+// range with a physical allocation mapped per 2 MiB granule, none of them
+// exported over IPC, every granule given back (free_held, and with a
+// context destroyed while the program holds pieces: virtual memory is no
+// context's, the driver does not free it with one).
 void scenario_split() {
   setup();
   const char* env = getenv("GPUPOOL_SPLIT");
-  const bool split = g_pooled && env && strcmp(env, "off") != 0 && strcmp(env, "0") != 0;
+  const bool expandable = g_expandable;
+  const bool split =
+      expandable || (g_pooled && env && strcmp(env, "off") != 0 && strcmp(env, "0") != 0);
   const StandinCounters c0 = snap();
   constexpr size_t kBig = 8 << 20, kPiece = (3 << 20) + 100;
   CUdeviceptr a[4];
@@ -1563,8 +1594,15 @@ void scenario_split() {
     live.push_back(l);
   }
   // Split: phase one's four driver allocations serve all eight. Binned
-  // (or the driver alone): eight more.
-  CHECK_EQ(snap().mem_alloc - c0.mem_alloc, split ? 4u : 12u);
+  // (or the driver alone): eight more. Expandable: no driver allocation,
+  // phase one's 32 MiB mapped granule by granule (one cuMemCreate and one
+  // cuMemMap each) serve all eight.
+  CHECK_EQ(snap().mem_alloc - c0.mem_alloc, expandable ? 0u : split ? 4u : 12u);
+  if (expandable) {
+    CHECK_EQ(snap().vmm_reserve_calls - c0.vmm_reserve_calls, 1u);
+    CHECK_EQ(snap().vmm_created - c0.vmm_created, 16u);
+    CHECK_EQ(snap().vmm_mapped - c0.vmm_mapped, 16u);
+  }
   std::vector<unsigned long long> ids;
   for (CUdeviceptr p : b) {
     CUdeviceptr base = 0;
@@ -1582,6 +1620,10 @@ void scenario_split() {
     OK(api.ptr_attr(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p));
     CHECK(std::find(ids.begin(), ids.end(), id) == ids.end());
     ids.push_back(id);
+    // As for cuMemAlloc memory (the driver says 0 for virtual memory).
+    int legacy_ipc = -1;
+    OK(api.ptr_attr(&legacy_ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p + 1));
+    CHECK_EQ(legacy_ipc, 1);
   }
   // Neighbours freed (and merged): the others keep their bytes; a freed
   // piece is unallocated, and a second free of it the driver's error.
@@ -1600,16 +1642,28 @@ void scenario_split() {
   CHECK_EQ(api.ipc_get(&ipc, b[3]), split ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS);
   CUdeviceptr whole = 0;
   OK(api.mem_alloc(&whole, 16 << 20));
-  OK(api.ipc_get(&ipc, whole));
-  StandinCounters c1 = snap();
-  OK(api.mem_free(whole));
-  CHECK_EQ(snap().mem_free - c1.mem_free, 1u);
+  if (expandable) {
+    // Every large block is a piece of the range.
+    CHECK_EQ(api.ipc_get(&ipc, whole), CUDA_ERROR_NOT_SUPPORTED);
+    OK(api.mem_free(whole));
+  } else {
+    OK(api.ipc_get(&ipc, whole));
+    StandinCounters c1 = snap();
+    OK(api.mem_free(whole));
+    CHECK_EQ(snap().mem_free - c1.mem_free, 1u);
+  }
   for (int i : {0, 3, 4, 5, 6, 7}) OK(api.mem_free(b[i]));
   OK(api.ctx_sync());
   free_held();
   // Everything went back: as many driver frees as driver allocations.
   const StandinCounters c2 = snap();
   CHECK_EQ(c2.mem_free - c0.mem_free, c2.mem_alloc - c0.mem_alloc);
+  if (expandable) {
+    // Every granule unmapped and its physical memory gone; the range kept.
+    CHECK(c2.vmm_created - c0.vmm_created > 16u);
+    CHECK_EQ(c2.vmm_freed - c0.vmm_freed, c2.vmm_created - c0.vmm_created);
+    CHECK_EQ(c2.vmm_address_free_calls, c0.vmm_address_free_calls);
+  }
   // A context destroyed while the program holds pieces of one segment: the
   // driver freed them, so the program's frees get the driver's answer for
   // freed memory, and nothing of that context is handed out again.
@@ -1629,9 +1683,16 @@ void scenario_split() {
     const StandinCounters d0 = snap();
     OK(api.ctx_destroy(other));
     OK(api.ctx_set_current(cur));
+    if (expandable) {
+      // The context's range went back whole: the granules of p1, p2 and of
+      // the held rest of the 8 MiB unmapped and freed, the range free.
+      CHECK_EQ(snap().vmm_freed - d0.vmm_freed, 4u);
+      CHECK_EQ(snap().vmm_address_free_calls - d0.vmm_address_free_calls, 1u);
+    }
     CHECK_EQ(api.mem_free(p2), CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(api.mem_free(p1), CUDA_ERROR_INVALID_VALUE);
-    CHECK_EQ(snap().dead_ptr_calls - d0.dead_ptr_calls, 2u);
+    // Memory that died with its context (virtual memory does not).
+    CHECK_EQ(snap().dead_ptr_calls - d0.dead_ptr_calls, expandable ? 0u : 2u);
     CUdeviceptr q = 0;
     OK(api.mem_alloc(&q, kPiece));
     CHECK(q < p1 || q >= p1 + kBig || snap().mem_alloc > d0.mem_alloc);
@@ -1654,6 +1715,8 @@ int main(int argc, char** argv) {
   g_immediate = reuse && strcmp(reuse, "immediate") == 0;
   const char* growth = getenv("GPUPOOL_PENDING_GROWTH");
   g_growth = g_pooled && !g_immediate && !(growth && strcmp(growth, "0") == 0);
+  const char* segments = getenv("GPUPOOL_SEGMENTS");
+  g_expandable = g_pooled && segments && strcmp(segments, "expandable") == 0;
   load_api();
   const std::string s = argv[2];
   if (s == "reuse") scenario_reuse();

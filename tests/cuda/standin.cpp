@@ -96,7 +96,14 @@ struct Alloc {
   // free it (the real driver's stream-ordered memory is no context's).
   bool outlives_context = false;
   struct MemPool* pool = nullptr;  // stream-ordered: its pool's chunk
+  // A cuMemMap mapping (readable and writable), as the queries and copies
+  // see it: the mapping is the range; legacy IPC cannot share it.
+  bool vmm = false;
 };
+
+// The accessible cuMemMap mapping containing p, as an allocation of the
+// current context (the VMM section below), or nullptr.
+const Alloc* mapped_alloc(std::uintptr_t p);
 
 // Streams the program makes (the streams section below says how work on
 // them is ordered).
@@ -269,8 +276,10 @@ const Alloc* containing(const std::map<std::uintptr_t, Alloc>& m, std::uintptr_t
   return p - it->second.base < it->second.size ? &it->second : nullptr;
 }
 
+bool in_freed_reservation(std::uintptr_t p);  // the VMM section below
+
 void note_dead(std::uintptr_t p) {
-  if (containing(g_dead, p)) ++g_counters.dead_ptr_calls;
+  if (containing(g_dead, p) || in_freed_reservation(p)) ++g_counters.dead_ptr_calls;
 }
 
 void run_pending(Ctx* c) {
@@ -527,6 +536,9 @@ CUresult attribute(void* data, CUpointer_attribute attr, const Alloc& a, std::ui
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MAPPED:
       *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *static_cast<int*>(data) = a.host || a.vmm || a.outlives_context ? 0 : 1;
       return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE;
@@ -1330,6 +1342,7 @@ SI(CUresult, cuMemGetAddressRange_v2, (CUdeviceptr * pbase, size_t* psize, CUdev
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   const Alloc* a = containing(g_live, p);
+  if (!a) a = mapped_alloc(p);
   if (!a || a->host) {
     note_dead(p);
     return CUDA_ERROR_NOT_FOUND;
@@ -1343,6 +1356,7 @@ SI(CUresult, cuPointerGetAttribute, (void* data, CUpointer_attribute attr, CUdev
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   const Alloc* a = containing(g_live, p);
+  if (!a) a = mapped_alloc(p);
   if (!a) {
     note_dead(p);
     return CUDA_ERROR_INVALID_VALUE;
@@ -1356,6 +1370,7 @@ SI(CUresult, cuPointerGetAttributes, (unsigned int n, CUpointer_attribute* attrs
   if (CUresult e = state_error()) return e;
   if (n == 0 || !attrs || !data) return CUDA_ERROR_INVALID_VALUE;
   const Alloc* a = containing(g_live, p);
+  if (!a) a = mapped_alloc(p);
   if (!a) note_dead(p);
   for (unsigned k = 0; k < n; ++k) {
     if (!data[k]) return CUDA_ERROR_INVALID_VALUE;
@@ -1583,6 +1598,7 @@ static CUresult memset_async(CUdeviceptr dst, unsigned char value, size_t n, CUs
   if (st && (st->magic != kStreamMagic || !st->alive || st->ctx != c))
     return CUDA_ERROR_INVALID_HANDLE;
   const Alloc* a = containing(g_live, dst);
+  if (!a) a = mapped_alloc(dst);
   if (!a || dst + n > a->base + a->size) {
     note_dead(dst);
     return CUDA_ERROR_INVALID_VALUE;
@@ -1638,6 +1654,10 @@ struct Mapping {
 std::map<unsigned long long, Physical>& g_physical = *new std::map<unsigned long long, Physical>;
 std::map<std::uintptr_t, Reservation>& g_reserved = *new std::map<std::uintptr_t, Reservation>;
 std::map<std::uintptr_t, Mapping>& g_mapped = *new std::map<std::uintptr_t, Mapping>;
+// Address space given back (cuMemAddressFree): kept, inaccessible, never
+// handed out again, so that a call on a pointer into it is seen as one on
+// dead memory, as for memory freed with its context (g_dead).
+std::map<std::uintptr_t, Reservation>& g_freed_reserved = *new std::map<std::uintptr_t, Reservation>;
 unsigned long long g_next_handle = 0x1000;
 
 template <class T>
@@ -1669,6 +1689,24 @@ void drop_physical_locked(unsigned long long h) {
   give_device(it->second.dev, it->second.size);
   ++g_counters.vmm_freed;
   g_physical.erase(it);
+}
+
+bool in_freed_reservation(std::uintptr_t p) {
+  return vmm_containing(g_freed_reserved, p) != g_freed_reserved.end();
+}
+
+const Alloc* mapped_alloc(std::uintptr_t p) {
+  static Alloc a;  // read under g_mu only
+  auto m = vmm_containing(g_mapped, p);
+  Ctx* c = current();
+  if (m == g_mapped.end() || !m->second.accessible || !c) return nullptr;
+  a = Alloc{};
+  a.base = m->first;
+  a.size = m->second.size;
+  a.ctx = c;
+  a.buffer_id = 0x7000000 + m->second.handle;
+  a.vmm = true;
+  return &a;
 }
 
 bool valid_prop(const CUmemAllocationProp* prop) {
@@ -1754,7 +1792,7 @@ SI(CUresult, cuMemAddressFree, (CUdeviceptr ptr, size_t size)) {
   auto it = g_reserved.find(ptr);
   if (it == g_reserved.end() || it->second.size != size || any_mapping_in(ptr, size))
     return CUDA_ERROR_INVALID_VALUE;
-  munmap(reinterpret_cast<void*>(ptr), size);
+  g_freed_reserved[ptr].size = size;  // still mapped PROT_NONE
   g_reserved.erase(it);
   return CUDA_SUCCESS;
 }

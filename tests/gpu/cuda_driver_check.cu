@@ -337,8 +337,18 @@ void check_beside_pool() {
       if (f) std::fclose(f);
       std::remove(in.c_str());
     }
-    check(answer == "IPC-CHILD ok", "beside.ipc",
-          "a pooled block's IPC handle opened in a second process reads the bytes: " + answer);
+    // GPUPOOL_SEGMENTS=expandable: a block of 1 MiB and up is a piece of
+    // virtual memory, which legacy IPC cannot share: refused, as documented
+    // (docs/memory.md), with the driver's NOT_SUPPORTED.
+    const char* segments = std::getenv("GPUPOOL_SEGMENTS");
+    const char* pre = std::getenv("LD_PRELOAD");
+    if (pre && *pre && segments && !std::strcmp(segments, "expandable"))
+      check(rh == CUDA_ERROR_NOT_SUPPORTED, "beside.ipc",
+            fmt("refused for a piece of an expandable range: rc=%d (NOT_SUPPORTED %d)", int(rh),
+                int(CUDA_ERROR_NOT_SUPPORTED)));
+    else
+      check(answer == "IPC-CHILD ok", "beside.ipc",
+            "a pooled block's IPC handle opened in a second process reads the bytes: " + answer);
     REQUIRE(cuMemFree(p));
   }
 }
@@ -962,8 +972,10 @@ int main(int argc, char** argv) {
     }
   }
   const char* pre = std::getenv("LD_PRELOAD");
-  info("env", fmt("LD_PRELOAD=%s GPUPOOL_REUSE=%s", pre ? pre : "",
-                  std::getenv("GPUPOOL_REUSE") ? std::getenv("GPUPOOL_REUSE") : ""));
+  auto env = [](const char* name) { return std::getenv(name) ? std::getenv(name) : ""; };
+  info("env", fmt("LD_PRELOAD=%s GPUPOOL_REUSE=%s GPUPOOL_SPLIT=%s GPUPOOL_SEGMENTS=%s",
+                  pre ? pre : "", env("GPUPOOL_REUSE"), env("GPUPOOL_SPLIT"),
+                  env("GPUPOOL_SEGMENTS")));
   REQUIRE(cuInit(0));
   REQUIRE(cuDeviceGet(&g_dev, 0));
   char name[128] = {};
