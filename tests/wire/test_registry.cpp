@@ -133,7 +133,8 @@ TEST_F(RegistryFile, AtMostRegistryDevicesPerProcess) {
   for (unsigned i = 0; i < kRegistryDevices + 3; ++i) many.push_back(use(std::uint8_t(i), i, i));
   std::string why;
   ASSERT_EQ(r->publish(many, &why), Registry::Outcome::ok) << why;
-  const ProcessEntry* me = entry_of(r->processes(false), getpid());
+  const auto all = r->processes(false);  // kept: entry_of points into it
+  const ProcessEntry* me = entry_of(all, getpid());
   ASSERT_NE(me, nullptr);
   EXPECT_EQ(me->devices.size(), kRegistryDevices);
 }
