@@ -134,7 +134,10 @@ void set_paths(State& st, bool child) {
     // A forked child has its parent's user and command: nothing to read.
     if (!child) {
       st.prometheus_source.uid = static_cast<long>(getuid());
-      st.prometheus_source.program = wire::comm_of_self();
+      // /proc/self/comm opened in gpupool's own descriptor table: in the
+    // program's it could take a number 0-2 the program just closed
+    // (host.cuda.fds.stdio_race, 1 round in 42,849 under ASan).
+    io::in_private([&] { st.prometheus_source.program = wire::comm_of_self(); });
     }
   }
 }
