@@ -248,18 +248,25 @@ void Pool::wait_for_pending(Arena& a, unsigned shard, std::size_t bin) {
   s.growth_of(bin).credit_ns += static_cast<std::int64_t>(took);
 }
 
-// From the segment cache: a piece of a held segment, else of a new one.
-AllocResult Pool::allocate_piece(Arena& a, unsigned my, std::size_t size, std::uint64_t hint) {
-  SegmentCache& sg = *a.segments();
-  Shard& mine = a.binned().shard(my);
-  const std::size_t want = round_up(size, kPieceGranule);
-  // Before anything changes: a failure here leaves nothing half-done.
+// The block a piece of a segment or of a range is handed out as, made
+// before anything changes (a failure to make it leaves nothing half-done).
+static std::unique_ptr<Block> new_piece(Arena& a, unsigned my, std::size_t size) {
   std::unique_ptr<Block> b(new Block);
   b->requested = size;
   b->arena = &a;
   b->shard = static_cast<std::uint8_t>(my);
   b->split = true;
   b->bin = 0;
+  return b;
+}
+
+// From the segment cache: a piece of a held segment, else of a new one.
+AllocResult Pool::allocate_piece(Arena& a, unsigned my, std::size_t size, std::uint64_t hint) {
+  SegmentCache& sg = *a.segments();
+  Shard& mine = a.binned().shard(my);
+  const std::size_t want = round_up(size, kPieceGranule);
+  // Before anything changes: a failure here leaves nothing half-done.
+  std::unique_ptr<Block> b = new_piece(a, my, size);
 
   SegmentCache::Cut cut;
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -309,12 +316,7 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   RangeCache& rg = *a.ranges();
   Shard& mine = a.binned().shard(my);
   const std::size_t want = round_up(size, kPieceGranule);
-  std::unique_ptr<Block> b(new Block);
-  b->requested = size;
-  b->arena = &a;
-  b->shard = static_cast<std::uint8_t>(my);
-  b->split = true;
-  b->bin = 0;
+  std::unique_ptr<Block> b = new_piece(a, my, size);
 
   RangeCache::Cut cut;
   for (int attempt = 0; attempt < 2; ++attempt) {

@@ -60,35 +60,25 @@ GPUPOOL_EXPORT int gpupool_dump_stats(void) {
   }
 }
 
-GPUPOOL_EXPORT int gpupool_free_held(void) {
+namespace {
+// One of control's actions on this process's runtime: 0 when it was done,
+// -1 when there is no runtime or it failed.
+int act(bool (*action)(gpupool::Runtime&)) {
   const gpupool::HookScope hook_scope;
   try {
     gpupool::Runtime* rt = gpupool::runtime();
-    return rt && gpupool::control::free_held(*rt) ? 0 : -1;
+    return rt && action(*rt) ? 0 : -1;
   } catch (...) {
     return -1;
   }
 }
+}  // namespace
 
-GPUPOOL_EXPORT int gpupool_stop_holding(void) {
-  const gpupool::HookScope hook_scope;
-  try {
-    gpupool::Runtime* rt = gpupool::runtime();
-    return rt && gpupool::control::stop_holding(*rt) ? 0 : -1;
-  } catch (...) {
-    return -1;
-  }
-}
+GPUPOOL_EXPORT int gpupool_free_held(void) { return act(gpupool::control::free_held); }
 
-GPUPOOL_EXPORT int gpupool_reset_peak(void) {
-  const gpupool::HookScope hook_scope;
-  try {
-    gpupool::Runtime* rt = gpupool::runtime();
-    return rt && gpupool::control::reset_peaks(*rt) ? 0 : -1;
-  } catch (...) {
-    return -1;
-  }
-}
+GPUPOOL_EXPORT int gpupool_stop_holding(void) { return act(gpupool::control::stop_holding); }
+
+GPUPOOL_EXPORT int gpupool_reset_peak(void) { return act(gpupool::control::reset_peaks); }
 
 namespace {
 
