@@ -58,7 +58,7 @@ void unregister(void* p) {
 
 // The child has this thread only; its list and lock start anew (no lock is
 // taken around fork: a signal handler may fork from inside a registration).
-void fork_child() {
+void threads_fork_child() {
   Threads& all = threads();
   new (&all.mu) std::mutex;
   detail::HookThread& t = detail::t_hook;
@@ -71,7 +71,7 @@ void register_thread(detail::HookThread& t) {
   Threads& all = threads();
   static const bool once = [] {
     pthread_key_create(&threads().key, unregister);
-    pthread_atfork(nullptr, nullptr, fork_child);
+    pthread_atfork(nullptr, nullptr, threads_fork_child);
     // gpupool's pthread_cancel is the program's only when the library came
     // first in the symbol order (preloaded): otherwise cancellations are
     // unseen, and every hook holds them off.

@@ -170,8 +170,11 @@ std::string diff_text(const Report& base, const Report& now);
 std::string diff_page(const Report& base, const Report& now);
 
 // Shared by both.
+inline std::string num(std::uint64_t v) { return std::to_string(v); }
 using observe::bytes_text;  // one decimal: "1.5 KiB"
 std::string seconds_text(std::uint64_t ns);
+// The first eight pids of a row, "42<separator>43 and 5 more".
+std::string pids_list(const std::vector<std::uint64_t>& pids, const char* separator);
 // What the rows past the kTopSites largest hold together.
 Held rest_of(const Moment& m);
 // "14 allocations, 10 frees over 317 µs; 35% served from held blocks."

@@ -44,8 +44,6 @@ std::string html_escape(const std::string& text) {
   return o;
 }
 
-std::string num(std::uint64_t v) { return std::to_string(v); }
-
 template <class T, class F>
 std::string list(const std::vector<T>& v, F&& f) {
   std::string o = "[";
@@ -151,13 +149,6 @@ std::string site_cell(const SiteName& n) {
          "</pre></details></td>";
 }
 
-std::string pids_text(const std::vector<std::uint64_t>& pids) {
-  std::string o;
-  for (std::size_t k = 0; k < pids.size() && k < 8; ++k) o += (k ? ", " : "") + num(pids[k]);
-  if (pids.size() > 8) o += " and " + num(pids.size() - 8) + " more";
-  return o;
-}
-
 // A view's tables, and the places its plots and flame graphs go (id: the
 // view's suffix for the script).
 std::string view_html(const View& v, const std::string& id, bool several) {
@@ -210,7 +201,7 @@ std::string view_html(const View& v, const std::string& id, bool several) {
              (row.arena.empty() ? ""
                                 : " <span class=\"note\">" + html_escape(row.arena) + "</span>") +
              "</td>";
-      if (several) o += "<td class=\"l\">" + pids_text(row.pids) + "</td>";
+      if (several) o += "<td class=\"l\">" + pids_list(row.pids, ", ") + "</td>";
       o += site_cell(v.names[row.name]) + "</tr>\n";
     }
     o += "</table>\n";

@@ -22,8 +22,6 @@ constexpr std::size_t kStackFrames = 8;    // frames a leak row shows
 constexpr std::size_t kRowIndent = 29;     // a site row's label, and its stack, start here
 constexpr std::size_t kTextProcesses = 8;  // shown each on its own
 
-std::string num(std::uint64_t v) { return std::to_string(v); }
-
 std::string pad_left(const std::string& s, std::size_t w) {
   // Width in characters (µ is two bytes).
   std::size_t chars = 0;
@@ -40,13 +38,6 @@ std::string blocks_text(std::uint64_t n) { return num(n) + (n == 1 ? " block" : 
 std::string signed_bytes(std::int64_t d) {
   if (d == 0) return "0 B";
   return (d > 0 ? "+" : "-") + bytes_text(static_cast<std::uint64_t>(d > 0 ? d : -d));
-}
-
-std::string pids_text(const std::vector<std::uint64_t>& pids) {
-  std::string o = pids.size() == 1 ? "pid " : "pids ";
-  for (std::size_t k = 0; k < pids.size() && k < 8; ++k) o += (k ? "," : "") + num(pids[k]);
-  if (pids.size() > 8) o += " and " + num(pids.size() - 8) + " more";
-  return o;
 }
 
 // Columns padded to their widest cell; right-aligned but the first.
@@ -109,7 +100,7 @@ std::string rows(const View& v, const Moment& m, bool at_end, bool several, bool
          pad_left(blocks_text(row.held.blocks), 11) + "  " + label;
     std::string where;
     if (at_end) where = row.group + (row.arena.empty() ? "" : " " + row.arena);
-    if (several) where += (where.empty() ? "" : ", ") + pids_text(row.pids);
+    if (several) where += (where.empty() ? "" : ", ") + std::string(row.pids.size() == 1 ? "pid " : "pids ") + pids_list(row.pids, ",");
     // Beside the label when there is room, else on a line of its own.
     if (!where.empty() && observe::text_columns(label + where) + 4 <= room)
       o += "  [" + where + "]";
@@ -160,6 +151,13 @@ std::string seconds_text(std::uint64_t ns) {
     std::snprintf(buf, sizeof buf, "%.*f ms", ns < 10'000'000 ? 2 : 1, v / 1e6);
   else std::snprintf(buf, sizeof buf, "%.*f s", ns < 10'000'000'000 ? 2 : 1, v / 1e9);
   return buf;
+}
+
+std::string pids_list(const std::vector<std::uint64_t>& pids, const char* separator) {
+  std::string o;
+  for (std::size_t k = 0; k < pids.size() && k < 8; ++k) o += (k ? separator : "") + num(pids[k]);
+  if (pids.size() > 8) o += " and " + num(pids.size() - 8) + " more";
+  return o;
 }
 
 Held rest_of(const Moment& m) {

@@ -8,7 +8,7 @@
 #   scripts/demo.sh [STEPS] [ELEMENTS]      (default 150 steps of 1M floats)
 #   BUILD_DIR=dir scripts/demo.sh           (build somewhere else than build/)
 #
-# Needs: cmake, a C/C++ compiler, libspdlog-dev, ocl-icd-opencl-dev,
+# Needs: cmake, a C/C++ compiler, libfmt-dev, ocl-icd-opencl-dev,
 # opencl-headers, pocl-opencl-icd (scripts/install-deps.sh; docs/install.md).
 set -eu
 cd "$(dirname "$0")/.."

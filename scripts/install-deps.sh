@@ -12,7 +12,7 @@ sudo_=""
 $sudo_ apt-get update -qq
 $sudo_ apt-get install -y -qq --no-install-recommends \
   build-essential cmake clang libclang-rt-14-dev \
-  libspdlog-dev libfmt-dev googletest libgtest-dev libbenchmark-dev libdw-dev \
+  libfmt-dev googletest libgtest-dev libbenchmark-dev libdw-dev \
   pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
   python3-pyopencl python3-numpy python3-pytest \
   python3-pip python3-venv ninja-build chromium prometheus-node-exporter >/dev/null

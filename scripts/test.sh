@@ -68,8 +68,10 @@ generator() { [ -f "$1/CMakeCache.txt" ] || echo "-GNinja"; }
 # TSan stage used 1.2 of its 2 cores), at the lowest priority, so the tests
 # get the CPU whenever they want it. One build at a time, in this order;
 # its output goes to build-*.log, printed if it fails.
+# Each file compiled alone (GPUPOOL_UNITY_BUILD off): a file that lacks an
+# include the release build's unit gave it fails here.
 sanitizer_build=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
-  -DGPUPOOL_WERROR=ON -DGPUPOOL_BUILD_BENCHMARKS=OFF)
+  -DGPUPOOL_WERROR=ON -DGPUPOOL_BUILD_BENCHMARKS=OFF -DGPUPOOL_UNITY_BUILD=OFF)
 # The ASan build is clang's: besides the sanitizers, clang's thread-safety
 # analysis of the lock annotations (core/thread_safety.hpp: -Wthread-safety,
 # an error here) and the libFuzzer target; clang also compiles it in 40%

@@ -12,7 +12,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 
 PKGS=(
-  libspdlog-dev libfmt-dev            # header-only logging inside the library
+  libfmt-dev                          # the log lines' formatting, compiled into the library
   libgtest-dev libgmock-dev           # the CI tests (GTestTargets.cmake names gmock too)
   libbenchmark-dev libbenchmark1debian  # tests/bench, where built
   ocl-icd-libopencl1 ocl-icd-opencl-dev  # the OpenCL ICD loader (layers) and its .so

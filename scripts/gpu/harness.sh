@@ -81,7 +81,7 @@ interleave() { "$PY" "$ROOT/scripts/interleave.py" "$@"; }
 #
 # Usage: bash scripts/gpu/harness.sh suite   (OUT defaults to ./h100-out; build/
 #        is rebuilt from scratch: H100_BUILD=dir elsewhere, H100_KEEP_BUILD=1 to keep it)
-# Missing pieces (spdlog, GoogleTest, OpenCL headers or loader, PyTorch, CuPy)
+# Missing pieces (fmt, GoogleTest, OpenCL headers or loader, PyTorch, CuPy)
 # are detected and the steps needing them skipped with a message. Debian .debs
 # in .debs/ (scripts/gpu/fetch-packages.sh fetches them) are unpacked into a
 # private prefix and used where the machine lacks a package. Every step runs under `timeout`,
@@ -252,7 +252,7 @@ if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
 fi
 note pyopencl "$(env "${PYX_ENV[@]}" timeout 30 "$PY" -c 'import pyopencl;print(pyopencl.VERSION_TEXT)' 2>&1 | tail -n 1)"
 
-SPDLOG_H=$(first_file /usr/include/spdlog/spdlog.h /usr/local/include/spdlog/spdlog.h "$DEPS/usr/include/spdlog/spdlog.h")
+FMT_H=$(first_file /usr/include/fmt/format.h /usr/local/include/fmt/format.h "$DEPS/usr/include/fmt/format.h")
 CL_H=$(first_file /usr/include/CL/cl.h /usr/local/include/CL/cl.h /usr/local/cuda/include/CL/cl.h "$DEPS/usr/include/CL/cl.h")
 GTEST_CFG=$(first_file /usr/$ARCHLIB/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake \
   /usr/local/lib/cmake/GTest/GTestConfig.cmake /usr/local/$ARCHLIB/cmake/GTest/GTestConfig.cmake \
@@ -272,7 +272,7 @@ CUDA_HOME=${CUDA_HOME:-$( [[ -n $NVCC ]] && dirname "$(dirname "$(readlink -f "$
 CUDA_STUBS=$(first_file "$CUDA_HOME/lib64/stubs" "$CUDA_HOME/targets/x86_64-linux/lib/stubs" \
   /usr/local/cuda/lib64/stubs /usr/local/cuda/targets/x86_64-linux/lib/stubs)
 CUDA_INC=$(dirname "$(first_file "$CUDA_HOME/include/cuda.h" /usr/local/cuda/include/cuda.h /usr/include/cuda.h)" 2>/dev/null)
-note spdlog "${SPDLOG_H:-MISSING (libspdlog-dev + libfmt-dev .debs needed: the library cannot build)}"
+note fmt "${FMT_H:-MISSING (libfmt-dev .deb needed: the library cannot build)}"
 note opencl-headers "${CL_H:-MISSING (opencl-c-headers .deb needed: the library cannot build)}"
 note gtest "${GTEST_CFG:-MISSING (libgtest-dev + libgmock-dev .debs needed: ctest tests not built)}"
 note opencl-loader "${OCL_LOADER:-MISSING (ocl-icd-libopencl1 .deb needed: OpenCL steps skipped)}"
@@ -305,7 +305,7 @@ fi
 [[ -z $GTEST_CFG ]] && CM+=(-DGPUPOOL_BUILD_TESTS=OFF)
 
 configured=0
-if [[ -n $SPDLOG_H && -n $CL_H ]]; then
+if [[ -n $FMT_H && -n $CL_H ]]; then
   attempt=0
   for extra in "" "-DGPUPOOL_BUILD_BENCHMARKS=OFF" "-DGPUPOOL_BUILD_TESTS=OFF -DGPUPOOL_BUILD_BENCHMARKS=OFF"; do
     attempt=$((attempt + 1))
@@ -318,7 +318,7 @@ if [[ -n $SPDLOG_H && -n $CL_H ]]; then
     rm -rf "$BUILD"
   done
 else
-  skip configure build.log "spdlog or OpenCL headers missing: carry the .debs (scripts/gpu/fetch-packages.sh)"
+  skip configure build.log "fmt or OpenCL headers missing: carry the .debs (scripts/gpu/fetch-packages.sh)"
 fi
 
 # The GPU programs do not need the library: compile them while it builds.

@@ -1,5 +1,5 @@
 # Fails if libgpupool.so exports anything but the intercepted API entry
-# points and gpupool_* (no C++ runtime, spdlog or fmt symbol may reach the
+# points and gpupool_* (no C++ runtime or fmt symbol may reach the
 # host program), or links libcuda/libOpenCL.
 execute_process(COMMAND nm -D --defined-only -C ${LIB} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -12,8 +12,8 @@ foreach(line IN LISTS lines)
     continue()
   endif()
   string(REGEX REPLACE "^[0-9a-f]* *[A-Za-z] " "" sym "${line}")
-  if(sym MATCHES "std::|spdlog|fmt::|__cxa|__gxx|operator new|operator delete")
-    message(FATAL_ERROR "C++ runtime/spdlog/fmt symbol exported: ${sym}")
+  if(sym MATCHES "std::|fmt::|__cxa|__gxx|operator new|operator delete")
+    message(FATAL_ERROR "C++ runtime/fmt symbol exported: ${sym}")
   endif()
   if(NOT sym MATCHES "^(cu[A-Z][A-Za-z0-9_]*|cl[A-Z][A-Za-z0-9_]*|dlsym|getenv|secure_getenv|_exit|_Exit|fork|pthread_cancel|gpupool_[a-z0-9_]+)(@.*)?$")
     message(FATAL_ERROR "unexpected exported symbol: '${sym}'")
@@ -24,7 +24,7 @@ if(count EQUAL 0)
   message(FATAL_ERROR "no symbol exported at all: the hooks are missing")
 endif()
 execute_process(COMMAND readelf -d ${LIB} OUTPUT_VARIABLE dyn)
-if(dyn MATCHES "libcuda|libOpenCL|libspdlog|libfmt|libstdc\\+\\+")
+if(dyn MATCHES "libcuda|libOpenCL|libfmt|libstdc\\+\\+")
   string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*" needed "${dyn}")
   message(FATAL_ERROR "libgpupool.so must not link these: ${needed}")
 endif()
