@@ -78,18 +78,6 @@ bool parse_percent(const std::string& s, double* out) {
   return true;
 }
 
-// What is still held at the end of a run: each process's blocks never freed
-// (the "all together" view drops an exited process's blocks, so it is summed
-// from the processes).
-report::Held held_at_end(const report::Report& r) {
-  if (r.processes.empty()) return r.all.end.total;
-  report::Held h;
-  for (const report::View& p : r.processes) {
-    h.blocks += p.end.total.blocks;
-    h.bytes += p.end.total.bytes;
-  }
-  return h;
-}
 
 }  // namespace
 
@@ -172,7 +160,7 @@ int cmd_report(int argc, char** argv) {
   try {
     std::vector<std::unique_ptr<Namer>> namers;
     const report::Report now = report::analyse(traces, &namers);
-    leaked = held_at_end(now);
+    leaked = now.all.end.total;  // together: each process's blocks never freed
     peak_now = now.all.peak.at;
     if (base.empty()) {
       out.put(text ? observe::fit_lines(terminal_text(report::text(now)))

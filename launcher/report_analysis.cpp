@@ -395,10 +395,13 @@ class Analysis {
     if (at == pids->end() || *at != pid) pids->insert(at, pid);
   }
 
-  // Pass 2: the blocks active at the peak and at the end, by site.
+  // Pass 2: the blocks active at the peak and at the end, by site. Together,
+  // the end is each process's own: a process that exited (a forked child)
+  // holds nothing from then on, but what it never freed is among what was
+  // still held at the end, as in its own view.
   void pass_sites() {
     std::vector<std::uint32_t> site_of(slots_, trace::kNoSite), arena_of(slots_, 0);
-    std::vector<std::uint8_t> live(slots_, 0);
+    std::vector<std::uint8_t> live(slots_, 0), at_own_end(slots_, 0);
     std::uint64_t step = 0;
     std::map<std::uint32_t, SiteRow> at_peak;  // by name
     auto take_peak = [&] {
@@ -424,10 +427,11 @@ class Analysis {
       }
       if (step++ == peak_step_ && v_.peak.at.bytes > 0) take_peak();
     }, [&](std::size_t k, std::uint64_t) {
-      // Together, an exited process's blocks are not held at the end.
-      if (several_)
-        std::fill(live.begin() + src_[k].slot_base,
-                  live.begin() + src_[k].slot_base + src_[k].tr->slots, 0);
+      if (!several_) return;
+      for (std::size_t s = src_[k].slot_base; s < src_[k].slot_base + src_[k].tr->slots; ++s) {
+        at_own_end[s] = live[s];
+        live[s] = 0;
+      }
     });
     v_.peak.total = {0, v_.peak.at.bytes};
     for (auto& [name, row] : at_peak) {
@@ -438,7 +442,7 @@ class Analysis {
     std::map<std::pair<std::uint32_t, std::string>, SiteRow> at_end;
     for (std::size_t k = 0; k < src_.size(); ++k)
       for (std::size_t s = src_[k].slot_base; s < src_[k].slot_base + src_[k].tr->slots; ++s) {
-        if (!live[s]) continue;
+        if (!live[s] && !at_own_end[s]) continue;
         const trace::ArenaDecl& a = src_[k].tr->arenas[arena_of[s]];
         const std::uint32_t name = name_of(k, site_of[s]);
         SiteRow& row = at_end[{name, several_ ? a.group : std::to_string(arena_of[s])}];

@@ -215,7 +215,8 @@ std::string view_html(const View& v, const std::string& id, bool several) {
   h += site_table(
       "Allocation sites holding the most at the peak (" + seconds_text(v.peak.at.t_ns) + ")",
       v.peak, "peak");
-  h += site_table("Still held at the end of the trace", v.end, "end");
+  h += site_table(several ? "Still held at each process's end" : "Still held at the end of the trace",
+                  v.end, "end");
   return h;
 }
 

@@ -131,7 +131,9 @@ std::string view_text(const View& v, bool several) {
   o += "At the peak of active memory (" + bytes_text(v.peak.at.bytes) + " at " +
        seconds_text(v.peak.at.t_ns) + "), by allocation site:\n";
   o += v.peak.rows.empty() ? "  nothing\n" : rows(v, v.peak, false, several, false);
-  o += "\nStill held at the end (" + bytes_text(v.end.total.bytes) + " in " +
+  // Together, each process's end: what it never freed.
+  o += std::string(several ? "\nStill held at each process's end (" : "\nStill held at the end (") +
+       bytes_text(v.end.total.bytes) + " in " +
        blocks_text(v.end.total.blocks) + "), by allocation site, largest first:\n";
   o += v.end.rows.empty() ? "  nothing\n" : rows(v, v.end, true, several, true);
   return o;

@@ -1494,10 +1494,11 @@ class Several(InTmpDir):
             self.assertEqual((p["end"]["blocks"], p["end"]["bytes"]), (4, 3 * MIB + 64 * KIB))
         # One after the other. Each trace ends with its process's exit:
         # all together, what the first held at its exit stops counting
-        # there, and nothing is held at the end.
+        # there, and its pool group holds nothing at the end; what each
+        # never freed is still held at its own end.
         self.assertRegex(head_and_tail(trace)[-1], r"^# end \d+$")
         self.assertEqual(data["peak"]["bytes"], 13 * MIB)
-        self.assertEqual((data["end"]["blocks"], data["end"]["bytes"]), (0, 0))
+        self.assertEqual((data["end"]["blocks"], data["end"]["bytes"]), (8, 2 * (3 * MIB + 64 * KIB)))
         self.assertEqual([g["end"] for g in data["groups"]], [{"active": 0, "managed": 0}])
 
     def test_run_replaces_an_earlier_runs_traces(self):
@@ -1605,19 +1606,19 @@ class Several(InTmpDir):
         # On its own, rank 0 still held its block at its exit.
         p0 = d["processes"][0]
         self.assertEqual((p0["end"]["bytes"], p0["duration_ns"]), (MIB, 750_000))
-        # Together: only rank 1's block at the end.
+        # Together: what each never freed, rank 0's at its exit among it.
         self.assertEqual((d["peak"]["bytes"], d["peak"]["t_ns"]), (6 * MIB, 300_000))
         self.assertEqual([(x["label"], x["bytes"], x["pids"]) for x in d["end"]["sites"]],
-                         [("py load (/src/train.py:20)", 512 * KIB, [11])])
-        self.assertEqual(d["end"]["bytes"], 512 * KIB)
-        # Its pool group's memory (the 4 MiB it held for reuse too) went
-        # with it.
+                         [("py load (/src/train.py:20)", MIB + 512 * KIB, [10, 11])])
+        self.assertEqual(d["end"]["bytes"], MIB + 512 * KIB)
+        # But its memory, the block and the 4 MiB it held for reuse, went
+        # with it: its pool group holds rank 1's alone at the end.
         (g,) = d["groups"]
         self.assertEqual(g["end"], {"active": 512 * KIB, "managed": 2 * MIB + 512 * KIB})
         r = gp("report", "--text", a)
         self.assertEqual(r.returncode, OK, r.stderr)
-        self.assertIn("Still held at the end (512.0 KiB in 1 block)", r.stdout)
-        self.assertRegex(r.stdout, r"512\.0 KiB +1 block  py load \(/src/train.py:20\)  \[cuda:0, pid 11\]")
+        self.assertIn("Still held at each process's end (1.5 MiB in 2 blocks)", r.stdout)
+        self.assertRegex(r.stdout, r"1\.5 MiB +2 blocks  py load \(/src/train.py:20\)  \[cuda:0, pids 10,11\]")
 
 
 class Flame(InTmpDir):
@@ -1852,8 +1853,10 @@ is not a leak.
         self.assertIn("Still held at the end (0 B in 0 blocks)", r.stdout)
 
     def test_fail_on_leak_several_processes(self):
-        """With several processes, what each one never freed counts, though
-        "all together" drops an exited process's blocks."""
+        """With several processes, what each one never freed counts, also
+        where that process ended long before the others (a forked child):
+        all together, its blocks are not held after its end, but they are
+        among what was still held at the end, as in its own view."""
         keeps = ["arena 0 cuda cuda:0 dev 0", "a 10 1 0 a0 1000 1024 m", "a 20 1 0 b0 2000 2048 m",
                  "f 30 1 0 a0 1000 1024"]
         frees = ["arena 0 cuda cuda:0 dev 0", "a 10 1 0 a0 500 512 m", "f 20 1 0 a0 500 512"]
@@ -1867,6 +1870,12 @@ is not a leak.
         self.assertEqual((r.returncode, r.stderr.splitlines()[1:]), (LEAKED, [
             "gpupool: report: 2.0 KiB in 1 block still held at the end, never freed "
             "(--fail-on-leak)"]))
+        together = r.stdout.split("== All processes")[1].split("\n== ")[0]
+        self.assertIn("Still held at each process's end (2.0 KiB in 1 block)", together)
+        self.assertRegex(together, r"2\.0 KiB +1 block .*pid 11\]")
+        data = json.loads(gp("report", "--json", d).stdout)
+        self.assertEqual((data["end"]["bytes"], [x["pids"] for x in data["end"]["sites"]]),
+                         (2000, [[11]]))
         os.remove(os.path.join(d, "t.11.trace"))
         r = gp("report", "--text", d, "--fail-on-leak")
         self.assertEqual(r.returncode, OK, r.stderr)
