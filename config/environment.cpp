@@ -19,8 +19,10 @@ std::string clean(std::string_view v) {
   std::string r;
   for (std::size_t i = 0; i < v.size() && i < kMax; ++i) {
     const unsigned char c = static_cast<unsigned char>(v[i]);
-    if (c == '"' || c == '\\') { r += '\\'; r += static_cast<char>(c); }
-    else if (c < 0x20 || c == 0x7f) {
+    if (c == '"' || c == '\\') {
+      r += '\\';
+      r += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
       static const char hex[] = "0123456789abcdef";
       r += "\\x";
       r += hex[c >> 4];
@@ -47,8 +49,8 @@ std::size_t distance(std::string_view a, std::string_view b) {
   for (std::size_t i = 1; i <= n; ++i)
     for (std::size_t j = 1; j <= m; ++j) {
       const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      std::size_t v = std::min({d[(i - 1) * w + j] + 1, d[i * w + j - 1] + 1,
-                                d[(i - 1) * w + j - 1] + cost});
+      std::size_t v =
+          std::min({d[(i - 1) * w + j] + 1, d[i * w + j - 1] + 1, d[(i - 1) * w + j - 1] + cost});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
         v = std::min(v, d[(i - 2) * w + j - 2] + 1);
       d[i * w + j] = v;
@@ -67,7 +69,10 @@ std::string closest(std::string_view name) {
   std::size_t best_d = SIZE_MAX;
   for (const Option& o : table()) {
     const std::size_t d = distance(u, o.info.name);
-    if (d < best_d) { best_d = d; best = o.info.name; }
+    if (d < best_d) {
+      best_d = d;
+      best = o.info.name;
+    }
   }
   const std::size_t suffix = u.size() > kPrefix.size() ? u.size() - kPrefix.size() : 0;
   if (best_d <= std::max<std::size_t>(2, suffix / 3)) return best;
@@ -96,7 +101,10 @@ void diag(std::vector<Diagnostic>* out, std::string variable, std::string messag
 void resolve_signal_clashes(Config& c, const bool explicit_set[kActions],
                             std::vector<Diagnostic>* diags) {
   const Config& d = defaults();
-  struct Taken { int signo; const char* by; };
+  struct Taken {
+    int signo;
+    const char* by;
+  };
   std::vector<Taken> taken;
   auto owner = [&](int s) -> const char* {
     for (const Taken& t : taken)
@@ -111,7 +119,10 @@ void resolve_signal_clashes(Config& c, const bool explicit_set[kActions],
       const int def = d.*(kActionInfo[i].signal);
       if (v == 0) continue;
       const char* by = owner(v);
-      if (!by) { taken.push_back({v, name}); continue; }
+      if (!by) {
+        taken.push_back({v, name});
+        continue;
+      }
       const int was = v;
       if (explicit_set[i] && def != 0 && !owner(def)) {
         v = def;
@@ -122,8 +133,7 @@ void resolve_signal_clashes(Config& c, const bool explicit_set[kActions],
       diag(diags, name,
            std::string(name) + (explicit_set[i] ? "=" : "'s default ") + quote(signal_name(was)) +
                " is the signal of " + by + " already; using " +
-               (v ? "the default (" + signal_name(v) + ")" : std::string("none")) + " for " +
-               name);
+               (v ? "the default (" + signal_name(v) + ")" : std::string("none")) + " for " + name);
     }
   }
 }
@@ -143,7 +153,10 @@ Config parse(const char* const* envp, std::vector<Diagnostic>* diagnostics) {
     const std::string_view name = entry.substr(0, eq), value = entry.substr(eq + 1);
     std::size_t index = t.size();
     for (std::size_t i = 0; i < t.size(); ++i)
-      if (name == t[i].info.name) { index = i; break; }
+      if (name == t[i].info.name) {
+        index = i;
+        break;
+      }
     if (index == t.size()) {
       const std::string near = closest(name);
       diag(diagnostics, std::string(name),
@@ -160,8 +173,8 @@ Config parse(const char* const* envp, std::vector<Diagnostic>* diagnostics) {
     if (!o.apply(c, value, &reason)) {
       const std::string def = *o.info.default_value ? o.info.default_value : "unset";
       diag(diagnostics, o.info.name,
-           std::string(o.info.name) + "=" + quote(value) + " " + reason + " (accepted: " +
-               o.accepted + "); using the default (" + def + ")");
+           std::string(o.info.name) + "=" + quote(value) + " " + reason +
+               " (accepted: " + o.accepted + "); using the default (" + def + ")");
       continue;
     }
     for (unsigned a = 0; a < kActions; ++a)

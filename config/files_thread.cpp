@@ -36,16 +36,16 @@ struct Job {
 struct Files {
   Ranked<LockRank::files_queue> mu;
   std::condition_variable_any cv;  // a job queued or done, the gate opened, a start
-  Job* head = nullptr;  // the queue, oldest first
+  Job* head = nullptr;             // the queue, oldest first
   Job* tail = nullptr;
-  pid_t pid = 0;         // the process whose files thread runs (0: none yet)
+  pid_t pid = 0;  // the process whose files thread runs (0: none yet)
   bool starting = false;
   bool inline_only = false;  // no private table here: work runs where asked
   // fork() is waiting: no new work starts. Closed and opened under mu,
   // except by a fork's prepare that gave up (private_fork_prepare).
   std::atomic<bool> gate{false};
-  int busy = 0;              // private threads inside a job or PrivateWork
-  int unshare_errno = 0;     // why inline_only
+  int busy = 0;           // private threads inside a job or PrivateWork
+  int unshare_errno = 0;  // why inline_only
 };
 
 using FilesLock = UniqueLock<Ranked<LockRank::files_queue>>;
@@ -56,10 +56,8 @@ using FilesLock = UniqueLock<Ranked<LockRank::files_queue>>;
 template <class Pred>
 void wait_gated(Files& f, FilesLock& lk, Pred ready) {
   while (!ready()) {
-    if (f.gate.load(std::memory_order_relaxed))
-      f.cv.wait_for(lk, std::chrono::milliseconds(10));
-    else
-      f.cv.wait(lk);
+    if (f.gate.load(std::memory_order_relaxed)) f.cv.wait_for(lk, std::chrono::milliseconds(10));
+    else f.cv.wait(lk);
   }
 }
 

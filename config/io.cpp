@@ -96,7 +96,8 @@ bool pump(int fd, const char* p, std::size_t n, bool socket, std::uint64_t deadl
     const std::uint64_t now = mono_ns();
     if (now >= deadline) return false;
     pollfd pfd{fd, POLLOUT, 0};
-    const int ms = static_cast<int>(std::min<std::uint64_t>((deadline - now) / 1'000'000 + 1, 60'000));
+    const int ms =
+        static_cast<int>(std::min<std::uint64_t>((deadline - now) / 1'000'000 + 1, 60'000));
     if (::poll(&pfd, 1, ms) < 0 && errno != EINTR) return false;
   }
   return true;
@@ -110,7 +111,9 @@ bool pump_blocking(int fd, const char* p, std::size_t n, std::uint64_t deadline,
     const std::uint64_t now = mono_ns();
     pollfd pfd{fd, POLLOUT, 0};
     const int ms =
-        now >= deadline ? 0 : static_cast<int>(std::min<std::uint64_t>((deadline - now) / 1'000'000 + 1, 60'000));
+        now >= deadline
+            ? 0
+            : static_cast<int>(std::min<std::uint64_t>((deadline - now) / 1'000'000 + 1, 60'000));
     const int r = ::poll(&pfd, 1, ms);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0 || (pfd.revents & (POLLERR | POLLNVAL))) return false;
@@ -129,9 +132,7 @@ bool pump_blocking(int fd, const char* p, std::size_t n, std::uint64_t deadline,
 // open() or close() of 2 against gpupool's look at its current stderr; that
 // is the case gpupool is written for (the number is checked, not trusted),
 // and tests/tsan.supp suppresses this function, not its callers.
-[[gnu::noinline]] bool stat_of_write_target(int fd, struct stat* st) {
-  return fstat(fd, st) == 0;
-}
+[[gnu::noinline]] bool stat_of_write_target(int fd, struct stat* st) { return fstat(fd, st) == 0; }
 
 }  // namespace
 
@@ -191,13 +192,13 @@ OwnedFd open_parent(const std::string& path, std::string* name, std::string* why
       // What to do instead: the same file named without the link (resolved
       // here only for the message, nothing is opened through it).
       char real[PATH_MAX];
-      *why = "refusing " + path + ": its directory is reached through a symbolic link "
+      *why = "refusing " + path +
+             ": its directory is reached through a symbolic link "
              "(gpupool never follows one in the path of its files)";
       if (realpath(dir.c_str(), real))
         *why += "; name it without the link: " + std::string(real) +
                 (std::string(real) == "/" ? "" : "/") + *name;
-    } else
-      *why = "cannot open " + path + ": " + strerror(e);
+    } else *why = "cannot open " + path + ": " + strerror(e);
   }
   return owned;
 }
@@ -280,13 +281,11 @@ OwnedFd open_output(const std::string& path, bool append, std::string* why) {
     const int e = errno;
     if (e == ELOOP)
       *why = "refusing " + path + ": it is a symbolic link (gpupool's files are never followed)";
-    else if (e == ENXIO)
-      *why = "refusing " + path + ": not a regular file";
-    else
-      *why = "cannot open " + path + ": " + strerror(e);
+    else if (e == ENXIO) *why = "refusing " + path + ": not a regular file";
+    else *why = "cannot open " + path + ": " + strerror(e);
     return {};
   }
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd.get(), &st) != 0) {
     *why = "cannot stat " + path + ": " + strerror(errno);
     return {};
@@ -329,7 +328,8 @@ bool write_bounded(int fd, const void* data, std::size_t n, std::uint64_t timeou
     // Without a private table it runs here all the same: moved above 2 at
     // once (a program that closed 0 gets 0 back from its next open).
     char proc[64];
-    snprintf(proc, sizeof proc, "/proc/self/task/%ld/fd/%d", static_cast<long>(syscall(SYS_gettid)), fd);
+    snprintf(proc, sizeof proc, "/proc/self/task/%ld/fd/%d", static_cast<long>(syscall(SYS_gettid)),
+             fd);
     int state = 0;  // 1: written (ok says how), 2: no reader, 0: not reopened
     in_private([&] {
       const int own = above_stdio(::open(proc, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
@@ -383,7 +383,7 @@ bool replace_file(const std::string& path, const std::string& data, std::string*
   if (!dir.valid()) return false;
   const int d = dir.get();
   for (int attempt = 0; attempt < 2; ++attempt) {
-    struct stat st{};
+    struct stat st {};
     bool exists = true;
     if (fstatat(d, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno != ENOENT) {
@@ -406,10 +406,12 @@ bool replace_file(const std::string& path, const std::string& data, std::string*
       char suffix[16];
       timespec ts;
       clock_gettime(CLOCK_MONOTONIC, &ts);
-      snprintf(suffix, sizeof suffix, ".%06lx", static_cast<unsigned long>(
-                                                    (ts.tv_nsec ^ (getpid() << 8) ^ tries * 7919) & 0xffffff));
+      snprintf(
+          suffix, sizeof suffix, ".%06lx",
+          static_cast<unsigned long>((ts.tv_nsec ^ (getpid() << 8) ^ tries * 7919) & 0xffffff));
       tmp = name + suffix;
-      fd = OwnedFd::adopt(::openat(d, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+      fd = OwnedFd::adopt(
+          ::openat(d, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
       if (!fd.valid() && errno != EEXIST) break;
     }
     if (!fd.valid()) {
@@ -435,7 +437,8 @@ bool replace_file(const std::string& path, const std::string& data, std::string*
     } else if (ok) {
       // Nothing was there: never replace what appeared meanwhile.
       int r = renameat2(d, tmp.c_str(), d, name.c_str(), RENAME_NOREPLACE);
-      if (r != 0 && (errno == EINVAL || errno == ENOSYS)) r = ::linkat(d, tmp.c_str(), d, name.c_str(), 0);
+      if (r != 0 && (errno == EINVAL || errno == ENOSYS))
+        r = ::linkat(d, tmp.c_str(), d, name.c_str(), 0);
       if (r != 0) {
         const int e = errno;
         ::unlinkat(d, tmp.c_str(), 0);

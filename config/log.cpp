@@ -29,12 +29,18 @@ constexpr std::uint64_t kLineTimeoutNs = io::kWriteTimeoutNs / 10;
 
 const char* level_name(config::LogLevel l) {
   switch (l) {
-    case config::LogLevel::trace: return "trace";
-    case config::LogLevel::debug: return "debug";
-    case config::LogLevel::info: return "info";
-    case config::LogLevel::warn: return "warning";
-    case config::LogLevel::error: return "error";
-    case config::LogLevel::off: break;
+    case config::LogLevel::trace:
+      return "trace";
+    case config::LogLevel::debug:
+      return "debug";
+    case config::LogLevel::info:
+      return "info";
+    case config::LogLevel::warn:
+      return "warning";
+    case config::LogLevel::error:
+      return "error";
+    case config::LogLevel::off:
+      break;
   }
   return "off";
 }
@@ -85,8 +91,8 @@ void Logger::write(const char* line, std::size_t size) {
     });
     if (!reopened && !warned_) {
       warned_ = true;
-      const std::string note = "gpupool[" + std::to_string(getpid()) + "]: warning: " + why +
-                               "; logging to stderr\n";
+      const std::string note =
+          "gpupool[" + std::to_string(getpid()) + "]: warning: " + why + "; logging to stderr\n";
       io::write_stderr(note.data(), note.size(), kLineTimeoutNs);
     }
     if (written) return;
@@ -109,8 +115,9 @@ bool Logger::reopen(std::string* why) {
 
 std::unique_ptr<Logger> make_logger(const config::Config& config, std::string* problem) {
   // No file is opened for a logger that logs nothing.
-  auto logger = std::make_unique<Logger>(
-      config.log_level, config.log_level == config::LogLevel::off ? std::string() : config.log_file);
+  auto logger = std::make_unique<Logger>(config.log_level, config.log_level == config::LogLevel::off
+                                                               ? std::string()
+                                                               : config.log_file);
   std::string why;
   if (!logger->open(&why) && problem) *problem = why + "; logging to stderr";
   return logger;

@@ -5,10 +5,10 @@
 
 #include <cxxabi.h>
 
+#include <sys/types.h>
+#include <iterator>
 #include <memory>
 #include <string>
-#include <iterator>
-#include <sys/types.h>
 
 #include <fmt/format.h>
 
@@ -27,15 +27,25 @@ class Logger {
   Logger(Level level, std::string file);
 
   template <class... A>
-  void trace(fmt::format_string<A...> f, A&&... a) { log(Level::trace, f, std::forward<A>(a)...); }
+  void trace(fmt::format_string<A...> f, A&&... a) {
+    log(Level::trace, f, std::forward<A>(a)...);
+  }
   template <class... A>
-  void debug(fmt::format_string<A...> f, A&&... a) { log(Level::debug, f, std::forward<A>(a)...); }
+  void debug(fmt::format_string<A...> f, A&&... a) {
+    log(Level::debug, f, std::forward<A>(a)...);
+  }
   template <class... A>
-  void info(fmt::format_string<A...> f, A&&... a) { log(Level::info, f, std::forward<A>(a)...); }
+  void info(fmt::format_string<A...> f, A&&... a) {
+    log(Level::info, f, std::forward<A>(a)...);
+  }
   template <class... A>
-  void warn(fmt::format_string<A...> f, A&&... a) { log(Level::warn, f, std::forward<A>(a)...); }
+  void warn(fmt::format_string<A...> f, A&&... a) {
+    log(Level::warn, f, std::forward<A>(a)...);
+  }
   template <class... A>
-  void error(fmt::format_string<A...> f, A&&... a) { log(Level::error, f, std::forward<A>(a)...); }
+  void error(fmt::format_string<A...> f, A&&... a) {
+    log(Level::error, f, std::forward<A>(a)...);
+  }
 
   template <class... A>
   void log(Level level, fmt::format_string<A...> f, A&&... a) {

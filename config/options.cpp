@@ -16,8 +16,8 @@ bool apply_kind(F field, Config& c, std::string_view text, std::string* reason) 
   return true;
 }
 
-#define GPUPOOL_OPTION(name, field, member_type, kind, def, doc)                            \
-  static_assert(std::is_same_v<member_type, values::kind::T>,                              \
+#define GPUPOOL_OPTION(name, field, member_type, kind, def, doc) \
+  static_assert(std::is_same_v<member_type, values::kind::T>,    \
                 "options.def: " #name "'s type is not its kind's (" #kind ")");
 #include "config/options.def"
 
@@ -25,11 +25,11 @@ bool apply_kind(F field, Config& c, std::string_view text, std::string* reason) 
 
 const std::vector<Option>& table() {
   static const std::vector<Option> t = {
-#define GPUPOOL_OPTION(name, field, member_type, kind, def, doc)                            \
-  Option{OptionInfo{#name, values::kind::type, def, doc}, values::kind::accepted,           \
-         [](Config& c, std::string_view v, std::string* r) {                                \
-           return apply_kind<values::kind>(&Config::field, c, v, r);                        \
-         },                                                                                 \
+#define GPUPOOL_OPTION(name, field, member_type, kind, def, doc)                  \
+  Option{OptionInfo{#name, values::kind::type, def, doc}, values::kind::accepted, \
+         [](Config& c, std::string_view v, std::string* r) {                      \
+           return apply_kind<values::kind>(&Config::field, c, v, r);              \
+         },                                                                       \
          [](const Config& c) { return values::kind::show(c.field); }},
 #include "config/options.def"
   };

@@ -3,8 +3,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdio.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -254,7 +254,7 @@ Hold HeldFile::replace(const std::string& path, const std::string& data, std::st
   if (!dir.valid()) return Hold::failed;
   const int d = dir.get();
   for (int attempt = 0; attempt < 4; ++attempt) {
-    struct stat st{};
+    struct stat st {};
     const FileId there = id_at(d, name, &st);
     if (!there.valid() && errno != ENOENT) {
       *why = "cannot check " + path + ": " + strerror(errno);
@@ -309,7 +309,7 @@ void HeldFile::remove(const std::string& path) {
   if (!held_.valid()) return;
   std::string name, why;
   const OwnedFd dir = open_parent(path, &name, &why);
-  struct stat st{};
+  struct stat st {};
   if (dir.valid() && held_.ours() && id_at(dir.get(), name, &st) == held_.id())
     ::unlinkat(dir.get(), name.c_str(), 0);
   held_.close();
@@ -348,7 +348,7 @@ void each_output(const std::string& value, const std::string& keep, const std::s
     if (writer < 0 ? !is_output_name(value_name, entry) : !stale_temporary(writer)) continue;
     OwnedFd f = OwnedFd::adopt(
         ::openat(d, entry.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
-    struct stat st{};
+    struct stat st {};
     if (!f.valid() || fstat(f.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
       continue;
     // Only what gpupool wrote: a name alone may be the user's own file. (A
@@ -372,7 +372,7 @@ std::vector<std::string> remove_unheld_outputs(const std::string& value, const s
                 // Held: a live process's. Where locks are not supported
                 // nothing is known.
                 if (flock(f.get(), LOCK_EX | LOCK_NB) != 0) return;
-                struct stat st{};
+                struct stat st {};
                 if (id_at(d, entry, &st) == f.id() && ::unlinkat(d, entry.c_str(), 0) == 0)
                   removed.push_back(entry);
               });

@@ -27,13 +27,13 @@ bool take_u64(std::string_view s, std::uint64_t* out, std::size_t* used);
 //   parse(text, out, reason)  true and *out set, or false and *reason set to
 //             a phrase that follows the quoted value ("is not a size")
 //   show(v)   v as text its variable accepts (`gpupool env`)
-#define GPUPOOL_KIND(Kind, Type, type_text, accepted_text)                  \
-  struct Kind {                                                             \
-    using T = Type;                                                         \
-    static constexpr const char* type = type_text;                          \
-    static constexpr const char* accepted = accepted_text;                  \
-    static bool parse(std::string_view text, T* out, std::string* reason);  \
-    static std::string show(const T& v);                                    \
+#define GPUPOOL_KIND(Kind, Type, type_text, accepted_text)                 \
+  struct Kind {                                                            \
+    using T = Type;                                                        \
+    static constexpr const char* type = type_text;                         \
+    static constexpr const char* accepted = accepted_text;                 \
+    static bool parse(std::string_view text, T* out, std::string* reason); \
+    static std::string show(const T& v);                                   \
   };
 
 GPUPOOL_KIND(Bool, bool, "bool", "1/0, true/false, yes/no, on/off")

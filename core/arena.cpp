@@ -19,9 +19,9 @@ Arena::Arena(std::unique_ptr<Backend> backend, ArenaOptions options, Group* grou
     // Address space is cheap: twice what the device offers (a 64-bit
     // space holds it), so the pieces' holes seldom stop a growth.
     const std::size_t reserve = 2 * std::min(options_.max_block, std::size_t{1} << 40);
-    ranges_ = std::make_unique<RangeCache>(*backend_, group->cap, granule, reserve,
-                                           options_.split_min, options_.pending_growth, retired_,
-                                           clock);
+    ranges_ =
+        std::make_unique<RangeCache>(*backend_, group->cap, granule, reserve, options_.split_min,
+                                     options_.pending_growth, retired_, clock);
   } else if (options_.split_min) {
     segments_ = std::make_unique<SegmentCache>(*backend_, group->cap, options_.split_min, clock);
   }

@@ -119,7 +119,8 @@ std::vector<ArenaSnapshot> ArenaList::retired_rows() const {
   LockGuard lock(mu_);
   for (const Retired& r : retired_) {
     ArenaSnapshot snap;
-    snap.name = r.kind + ": " + std::to_string(r.arenas) + " destroyed arena" + (r.arenas == 1 ? "" : "s");
+    snap.name =
+        r.kind + ": " + std::to_string(r.arenas) + " destroyed arena" + (r.arenas == 1 ? "" : "s");
     snap.group = "retired";
     snap.kind = r.kind;
     snap.device = r.device;

@@ -109,8 +109,7 @@ class Backend {
                      std::uint64_t /*fence*/) {}
   // The range given back, nothing mapped in it any more; or, with `drop`,
   // only forgotten (the driver freed it with its context).
-  virtual void unreserve(Handle /*base*/, std::size_t /*bytes*/, void* /*range*/,
-                         bool /*drop*/) {}
+  virtual void unreserve(Handle /*base*/, std::size_t /*bytes*/, void* /*range*/, bool /*drop*/) {}
 };
 
 }  // namespace gpupool

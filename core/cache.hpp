@@ -15,7 +15,7 @@
 
 namespace gpupool {
 struct Block;
-}  // namespace gpupool::core_detail
+}  // namespace gpupool
 
 // core/'s own types are in core_detail, out of the way of interpose/'s.
 namespace gpupool::core_detail {
@@ -26,8 +26,8 @@ class Cache;
 // Arena::let_go): a held block, or a segment none of whose pieces is in use.
 struct Held {
   Handle handle = 0;
-  std::size_t size = 0;  // 0: nothing was taken
-  void* data = nullptr;  // the backend's record (BackendResult::data)
+  std::size_t size = 0;    // 0: nothing was taken
+  void* data = nullptr;    // the backend's record (BackendResult::data)
   Block* block = nullptr;  // a held block, deleted once its memory is let go
   // Memory the backend kept outside the pool (HeldOutside), already given
   // back when taken: counted, nothing more.
@@ -73,8 +73,7 @@ struct HeldCap {
   bool too_large(std::size_t bytes) const { return capped() && bytes > max_held; }
   // `bytes` start being held: true when that puts the group over its cap.
   bool hold(std::size_t bytes) {
-    return capped() &&
-           held_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes > max_held;
+    return capped() && held_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes > max_held;
   }
   void unhold(std::size_t bytes) {
     if (capped()) held_bytes.fetch_sub(bytes, std::memory_order_relaxed);

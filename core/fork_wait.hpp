@@ -58,8 +58,8 @@ void journal(Undo undo, void* arg) noexcept;
 // A lock the prepare holds, let go if it gives up.
 template <class L>
 void journal_lock(L& lock) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  journal(+[](void* l) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { static_cast<L*>(l)->unlock(); },
-          &lock);
+  journal(
+      +[](void* l) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { static_cast<L*>(l)->unlock(); }, &lock);
 }
 
 // Takes a Ranked lock (core/lock_rank.hpp) for a prepare: false when the

@@ -24,7 +24,8 @@ thread_local Held t_held;
 
 [[noreturn]] void fail(const char* what, LockRank taken, int held) {
   if (held >= 0)
-    std::fprintf(stderr, "gpupool: lock order violated: %s '%s' (rank %u) while holding '%s' (rank %d)\n",
+    std::fprintf(stderr,
+                 "gpupool: lock order violated: %s '%s' (rank %u) while holding '%s' (rank %d)\n",
                  what, name(taken), static_cast<unsigned>(taken), kNames[held], held);
   else
     std::fprintf(stderr, "gpupool: lock rank: %s '%s' (rank %u), which this thread does not hold\n",

@@ -30,84 +30,84 @@
 // Part: pool, then trace, then control, whose order runtime.hpp checks
 // against this table). config/'s logger and files thread come last of all:
 // any code may log or hand the files thread work, whatever it holds.
-#define GPUPOOL_LOCK_RANK_TABLE(X)                                                         \
+#define GPUPOOL_LOCK_RANK_TABLE(X)                                                        \
   /* control: the control thread's round (internal.hpp); everything the */                \
   /* thread does, the locks below included, runs under it. */                             \
-  X(control_round, "control round")                                                        \
+  X(control_round, "control round")                                                       \
   /* control: dumps and pool actions, serialized (C API, socket, thread, exit). */        \
-  X(control_work, "control work")                                                          \
+  X(control_work, "control work")                                                         \
   /* OpenCL: the ICD layer's start (layer.cpp), around the configuration's load. */       \
-  X(opencl_layer, "opencl layer start")                                                    \
+  X(opencl_layer, "opencl layer start")                                                   \
   /* CUDA: end_solo's lock (contexts.cpp), held while every context syncs. */             \
-  X(cuda_solo, "cuda solo rule")                                                           \
+  X(cuda_solo, "cuda solo rule")                                                          \
   /* CUDA: a context's teardown lock (contexts.hpp), shared around backend */             \
   /* calls on its memory, exclusive while it is torn down (the pool's */                  \
   /* retire_arena and the pointer maps' erase_context run under it). */                   \
-  X(cuda_teardown, "cuda context teardown")                                                \
+  X(cuda_teardown, "cuda context teardown")                                               \
   /* CUDA: the context registry (contexts.cpp), around add_arena and node::add_device. */ \
-  X(cuda_contexts, "cuda contexts")                                                        \
+  X(cuda_contexts, "cuda contexts")                                                       \
   /* CUDA: the managed memory pools (async.cpp), around add_arena. */                     \
-  X(cuda_async_pools, "cuda memory pools")                                                 \
+  X(cuda_async_pools, "cuda memory pools")                                                \
   /* CUDA: stream captures (async.cpp): exclusive around a capture's start */             \
   /* and end, shared around a trim of a memory pool (the driver's call). */               \
-  X(cuda_capture, "cuda stream capture")                                                   \
+  X(cuda_capture, "cuda stream capture")                                                  \
   /* CUDA: a shard of the traced stream-ordered allocations (async.cpp), */               \
-  /* around the pool's observer calls for them. */                                         \
-  X(cuda_async_blocks, "cuda stream-ordered allocations")                                  \
+  /* around the pool's observer calls for them. */                                        \
+  X(cuda_async_blocks, "cuda stream-ordered allocations")                                 \
   /* CUDA: a context's fence synchronization state (sync_mu; not held while syncing). */  \
-  X(cuda_sync, "cuda context sync")                                                        \
+  X(cuda_sync, "cuda context sync")                                                       \
   /* CUDA: a context's learnt row pitches (held around one driver call). */               \
-  X(cuda_pitch, "cuda pitches")                                                            \
+  X(cuda_pitch, "cuda pitches")                                                           \
   /* CUDA: the virtual memory units (vmm.cpp), around the driver calls that */            \
   /* bring a unit the program takes over to the state it believes. */                     \
-  X(cuda_vmm, "cuda virtual memory units")                                                 \
+  X(cuda_vmm, "cuda virtual memory units")                                                \
   /* CUDA: a pointer map's ordered view (pointers.hpp), then... */                        \
-  X(cuda_ranges, "cuda pointer ranges")                                                    \
-  /* ...one of its shards (the hit path's lookups). */                                     \
-  X(cuda_pointers, "cuda pointer shard")                                                   \
-  /* OpenCL: the context map (contexts.cpp). */                                            \
-  X(opencl_contexts, "opencl context map")                                                 \
+  X(cuda_ranges, "cuda pointer ranges")                                                   \
+  /* ...one of its shards (the hit path's lookups). */                                    \
+  X(cuda_pointers, "cuda pointer shard")                                                  \
+  /* OpenCL: the context map (contexts.cpp). */                                           \
+  X(opencl_contexts, "opencl context map")                                                \
   /* OpenCL: every context record (fork() renews them). */                                \
-  X(opencl_records, "opencl context records")                                              \
+  X(opencl_records, "opencl context records")                                             \
   /* OpenCL: one context (contexts.hpp), around add_arena and release_held. */            \
-  X(opencl_context, "opencl context")                                                      \
+  X(opencl_context, "opencl context")                                                     \
   /* OpenCL: a shard of the buffer, SVM block and queue maps (the hit path), */           \
   /* and the buffers' destructor callbacks; each held for one lookup. */                  \
-  X(opencl_buffers, "opencl buffer shard")                                                 \
-  X(opencl_svm, "opencl svm shard")                                                        \
-  X(opencl_callbacks, "opencl buffer callbacks")                                           \
-  X(opencl_queues, "opencl queue shard")                                                   \
+  X(opencl_buffers, "opencl buffer shard")                                                \
+  X(opencl_svm, "opencl svm shard")                                                       \
+  X(opencl_callbacks, "opencl buffer callbacks")                                          \
+  X(opencl_queues, "opencl queue shard")                                                  \
   /* node: the devices and the registry (node.cpp); nothing is called under it. */        \
-  X(node_devices, "node devices")                                                          \
-  /* node: the NVML session (nvml.cpp), around NVML's calls. */                            \
-  X(node_nvml, "node nvml session")                                                        \
+  X(node_devices, "node devices")                                                         \
+  /* node: the NVML session (nvml.cpp), around NVML's calls. */                           \
+  X(node_nvml, "node nvml session")                                                       \
   /* core: ArenaList::mu_: the arena and group lists, the retired totals. */              \
-  X(pool_arenas, "pool arenas")                                                            \
+  X(pool_arenas, "pool arenas")                                                           \
   /* core: Arena::slow_mu_: the counters of backend calls. */                             \
-  X(arena_counters, "arena counters")                                                      \
+  X(arena_counters, "arena counters")                                                     \
   /* core: Shard::mu (binned.hpp): a thread slot's bins and counters (the hit path). */   \
-  X(arena_shard, "arena shard")                                                            \
+  X(arena_shard, "arena shard")                                                           \
   /* core: SegmentCache::mu_: an arena's segments and pieces. */                          \
-  X(arena_segments, "arena segments")                                                      \
-  /* core: RangeCache::mu_ (ranges.hpp): an arena's range and pieces, held around */    \
-  /* the backend's reserve, map and unmap: a backend may take there only locks */          \
-  /* ranked after it (none of interpose/'s). */                                            \
-  X(arena_ranges, "arena ranges")                                                          \
+  X(arena_segments, "arena segments")                                                     \
+  /* core: RangeCache::mu_ (ranges.hpp): an arena's range and pieces, held around */      \
+  /* the backend's reserve, map and unmap: a backend may take there only locks */         \
+  /* ranked after it (none of interpose/'s). */                                           \
+  X(arena_ranges, "arena ranges")                                                         \
   /* the observer: a thread's trace buffer while it is drained (trace.cpp), */            \
-  X(trace_buffer, "trace buffer")                                                          \
-  /* then the trace file, */                                                               \
-  X(trace_file, "trace file")                                                              \
+  X(trace_buffer, "trace buffer")                                                         \
+  /* then the trace file, */                                                              \
+  X(trace_file, "trace file")                                                             \
   /* then the allocation sites' table (sites.hpp), */                                     \
-  X(sites, "allocation sites")                                                             \
+  X(sites, "allocation sites")                                                            \
   /* and, apart, one shard of the recorder's held blocks (recorder.hpp). */               \
-  X(recorder_shard, "recorder shard")                                                      \
+  X(recorder_shard, "recorder shard")                                                     \
   /* control: the warnings kept for the dumps (internal.hpp). */                          \
-  X(control_warnings, "control warnings")                                                  \
+  X(control_warnings, "control warnings")                                                 \
   /* control: the control socket's requests queue (internal.hpp). */                      \
-  X(control_requests, "control requests")                                                  \
-  /* config: the logger's sink (log.cpp), around one line's write, which */                \
-  /* goes through the files thread. */                                                     \
-  X(log_sink, "logger sink")                                                               \
+  X(control_requests, "control requests")                                                 \
+  /* config: the logger's sink (log.cpp), around one line's write, which */               \
+  /* goes through the files thread. */                                                    \
+  X(log_sink, "logger sink")                                                              \
   /* config: the files thread's queue (files_thread.cpp); nothing is taken under it. */   \
   X(files_queue, "files thread queue")
 

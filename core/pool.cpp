@@ -197,7 +197,8 @@ AllocResult Pool::allocate(Arena* arena, std::size_t size, std::uint64_t hint) {
                         : piece && a.segments() ? allocate_piece(a, my, size, hint)
                                                 : allocate_block(a, my, size, pooled, hint);
   if (r.block)
-    if (auto* obs = observer_.load(std::memory_order_acquire)) obs->on_allocate(a, *r.block, r.hit ? Served::hit : Served::miss);
+    if (auto* obs = observer_.load(std::memory_order_acquire))
+      obs->on_allocate(a, *r.block, r.hit ? Served::hit : Served::miss);
   return r;
 }
 
@@ -329,9 +330,8 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   }
   if (!cut.size) {
     bool no_room = false;
-    const BackendResult r =
-        retry_releasing(*arenas_, a, round_up(want, rg.granule()),
-                        [&] { return rg.grow(want, &cut, &no_room); });
+    const BackendResult r = retry_releasing(*arenas_, a, round_up(want, rg.granule()),
+                                            [&] { return rg.grow(want, &cut, &no_room); });
     if (no_room) return allocate_block(a, my, size, /*pooled=*/true, hint);
     if (r.status != BackendStatus::ok) {
       LockGuard lock(mine.mu);
@@ -464,7 +464,8 @@ void Pool::forget(Block* b) {
 void Pool::enforce_cap_nothrow(Arena& arena) noexcept {
   try {
     Arena::Group& g = arena.group();
-    const ArenaList::Pinned members = arenas_->pin([&](const Arena& a) { return &a.group() == &g; });
+    const ArenaList::Pinned members =
+        arenas_->pin([&](const Arena& a) { return &a.group() == &g; });
     release_over_cap(g.cap, members.arenas());
   } catch (...) {
   }

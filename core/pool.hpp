@@ -52,9 +52,9 @@ struct alignas(64) Block {
   // Pool-internal (Pool::never_reuse() is the backends' way to clear pooled).
   std::uint64_t fence = 0;
   std::uint64_t freed_at_ns = 0;
-  std::uint16_t bin = 0;      // < BinScheme::bin_count() (at most 16385)
-  std::uint8_t shard = 0;     // < kMaxShards
-  bool pooled = true;         // false: released at free (too large, exact-size fallback)
+  std::uint16_t bin = 0;   // < BinScheme::bin_count() (at most 16385)
+  std::uint8_t shard = 0;  // < kMaxShards
+  bool pooled = true;      // false: released at free (too large, exact-size fallback)
   // A piece of a segment or of a range (ArenaOptions::split_min): `handle`
   // may lie inside a driver allocation or mapping shared with other
   // pieces; `size` is the piece's.
@@ -64,15 +64,16 @@ static_assert(sizeof(Block) == 64);
 
 struct PoolOptions {
   unsigned leading_bits = 4;
-  bool hold = true;                     // false: start with holding stopped
-  std::uint64_t release_after_ns = 0;   // 0: keep held blocks however long
+  bool hold = true;                    // false: start with holding stopped
+  std::uint64_t release_after_ns = 0;  // 0: keep held blocks however long
   // A request whose bin has no held block takes one from a larger bin (less
   // than twice its size) before asking the backend. Off by default: the
   // excess of a borrowed block cannot be released while it is active, so a
   // program that fills the device would run out of memory sooner.
   bool borrow_larger = false;
-  unsigned shards = 0;  // 0: one per hardware thread; rounded up to a power of two, at most kMaxShards
-  std::uint64_t (*clock)() = nullptr;   // monotonic ns for held-block ages; tests inject one
+  unsigned shards =
+      0;  // 0: one per hardware thread; rounded up to a power of two, at most kMaxShards
+  std::uint64_t (*clock)() = nullptr;  // monotonic ns for held-block ages; tests inject one
   // Precise monotonic ns for what backend calls cost (the growth rule below);
   // CLOCK_MONOTONIC by default, tests inject one.
   std::uint64_t (*cost_clock)() = nullptr;
@@ -85,7 +86,8 @@ struct ArenaOptions {
   std::string device;  // what it draws on, the same in every process: a GPU's UUID, "host"
   std::size_t max_block = SIZE_MAX;   // largest size the backend can allocate (bin clamp)
   std::size_t max_pooled = SIZE_MAX;  // larger requests are allocated exactly and released at free
-  std::size_t max_held = SIZE_MAX;    // cap on held bytes of the whole group (first arena's value wins)
+  std::size_t max_held =
+      SIZE_MAX;  // cap on held bytes of the whole group (first arena's value wins)
   // When a bin holds only blocks whose fence has not passed, it may grow by a
   // fresh block instead of waiting: while those blocks and the new one fit in
   // this many bytes, fewer than kMaxPendingBlocks wait, and the bin's waits
@@ -225,9 +227,9 @@ class BinnedCache final : public Cache {
  private:
   // The rest of take(): other shards, then borrowing. Forced inline: it is
   // on the miss path.
-  [[gnu::always_inline]] inline void take_elsewhere(unsigned my, std::size_t bin,
-                                                    std::size_t size, bool look_past_pending,
-                                                    std::size_t borrow_last, Found& f);
+  [[gnu::always_inline]] inline void take_elsewhere(unsigned my, std::size_t bin, std::size_t size,
+                                                    bool look_past_pending, std::size_t borrow_last,
+                                                    Found& f);
 
   Backend& backend_;
   unsigned count_;
@@ -382,7 +384,9 @@ class Pool {
   std::vector<ArenaSnapshot> snapshot(std::size_t max_bins_per_arena = 8) const;
   std::size_t arena_count() const;  // arenas not yet destroyed
 
-  void set_observer(PoolObserver* observer) { observer_.store(observer, std::memory_order_release); }
+  void set_observer(PoolObserver* observer) {
+    observer_.store(observer, std::memory_order_release);
+  }
   bool observed() const { return observer_.load(std::memory_order_relaxed) != nullptr; }
 
   // An allocation the program made, and its free, of memory that `arena`'s

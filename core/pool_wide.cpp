@@ -140,8 +140,9 @@ std::vector<ArenaSnapshot> Pool::snapshot(std::size_t max_bins) const {
     std::vector<BinSnapshot> bins;
     a->binned().add_bins(bins);
     std::erase_if(bins, [](const BinSnapshot& b) { return b.held_blocks == 0; });
-    std::sort(bins.begin(), bins.end(),
-              [](const BinSnapshot& x, const BinSnapshot& y) { return x.held_bytes > y.held_bytes; });
+    std::sort(bins.begin(), bins.end(), [](const BinSnapshot& x, const BinSnapshot& y) {
+      return x.held_bytes > y.held_bytes;
+    });
     if (bins.size() > max_bins) bins.resize(max_bins);
     snap.bins = std::move(bins);
     out.push_back(std::move(snap));

@@ -394,10 +394,10 @@ void RangeCache::offer(Victims order, Offer& best) {
     Handle from = 0;
     const std::size_t n = whole_granules(at, p, &from);
     if (n == 0) continue;
-    const bool better = !mine || (order == Victims::largest
-                                      ? n > size
-                                      : p.freed_at_ns < freed_at ||
-                                            (p.freed_at_ns == freed_at && n > size));
+    const bool better =
+        !mine || (order == Victims::largest
+                      ? n > size
+                      : p.freed_at_ns < freed_at || (p.freed_at_ns == freed_at && n > size));
     if (better) mine = from, size = n, freed_at = p.freed_at_ns;
   }
   if (mine && best.beaten_by(order, size, freed_at)) best = {this, size, freed_at, {mine, size}};

@@ -161,8 +161,8 @@ BackendResult retry_releasing(ArenaList& arenas, Arena& arena, std::size_t bytes
   }
   // Nothing more of ours to release: other holders of the same memory may
   // release theirs (a bounded wait).
-  for (int round = 0; round < kRelieveRounds && r.status == BackendStatus::out_of_memory &&
-                      backend.relieve(bytes);
+  for (int round = 0;
+       round < kRelieveRounds && r.status == BackendStatus::out_of_memory && backend.relieve(bytes);
        ++round) {
     arena.count(&Stats::oom_retries);
     r = attempt();

@@ -23,7 +23,8 @@ class SpinLock {
     }
   }
   bool try_lock() {
-    return !flag_.load(std::memory_order_relaxed) && !flag_.exchange(true, std::memory_order_acquire);
+    return !flag_.load(std::memory_order_relaxed) &&
+           !flag_.exchange(true, std::memory_order_acquire);
   }
   void unlock() { flag_.store(false, std::memory_order_release); }
 

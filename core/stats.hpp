@@ -13,24 +13,25 @@ namespace gpupool {
 // kind `bytes` (a byte count), `count` (a gauge) or `counter` (only grows:
 // a Prometheus counter). The struct, its sum and every rendering
 // (observe/stats_format.cpp) come from this one list.
-#define GPUPOOL_STATS_FIELDS(X)                                                             \
-  X(held_blocks, count, "freed by the program, kept for reuse")                              \
-  X(active_blocks, count, "in the program's hands")                                          \
-  X(held_bytes, bytes, "allocation sizes of held blocks")                                    \
-  X(active_bytes, bytes, "sizes the program asked for")                                      \
-  X(managed_bytes, bytes, "allocation sizes of active + held blocks")                        \
-  X(peak_held_blocks, count, "highest held_blocks")                                          \
-  X(peak_active_blocks, count, "highest active_blocks")                                      \
-  X(peak_held_bytes, bytes, "highest held_bytes")                                            \
-  X(peak_active_bytes, bytes, "highest active_bytes")                                        \
-  X(peak_managed_bytes, bytes, "highest managed_bytes")                                      \
-  X(hits, counter, "allocations served from held blocks")                                    \
-  X(misses, counter, "allocations that went to the backend")                                 \
-  X(backend_allocs, counter, "successful backend allocations")                               \
-  X(backend_frees, counter, "backend releases")                                              \
-  X(oom_retries, counter, "backend allocations retried after releasing held blocks")         \
-  X(trims, counter, "held blocks released for the cap, for idleness, or for a process that arrived on the GPU") \
-  X(pending_frees, counter, "frees whose block the device might still use (fenced)")         \
+#define GPUPOOL_STATS_FIELDS(X)                                                                 \
+  X(held_blocks, count, "freed by the program, kept for reuse")                                 \
+  X(active_blocks, count, "in the program's hands")                                             \
+  X(held_bytes, bytes, "allocation sizes of held blocks")                                       \
+  X(active_bytes, bytes, "sizes the program asked for")                                         \
+  X(managed_bytes, bytes, "allocation sizes of active + held blocks")                           \
+  X(peak_held_blocks, count, "highest held_blocks")                                             \
+  X(peak_active_blocks, count, "highest active_blocks")                                         \
+  X(peak_held_bytes, bytes, "highest held_bytes")                                               \
+  X(peak_active_bytes, bytes, "highest active_bytes")                                           \
+  X(peak_managed_bytes, bytes, "highest managed_bytes")                                         \
+  X(hits, counter, "allocations served from held blocks")                                       \
+  X(misses, counter, "allocations that went to the backend")                                    \
+  X(backend_allocs, counter, "successful backend allocations")                                  \
+  X(backend_frees, counter, "backend releases")                                                 \
+  X(oom_retries, counter, "backend allocations retried after releasing held blocks")            \
+  X(trims, counter,                                                                             \
+    "held blocks released for the cap, for idleness, or for a process that arrived on the GPU") \
+  X(pending_frees, counter, "frees whose block the device might still use (fenced)")            \
   X(fence_waits, counter, "bulk waits because only pending blocks could serve a request")
 
 struct Stats {
@@ -75,9 +76,9 @@ struct BinSnapshot {
 };
 
 struct ArenaSnapshot {
-  std::string name;   // e.g. "cuda dev 0 ctx 1" or "opencl ctx 1 dev ... flags 0x1"
-  std::string group;  // the memory it draws on, e.g. "cuda:0", "cuda-host", "opencl:ctx"
-  std::string kind;   // "cuda", "cuda-host", "opencl"
+  std::string name;    // e.g. "cuda dev 0 ctx 1" or "opencl ctx 1 dev ... flags 0x1"
+  std::string group;   // the memory it draws on, e.g. "cuda:0", "cuda-host", "opencl:ctx"
+  std::string kind;    // "cuda", "cuda-host", "opencl"
   std::string device;  // ArenaOptions::device (the destroyed arenas' rows too)
   bool retired = false;
   Stats stats;

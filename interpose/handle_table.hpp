@@ -10,9 +10,9 @@
 // Handle 0 marks an empty slot: no live handle of these APIs is 0.
 //
 // ShardedHandleTable: 2^ShardBits tables, each under its own SpinLock
-// (core/spin_lock.hpp) of rank R (core/lock_rank.hpp), picked by a multiplicative hash of the handle:
-// threads working on different handles meet at a lock only when their
-// handles share a shard.
+// (core/spin_lock.hpp) of rank R (core/lock_rank.hpp), picked by a multiplicative hash of the
+// handle: threads working on different handles meet at a lock only when their handles share a
+// shard.
 #pragma once
 
 #include <cstddef>

@@ -11,7 +11,8 @@
 
 #include "interpose/runtime.hpp"
 
-extern "C" __attribute__((visibility("hidden"))) int gpupool_hook_pthread_cancel(pthread_t) noexcept;
+extern "C"
+    __attribute__((visibility("hidden"))) int gpupool_hook_pthread_cancel(pthread_t) noexcept;
 
 namespace gpupool {
 
@@ -75,7 +76,8 @@ void register_thread(detail::HookThread& t) {
     // gpupool's pthread_cancel is the program's only when the library came
     // first in the symbol order (preloaded): otherwise cancellations are
     // unseen, and every hook holds them off.
-    if (dlsym(RTLD_DEFAULT, "pthread_cancel") != reinterpret_cast<void*>(&gpupool_hook_pthread_cancel))
+    if (dlsym(RTLD_DEFAULT, "pthread_cancel") !=
+        reinterpret_cast<void*>(&gpupool_hook_pthread_cancel))
       detail::g_cancels_seen.store(true, std::memory_order_relaxed);
     return true;
   }();

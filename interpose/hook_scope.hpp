@@ -43,15 +43,13 @@ struct HookThread {
 extern constinit GPUPOOL_HOT_TLS HookThread t_hook;
 extern std::atomic<bool> g_cancels_seen;  // the program cancelled a thread once
 
-void enter_outermost(HookThread& t) noexcept;  // registration, cancellation held off
-void leave_outermost(HookThread& t) noexcept;  // the program's state back, then as below
+void enter_outermost(HookThread& t) noexcept;   // registration, cancellation held off
+void leave_outermost(HookThread& t) noexcept;   // the program's state back, then as below
 void deliver_deferred(HookThread& t) noexcept;  // a cancellation that came while inside
 }  // namespace detail
 
 // True while this thread is inside one of gpupool's entry points.
-inline bool inside_hook() {
-  return detail::t_hook.depth.load(std::memory_order_relaxed) != 0;
-}
+inline bool inside_hook() { return detail::t_hook.depth.load(std::memory_order_relaxed) != 0; }
 
 class HookScope {
  public:

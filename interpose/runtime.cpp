@@ -4,9 +4,9 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <string.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -187,9 +187,10 @@ Runtime* create() {
   log_file_to_private_table();
   (void)config::get();
   if (const int e = io::start_private_files())
-    log().debug("no private descriptor table for gpupool's files (unshare: {}); they are "
-                "opened among the program's and moved above 2",
-                strerror(e));
+    log().debug(
+        "no private descriptor table for gpupool's files (unshare: {}); they are "
+        "opened among the program's and moved above 2",
+        strerror(e));
   // The time zone, read once by the first local time: here, inside the
   // program's own call, not later on one of gpupool's threads.
   tzset();

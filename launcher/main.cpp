@@ -202,8 +202,7 @@ int cmd_env(int argc, char** argv) {
         std::printf("%-*s  %s%*s  %-*s  %s\n", static_cast<int>(name_w), o.name, value.c_str(),
                     static_cast<int>(value_w - text_columns(value)), "", static_cast<int>(def_w),
                     *o.default_value ? o.default_value : "-", doc[k].c_str());
-      else
-        std::printf("%*s%s\n", static_cast<int>(desc_at), "", doc[k].c_str());
+      else std::printf("%*s%s\n", static_cast<int>(desc_at), "", doc[k].c_str());
     }
   }
   bool first = true;

@@ -78,7 +78,6 @@ bool parse_percent(const std::string& s, double* out) {
   return true;
 }
 
-
 }  // namespace
 
 const char* report_help() { return kReportHelp; }
@@ -163,7 +162,7 @@ int cmd_report(int argc, char** argv) {
     leaked = now.all.end.total;  // together: each process's blocks never freed
     peak_now = now.all.peak.at;
     if (base.empty()) {
-      out.put(text ? observe::fit_lines(terminal_text(report::text(now)))
+      out.put(text   ? observe::fit_lines(terminal_text(report::text(now)))
               : json ? report::json(now) + "\n"
                      : report::page(now));
     } else {

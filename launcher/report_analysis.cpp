@@ -355,10 +355,9 @@ class Analysis {
     std::nth_element(peaks.begin(), peaks.begin() + (report::kProcessLines - 1), peaks.end(),
                      std::greater<std::uint64_t>());
     const std::uint64_t least = peaks[report::kProcessLines - 1];
-    std::size_t ties =
-        report::kProcessLines -
-        static_cast<std::size_t>(
-            std::count_if(pa.begin(), pa.end(), [&](const auto& x) { return x.peak > least; }));
+    std::size_t ties = report::kProcessLines -
+                       static_cast<std::size_t>(std::count_if(
+                           pa.begin(), pa.end(), [&](const auto& x) { return x.peak > least; }));
     std::size_t kept = 0;
     for (std::size_t i = 0; i < pa.size(); ++i) {
       if (pa[i].peak < least || (pa[i].peak == least && ties == 0)) continue;
@@ -416,23 +415,26 @@ class Analysis {
           if (several_) add_pid(&row.pids, src_[k].tr->pid);
         }
     };
-    in_time_order(src_, [&](std::size_t k, const trace::Record& r, std::uint64_t) {
-      const std::size_t slot = src_[k].slot_base + r.slot;
-      if (r.alloc) {
-        site_of[slot] = r.site;
-        arena_of[slot] = r.arena;
-        live[slot] = 1;
-      } else {
-        live[slot] = 0;
-      }
-      if (step++ == peak_step_ && v_.peak.at.bytes > 0) take_peak();
-    }, [&](std::size_t k, std::uint64_t) {
-      if (!several_) return;
-      for (std::size_t s = src_[k].slot_base; s < src_[k].slot_base + src_[k].tr->slots; ++s) {
-        at_own_end[s] = live[s];
-        live[s] = 0;
-      }
-    });
+    in_time_order(
+        src_,
+        [&](std::size_t k, const trace::Record& r, std::uint64_t) {
+          const std::size_t slot = src_[k].slot_base + r.slot;
+          if (r.alloc) {
+            site_of[slot] = r.site;
+            arena_of[slot] = r.arena;
+            live[slot] = 1;
+          } else {
+            live[slot] = 0;
+          }
+          if (step++ == peak_step_ && v_.peak.at.bytes > 0) take_peak();
+        },
+        [&](std::size_t k, std::uint64_t) {
+          if (!several_) return;
+          for (std::size_t s = src_[k].slot_base; s < src_[k].slot_base + src_[k].tr->slots; ++s) {
+            at_own_end[s] = live[s];
+            live[s] = 0;
+          }
+        });
     v_.peak.total = {0, v_.peak.at.bytes};
     for (auto& [name, row] : at_peak) {
       v_.peak.total.blocks += row.held.blocks;

@@ -100,8 +100,8 @@ std::string view_json(const View& v) {
          ",\"t_ns\":" + num(g.peak_active.t_ns) +
          "},\"peak_managed\":{\"bytes\":" + num(g.peak_managed.bytes) +
          ",\"t_ns\":" + num(g.peak_managed.t_ns) + "},\"end\":{\"active\":" + num(g.c.active) +
-         ",\"managed\":" + num(g.c.managed()) + "},\"t\":" +
-         list(g.at, [&](std::uint32_t b) { return t_of(b); }) +
+         ",\"managed\":" + num(g.c.managed()) +
+         "},\"t\":" + list(g.at, [&](std::uint32_t b) { return t_of(b); }) +
          ",\"active\":" + list(g.active, num) + ",\"in_blocks\":" + list(g.in_blocks, num) +
          ",\"managed\":" + list(g.managed, num) + "}";
   }
@@ -215,8 +215,9 @@ std::string view_html(const View& v, const std::string& id, bool several) {
   h += site_table(
       "Allocation sites holding the most at the peak (" + seconds_text(v.peak.at.t_ns) + ")",
       v.peak, "peak");
-  h += site_table(several ? "Still held at each process's end" : "Still held at the end of the trace",
-                  v.end, "end");
+  h += site_table(
+      several ? "Still held at each process's end" : "Still held at the end of the trace", v.end,
+      "end");
   return h;
 }
 
@@ -313,7 +314,8 @@ namespace {
 // A change's cell: "+1.0 MiB" marked up, "-..." down.
 std::string change_cell(std::int64_t d) {
   if (d == 0) return std::string("<td>0</td>");
-  const std::string t = (d > 0 ? "+" : "-") + bytes_text(static_cast<std::uint64_t>(d > 0 ? d : -d));
+  const std::string t =
+      (d > 0 ? "+" : "-") + bytes_text(static_cast<std::uint64_t>(d > 0 ? d : -d));
   return "<td class=\"" + std::string(d > 0 ? "up" : "down") + "\">" + t + "</td>";
 }
 
@@ -365,13 +367,14 @@ void diff_sites_section(const std::string& title, const std::string& part, const
   *data += std::string(data->size() > 1 ? "," : "") + "\"" + part + "\":" + flame_json(f);
   *h += "<h2>" + title + "</h2>\n";
   if (!f.nodes.empty() && f.nodes[0].bytes) *h += "<div id=\"flame-" + part + "\"></div>\n";
-  *h += "<table><tr><th>change</th><th>before</th><th>after</th><th class=\"l\">allocation "
-        "site</th></tr>\n";
+  *h +=
+      "<table><tr><th>change</th><th>before</th><th>after</th><th class=\"l\">allocation "
+      "site</th></tr>\n";
   for (std::size_t k = 0; k < c.size() && k < kTopSites; ++k) {
     const SiteName& name =
         c[k].name_now != UINT32_MAX ? n.names[c[k].name_now] : b.names[c[k].name_base];
-    *h += "<tr>" + change_cell(c[k].change()) + "<td>" + bytes_text(c[k].base.bytes) +
-          "</td><td>" + bytes_text(c[k].now.bytes) + "</td>" + site_cell(name) + "</tr>\n";
+    *h += "<tr>" + change_cell(c[k].change()) + "<td>" + bytes_text(c[k].base.bytes) + "</td><td>" +
+          bytes_text(c[k].now.bytes) + "</td>" + site_cell(name) + "</tr>\n";
   }
   *h += "</table>\n";
   if (c.empty()) *h += "<p>No change.</p>\n";
@@ -404,8 +407,8 @@ std::string diff_page(const Report& base, const Report& now) {
   const View& b = base.all;
   const View& n = now.all;
   std::string h = page_head("gpupool report: difference");
-  h += "<h1>gpupool report: what changed</h1>\n<p>From " + html_escape(runs_title(base)) +
-       " to " + html_escape(runs_title(now)) + ". <span id=\"status\"></span></p>\n";
+  h += "<h1>gpupool report: what changed</h1>\n<p>From " + html_escape(runs_title(base)) + " to " +
+       html_escape(runs_title(now)) + ". <span id=\"status\"></span></p>\n";
   h += diff_totals_table(b, n);
   std::string data = "{";
   diff_sites_section("At the peak of active memory, by allocation site", "peak", b, b.peak, n,

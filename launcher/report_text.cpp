@@ -64,9 +64,9 @@ std::string table(const std::vector<std::vector<std::string>>& cells) {
     std::string line;
     if (apart && !row.empty()) o += "  " + row[0] + "\n";
     for (std::size_t c = 0; c < row.size(); ++c)
-      line += "  " + (c ? pad_left(row[c], w[c])
-                        : apart ? std::string()
-                                : row[c] + std::string(w[c] - width(row[c]), ' '));
+      line += "  " + (c       ? pad_left(row[c], w[c])
+                      : apart ? std::string()
+                              : row[c] + std::string(w[c] - width(row[c]), ' '));
     while (!line.empty() && line.back() == ' ') line.pop_back();
     o += line + "\n";
   }
@@ -100,7 +100,9 @@ std::string rows(const View& v, const Moment& m, bool at_end, bool several, bool
          pad_left(blocks_text(row.held.blocks), 11) + "  " + label;
     std::string where;
     if (at_end) where = row.group + (row.arena.empty() ? "" : " " + row.arena);
-    if (several) where += (where.empty() ? "" : ", ") + std::string(row.pids.size() == 1 ? "pid " : "pids ") + pids_list(row.pids, ",");
+    if (several)
+      where += (where.empty() ? "" : ", ") + std::string(row.pids.size() == 1 ? "pid " : "pids ") +
+               pids_list(row.pids, ",");
     // Beside the label when there is room, else on a line of its own.
     if (!where.empty() && observe::text_columns(label + where) + 4 <= room)
       o += "  [" + where + "]";
@@ -133,8 +135,8 @@ std::string view_text(const View& v, bool several) {
   o += v.peak.rows.empty() ? "  nothing\n" : rows(v, v.peak, false, several, false);
   // Together, each process's end: what it never freed.
   o += std::string(several ? "\nStill held at each process's end (" : "\nStill held at the end (") +
-       bytes_text(v.end.total.bytes) + " in " +
-       blocks_text(v.end.total.blocks) + "), by allocation site, largest first:\n";
+       bytes_text(v.end.total.bytes) + " in " + blocks_text(v.end.total.blocks) +
+       "), by allocation site, largest first:\n";
   o += v.end.rows.empty() ? "  nothing\n" : rows(v, v.end, true, several, true);
   return o;
 }
@@ -305,8 +307,8 @@ std::string diff_sites(const std::string& title, const View& b, const Moment& mb
       rest += c[k].change();
       continue;
     }
-    const std::string& label = c[k].name_now != UINT32_MAX ? n.names[c[k].name_now].label
-                                                           : b.names[c[k].name_base].label;
+    const std::string& label =
+        c[k].name_now != UINT32_MAX ? n.names[c[k].name_now].label : b.names[c[k].name_base].label;
     o += "  " + pad_left(signed_bytes(c[k].change()), 11) + "  " +
          pad_left(bytes_text(c[k].base.bytes), 10) + " -> " +
          pad_right(bytes_text(c[k].now.bytes), 10) + "  " +
@@ -325,8 +327,9 @@ std::string diff_sites(const std::string& title, const View& b, const Moment& mb
 }  // namespace
 
 std::string runs_title(const Report& r) {
-  return r.processes.empty() ? r.all.path
-                             : num(r.processes.size()) + " processes (" + r.files.front() + ", ...)";
+  return r.processes.empty()
+             ? r.all.path
+             : num(r.processes.size()) + " processes (" + r.files.front() + ", ...)";
 }
 
 std::string diff_text(const Report& base, const Report& now) {

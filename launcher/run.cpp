@@ -259,9 +259,9 @@ int disable_vars(const std::string& value, Vars* vars) {
     else if (what == "cuda-host") vars->push_back({"GPUPOOL_CUDA_HOST", "0", "--disable"});
     else if (what == "opencl") vars->push_back({"GPUPOOL_OPENCL", "0", "--disable"});
     else
-      return usage_error("run: --disable: unknown backend '" + what +
-                             "' (accepted: cuda, cuda-host, opencl, all)",
-                         "run");
+      return usage_error(
+          "run: --disable: unknown backend '" + what + "' (accepted: cuda, cuda-host, opencl, all)",
+          "run");
   }
   if (!any) return usage_error("run: --disable needs a backend", "run");
   return kGoOn;

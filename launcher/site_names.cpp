@@ -45,9 +45,9 @@ bool library_module(const std::string& path) {
   // The interpreter: libpython3.X.so, or the python3.X executable itself.
   const std::string base = base_name(path);
   if (base.rfind("libpython", 0) == 0) return true;
-  return base.rfind("python", 0) == 0 &&
-         std::all_of(base.begin() + 6, base.end(),
-                     [](char c) { return c == '.' || std::isdigit(static_cast<unsigned char>(c)); });
+  return base.rfind("python", 0) == 0 && std::all_of(base.begin() + 6, base.end(), [](char c) {
+           return c == '.' || std::isdigit(static_cast<unsigned char>(c));
+         });
 }
 
 const NamedSite& Namer::site(std::uint32_t s) {

@@ -118,14 +118,14 @@ std::uint64_t request_deadline(std::uint64_t start_ns, double timeout_s) {
 // not once per process.
 struct Asking {
   long pid = 0;
-  std::string who;      // "process PID"
-  io::OwnedFd fd;       // valid while waiting for the answer
-  int result = kOk;     // once settled without an answer: why (message in `err`)
+  std::string who;   // "process PID"
+  io::OwnedFd fd;    // valid while waiting for the answer
+  int result = kOk;  // once settled without an answer: why (message in `err`)
   bool sent = false;
-  bool busy = false;     // its socket's queue was full: not reached yet
+  bool busy = false;  // its socket's queue was full: not reached yet
   int send_errno = 0;
   std::string reply;
-  bool closed = false;  // the process closed the connection: the answer is whole
+  bool closed = false;   // the process closed the connection: the answer is whole
   std::string out, err;  // what to print on stdout and stderr
 };
 
@@ -150,7 +150,8 @@ bool ask(long pid, const std::string& line, Asking* a, std::uint64_t connect_unt
   // Its pid stays until the parent waits for it, but nothing runs there
   // (and /proc shows no memory maps to inspect).
   if (status.state == 'Z' || status.state == 'X')
-    return settle(kNoProcess, a->who + " has ended (a zombie: its parent has not waited for it yet)");
+    return settle(kNoProcess,
+                  a->who + " has ended (a zombie: its parent has not waited for it yet)");
   if (*euid != geteuid())
     return settle(kDenied, "permission denied: " + a->who + " belongs to uid " +
                                std::to_string(*euid) +
@@ -176,15 +177,13 @@ bool ask(long pid, const std::string& line, Asking* a, std::uint64_t connect_unt
                            ": its control socket's queue stayed full (is it stopped or hung?)");
     } else if (connect_error != ECONNREFUSED)
       settle(kFailed, "cannot reach " + a->who + ": " + std::strerror(connect_error));
-    else if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-      settle(kNoProcess, no_such);
+    else if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) settle(kNoProcess, no_such);
     else if (const int mapped = has_gpupool_mapped(pid); mapped == 1)
-      settle(kIdle, a->who + " has gpupool loaded but idle: its control starts at the "
-                             "program's first GPU call (or gpupool is disabled there)");
-    else if (mapped < 0)
-      settle(kDenied, "permission denied: cannot inspect " + a->who);
-    else
-      settle(kNotGpupool, a->who + " is not running gpupool (libgpupool.so is not loaded)");
+      settle(kIdle, a->who +
+                        " has gpupool loaded but idle: its control starts at the "
+                        "program's first GPU call (or gpupool is disabled there)");
+    else if (mapped < 0) settle(kDenied, "permission denied: cannot inspect " + a->who);
+    else settle(kNotGpupool, a->who + " is not running gpupool (libgpupool.so is not loaded)");
     a->err = note + a->err;
     return false;
   }
@@ -324,8 +323,8 @@ int talk_all(const std::vector<wire::ProcessEntry>& procs, const std::string& re
   }
   read_answers(asks, deadline);
   int worst = kOk;
-  std::string doc = "{\"device\": " + (device.empty() ? "null" : json_string(device)) +
-                    ", \"processes\": [";
+  std::string doc =
+      "{\"device\": " + (device.empty() ? "null" : json_string(device)) + ", \"processes\": [";
   for (std::size_t i = 0; i < once.size(); ++i) {
     const int result = settle(asks[i], timeout_s);
     if (result != kOk) worst = kFailed;
@@ -336,9 +335,9 @@ int talk_all(const std::vector<wire::ProcessEntry>& procs, const std::string& re
     // One line per process within 100 columns: what it released on standard
     // output, or why it could not (the error names the process) on stderr.
     if (result == kOk) {
-      const std::string out = observe::fit_lines(
-          "process " + std::to_string(once[i]->pid) + " (" + terminal_text(once[i]->command) +
-          "): " + terminal_text(asks[i].out));
+      const std::string out =
+          observe::fit_lines("process " + std::to_string(once[i]->pid) + " (" +
+                             terminal_text(once[i]->command) + "): " + terminal_text(asks[i].out));
       std::fwrite(out.data(), 1, out.size(), stdout);
       std::fflush(stdout);
     } else {
@@ -354,10 +353,14 @@ int talk_all(const std::vector<wire::ProcessEntry>& procs, const std::string& re
 
 const char* pid_help(const std::string& cmd) {
   switch (config::action_of_verb(cmd)) {
-    case config::kStats: return kStatsHelp;
-    case config::kFreeHeld: return kFreeHeldHelp;
-    case config::kStopHolding: return kStopHoldingHelp;
-    case config::kActions: break;
+    case config::kStats:
+      return kStatsHelp;
+    case config::kFreeHeld:
+      return kFreeHeldHelp;
+    case config::kStopHolding:
+      return kStopHoldingHelp;
+    case config::kActions:
+      break;
   }
   return nullptr;
 }
@@ -396,7 +399,9 @@ int cmd_pid(const std::string& cmd, int argc, char** argv) {
       if (bad) return bad;
       wire::DeviceKey u;
       if (!wire::parse_key(v, &u))
-        return usage_error(cmd + ": --device: '" + v + "' is not a device as `gpupool ps` names it (GPU-<UUID>, host, opencl-<24 hex digits>)",
+        return usage_error(cmd + ": --device: '" + v +
+                               "' is not a device as `gpupool ps` names it (GPU-<UUID>, host, "
+                               "opencl-<24 hex digits>)",
                            cmd.c_str());
       device = u;
     } else if (value_of("--timeout", "a value")) {

@@ -262,8 +262,9 @@ bool Output::open(const std::string& path, std::string* why) {
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode)) {
       *why = path + " is " + kind_of(st.st_mode) +
-             (S_ISLNK(st.st_mode) || S_ISDIR(st.st_mode) ? "" : ": nothing written ('-o -' writes "
-                                                                "to standard output)");
+             (S_ISLNK(st.st_mode) || S_ISDIR(st.st_mode) ? ""
+                                                         : ": nothing written ('-o -' writes "
+                                                           "to standard output)");
       return false;
     }
     if (st.st_uid != ::geteuid()) {

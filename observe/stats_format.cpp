@@ -180,8 +180,8 @@ std::string to_text(const Report& r) {
   };
   for (const auto& b : r.arenas) {
     const Stats& s = b.stats;
-    paragraph(b.name + " [" + b.kind + ", " + b.group + "]: " +
-                  item(format("hits %" PRIu64 ",", s.hits)) + " " +
+    paragraph(b.name + " [" + b.kind + ", " + b.group +
+                  "]: " + item(format("hits %" PRIu64 ",", s.hits)) + " " +
                   item(format("misses %" PRIu64 ";", s.misses)) + " " +
                   item(format("backend allocs %" PRIu64 ",", s.backend_allocs)) + " " +
                   item(format("frees %" PRIu64 ";", s.backend_frees)) + " " +
@@ -261,11 +261,12 @@ std::string to_prometheus(const Report& r, const PromSource& source) {
   // series: a new process takes a free slot's series over, so they do not
   // grow with every process, and a program's keep their names from run to
   // run. The pid is on gpupool_info alone, for the per-process detail.
-  const std::string who = format("slot=\"%ld\",uid=\"%ld\",program=\"%s\"", source.slot,
-                                 source.uid, prom_escape(source.program).c_str());
+  const std::string who = format("slot=\"%ld\",uid=\"%ld\",program=\"%s\"", source.slot, source.uid,
+                                 prom_escape(source.program).c_str());
   std::string out;
-  out += "# HELP gpupool_info gpupool version and the process writing this slot.\n"
-         "# TYPE gpupool_info gauge\n";
+  out +=
+      "# HELP gpupool_info gpupool version and the process writing this slot.\n"
+      "# TYPE gpupool_info gauge\n";
   out += format("gpupool_info{%s,pid=\"%ld\",version=\"%s\"} 1\n", who.c_str(), r.pid,
                 prom_escape(r.version).c_str());
   out +=
@@ -283,8 +284,8 @@ std::string to_prometheus(const Report& r, const PromSource& source) {
     // Names are unique in a process; should two ever meet, the second is
     // numbered rather than refused by the collector.
     std::string unique = arena;
-    for (int n = 2; std::find(labels.begin(), labels.end(), l + prom_escape(unique) + "\"") !=
-                    labels.end();
+    for (int n = 2;
+         std::find(labels.begin(), labels.end(), l + prom_escape(unique) + "\"") != labels.end();
          ++n)
       unique = arena + " #" + std::to_string(n);
     labels.push_back(l + prom_escape(unique) + "\"");

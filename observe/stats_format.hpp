@@ -17,16 +17,16 @@ namespace gpupool::stats {
 constexpr int kSchemaVersion = 2;
 
 struct SignalInfo {
-  std::string action;  // "stats", "free_held", "stop_holding"
-  int signo = 0;       // 0: none configured
+  std::string action;      // "stats", "free_held", "stop_holding"
+  int signo = 0;           // 0: none configured
   bool installed = false;  // false once the program replaced our handler
 };
 
 struct Report {
-  std::string version;     // gpupool's version
+  std::string version;  // gpupool's version
   long pid = 0;
-  double time = 0;         // Unix time, seconds
-  std::string reason;      // "signal", "interval", "exit", "request", "api"
+  double time = 0;     // Unix time, seconds
+  std::string reason;  // "signal", "interval", "exit", "request", "api"
   bool holding = true;
   Stats totals;
   std::vector<ArenaSnapshot> arenas;  // and one row per kind of destroyed ones

@@ -40,9 +40,10 @@ struct Mapping {
     // file is left alone below) would hold the files thread, and fork(),
     // forever. Moved above 2 where there is no private table.
     io::in_private([&] {
-      const int fd = io::above_stdio(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+      const int fd =
+          io::above_stdio(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
       if (fd < 0) return;
-      struct stat st{};
+      struct stat st {};
       if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
         void* m = mmap(nullptr, static_cast<std::size_t>(st.st_size),
                        writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_PRIVATE, fd, 0);
@@ -263,7 +264,8 @@ class Lines {
       if (files && dw_.attr_integrate(&scopes[i], DW_AT_call_file, &a) &&
           dw_.formudata(&a, &call_file) == 0 && call_file < nfiles)
         f = dw_.filesrc(files, call_file, nullptr, nullptr);
-      if (!dw_.attr_integrate(&scopes[i], DW_AT_call_line, &a) || dw_.formudata(&a, &call_line) != 0)
+      if (!dw_.attr_integrate(&scopes[i], DW_AT_call_line, &a) ||
+          dw_.formudata(&a, &call_line) != 0)
         call_line = 0;
       here = {{}, source_path(f, &cu), static_cast<int>(call_line), false};
     }
@@ -322,7 +324,8 @@ void read_elf(const Mapping& m, Files::File* out) {
   // Symbols: the full table when the file has one, else the exported ones.
   for (unsigned want : {SHT_SYMTAB, SHT_DYNSYM}) {
     for (unsigned i = 0; i < eh->e_shnum && out->syms.empty(); ++i) {
-      if (sh[i].sh_type != want || sh[i].sh_entsize != sizeof(Elf64_Sym) || sh[i].sh_link >= eh->e_shnum)
+      if (sh[i].sh_type != want || sh[i].sh_entsize != sizeof(Elf64_Sym) ||
+          sh[i].sh_link >= eh->e_shnum)
         continue;
       const Elf64_Shdr& strs = sh[sh[i].sh_link];
       if (!m.has(sh[i].sh_offset, sh[i].sh_size) || !m.has(strs.sh_offset, strs.sh_size)) continue;
@@ -395,7 +398,8 @@ Function Files::function_at(const std::string& path, std::uint64_t vaddr) {
 
 std::string Files::build_id(const std::string& path) { return load(path).build_id; }
 
-const std::vector<std::string>& Files::describe(const std::string& path, std::uint64_t return_vaddr) {
+const std::vector<std::string>& Files::describe(const std::string& path,
+                                                std::uint64_t return_vaddr) {
   File& f = load(path);
   auto [it, fresh] = f.described.try_emplace(return_vaddr);
   std::vector<std::string>& out = it->second;
@@ -407,9 +411,10 @@ const std::vector<std::string>& Files::describe(const std::string& path, std::ui
       f.lines = Lines::read(*dw, std::make_unique<Mapping>(path, true));
       // Debug information kept apart, named by the build id.
       if (!f.lines && f.build_id.size() > 2)
-        f.lines = Lines::read(*dw, std::make_unique<Mapping>("/usr/lib/debug/.build-id/" +
-                                                             f.build_id.substr(0, 2) + "/" +
-                                                             f.build_id.substr(2) + ".debug", true));
+        f.lines = Lines::read(
+            *dw, std::make_unique<Mapping>("/usr/lib/debug/.build-id/" + f.build_id.substr(0, 2) +
+                                               "/" + f.build_id.substr(2) + ".debug",
+                                           true));
     }
   }
 #endif

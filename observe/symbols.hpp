@@ -18,8 +18,8 @@
 namespace gpupool::symbols {
 
 struct Function {
-  std::string name;         // demangled; empty when no symbol covers the address
-  std::uint64_t offset = 0; // from the function's start
+  std::string name;          // demangled; empty when no symbol covers the address
+  std::uint64_t offset = 0;  // from the function's start
 };
 
 // Loads elfutils' libdw (dlopen) where it is installed, once. describe()

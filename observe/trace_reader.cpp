@@ -290,8 +290,8 @@ class Parser {
   bool pyframe(std::string_view line, const std::vector<std::string_view>& f) {
     PyFrameDecl p;
     std::uint64_t ln = 0;
-    if (f.size() < 5 || !number(f[1], &p.id) || p.id != tr_.pyframes.size() ||
-        !number(f[2], &ln) || ln > UINT32_MAX)
+    if (f.size() < 5 || !number(f[1], &p.id) || p.id != tr_.pyframes.size() || !number(f[2], &ln) ||
+        ln > UINT32_MAX)
       return fail("expected 'pyframe ID LINE FUNC FILE' (ids in order from 0)");
     p.line = static_cast<std::uint32_t>(ln);
     p.func = std::string(f[3]);
@@ -318,18 +318,17 @@ class Parser {
 
   bool site(const std::vector<std::string_view>& f) {
     SiteDecl st;
-    const bool ok =
-        f.size() == 4 && number(f[1], &st.id) && st.id == tr_.sites.size() &&
-        number_list(f[2], 16,
-                    [&](std::uint64_t x) {
-                      st.pcs.push_back(x);
+    const bool ok = f.size() == 4 && number(f[1], &st.id) && st.id == tr_.sites.size() &&
+                    number_list(f[2], 16,
+                                [&](std::uint64_t x) {
+                                  st.pcs.push_back(x);
+                                  return true;
+                                }) &&
+                    number_list(f[3], 10, [&](std::uint64_t x) {
+                      if (x >= tr_.pyframes.size()) return false;
+                      st.pyframes.push_back(static_cast<std::uint32_t>(x));
                       return true;
-                    }) &&
-        number_list(f[3], 10, [&](std::uint64_t x) {
-          if (x >= tr_.pyframes.size()) return false;
-          st.pyframes.push_back(static_cast<std::uint32_t>(x));
-          return true;
-        });
+                    });
     if (!ok)
       return fail(
           "expected 'site ID PC,PC,...|- PYFRAME,...|-' (ids in order from 0, Python frames "

@@ -11,7 +11,7 @@ sudo_=""
 [ "$(id -u)" = 0 ] || sudo_=sudo
 $sudo_ apt-get update -qq
 $sudo_ apt-get install -y -qq --no-install-recommends \
-  build-essential cmake clang libclang-rt-14-dev \
+  build-essential cmake clang clang-format-14 libclang-rt-14-dev \
   libfmt-dev googletest libgtest-dev libbenchmark-dev libdw-dev \
   pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
   python3-pyopencl python3-numpy python3-pytest \

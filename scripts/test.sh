@@ -113,6 +113,9 @@ bg_wait() {  # the build started last, finished
 step "include map: no cycle between rooms, launcher/ includes nothing of interpose/"
 python3 scripts/include_map.py --check
 
+step "format: every C and C++ file as clang-format-14 writes it (scripts/format.sh)"
+scripts/format.sh
+
 step "build (build/)"
 # The packages are made from build/ (scripts/package-check.sh): the wheel's
 # cuda.h is the nvidia-cuda-runtime wheel's, never a toolkit's. SKBUILD*:

@@ -99,7 +99,9 @@ bool write_all(const io::OwnedFd& fd, const void* in, std::size_t n, std::size_t
 io::OwnedFd open_directory(const std::string& path, bool create, std::string* name,
                            std::string* why) {
   const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   struct stat s {};
   if (lstat(dir.c_str(), &s) != 0 && errno == ENOENT) {
     if (!create) return {};
@@ -116,7 +118,8 @@ io::OwnedFd open_directory(const std::string& path, bool create, std::string* na
   // it points to is theirs to choose, not a path to use instead).
   if (lstat(dir.c_str(), &s) == 0 && S_ISLNK(s.st_mode) && s.st_uid != geteuid()) {
     *why = "the registry's directory " + dir + " is a symbolic link of uid " +
-           std::to_string(s.st_uid) + " (another user took its name; remove it, or set "
+           std::to_string(s.st_uid) +
+           " (another user took its name; remove it, or set "
            "GPUPOOL_REGISTRY to a file in a directory of yours)";
     return {};
   }
@@ -162,7 +165,8 @@ io::OwnedFd open_checked(const std::string& path, std::string* why) {
   else if (s.st_mode & 022) bad = "is writable by other users";
   // 0600, as made: others may not read what the user's processes hold.
   else if (s.st_mode & 044) bad = "is readable by other users (it must be 0600)";
-  else if (static_cast<std::size_t>(s.st_size) != kFileBytes) bad = "is not a gpupool registry (wrong size)";
+  else if (static_cast<std::size_t>(s.st_size) != kFileBytes)
+    bad = "is not a gpupool registry (wrong size)";
   else if (!read_all(fd, &h, sizeof h, 0) || !header_ok(h)) bad = "is not a gpupool registry";
   if (bad) {
     *why = path + " " + bad;
@@ -258,8 +262,8 @@ int create(const std::string& path, std::string* why) {
     char suffix[32];
     std::snprintf(suffix, sizeof suffix, ".%016llx.new", static_cast<unsigned long long>(r));
     tmp = name + suffix;
-    fd = io::OwnedFd::adopt(::openat(dir.get(), tmp.c_str(),
-                                     O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    fd = io::OwnedFd::adopt(
+        ::openat(dir.get(), tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!fd.valid() && errno != EEXIST) break;
   }
   if (!fd.valid()) {
@@ -268,7 +272,8 @@ int create(const std::string& path, std::string* why) {
   }
   int err = posix_fallocate(fd.get(), 0, kFileBytes);
   if (err != 0) {
-    *why = "cannot allocate " + std::to_string(kFileBytes) + " bytes for " + path + ": " + strerror(err);
+    *why = "cannot allocate " + std::to_string(kFileBytes) + " bytes for " + path + ": " +
+           strerror(err);
   } else {
     Header h{};
     std::memcpy(h.magic, kMagic, sizeof kMagic);
@@ -493,7 +498,8 @@ std::vector<ProcessEntry> Registry::processes_here(bool skip_self, std::string* 
   }
   {
     Look look(path_, /*write=*/false, patience_ns);
-    if (!look.ok() || !read_all(look.owned(), all.data(), sizeof(Slot) * kRegistrySlots, kSlotsAt)) {
+    if (!look.ok() ||
+        !read_all(look.owned(), all.data(), sizeof(Slot) * kRegistrySlots, kSlotsAt)) {
       if (look.ok()) look.failed(path_, "cannot be read");
       if (look.busy()) pause();
       if (why) *why = look.why();

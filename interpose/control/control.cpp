@@ -91,7 +91,8 @@ void at_exit_locked_dump() {
   // writes are bounded); after that the control thread does nothing more.
   // Polled: the wait must be bounded (a stuck driver or NVML call must not
   // hang the exit) and timed locks escape ThreadSanitizer.
-  for (const std::uint64_t give_up = io::mono_ns() + 2 * io::kWriteTimeoutNs; !st.work_mu.try_lock();) {
+  for (const std::uint64_t give_up = io::mono_ns() + 2 * io::kWriteTimeoutNs;
+       !st.work_mu.try_lock();) {
     if (io::mono_ns() >= give_up) {
       st.dumps_dropped.fetch_add(1, std::memory_order_relaxed);
       return;
@@ -135,9 +136,9 @@ void set_paths(State& st, bool child) {
     if (!child) {
       st.prometheus_source.uid = static_cast<long>(getuid());
       // /proc/self/comm opened in gpupool's own descriptor table: in the
-    // program's it could take a number 0-2 the program just closed
-    // (host.cuda.fds.stdio_race, 1 round in 42,849 under ASan).
-    io::in_private([&] { st.prometheus_source.program = wire::comm_of_self(); });
+      // program's it could take a number 0-2 the program just closed
+      // (host.cuda.fds.stdio_race, 1 round in 42,849 under ASan).
+      io::in_private([&] { st.prometheus_source.program = wire::comm_of_self(); });
     }
   }
 }
@@ -203,10 +204,8 @@ void fork_renew() {
   // does not have: nothing to close. Where there was none, it is a copy in
   // the child's table: closed (if the number is still that socket).
   for (io::OwnedFd* l : {&st.listen, &st.listen_public}) {
-    if (st.listen_private)
-      l->forget();
-    else
-      l->close();
+    if (st.listen_private) l->forget();
+    else l->close();
   }
   // The file is the parent's: the child binds its own, and never removes
   // the parent's at its exit.

@@ -27,8 +27,7 @@ struct NodeWork {
   std::uint64_t (*tick)(Runtime& runtime, std::uint64_t now_ns) = nullptr;
   // The answer's body to another process's "release <args>", under the
   // work lock; other_user: it runs as another user.
-  std::string (*answer_release)(Runtime& runtime, std::string_view args,
-                                bool other_user) = nullptr;
+  std::string (*answer_release)(Runtime& runtime, std::string_view args, bool other_user) = nullptr;
 };
 void set_node_work(Runtime& runtime, NodeWork work);
 

@@ -56,7 +56,7 @@ std::string missing_icd() {
   if (files && *files) return {};
   const char* dir = getenv("OCL_ICD_VENDORS");
   if (!dir || !*dir) dir = "/etc/OpenCL/vendors";
-  struct stat st{};
+  struct stat st {};
   if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) return {};
   if (DIR* d = opendir(dir)) {
     bool found = false;
@@ -75,13 +75,12 @@ std::string nothing_intercepted(const config::Config& cfg) {
   Loaded l;
   dl_iterate_phdr(note_library, &l);
   std::string why;
-  if (l.cuda)
-    why = "libcuda.so.1 was loaded, but no CUDA context or allocation reached gpupool";
+  if (l.cuda) why = "libcuda.so.1 was loaded, but no CUDA context or allocation reached gpupool";
   else if (l.cudart)
-    why = "the CUDA runtime (libcudart) was loaded but never loaded the driver (libcuda.so.1): "
-          "no CUDA call was made, or no NVIDIA driver was found";
-  else
-    why = "no CUDA driver (libcuda.so.1) was loaded";
+    why =
+        "the CUDA runtime (libcudart) was loaded but never loaded the driver (libcuda.so.1): "
+        "no CUDA call was made, or no NVIDIA driver was found";
+  else why = "no CUDA driver (libcuda.so.1) was loaded";
   if (!l.opencl) {
     why += "; no OpenCL loader (libOpenCL.so.1) was loaded";
   } else if (const std::string where = missing_icd(); !where.empty()) {

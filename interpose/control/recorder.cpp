@@ -26,7 +26,9 @@ void Recorder::on_allocate(const Arena& arena, const Block& block, Served how) n
   try {
     s.held[{&arena, block.handle}] = {&arena, block.requested, block.size, site};
   } catch (...) {
-    unrecorded_.fetch_add(1, std::memory_order_relaxed);  // out of host memory: the leak report says how many it misses
+    unrecorded_.fetch_add(
+        1,
+        std::memory_order_relaxed);  // out of host memory: the leak report says how many it misses
   }
 }
 
@@ -70,21 +72,24 @@ std::string Recorder::leak_report(long pid) {
     }
   }
   std::vector<std::pair<std::pair<std::uint32_t, std::string>, Group>> order(groups.begin(),
-                                                                            groups.end());
+                                                                             groups.end());
   std::stable_sort(order.begin(), order.end(),
                    [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
   char head[256];
   std::snprintf(head, sizeof head,
-                "gpupool %s leaks: pid %ld: %" PRIu64 " block%s (%s) still held by the program at "
+                "gpupool %s leaks: pid %ld: %" PRIu64
+                " block%s (%s) still held by the program at "
                 "exit, from %zu allocation site%s\n",
                 GPUPOOL_VERSION, pid, blocks, blocks == 1 ? "" : "s",
                 observe::bytes_text(total).c_str(), order.size(), order.size() == 1 ? "" : "s");
   std::string out = head;
   if (blocks)
-    out += "  (frameworks keep memory until exit on purpose: a cache or a model's weights is not "
-           "a leak)\n";
+    out +=
+        "  (frameworks keep memory until exit on purpose: a cache or a model's weights is not "
+        "a leak)\n";
   if (!sites_ && blocks)
-    out += "  (no call stacks recorded: GPUPOOL_SITES=all records where each block was allocated)\n";
+    out +=
+        "  (no call stacks recorded: GPUPOOL_SITES=all records where each block was allocated)\n";
   constexpr std::size_t kShown = 20;
   std::uint64_t rest_bytes = 0, rest_blocks = 0;
   for (std::size_t i = 0; i < order.size(); ++i) {
@@ -98,7 +103,7 @@ std::string Recorder::leak_report(long pid) {
            (g.blocks == 1 ? "" : "s") + ", " + key.second + ":\n";
     if (sites_) {
       out += key.first == sites::kNoSite ? "      (not sampled: GPUPOOL_SITES records a sample)\n"
-                                        : sites_->describe(key.first, "      ");
+                                         : sites_->describe(key.first, "      ");
     }
   }
   if (rest_blocks)
@@ -135,9 +140,10 @@ std::string Recorder::snapshot_json(long pid) {
   std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) {
     return a.arena != b.arena ? a.arena < b.arena : a.handle < b.handle;
   });
-  std::string out = "{\"version\":1,\"gpupool\":\"" GPUPOOL_VERSION "\",\"pid\":" +
-                    std::to_string(pid) + ",\"tracked\":" + (leaks_ ? "true" : "false") +
-                    ",\"sites\":" + (sites_ ? "true" : "false") + ",\"arenas\":{";
+  std::string out =
+      "{\"version\":1,\"gpupool\":\"" GPUPOOL_VERSION "\",\"pid\":" + std::to_string(pid) +
+      ",\"tracked\":" + (leaks_ ? "true" : "false") + ",\"sites\":" + (sites_ ? "true" : "false") +
+      ",\"arenas\":{";
   bool first = true;
   for (const auto& [name, desc] : arenas) {
     out += (first ? "\"" : ",\"") + stats::json_escape(name) + "\":" + desc;
@@ -148,8 +154,8 @@ std::string Recorder::snapshot_json(long pid) {
   char num[128];
   for (std::size_t i = 0; i < live.size(); ++i) {
     const Live& b = live[i];
-    std::snprintf(num, sizeof num, "\"handle\":%" PRIu64 ",\"requested\":%" PRIu64
-                  ",\"size\":%" PRIu64 ",\"site\":",
+    std::snprintf(num, sizeof num,
+                  "\"handle\":%" PRIu64 ",\"requested\":%" PRIu64 ",\"size\":%" PRIu64 ",\"site\":",
                   b.handle, b.requested, b.size);
     out += std::string(i ? "," : "") + "{\"arena\":\"" + stats::json_escape(b.arena) + "\"," + num;
     if (b.site == sites::kNoSite) {
@@ -171,7 +177,8 @@ std::string Recorder::snapshot_json(long pid) {
     for (bool first_frame = true; at < text.size(); first_frame = false) {
       std::size_t nl = text.find('\n', at);
       if (nl == std::string::npos) nl = text.size();
-      out += std::string(first_frame ? "\"" : ",\"") + stats::json_escape(text.substr(at, nl - at)) + "\"";
+      out += std::string(first_frame ? "\"" : ",\"") +
+             stats::json_escape(text.substr(at, nl - at)) + "\"";
       at = nl + 1;
     }
     out += "]";

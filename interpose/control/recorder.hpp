@@ -65,7 +65,8 @@ class Recorder final : public PoolObserver {
   };
   struct KeyHash {
     std::size_t operator()(const Key& k) const {
-      return std::hash<std::uint64_t>()(k.handle ^ (reinterpret_cast<std::uintptr_t>(k.arena) << 7));
+      return std::hash<std::uint64_t>()(k.handle ^
+                                        (reinterpret_cast<std::uintptr_t>(k.arena) << 7));
     }
   };
   // Sharded by handle: allocating threads rarely meet on one lock.

@@ -5,13 +5,13 @@
 // deadlines, and other users are refused as they connect, before anything
 // of theirs is read. A complete request goes to the control thread, which
 // may call the driver (this thread must not), and the answer comes back.
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/random.h>
-#include <dirent.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -54,8 +54,9 @@ std::string held_summary(const Stats& before, const Stats& after, bool holding, 
   const std::uint64_t blocks = before.held_blocks - std::min(before.held_blocks, after.held_blocks);
   const std::uint64_t bytes = before.held_bytes - std::min(before.held_bytes, after.held_bytes);
   if (json)
-    return "{\"released_blocks\": " + std::to_string(blocks) + ", \"released_bytes\": " +
-           std::to_string(bytes) + ", \"held_blocks\": " + std::to_string(after.held_blocks) +
+    return "{\"released_blocks\": " + std::to_string(blocks) +
+           ", \"released_bytes\": " + std::to_string(bytes) +
+           ", \"held_blocks\": " + std::to_string(after.held_blocks) +
            ", \"held_bytes\": " + std::to_string(after.held_bytes) +
            ", \"holding\": " + (holding ? "true" : "false") + "}\n";
   return "released " + std::to_string(blocks) + " held blocks (" + stats::human_bytes(bytes) +
@@ -155,10 +156,15 @@ io::OwnedFd bind_file(State& st) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     return refuse("cannot create " + dir + ": " + strerror(errno), false);
   struct stat s {};
-  if (lstat(dir.c_str(), &s) != 0) return refuse("cannot examine " + dir + ": " + strerror(errno), false);
+  if (lstat(dir.c_str(), &s) != 0)
+    return refuse("cannot examine " + dir + ": " + strerror(errno), false);
   if (S_ISLNK(s.st_mode) || !S_ISDIR(s.st_mode) || s.st_uid != uid)
-    return refuse(dir + (S_ISLNK(s.st_mode) ? " is a symbolic link" : S_ISDIR(s.st_mode) ? "" : " is not a directory") +
-                      " of uid " + std::to_string(s.st_uid) + " (another user took its name; remove it)",
+    return refuse(dir +
+                      (S_ISLNK(s.st_mode)   ? " is a symbolic link"
+                       : S_ISDIR(s.st_mode) ? ""
+                                            : " is not a directory") +
+                      " of uid " + std::to_string(s.st_uid) +
+                      " (another user took its name; remove it)",
                   s.st_uid != uid);
   // Ours: nobody else may search it (a user who opened it up closes it again).
   if ((s.st_mode & 077) && ::chmod(dir.c_str(), 0700) != 0)
@@ -274,8 +280,8 @@ bool read_request(Client& c, std::uint64_t now, Notes& notes);
 void accept_clients(State& st, int listening, std::vector<Client>& clients, Notes& notes) {
   const bool all_users = st.rt && st.rt->config.neighbours == config::Neighbours::all;
   for (int n = 0; n < kAcceptsPerRound; ++n) {
-    io::OwnedFd c = io::OwnedFd::adopt(
-        accept4(listening, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    io::OwnedFd c =
+        io::OwnedFd::adopt(accept4(listening, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!c.valid()) return;
     const std::uint64_t now = io::mono_ns();
     ucred cred{};
@@ -303,7 +309,9 @@ void accept_clients(State& st, int listening, std::vector<Client>& clients, Note
     // that keeps connections open without asking pushes out its own, never
     // another process's client that has not sent its line yet.
     const auto idle = [&](bool foreign_only) {
-      const auto candidate = [&](const Client& x) { return !x.answering && (x.foreign || !foreign_only); };
+      const auto candidate = [&](const Client& x) {
+        return !x.answering && (x.foreign || !foreign_only);
+      };
       std::vector<pid_t> pids;
       for (const Client& x : clients)
         if (candidate(x)) pids.push_back(x.pid);
@@ -323,20 +331,21 @@ void accept_clients(State& st, int listening, std::vector<Client>& clients, Note
     // Clients that asked are answered within the round (or their answer's
     // 1 s), so the limits count those that have not.
     const auto waiting = [&](bool foreign_only) {
-      return static_cast<std::size_t>(std::count_if(clients.begin(), clients.end(), [&](const Client& x) {
-        return !x.answering && (x.foreign || !foreign_only);
-      }));
+      return static_cast<std::size_t>(std::count_if(
+          clients.begin(), clients.end(),
+          [&](const Client& x) { return !x.answering && (x.foreign || !foreign_only); }));
     };
     const bool foreign_full = foreign && waiting(true) >= kMaxForeignClients;
     if (!cl.answering && (foreign_full || waiting(false) >= kMaxClients)) {
       auto victim = idle(true);
       if (victim == clients.end() && !foreign_full) victim = idle(false);
       notes.add(Notes::dropped, now, [&] {
-        return "control socket: " + std::to_string(foreign_full ? kMaxForeignClients : kMaxClients) +
+        return "control socket: " +
+               std::to_string(foreign_full ? kMaxForeignClients : kMaxClients) +
                (foreign_full ? " other users' clients" : " clients") + " at once; " +
                (victim == clients.end() ? "turned a new one away"
-                                           : "dropped the oldest that had not asked of the process "
-                                             "with most such");
+                                        : "dropped the oldest that had not asked of the process "
+                                          "with most such");
       });
       if (victim == clients.end()) continue;
       clients.erase(victim);
@@ -480,8 +489,8 @@ void check_file(State& st, Server& sv, std::uint64_t now) {
     log().info("control socket: {} was removed; bound again", st.socket_path);
   } else if (!sv.file_lost_said) {
     sv.file_lost_said = true;  // tried again at the next look
-    log().info("control socket: {} was removed and cannot be bound again yet ({})",
-               st.socket_path, st.socket_dir_note);
+    log().info("control socket: {} was removed and cannot be bound again yet ({})", st.socket_path,
+               st.socket_dir_note);
   }
 }
 
@@ -507,8 +516,9 @@ bool server_round(State& st, Server& sv) {
         build_listen(st);
       }
       if (!st.listen.valid()) {
-        log().warn("control socket: closed by the program and not bound again; `gpupool "
-                   "stats PID` cannot reach this process any more");
+        log().warn(
+            "control socket: closed by the program and not bound again; `gpupool "
+            "stats PID` cannot reach this process any more");
         return false;
       }
       log().info("control socket: closed by the program; bound again as {}",
@@ -528,9 +538,11 @@ bool server_round(State& st, Server& sv) {
     next = std::min(next, c.deadline);
   }
   int timeout_ms = next == UINT64_MAX ? -1
-                   : next <= now      ? 0
-                                      : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
-  if (sv.shared_table && (timeout_ms < 0 || timeout_ms > kSharedTablePollMs)) timeout_ms = kSharedTablePollMs;
+                   : next <= now
+                       ? 0
+                       : static_cast<int>(std::min<std::uint64_t>((next - now) / kMs + 1, 60'000));
+  if (sv.shared_table && (timeout_ms < 0 || timeout_ms > kSharedTablePollMs))
+    timeout_ms = kSharedTablePollMs;
   const int r = ::poll(fds.data(), fds.size(), timeout_ms);
   if (r < 0 && errno != EINTR) return false;
   std::vector<Client*> asking;
@@ -563,7 +575,8 @@ bool server_round(State& st, Server& sv) {
   }
   if (!asking.empty()) {
     io::PrivateWork work;
-    std::erase_if(clients, [](Client& c) { return c.answering && !c.out.empty() && !send_answer(c); });
+    std::erase_if(clients,
+                  [](Client& c) { return c.answering && !c.out.empty() && !send_answer(c); });
   }
   return true;
 }

@@ -35,7 +35,8 @@ Slot g_slots[kActions];
 std::atomic<int> g_nslots{0};
 // Bumped by every poke; the control thread sleeps while it is unchanged.
 std::atomic<std::uint32_t> g_wake{0};
-static_assert(sizeof g_wake == sizeof(std::uint32_t) && std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(sizeof g_wake == sizeof(std::uint32_t) &&
+              std::atomic<std::uint32_t>::is_always_lock_free);
 std::atomic<unsigned> g_pending[kActions];
 
 void on_signal(int sig, siginfo_t* info, void* uctx) {
@@ -154,7 +155,8 @@ void check_handlers() {
     for (unsigned a = 0; a < kActions; ++a)
       if (s.actions & (1u << a)) {
         if (!what.empty()) what += ", ";
-        what += std::string(kActionInfo[a].name) + " (use `gpupool " + kActionInfo[a].verb + " PID`)";
+        what +=
+            std::string(kActionInfo[a].name) + " (use `gpupool " + kActionInfo[a].verb + " PID`)";
       }
     if (!ours)
       add_warning("the program replaced gpupool's " + stats::signal_name(s.signo) +

@@ -42,7 +42,7 @@ struct Python {
   // methods inside its allocation call.
   int (*gc_disable)();
   int (*gc_enable)();
-  bool has_qualname;  // 3.11+ (Py_Version exists): code objects have co_qualname
+  bool has_qualname;          // 3.11+ (Py_Version exists): code objects have co_qualname
   PyObj* (*current_frame)();  // borrowed
   PyObj* (*frame_code)(PyObj*);
   PyObj* (*frame_back)(PyObj*);
@@ -268,7 +268,8 @@ void Sites::add_module_of(std::uint64_t pc) {
         for (int k = 0; k < i->dlpi_phnum && !mine; ++k) {
           const ElfW(Phdr)& ph = i->dlpi_phdr[k];
           const std::uint64_t s = i->dlpi_addr + ph.p_vaddr;
-          mine = ph.p_type == PT_LOAD && (ph.p_flags & PF_X) && f->pc >= s && f->pc < s + ph.p_memsz;
+          mine =
+              ph.p_type == PT_LOAD && (ph.p_flags & PF_X) && f->pc >= s && f->pc < s + ph.p_memsz;
         }
         if (!mine) return 0;
         // The build id, from the object's notes as loaded.
@@ -283,7 +284,8 @@ void Sites::add_module_of(std::uint64_t pc) {
             const char* name = p + sizeof(ElfW(Nhdr));
             const char* desc = name + ((nh->n_namesz + 3) & ~3u);
             if (desc + nh->n_descsz > end) break;
-            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && !std::memcmp(name, "GNU", 4)) {
+            if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 &&
+                !std::memcmp(name, "GNU", 4)) {
               for (unsigned b = 0; b < nh->n_descsz; ++b) {
                 char x[3];
                 std::snprintf(x, sizeof x, "%02x", static_cast<unsigned char>(desc[b]));
@@ -308,8 +310,8 @@ void Sites::add_module_of(std::uint64_t pc) {
           const ElfW(Phdr)& ph = i->dlpi_phdr[k];
           if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
           const std::uint64_t start = i->dlpi_addr + ph.p_vaddr, end = start + ph.p_memsz;
-          s.decls_.push_back("module " + std::to_string(s.modules_.size()) + " " + hex(start) + " " +
-                             hex(end) + " " + hex(i->dlpi_addr) + " " +
+          s.decls_.push_back("module " + std::to_string(s.modules_.size()) + " " + hex(start) +
+                             " " + hex(end) + " " + hex(i->dlpi_addr) + " " +
                              (build_id.empty() ? "-" : build_id) + " " + path + "\n");
           s.modules_.push_back({start, end, i->dlpi_addr, path, build_id});
         }
@@ -345,9 +347,10 @@ std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
   const bool full = sites_.size() >= kMaxSites;
   auto over = [&] {
     if (over_limit_++ == 0)
-      log().warn("GPUPOOL_SITES: {} distinct call stacks recorded; allocations from new ones "
-                 "are left without a site",
-                 kMaxSites);
+      log().warn(
+          "GPUPOOL_SITES: {} distinct call stacks recorded; allocations from new ones "
+          "are left without a site",
+          kMaxSites);
     return kNoSite;
   };
   std::vector<std::uint32_t> frame_ids;
@@ -358,12 +361,14 @@ std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
       frame_ids.push_back(known->second);
       continue;
     }
-    auto [it, fresh] = pyframe_ids_.try_emplace(f, static_cast<std::uint32_t>(pyframe_text_.size()));
+    auto [it, fresh] =
+        pyframe_ids_.try_emplace(f, static_cast<std::uint32_t>(pyframe_text_.size()));
     if (fresh) {
       // f is "LINE FUNC\tFILE".
       const std::size_t tab = f.find('\t');
       const std::string line_func = f.substr(0, tab), file = f.substr(tab + 1);
-      decls_.push_back("pyframe " + std::to_string(it->second) + " " + line_func + " " + file + "\n");
+      decls_.push_back("pyframe " + std::to_string(it->second) + " " + line_func + " " + file +
+                       "\n");
       const std::size_t sp = line_func.find(' ');
       pyframe_text_.push_back(line_func.substr(sp + 1) + " (" + file + ":" +
                               line_func.substr(0, sp) + ")");
@@ -371,13 +376,15 @@ std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
     frame_ids.push_back(it->second);
   }
   std::string key(reinterpret_cast<const char*>(pcs), sizeof(std::uint64_t) * npcs);
-  key.append(reinterpret_cast<const char*>(frame_ids.data()), sizeof(std::uint32_t) * frame_ids.size());
+  key.append(reinterpret_cast<const char*>(frame_ids.data()),
+             sizeof(std::uint32_t) * frame_ids.size());
   key.push_back(static_cast<char>(frame_ids.size()));
   if (full) {
     const auto known = site_ids_.find(key);
     return known != site_ids_.end() ? known->second : over();
   }
-  auto [it, fresh] = site_ids_.try_emplace(std::move(key), static_cast<std::uint32_t>(sites_.size()));
+  auto [it, fresh] =
+      site_ids_.try_emplace(std::move(key), static_cast<std::uint32_t>(sites_.size()));
   if (!fresh) return it->second;
   for (int i = 0; i < npcs; ++i) {
     bool known = false;
@@ -393,7 +400,8 @@ std::uint32_t Sites::intern(const std::uint64_t* pcs, int npcs,
   for (int i = 0; i < npcs; ++i) line += (i ? "," : "") + hex(pcs[i]);
   if (npcs == 0) line += "-";
   line += " ";
-  for (std::size_t i = 0; i < frame_ids.size(); ++i) line += (i ? "," : "") + std::to_string(frame_ids[i]);
+  for (std::size_t i = 0; i < frame_ids.size(); ++i)
+    line += (i ? "," : "") + std::to_string(frame_ids[i]);
   if (frame_ids.empty()) line += "-";
   decls_.push_back(line + "\n");
   sites_.push_back(std::move(s));

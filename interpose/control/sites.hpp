@@ -27,8 +27,8 @@ namespace gpupool::sites {
 inline constexpr std::uint32_t kNoSite = UINT32_MAX;
 
 struct Site {
-  std::vector<std::uint64_t> pcs;          // return addresses, innermost first
-  std::vector<std::uint32_t> pyframes;     // ids into Sites' Python frames, innermost first
+  std::vector<std::uint64_t> pcs;       // return addresses, innermost first
+  std::vector<std::uint32_t> pyframes;  // ids into Sites' Python frames, innermost first
   // Modules declared before this site: a pc is in the last of them that
   // covers it (a library unloaded and another loaded at its addresses).
   std::size_t modules_end = 0;
@@ -82,10 +82,10 @@ class Sites {
   // may no longer be what their addresses hold.
   unsigned long long unloads_seen_ = 0;
   std::size_t modules_from_ = 0;
-  std::unique_ptr<symbols::Files> symbols_;  // describe()'s, made on first use
+  std::unique_ptr<symbols::Files> symbols_;                     // describe()'s, made on first use
   std::unordered_map<std::string, std::uint32_t> pyframe_ids_;  // "line func\tfile"
-  std::vector<std::string> pyframe_text_;                         // by id, "file:line func"
-  std::unordered_map<std::string, std::uint32_t> site_ids_;      // pcs and frame ids, as bytes
+  std::vector<std::string> pyframe_text_;                       // by id, "file:line func"
+  std::unordered_map<std::string, std::uint32_t> site_ids_;     // pcs and frame ids, as bytes
   std::vector<Site> sites_;
   std::vector<std::string> decls_;
   std::uint64_t sampled_ = 0;

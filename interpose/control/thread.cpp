@@ -48,9 +48,10 @@ bool may_create_descriptors(std::uint64_t now, std::uint64_t* since) {
   }
   if (*since == 0) {
     *since = now;
-    log().debug("the program has closed 0, 1 or 2: gpupool's control thread waits until it "
-                "reopens them (at most {} ms)",
-                kStdioWait / kMs);
+    log().debug(
+        "the program has closed 0, 1 or 2: gpupool's control thread waits until it "
+        "reopens them (at most {} ms)",
+        kStdioWait / kMs);
   }
   return now - *since >= kStdioWait;
 }

@@ -30,8 +30,8 @@ struct Record {
   std::uint64_t size;
   std::uint32_t tid;
   std::uint32_t site;  // allocations: sites::kNoSite when not sampled
-  char op;   // 'a' or 'f'
-  char hit;  // 'h', 'm', 'd' (docs/trace.md), or 0 for frees
+  char op;             // 'a' or 'f'
+  char hit;            // 'h', 'm', 'd' (docs/trace.md), or 0 for frees
 };
 
 constexpr std::size_t kRing = 1024;
@@ -111,13 +111,13 @@ std::string command_line_comment() {
 }  // namespace
 
 struct Tracer::Impl {
-  std::string value;  // GPUPOOL_TRACE_FILE as set
-  long run_pid = 0;   // GPUPOOL_RUN_PID
-  std::string path;   // the file this process writes (config/outputs.hpp)
+  std::string value;        // GPUPOOL_TRACE_FILE as set
+  long run_pid = 0;         // GPUPOOL_RUN_PID
+  std::string path;         // the file this process writes (config/outputs.hpp)
   std::string passed_over;  // the name another live process held, if any
-  io::OwnedFd file GPUPOOL_GUARDED_BY(write_mu);  // held (config/outputs.hpp)
-  bool disabled = false;    // a forked child until renew_in_child
-  bool attached = false;    // started while the process ran ('# attached')
+  io::OwnedFd file GPUPOOL_GUARDED_BY(write_mu);    // held (config/outputs.hpp)
+  bool disabled = false;                            // a forked child until renew_in_child
+  bool attached = false;                            // started while the process ran ('# attached')
   bool ended GPUPOOL_GUARDED_BY(write_mu) = false;  // "# end" written
   // The process whose file this is (renew_in_child, restart); read unlocked
   // by finish() at _exit.
@@ -160,9 +160,10 @@ struct Tracer::Impl {
   void say_passed_over() const {
     if (passed_over.empty()) return;
     if (run_pid == static_cast<long>(getpid()))
-      log().warn("{}: {} is written by another run's process; this run's trace is "
-                 "{} (its '# run' line keeps it apart)",
-                 setting(), passed_over, path);
+      log().warn(
+          "{}: {} is written by another run's process; this run's trace is "
+          "{} (its '# run' line keeps it apart)",
+          setting(), passed_over, path);
     else
       log().info("{}: {} is written by another live process; this one writes {}", setting(),
                  passed_over, path);
@@ -333,9 +334,8 @@ bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
 bool Tracer::Impl::open_file(bool fresh, bool forked_child, std::string* why) {
   bool ok = false;
   // On the files thread, while this one holds write_mu (as in write_out).
-  io::in_private([&]() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-    ok = open_file_here(fresh, forked_child, why);
-  });
+  io::in_private(
+      [&]() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { ok = open_file_here(fresh, forked_child, why); });
   return ok;
 }
 
@@ -385,8 +385,8 @@ Tracer::Tracer() : impl_(new Impl) {
   pthread_key_create(&impl_->key, release_buf);
 }
 
-Tracer* Tracer::open(const std::string& value, long run_pid, sites::Sites* sites,
-                     bool attached, std::string* why) {
+Tracer* Tracer::open(const std::string& value, long run_pid, sites::Sites* sites, bool attached,
+                     std::string* why) {
   auto* t = new Tracer;  // never destroyed: threads may trace during exit
   t->impl_->value = value;
   t->impl_->run_pid = run_pid;
@@ -406,7 +406,6 @@ Tracer* Tracer::open(const std::string& value, long run_pid, sites::Sites* sites
   t->impl_->say_passed_over();
   return t;
 }
-
 
 // Never throws into the pool: a record that cannot be kept (out of host
 // memory for a thread's buffer) is dropped and counted.
@@ -441,7 +440,7 @@ void Tracer::finish() {
   flush();
   LockGuard lock(impl_->write_mu);
   if (impl_->disabled || impl_->ended) return;
-  impl_->ended = true;  // from now on records are dropped (drain)
+  impl_->ended = true;              // from now on records are dropped (drain)
   if (impl_->open_pending) return;  // a forked child's file, never opened: nothing to end
   char line[40] = "# end ";
   char* p = put_dec(line + 6, impl_->since_t0());

@@ -27,8 +27,8 @@ class Tracer final {
   // attached: started while the process runs (gpupool_trace_start): the
   // header says so ('# attached'), since frees of blocks allocated before
   // are recorded.
-  static Tracer* open(const std::string& value, long run_pid, sites::Sites* sites,
-                      bool attached, std::string* why);
+  static Tracer* open(const std::string& value, long run_pid, sites::Sites* sites, bool attached,
+                      std::string* why);
 
   // After finish(): traces again, into the file for `value` (as open()
   // with attached), with this tracer's thread buffers. False with *why set

@@ -78,7 +78,8 @@ Captures& captures() {
 
 Captures::Capture capture_key(CUstream s, bool ptsz) {
   const bool per_thread = s == CU_STREAM_PER_THREAD || (ptsz && s == nullptr);
-  return {per_thread ? CU_STREAM_PER_THREAD : s, per_thread ? static_cast<long>(syscall(SYS_gettid)) : 0};
+  return {per_thread ? CU_STREAM_PER_THREAD : s,
+          per_thread ? static_cast<long>(syscall(SYS_gettid)) : 0};
 }
 
 constexpr std::uint64_t kReadEveryNs = 1'000'000;
@@ -112,7 +113,8 @@ Traced& traced() {
 }
 
 // The observer told of `p`'s end, and it forgotten.
-void end_traced(Runtime& rt, Traced::Shard& s, std::unordered_map<CUdeviceptr, Traced::Allocation>::iterator it)
+void end_traced(Runtime& rt, Traced::Shard& s,
+                std::unordered_map<CUdeviceptr, Traced::Allocation>::iterator it)
     GPUPOOL_REQUIRES(s.mu) {
   if (Arena* a = it->second.pool->arena.load(std::memory_order_acquire))
     rt.pool.note_outside_free(*a, it->first, it->second.size);
@@ -238,7 +240,8 @@ class AsyncBackend final : public Backend, public HeldOutside {
   void reset_peaks() override {
     const Driver* d = driver_if_loaded();
     if (!d || exiting() || capturing() || !d->mem_pool_set_attribute) return;
-    for (CUmemPool_attribute a : {CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, CU_MEMPOOL_ATTR_USED_MEM_HIGH}) {
+    for (CUmemPool_attribute a :
+         {CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, CU_MEMPOOL_ATTR_USED_MEM_HIGH}) {
       cuuint64_t zero = 0;
       d->mem_pool_set_attribute(p_.pool, a, &zero);
     }
@@ -256,7 +259,8 @@ AsyncPool* record(const Driver& d, Runtime& rt, CUmemoryPool pool, CtxState* st)
   if (auto it = r.pools.find(pool); it != r.pools.end()) return it->second;
   // Not a pool (the allocation gets the driver's error): nothing to manage.
   cuuint64_t reserved = 0;
-  if (d.mem_pool_get_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
+  if (d.mem_pool_get_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) !=
+      CUDA_SUCCESS)
     return nullptr;
   auto* p = new AsyncPool;
   p->last_reserved.store(reserved, std::memory_order_relaxed);
@@ -264,7 +268,8 @@ AsyncPool* record(const Driver& d, Runtime& rt, CUmemoryPool pool, CtxState* st)
   p->dev = st->dev;
   CUmemoryPool def = nullptr;
   const bool is_default = d.device_get_default_mem_pool &&
-                          d.device_get_default_mem_pool(&def, st->dev) == CUDA_SUCCESS && def == pool;
+                          d.device_get_default_mem_pool(&def, st->dev) == CUDA_SUCCESS &&
+                          def == pool;
   ArenaOptions o;
   o.name = is_default ? fmt::format("cuda dev {} async default pool", int(st->dev))
                       : fmt::format("cuda dev {} async pool {}", int(st->dev), r.pools.size() + 1);
@@ -304,7 +309,8 @@ AsyncPool* async_pool(const Driver& d, Runtime& rt, CUmemoryPool pool) {
   AsyncPool* p = nullptr;
   if (pool) {
     static thread_local AsyncPool* t_last = nullptr;  // a program allocates from one pool mostly
-    p = t_last && t_last->pool == pool && t_last->arena.load(std::memory_order_relaxed) ? t_last : nullptr;
+    p = t_last && t_last->pool == pool && t_last->arena.load(std::memory_order_relaxed) ? t_last
+                                                                                        : nullptr;
     if (!p) p = t_last = record(d, rt, pool, st);
     if (!p) return nullptr;
   } else {

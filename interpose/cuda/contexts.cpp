@@ -135,9 +135,8 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned lon
   // The GPU's name across processes: for the node's neighbours, and in the
   // stats (nvidia-smi's form).
   CUuuid u{};
-  const bool has_uuid =
-      (d.device_get_uuid_v2 && d.device_get_uuid_v2(&u, dev) == CUDA_SUCCESS) ||
-      (d.device_get_uuid && d.device_get_uuid(&u, dev) == CUDA_SUCCESS);
+  const bool has_uuid = (d.device_get_uuid_v2 && d.device_get_uuid_v2(&u, dev) == CUDA_SUCCESS) ||
+                        (d.device_get_uuid && d.device_get_uuid(&u, dev) == CUDA_SUCCESS);
   wire::DeviceKey uuid{};
   if (has_uuid) std::memcpy(uuid.data(), u.bytes, uuid.size());
   static std::atomic<unsigned> ordinals{0};
@@ -291,8 +290,7 @@ namespace {
 // record with the handle and another id is of a context that died unseen:
 // it is retired first. So, before the first record of a context is made,
 // is any other that died unseen (its memory may be the new one's now).
-CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long id,
-                 bool create) {
+CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long id, bool create) {
   solo_note_thread();
   for (bool swept = false;;) {
     CtxState* stale = nullptr;

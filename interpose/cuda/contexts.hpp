@@ -144,7 +144,6 @@ inline bool solo_free() {
 // rule, which cannot see which threads' streams such entry points use.
 void solo_note_symbol(const char* name, unsigned long long flags);
 
-
 // The state of the current context, created on first use (create = true).
 // nullptr when there is no usable current context (the caller then passes
 // the call to the driver, which returns its own error). The hit path: one

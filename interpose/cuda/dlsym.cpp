@@ -17,7 +17,8 @@ extern "C" {
 // Read by dlsym_entry.S; hidden so the entry reaches it without the GOT.
 __attribute__((visibility("hidden"))) void* gpupool_real_dlsym_ptr = nullptr;
 __attribute__((visibility("hidden"))) void* gpupool_resolve_real_dlsym();
-__attribute__((visibility("hidden"))) void* gpupool_dlsym_cu(void* handle, const char* name) noexcept;
+__attribute__((visibility("hidden"))) void* gpupool_dlsym_cu(void* handle,
+                                                             const char* name) noexcept;
 }
 
 namespace {

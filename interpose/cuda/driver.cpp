@@ -55,19 +55,20 @@ const Driver* init(bool may_load) {
     return p;
   };
   std::size_t i = 0, n = 0;
-#define GPUPOOL_RESOLVE_HOOK(name, field, type)                                       \
-  d.field = reinterpret_cast<decltype(d.field)>(get(#name));                    \
-  if (d.field) {                                                                \
-    bool dup = false; /* aliases: the first export of an address wins */        \
-    for (std::size_t k = 0; k < n; ++k)                                         \
-      if (r->table[k].real == reinterpret_cast<void*>(d.field)) dup = true;     \
-    if (!dup) r->table[n++] = {reinterpret_cast<void*>(d.field),                \
-                               const_cast<void*>(kHookAddresses[i])};           \
-  }                                                                             \
+#define GPUPOOL_RESOLVE_HOOK(name, field, type)                                                 \
+  d.field = reinterpret_cast<decltype(d.field)>(get(#name));                                    \
+  if (d.field) {                                                                                \
+    bool dup = false; /* aliases: the first export of an address wins */                        \
+    for (std::size_t k = 0; k < n; ++k)                                                         \
+      if (r->table[k].real == reinterpret_cast<void*>(d.field)) dup = true;                     \
+    if (!dup)                                                                                   \
+      r->table[n++] = {reinterpret_cast<void*>(d.field), const_cast<void*>(kHookAddresses[i])}; \
+  }                                                                                             \
   ++i;
   GPUPOOL_CUDA_HOOKS(GPUPOOL_RESOLVE_HOOK)
 #undef GPUPOOL_RESOLVE_HOOK
-#define GPUPOOL_RESOLVE_USED(name, field, type) d.field = reinterpret_cast<decltype(d.field)>(get(#name));
+#define GPUPOOL_RESOLVE_USED(name, field, type) \
+  d.field = reinterpret_cast<decltype(d.field)>(get(#name));
   GPUPOOL_CUDA_USED(GPUPOOL_RESOLVE_USED)
 #undef GPUPOOL_RESOLVE_USED
   r->size = n;
@@ -114,4 +115,3 @@ void* hook_for(void* real_function) {
 }
 
 }  // namespace gpupool::cuda
-

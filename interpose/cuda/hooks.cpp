@@ -9,8 +9,8 @@
 
 #include "config/log.hpp"
 #include "interpose/cuda/async.hpp"
-#include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/contexts.hpp"
+#include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/pointers.hpp"
 #include "interpose/cuda/vmm.hpp"
 #include "interpose/hook_scope.hpp"
@@ -75,8 +75,7 @@ void patch_attribute(CUpointer_attribute attr, void* data, const PtrInfo& i) {
   // A piece of a split segment starts where the program's allocation does,
   // not where the driver's does.
   if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data) = i.base;
-  if (attr == CU_POINTER_ATTRIBUTE_BUFFER_ID)
-    *static_cast<unsigned long long*>(data) = i.buffer_id;
+  if (attr == CU_POINTER_ATTRIBUTE_BUFFER_ID) *static_cast<unsigned long long*>(data) = i.buffer_id;
   if (!i.in_range) return;
   // A piece of an expandable range is the driver's virtual memory, which it
   // says legacy IPC cannot share: answered as for the cuMemAlloc block the
@@ -145,8 +144,10 @@ CUresult retry_out_of_memory(const Driver& d, int dev, std::size_t bytes, Call&&
   if (!vmm::escape_ghosts() && rt->pool.release_group(group, SIZE_MAX) == 0 &&
       !node::ask_neighbours(group, bytes))
     return r;
-  log().debug("cuda: an allocation gpupool does not serve ({} bytes) ran out of memory: "
-              "retried after releasing held memory", bytes);
+  log().debug(
+      "cuda: an allocation gpupool does not serve ({} bytes) ran out of memory: "
+      "retried after releasing held memory",
+      bytes);
   return call();
 }
 
@@ -225,7 +226,8 @@ CUresult ctx_destroy(const Driver& d, CUcontext ctx, PFN_ctx real) {
   Runtime* rt = runtime();
   CtxState* st = rt && ctx ? find_state(d, *rt, ctx) : nullptr;
   if (!st) return real(ctx);
-  return end_context(st, *rt, [&] { return real(ctx); }, [] { return true; });
+  return end_context(
+      st, *rt, [&] { return real(ctx); }, [] { return true; });
 }
 
 // cuCtxDetach (deprecated; PyCUDA drops its contexts with it) destroys the
@@ -235,7 +237,8 @@ CUresult ctx_detach(const Driver& d, CUcontext ctx, PFN_ctx real) {
   Runtime* rt = runtime();
   CtxState* st = rt && ctx ? find_state(d, *rt, ctx) : nullptr;
   if (!st) return real(ctx);
-  return end_context(st, *rt, [&] { return real(ctx); }, [&] { return !context_alive(d, st); });
+  return end_context(
+      st, *rt, [&] { return real(ctx); }, [&] { return !context_alive(d, st); });
 }
 
 // Only the last release destroys the primary context.
@@ -243,19 +246,22 @@ CUresult primary_release(const Driver& d, CUdevice dev, PFN_dev real) {
   Runtime* rt = runtime();
   CtxState* st = rt ? primary_state(d, *rt, dev) : nullptr;
   if (!st) return real(dev);
-  return end_context(st, *rt, [&] { return real(dev); }, [&] {
-    unsigned flags = 0;
-    int active = 1;
-    return d.primary_get_state && d.primary_get_state(dev, &flags, &active) == CUDA_SUCCESS &&
-           !active;
-  });
+  return end_context(
+      st, *rt, [&] { return real(dev); },
+      [&] {
+        unsigned flags = 0;
+        int active = 1;
+        return d.primary_get_state && d.primary_get_state(dev, &flags, &active) == CUDA_SUCCESS &&
+               !active;
+      });
 }
 
 CUresult primary_reset(const Driver& d, CUdevice dev, PFN_dev real) {
   Runtime* rt = runtime();
   CtxState* st = rt ? primary_state(d, *rt, dev) : nullptr;
   if (!st) return real(dev);
-  return end_context(st, *rt, [&] { return real(dev); }, [] { return true; });
+  return end_context(
+      st, *rt, [&] { return real(dev); }, [] { return true; });
 }
 
 }  // namespace
@@ -269,13 +275,13 @@ extern "C" {
 // the driver alone, which gives the program the driver's own answer. The
 // pool leaves nothing half-done when it throws (a fresh block is released),
 // and paths after a driver call (frees, context teardown) do not throw.
-#define GPUPOOL_FALLBACK(field, ...)                                                 \
-  catch (...) {                                                                      \
-    const HookScope hook_scope;                                                      \
-    internal_failure(__func__);                                                      \
-    const Driver* fallback_driver = driver();                                        \
+#define GPUPOOL_FALLBACK(field, ...)                                                       \
+  catch (...) {                                                                            \
+    const HookScope hook_scope;                                                            \
+    internal_failure(__func__);                                                            \
+    const Driver* fallback_driver = driver();                                              \
     return fallback_driver && fallback_driver->field ? fallback_driver->field(__VA_ARGS__) \
-                                                     : kNoDriver;                    \
+                                                     : kNoDriver;                          \
   }
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) noexcept try {
@@ -296,7 +302,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t byt
   }
   *dptr = hand_out_device(rt->pool, a.block);
   return CUDA_SUCCESS;
-} GPUPOOL_FALLBACK(mem_alloc, dptr, bytes)
+}
+GPUPOOL_FALLBACK(mem_alloc, dptr, bytes)
 
 // A pitched allocation is a device allocation of pitch x height bytes with
 // the driver's pitch for the row: served by the pool like cuMemAlloc's
@@ -332,7 +339,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_
   *dptr = hand_out_device(rt->pool, a.block);
   *pitch = row;
   return CUDA_SUCCESS;
-} GPUPOOL_FALLBACK(mem_alloc_pitch, dptr, pitch, width, height, element)
+}
+GPUPOOL_FALLBACK(mem_alloc_pitch, dptr, pitch, width, height, element)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
   const HookScope hook_scope;
@@ -342,25 +350,31 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
   if (!rt) return d->mem_free(p);
   bool known = false;
   Block* b = device_map().deactivate(p, &known);
-  if (!known) return free_elsewhere(*rt, p, [&] { return d->mem_free(p); });  // not ours: 0, bad, interior pointers
-  if (!b) return CUDA_ERROR_INVALID_VALUE;  // ours and already free: a double free
+  if (!known)
+    return free_elsewhere(*rt, p,
+                          [&] { return d->mem_free(p); });  // not ours: 0, bad, interior pointers
+  if (!b) return CUDA_ERROR_INVALID_VALUE;                  // ours and already free: a double free
   rt->pool.free(b);
   return CUDA_SUCCESS;
-} GPUPOOL_FALLBACK(mem_free, p)
+}
+GPUPOOL_FALLBACK(mem_free, p)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocHost_v2(void** pp, size_t bytes) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_host) return kNoDriver;
   return host_alloc(*d, pp, bytes, 0, true);
-} GPUPOOL_FALLBACK(mem_alloc_host, pp, bytes)
+}
+GPUPOOL_FALLBACK(mem_alloc_host, pp, bytes)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) noexcept try {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostAlloc(void** pp, size_t bytes,
+                                                    unsigned int flags) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_host_alloc) return kNoDriver;
   return host_alloc(*d, pp, bytes, flags, false);
-} GPUPOOL_FALLBACK(mem_host_alloc, pp, bytes, flags)
+}
+GPUPOOL_FALLBACK(mem_host_alloc, pp, bytes, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeHost(void* p) noexcept try {
   const HookScope hook_scope;
@@ -374,7 +388,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeHost(void* p) noexcept try {
   if (!b) return CUDA_ERROR_INVALID_VALUE;
   rt->pool.free(b);
   return CUDA_SUCCESS;
-} GPUPOOL_FALLBACK(mem_free_host, p)
+}
+GPUPOOL_FALLBACK(mem_free_host, p)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total) noexcept try {
   const HookScope hook_scope;
@@ -399,7 +414,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetInfo_v2(size_t* free, size_t* total
     *free = std::min(*free, *total);
   }
   return r;
-} GPUPOOL_FALLBACK(mem_get_info, free, total)
+}
+GPUPOOL_FALLBACK(mem_get_info, free, total)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
                                                              CUdeviceptr dptr) noexcept try {
@@ -414,7 +430,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase,
   if (r == CUDA_SUCCESS && psize) *psize = i.requested;
   if (r == CUDA_SUCCESS && pbase) *pbase = i.base;  // a split piece's own start
   return r;
-} GPUPOOL_FALLBACK(mem_get_address_range, pbase, psize, dptr)
+}
+GPUPOOL_FALLBACK(mem_get_address_range, pbase, psize, dptr)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttribute(void* data, CUpointer_attribute attr,
                                                            CUdeviceptr ptr) noexcept try {
@@ -428,11 +445,12 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttribute(void* data, CUpointer
   const CUresult r = d->pointer_get_attribute(data, attr, ptr);
   if (r == CUDA_SUCCESS) patch_attribute(attr, data, i);
   return r;
-} GPUPOOL_FALLBACK(pointer_get_attribute, data, attr, ptr)
+}
+GPUPOOL_FALLBACK(pointer_get_attribute, data, attr, ptr)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttributes(unsigned int n,
-                                                            CUpointer_attribute* attrs,
-                                                            void** data, CUdeviceptr ptr) noexcept try {
+                                                            CUpointer_attribute* attrs, void** data,
+                                                            CUdeviceptr ptr) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->pointer_get_attributes) return kNoDriver;
@@ -445,7 +463,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttributes(unsigned int n,
   if (r == CUDA_SUCCESS && attrs && data)
     for (unsigned k = 0; k < n; ++k) patch_attribute(attrs[k], data[k], i);
   return r;
-} GPUPOOL_FALLBACK(pointer_get_attributes, n, attrs, data, ptr)
+}
+GPUPOOL_FALLBACK(pointer_get_attributes, n, attrs, data, ptr)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, void* p) noexcept try {
   const HookScope hook_scope;
@@ -461,15 +480,16 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, voi
   // the program asked for, normalised as the driver does (DEVICEMAP set).
   if (r == CUDA_SUCCESS && pflags && i.found) *pflags = i.host_flags;
   return r;
-} GPUPOOL_FALLBACK(mem_host_get_flags, pflags, p)
+}
+GPUPOOL_FALLBACK(mem_host_get_flags, pflags, p)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) noexcept try {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle,
+                                                       CUdeviceptr dptr) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ipc_get_mem_handle) return kNoDriver;
   const PtrInfo i = runtime() ? device_map().find(dptr) : PtrInfo{};
-  if (unallocated_for_program(i, dptr))
-    return d->ipc_get_mem_handle(handle, unallocated_address());
+  if (unallocated_for_program(i, dptr)) return d->ipc_get_mem_handle(handle, unallocated_address());
   // The driver's handle names the whole driver allocation: another process
   // would open it at the segment's start, not at this piece, and the rest
   // would be handed out here while that process maps it. (A piece that is
@@ -484,7 +504,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle, C
   if (r == CUDA_SUCCESS && i.found)
     if (Block* b = device_map().active_block(dptr)) runtime()->pool.never_reuse(b);
   return r;
-} GPUPOOL_FALLBACK(ipc_get_mem_handle, handle, dptr)
+}
+GPUPOOL_FALLBACK(ipc_get_mem_handle, handle, dptr)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes,
                                                      CUstream s) noexcept try {
@@ -492,7 +513,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t b
   const Driver* d = driver();
   if (!d || !d->mem_alloc_async) return kNoDriver;
   return alloc_async(*d, dptr, bytes, nullptr, [&] { return d->mem_alloc_async(dptr, bytes, s); });
-} GPUPOOL_FALLBACK(mem_alloc_async, dptr, bytes, s)
+}
+GPUPOOL_FALLBACK(mem_alloc_async, dptr, bytes, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
                                                           CUstream s) noexcept try {
@@ -501,18 +523,20 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, siz
   if (!d || !d->mem_alloc_async_ptsz) return kNoDriver;
   return alloc_async(*d, dptr, bytes, nullptr,
                      [&] { return d->mem_alloc_async_ptsz(dptr, bytes, s); });
-} GPUPOOL_FALLBACK(mem_alloc_async_ptsz, dptr, bytes, s)
+}
+GPUPOOL_FALLBACK(mem_alloc_async_ptsz, dptr, bytes, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes,
-                                                             CUmemoryPool pool,
-                                                             CUstream s) noexcept try {
+                                                             CUmemoryPool pool, CUstream s) noexcept
+    try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_alloc_from_pool) return kNoDriver;
   if (!pool) return d->mem_alloc_from_pool(dptr, bytes, pool, s);
   return alloc_async(*d, dptr, bytes, pool,
                      [&] { return d->mem_alloc_from_pool(dptr, bytes, pool, s); });
-} GPUPOOL_FALLBACK(mem_alloc_from_pool, dptr, bytes, pool, s)
+}
+GPUPOOL_FALLBACK(mem_alloc_from_pool, dptr, bytes, pool, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
                                                                   CUmemoryPool pool,
@@ -523,24 +547,28 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* d
   if (!pool) return d->mem_alloc_from_pool_ptsz(dptr, bytes, pool, s);
   return alloc_async(*d, dptr, bytes, pool,
                      [&] { return d->mem_alloc_from_pool_ptsz(dptr, bytes, pool, s); });
-} GPUPOOL_FALLBACK(mem_alloc_from_pool_ptsz, dptr, bytes, pool, s)
+}
+GPUPOOL_FALLBACK(mem_alloc_from_pool_ptsz, dptr, bytes, pool, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeAsync(CUdeviceptr p, CUstream s) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_free_async) return kNoDriver;
   return free_async(p, s, d->mem_free_async);
-} GPUPOOL_FALLBACK(mem_free_async, p, s)
+}
+GPUPOOL_FALLBACK(mem_free_async, p, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_free_async_ptsz) return kNoDriver;
   return free_async(p, s, d->mem_free_async_ptsz);
-} GPUPOOL_FALLBACK(mem_free_async_ptsz, p, s)
+}
+GPUPOOL_FALLBACK(mem_free_async_ptsz, p, s)
 
 // A release threshold the program sets is its own from then on.
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolSetAttribute(CUmemoryPool pool,
+                                                           CUmemPool_attribute attr,
                                                            void* value) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
@@ -548,11 +576,13 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolSetAttribute(CUmemoryPool pool, CU
   const CUresult r = d->mem_pool_set_attribute(pool, attr, value);
   if (r == CUDA_SUCCESS) async_attribute_set(*d, pool, attr);
   return r;
-} GPUPOOL_FALLBACK(mem_pool_set_attribute, pool, attr, value)
+}
+GPUPOOL_FALLBACK(mem_pool_set_attribute, pool, attr, value)
 
 // The threshold gpupool raised reads as the driver's default (0), which is
 // what the program would see without gpupool.
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolGetAttribute(CUmemoryPool pool,
+                                                           CUmemPool_attribute attr,
                                                            void* value) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
@@ -563,7 +593,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolGetAttribute(CUmemoryPool pool, CU
       async_threshold_seen(pool, &seen))
     *static_cast<cuuint64_t*>(value) = seen;
   return r;
-} GPUPOOL_FALLBACK(mem_pool_get_attribute, pool, attr, value)
+}
+GPUPOOL_FALLBACK(mem_pool_get_attribute, pool, attr, value)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolDestroy(CUmemoryPool pool) noexcept try {
   const HookScope hook_scope;
@@ -573,45 +604,55 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolDestroy(CUmemoryPool pool) noexcep
   Runtime* rt = runtime_if_started();
   if (r == CUDA_SUCCESS && rt) async_pool_destroyed(*rt, pool);
   return r;
-} GPUPOOL_FALLBACK(mem_pool_destroy, pool)
+}
+GPUPOOL_FALLBACK(mem_pool_destroy, pool)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) noexcept try {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) noexcept
+    try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->device_set_mem_pool) return kNoDriver;
   const CUresult r = d->device_set_mem_pool(dev, pool);
   if (r == CUDA_SUCCESS) async_current_pool_changed(dev);
   return r;
-} GPUPOOL_FALLBACK(device_set_mem_pool, dev, pool)
+}
+GPUPOOL_FALLBACK(device_set_mem_pool, dev, pool)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture(CUstream s) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture_v1) return kNoDriver;
   return begin_capture(s, false, [&] { return d->begin_capture_v1(s); });
-} GPUPOOL_FALLBACK(begin_capture_v1, s)
+}
+GPUPOOL_FALLBACK(begin_capture_v1, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_ptsz(CUstream s) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture_v1_ptsz) return kNoDriver;
   return begin_capture(s, true, [&] { return d->begin_capture_v1_ptsz(s); });
-} GPUPOOL_FALLBACK(begin_capture_v1_ptsz, s)
+}
+GPUPOOL_FALLBACK(begin_capture_v1_ptsz, s)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) noexcept try {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_v2(CUstream s,
+                                                             CUstreamCaptureMode mode) noexcept
+    try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture) return kNoDriver;
   return begin_capture(s, false, [&] { return d->begin_capture(s, mode); });
-} GPUPOOL_FALLBACK(begin_capture, s, mode)
+}
+GPUPOOL_FALLBACK(begin_capture, s, mode)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCapture_v2_ptsz(CUstream s,
-                                                                  CUstreamCaptureMode mode) noexcept try {
+                                                                  CUstreamCaptureMode mode) noexcept
+    try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture_ptsz) return kNoDriver;
   return begin_capture(s, true, [&] { return d->begin_capture_ptsz(s, mode); });
-} GPUPOOL_FALLBACK(begin_capture_ptsz, s, mode)
+}
+GPUPOOL_FALLBACK(begin_capture_ptsz, s, mode)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph(
     CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data, size_t n,
@@ -619,8 +660,10 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph(
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->begin_capture_to_graph) return kNoDriver;
-  return begin_capture(s, false, [&] { return d->begin_capture_to_graph(s, g, deps, data, n, mode); });
-} GPUPOOL_FALLBACK(begin_capture_to_graph, s, g, deps, data, n, mode)
+  return begin_capture(s, false,
+                       [&] { return d->begin_capture_to_graph(s, g, deps, data, n, mode); });
+}
+GPUPOOL_FALLBACK(begin_capture_to_graph, s, g, deps, data, n, mode)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph_ptsz(
     CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data, size_t n,
@@ -630,21 +673,24 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamBeginCaptureToGraph_ptsz(
   if (!d || !d->begin_capture_to_graph_ptsz) return kNoDriver;
   return begin_capture(s, true,
                        [&] { return d->begin_capture_to_graph_ptsz(s, g, deps, data, n, mode); });
-} GPUPOOL_FALLBACK(begin_capture_to_graph_ptsz, s, g, deps, data, n, mode)
+}
+GPUPOOL_FALLBACK(begin_capture_to_graph_ptsz, s, g, deps, data, n, mode)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamEndCapture(CUstream s, CUgraph* g) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->end_capture) return kNoDriver;
   return end_capture(*d, s, false, [&] { return d->end_capture(s, g); });
-} GPUPOOL_FALLBACK(end_capture, s, g)
+}
+GPUPOOL_FALLBACK(end_capture, s, g)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->end_capture_ptsz) return kNoDriver;
   return end_capture(*d, s, true, [&] { return d->end_capture_ptsz(s, g); });
-} GPUPOOL_FALLBACK(end_capture_ptsz, s, g)
+}
+GPUPOOL_FALLBACK(end_capture_ptsz, s, g)
 
 // A stream destroyed while it captured captures no more.
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy(CUstream s) noexcept try {
@@ -655,7 +701,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy(CUstream s) noexcept try {
   const CUresult r = d->stream_destroy_v1(s);
   if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
   return r;
-} GPUPOOL_FALLBACK(stream_destroy_v1, s)
+}
+GPUPOOL_FALLBACK(stream_destroy_v1, s)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy_v2(CUstream s) noexcept try {
   const HookScope hook_scope;
@@ -665,7 +712,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy_v2(CUstream s) noexcept try
   const CUresult r = d->stream_destroy(s);
   if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
   return r;
-} GPUPOOL_FALLBACK(stream_destroy, s)
+}
+GPUPOOL_FALLBACK(stream_destroy, s)
 
 // Physical memory of the virtual memory API (XLA's platform allocator,
 // PyTorch's expandable segments): pooled in units where the program uses
@@ -679,18 +727,23 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemCreate(CUmemGenericAllocationHandle* h
   if (!d || !d->mem_create) return kNoDriver;
   if (const std::optional<CUresult> served = vmm::create(*d, handle, bytes, prop, flags))
     return *served;
-  const int dev = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
-  return retry_out_of_memory(*d, dev, bytes, [&] { return d->mem_create(handle, bytes, prop, flags); });
-} GPUPOOL_FALLBACK(mem_create, handle, bytes, prop, flags)
+  const int dev =
+      prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
+  return retry_out_of_memory(*d, dev, bytes,
+                             [&] { return d->mem_create(handle, bytes, prop, flags); });
+}
+GPUPOOL_FALLBACK(mem_create, handle, bytes, prop, flags)
 
 // The rest of the virtual memory API: a pooled unit's handle or address is
 // answered for by vmm.cpp, anything else goes to the driver.
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRelease(CUmemGenericAllocationHandle handle) noexcept try {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRelease(CUmemGenericAllocationHandle handle) noexcept
+    try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_release) return kNoDriver;
   return vmm::release(*d, handle);
-} GPUPOOL_FALLBACK(mem_release, handle)
+}
+GPUPOOL_FALLBACK(mem_release, handle)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAddressReserve(CUdeviceptr* ptr, size_t bytes,
                                                          size_t alignment, CUdeviceptr addr,
@@ -699,14 +752,16 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAddressReserve(CUdeviceptr* ptr, size_
   const Driver* d = driver();
   if (!d || !d->mem_address_reserve) return kNoDriver;
   return vmm::address_reserve(*d, ptr, bytes, alignment, addr, flags);
-} GPUPOOL_FALLBACK(mem_address_reserve, ptr, bytes, alignment, addr, flags)
+}
+GPUPOOL_FALLBACK(mem_address_reserve, ptr, bytes, alignment, addr, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAddressFree(CUdeviceptr ptr, size_t bytes) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_address_free) return kNoDriver;
   return vmm::address_free(*d, ptr, bytes);
-} GPUPOOL_FALLBACK(mem_address_free, ptr, bytes)
+}
+GPUPOOL_FALLBACK(mem_address_free, ptr, bytes)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemMap(CUdeviceptr ptr, size_t bytes, size_t offset,
                                               CUmemGenericAllocationHandle handle,
@@ -715,14 +770,16 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemMap(CUdeviceptr ptr, size_t bytes, siz
   const Driver* d = driver();
   if (!d || !d->mem_map) return kNoDriver;
   return vmm::map(*d, ptr, bytes, offset, handle, flags);
-} GPUPOOL_FALLBACK(mem_map, ptr, bytes, offset, handle, flags)
+}
+GPUPOOL_FALLBACK(mem_map, ptr, bytes, offset, handle, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemUnmap(CUdeviceptr ptr, size_t bytes) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_unmap) return kNoDriver;
   return vmm::unmap(*d, ptr, bytes);
-} GPUPOOL_FALLBACK(mem_unmap, ptr, bytes)
+}
+GPUPOOL_FALLBACK(mem_unmap, ptr, bytes)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemSetAccess(CUdeviceptr ptr, size_t bytes,
                                                     const CUmemAccessDesc* desc,
@@ -731,15 +788,17 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemSetAccess(CUdeviceptr ptr, size_t byte
   const Driver* d = driver();
   if (!d || !d->mem_set_access) return kNoDriver;
   return vmm::set_access(*d, ptr, bytes, desc, count);
-} GPUPOOL_FALLBACK(mem_set_access, ptr, bytes, desc, count)
+}
+GPUPOOL_FALLBACK(mem_set_access, ptr, bytes, desc, count)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
-                                                                 void* addr) noexcept try {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemRetainAllocationHandle(
+    CUmemGenericAllocationHandle* handle, void* addr) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_retain_handle) return kNoDriver;
   return vmm::retain_handle(*d, handle, addr);
-} GPUPOOL_FALLBACK(mem_retain_handle, handle, addr)
+}
+GPUPOOL_FALLBACK(mem_retain_handle, handle, addr)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemExportToShareableHandle(
     void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
@@ -748,7 +807,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemExportToShareableHandle(
   const Driver* d = driver();
   if (!d || !d->mem_export) return kNoDriver;
   return vmm::export_handle(*d, shareable, handle, type, flags);
-} GPUPOOL_FALLBACK(mem_export, shareable, handle, type, flags)
+}
+GPUPOOL_FALLBACK(mem_export, shareable, handle, type, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes,
                                                        unsigned int flags) noexcept try {
@@ -757,58 +817,67 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t
   if (!d || !d->mem_alloc_managed) return kNoDriver;
   return retry_out_of_memory(*d, -1, bytes,
                              [&] { return d->mem_alloc_managed(dptr, bytes, flags); });
-} GPUPOOL_FALLBACK(mem_alloc_managed, dptr, bytes, flags)
+}
+GPUPOOL_FALLBACK(mem_alloc_managed, dptr, bytes, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy(CUcontext ctx) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_destroy_v1) return kNoDriver;
   return ctx_destroy(*d, ctx, d->ctx_destroy_v1);
-} GPUPOOL_FALLBACK(ctx_destroy_v1, ctx)
+}
+GPUPOOL_FALLBACK(ctx_destroy_v1, ctx)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDestroy_v2(CUcontext ctx) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_destroy) return kNoDriver;
   return ctx_destroy(*d, ctx, d->ctx_destroy);
-} GPUPOOL_FALLBACK(ctx_destroy, ctx)
+}
+GPUPOOL_FALLBACK(ctx_destroy, ctx)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxDetach(CUcontext ctx) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_detach) return kNoDriver;
   return ctx_detach(*d, ctx, d->ctx_detach);
-} GPUPOOL_FALLBACK(ctx_detach, ctx)
+}
+GPUPOOL_FALLBACK(ctx_detach, ctx)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease(CUdevice dev) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_release_v1) return kNoDriver;
   return primary_release(*d, dev, d->primary_release_v1);
-} GPUPOOL_FALLBACK(primary_release_v1, dev)
+}
+GPUPOOL_FALLBACK(primary_release_v1, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_release) return kNoDriver;
   return primary_release(*d, dev, d->primary_release);
-} GPUPOOL_FALLBACK(primary_release, dev)
+}
+GPUPOOL_FALLBACK(primary_release, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset(CUdevice dev) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_reset_v1) return kNoDriver;
   return primary_reset(*d, dev, d->primary_reset_v1);
-} GPUPOOL_FALLBACK(primary_reset_v1, dev)
+}
+GPUPOOL_FALLBACK(primary_reset_v1, dev)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_reset) return kNoDriver;
   return primary_reset(*d, dev, d->primary_reset);
-} GPUPOOL_FALLBACK(primary_reset, dev)
+}
+GPUPOOL_FALLBACK(primary_reset, dev)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) noexcept try {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx,
+                                                              CUdevice dev) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->primary_retain) return kNoDriver;
@@ -817,7 +886,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, C
   // last release can drop its blocks.
   if (r == CUDA_SUCCESS && pctx && *pctx) note_primary(*pctx, dev);
   return r;
-} GPUPOOL_FALLBACK(primary_retain, pctx, dev)
+}
+GPUPOOL_FALLBACK(primary_retain, pctx, dev)
 
 // A second order of device work (contexts.hpp, the solo rule): the rule
 // ends before the driver is asked, so no work of the new stream or peer
@@ -828,7 +898,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreate(CUstream* s, unsigned int fl
   if (!d || !d->stream_create) return kNoDriver;
   end_solo("a stream");
   return d->stream_create(s, flags);
-} GPUPOOL_FALLBACK(stream_create, s, flags)
+}
+GPUPOOL_FALLBACK(stream_create, s, flags)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreateWithPriority(CUstream* s, unsigned int flags,
                                                                 int priority) noexcept try {
@@ -837,7 +908,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreateWithPriority(CUstream* s, uns
   if (!d || !d->stream_create_prio) return kNoDriver;
   end_solo("a stream");
   return d->stream_create_prio(s, flags, priority);
-} GPUPOOL_FALLBACK(stream_create_prio, s, flags, priority)
+}
+GPUPOOL_FALLBACK(stream_create_prio, s, flags, priority)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuGreenCtxStreamCreate(CUstream* s, CUgreenCtx g,
                                                             unsigned int flags,
@@ -847,15 +919,18 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGreenCtxStreamCreate(CUstream* s, CUgreen
   if (!d || !d->green_stream_create) return kNoDriver;
   end_solo("a stream");
   return d->green_stream_create(s, g, flags, priority);
-} GPUPOOL_FALLBACK(green_stream_create, s, g, flags, priority)
+}
+GPUPOOL_FALLBACK(green_stream_create, s, g, flags, priority)
 
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) noexcept try {
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxEnablePeerAccess(CUcontext peer,
+                                                           unsigned int flags) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ctx_enable_peer_access) return kNoDriver;
   end_solo("peer access");
   return d->ctx_enable_peer_access(peer, flags);
-} GPUPOOL_FALLBACK(ctx_enable_peer_access, peer, flags)
+}
+GPUPOOL_FALLBACK(ctx_enable_peer_access, peer, flags)
 
 // A synchronization of the whole context the program makes itself (what
 // cudaDeviceSynchronize calls) completes every fence taken before it.
@@ -869,7 +944,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize() noexcept try {
   const CUresult r = d->ctx_synchronize();
   if (st && r == CUDA_SUCCESS) epoch_completed(st, s);
   return r;
-} GPUPOOL_FALLBACK(ctx_synchronize)
+}
+GPUPOOL_FALLBACK(ctx_synchronize)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) noexcept try {
   const HookScope hook_scope;
@@ -881,15 +957,16 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxSynchronize_v2(CUcontext ctx) noexcept
   const CUresult r = d->ctx_synchronize_v2(ctx);
   if (st && r == CUDA_SUCCESS) epoch_completed(st, s);
   return r;
-} GPUPOOL_FALLBACK(ctx_synchronize_v2, ctx)
+}
+GPUPOOL_FALLBACK(ctx_synchronize_v2, ctx)
 
 // cudart gets every entry point here (ask old ABI versions, per-thread
 // variants, and cuGetProcAddress itself). Call the real one, then replace the
 // answer only if it is exactly an export we hook. symbolStatus is the
 // driver's to write (cudart passes NULL).
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress_v2(const char* symbol, void** pfn,
-                                                         int version, cuuint64_t flags,
-                                                         CUdriverProcAddressQueryResult* status) noexcept try {
+GPUPOOL_HIDDEN CUresult
+gpupool_hook_cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult* status) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->get_proc_address) return kNoDriver;
@@ -899,7 +976,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress_v2(const char* symbol, voi
     solo_note_symbol(symbol, flags);
   }
   return r;
-} GPUPOOL_FALLBACK(get_proc_address, symbol, pfn, version, flags, status)
+}
+GPUPOOL_FALLBACK(get_proc_address, symbol, pfn, version, flags, status)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress(const char* symbol, void** pfn, int version,
                                                       cuuint64_t flags) noexcept try {
@@ -912,12 +990,13 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGetProcAddress(const char* symbol, void**
     solo_note_symbol(symbol, flags);
   }
   return r;
-} GPUPOOL_FALLBACK(get_proc_address_v1, symbol, pfn, version, flags)
+}
+GPUPOOL_FALLBACK(get_proc_address_v1, symbol, pfn, version, flags)
 
 // The exported names. Aliases, so that the address hook_for() hands out is
 // our own function even if another preloaded library exports the same name.
-#define GPUPOOL_EXPORT_AS(name, field, type)                                   \
-  decltype(gpupool_hook_##name) gpupool_export_##name __asm__(#name)      \
+#define GPUPOOL_EXPORT_AS(name, field, type)                         \
+  decltype(gpupool_hook_##name) gpupool_export_##name __asm__(#name) \
       __attribute__((visibility("default"), alias("gpupool_hook_" #name)));
 GPUPOOL_CUDA_HOOKS(GPUPOOL_EXPORT_AS)
 #undef GPUPOOL_EXPORT_AS

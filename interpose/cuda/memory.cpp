@@ -108,8 +108,7 @@ class DeviceBackend final : public CuContextBackend {
   std::size_t granule() override {
     const Driver* d = driver();
     if (!d->mem_get_granularity || !d->mem_create || !d->mem_map || !d->mem_unmap ||
-        !d->mem_set_access || !d->mem_release || !d->mem_address_reserve ||
-        !d->mem_address_free)
+        !d->mem_set_access || !d->mem_release || !d->mem_address_reserve || !d->mem_address_free)
       return 0;
     const CUmemAllocationProp prop = properties();
     std::size_t g = 0;
@@ -170,8 +169,8 @@ class DeviceBackend final : public CuContextBackend {
     // The device may still use it: wait for the context's work (the
     // driver's own synchronization, not synchronize_context, whose lock
     // ranks before the range's). A context gone has no work left.
-    if (!passed(fence) && !st_->retired.load(std::memory_order_acquire) &&
-        context_alive(*d, st_) && d->ctx_push(st_->ctx) == CUDA_SUCCESS) {
+    if (!passed(fence) && !st_->retired.load(std::memory_order_acquire) && context_alive(*d, st_) &&
+        d->ctx_push(st_->ctx) == CUDA_SUCCESS) {
       d->ctx_synchronize();
       CUcontext popped = nullptr;
       d->ctx_pop(&popped);
@@ -236,9 +235,7 @@ class HostBackend final : public CuContextBackend {
   }
 
   // Other gpupool processes on the node may hold pinned memory.
-  bool relieve(std::size_t bytes) override {
-    return node::ask_neighbours("cuda-host", bytes);
-  }
+  bool relieve(std::size_t bytes) override { return node::ask_neighbours("cuda-host", bytes); }
 
  private:
   unsigned flags_;  // the arena's normalised flags (DEVICEMAP set)

@@ -23,7 +23,9 @@ std::uint64_t next_serial() { return g_next_serial.fetch_add(1, std::memory_orde
 
 namespace {
 
-std::uint64_t buffer_id(std::uint64_t serial, std::uint32_t uses) { return pooled_buffer_id(serial, uses); }
+std::uint64_t buffer_id(std::uint64_t serial, std::uint32_t uses) {
+  return pooled_buffer_id(serial, uses);
+}
 
 char g_unallocated[64];
 
@@ -222,7 +224,8 @@ Block* PtrMap::deactivate(Handle h, bool* known) {
 
 PtrMap::Entry* PtrMap::containing(Handle p) {
   auto piece = pieces_.upper_bound(p);
-  if (piece != pieces_.begin() && p - std::prev(piece)->second->handle < std::prev(piece)->second->size)
+  if (piece != pieces_.begin() &&
+      p - std::prev(piece)->second->handle < std::prev(piece)->second->size)
     return std::prev(piece)->second;
   auto it = ranges_.upper_bound(p);
   if (it == ranges_.begin()) return nullptr;
@@ -296,7 +299,7 @@ Block* PtrMap::take_next_locked(CtxState* st, Handle* next_range, Handle* next_p
     *next_piece = it->first + 1;
     it = pieces_.erase(it);
     Block* b = e->block.load(std::memory_order_acquire);
-    delete e;  // a piece's entry is the map's own
+    delete e;         // a piece's entry is the map's own
     if (b) return b;  // a piece's entry lives while the program owns it: always
   }
   return nullptr;

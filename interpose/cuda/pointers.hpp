@@ -91,8 +91,8 @@ class PtrMap {
     std::uint64_t serial = 0;            // of the driver allocation (buffer ids)
     std::atomic<std::uint32_t> uses{0};  // times handed out (buffer ids); activate() writes it
     unsigned host_flags = 0;
-    bool piece = false;  // a piece inside a segment: in pieces_, gone when freed
-    bool range = false;  // an expandable range's record (range_record)
+    bool piece = false;               // a piece inside a segment: in pieces_, gone when freed
+    bool range = false;               // an expandable range's record (range_record)
     std::atomic<bool> listed{false};  // a range record in the maps (under ranges_mu_)
   };
 

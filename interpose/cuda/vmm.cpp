@@ -29,16 +29,16 @@ struct Unit {
   CUdeviceptr va = 0;
   std::size_t size = 0;
   CtxState* st = nullptr;
-  Block* block = nullptr;   // while active
+  Block* block = nullptr;    // while active
   std::uint64_t serial = 0;  // buffer ids (pooled_buffer_id)
   std::uint32_t uses = 0;    // hand-outs
-  bool active = false;      // the pool handed it out
-  bool claimed = false;     // the program took its reservation since the hand-out
-  bool handle_out = false;  // the program has the handle (created, not released)
-  bool va_out = false;      // ... the reservation (reserved, not freed)
-  bool mapped = false;      // ... the handle mapped at the reservation
-  bool escaped = false;     // the program's own now: the pool only forgets it
-  bool inherited = false;   // a forked parent's: no driver call about it
+  bool active = false;       // the pool handed it out
+  bool claimed = false;      // the program took its reservation since the hand-out
+  bool handle_out = false;   // the program has the handle (created, not released)
+  bool va_out = false;       // ... the reservation (reserved, not freed)
+  bool mapped = false;       // ... the handle mapped at the reservation
+  bool escaped = false;      // the program's own now: the pool only forgets it
+  bool inherited = false;    // a forked parent's: no driver call about it
 };
 
 // The units, found by handle and by address. Unit's fields are read and
@@ -117,8 +117,10 @@ Block* escape_locked(Registry& r, const Driver* d, Unit* u) GPUPOOL_REQUIRES(r.m
   }
   remove_locked(r, u);
   u->escaped = true;
-  log().debug("cuda: a virtual memory allocation of {} bytes left the pool (the program uses it "
-              "in a way the pool does not follow)", u->size);
+  log().debug(
+      "cuda: a virtual memory allocation of {} bytes left the pool (the program uses it "
+      "in a way the pool does not follow)",
+      u->size);
   return u->block;
 }
 
@@ -255,12 +257,10 @@ std::unique_ptr<Backend> backend(CtxState* st, const CUmemAllocationProp& prop, 
   return std::make_unique<VmmBackend>(st, prop, fenced);
 }
 
-std::optional<CUresult> create(const Driver& d, CUmemGenericAllocationHandle* handle,
-                               size_t bytes, const CUmemAllocationProp* prop,
-                               unsigned long long flags) {
-  if (!handle || bytes == 0 || !poolable(prop, flags) || !d.mem_release ||
-      !d.mem_address_reserve || !d.mem_address_free || !d.mem_map || !d.mem_unmap ||
-      !d.mem_set_access)
+std::optional<CUresult> create(const Driver& d, CUmemGenericAllocationHandle* handle, size_t bytes,
+                               const CUmemAllocationProp* prop, unsigned long long flags) {
+  if (!handle || bytes == 0 || !poolable(prop, flags) || !d.mem_release || !d.mem_address_reserve ||
+      !d.mem_address_free || !d.mem_map || !d.mem_unmap || !d.mem_set_access)
     return std::nullopt;
   Runtime* rt = runtime();
   if (!rt || !rt->config.cuda) return std::nullopt;

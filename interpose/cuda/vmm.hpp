@@ -49,7 +49,7 @@ namespace vmm {
 // state the program knows). create: nullopt when the pool does not serve
 // the call (the hook asks the driver).
 std::optional<CUresult> create(const Driver& d, CUmemGenericAllocationHandle* handle, size_t bytes,
-                const CUmemAllocationProp* prop, unsigned long long flags);
+                               const CUmemAllocationProp* prop, unsigned long long flags);
 CUresult release(const Driver& d, CUmemGenericAllocationHandle handle);
 CUresult address_reserve(const Driver& d, CUdeviceptr* ptr, size_t bytes, size_t alignment,
                          CUdeviceptr addr, unsigned long long flags);

@@ -48,8 +48,8 @@ std::size_t ask_release_here(long pid, unsigned uid, const wire::DeviceKey& key,
   const io::OwnedFd fd = wire::reach(wire::socket_candidates(uid, pid), pid, uid, deadline).fd;
   if (!fd.valid()) return 0;
   // Dropped by a holder that gets to it after we gave up (stopped, busy).
-  const std::string req = wire::request_line(
-      "release " + wire::key_text(key) + " " + std::to_string(bytes), deadline);
+  const std::string req =
+      wire::request_line("release " + wire::key_text(key) + " " + std::to_string(bytes), deadline);
   std::size_t sent = 0;
   while (sent < req.size()) {
     const ssize_t n = ::send(fd.get(), req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
@@ -105,8 +105,8 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const wire:
   };
   std::vector<Asked> asked;
   std::set<std::pair<unsigned, long>> reached;  // (uid, pid) asked
-  const std::string req = wire::request_line(
-      "release " + wire::key_text(key) + " " + std::to_string(bytes), deadline);
+  const std::string req =
+      wire::request_line("release " + wire::key_text(key) + " " + std::to_string(bytes), deadline);
   // Connects to t and sends the request; false when its queue is full
   // (busy: tried again while the wait lasts).
   auto ask_one = [&](const Target& t) {
@@ -144,14 +144,16 @@ std::size_t ask_release_all_here(const std::vector<Target>& targets, const wire:
   while (released < bytes) {
     const std::uint64_t now = io::mono_ns();
     if (now >= deadline) break;
-    std::erase_if(busy, [&](const Target* t) { return reached.count({t->uid, t->pid}) || ask_one(*t); });
+    std::erase_if(busy, [&](const Target* t) {
+      return reached.count({t->uid, t->pid}) || ask_one(*t);
+    });
     fds.clear();
     for (const Asked& a : asked)
       if (a.fd.valid()) fds.push_back({a.fd.get(), POLLIN, 0});
     if (fds.empty() && busy.empty()) break;
     // While some queue is full, looked at again every 2 ms.
-    const std::uint64_t wait_ms = std::min<std::uint64_t>((deadline - now) / 1'000'000 + 1,
-                                                          busy.empty() ? 60'000 : 2);
+    const std::uint64_t wait_ms =
+        std::min<std::uint64_t>((deadline - now) / 1'000'000 + 1, busy.empty() ? 60'000 : 2);
     const int r = ::poll(fds.data(), fds.size(), static_cast<int>(wait_ms));
     if (r < 0 && errno != EINTR) break;
     for (Asked& a : asked) {

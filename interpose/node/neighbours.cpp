@@ -60,8 +60,7 @@ std::vector<std::pair<std::uint64_t, long>> ask_holders(wire::Registry* reg, Ask
     const std::uint64_t t0 = io::mono_ns();
     const std::size_t got = ask_release(pid, geteuid(), q.key, q.bytes - q.released, q.deadline);
     log().info("out of memory on {}: process {} (holding {} MiB) released {} MiB in {:.1f} ms",
-               wire::key_text(q.key), pid, held >> 20, got >> 20,
-               double(io::mono_ns() - t0) / 1e6);
+               wire::key_text(q.key), pid, held >> 20, got >> 20, double(io::mono_ns() - t0) / 1e6);
     q.released += got;
     asked.push_back({held, pid});
   }
@@ -197,7 +196,8 @@ std::string answer_release(Runtime& rt, std::string_view args, bool other_user) 
   }
   std::size_t released = 0;
   for (Device* d : devs)
-    if (d->key == key && released < want) released += rt.pool.release_group(d->group, want - released);
+    if (d->key == key && released < want)
+      released += rt.pool.release_group(d->group, want - released);
   if (released && watched) watched->others_at_foreign = others;
   if (released) {
     log().info("released {} MiB of held memory on {} for another gpupool process{}", released >> 20,

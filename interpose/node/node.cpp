@@ -9,8 +9,8 @@
 #include <string_view>
 
 #include <algorithm>
-#include <charconv>
 #include <atomic>
+#include <charconv>
 #include <deque>
 #include <mutex>
 #include <new>
@@ -50,9 +50,10 @@ std::unique_ptr<wire::Registry> open_registry(Runtime& rt, [[maybe_unused]] Stat
   std::string why;
   std::unique_ptr<wire::Registry> reg = wire::Registry::open(path, &why);
   if (!reg)
-    log().warn("node registry not used ({}): other gpupool processes on this node cannot ask "
-               "this one for its held memory, nor it them",
-               why);
+    log().warn(
+        "node registry not used ({}): other gpupool processes on this node cannot ask "
+        "this one for its held memory, nor it them",
+        why);
   return reg;
 }
 
@@ -61,9 +62,10 @@ std::unique_ptr<wire::Registry> open_registry(Runtime& rt, [[maybe_unused]] Stat
 void registry_unusable(const std::string& why) {
   static std::atomic<bool> said{false};
   if (!why.empty() && !said.exchange(true))
-    log().warn("node registry not usable any more ({}): other gpupool processes on this node "
-               "cannot ask this one for its held memory, nor it them",
-               why);
+    log().warn(
+        "node registry not usable any more ({}): other gpupool processes on this node "
+        "cannot ask this one for its held memory, nor it them",
+        why);
 }
 
 }  // namespace
@@ -101,7 +103,9 @@ bool find_device(State& s, const std::string& group, wire::DeviceKey* key, wire:
   return false;
 }
 
-std::uint64_t add_sat(std::uint64_t a, std::uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+std::uint64_t add_sat(std::uint64_t a, std::uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
 
 // The GPU's free and total memory and what the other processes use of it,
 // from NVML; false when NVML cannot say.
@@ -118,7 +122,6 @@ bool gpu_use(Runtime& rt, const Device& d, std::uint64_t* free, std::uint64_t* t
 }
 
 namespace {
-
 
 // Control thread: this process's figures per GPU, published when there is
 // a registry; `held` feeds the watch either way.
@@ -267,7 +270,8 @@ void arrivals(Runtime& rt, State& s, Device& d, wire::Registry* reg, std::uint64
 
 }  // namespace
 
-void add_device(Runtime& rt, const wire::DeviceKey& key, const std::string& group, std::size_t total) {
+void add_device(Runtime& rt, const wire::DeviceKey& key, const std::string& group,
+                std::size_t total) {
   State& s = state();
   bool open = false;  // this call opens the registry (the first device's)
   {
@@ -311,7 +315,7 @@ std::uint64_t tick(Runtime& rt, std::uint64_t now) {
     if (now >= s.next_watch) {
       for (Device* d : devs) {
         if (d->held == 0 || !wire::is_gpu(d->key)) {  // NVML knows GPUs by UUID only
-          d->pids_looked = false;  // who comes meanwhile is no arrival
+          d->pids_looked = false;                     // who comes meanwhile is no arrival
           continue;
         }
         if (arrivals_on) arrivals(rt, s, *d, reg, now);

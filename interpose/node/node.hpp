@@ -34,7 +34,8 @@ struct State;
 // UUID, host memory, or a key derived for a device without a UUID:
 // wire/device_key.hpp), of `total` bytes. Called when a context (CUDA) or a pool group (OpenCL) is
 // first seen; repeats are ignored.
-void add_device(Runtime& rt, const wire::DeviceKey& key, const std::string& group, std::size_t total);
+void add_device(Runtime& rt, const wire::DeviceKey& key, const std::string& group,
+                std::size_t total);
 
 // An allocation on `group`'s GPU ran out of memory and this process holds
 // nothing more there: ask the other gpupool processes holding the most on

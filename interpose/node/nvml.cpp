@@ -111,8 +111,8 @@ bool load(Nvml& n, std::string* why) {
   n.init = reinterpret_cast<decltype(n.init)>(dlsym(lib, "nvmlInit_v2"));
   n.by_uuid = reinterpret_cast<decltype(n.by_uuid)>(dlsym(lib, "nvmlDeviceGetHandleByUUID"));
   n.memory = reinterpret_cast<decltype(n.memory)>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
-  n.processes = reinterpret_cast<decltype(n.processes)>(
-      dlsym(lib, "nvmlDeviceGetComputeRunningProcesses"));
+  n.processes =
+      reinterpret_cast<decltype(n.processes)>(dlsym(lib, "nvmlDeviceGetComputeRunningProcesses"));
   nvmlReturn_t r = -1;
   if (n.init && n.by_uuid && n.memory) r = n.init();
   if (r != kNvmlSuccess) {

@@ -42,7 +42,7 @@ namespace gpupool::ocl {
   X(clEnqueueWriteBuffer)               \
   X(clEnqueueCopyBuffer)                \
   X(clEnqueueFillBuffer)                \
-  X(clEnqueueMapBuffer)                  \
+  X(clEnqueueMapBuffer)                 \
   X(clSVMAlloc)                         \
   X(clSVMFree)                          \
   X(clEnqueueSVMFree)

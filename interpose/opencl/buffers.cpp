@@ -81,7 +81,9 @@ class BufferBackend final : public ClContextBackend {
     delete buffers().take(m);
     if (!cl_gone()) next().clReleaseMemObject(m);
   }
-  void drop(Handle h, std::size_t, void*) override { delete buffers().take(reinterpret_cast<cl_mem>(h)); }
+  void drop(Handle h, std::size_t, void*) override {
+    delete buffers().take(reinterpret_cast<cl_mem>(h));
+  }
 
  private:
   // Make the allocation real now, so out-of-memory is reported here.
@@ -167,9 +169,7 @@ bool ClContextBackend::passed(std::uint64_t f) {
 
 void ClContextBackend::wait_all() { advance(*ctx_); }
 
-bool ClContextBackend::relieve(std::size_t bytes) {
-  return node::ask_neighbours(group_, bytes);
-}
+bool ClContextBackend::relieve(std::size_t bytes) { return node::ask_neighbours(group_, bytes); }
 
 std::string memory_group(const Ctx& ctx) {
   // The GPU when it has a UUID (every context on it draws on the same

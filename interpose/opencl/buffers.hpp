@@ -35,7 +35,7 @@ struct Buffer {
   std::size_t requested = 0;
   cl_mem_flags flags = 0;  // as given
   bool has_props = false;
-  Props props;                // as given, with the terminating 0
+  Props props;  // as given, with the terminating 0
   // The program's references (high half) and the holds on the block (low
   // half: the references plus live sub-buffers; 0 = back in the pool), in
   // one word so that a release drops a reference and its hold in one atomic
@@ -46,9 +46,9 @@ struct Buffer {
   std::uint32_t holds() const {
     return static_cast<std::uint32_t>(counts.load(std::memory_order_acquire));
   }
-  Buffer* parent = nullptr;   // sub-buffers
+  Buffer* parent = nullptr;  // sub-buffers
   std::vector<std::pair<void(CL_CALLBACK*)(cl_mem, void*), void*>>
-      callbacks;  // under callback_lock(this)
+      callbacks;                           // under callback_lock(this)
   std::atomic<bool> has_callbacks{false};  // callbacks is not empty
 };
 

@@ -81,7 +81,8 @@ Ctx::~Ctx() {
 
 HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>& queues() {
   static auto* r =
-      new HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>;  // never destroyed: hooks may run during exit
+      new HandleMap<cl_command_queue, Queue,
+                    LockRank::opencl_queues>;  // never destroyed: hooks may run during exit
   return *r;
 }
 
@@ -186,7 +187,8 @@ void load_info(Ctx& ctx) {
       ocl12 = false;
     cl_device_svm_capabilities caps = 0;
     if (major < 2 ||
-        api.clGetDeviceInfo(d, CL_DEVICE_SVM_CAPABILITIES, sizeof caps, &caps, nullptr) != CL_SUCCESS ||
+        api.clGetDeviceInfo(d, CL_DEVICE_SVM_CAPABILITIES, sizeof caps, &caps, nullptr) !=
+            CL_SUCCESS ||
         !(caps & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER))
       svm = false;
   }

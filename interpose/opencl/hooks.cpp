@@ -75,7 +75,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetPlatformIDs(cl_uint n, cl_plat
   const Api& api = next();
   if (!api.clGetPlatformIDs) return CL_INVALID_OPERATION;
   return api.clGetPlatformIDs(n, platforms, count);
-} GPUPOOL_CL_FALLBACK(clGetPlatformIDs, CL_INVALID_OPERATION, n, platforms, count)
+}
+GPUPOOL_CL_FALLBACK(clGetPlatformIDs, CL_INVALID_OPERATION, n, platforms, count)
 
 // As clGetPlatformIDs (a null platform makes the loader initialise, too).
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetDeviceIDs(cl_platform_id platform,
@@ -86,7 +87,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetDeviceIDs(cl_platform_id platf
   const Api& api = next();
   if (!api.clGetDeviceIDs) return CL_INVALID_OPERATION;
   return api.clGetDeviceIDs(platform, type, n, devices, count);
-} GPUPOOL_CL_FALLBACK(clGetDeviceIDs, CL_INVALID_OPERATION, platform, type, n, devices, count)
+}
+GPUPOOL_CL_FALLBACK(clGetDeviceIDs, CL_INVALID_OPERATION, platform, type, n, devices, count)
 
 GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContext(
     const cl_context_properties* properties, cl_uint num_devices, const cl_device_id* devices,
@@ -104,8 +106,9 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContext(
   // very call: then the layer's hook registered the context already.
   if (c && &api == &next() && active_runtime()) register_ctx(c);
   return c;
-} GPUPOOL_CL_FALLBACK(clCreateContext, missing(errcode_ret), properties, num_devices, devices,
-                      notify, user_data, errcode_ret)
+}
+GPUPOOL_CL_FALLBACK(clCreateContext, missing(errcode_ret), properties, num_devices, devices, notify,
+                    user_data, errcode_ret)
 
 GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
     const cl_context_properties* properties, cl_device_type type,
@@ -120,8 +123,9 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
   cl_context c = api.clCreateContextFromType(properties, type, notify, user_data, errcode_ret);
   if (c && &api == &next() && active_runtime()) register_ctx(c);
   return c;
-} GPUPOOL_CL_FALLBACK(clCreateContextFromType, missing(errcode_ret), properties, type, notify,
-                      user_data, errcode_ret)
+}
+GPUPOOL_CL_FALLBACK(clCreateContextFromType, missing(errcode_ret), properties, type, notify,
+                    user_data, errcode_ret)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) try {
   const HookScope hook_scope;
@@ -130,7 +134,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) try {
   if (err == CL_SUCCESS)
     if (auto ctx = find_ctx(c)) ctx->refs.fetch_add(1);
   return err;
-} GPUPOOL_CL_FALLBACK(clRetainContext, CL_INVALID_OPERATION, c)
+}
+GPUPOOL_CL_FALLBACK(clRetainContext, CL_INVALID_OPERATION, c)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try {
   const HookScope hook_scope;
@@ -162,7 +167,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try 
     }
   }
   return next().clReleaseContext(c);
-} GPUPOOL_CL_FALLBACK(clReleaseContext, CL_INVALID_OPERATION, c)
+}
+GPUPOOL_CL_FALLBACK(clReleaseContext, CL_INVALID_OPERATION, c)
 
 GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
     cl_context c, cl_device_id d, cl_command_queue_properties props, cl_int* err) try {
@@ -175,7 +181,8 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
   cl_command_queue q = api.clCreateCommandQueue(c, d, props, err);
   if (q && active_runtime()) track_queue(c, q, !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
-} GPUPOOL_CL_FALLBACK(clCreateCommandQueue, missing(err), c, d, props, err)
+}
+GPUPOOL_CL_FALLBACK(clCreateCommandQueue, missing(err), c, d, props, err)
 
 GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithProperties(
     cl_context c, cl_device_id d, const cl_queue_properties* props, cl_int* err) try {
@@ -194,7 +201,8 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithP
   if (q && active_runtime() && !(qp & CL_QUEUE_ON_DEVICE))
     track_queue(c, q, !(qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
-} GPUPOOL_CL_FALLBACK(clCreateCommandQueueWithProperties, missing(err), c, d, props, err)
+}
+GPUPOOL_CL_FALLBACK(clCreateCommandQueueWithProperties, missing(err), c, d, props, err)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_queue q) try {
   const HookScope hook_scope;
@@ -203,7 +211,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_que
   if (err == CL_SUCCESS)
     if (Queue* qi = queues().find(q)) qi->refs.fetch_add(1);
   return err;
-} GPUPOOL_CL_FALLBACK(clRetainCommandQueue, CL_INVALID_OPERATION, q)
+}
+GPUPOOL_CL_FALLBACK(clRetainCommandQueue, CL_INVALID_OPERATION, q)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_queue q) try {
   const HookScope hook_scope;
@@ -229,7 +238,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_qu
     delete qi;
   }
   return next().clReleaseCommandQueue(q);
-} GPUPOOL_CL_FALLBACK(clReleaseCommandQueue, CL_INVALID_OPERATION, q)
+}
+GPUPOOL_CL_FALLBACK(clReleaseCommandQueue, CL_INVALID_OPERATION, q)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) try {
   const HookScope hook_scope;
@@ -249,7 +259,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) try {
   for (Queue* x : ctx.queues) all = std::min(all, x->finished);
   raise_completed(ctx, all);
   return err;
-} GPUPOOL_CL_FALLBACK(clFinish, CL_INVALID_OPERATION, q)
+}
+GPUPOOL_CL_FALLBACK(clFinish, CL_INVALID_OPERATION, q)
 
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBuffer(cl_context c, cl_mem_flags flags,
                                                             size_t size, void* host,
@@ -257,7 +268,8 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBuffer(cl_context c, cl_mem
   const HookScope hook_scope;
   if (!next().clCreateBuffer) return missing(err);
   return create_buffer(c, nullptr, false, flags, size, host, err);
-} GPUPOOL_CL_FALLBACK(clCreateBuffer, missing(err), c, flags, size, host, err)
+}
+GPUPOOL_CL_FALLBACK(clCreateBuffer, missing(err), c, flags, size, host, err)
 
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBufferWithProperties(
     cl_context c, const cl_mem_properties* props, cl_mem_flags flags, size_t size, void* host,
@@ -265,7 +277,8 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateBufferWithProperties(
   const HookScope hook_scope;
   if (!next().clCreateBufferWithProperties) return missing(err);
   return create_buffer(c, props, true, flags, size, host, err);
-} GPUPOOL_CL_FALLBACK(clCreateBufferWithProperties, missing(err), c, props, flags, size, host, err)
+}
+GPUPOOL_CL_FALLBACK(clCreateBufferWithProperties, missing(err), c, props, flags, size, host, err)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
   const HookScope hook_scope;
@@ -278,7 +291,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
   // dropped, and 2^32 of them would carry into the references).
   r->counts.fetch_add(r->sub ? Buffer::kRef : Buffer::kRef | 1);
   return CL_SUCCESS;
-} GPUPOOL_CL_FALLBACK(clRetainMemObject, CL_INVALID_OPERATION, m)
+}
+GPUPOOL_CL_FALLBACK(clRetainMemObject, CL_INVALID_OPERATION, m)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
   const HookScope hook_scope;
@@ -312,7 +326,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
     internal_failure(__func__);
   }
   return err;
-} GPUPOOL_CL_FALLBACK(clReleaseMemObject, CL_INVALID_OPERATION, m)
+}
+GPUPOOL_CL_FALLBACK(clReleaseMemObject, CL_INVALID_OPERATION, m)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem_info what,
                                                                 size_t size, void* value,
@@ -350,7 +365,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem
     default:
       return next().clGetMemObjectInfo(m, what, size, value, size_ret);
   }
-} GPUPOOL_CL_FALLBACK(clGetMemObjectInfo, CL_INVALID_OPERATION, m, what, size, value, size_ret)
+}
+GPUPOOL_CL_FALLBACK(clGetMemObjectInfo, CL_INVALID_OPERATION, m, what, size, value, size_ret)
 
 GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_flags flags,
                                                                cl_buffer_create_type type,
@@ -391,7 +407,8 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
     return nullptr;
   }
   return record_sub(parent, s, errcode_ret);
-} GPUPOOL_CL_FALLBACK(clCreateSubBuffer, missing(errcode_ret), b, flags, type, info, errcode_ret)
+}
+GPUPOOL_CL_FALLBACK(clCreateSubBuffer, missing(errcode_ret), b, flags, type, info, errcode_ret)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
     cl_mem m, void(CL_CALLBACK* fn)(cl_mem, void*), void* ud) try {
@@ -405,7 +422,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
   r->callbacks.emplace_back(fn, ud);
   r->has_callbacks.store(true, std::memory_order_release);
   return CL_SUCCESS;
-} GPUPOOL_CL_FALLBACK(clSetMemObjectDestructorCallback, CL_INVALID_OPERATION, m, fn, ud)
+}
+GPUPOOL_CL_FALLBACK(clSetMemObjectDestructorCallback, CL_INVALID_OPERATION, m, fn, ud)
 
 // Bounds the padding would hide: the implementation checks against the real
 // (rounded) size, gpupool against the size the program asked for.
@@ -419,8 +437,9 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueReadBuffer(cl_command_queu
   if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
   return next().clEnqueueReadBuffer(q, b, blocking, offset, size, ptr, n, wait, ev);
-} GPUPOOL_CL_FALLBACK(clEnqueueReadBuffer, CL_INVALID_OPERATION, q, b, blocking, offset, size, ptr,
-                      n, wait, ev)
+}
+GPUPOOL_CL_FALLBACK(clEnqueueReadBuffer, CL_INVALID_OPERATION, q, b, blocking, offset, size, ptr, n,
+                    wait, ev)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueWriteBuffer(cl_command_queue q, cl_mem b,
                                                                   cl_bool blocking, size_t offset,
@@ -432,8 +451,9 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueWriteBuffer(cl_command_que
   if (Buffer* r = live_pooled(b); r && ptr && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
   return next().clEnqueueWriteBuffer(q, b, blocking, offset, size, ptr, n, wait, ev);
-} GPUPOOL_CL_FALLBACK(clEnqueueWriteBuffer, CL_INVALID_OPERATION, q, b, blocking, offset, size, ptr,
-                      n, wait, ev)
+}
+GPUPOOL_CL_FALLBACK(clEnqueueWriteBuffer, CL_INVALID_OPERATION, q, b, blocking, offset, size, ptr,
+                    n, wait, ev)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueCopyBuffer(cl_command_queue q, cl_mem src,
                                                                  cl_mem dst, size_t so, size_t dof,
@@ -447,8 +467,9 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueCopyBuffer(cl_command_queu
   if ((rs && out_of_range(rs, so, size)) || (rd && out_of_range(rd, dof, size)))
     return CL_INVALID_VALUE;
   return next().clEnqueueCopyBuffer(q, src, dst, so, dof, size, n, wait, ev);
-} GPUPOOL_CL_FALLBACK(clEnqueueCopyBuffer, CL_INVALID_OPERATION, q, src, dst, so, dof, size, n,
-                      wait, ev)
+}
+GPUPOOL_CL_FALLBACK(clEnqueueCopyBuffer, CL_INVALID_OPERATION, q, src, dst, so, dof, size, n, wait,
+                    ev)
 
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueFillBuffer(cl_command_queue q, cl_mem b,
                                                                  const void* pattern, size_t psize,
@@ -460,8 +481,9 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clEnqueueFillBuffer(cl_command_queu
   if (Buffer* r = live_pooled(b); r && pattern && psize && out_of_range(r, offset, size))
     return CL_INVALID_VALUE;
   return next().clEnqueueFillBuffer(q, b, pattern, psize, offset, size, n, wait, ev);
-} GPUPOOL_CL_FALLBACK(clEnqueueFillBuffer, CL_INVALID_OPERATION, q, b, pattern, psize, offset, size,
-                      n, wait, ev)
+}
+GPUPOOL_CL_FALLBACK(clEnqueueFillBuffer, CL_INVALID_OPERATION, q, b, pattern, psize, offset, size,
+                    n, wait, ev)
 
 GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(
     cl_command_queue q, cl_mem b, cl_bool blocking, cl_map_flags mf, size_t offset, size_t size,
@@ -473,15 +495,17 @@ GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clEnqueueMapBuffer(
     return nullptr;
   }
   return next().clEnqueueMapBuffer(q, b, blocking, mf, offset, size, n, wait, ev, errcode_ret);
-} GPUPOOL_CL_FALLBACK(clEnqueueMapBuffer, missing(errcode_ret), q, b, blocking, mf, offset, size, n,
-                      wait, ev, errcode_ret)
+}
+GPUPOOL_CL_FALLBACK(clEnqueueMapBuffer, missing(errcode_ret), q, b, blocking, mf, offset, size, n,
+                    wait, ev, errcode_ret)
 
 GPUPOOL_HOOK void* CL_API_CALL gpupool_hook_clSVMAlloc(cl_context c, cl_svm_mem_flags flags,
                                                        size_t size, cl_uint alignment) try {
   const HookScope hook_scope;
   if (!next().clSVMAlloc) return nullptr;
   return svm_alloc(c, flags, size, alignment);
-} GPUPOOL_CL_FALLBACK(clSVMAlloc, nullptr, c, flags, size, alignment)
+}
+GPUPOOL_CL_FALLBACK(clSVMAlloc, nullptr, c, flags, size, alignment)
 
 // No fallback to the implementation here: a pooled pointer must never reach
 // its clSVMFree while the pool has it (svm_free allocates nothing).

@@ -70,7 +70,9 @@ class SvmBackend final : public ClContextBackend {
     delete svm_blocks().take(p);
     if (!cl_gone()) next().clSVMFree(ctx_->handle, p);
   }
-  void drop(Handle h, std::size_t, void*) override { delete svm_blocks().take(reinterpret_cast<void*>(h)); }
+  void drop(Handle h, std::size_t, void*) override {
+    delete svm_blocks().take(reinterpret_cast<void*>(h));
+  }
 
  private:
   cl_svm_mem_flags flags_;
@@ -85,13 +87,14 @@ Arena* svm_arena(Runtime& rt, const std::shared_ptr<Ctx>& ctx, cl_svm_mem_flags 
   ArenaOptions o;
   o.kind = "opencl-svm";
   o.group = group;
-  o.name = fmt::format("opencl svm ctx {} dev {} flags {:#x}", ctx->ordinal, ctx->device_name,
-                       flags);
+  o.name =
+      fmt::format("opencl svm ctx {} dev {} flags {:#x}", ctx->ordinal, ctx->device_name, flags);
   o.device = wire::key_text(ctx->key);
   o.max_block = ctx->max_alloc;
   o.max_pooled = cfg.max_pooled.resolve(ctx->global_mem);
   o.max_held = cfg.max_held.resolve(ctx->global_mem);
-  Arena* arena = rt.pool.add_arena(std::make_unique<SvmBackend>(ctx, flags, cfg, group), std::move(o));
+  Arena* arena =
+      rt.pool.add_arena(std::make_unique<SvmBackend>(ctx, flags, cfg, group), std::move(o));
   ctx->arenas.push_back({flags, false, {}, arena, true});
   node::add_device(rt, ctx->key, group, ctx->global_mem);
   return arena;
@@ -117,7 +120,8 @@ void* svm_alloc(cl_context context, cl_svm_mem_flags flags, size_t size, cl_uint
   std::call_once(ctx->info_once, [&] { load_info(*ctx); });
   if (!ctx->info_ok || !ctx->svm || size > ctx->max_alloc) return pass();
   // 0 means CL_MEM_READ_WRITE: one arena for both.
-  const AllocResult res = rt->pool.allocate(svm_arena(*rt, ctx, access ? access : CL_MEM_READ_WRITE), size);
+  const AllocResult res =
+      rt->pool.allocate(svm_arena(*rt, ctx, access ? access : CL_MEM_READ_WRITE), size);
   if (!res.block) return nullptr;
   void* p = reinterpret_cast<void*>(res.block->handle);
   // The record lives as long as the block (SvmBackend::allocate).
@@ -155,14 +159,16 @@ void svm_free(cl_context context, void* p) {
 
 cl_int svm_enqueue_free(cl_command_queue q, cl_uint n, void* pointers[],
                         void(CL_CALLBACK* free_func)(cl_command_queue, cl_uint, void*[], void*),
-                        void* user_data, cl_uint waits, const cl_event* wait_list, cl_event* event) {
+                        void* user_data, cl_uint waits, const cl_event* wait_list,
+                        cl_event* event) {
   const Api& api = next();
   bool pooled = false;
   for (cl_uint i = 0; pointers && i < n && !pooled; ++i)
     pooled = pointers[i] && svm_blocks().find(pointers[i]);
   cl_context context = nullptr;
   if (!pooled || free_func || !api.clGetCommandQueueInfo ||
-      api.clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof context, &context, nullptr) != CL_SUCCESS)
+      api.clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof context, &context, nullptr) !=
+          CL_SUCCESS)
     return api.clEnqueueSVMFree(q, n, pointers, free_func, user_data, waits, wait_list, event);
   // The queue keeps its context alive until the command has run.
   return api.clEnqueueSVMFree(q, n, pointers, free_enqueued, context, waits, wait_list, event);

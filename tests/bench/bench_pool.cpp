@@ -27,7 +27,9 @@ class NullBackend : public Backend {
 struct Shared {
   Pool pool;
   Arena* arena;
-  Shared() { arena = pool.add_arena(std::make_unique<NullBackend>(), {.name = "bench", .group = "bench"}); }
+  Shared() {
+    arena = pool.add_arena(std::make_unique<NullBackend>(), {.name = "bench", .group = "bench"});
+  }
 };
 
 Shared& shared() {
@@ -65,7 +67,8 @@ BENCHMARK(BM_WarmBatch8)->ThreadRange(1, 16)->UseRealTime();
 // Miss path: holding stopped, so every pair reaches the backend.
 void BM_MissPair(benchmark::State& state) {
   static Pool pool({.hold = false});
-  static Arena* arena = pool.add_arena(std::make_unique<NullBackend>(), {.name = "miss", .group = "miss"});
+  static Arena* arena =
+      pool.add_arena(std::make_unique<NullBackend>(), {.name = "miss", .group = "miss"});
   for (auto _ : state) {
     Block* b = pool.allocate(arena, 4096).block;
     benchmark::DoNotOptimize(b);

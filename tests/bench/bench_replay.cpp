@@ -82,8 +82,8 @@ struct Trace {
   // summed: its peak managed bytes when nothing was released (a trace does
   // not record releases), else an upper bound.
   std::uint64_t recorded_managed = 0;
-  std::uint64_t unfreed = 0;                             // allocations never freed
-  std::uint64_t peak_active = 0;                         // requested bytes at once, at most
+  std::uint64_t unfreed = 0;      // allocations never freed
+  std::uint64_t peak_active = 0;  // requested bytes at once, at most
 };
 
 [[noreturn]] void fail(const std::string& path, std::size_t line, const std::string& what) {
@@ -96,7 +96,8 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
   std::size_t start = 0;
   for (;;) {
     const std::size_t at = s.find(sep, start);
-    out.push_back(s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
+    out.push_back(
+        s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
     if (at == std::string_view::npos) return out;
     start = at + 1;
   }
@@ -108,7 +109,8 @@ bool number(std::string_view s, std::uint64_t* out, int base = 10) {
   char* end = nullptr;
   errno = 0;
   const unsigned long long v = std::strtoull(t.c_str(), &end, base);
-  if (errno || end != t.c_str() + t.size() || t[0] == '-' || t[0] == '+' || t[0] == ' ') return false;
+  if (errno || end != t.c_str() + t.size() || t[0] == '-' || t[0] == '+' || t[0] == ' ')
+    return false;
   *out = v;
   return true;
 }
@@ -235,8 +237,9 @@ Trace read_trace(const std::string& path) {
   if (!first.empty() && first.back() == '\r') first.pop_back();
   if (first == trace::kTraceHeader || first == trace::kTraceHeaderV1) return read_gpupool(path);
   if (first.rfind("Thread,Time,Action,Pointer,Size,Stream", 0) == 0) return read_rmm(path, in);
-  fail(path, 1, "not a gpupool trace ('# gpupool trace 2' or 1) nor an RMM log "
-                "('Thread,Time,Action,Pointer,Size,Stream')");
+  fail(path, 1,
+       "not a gpupool trace ('# gpupool trace 2' or 1) nor an RMM log "
+       "('Thread,Time,Action,Pointer,Size,Stream')");
 }
 
 // The driver, simulated: distinct handles, and the bytes it has given out.
@@ -321,7 +324,8 @@ struct Options {
   config::Config cfg;
   double max_held_of_active = 0;  // > 0: the cap is this times the trace's peak active
   bool json = false;
-  std::uint64_t sync_gap_ns = 0;  // safe reuse: the program synchronizes at gaps this long; 0: never
+  std::uint64_t sync_gap_ns =
+      0;  // safe reuse: the program synchronizes at gaps this long; 0: never
   // An H100's: a cuMemAlloc ~40 us, a context synchronize on an idle
   // device 0.6-2.7 us (docs/memory.md); with them the default replay
   // manages what the H100 runs did.
@@ -453,9 +457,10 @@ Result replay_once(const Trace& tr, const Options& o) {
     }
   }
   const auto took = std::chrono::steady_clock::now() - t0;
-  r.ns_per_op = tr.events.empty() ? 0
-                                  : double(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()) /
-                                        double(tr.events.size());
+  r.ns_per_op = tr.events.empty()
+                    ? 0
+                    : double(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()) /
+                          double(tr.events.size());
   r.totals = pool.totals();
   r.during = r.driver;
   for (Block* b : slots)
@@ -516,34 +521,39 @@ void report(const Trace& tr, const Options& o) {
   std::printf("  hits / misses            %llu / %llu (hit rate %.2f%%)\n",
               (unsigned long long)s.hits, (unsigned long long)s.misses, 100 * hit_rate);
   if (tr.format == "gpupool")
-    std::printf("  the program saw          %llu / %llu, %llu bytes allocated by misses (%.3fx "
-                "peak active)\n",
-                (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
-                (unsigned long long)tr.recorded_managed,
-                tr.peak_active ? double(tr.recorded_managed) / double(tr.peak_active) : 0.0);
+    std::printf(
+        "  the program saw          %llu / %llu, %llu bytes allocated by misses (%.3fx "
+        "peak active)\n",
+        (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
+        (unsigned long long)tr.recorded_managed,
+        tr.peak_active ? double(tr.recorded_managed) / double(tr.peak_active) : 0.0);
   std::printf("  peak active / managed    %llu / %llu bytes (managed %.3fx active)\n",
               (unsigned long long)tr.peak_active, (unsigned long long)last.during.peak, ratio);
-  std::printf("  binned floor             %llu bytes (%.3fx active: no binned pool that keeps its "
-              "blocks manages less)\n",
-              (unsigned long long)floor, floor_ratio);
+  std::printf(
+      "  binned floor             %llu bytes (%.3fx active: no binned pool that keeps its "
+      "blocks manages less)\n",
+      (unsigned long long)floor, floor_ratio);
   if (max_held) std::printf("  held bytes capped at     %llu\n", (unsigned long long)max_held);
   if (safe_reuse(o)) {
     if (o.sync_gap_ns)
-      std::printf("  pool's waits             %llu (safe reuse, synchronized at pauses of %llu ns)\n",
-                  (unsigned long long)s.fence_waits, (unsigned long long)o.sync_gap_ns);
+      std::printf(
+          "  pool's waits             %llu (safe reuse, synchronized at pauses of %llu ns)\n",
+          (unsigned long long)s.fence_waits, (unsigned long long)o.sync_gap_ns);
     else
-      std::printf("  pool's waits             %llu (safe reuse, no synchronization of the "
-                  "program's)\n",
-                  (unsigned long long)s.fence_waits);
+      std::printf(
+          "  pool's waits             %llu (safe reuse, no synchronization of the "
+          "program's)\n",
+          (unsigned long long)s.fence_waits);
   }
   std::printf("  driver calls             %llu allocations, %llu releases\n",
               (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees);
   if (last.during.maps || o.cfg.segments == config::Segments::expandable)
-    std::printf("  granules of %llu bytes   %llu mapped in %llu calls, %llu unmapped in %llu calls "
-                "(%llu of them waited for the device)\n",
-                (unsigned long long)o.granule, (unsigned long long)last.during.mapped,
-                (unsigned long long)last.during.maps, (unsigned long long)last.during.unmapped,
-                (unsigned long long)last.during.unmaps, (unsigned long long)last.during.unmap_waits);
+    std::printf(
+        "  granules of %llu bytes   %llu mapped in %llu calls, %llu unmapped in %llu calls "
+        "(%llu of them waited for the device)\n",
+        (unsigned long long)o.granule, (unsigned long long)last.during.mapped,
+        (unsigned long long)last.during.maps, (unsigned long long)last.during.unmapped,
+        (unsigned long long)last.during.unmaps, (unsigned long long)last.during.unmap_waits);
 }
 
 bool size_arg(const char* s, std::uint64_t* out) {
@@ -641,13 +651,12 @@ int main(int argc, char** argv) {
     else if (a == "--max-pooled" && size_arg(val, &v)) o.cfg.max_pooled = bytes_spec(v);
     else if (a == "--device-memory" && size_arg(val, &v) && v > 0) o.device_memory = v;
     else if (a == "--release-after" && size_arg(val, &v)) o.cfg.release_after_ns = v;
-    else if (a == "--max-held" && held_arg(val, &o)) {}
-    else if (a == "--split" && size_arg(val, &v) && v > 0) o.cfg.split = v;
+    else if (a == "--max-held" && held_arg(val, &o)) {
+    } else if (a == "--split" && size_arg(val, &v) && v > 0) o.cfg.split = v;
     else if (a == "--sync-gap" && size_arg(val, &v) && v > 0) {
       o.sync_gap_ns = v;
       if (!safe_reuse(o)) o.cfg.reuse = config::Reuse::safe;
-    }
-    else if (a == "--pending-growth" && size_arg(val, &v)) o.cfg.pending_growth = bytes_spec(v);
+    } else if (a == "--pending-growth" && size_arg(val, &v)) o.cfg.pending_growth = bytes_spec(v);
     else if (a == "--alloc-cost" && size_arg(val, &v)) o.alloc_cost_ns = v;
     else if (a == "--wait-cost" && size_arg(val, &v)) o.wait_cost_ns = v;
     else if (a == "--map-cost" && size_arg(val, &v)) o.map_cost_ns = v;

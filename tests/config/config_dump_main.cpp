@@ -8,11 +8,11 @@
 //                 cannot run its exit check (and ignores ASAN_OPTIONS)
 #include <sys/auxv.h>
 
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "config/config.hpp"

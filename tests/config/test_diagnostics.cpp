@@ -40,7 +40,11 @@ TEST(Diagnostics, HostileValuesAreEscapedAndCut) {
   const std::string m = bad("GPUPOOL_LOG", "x\"\n\x1b[31mgpupool: error: forged\\");
   EXPECT_EQ(m.find('\n'), std::string::npos);
   EXPECT_EQ(m.find('\x1b'), std::string::npos);
-  EXPECT_EQ(m.rfind("GPUPOOL_LOG=\"x\\\"\\x0a\\x1b[31mgpupool: error: forged\\\\\" is not a log level", 0), 0u) << m;
+  EXPECT_EQ(
+      m.rfind("GPUPOOL_LOG=\"x\\\"\\x0a\\x1b[31mgpupool: error: forged\\\\\" is not a log level",
+              0),
+      0u)
+      << m;
   const std::string long_value(10000, '7');
   const std::string m2 = bad("GPUPOOL_LEADING_BITS", long_value);
   EXPECT_LT(m2.size(), 400u);
@@ -88,12 +92,13 @@ TEST(Diagnostics, UnknownNames) {
   EXPECT_EQ(suggestion("GPUPOOL_=1"), "");
   EXPECT_EQ(suggestion("GPUPOOL_" + std::string(5000, 'A') + "=1"), "");
   // Other prefixes are not ours.
-  EXPECT_TRUE(parse_env({"gpupool_max_hled=1", "GPUPOOLMAX_HELD=1", "MY_GPUPOOL_X=1"}).diags.empty());
+  EXPECT_TRUE(
+      parse_env({"gpupool_max_hled=1", "GPUPOOLMAX_HELD=1", "MY_GPUPOOL_X=1"}).diags.empty());
 }
 
 TEST(Diagnostics, Secure) {
-  const char* env[] = {"GPUPOOL_LEADING_BITS=7", "GPUPOOL_DISABLE=1", "GPUPOOL_LOG_FILE=/tmp/x",
-                       "GPUPOOL_BOGUS=1", "GPUPOOL_MAX_HELD=12Q", nullptr};
+  const char* env[] = {"GPUPOOL_LEADING_BITS=7", "GPUPOOL_DISABLE=1",    "GPUPOOL_LOG_FILE=/tmp/x",
+                       "GPUPOOL_BOGUS=1",        "GPUPOOL_MAX_HELD=12Q", nullptr};
   std::vector<Diagnostic> d;
   const Config c = load(env, true, &d);
   const Config defaults = parse(nullptr, nullptr);

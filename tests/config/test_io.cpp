@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -99,7 +99,8 @@ TEST_F(Io, RefusesSymlinkInADirectoryComponent) {
   { std::ofstream(victim + "/notes.txt") << "keep\n"; }
   ASSERT_EQ(symlink(victim.c_str(), link.c_str()), 0);
   std::string why;
-  EXPECT_FALSE(open_output(link + "/notes.txt", false, &why).valid()) << "truncated through the link";
+  EXPECT_FALSE(open_output(link + "/notes.txt", false, &why).valid())
+      << "truncated through the link";
   EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
   // It says what to do: name the file without the link.
   char real[PATH_MAX];

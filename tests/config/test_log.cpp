@@ -47,15 +47,15 @@ TEST(Log, AppendsToFileWithPrefix) {
   logger->info("not shown at warn");
   logger->debug("not shown at warn");
   logger->error("bad {}", "thing");
-  EXPECT_EQ(slurp(f.path), "earlier line\n" + prefix("warning") + "hello 42\n" +
-                               prefix("error") + "bad thing\n");
+  EXPECT_EQ(slurp(f.path),
+            "earlier line\n" + prefix("warning") + "hello 42\n" + prefix("error") + "bad thing\n");
   // Each line is written at once: a second logger on the same file appends.
   auto other = make_logger(c, &problem);
   other->error("from another");
   logger->warn("again");
-  EXPECT_EQ(slurp(f.path), "earlier line\n" + prefix("warning") + "hello 42\n" +
-                               prefix("error") + "bad thing\n" + prefix("error") +
-                               "from another\n" + prefix("warning") + "again\n");
+  EXPECT_EQ(slurp(f.path), "earlier line\n" + prefix("warning") + "hello 42\n" + prefix("error") +
+                               "bad thing\n" + prefix("error") + "from another\n" +
+                               prefix("warning") + "again\n");
 }
 
 TEST(Log, Levels) {

@@ -30,9 +30,7 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 class Outputs : public ::testing::Test {
  protected:
@@ -41,9 +39,7 @@ class Outputs : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir = tmpl;
   }
-  void TearDown() override {
-    ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
-  }
+  void TearDown() override { ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0); }
   Names listing() {
     Names out;
     DIR* d = opendir(dir.c_str());
@@ -219,15 +215,15 @@ TEST_F(Outputs, RemovesOnlyUnheldFilesGpupoolWrote) {
   std::string why;
   ASSERT_EQ(live.replace(dir + "/gpupool.11.prom", "# HELP gpupool_info live\n", &why), Hold::held);
   ASSERT_EQ(mine.replace(dir + "/gpupool.12.prom", "# HELP gpupool_info mine\n", &why), Hold::held);
-  write_file(dir + "/gpupool.13.prom", "# HELP gpupool_info dead\n");        // nobody holds it
-  write_file(dir + "/gpupool.prom", "# HELP gpupool_info dead too\n");       // nor this one
+  write_file(dir + "/gpupool.13.prom", "# HELP gpupool_info dead\n");   // nobody holds it
+  write_file(dir + "/gpupool.prom", "# HELP gpupool_info dead too\n");  // nor this one
   write_file(dir + "/gpupool.2024.prom", "# the user's own file of that name\n");
   write_file(dir + "/other.14.prom", "# HELP gpupool_info another setting's\n");
   Names removed = remove_unheld_outputs(value, "gpupool.12.prom", "# HELP gpupool_info ");
   std::sort(removed.begin(), removed.end());
   EXPECT_EQ(removed, (Names{"gpupool.13.prom", "gpupool.prom"}));
-  EXPECT_EQ(listing(), (Names{"gpupool.11.prom", "gpupool.12.prom", "gpupool.2024.prom",
-                              "other.14.prom"}));
+  EXPECT_EQ(listing(),
+            (Names{"gpupool.11.prom", "gpupool.12.prom", "gpupool.2024.prom", "other.14.prom"}));
   // %p in the directory: nothing to look at.
   EXPECT_EQ(remove_unheld_outputs(dir + "/%p/gpupool.prom", "", "# HELP gpupool_info "), Names{});
 }
@@ -305,7 +301,7 @@ TEST_F(Outputs, ReplaceRefusesWhatItAlwaysRefused) {
     EXPECT_FALSE(why.empty()) << p;
   }
   EXPECT_EQ(read_file(target), "keep\n");
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(lstat(link.c_str(), &st), 0);
   EXPECT_TRUE(S_ISLNK(st.st_mode));
 }

@@ -26,7 +26,8 @@ std::string slurp(const std::string& path) {
 
 std::size_t count(const std::string& hay, const std::string& needle) {
   std::size_t n = 0;
-  for (std::size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  for (std::size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1))
+    ++n;
   return n;
 }
 
@@ -121,8 +122,8 @@ TEST(Process, DiagnosticsLoggedOnceWhileThreadsRace) {
 
 TEST(Process, StderrByDefault) {
   Dir d;
-  const Result r = run(d, CONFIG_DUMP, {"--threads", "2"},
-                       {"GPUPOOL_LOG=debug", "GPUPOOL_REUSE=sometimes"});
+  const Result r =
+      run(d, CONFIG_DUMP, {"--threads", "2"}, {"GPUPOOL_LOG=debug", "GPUPOOL_REUSE=sometimes"});
   ASSERT_EQ(r.status, 0);
   EXPECT_EQ(count(r.err, "GPUPOOL_REUSE=\"sometimes\" is not a reuse mode"), 1u) << r.err;
   EXPECT_EQ(count(r.err, "]: debug: debug "), 2u) << r.err;
@@ -201,7 +202,8 @@ TEST(Process, LogFileRefusesSymlinksAndOtherUsersFiles) {
 
 TEST(Process, LogFileNamesThePid) {
   Dir d;
-  const Result r = run(d, CONFIG_DUMP, {"--threads", "3"}, {"GPUPOOL_LOG_FILE=" + d.path + "/log.%p"});
+  const Result r =
+      run(d, CONFIG_DUMP, {"--threads", "3"}, {"GPUPOOL_LOG_FILE=" + d.path + "/log.%p"});
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(r.err, "");
   FILE* p = popen(("ls '" + d.path + "' | grep '^log\\.[0-9][0-9]*$'").c_str(), "r");

@@ -46,23 +46,43 @@ TEST(Signals, Refused) {
   EXPECT_EQ(refused("SIGSTOP"), "cannot be caught");
   EXPECT_EQ(refused("9"), "cannot be caught");
   EXPECT_EQ(refused(std::to_string(SIGSTOP)), "cannot be caught");
-  for (const char* fault : {"SEGV", "SIGBUS", "ILL", "FPE", "ABRT", "IOT", "TRAP", "SYS", "11", "6"})
+  for (const char* fault :
+       {"SEGV", "SIGBUS", "ILL", "FPE", "ABRT", "IOT", "TRAP", "SYS", "11", "6"})
     EXPECT_NE(refused(fault).find("fault"), std::string::npos) << fault;
   // glibc's internal signals, between SIGSYS and SIGRTMIN.
   for (int s = SIGSYS + 1; s < SIGRTMIN; ++s)
     EXPECT_EQ(refused(std::to_string(s)), "is reserved by the C library") << s;
-  for (const char* b : {"", " ", "FOO", "SIGFOO", "USR3", "SIG", "SIGUSR1X", "USR 1", "0x10",
-                        "1.5", "-10", "-USR1", "RTMIN-1", "RTMAX+1", "RTMIN+", "RTMIN+x",
-                        "RTMIN+99", "RTMAX-99", "RTMIN+99999999999999999999999", "RTMINX",
-                        "99999999999999999999999", "10%"})
+  for (const char* b : {"",
+                        " ",
+                        "FOO",
+                        "SIGFOO",
+                        "USR3",
+                        "SIG",
+                        "SIGUSR1X",
+                        "USR 1",
+                        "0x10",
+                        "1.5",
+                        "-10",
+                        "-USR1",
+                        "RTMIN-1",
+                        "RTMAX+1",
+                        "RTMIN+",
+                        "RTMIN+x",
+                        "RTMIN+99",
+                        "RTMAX-99",
+                        "RTMIN+99999999999999999999999",
+                        "RTMINX",
+                        "99999999999999999999999",
+                        "10%"})
     refused(b);
   refused(std::to_string(SIGRTMAX + 1));
   // Signals whose default action programs and people rely on: a handler of
   // gpupool's would stop `kill -TERM` from ending the program, Ctrl-C from
   // interrupting it, and so on.
-  for (const char* kept : {"TERM", "SIGINT", "HUP", "QUIT", "PIPE", "CHLD", "CLD", "ALRM", "CONT",
-                           "TSTP", "TTIN", "TTOU", "WINCH", "URG", "IO", "POLL", "PWR", "XCPU",
-                           "XFSZ", "VTALRM", "PROF", "1", "2", "15", "17"})
+  for (const char* kept :
+       {"TERM", "SIGINT", "HUP",  "QUIT",  "PIPE", "CHLD", "CLD",  "ALRM", "CONT",
+        "TSTP", "TTIN",   "TTOU", "WINCH", "URG",  "IO",   "POLL", "PWR",  "XCPU",
+        "XFSZ", "VTALRM", "PROF", "1",     "2",    "15",   "17"})
     EXPECT_EQ(refused(kept), "has a default action programs rely on") << kept;
   EXPECT_EQ(refused("65536"), "is not a signal number");
 }
@@ -88,8 +108,8 @@ TEST(Signals, Variables) {
   EXPECT_EQ(p.config.signal_stats, SIGRTMIN + 3);
   EXPECT_EQ(p.config.signal_free_held, 0);
   EXPECT_EQ(p.config.signal_stop_holding, SIGUSR2);
-  for (const char* name : {"GPUPOOL_SIGNAL_STATS", "GPUPOOL_SIGNAL_FREE_HELD",
-                           "GPUPOOL_SIGNAL_STOP_HOLDING"}) {
+  for (const char* name :
+       {"GPUPOOL_SIGNAL_STATS", "GPUPOOL_SIGNAL_FREE_HELD", "GPUPOOL_SIGNAL_STOP_HOLDING"}) {
     EXPECT_EQ(good(name, "RTMIN+2"), "RTMIN+2");
     EXPECT_NE(bad(name, "TERM").find("default action"), std::string::npos);
     EXPECT_EQ(good(name, "off"), "none");

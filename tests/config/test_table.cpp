@@ -14,13 +14,29 @@ namespace {
 
 TEST(Table, EveryVariableOnceWithDocs) {
   // The variables gpupool promises; more may be added.
-  const std::set<std::string> required = {
-      "GPUPOOL_DISABLE", "GPUPOOL_CUDA", "GPUPOOL_CUDA_HOST", "GPUPOOL_OPENCL", "GPUPOOL_OPENCL_LAYER", "GPUPOOL_HOLD",
-      "GPUPOOL_LEADING_BITS", "GPUPOOL_MAX_HELD", "GPUPOOL_MAX_POOLED", "GPUPOOL_RELEASE_AFTER",
-      "GPUPOOL_REUSE", "GPUPOOL_PROBE", "GPUPOOL_LOG", "GPUPOOL_LOG_FILE", "GPUPOOL_STATS_FILE",
-      "GPUPOOL_STATS_AT_EXIT", "GPUPOOL_STATS_INTERVAL", "GPUPOOL_STATS_FORMAT",
-      "GPUPOOL_PROMETHEUS_FILE", "GPUPOOL_TRACE_FILE", "GPUPOOL_SIGNAL_STATS",
-      "GPUPOOL_SIGNAL_FREE_HELD", "GPUPOOL_SIGNAL_STOP_HOLDING"};
+  const std::set<std::string> required = {"GPUPOOL_DISABLE",
+                                          "GPUPOOL_CUDA",
+                                          "GPUPOOL_CUDA_HOST",
+                                          "GPUPOOL_OPENCL",
+                                          "GPUPOOL_OPENCL_LAYER",
+                                          "GPUPOOL_HOLD",
+                                          "GPUPOOL_LEADING_BITS",
+                                          "GPUPOOL_MAX_HELD",
+                                          "GPUPOOL_MAX_POOLED",
+                                          "GPUPOOL_RELEASE_AFTER",
+                                          "GPUPOOL_REUSE",
+                                          "GPUPOOL_PROBE",
+                                          "GPUPOOL_LOG",
+                                          "GPUPOOL_LOG_FILE",
+                                          "GPUPOOL_STATS_FILE",
+                                          "GPUPOOL_STATS_AT_EXIT",
+                                          "GPUPOOL_STATS_INTERVAL",
+                                          "GPUPOOL_STATS_FORMAT",
+                                          "GPUPOOL_PROMETHEUS_FILE",
+                                          "GPUPOOL_TRACE_FILE",
+                                          "GPUPOOL_SIGNAL_STATS",
+                                          "GPUPOOL_SIGNAL_FREE_HELD",
+                                          "GPUPOOL_SIGNAL_STOP_HOLDING"};
   std::set<std::string> seen;
   for (const OptionInfo& o : options()) {
     const std::string name = o.name, doc = o.doc, type = o.type;
@@ -71,13 +87,22 @@ std::vector<std::string> cells(const std::string& row) {
   std::vector<std::string> out;
   std::string cur;
   for (std::size_t i = 0; i < row.size(); ++i) {
-    if (row[i] == '\\' && i + 1 < row.size() && row[i + 1] == '|') { cur += '|'; ++i; continue; }
-    if (row[i] == '|') { out.push_back(cur); cur.clear(); continue; }
+    if (row[i] == '\\' && i + 1 < row.size() && row[i + 1] == '|') {
+      cur += '|';
+      ++i;
+      continue;
+    }
+    if (row[i] == '|') {
+      out.push_back(cur);
+      cur.clear();
+      continue;
+    }
     cur += row[i];
   }
   out.push_back(cur);
   // Leading and trailing pipes leave empty first/last pieces.
-  if (!out.empty() && out.front().find_first_not_of(" \t") == std::string::npos) out.erase(out.begin());
+  if (!out.empty() && out.front().find_first_not_of(" \t") == std::string::npos)
+    out.erase(out.begin());
   if (!out.empty() && out.back().find_first_not_of(" \t\r") == std::string::npos) out.pop_back();
   for (std::string& c : out) {
     const std::size_t b = c.find_first_not_of(" \t"), e = c.find_last_not_of(" \t\r");
@@ -100,13 +125,21 @@ void marked_rows(const std::string& path, const std::string& name, const std::st
   bool inside = false;
   int began = 0, ended = 0;
   for (std::string line; std::getline(f, line);) {
-    if (line.find(begin) != std::string::npos) { inside = true; ++began; continue; }
-    if (line.find(end) != std::string::npos) { inside = false; ++ended; continue; }
+    if (line.find(begin) != std::string::npos) {
+      inside = true;
+      ++began;
+      continue;
+    }
+    if (line.find(end) != std::string::npos) {
+      inside = false;
+      ++ended;
+      continue;
+    }
     if (inside && line.find('|') != std::string::npos) rows->push_back(line);
   }
-  ASSERT_TRUE(began == 1 && ended == 1) << path << ": " << began << " begin and " << ended
-                                        << " end markers; it needs one " << begin << " ... " << end
-                                        << " block: " << fix;
+  ASSERT_TRUE(began == 1 && ended == 1)
+      << path << ": " << began << " begin and " << ended << " end markers; it needs one " << begin
+      << " ... " << end << " block: " << fix;
   *found = true;
 }
 
@@ -115,18 +148,28 @@ void marked_rows(const std::string& path, const std::string& name, const std::st
 void check_table(const std::string& path) {
   std::vector<std::string> rows;
   bool found = false;
-  marked_rows(path, "options-table", "paste the output of tests/config/gpupool_options_table into it",
-              &rows, &found);
+  marked_rows(path, "options-table",
+              "paste the output of tests/config/gpupool_options_table into it", &rows, &found);
   if (!found) return;
   ASSERT_GE(rows.size(), 2u) << "no table between the markers";
-  EXPECT_EQ(cells(rows[0]), (std::vector<std::string>{"Variable", "Type", "Default", "Description"}));
+  EXPECT_EQ(cells(rows[0]),
+            (std::vector<std::string>{"Variable", "Type", "Default", "Description"}));
   rows.erase(rows.begin(), rows.begin() + 2);  // header and |---| line
   const auto& opts = options();
   for (std::size_t i = 0; i < std::max(rows.size(), opts.size()); ++i) {
-    if (i >= rows.size()) { ADD_FAILURE() << path << " lacks " << opts[i].name; continue; }
-    if (i >= opts.size()) { ADD_FAILURE() << path << " has an extra row: " << rows[i]; continue; }
+    if (i >= rows.size()) {
+      ADD_FAILURE() << path << " lacks " << opts[i].name;
+      continue;
+    }
+    if (i >= opts.size()) {
+      ADD_FAILURE() << path << " has an extra row: " << rows[i];
+      continue;
+    }
     const std::vector<std::string> c = cells(rows[i]);
-    if (c.size() != 4) { ADD_FAILURE() << "not 4 cells: " << rows[i]; continue; }
+    if (c.size() != 4) {
+      ADD_FAILURE() << "not 4 cells: " << rows[i];
+      continue;
+    }
     const OptionInfo& o = opts[i];
     EXPECT_EQ(c[0], o.name) << "row " << i + 1 << " (the table's order is options.def's)";
     EXPECT_EQ(c[1], o.type) << o.name;
@@ -140,18 +183,25 @@ void check_table(const std::string& path) {
 void check_common(const std::string& path) {
   std::vector<std::string> rows;
   bool found = false;
-  marked_rows(path, "options-common", "a table of | Variable | Default | What for |", &rows, &found);
+  marked_rows(path, "options-common", "a table of | Variable | Default | What for |", &rows,
+              &found);
   if (!found) return;
   ASSERT_GE(rows.size(), 3u) << "no rows between the markers";
   EXPECT_EQ(cells(rows[0]), (std::vector<std::string>{"Variable", "Default", "What for"}));
   rows.erase(rows.begin(), rows.begin() + 2);  // header and |---| line
   for (const std::string& row : rows) {
     const std::vector<std::string> c = cells(row);
-    if (c.size() != 3) { ADD_FAILURE() << "not 3 cells: " << row; continue; }
+    if (c.size() != 3) {
+      ADD_FAILURE() << "not 3 cells: " << row;
+      continue;
+    }
     const OptionInfo* o = nullptr;
     for (const OptionInfo& x : options())
       if (c[0] == x.name) o = &x;
-    if (!o) { ADD_FAILURE() << path << " names " << c[0] << ", which is no gpupool variable"; continue; }
+    if (!o) {
+      ADD_FAILURE() << path << " names " << c[0] << ", which is no gpupool variable";
+      continue;
+    }
     EXPECT_EQ(c[1], o->default_value) << path << ": the default of " << o->name;
   }
 }
@@ -170,7 +220,8 @@ TEST(Table, TextsQuoteTheCodesConstants) {
   std::stringstream text;
   text << f.rdbuf();
   const std::string at_most = "At most " + std::to_string(kMaxPendingBlocks) + " blocks of a size";
-  EXPECT_NE(text.str().find(at_most), std::string::npos) << page << " should say '" << at_most << "'";
+  EXPECT_NE(text.str().find(at_most), std::string::npos)
+      << page << " should say '" << at_most << "'";
 }
 
 TEST(Table, ConfigurationPageMatchesOptions) {
@@ -187,8 +238,8 @@ TEST(Table, TableCheckCatchesDrift) {
   const std::string path = tmpl;
   const std::string table = options_markdown();
   auto write = [&](const std::string& body) {
-    std::ofstream(path) << "# gpupool\n\ntext | with a pipe\n<!-- options-table:begin -->\n" << body
-                        << "<!-- options-table:end -->\n| after | table |\n";
+    std::ofstream(path) << "# gpupool\n\ntext | with a pipe\n<!-- options-table:begin -->\n"
+                        << body << "<!-- options-table:end -->\n| after | table |\n";
   };
   auto replace = [&](std::string s, const std::string& from, const std::string& to) {
     const std::size_t at = s.find(from);
@@ -197,20 +248,21 @@ TEST(Table, TableCheckCatchesDrift) {
   };
   write(table);
   check_table(path);
-  write(replace(replace(table, "| `GPUPOOL_HOLD` |", "|  `GPUPOOL_HOLD`    |"), "| bool |", "|bool|"));
+  write(replace(replace(table, "| `GPUPOOL_HOLD` |", "|  `GPUPOOL_HOLD`    |"), "| bool |",
+                "|bool|"));
   check_table(path);
 
   const std::string first = std::string("| `") + options()[0].name + "`";
   const std::string last_row = table.substr(table.rfind("| `"));
   const std::vector<std::string> drifted = {
-      replace(table, "`4`", "`5`"),                                          // default
-      replace(table, "Log level: off", "Log level: none"),                  // doc
-      replace(table, "| integer 1..8 |", "| int |"),                        // type
-      replace(table, "GPUPOOL_MAX_HELD`", "GPUPOOL_MAX_HOLD`"),             // name
-      replace(table, last_row, ""),                                          // missing row
-      table + "| `GPUPOOL_EXTRA` | bool | `0` | Extra. |\n",                // extra row
-      replace(table, "| Default |", "| Initial |"),                         // header
-      replace(table, first, first + " | x"),                                 // cells
+      replace(table, "`4`", "`5`"),                              // default
+      replace(table, "Log level: off", "Log level: none"),       // doc
+      replace(table, "| integer 1..8 |", "| int |"),             // type
+      replace(table, "GPUPOOL_MAX_HELD`", "GPUPOOL_MAX_HOLD`"),  // name
+      replace(table, last_row, ""),                              // missing row
+      table + "| `GPUPOOL_EXTRA` | bool | `0` | Extra. |\n",     // extra row
+      replace(table, "| Default |", "| Initial |"),              // header
+      replace(table, first, first + " | x"),                     // cells
   };
   for (const std::string& body : drifted) {
     write(body);
@@ -234,15 +286,18 @@ TEST(Table, ReadmeCheckCatchesDrift) {
   close(fd);
   const std::string path = tmpl;
   auto write = [&](const std::string& rows) {
-    std::ofstream(path) << "# gpupool\n\n<!-- options-common:begin -->\n| Variable | Default | What for |\n"
-                        << "|---|---|---|\n" << rows << "<!-- options-common:end -->\n";
+    std::ofstream(path)
+        << "# gpupool\n\n<!-- options-common:begin -->\n| Variable | Default | What for |\n"
+        << "|---|---|---|\n"
+        << rows << "<!-- options-common:end -->\n";
   };
   write("| `GPUPOOL_LEADING_BITS` | `4` | bits |\n| `GPUPOOL_TRACE_FILE` |  | a trace |\n");
   check_common(path);
-  for (const std::string& rows : {std::string("| `GPUPOOL_LEADING_BITS` | `5` | bits |\n"),  // default
-                                  std::string("| `GPUPOOL_LEADING_BIT` | `4` | bits |\n"),   // name
-                                  std::string("| `GPUPOOL_TRACE_FILE` | `trace` | a trace |\n"),
-                                  std::string("| `GPUPOOL_LOG` | `warn` |\n")}) {  // cells
+  for (const std::string& rows :
+       {std::string("| `GPUPOOL_LEADING_BITS` | `5` | bits |\n"),  // default
+        std::string("| `GPUPOOL_LEADING_BIT` | `4` | bits |\n"),   // name
+        std::string("| `GPUPOOL_TRACE_FILE` | `trace` | a trace |\n"),
+        std::string("| `GPUPOOL_LOG` | `warn` |\n")}) {  // cells
     write(rows);
     EXPECT_NONFATAL_FAILURE(check_common(path), "");
   }

@@ -6,9 +6,9 @@
 namespace gpupool::config::test {
 namespace {
 
-const char* const kBools[] = {"GPUPOOL_DISABLE", "GPUPOOL_CUDA", "GPUPOOL_CUDA_HOST",
-                              "GPUPOOL_OPENCL", "GPUPOOL_OPENCL_LAYER", "GPUPOOL_HOLD", "GPUPOOL_PROBE",
-                              "GPUPOOL_STATS_AT_EXIT"};
+const char* const kBools[] = {"GPUPOOL_DISABLE", "GPUPOOL_CUDA",         "GPUPOOL_CUDA_HOST",
+                              "GPUPOOL_OPENCL",  "GPUPOOL_OPENCL_LAYER", "GPUPOOL_HOLD",
+                              "GPUPOOL_PROBE",   "GPUPOOL_STATS_AT_EXIT"};
 
 TEST(Values, Defaults) {
   std::vector<Diagnostic> d;
@@ -56,7 +56,8 @@ TEST(Values, Booleans) {
       EXPECT_EQ(good(name, t), "1") << name << "=" << t;
     for (const char* f : {"0", "false", "FALSE", "no", "No", "off", "OFF", " off "})
       EXPECT_EQ(good(name, f), "0") << name << "=" << f;
-    for (const char* b : {"", " ", "2", "-1", "10", "tru", "yess", "y", "n", "enable", "1 1", "0x1"})
+    for (const char* b :
+         {"", " ", "2", "-1", "10", "tru", "yess", "y", "n", "enable", "1 1", "0x1"})
       bad(name, b);
   }
   EXPECT_NE(bad("GPUPOOL_HOLD", "maybe").find("is not a boolean"), std::string::npos);
@@ -80,7 +81,7 @@ TEST(Values, LeadingBits) {
 }
 
 const SizeSpec& size_field(const Config& c, const std::string& name) {
-  return name == "GPUPOOL_MAX_HELD"      ? c.max_held
+  return name == "GPUPOOL_MAX_HELD"     ? c.max_held
          : name == "GPUPOOL_MAX_POOLED" ? c.max_pooled
                                         : c.pending_growth;
 }
@@ -96,15 +97,31 @@ std::uint64_t bytes_of(const std::string& name, const std::string& value) {
 TEST(Values, Sizes) {
   constexpr std::uint64_t K = 1024, M = K * K, G = M * K, T = G * K;
   for (const char* name : {"GPUPOOL_MAX_HELD", "GPUPOOL_MAX_POOLED", "GPUPOOL_PENDING_GROWTH"}) {
-    const std::pair<const char*, std::uint64_t> cases[] = {
-        {"0", 0},          {"1", 1},          {"4096", 4096},     {"4096B", 4096},
-        {"4096b", 4096},   {"64K", 64 * K},   {"64k", 64 * K},    {"64KiB", 64 * K},
-        {"64KB", 64 * K},  {"64kb", 64 * K},  {"64Ki", 64 * K},   {"64kib", 64 * K},
-        {"512M", 512 * M}, {"512MiB", 512 * M}, {"2G", 2 * G},    {"2GiB", 2 * G},
-        {"2GB", 2 * G},    {"1T", T},         {"3TiB", 3 * T},    {" 2 G ", 2 * G},
-        {"2 GiB", 2 * G},  {"007M", 7 * M},
-        {"18446744073709551615", UINT64_MAX}, {"16777215T", 16777215 * T},
-        {"17179869183G", 17179869183 * G}};
+    const std::pair<const char*, std::uint64_t> cases[] = {{"0", 0},
+                                                           {"1", 1},
+                                                           {"4096", 4096},
+                                                           {"4096B", 4096},
+                                                           {"4096b", 4096},
+                                                           {"64K", 64 * K},
+                                                           {"64k", 64 * K},
+                                                           {"64KiB", 64 * K},
+                                                           {"64KB", 64 * K},
+                                                           {"64kb", 64 * K},
+                                                           {"64Ki", 64 * K},
+                                                           {"64kib", 64 * K},
+                                                           {"512M", 512 * M},
+                                                           {"512MiB", 512 * M},
+                                                           {"2G", 2 * G},
+                                                           {"2GiB", 2 * G},
+                                                           {"2GB", 2 * G},
+                                                           {"1T", T},
+                                                           {"3TiB", 3 * T},
+                                                           {" 2 G ", 2 * G},
+                                                           {"2 GiB", 2 * G},
+                                                           {"007M", 7 * M},
+                                                           {"18446744073709551615", UINT64_MAX},
+                                                           {"16777215T", 16777215 * T},
+                                                           {"17179869183G", 17179869183 * G}};
     for (const auto& [text, want] : cases) EXPECT_EQ(bytes_of(name, text), want) << text;
     // The shown form is the largest exact unit.
     EXPECT_EQ(good(name, "65536"), "64K");
@@ -114,10 +131,31 @@ TEST(Values, Sizes) {
     EXPECT_EQ(good(name, "unlimited"), "unlimited");
     EXPECT_EQ(good(name, " Unlimited "), "unlimited");
     EXPECT_EQ(good(name, "UNLIMITED"), "unlimited");
-    for (const char* b : {"", "  ", "12Q", "Q", "K", "1.5G", "1,5G", "-1", "-1K", "- 1", "+1",
-                          "0x10", "1GG", "1iB", "1 K B i", "1KiBB", "1Gi B x", "1e6",
-                          "none", "inf", "18446744073709551616", "16777216T",
-                          "17179869184G", "99999999999999999999999999T", "1 2"})
+    for (const char* b : {"",
+                          "  ",
+                          "12Q",
+                          "Q",
+                          "K",
+                          "1.5G",
+                          "1,5G",
+                          "-1",
+                          "-1K",
+                          "- 1",
+                          "+1",
+                          "0x10",
+                          "1GG",
+                          "1iB",
+                          "1 K B i",
+                          "1KiBB",
+                          "1Gi B x",
+                          "1e6",
+                          "none",
+                          "inf",
+                          "18446744073709551616",
+                          "16777216T",
+                          "17179869184G",
+                          "99999999999999999999999999T",
+                          "1 2"})
       bad(name, b);
     EXPECT_NE(bad(name, "12Q").find("is not a size"), std::string::npos);
     EXPECT_NE(bad(name, "16777216T").find("overflows 64 bits"), std::string::npos);
@@ -184,10 +222,22 @@ TEST(Values, Resolve) {
 TEST(Values, Durations) {
   constexpr std::uint64_t us = 1000, ms = 1000 * us, s = 1000 * ms;
   const std::pair<const char*, std::uint64_t> cases[] = {
-      {"500ms", 500 * ms}, {"10s", 10 * s},     {"5m", 300 * s},     {"1h", 3600 * s},
-      {"250us", 250 * us}, {"7ns", 7},          {"30", 30 * s},      {" 2 s ", 2 * s},
-      {"2MS", 2 * ms},     {"3min", 180 * s},   {"0", 0},            {"0s", 0},
-      {"off", 0},          {"OFF", 0},          {"none", 0},         {"18446744073709551615ns", UINT64_MAX},
+      {"500ms", 500 * ms},
+      {"10s", 10 * s},
+      {"5m", 300 * s},
+      {"1h", 3600 * s},
+      {"250us", 250 * us},
+      {"7ns", 7},
+      {"30", 30 * s},
+      {" 2 s ", 2 * s},
+      {"2MS", 2 * ms},
+      {"3min", 180 * s},
+      {"0", 0},
+      {"0s", 0},
+      {"off", 0},
+      {"OFF", 0},
+      {"none", 0},
+      {"18446744073709551615ns", UINT64_MAX},
       {"5124095h", std::uint64_t{5124095} * 3600 * s}};
   for (const char* name : {"GPUPOOL_RELEASE_AFTER", "GPUPOOL_STATS_INTERVAL"}) {
     for (const auto& [text, want] : cases) {
@@ -202,9 +252,9 @@ TEST(Values, Durations) {
     EXPECT_EQ(good(name, "120s"), "2m");
     EXPECT_EQ(good(name, "1500ms"), "1500ms");
     EXPECT_EQ(good(name, "0"), "off");
-    for (const char* b : {"", " ", "-1", "-1s", "10x", "1.5s", "s", "ms", "10 s s", "1d",
-                          "18446744073709551616", "5124096h", "99999999999999999999h", "on",
-                          "10sec", "1e3"})
+    for (const char* b :
+         {"", " ", "-1", "-1s", "10x", "1.5s", "s", "ms", "10 s s", "1d", "18446744073709551616",
+          "5124096h", "99999999999999999999h", "on", "10sec", "1e3"})
       bad(name, b);
     EXPECT_NE(bad(name, "10x").find("is not a duration"), std::string::npos);
     EXPECT_NE(bad(name, "5124096h").find("overflows"), std::string::npos);
@@ -219,8 +269,8 @@ TEST(Values, Durations) {
 TEST(Values, Split) {
   constexpr std::uint64_t MiB = 1 << 20;
   const std::pair<const char*, std::uint64_t> cases[] = {
-      {"off", 0},       {"0", 0},         {"no", 0},          {"on", MiB},  {"1", MiB},
-      {"YES", MiB},     {"4MiB", 4 * MiB}, {"512K", 512 << 10}, {"4KiB", 4096}, {" 2M ", 2 * MiB}};
+      {"off", 0},   {"0", 0},          {"no", 0},           {"on", MiB},    {"1", MiB},
+      {"YES", MiB}, {"4MiB", 4 * MiB}, {"512K", 512 << 10}, {"4KiB", 4096}, {" 2M ", 2 * MiB}};
   for (const auto& [text, want] : cases) {
     const Parsed p = parse_env({std::string("GPUPOOL_SPLIT=") + text});
     EXPECT_TRUE(p.diags.empty()) << text;
@@ -246,8 +296,8 @@ TEST(Values, Reuse) {
 TEST(Values, NeighbourScope) {
   EXPECT_EQ(Config{}.neighbours, Neighbours::user);
   const std::pair<const char*, Neighbours> cases[] = {
-      {"user", Neighbours::user}, {"1", Neighbours::user},  {"yes", Neighbours::user},
-      {" ALL ", Neighbours::all}, {"all", Neighbours::all}, {"off", Neighbours::off},
+      {"user", Neighbours::user}, {"1", Neighbours::user},   {"yes", Neighbours::user},
+      {" ALL ", Neighbours::all}, {"all", Neighbours::all},  {"off", Neighbours::off},
       {"0", Neighbours::off},     {"false", Neighbours::off}};
   for (const auto& [text, want] : cases)
     EXPECT_EQ(parse_env({std::string("GPUPOOL_NEIGHBOURS=") + text}).config.neighbours, want)
@@ -258,10 +308,10 @@ TEST(Values, NeighbourScope) {
 
 TEST(Values, LogLevel) {
   const std::pair<const char*, LogLevel> cases[] = {
-      {"off", LogLevel::off},     {"error", LogLevel::error}, {"warn", LogLevel::warn},
-      {"info", LogLevel::info},   {"debug", LogLevel::debug}, {"trace", LogLevel::trace},
+      {"off", LogLevel::off},     {"error", LogLevel::error},  {"warn", LogLevel::warn},
+      {"info", LogLevel::info},   {"debug", LogLevel::debug},  {"trace", LogLevel::trace},
       {"DEBUG", LogLevel::debug}, {"warning", LogLevel::warn}, {"err", LogLevel::error},
-      {" info ", LogLevel::info}, {"none", LogLevel::off},    {"0", LogLevel::off}};
+      {" info ", LogLevel::info}, {"none", LogLevel::off},     {"0", LogLevel::off}};
   for (const auto& [text, want] : cases)
     EXPECT_EQ(parse_env({std::string("GPUPOOL_LOG=") + text}).config.log_level, want) << text;
   for (const char* b : {"", "verbose", "5", "critical!", "all"}) bad("GPUPOOL_LOG", b);
@@ -300,8 +350,8 @@ TEST(Values, RunPid) {
 
 TEST(Values, FirstDefinitionWins) {
   // As getenv() does; a later duplicate is not re-checked.
-  const Parsed p = parse_env({"GPUPOOL_LEADING_BITS=6", "GPUPOOL_LEADING_BITS=garbage",
-                              "GPUPOOL_LEADING_BITS=7"});
+  const Parsed p = parse_env(
+      {"GPUPOOL_LEADING_BITS=6", "GPUPOOL_LEADING_BITS=garbage", "GPUPOOL_LEADING_BITS=7"});
   EXPECT_EQ(p.config.leading_bits, 6u);
   EXPECT_TRUE(p.diags.empty());
 }

@@ -72,12 +72,13 @@ static void* api(const char* name) {
 }
 
 static void call_api(int rounds, const char* trace) {
-  int (*start)(const char*, char*, size_t) = (int (*)(const char*, char*, size_t))api("gpupool_trace_start");
+  int (*start)(const char*, char*, size_t) =
+      (int (*)(const char*, char*, size_t))api("gpupool_trace_start");
   int (*stop)(char*, size_t) = (int (*)(char*, size_t))api("gpupool_trace_stop");
   int (*reset)(void) = (int (*)(void))api("gpupool_reset_peak");
   int (*free_held)(void) = (int (*)(void))api("gpupool_free_held");
-  size_t (*stats)(char*, size_t) = (size_t (*)(char*, size_t))api("gpupool_stats_json");
-  size_t (*snapshot)(char*, size_t) = (size_t (*)(char*, size_t))api("gpupool_snapshot_json");
+  size_t (*stats)(char*, size_t) = (size_t(*)(char*, size_t))api("gpupool_stats_json");
+  size_t (*snapshot)(char*, size_t) = (size_t(*)(char*, size_t))api("gpupool_snapshot_json");
   static char buf[1 << 20];
   char msg[512];
   for (int r = 0; r < rounds; ++r) {
@@ -107,7 +108,7 @@ static void call_api(int rounds, const char* trace) {
 
 static void print_stats(void) {
   size_t (*stats_json)(char*, size_t) =
-      (size_t (*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
+      (size_t(*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
   if (!stats_json) {
     printf("stats: gpupool not loaded\n");
     return;
@@ -121,7 +122,8 @@ static void print_stats(void) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: cl_workload storm THREADS SECONDS | serve | once | api THREADS ROUNDS TRACE\n");
+    fprintf(stderr,
+            "usage: cl_workload storm THREADS SECONDS | serve | once | api THREADS ROUNDS TRACE\n");
     return 2;
   }
   cl_platform_id platform;

@@ -55,12 +55,12 @@ namespace {
 
 std::atomic<int> g_failures{0};
 
-#define CHECK(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);            \
-      g_failures.fetch_add(1);                                                          \
-    }                                                                                   \
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      g_failures.fetch_add(1);                                               \
+    }                                                                        \
   } while (0)
 
 constexpr std::size_t kMaxIds = 1 << 16;
@@ -235,10 +235,11 @@ int storm(unsigned threads, double seconds) {
   }
   stop = true;
   for (auto& w : workers) w.join();
-  std::printf("storm: %u threads, %llu allocations, %llu signals (%.0f/s), %u reached the "
-              "program's handler\n",
-              threads, (unsigned long long)allocs.load(), (unsigned long long)sent,
-              static_cast<double>(sent) / seconds, g_program_usr1.load());
+  std::printf(
+      "storm: %u threads, %llu allocations, %llu signals (%.0f/s), %u reached the "
+      "program's handler\n",
+      threads, (unsigned long long)allocs.load(), (unsigned long long)sent,
+      static_cast<double>(sent) / seconds, g_program_usr1.load());
   CHECK(g_program_usr1.load() > 0);
 
   // Consistency once quiet: nothing active, held bytes are exactly what the
@@ -321,7 +322,8 @@ int exit_race(int iterations) {
       }
     }
     if (last.find("\"reason\":\"exit\"") == std::string::npos) {
-      std::fprintf(stderr, "FAILED: iteration %d: last of %zu dumps is not the exit dump\n", i, lines);
+      std::fprintf(stderr, "FAILED: iteration %d: last of %zu dumps is not the exit dump\n", i,
+                   lines);
       return 1;
     }
     std::remove(file.c_str());
@@ -371,7 +373,8 @@ int handler_swaps(int swaps) {
   for (auto at = j.find("replaced gpupool's SIGUSR1"); at != std::string::npos;
        at = j.find("replaced gpupool's SIGUSR1", at + 1))
     ++copies;
-  if (copies != 1) std::fprintf(stderr, "FAILED: %zu copies of the warning in: %s\n", copies, j.c_str());
+  if (copies != 1)
+    std::fprintf(stderr, "FAILED: %zu copies of the warning in: %s\n", copies, j.c_str());
   CHECK(copies == 1);
   const std::string times = "(" + std::to_string(swaps + 1) + " times)";
   if (j.find(times) == std::string::npos)
@@ -473,7 +476,8 @@ int main(int argc, char** argv) {
   if (mode == "serve") return serve();
   if (mode == "periodic") return periodic();
   if (mode == "exec-chain" && argc == 3) return exec_chain(std::atoi(argv[2]));
-  std::fprintf(stderr, "usage: control_harness storm THREADS SECONDS | exit-race N | chain | "
-                       "symlink | workload OPS | serve\n");
+  std::fprintf(stderr,
+               "usage: control_harness storm THREADS SECONDS | exit-race N | chain | "
+               "symlink | workload OPS | serve\n");
   return 2;
 }

@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
-#include <memory>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -25,8 +25,8 @@ struct FakeDevice {
   std::map<Handle, std::size_t> live;  // handle -> bytes
   std::uint64_t allocs = 0, alloc_failures = 0, releases = 0, drops = 0;
   std::vector<Handle> release_log;  // handles released, in order
-  int inject_error = 0;  // next allocate fails with this non-OOM error
-  std::mutex mu;         // for multi-threaded tests
+  int inject_error = 0;             // next allocate fails with this non-OOM error
+  std::mutex mu;                    // for multi-threaded tests
 
   // Fences: fence() hands out increasing numbers; the device has finished
   // everything up to `completed`.

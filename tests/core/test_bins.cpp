@@ -14,14 +14,14 @@ TEST(Bins, PyOpenCLsBinsRoundedUpNotToTheirTop) {
   BinScheme b(4);
   auto r = [&](std::size_t s) { return b.alloc_size(b.bin_number(s)); };
   EXPECT_EQ(b.bin_number(0), 0u);
-  EXPECT_EQ(r(0), 1u);                       // PyOpenCL: 1
-  EXPECT_EQ(r(1), 1u);                       // 1
-  EXPECT_EQ(r(15), 15u);                     // 15
-  EXPECT_EQ(r(16), 16u);                     // 16
-  EXPECT_EQ(r(1000), 1024u);                 // 1023
-  EXPECT_EQ(r(4096), 4096u);                 // 4351
-  EXPECT_EQ(r(1u << 30), 1u << 30);          // 1140850687 (1088 MiB)
-  EXPECT_EQ(r((1u << 30) - 1), 1u << 30);    // 2^30 - 1
+  EXPECT_EQ(r(0), 1u);                     // PyOpenCL: 1
+  EXPECT_EQ(r(1), 1u);                     // 1
+  EXPECT_EQ(r(15), 15u);                   // 15
+  EXPECT_EQ(r(16), 16u);                   // 16
+  EXPECT_EQ(r(1000), 1024u);               // 1023
+  EXPECT_EQ(r(4096), 4096u);               // 4351
+  EXPECT_EQ(r(1u << 30), 1u << 30);        // 1140850687 (1088 MiB)
+  EXPECT_EQ(r((1u << 30) - 1), 1u << 30);  // 2^30 - 1
   EXPECT_EQ(BinScheme(2).alloc_size(BinScheme(2).bin_number(1u << 24)), 1u << 24);  // 20971519
   // Same bins as PyOpenCL: sizes PyOpenCL puts together are together here.
   EXPECT_EQ(b.bin_number(4096), b.bin_number(4096));

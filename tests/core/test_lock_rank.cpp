@@ -199,8 +199,7 @@ TEST(LockRankDeathTest, ALockTakenByTryLockCountsAsHeld) {
         std::unique_lock a(devices, std::try_to_lock);
         std::lock_guard b(contexts);
       },
-      violation("cuda contexts", LockRank::cuda_contexts, "node devices",
-                LockRank::node_devices));
+      violation("cuda contexts", LockRank::cuda_contexts, "node devices", LockRank::node_devices));
 }
 
 // fork()'s child makes new a lock its prepare took that it cannot unlock

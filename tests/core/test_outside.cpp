@@ -50,7 +50,8 @@ struct Fixture {
   Pool pool{PoolOptions{.clock = test_clock}};
   Arena* blocks = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
   DriverPool* driver_pool = new DriverPool;
-  Arena* outside = pool.add_arena(std::unique_ptr<Backend>(driver_pool), {.group = "g", .kind = "async"});
+  Arena* outside =
+      pool.add_arena(std::unique_ptr<Backend>(driver_pool), {.group = "g", .kind = "async"});
 };
 
 }  // namespace

@@ -20,8 +20,8 @@
 #include "pool_fixture.hpp"
 
 using namespace gpupool;
-using gpupool::testing::FakeBackend;
 using gpupool::testing::DroppingBackend;
+using gpupool::testing::FakeBackend;
 using gpupool::testing::FakeDevice;
 
 namespace {
@@ -121,9 +121,9 @@ TEST(Pool, RefillWithASmallerSizeGetsTheWholeDevice) {
 TEST(Pool, OutOfMemoryReleasesLargestHeldFirstThenRetries) {
   Fixture f;
   f.dev->capacity = 10000;
-  Block* small = f.alloc(100);   // 100
-  Block* mid = f.alloc(1000);    // 1024
-  Block* big = f.alloc(4097);    // 4352
+  Block* small = f.alloc(100);  // 100
+  Block* mid = f.alloc(1000);   // 1024
+  Block* big = f.alloc(4097);   // 4352
   Handle mid_h = mid->handle;
   f.pool.free(small);
   f.pool.free(mid);
@@ -144,7 +144,8 @@ TEST(Pool, OutOfMemoryLooksAtOwnArenaThenItsGroupThenOthers) {
   auto other_dev = std::make_shared<FakeDevice>();
   dev->capacity = 5000;
   Pool pool;
-  ArenaOptions a0{.name = "a0", .group = "g"}, a1{.name = "a1", .group = "g"}, b0{.name = "b0", .group = "h"};
+  ArenaOptions a0{.name = "a0", .group = "g"}, a1{.name = "a1", .group = "g"},
+      b0{.name = "b0", .group = "h"};
   Arena* x = pool.add_arena(std::make_unique<FakeBackend>(dev), a0);
   Arena* y = pool.add_arena(std::make_unique<FakeBackend>(dev), a1);
   Arena* z = pool.add_arena(std::make_unique<FakeBackend>(other_dev), b0);
@@ -372,7 +373,8 @@ TEST(Pool, ReleaseIdleTakesTheGroupsLongIdleBlocksLargestFirst) {
   EXPECT_EQ(f.arena->stats().trims, 2u);
   EXPECT_EQ(f.pool.release_idle("dev", 1000), 0u);
   t = 2900;
-  EXPECT_EQ(f.pool.release_idle("dev", 1000), f.pool.bins().alloc_size(f.pool.bins().bin_number(1024)));
+  EXPECT_EQ(f.pool.release_idle("dev", 1000),
+            f.pool.bins().alloc_size(f.pool.bins().bin_number(1024)));
 }
 
 TEST(Pool, PendingBlocksWaitForTheirFenceAndOneBulkWaitClearsThem) {
@@ -528,7 +530,8 @@ TEST(Pool, RetiringArenaIsNotDestroyedWhileItsHeldBlocksAreDropped) {
   struct Watched : FakeBackend {
     std::atomic<bool>* destroyed;
     std::function<void()> on_drop;
-    Watched(std::shared_ptr<FakeDevice> d, std::atomic<bool>* flag) : FakeBackend(std::move(d)), destroyed(flag) {}
+    Watched(std::shared_ptr<FakeDevice> d, std::atomic<bool>* flag)
+        : FakeBackend(std::move(d)), destroyed(flag) {}
     ~Watched() override { destroyed->store(true); }
     void drop(Handle h, std::size_t bytes, void* data) override {
       if (on_drop) on_drop();
@@ -567,7 +570,8 @@ TEST(Pool, DestroyedArenasKeepOneRowPerKindAndDevice) {
   Pool pool;
   for (int i = 0; i < 1000; ++i) {
     Arena* a = pool.add_arena(std::make_unique<FakeBackend>(dev),
-                              {.name = "ctx " + std::to_string(i), .group = "g" + std::to_string(i),
+                              {.name = "ctx " + std::to_string(i),
+                               .group = "g" + std::to_string(i),
                                .kind = i % 2 ? "odd" : "even",
                                .device = i / 2 % 2 ? "GPU-b" : "GPU-a"});
     pool.free(pool.allocate(a, 100).block);
@@ -664,7 +668,8 @@ TEST(Pool, ForkHandlersTakeEveryLockAndGiveThemBack) {
   auto dev = std::make_shared<FakeDevice>();
   Pool pool({.shards = 4});
   Arena* binned = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
-  Arena* split = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = 1 << 20});
+  Arena* split =
+      pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = 1 << 20});
   Block* b = pool.allocate(binned, 100).block;
   Block* p = pool.allocate(split, 3 << 20).block;
   pool.fork_prepare();
@@ -844,7 +849,8 @@ TEST(Pool, ResetPeaksBringsEveryPeakDownToItsCurrentValue) {
   ArenaOptions ao;
   ao.split_min = 1 << 20;
   Fixture f({}, ao);
-  Arena* gone = f.pool.add_arena(std::make_unique<FakeBackend>(f.dev), {.group = "g", .kind = "old"});
+  Arena* gone =
+      f.pool.add_arena(std::make_unique<FakeBackend>(f.dev), {.group = "g", .kind = "old"});
   f.pool.free(f.pool.allocate(gone, 4096).block);
   f.pool.retire_arena(gone);
   // Blocks of two threads (two shards), and a split piece.

@@ -17,9 +17,9 @@
 #include "fake_backend.hpp"
 
 using namespace gpupool;
+using gpupool::testing::fake_cost_clock;
 using gpupool::testing::FakeBackend;
 using gpupool::testing::FakeDevice;
-using gpupool::testing::fake_cost_clock;
 
 namespace {
 
@@ -27,8 +27,8 @@ std::uint64_t g_clock = 0;
 // Advanced once per step, so the pool and the model stamp a free alike.
 std::uint64_t fake_clock() { return g_clock; }
 
-std::uint64_t g_grown = 0;  // fresh blocks the model allocated instead of waiting, all seeds
-std::uint64_t g_unpaid = 0;  // waits because growth was not yet paid for, all seeds
+std::uint64_t g_grown = 0;     // fresh blocks the model allocated instead of waiting, all seeds
+std::uint64_t g_unpaid = 0;    // waits because growth was not yet paid for, all seeds
 std::uint64_t g_borrowed = 0;  // requests a larger bin's held block served, all seeds
 
 // The model: the pool's documented behaviour, written as plainly as possible.
@@ -52,7 +52,7 @@ struct Model {
   std::uint64_t release_after = 0;
   std::vector<MArena> arenas;
   std::vector<std::size_t> group_cap;
-  std::uint64_t alloc_cost = 0, wait_cost = 0;  // what the pool's cost clock sees
+  std::uint64_t alloc_cost = 0, wait_cost = 0;       // what the pool's cost clock sees
   std::vector<std::shared_ptr<FakeDevice>> devices;  // the model's own devices, per group
 
   void note(Stats& s) {
@@ -138,7 +138,7 @@ struct Model {
       MBlock b;
       if (take_ready(q, &b)) return hit(a, b, size);
       if (q.size() < kMaxPendingBlocks && q.size() * q.back().size + want <= a.pending_growth &&
-                 a.credit[bin] >= 0 && (r = be.allocate(want, 0)).status == BackendStatus::ok) {
+          a.credit[bin] >= 0 && (r = be.allocate(want, 0)).status == BackendStatus::ok) {
         grown = true;  // a fresh block instead of waiting; no held memory released for it
         a.credit[bin] -= std::int64_t(alloc_cost);
         ++g_grown;
@@ -229,7 +229,8 @@ struct Model {
       for (int i = 0; i < int(arenas.size()); ++i) {
         if (arenas[i].group != g) continue;
         for (auto& [bin, q] : arenas[i].bins)
-          if (!q.empty() && q.front().freed_at < oldest) oldest = q.front().freed_at, oa = i, obin = bin;
+          if (!q.empty() && q.front().freed_at < oldest)
+            oldest = q.front().freed_at, oa = i, obin = bin;
       }
       auto& q = arenas[oa].bins[obin];
       MBlock v = q.front();
@@ -270,13 +271,13 @@ void expect_same(const Stats& model, const Stats& pool, const char* what, int se
                          << ": model held " << model.held_blocks << "/" << model.held_bytes
                          << " active " << model.active_blocks << "/" << model.active_bytes
                          << " managed " << model.managed_bytes << " hits " << model.hits
-                         << " misses " << model.misses << " oom " << model.oom_retries
-                         << " trims " << model.trims << " waits " << model.fence_waits
-                         << "; pool held " << pool.held_blocks << "/" << pool.held_bytes
-                         << " active " << pool.active_blocks << "/" << pool.active_bytes
-                         << " managed " << pool.managed_bytes << " hits " << pool.hits
-                         << " misses " << pool.misses << " oom " << pool.oom_retries
-                         << " trims " << pool.trims << " waits " << pool.fence_waits;
+                         << " misses " << model.misses << " oom " << model.oom_retries << " trims "
+                         << model.trims << " waits " << model.fence_waits << "; pool held "
+                         << pool.held_blocks << "/" << pool.held_bytes << " active "
+                         << pool.active_blocks << "/" << pool.active_bytes << " managed "
+                         << pool.managed_bytes << " hits " << pool.hits << " misses " << pool.misses
+                         << " oom " << pool.oom_retries << " trims " << pool.trims << " waits "
+                         << pool.fence_waits;
 }
 
 Stats g_seen;  // what all seeds exercised together
@@ -353,8 +354,11 @@ void run_seed(int seed) {
   std::vector<Live> live;
   const std::size_t sizes[] = {1, 7, 16, 100, 512, 1000, 4096, 4500, 10000, 65536, 100000};
 
-  const bool trace = std::getenv("MODEL_TRACE_SEED") && std::atoi(std::getenv("MODEL_TRACE_SEED")) == seed;
-  if (trace) std::printf("cap %zu capacity %zu release_after %lu max_pooled %zu max_block %zu fences %d\n", cap, capacity, (unsigned long)release_after, max_pooled, max_block, fences);
+  const bool trace =
+      std::getenv("MODEL_TRACE_SEED") && std::atoi(std::getenv("MODEL_TRACE_SEED")) == seed;
+  if (trace)
+    std::printf("cap %zu capacity %zu release_after %lu max_pooled %zu max_block %zu fences %d\n",
+                cap, capacity, (unsigned long)release_after, max_pooled, max_block, fences);
   for (int step = 0; step < 300; ++step) {
     const std::size_t op = pick(100);
     ++g_clock;
@@ -406,9 +410,11 @@ void run_seed(int seed) {
       pool.trim_idle(now);
       m.trim(now);
     }
-    for (int i = 0; i < 3; ++i) expect_same(m.arenas[i].s, arenas[i]->stats(), arenas[i]->options().name.c_str(), seed, step);
+    for (int i = 0; i < 3; ++i)
+      expect_same(m.arenas[i].s, arenas[i]->stats(), arenas[i]->options().name.c_str(), seed, step);
     for (int g = 0; g < 2; ++g) {
-      ASSERT_EQ(real_dev[g]->live, model_dev[g]->live) << "backend memory differs, seed " << seed << " step " << step;
+      ASSERT_EQ(real_dev[g]->live, model_dev[g]->live)
+          << "backend memory differs, seed " << seed << " step " << step;
       ASSERT_EQ(real_dev[g]->waits, model_dev[g]->waits);
     }
     // Live blocks of one device never share a handle.

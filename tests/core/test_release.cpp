@@ -11,15 +11,15 @@
 #include <utility>
 #include <vector>
 
+#include "alloc_failure.hpp"
 #include "core/arena.hpp"
 #include "core/release.hpp"
-#include "alloc_failure.hpp"
 #include "fake_backend.hpp"
 
 using namespace gpupool;
 using namespace gpupool::core_detail;
-using gpupool::testing::FakeBackend;
 using gpupool::testing::DroppingBackend;
+using gpupool::testing::FakeBackend;
 using gpupool::testing::FakeDevice;
 
 namespace {
@@ -34,7 +34,8 @@ std::uint64_t test_clock() { return g_now; }
 struct Two {
   std::shared_ptr<FakeDevice> dev = std::make_shared<FakeDevice>();
   Pool pool{PoolOptions{.clock = test_clock}};
-  Arena* split = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = MiB});
+  Arena* split =
+      pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = MiB});
   Arena* binned = pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g"});
   Handle free_at(Arena* a, std::size_t size, std::uint64_t t) {
     Block* b = pool.allocate(a, size).block;
@@ -127,8 +128,8 @@ TEST(Release, FreedByGivesBackSegmentsWhileScanningThenBlocksLargestFirst) {
   std::size_t items = 0;
   EXPECT_EQ(release_freed_by(binned_first, 10, &items), 8 * MiB + 16384 + 64 * MiB + 4096);
   EXPECT_EQ(items, 5u);
-  EXPECT_EQ(f.dev->release_log,
-            (std::vector<Handle>{large_segment, small_segment, big_block, split_block, small_block}));
+  EXPECT_EQ(f.dev->release_log, (std::vector<Handle>{large_segment, small_segment, big_block,
+                                                     split_block, small_block}));
   EXPECT_TRUE(f.dev->live.count(recent));
   EXPECT_EQ(f.split->stats().trims + f.binned->stats().trims, 5u);
 }
@@ -142,8 +143,9 @@ TEST(Release, FreedByLosesNothingWhenAnAllocationFails) {
     auto dev = std::make_shared<FakeDevice>();
     Pool pool{PoolOptions{.shards = 2, .clock = test_clock}};
     const ArenaOptions capped{.group = "g", .max_held = 1024 * MiB};
-    Arena* arenas[] = {pool.add_arena(std::make_unique<FakeBackend>(dev), capped),
-                       pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = MiB})};
+    Arena* arenas[] = {
+        pool.add_arena(std::make_unique<FakeBackend>(dev), capped),
+        pool.add_arena(std::make_unique<FakeBackend>(dev), {.group = "g", .split_min = MiB})};
     for (Arena* a : arenas)
       for (std::size_t size : {std::size_t{4096}, std::size_t{100000}, 3 * MiB, 5 * MiB}) {
         Block* x = pool.allocate(a, size).block;
@@ -181,7 +183,8 @@ TEST(Release, FreedBySkipsAnArenaRetiredMeanwhile) {
   auto first_dev = std::make_shared<FakeDevice>();
   auto dying_dev = std::make_shared<FakeDevice>();
   Pool pool{PoolOptions{.clock = test_clock}};
-  Arena* first = pool.add_arena(std::make_unique<FakeBackend>(first_dev), {.group = "g", .split_min = MiB});
+  Arena* first =
+      pool.add_arena(std::make_unique<FakeBackend>(first_dev), {.group = "g", .split_min = MiB});
   auto backend = std::make_unique<DroppingBackend>(dying_dev);
   DroppingBackend* hook = backend.get();
   Arena* dying = pool.add_arena(std::move(backend), {.group = "g"});

@@ -366,7 +366,7 @@ TEST(Segments, ASegmentLargerThanTheCapIsReleasedNotHeld) {
 TEST(Segments, ReleasableBytesLeaveOutPartlyUsedSegments) {
   Fixture f;
   f.pool.free(f.alloc(4 * MiB));
-  Block* x = f.alloc(MiB);  // carved from the 4 MiB segment: 3 MiB free in it
+  Block* x = f.alloc(MiB);               // carved from the 4 MiB segment: 3 MiB free in it
   f.pool.free(f.alloc(2 * MiB - 4096));  // a second segment... served by the 3 MiB rest
   Block* s = f.alloc(512 << 10);
   f.pool.free(s);  // a binned block, held

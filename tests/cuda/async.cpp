@@ -82,8 +82,8 @@ uint64_t expected_sum(int i) {
 
 AllocAsync per_thread_alloc() {
   void* fn = nullptr;
-  OK(cuGetProcAddress_v2("cuMemAllocAsync", &fn, 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
-                         nullptr));
+  OK(cuGetProcAddress_v2("cuMemAllocAsync", &fn, 11020,
+                         CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, nullptr));
   CHECK(fn != standin_own("cuMemAllocAsync"));  // the _ptsz variant (or gpupool's hook of it)
   return reinterpret_cast<AllocAsync>(fn);
 }

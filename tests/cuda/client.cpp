@@ -37,7 +37,8 @@ extern "C" int client_call_next(void);  // next_a.c
 
 namespace {
 
-using GetProcV2 = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+using GetProcV2 = CUresult (*)(const char*, void**, int, cuuint64_t,
+                               CUdriverProcAddressQueryResult*);
 using GetProcV1 = CUresult (*)(const char*, void**, int, cuuint64_t);
 
 struct Api {
@@ -90,7 +91,7 @@ bool g_pooled = false;
 bool g_immediate = false;
 // Safe reuse may allocate fresh blocks instead of waiting (GPUPOOL_PENDING_GROWTH).
 bool g_growth = false;
-bool g_expandable = false;  // GPUPOOL_SEGMENTS=expandable, pooled
+bool g_expandable = false;                  // GPUPOOL_SEGMENTS=expandable, pooled
 [[maybe_unused]] void* g_handle = nullptr;  // dlopen'ed libcuda (dl modes)
 
 StandinCounters snap() { return *api.counters(); }
@@ -254,7 +255,8 @@ void load_api() {
   proc(api.host_get_flags, "cuMemHostGetFlags", 2030);
   proc(api.ipc_get, "cuIpcGetMemHandle", 4010);
   proc(api.memset_async, "cuMemsetD8Async", 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
-  proc(api.mem_alloc_async, "cuMemAllocAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+  proc(api.mem_alloc_async, "cuMemAllocAsync", 11020,
+       CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
   proc(api.mem_free_async, "cuMemFreeAsync", 11020);
   proc(api.mem_alloc_managed, "cuMemAllocManaged", 6000);
   proc(api.stream_create, "cuStreamCreate", 2000);
@@ -576,10 +578,10 @@ void scenario_errors() {
   CHECK_EQ(api.mem_free(0x1000), CUDA_ERROR_INVALID_VALUE);
 
   OK(api.mem_alloc(&p, 1000));
-  CHECK_EQ(api.mem_free(p + 8), CUDA_ERROR_INVALID_VALUE);      // interior
-  CHECK_EQ(api.mem_free(p + 1000), CUDA_ERROR_INVALID_VALUE);   // past the end (padding)
+  CHECK_EQ(api.mem_free(p + 8), CUDA_ERROR_INVALID_VALUE);     // interior
+  CHECK_EQ(api.mem_free(p + 1000), CUDA_ERROR_INVALID_VALUE);  // past the end (padding)
   OK(api.mem_free(p));
-  CHECK_EQ(api.mem_free(p), CUDA_ERROR_INVALID_VALUE);          // double free (held block)
+  CHECK_EQ(api.mem_free(p), CUDA_ERROR_INVALID_VALUE);  // double free (held block)
   CHECK_EQ(api.mem_free(p), CUDA_ERROR_INVALID_VALUE);
 
   void* h = reinterpret_cast<void*>(0xdead);
@@ -609,7 +611,8 @@ void scenario_errors() {
   size_t size = 0;
   CHECK_EQ(api.address_range(&base, &size, 0x1000), CUDA_ERROR_NOT_FOUND);
   int ord = 0;
-  CHECK_EQ(api.ptr_attr(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, 0x1000), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(api.ptr_attr(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, 0x1000),
+           CUDA_ERROR_INVALID_VALUE);
 
   // No current context.
   CUcontext popped = nullptr;
@@ -669,10 +672,12 @@ void scenario_ptrattr() {
   CUcontext owner = nullptr;
   OK(api.ptr_attr(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, p));
   CHECK(owner == ctx);
-  CHECK_EQ(api.ptr_attr(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 1000), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(api.ptr_attr(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 1000),
+           CUDA_ERROR_INVALID_VALUE);
 
   CUpointer_attribute attrs[4] = {CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                  CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+                                  CU_POINTER_ATTRIBUTE_CONTEXT,
+                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
   size_t a_size = 0;
   unsigned long long a_id = 0;
   CUcontext a_ctx = nullptr;
@@ -1179,7 +1184,8 @@ void lifetime_detach_loop(bool unseen) {
     // (INVALID_VALUE: the current context is alive), never reach this
     // context's pool.
     const uint64_t dead0 = snap().dead_ptr_calls;
-    for (size_t i = 0; i + 2 < orphans.size(); ++i) CHECK_EQ(api.mem_free(orphans[i]), CUDA_ERROR_INVALID_VALUE);
+    for (size_t i = 0; i + 2 < orphans.size(); ++i)
+      CHECK_EQ(api.mem_free(orphans[i]), CUDA_ERROR_INVALID_VALUE);
     const size_t freed = orphans.size() >= 2 ? orphans.size() - 2 : 0;
     if (g_expandable) {
       // The 3 MiB orphans are pieces of their context's range, virtual

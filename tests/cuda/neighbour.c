@@ -51,13 +51,13 @@
  * name one GPU by different ordinals, with CUDA_VISIBLE_DEVICES). */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <time.h>
 #include <unistd.h>
 

@@ -28,10 +28,10 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "shared_budget.h"
@@ -131,14 +131,22 @@ EXPORT nvmlReturn_t nvmlShutdown(void) {
 
 EXPORT const char* nvmlErrorString(nvmlReturn_t r) {
   switch (r) {
-    case NVML_SUCCESS: return "Success";
-    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case NVML_ERROR_NOT_FOUND: return "Not Found";
-    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
-    case NVML_ERROR_UNKNOWN: return "Unknown Error";
-    default: return "Unknown Error";
+    case NVML_SUCCESS:
+      return "Success";
+    case NVML_ERROR_UNINITIALIZED:
+      return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT:
+      return "Invalid Argument";
+    case NVML_ERROR_NOT_FOUND:
+      return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE:
+      return "Insufficient Size";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+      return "Argument version mismatch";
+    case NVML_ERROR_UNKNOWN:
+      return "Unknown Error";
+    default:
+      return "Unknown Error";
   }
 }
 
@@ -235,7 +243,8 @@ static unsigned long long private_used(int dev) {
   return r;
 }
 
-static nvmlReturn_t memory(nvmlDevice_t device, unsigned long long* total, unsigned long long* used) {
+static nvmlReturn_t memory(nvmlDevice_t device, unsigned long long* total,
+                           unsigned long long* used) {
   if (!initialized()) return NVML_ERROR_UNINITIALIZED;
   const int i = index_of(device);
   if (i < 0) return NVML_ERROR_INVALID_ARGUMENT;
@@ -279,7 +288,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 /* The processes using the device (nonzero usage), NVML's way: a too-small
    or absent buffer gets the count needed and INSUFFICIENT_SIZE, so callers
    can size it; none at all is SUCCESS with 0. */
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                         unsigned int* infoCount,
                                                          nvmlProcessInfo_v1_t* infos) {
   if (!initialized()) return NVML_ERROR_UNINITIALIZED;
   const int i = index_of(device);

@@ -17,9 +17,9 @@ _Static_assert(sizeof(SbSlot) == 80 && sizeof(SbFile) == 64 + 80 * SB_SLOTS, "sh
 
 static int g_fd = -1;
 static SbFile* g_map;
-static int g_claim;      /* this user takes a slot */
-static int g_slot = -1;  /* ours, while g_owner == getpid() */
-static pid_t g_owner;    /* the process g_fd was opened by */
+static int g_claim;     /* this user takes a slot */
+static int g_slot = -1; /* ours, while g_owner == getpid() */
+static pid_t g_owner;   /* the process g_fd was opened by */
 static char g_real[PATH_MAX];
 
 static void die(const char* what) {
@@ -116,7 +116,8 @@ void sb_attach(int claim) {
   if (!g_map) {
     struct stat st;
     if (fstat(g_fd, &st) < 0) die("fstat");
-    if ((size_t)st.st_size < sizeof(SbFile) && ftruncate(g_fd, sizeof(SbFile)) < 0) die("ftruncate");
+    if ((size_t)st.st_size < sizeof(SbFile) && ftruncate(g_fd, sizeof(SbFile)) < 0)
+      die("ftruncate");
     void* m = mmap(NULL, sizeof(SbFile), PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, 0);
     if (m == MAP_FAILED) die("mmap");
     g_map = (SbFile*)m;
@@ -156,7 +157,8 @@ int sb_try_charge(int dev, uint64_t mine, uint64_t add, uint64_t capacity) {
   sb_attach(1);
   lock_all();
   const uint64_t others = used_others(dev);
-  const int fits = others <= capacity && add <= capacity - others && mine <= capacity - others - add;
+  const int fits =
+      others <= capacity && add <= capacity - others && mine <= capacity - others - add;
   if (fits) store(&g_map->slots[g_slot].used[dev], mine + add);
   unlock_all();
   return fits;

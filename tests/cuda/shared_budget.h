@@ -40,7 +40,7 @@ extern "C" {
 #define SB_VERSION 2u        /* 2: SB_HOST added to each slot */
 
 typedef struct SbSlot {
-  int32_t pid;  /* last owner; the slot counts only while its byte is locked */
+  int32_t pid; /* last owner; the slot counts only while its byte is locked */
   uint32_t pad;
   uint64_t used[SB_ACCOUNTS]; /* bytes that process holds, per device + SB_HOST */
 } SbSlot;

@@ -24,10 +24,10 @@
  *   shared_probe errors       error codes of the new entry points
  *   shared_probe nvmlfail     STANDIN_NVML_FAIL=1: nvmlInit fails */
 #include <dlfcn.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "standin.h"
 
@@ -56,12 +56,12 @@ static struct {
 } nvml;
 
 static int g_failed;
-#define EXPECT(cond)                                                 \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      fprintf(stderr, "shared_probe:%d: %s\n", __LINE__, #cond);     \
-      g_failed = 1;                                                  \
-    }                                                                \
+#define EXPECT(cond)                                             \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      fprintf(stderr, "shared_probe:%d: %s\n", __LINE__, #cond); \
+      g_failed = 1;                                              \
+    }                                                            \
   } while (0)
 #define OK(call) EXPECT((call) == 0)
 
@@ -119,7 +119,8 @@ static int probe_uuid(void) {
   for (int d = 0; d < n; ++d) {
     CUuuid a, b, c, e;
     OK(cuDeviceGetUuid(&a, d)); /* cuda.h maps it to _v2 */
-    CUresult (*v1)(CUuuid*, CUdevice) = (CUresult(*)(CUuuid*, CUdevice))standin_own("cuDeviceGetUuid");
+    CUresult (*v1)(CUuuid*, CUdevice) =
+        (CUresult(*)(CUuuid*, CUdevice))standin_own("cuDeviceGetUuid");
     OK(v1(&b, d));
     OK(by_proc(&c, d));
     OK(by_proc_old(&e, d));
@@ -356,7 +357,7 @@ static int probe_errors(void) {
   nvmlMemory_t m;
   /* Before initialisation. */
   EXPECT(cuDeviceGetUuid(&u, 0) == CUDA_ERROR_NOT_INITIALIZED);
-  EXPECT(nvml.count((unsigned[1]){0}) == 1);       /* NVML_ERROR_UNINITIALIZED */
+  EXPECT(nvml.count((unsigned[1]){0}) == 1); /* NVML_ERROR_UNINITIALIZED */
   EXPECT(nvml.by_index(0, &h) == 1);
   EXPECT(nvml.shutdown() == 1);
   unsigned count = 0;
@@ -366,19 +367,20 @@ static int probe_errors(void) {
   EXPECT(cuDeviceGetUuid(NULL, 0) == CUDA_ERROR_INVALID_VALUE);
   EXPECT(cuDeviceGetUuid(&u, 99) == CUDA_ERROR_INVALID_DEVICE);
   EXPECT(cuDeviceGetUuid(&u, -1) == CUDA_ERROR_INVALID_DEVICE);
-  CUresult (*v1)(CUuuid*, CUdevice) = (CUresult(*)(CUuuid*, CUdevice))standin_own("cuDeviceGetUuid");
+  CUresult (*v1)(CUuuid*, CUdevice) =
+      (CUresult(*)(CUuuid*, CUdevice))standin_own("cuDeviceGetUuid");
   EXPECT(v1(NULL, 0) == CUDA_ERROR_INVALID_VALUE);
   EXPECT(v1(&u, 99) == CUDA_ERROR_INVALID_DEVICE);
   void* f = NULL;
   CUdriverProcAddressQueryResult status;
   EXPECT(cuGetProcAddress_v2("cuDeviceGetUuid", &f, 9000, 0, &status) == CUDA_ERROR_NOT_FOUND);
   EXPECT(status == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
-  EXPECT(nvml.by_index(99, &h) == 2);                /* INVALID_ARGUMENT */
+  EXPECT(nvml.by_index(99, &h) == 2); /* INVALID_ARGUMENT */
   EXPECT(nvml.by_index(0, NULL) == 2);
-  EXPECT(nvml.by_uuid("GPU-nope", &h) == 6);         /* NOT_FOUND */
+  EXPECT(nvml.by_uuid("GPU-nope", &h) == 6); /* NOT_FOUND */
   EXPECT(nvml.by_uuid(NULL, &h) == 2);
   OK(nvml.by_index(0, &h));
-  EXPECT(nvml.uuid(h, text, 10) == 7);               /* INSUFFICIENT_SIZE */
+  EXPECT(nvml.uuid(h, text, 10) == 7); /* INSUFFICIENT_SIZE */
   EXPECT(nvml.uuid(h, text, 41) == 0 && strlen(text) == 40);
   EXPECT(nvml.uuid((nvmlDevice_t)&m, text, sizeof text) == 2);
   EXPECT(nvml.memory(h, NULL) == 2);

@@ -48,9 +48,9 @@
 // standin_own() reports its own addresses.
 #include "standin.h"
 
-#include "shared_budget.h"
-#include <unistd.h>
 #include <sys/mman.h>
+#include <unistd.h>
+#include "shared_budget.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -78,10 +78,10 @@ struct Ctx {
   int dev = 0;
   bool alive = true;
   bool primary = false;
-  unsigned refcount = 0;  // primary contexts: retains
-  unsigned usage = 0;     // created contexts: cuCtxCreate and each cuCtxAttach
+  unsigned refcount = 0;      // primary contexts: retains
+  unsigned usage = 0;         // created contexts: cuCtxCreate and each cuCtxAttach
   unsigned long long id = 0;  // cuCtxGetId: new at each creation or activation
-  std::size_t charged = 0;  // STANDIN_CONTEXT_BYTES it holds while alive
+  std::size_t charged = 0;    // STANDIN_CONTEXT_BYTES it holds while alive
   std::vector<Op> pending;
 };
 
@@ -177,14 +177,15 @@ std::size_t g_capacity = std::size_t{1} << 30;
 std::size_t g_host_capacity = std::size_t{1} << 30;
 std::size_t g_context_bytes = 0;  // STANDIN_CONTEXT_BYTES
 std::size_t g_oom_delay_us = 0;   // STANDIN_OOM_DELAY_US
-std::size_t g_used[8] = {};  // this process's; published to the shared file too
-bool g_shared = false;       // STANDIN_SHARED set
-pid_t g_shared_pid = 0;      // the process whose usage the shared file has
-std::size_t g_host_used = 0;  // this process's; published to the file if g_host_shared
-bool g_host_shared = false;   // STANDIN_SHARED and STANDIN_HOST_CAPACITY both set
+std::size_t g_used[8] = {};       // this process's; published to the shared file too
+bool g_shared = false;            // STANDIN_SHARED set
+pid_t g_shared_pid = 0;           // the process whose usage the shared file has
+std::size_t g_host_used = 0;      // this process's; published to the file if g_host_shared
+bool g_host_shared = false;       // STANDIN_SHARED and STANDIN_HOST_CAPACITY both set
 std::uint64_t g_next_buffer_id = 1;
 std::map<std::uintptr_t, Alloc>& g_live = *new std::map<std::uintptr_t, Alloc>;  // by base
-std::map<std::uintptr_t, Alloc>& g_dead = *new std::map<std::uintptr_t, Alloc>;  // freed by a context teardown
+std::map<std::uintptr_t, Alloc>& g_dead =
+    *new std::map<std::uintptr_t, Alloc>;  // freed by a context teardown
 // Every context ever made, in order: a created context's slot (its handle)
 // goes to the next context created once it dies, lowest slot first.
 std::vector<Ctx*>& g_all_ctx = *new std::vector<Ctx*>;
@@ -299,8 +300,7 @@ std::uintptr_t new_memory(std::size_t size, std::size_t align) {
   for (auto it = g_dead.begin(); it != g_dead.end();)
     if (it->second.base < base + size && base < it->second.base + it->second.size)
       it = g_dead.erase(it);
-    else
-      ++it;
+    else ++it;
   return base;
 }
 
@@ -548,21 +548,40 @@ CUresult attribute(void* data, CUpointer_attribute attr, const Alloc& a, std::ui
 // Default values for memory the driver does not know (cuPointerGetAttributes).
 void attribute_default(void* data, CUpointer_attribute attr) {
   switch (attr) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = nullptr; break;
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = 0; break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data) = 0; break;
-    case CU_POINTER_ATTRIBUTE_HOST_POINTER: *static_cast<void**>(data) = nullptr; break;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *static_cast<unsigned long long*>(data) = 0; break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = -2; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = 0; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = 0; break;
-    default: *static_cast<int*>(data) = 0; break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = nullptr;
+      break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      *static_cast<CUdeviceptr*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      *static_cast<void**>(data) = nullptr;
+      break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      *static_cast<unsigned long long*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = -2;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = 0;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = 0;
+      break;
+    default:
+      *static_cast<int*>(data) = 0;
+      break;
   }
 }
 
 }  // namespace
 
-#define SI(ret, name, params) extern "C" __attribute__((visibility("default"))) ret si_##name params __asm__(#name); \
+#define SI(ret, name, params)                                                            \
+  extern "C" __attribute__((visibility("default"))) ret si_##name params __asm__(#name); \
   extern "C" ret si_##name params
 
 // ---- initialisation, devices ---------------------------------------------
@@ -590,7 +609,7 @@ SI(CUresult, cuDeviceGetCount, (int* n)) {
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuDeviceGet, (CUdevice* d, int ordinal)) {
+SI(CUresult, cuDeviceGet, (CUdevice * d, int ordinal)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   if (!d) return CUDA_ERROR_INVALID_VALUE;
@@ -599,7 +618,7 @@ SI(CUresult, cuDeviceGet, (CUdevice* d, int ordinal)) {
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuDeviceTotalMem_v2, (size_t* bytes, CUdevice dev)) {
+SI(CUresult, cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   if (!bytes) return CUDA_ERROR_INVALID_VALUE;
@@ -664,7 +683,8 @@ SI(CUresult, cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev
   return ctx_create(pctx, dev);
 }
 
-SI(CUresult, cuCtxCreate_v4, (CUcontext * pctx, CUctxCreateParams* params, unsigned int flags, CUdevice dev)) {
+SI(CUresult, cuCtxCreate_v4,
+   (CUcontext * pctx, CUctxCreateParams* params, unsigned int flags, CUdevice dev)) {
   (void)params;
   (void)flags;
   return ctx_create(pctx, dev);
@@ -939,7 +959,7 @@ struct MemPool {
 
 MemPool* g_default_pool[8] = {};
 MemPool* g_current_pool[8] = {};
-int g_global_captures = 0;  // streams capturing in global mode
+int g_global_captures = 0;                                    // streams capturing in global mode
 std::vector<MemPool*>& g_pools = *new std::vector<MemPool*>;  // every pool made, defaults too
 
 MemPool* pool_of(CUmemoryPool p) {
@@ -956,7 +976,9 @@ MemPool* default_pool(int dev) {
   return g_default_pool[dev];
 }
 
-MemPool* current_pool(int dev) { return g_current_pool[dev] ? g_current_pool[dev] : default_pool(dev); }
+MemPool* current_pool(int dev) {
+  return g_current_pool[dev] ? g_current_pool[dev] : default_pool(dev);
+}
 
 void give_chunk(MemPool* m, const Chunk& c) {
   give_device(m->dev, c.size);
@@ -1078,21 +1100,25 @@ SI(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t size, CUstream s)
   return alloc_async(dptr, size, s, nullptr, false);
 }
 
-SI(CUresult, cuMemAllocFromPoolAsync, (CUdeviceptr * dptr, size_t size, CUmemoryPool pool, CUstream s)) {
+SI(CUresult, cuMemAllocFromPoolAsync,
+   (CUdeviceptr * dptr, size_t size, CUmemoryPool pool, CUstream s)) {
   return alloc_async(dptr, size, s, pool, true);
 }
 
-SI(CUresult, cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr * dptr, size_t size, CUmemoryPool pool, CUstream s)) {
+SI(CUresult, cuMemAllocFromPoolAsync_ptsz,
+   (CUdeviceptr * dptr, size_t size, CUmemoryPool pool, CUstream s)) {
   return alloc_async(dptr, size, s, pool, true);
 }
 
 // A pool chunk's free: back into its pool (at once executed for cuMemFree,
 // which waits for the device).
-static void pool_free_locked(std::map<std::uintptr_t, Alloc>::iterator it, CUstream s, bool executed) {
+static void pool_free_locked(std::map<std::uintptr_t, Alloc>::iterator it, CUstream s,
+                             bool executed) {
   MemPool* m = it->second.pool;
   Ctx* c = current();
   m->used -= it->second.size;
-  m->free_chunks.push_back(Chunk{it->second.base, it->second.size, s, c ? c : it->second.ctx, executed});
+  m->free_chunks.push_back(
+      Chunk{it->second.base, it->second.size, s, c ? c : it->second.ctx, executed});
   g_live.erase(it);
   if (!m->alive && m->used == 0) pool_trim_locked(m, 0);
 }
@@ -1162,10 +1188,18 @@ SI(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr
   if (!m || !value) return CUDA_ERROR_INVALID_VALUE;
   const auto u64 = *static_cast<cuuint64_t*>(value);
   switch (attr) {
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: m->threshold = u64; return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: m->reuse_follow = *static_cast<int*>(value); return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: m->reuse_opportunistic = *static_cast<int*>(value); return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: m->reuse_internal = *static_cast<int*>(value); return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      m->threshold = u64;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      m->reuse_follow = *static_cast<int*>(value);
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      m->reuse_opportunistic = *static_cast<int*>(value);
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      m->reuse_internal = *static_cast<int*>(value);
+      return CUDA_SUCCESS;
     // The high-water marks may only be reset (to 0): they restart at the current value.
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
       if (u64 != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1175,7 +1209,8 @@ SI(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr
       if (u64 != 0) return CUDA_ERROR_INVALID_VALUE;
       m->used_high = m->used;
       return CUDA_SUCCESS;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
@@ -1189,15 +1224,27 @@ SI(CUresult, cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr
     return CUDA_SUCCESS;
   };
   switch (attr) {
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: return u64(m->threshold);
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: return u64(m->reserved);
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: return u64(m->reserved_high);
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: return u64(m->used);
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: return u64(m->used_high);
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: *static_cast<int*>(value) = m->reuse_follow; return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: *static_cast<int*>(value) = m->reuse_opportunistic; return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *static_cast<int*>(value) = m->reuse_internal; return CUDA_SUCCESS;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      return u64(m->threshold);
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      return u64(m->reserved);
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      return u64(m->reserved_high);
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+      return u64(m->used);
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      return u64(m->used_high);
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      *static_cast<int*>(value) = m->reuse_follow;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      *static_cast<int*>(value) = m->reuse_opportunistic;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      *static_cast<int*>(value) = m->reuse_internal;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
@@ -1233,14 +1280,16 @@ SI(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t size)) {
     }
     r = device_alloc_locked("cuMemAlloc_v2", dptr, size);
   }
-  if (r == CUDA_ERROR_OUT_OF_MEMORY && g_oom_delay_us) usleep(static_cast<useconds_t>(g_oom_delay_us));
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && g_oom_delay_us)
+    usleep(static_cast<useconds_t>(g_oom_delay_us));
   return r;
 }
 
 // Rows padded to STANDIN_PITCH_ALIGN (default 512) bytes; element sizes 4,
 // 8 and 16 only, as the driver documents, and rows up to the H100's
 // CU_DEVICE_ATTRIBUTE_MAX_PITCH; counted as device allocations.
-SI(CUresult, cuMemAllocPitch_v2, (CUdeviceptr * dptr, size_t* pitch, size_t width, size_t height, unsigned int element)) {
+SI(CUresult, cuMemAllocPitch_v2,
+   (CUdeviceptr * dptr, size_t* pitch, size_t width, size_t height, unsigned int element)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   ++g_counters.mem_alloc_pitch_calls;
@@ -1365,7 +1414,8 @@ SI(CUresult, cuPointerGetAttribute, (void* data, CUpointer_attribute attr, CUdev
   return attribute(data, attr, *a, p);
 }
 
-SI(CUresult, cuPointerGetAttributes, (unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr p)) {
+SI(CUresult, cuPointerGetAttributes,
+   (unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr p)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   if (n == 0 || !attrs || !data) return CUDA_ERROR_INVALID_VALUE;
@@ -1540,9 +1590,13 @@ static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode mode)) { return begin_capture(s, mode); }
+SI(CUresult, cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode mode)) {
+  return begin_capture(s, mode);
+}
 
-SI(CUresult, cuStreamBeginCapture_v2_ptsz, (CUstream s, CUstreamCaptureMode mode)) { return begin_capture(s, mode); }
+SI(CUresult, cuStreamBeginCapture_v2_ptsz, (CUstream s, CUstreamCaptureMode mode)) {
+  return begin_capture(s, mode);
+}
 
 static CUresult end_capture(CUstream s, CUgraph* graph) {
   std::lock_guard lock(g_mu);
@@ -1559,7 +1613,9 @@ static CUresult end_capture(CUstream s, CUgraph* graph) {
 
 SI(CUresult, cuStreamEndCapture, (CUstream s, CUgraph* graph)) { return end_capture(s, graph); }
 
-SI(CUresult, cuStreamEndCapture_ptsz, (CUstream s, CUgraph* graph)) { return end_capture(s, graph); }
+SI(CUresult, cuStreamEndCapture_ptsz, (CUstream s, CUgraph* graph)) {
+  return end_capture(s, graph);
+}
 
 static CUresult is_capturing(CUstream s, CUstreamCaptureStatus* status) {
   std::lock_guard lock(g_mu);
@@ -1567,13 +1623,17 @@ static CUresult is_capturing(CUstream s, CUstreamCaptureStatus* status) {
   if (!status) return CUDA_ERROR_INVALID_VALUE;
   Stream* st = stream_of(s);
   *status = st && st->magic == kStreamMagic && st->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE
-                                                            : CU_STREAM_CAPTURE_STATUS_NONE;
+                                                             : CU_STREAM_CAPTURE_STATUS_NONE;
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuStreamIsCapturing, (CUstream s, CUstreamCaptureStatus* status)) { return is_capturing(s, status); }
+SI(CUresult, cuStreamIsCapturing, (CUstream s, CUstreamCaptureStatus* status)) {
+  return is_capturing(s, status);
+}
 
-SI(CUresult, cuStreamIsCapturing_ptsz, (CUstream s, CUstreamCaptureStatus* status)) { return is_capturing(s, status); }
+SI(CUresult, cuStreamIsCapturing_ptsz, (CUstream s, CUstreamCaptureStatus* status)) {
+  return is_capturing(s, status);
+}
 
 SI(CUresult, cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags)) {
   std::lock_guard lock(g_mu);
@@ -1657,7 +1717,8 @@ std::map<std::uintptr_t, Mapping>& g_mapped = *new std::map<std::uintptr_t, Mapp
 // Address space given back (cuMemAddressFree): kept, inaccessible, never
 // handed out again, so that a call on a pointer into it is seen as one on
 // dead memory, as for memory freed with its context (g_dead).
-std::map<std::uintptr_t, Reservation>& g_freed_reserved = *new std::map<std::uintptr_t, Reservation>;
+std::map<std::uintptr_t, Reservation>& g_freed_reserved =
+    *new std::map<std::uintptr_t, Reservation>;
 unsigned long long g_next_handle = 0x1000;
 
 template <class T>
@@ -1717,7 +1778,8 @@ bool valid_prop(const CUmemAllocationProp* prop) {
 
 }  // namespace
 
-SI(CUresult, cuMemGetAllocationGranularity, (size_t * g, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags option)) {
+SI(CUresult, cuMemGetAllocationGranularity,
+   (size_t * g, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags option)) {
   (void)option;
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
@@ -1726,7 +1788,9 @@ SI(CUresult, cuMemGetAllocationGranularity, (size_t * g, const CUmemAllocationPr
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuMemCreate, (CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp* prop, unsigned long long flags)) {
+SI(CUresult, cuMemCreate,
+   (CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp* prop,
+    unsigned long long flags)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   ++g_counters.vmm_create_calls;
@@ -1762,18 +1826,18 @@ SI(CUresult, cuMemRelease, (CUmemGenericAllocationHandle handle)) {
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuMemAddressReserve, (CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) {
+SI(CUresult, cuMemAddressReserve,
+   (CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   ++g_counters.vmm_reserve_calls;
-  if (!ptr || size == 0 || size % kVmmGranularity || flags != 0 ||
-      (alignment & (alignment - 1)))
+  if (!ptr || size == 0 || size % kVmmGranularity || flags != 0 || (alignment & (alignment - 1)))
     return CUDA_ERROR_INVALID_VALUE;
   const std::size_t align = std::max(alignment, kVmmGranularity);
   // Over-reserve, then trim to the alignment (addr is only a hint: ignored).
   (void)addr;
-  void* raw = mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  void* raw =
+      mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   const auto base = reinterpret_cast<std::uintptr_t>(raw);
   const std::uintptr_t aligned = (base + align - 1) / align * align;
@@ -1797,7 +1861,9 @@ SI(CUresult, cuMemAddressFree, (CUdeviceptr ptr, size_t size)) {
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) {
+SI(CUresult, cuMemMap,
+   (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+    unsigned long long flags)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   ++g_counters.vmm_map_calls;
@@ -1806,8 +1872,8 @@ SI(CUresult, cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGeneri
       ptr % kVmmGranularity || !reserved_range(ptr, size) || any_mapping_in(ptr, size))
     return CUDA_ERROR_INVALID_VALUE;
   if (offset != 0 || size != ph->second.size) return CUDA_ERROR_NOT_SUPPORTED;
-  void* m = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
-                 ph->second.fd, 0);
+  void* m =
+      mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, ph->second.fd, 0);
   if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   g_mapped[ptr] = {size, handle, false};
   ++ph->second.mappings;
@@ -1836,7 +1902,8 @@ SI(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size)) {
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count)) {
+SI(CUresult, cuMemSetAccess,
+   (CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   ++g_counters.vmm_set_access_calls;
@@ -1852,7 +1919,8 @@ SI(CUresult, cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDes
     if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
       rw = rw || desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   for (auto m = g_mapped.find(ptr); m != g_mapped.end() && m->first < ptr + size; ++m) {
-    mprotect(reinterpret_cast<void*>(m->first), m->second.size, rw ? PROT_READ | PROT_WRITE : PROT_NONE);
+    mprotect(reinterpret_cast<void*>(m->first), m->second.size,
+             rw ? PROT_READ | PROT_WRITE : PROT_NONE);
     m->second.accessible = rw;
   }
   return CUDA_SUCCESS;
@@ -1868,7 +1936,8 @@ SI(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle * handle
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp * prop, CUmemGenericAllocationHandle handle)) {
+SI(CUresult, cuMemGetAllocationPropertiesFromHandle,
+   (CUmemAllocationProp * prop, CUmemGenericAllocationHandle handle)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   auto it = g_physical.find(handle);
@@ -1877,7 +1946,9 @@ SI(CUresult, cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp * prop
   return CUDA_SUCCESS;
 }
 
-SI(CUresult, cuMemExportToShareableHandle, (void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type, unsigned long long flags)) {
+SI(CUresult, cuMemExportToShareableHandle,
+   (void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
+    unsigned long long flags)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   auto it = g_physical.find(handle);
@@ -1905,7 +1976,9 @@ CUresult lookup(const char* symbol, void** pfn, int version, cuuint64_t flags,
                 CUdriverProcAddressQueryResult* status);
 }  // namespace
 
-SI(CUresult, cuGetProcAddress_v2, (const char* symbol, void** pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult* status)) {
+SI(CUresult, cuGetProcAddress_v2,
+   (const char* symbol, void** pfn, int version, cuuint64_t flags,
+    CUdriverProcAddressQueryResult* status)) {
   return lookup(symbol, pfn, version, flags, status);
 }
 
@@ -1920,33 +1993,96 @@ struct Export {
   void* address;
 };
 
-#define E(n) {#n, reinterpret_cast<void*>(&si_##n)}
+#define E(n) \
+  { #n, reinterpret_cast < void*>(&si_##n) }
 const Export kExports[] = {
-    E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceTotalMem_v2),
-    E(cuDeviceGetUuid), E(cuDeviceGetUuid_v2),
-    E(cuCtxCreate_v2), E(cuCtxCreate_v4), E(cuCtxDestroy), E(cuCtxDestroy_v2), E(cuCtxGetCurrent),
-    E(cuCtxSetCurrent), E(cuCtxPushCurrent_v2), E(cuCtxPopCurrent_v2), E(cuCtxGetDevice),
-    E(cuCtxGetId), E(cuCtxGetApiVersion), E(cuCtxAttach), E(cuCtxDetach),
-    E(cuCtxSynchronize), E(cuCtxSynchronize_v2), E(cuDevicePrimaryCtxRetain),
-    E(cuDevicePrimaryCtxRelease), E(cuDevicePrimaryCtxRelease_v2), E(cuDevicePrimaryCtxReset),
-    E(cuDevicePrimaryCtxReset_v2), E(cuDevicePrimaryCtxGetState), E(cuMemAlloc_v2), E(cuMemAllocPitch_v2), E(cuMemFree_v2),
-    E(cuMemAllocHost_v2), E(cuMemHostAlloc), E(cuMemFreeHost), E(cuMemGetInfo_v2),
-    E(cuMemAllocAsync), E(cuMemAllocAsync_ptsz), E(cuMemFreeAsync), E(cuMemAllocManaged),
-    E(cuMemGetAddressRange_v2), E(cuPointerGetAttribute), E(cuPointerGetAttributes),
-    E(cuMemHostGetFlags), E(cuIpcGetMemHandle), E(cuMemsetD8Async), E(cuMemsetD8Async_ptsz),
-    E(cuStreamCreate), E(cuStreamCreateWithPriority), E(cuStreamDestroy_v2),
-    E(cuCtxEnablePeerAccess), E(cuStreamSynchronize), E(cuStreamSynchronize_ptsz),
-    E(cuEventCreate), E(cuEventRecord), E(cuEventSynchronize), E(cuEventDestroy_v2),
-    E(cuStreamBeginCapture_v2), E(cuStreamBeginCapture_v2_ptsz), E(cuStreamEndCapture),
-    E(cuStreamEndCapture_ptsz), E(cuStreamIsCapturing), E(cuStreamIsCapturing_ptsz),
-    E(cuMemAllocFromPoolAsync), E(cuMemAllocFromPoolAsync_ptsz), E(cuMemFreeAsync_ptsz),
-    E(cuMemPoolCreate), E(cuMemPoolDestroy), E(cuDeviceGetDefaultMemPool), E(cuDeviceGetMemPool),
-    E(cuDeviceSetMemPool), E(cuMemPoolSetAttribute), E(cuMemPoolGetAttribute), E(cuMemPoolTrimTo),
-    E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease), E(cuMemAddressReserve),
-    E(cuMemAddressFree), E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess),
-    E(cuMemRetainAllocationHandle), E(cuMemGetAllocationPropertiesFromHandle),
+    E(cuInit),
+    E(cuDriverGetVersion),
+    E(cuDeviceGetCount),
+    E(cuDeviceGet),
+    E(cuDeviceTotalMem_v2),
+    E(cuDeviceGetUuid),
+    E(cuDeviceGetUuid_v2),
+    E(cuCtxCreate_v2),
+    E(cuCtxCreate_v4),
+    E(cuCtxDestroy),
+    E(cuCtxDestroy_v2),
+    E(cuCtxGetCurrent),
+    E(cuCtxSetCurrent),
+    E(cuCtxPushCurrent_v2),
+    E(cuCtxPopCurrent_v2),
+    E(cuCtxGetDevice),
+    E(cuCtxGetId),
+    E(cuCtxGetApiVersion),
+    E(cuCtxAttach),
+    E(cuCtxDetach),
+    E(cuCtxSynchronize),
+    E(cuCtxSynchronize_v2),
+    E(cuDevicePrimaryCtxRetain),
+    E(cuDevicePrimaryCtxRelease),
+    E(cuDevicePrimaryCtxRelease_v2),
+    E(cuDevicePrimaryCtxReset),
+    E(cuDevicePrimaryCtxReset_v2),
+    E(cuDevicePrimaryCtxGetState),
+    E(cuMemAlloc_v2),
+    E(cuMemAllocPitch_v2),
+    E(cuMemFree_v2),
+    E(cuMemAllocHost_v2),
+    E(cuMemHostAlloc),
+    E(cuMemFreeHost),
+    E(cuMemGetInfo_v2),
+    E(cuMemAllocAsync),
+    E(cuMemAllocAsync_ptsz),
+    E(cuMemFreeAsync),
+    E(cuMemAllocManaged),
+    E(cuMemGetAddressRange_v2),
+    E(cuPointerGetAttribute),
+    E(cuPointerGetAttributes),
+    E(cuMemHostGetFlags),
+    E(cuIpcGetMemHandle),
+    E(cuMemsetD8Async),
+    E(cuMemsetD8Async_ptsz),
+    E(cuStreamCreate),
+    E(cuStreamCreateWithPriority),
+    E(cuStreamDestroy_v2),
+    E(cuCtxEnablePeerAccess),
+    E(cuStreamSynchronize),
+    E(cuStreamSynchronize_ptsz),
+    E(cuEventCreate),
+    E(cuEventRecord),
+    E(cuEventSynchronize),
+    E(cuEventDestroy_v2),
+    E(cuStreamBeginCapture_v2),
+    E(cuStreamBeginCapture_v2_ptsz),
+    E(cuStreamEndCapture),
+    E(cuStreamEndCapture_ptsz),
+    E(cuStreamIsCapturing),
+    E(cuStreamIsCapturing_ptsz),
+    E(cuMemAllocFromPoolAsync),
+    E(cuMemAllocFromPoolAsync_ptsz),
+    E(cuMemFreeAsync_ptsz),
+    E(cuMemPoolCreate),
+    E(cuMemPoolDestroy),
+    E(cuDeviceGetDefaultMemPool),
+    E(cuDeviceGetMemPool),
+    E(cuDeviceSetMemPool),
+    E(cuMemPoolSetAttribute),
+    E(cuMemPoolGetAttribute),
+    E(cuMemPoolTrimTo),
+    E(cuMemGetAllocationGranularity),
+    E(cuMemCreate),
+    E(cuMemRelease),
+    E(cuMemAddressReserve),
+    E(cuMemAddressFree),
+    E(cuMemMap),
+    E(cuMemUnmap),
+    E(cuMemSetAccess),
+    E(cuMemRetainAllocationHandle),
+    E(cuMemGetAllocationPropertiesFromHandle),
     E(cuMemExportToShareableHandle),
-    E(cuGetExportTable), E(cuGetProcAddress), E(cuGetProcAddress_v2),
+    E(cuGetExportTable),
+    E(cuGetProcAddress),
+    E(cuGetProcAddress_v2),
 };
 
 // Base name, the CUDA version that introduced this ABI, the export serving it.
@@ -2080,7 +2216,8 @@ extern "C" __attribute__((visibility("default"))) StandinCounters* standin_count
   return &g_counters;
 }
 
-extern "C" __attribute__((visibility("default"))) void standin_fail_next(const char* function, int count,
+extern "C" __attribute__((visibility("default"))) void standin_fail_next(const char* function,
+                                                                         int count,
                                                                          CUresult error) {
   std::lock_guard lock(g_mu);
   g_fail.push_back(Fail{function, count, error});
@@ -2106,7 +2243,9 @@ extern "C" __attribute__((visibility("default"))) uint64_t standin_nvml_memory_i
   return g_shared ? sb_nvml_calls() : 0;
 }
 
-extern "C" __attribute__((visibility("default"))) void* standin_own(const char* name) { return own(name); }
+extern "C" __attribute__((visibility("default"))) void* standin_own(const char* name) {
+  return own(name);
+}
 
 extern "C" __attribute__((visibility("default"))) uint64_t standin_dead_writes(void) {
   std::lock_guard lock(g_mu);

@@ -11,23 +11,23 @@ extern "C" {
 #endif
 
 typedef struct StandinCounters {
-  uint64_t mem_alloc;        /* successful cuMemAlloc_v2 and cuMemAllocPitch_v2 */
-  uint64_t mem_alloc_calls;  /* all cuMemAlloc_v2 calls */
-  uint64_t mem_free;         /* successful cuMemFree_v2 */
-  uint64_t host_alloc;       /* successful cuMemHostAlloc / cuMemAllocHost_v2 */
+  uint64_t mem_alloc;       /* successful cuMemAlloc_v2 and cuMemAllocPitch_v2 */
+  uint64_t mem_alloc_calls; /* all cuMemAlloc_v2 calls */
+  uint64_t mem_free;        /* successful cuMemFree_v2 */
+  uint64_t host_alloc;      /* successful cuMemHostAlloc / cuMemAllocHost_v2 */
   uint64_t host_alloc_calls;
   uint64_t host_free;        /* successful cuMemFreeHost */
   uint64_t ctx_sync;         /* cuCtxSynchronize / _v2 calls that succeeded */
   uint64_t get_proc_address; /* cuGetProcAddress / _v2 calls */
   uint64_t dead_ptr_calls;   /* calls naming memory freed by a context teardown */
   uint64_t ipc_handles;
-  uint64_t last_alloc_size;  /* size of the last successful cuMemAlloc_v2 */
-  uint64_t ops_executed;     /* async operations run at a synchronization */
+  uint64_t last_alloc_size;       /* size of the last successful cuMemAlloc_v2 */
+  uint64_t ops_executed;          /* async operations run at a synchronization */
   uint64_t mem_alloc_pitch_calls; /* all cuMemAllocPitch_v2 calls */
-  uint64_t dead_writes;      /* allocations that died with their context and were
-                                written afterwards (seen when their addresses are
-                                reused, or at standin_dead_writes()) */
-  uint64_t streams_created;  /* successful cuStreamCreate / WithPriority */
+  uint64_t dead_writes;           /* allocations that died with their context and were
+                                     written afterwards (seen when their addresses are
+                                     reused, or at standin_dead_writes()) */
+  uint64_t streams_created;       /* successful cuStreamCreate / WithPriority */
   /* The virtual memory API (cuMemCreate ...). */
   uint64_t vmm_create_calls;       /* all cuMemCreate calls */
   uint64_t vmm_created;            /* physical allocations made */
@@ -38,12 +38,12 @@ typedef struct StandinCounters {
   uint64_t vmm_mapped;             /* successful cuMemMap */
   uint64_t vmm_unmap_calls;        /* cuMemUnmap calls */
   uint64_t vmm_set_access_calls;   /* cuMemSetAccess calls */
-  uint64_t stream_sync;      /* cuStreamSynchronize / _ptsz calls that succeeded */
-  uint64_t async_allocs;     /* cuMemAllocAsync / FromPoolAsync calls that reached a pool */
-  uint64_t pool_creations;   /* physical memory a memory pool created (one per chunk) */
-  uint64_t pool_releases;    /* chunks a memory pool gave back to the device */
-  uint64_t trim_calls;       /* cuMemPoolTrimTo calls on a valid pool */
-  uint64_t trims_refused;    /* of them, refused while a stream captured (global mode) */
+  uint64_t stream_sync;            /* cuStreamSynchronize / _ptsz calls that succeeded */
+  uint64_t async_allocs;           /* cuMemAllocAsync / FromPoolAsync calls that reached a pool */
+  uint64_t pool_creations;         /* physical memory a memory pool created (one per chunk) */
+  uint64_t pool_releases;          /* chunks a memory pool gave back to the device */
+  uint64_t trim_calls;             /* cuMemPoolTrimTo calls on a valid pool */
+  uint64_t trims_refused;          /* of them, refused while a stream captured (global mode) */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */

@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include <cstdint>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "standin.h"
@@ -63,7 +63,8 @@ void free_held() {
 void load(const std::string& mode) {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   CHECK(lib);
-  using GetProc = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+  using GetProc =
+      CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
   auto get_proc = reinterpret_cast<GetProc>(dlsym(lib, "cuGetProcAddress_v2"));
   CHECK(get_proc);
   auto find = [&](const char* base, const char* exported) {
@@ -77,7 +78,8 @@ void load(const std::string& mode) {
     CHECK(p);
     return p;
   };
-#define LOAD(field, base, exported) api.field = reinterpret_cast<decltype(api.field)>(find(base, exported))
+#define LOAD(field, base, exported) \
+  api.field = reinterpret_cast<decltype(api.field)>(find(base, exported))
   LOAD(init, "cuInit", "cuInit");
   LOAD(device_get, "cuDeviceGet", "cuDeviceGet");
   LOAD(primary_retain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
@@ -242,7 +244,8 @@ void scenario_expandable() {
   // A pooled buffer's handle exported (another process could map it).
   const Buffer shared = xla_allocate(2 * kMiB);
   int fd = -1;
-  const CUresult r = api.export_handle(&fd, shared.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  const CUresult r =
+      api.export_handle(&fd, shared.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   CHECK_EQ(r, CUDA_ERROR_NOT_PERMITTED);  // not asked for at creation
   xla_free(shared);
   check_all_returned();
@@ -262,11 +265,11 @@ void scenario_errors() {
   OK(api.unmap(b.va, b.size));  // an unmapped range of a reservation
   CHECK_EQ(api.set_access(b.va, b.size, nullptr, 0), CUDA_ERROR_INVALID_VALUE);
   OK(api.release(b.handle));
-  CHECK_EQ(api.release(b.handle), CUDA_ERROR_INVALID_VALUE);  // released twice
+  CHECK_EQ(api.release(b.handle), CUDA_ERROR_INVALID_VALUE);                  // released twice
   CHECK_EQ(api.map(b.va, b.size, 0, b.handle, 0), CUDA_ERROR_INVALID_VALUE);  // a released handle
   OK(api.address_free(b.va, b.size));
   CHECK_EQ(api.address_free(b.va, b.size), CUDA_ERROR_INVALID_VALUE);  // freed twice
-  CHECK_EQ(api.unmap(b.va, b.size), CUDA_ERROR_INVALID_VALUE);        // not reserved any more
+  CHECK_EQ(api.unmap(b.va, b.size), CUDA_ERROR_INVALID_VALUE);         // not reserved any more
   // Half a handle mapped: the driver does not support it.
   Buffer c;
   c.size = 4 * kMiB;
@@ -407,7 +410,8 @@ void scenario_context() {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s dlsym|procaddr xla|expandable|errors|oom|context|ghost|threads\n", argv[0]);
+    fprintf(stderr, "usage: %s dlsym|procaddr xla|expandable|errors|oom|context|ghost|threads\n",
+            argv[0]);
     return 2;
   }
   const char* pooled = getenv("CLIENT_POOLED");

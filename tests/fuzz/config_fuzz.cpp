@@ -36,7 +36,9 @@ void check_config(const Config& c) {
   check(c.leading_bits >= 1 && c.leading_bits <= 8, "leading_bits in 1..8");
   for (const SizeSpec* s : {&c.max_held, &c.max_pooled}) {
     if (s->percent) check(s->fraction >= 0 && s->fraction <= 1, "fraction in [0, 1]");
-    if (!s->unlimited) check(s->resolve(std::size_t{1} << 40) <= (s->percent ? std::size_t{1} << 40 : SIZE_MAX), "resolve");
+    if (!s->unlimited)
+      check(s->resolve(std::size_t{1} << 40) <= (s->percent ? std::size_t{1} << 40 : SIZE_MAX),
+            "resolve");
     else check(s->resolve(0) == SIZE_MAX, "unlimited resolves to SIZE_MAX");
   }
   for (unsigned i = 0; i < kActions; ++i) {
@@ -67,7 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   finish();
   std::vector<const char*> envp;
-  for (const std::string& l : lines) envp.push_back(l.c_str());  // cut at any NUL, like a real environ
+  for (const std::string& l : lines)
+    envp.push_back(l.c_str());  // cut at any NUL, like a real environ
   envp.push_back(nullptr);
 
   std::vector<Diagnostic> diags;
@@ -76,20 +79,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const Diagnostic& d : diags) {
     check(!d.message.empty(), "diagnostic has a message");
     check(d.message.size() < 1024, "diagnostic is bounded");
-    for (char ch : d.message) check(static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f, "diagnostic is one clean line");
+    for (char ch : d.message)
+      check(static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f, "diagnostic is one clean line");
   }
   check(load(envp.data(), true, nullptr).leading_bits == 4, "secure load ignores the environment");
 
   // Every value reads back as itself.
   std::vector<std::string> shown;
-  for (const OptionInfo& o : opts) shown.push_back(std::string(o.name) + "=" + value_text(c, o.name));
+  for (const OptionInfo& o : opts)
+    shown.push_back(std::string(o.name) + "=" + value_text(c, o.name));
   std::vector<const char*> env2;
   for (const std::string& s : shown) env2.push_back(s.c_str());
   env2.push_back(nullptr);
   std::vector<Diagnostic> diags2;
   const Config c2 = parse(env2.data(), &diags2);
   check(diags2.empty(), "shown values parse without complaint");
-  for (const OptionInfo& o : opts) check(value_text(c2, o.name) == value_text(c, o.name), "round trip");
+  for (const OptionInfo& o : opts)
+    check(value_text(c2, o.name) == value_text(c, o.name), "round trip");
 
   // The exposed parsers agree with themselves.
   const std::string text(reinterpret_cast<const char*>(data), size);

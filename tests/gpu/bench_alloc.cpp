@@ -55,28 +55,27 @@ double since_ns(Clock::time_point t0) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
 }
 
-#define REQUIRE(call)                                                           \
-  do {                                                                          \
-    CUresult rc_ = (call);                                                      \
-    if (rc_ != CUDA_SUCCESS) {                                                  \
-      std::fprintf(stderr, "bench_alloc: %s -> %d at line %d\n", #call, int(rc_), \
-                   __LINE__);                                                   \
-      std::exit(1);                                                             \
-    }                                                                           \
+#define REQUIRE(call)                                                                        \
+  do {                                                                                       \
+    CUresult rc_ = (call);                                                                   \
+    if (rc_ != CUDA_SUCCESS) {                                                               \
+      std::fprintf(stderr, "bench_alloc: %s -> %d at line %d\n", #call, int(rc_), __LINE__); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
   } while (0)
 
 std::string g_label = "raw";
-double g_budget_ms = 150;  // per measurement, after calibration
-double g_warm_ms = 200;    // per measurement, before calibration: at least this,
+double g_budget_ms = 150;     // per measurement, after calibration
+double g_warm_ms = 200;       // per measurement, before calibration: at least this,
 double g_warm_max_ms = 3000;  // then until steady, at most this
 CUcontext g_ctx;
 CUdevice g_dev;
 
 struct Result {
   double warm_ms = 0;  // how long the warm-up ran
-  double ns = 0;    // median ns per pair
+  double ns = 0;       // median ns per pair
   int reps = 0;
-  long iters = 0;   // pairs per timed batch
+  long iters = 0;  // pairs per timed batch
   double cold_ns = 0;
 };
 
@@ -143,7 +142,8 @@ Result measure(const std::function<void(long)>& batch) {
       continue;
     }
     const auto split = seen.end() - 16;
-    if (*std::min_element(split, seen.end()) >= 0.97 * *std::min_element(seen.begin(), split)) break;
+    if (*std::min_element(split, seen.end()) >= 0.97 * *std::min_element(seen.begin(), split))
+      break;
   }
   r.warm_ms = since_ns(warm) / 1e6;
   long k = 1;
@@ -203,8 +203,8 @@ void print_kept() {
     std::printf(
         "{\"bench\":\"%s\",\"label\":\"%s\",\"size\":%zu,\"threads\":1,\"ns\":%.1f,"
         "\"cold_ns\":%.1f,\"warm_ms\":%.0f,\"reps\":%d,\"iters\":%ld,\"passes\":%d%s}\n",
-        k.bench.c_str(), g_label.c_str(), k.size, k.r.ns, k.r.cold_ns, k.r.warm_ms, k.r.reps, k.r.iters,
-        k.passes, k.extra.c_str());
+        k.bench.c_str(), g_label.c_str(), k.size, k.r.ns, k.r.cold_ns, k.r.warm_ms, k.r.reps,
+        k.r.iters, k.passes, k.extra.c_str());
   std::fflush(stdout);
   g_kept.clear();
 }
@@ -402,8 +402,8 @@ bool bench_scaling(int threads, int rounds) {
   };
   // host: arithmetic on a thread-local table; ctx: the same with
   // cuCtxGetCurrent (the one driver call of the shim's hit path).
-  std::vector<Load> loads = {{"pair", std::size_t(64) << 10}, {"pair", std::size_t(4) << 20},
-                             {"host", 0}, {"ctx", 0}};
+  std::vector<Load> loads = {
+      {"pair", std::size_t(64) << 10}, {"pair", std::size_t(4) << 20}, {"host", 0}, {"ctx", 0}};
   auto work_of = [&](const Load& l) -> std::function<void(int, long)> {
     if (l.size == 0) {
       const bool ctx = l.name[0] == 'c';
@@ -449,8 +449,7 @@ bool bench_scaling(int threads, int rounds) {
       std::printf(
           "{\"bench\":\"scaling\",\"label\":\"%s\",\"workload\":\"%s\",\"size\":%zu,"
           "\"threads\":%d,\"round\":%d,\"one_ns\":%.1f,\"many_ns\":%.1f,\"scaling\":%.3f}\n",
-          g_label.c_str(), l.name, l.size, threads, r, one / l.k, many / l.k,
-          threads * one / many);
+          g_label.c_str(), l.name, l.size, threads, r, one / l.k, many / l.k, threads * one / many);
     }
     std::fflush(stdout);
   }
@@ -467,12 +466,16 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--label") && i + 1 < argc) g_label = argv[++i];
     else if (!std::strcmp(argv[i], "--async")) async = true;  // also time cuMemAllocAsync
     else if (!std::strcmp(argv[i], "--threads-only")) threads_only = true;  // only bench_threads
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;  // smaller budget
-    else if (!std::strcmp(argv[i], "--scaling") && i + 1 < argc) scaling_rounds = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) scaling_threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;                // smaller budget
+    else if (!std::strcmp(argv[i], "--scaling") && i + 1 < argc)
+      scaling_rounds = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      scaling_threads = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--label NAME] [--async] [--quick] [--threads-only] "
-                   "[--scaling ROUNDS [--threads N]]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--label NAME] [--async] [--quick] [--threads-only] "
+                   "[--scaling ROUNDS [--threads N]]\n",
+                   argv[0]);
       return 2;
     }
   }

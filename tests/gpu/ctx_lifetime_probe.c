@@ -124,7 +124,8 @@ int main(void) {
     CUcontext owner = NULL;
     CUresult ra = cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, p);
     SAY("primary retained again: id %llu (before %llu); its earlier pointer: attribute -> %d, "
-        "cuMemFree -> %d\n", id_of(pc2, &r), idp, (int)ra, (int)cuMemFree(p));
+        "cuMemFree -> %d\n",
+        id_of(pc2, &r), idp, (int)ra, (int)cuMemFree(p));
     idp = id_of(pc2, &r);
   }
 

@@ -23,12 +23,12 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
-#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static int failures = 0;
 
@@ -85,7 +85,8 @@ static int setup(void) {
   clGetDeviceInfo(dev, CL_DEVICE_VERSION, sizeof dver, dver, NULL);
   clGetDeviceInfo(dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
   clGetDeviceInfo(dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global_mem, &global_mem, NULL);
-  fprintf(stderr, "opencl_gpu_check: platform \"%s\", device \"%s\" (%s), max alloc %llu, global %llu\n",
+  fprintf(stderr,
+          "opencl_gpu_check: platform \"%s\", device \"%s\" (%s), max alloc %llu, global %llu\n",
           pname, dname, dver, (unsigned long long)max_alloc, (unsigned long long)global_mem);
   ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
   if (err != CL_SUCCESS) {
@@ -103,7 +104,7 @@ static int setup(void) {
 /* ------------------------------------------------------------------------ */
 
 static cl_event gate;
-static atomic_int gate_opened = 0;  /* 1: by the watchdog, 2: by main */
+static atomic_int gate_opened = 0; /* 1: by the watchdog, 2: by main */
 static atomic_int gate_done = 0;
 
 static void open_gate(void) {
@@ -201,7 +202,8 @@ static void check_basics(void) {
         (1 << 20) / 4);
   CHECK(!opened_by_watchdog, "cl.deferred-deletion-no-wait",
         "clCreateBuffer took %.1f ms with a gated command pending on a released buffer%s",
-        create_ms, opened_by_watchdog ? " (it waited for the gate: a deadlock for real programs)" : "");
+        create_ms,
+        opened_by_watchdog ? " (it waited for the gate: a deadlock for real programs)" : "");
   free(words);
   if (b2) clReleaseMemObject(b2);
   clReleaseMemObject(dst);
@@ -218,8 +220,8 @@ static cl_mem real_buffer(size_t size, cl_int* err, const char** where) {
     *where = "create";
     return NULL;
   }
-  *err = clEnqueueMigrateMemObjects(queue, 1, &m, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED, 0,
-                                    NULL, NULL);
+  *err = clEnqueueMigrateMemObjects(queue, 1, &m, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED, 0, NULL,
+                                    NULL);
   if (*err == CL_SUCCESS) *err = clFinish(queue);
   if (*err != CL_SUCCESS) {
     *where = "first command";
@@ -233,7 +235,7 @@ static cl_mem real_buffer(size_t size, cl_int* err, const char** where) {
 static void check_oom(void) {
   /* Sizes under the max allocation; the byte budget keeps an overcommitting
    * runtime (PoCL) from filling the host: there the check is skipped. */
-  size_t s1 = (size_t)48 << 20, s2 = (size_t)32 << 20;  /* pooled sizes */
+  size_t s1 = (size_t)48 << 20, s2 = (size_t)32 << 20; /* pooled sizes */
   if (s1 > max_alloc / 2) s1 = (size_t)(max_alloc / 2);
   if (s2 > max_alloc / 3) s2 = (size_t)(max_alloc / 3);
   double budget = 2.5 * (double)global_mem;
@@ -249,8 +251,10 @@ static void check_oom(void) {
     v[n1++] = m;
   }
   if (err == CL_SUCCESS) {
-    line("INFO", "cl.oom", "SKIP: %zu buffers of %zu MiB (%.1f x global memory) all succeeded: "
-         "this runtime overcommits", n1, s1 >> 20, (double)n1 * s1 / (double)global_mem);
+    line("INFO", "cl.oom",
+         "SKIP: %zu buffers of %zu MiB (%.1f x global memory) all succeeded: "
+         "this runtime overcommits",
+         n1, s1 >> 20, (double)n1 * s1 / (double)global_mem);
     for (size_t i = 0; i < n1; ++i) clReleaseMemObject(v[i]);
     free(v);
     return;
@@ -302,20 +306,20 @@ static double bench_pairs(size_t size, int use, const char* label) {
   double per[16];
   int reps = 0;
   double one = 0, start = 0;
-#define PAIRS(K)                                                                 \
-  for (long i_ = 0; i_ < (K); ++i_) {                                            \
-    cl_mem m_ = clCreateBuffer(ctx, CL_MEM_READ_WRITE, size, NULL, &err);        \
-    if (!m_) {                                                                   \
-      fprintf(stderr, "opencl_gpu_check: create %zu -> %d\n", size, err);        \
-      return -1;                                                                 \
-    }                                                                            \
-    if (use) {                                                                   \
-      clEnqueueFillBuffer(queue, m_, &pat, 4, 0, 4, 0, NULL, NULL);              \
-      clFinish(queue);                                                           \
-    }                                                                            \
-    clReleaseMemObject(m_);                                                      \
+#define PAIRS(K)                                                          \
+  for (long i_ = 0; i_ < (K); ++i_) {                                     \
+    cl_mem m_ = clCreateBuffer(ctx, CL_MEM_READ_WRITE, size, NULL, &err); \
+    if (!m_) {                                                            \
+      fprintf(stderr, "opencl_gpu_check: create %zu -> %d\n", size, err); \
+      return -1;                                                          \
+    }                                                                     \
+    if (use) {                                                            \
+      clEnqueueFillBuffer(queue, m_, &pat, 4, 0, 4, 0, NULL, NULL);       \
+      clFinish(queue);                                                    \
+    }                                                                     \
+    clReleaseMemObject(m_);                                               \
   }
-  PAIRS(2);  /* cold: first-use setup (kernels for fills) stays out */
+  PAIRS(2); /* cold: first-use setup (kernels for fills) stays out */
   for (;;) {
     double t = now_ns();
     PAIRS(k);
@@ -332,9 +336,10 @@ static double bench_pairs(size_t size, int use, const char* label) {
   }
 #undef PAIRS
   qsort(per, reps, sizeof per[0], cmp_double);
-  printf("{\"bench\":\"%s\",\"label\":\"%s\",\"size\":%zu,\"threads\":1,\"ns\":%.1f,\"reps\":%d,"
-         "\"iters\":%ld}\n",
-         use ? "cl_pair_use" : "cl_pair", label, size, per[reps / 2], reps, k);
+  printf(
+      "{\"bench\":\"%s\",\"label\":\"%s\",\"size\":%zu,\"threads\":1,\"ns\":%.1f,\"reps\":%d,"
+      "\"iters\":%ld}\n",
+      use ? "cl_pair_use" : "cl_pair", label, size, per[reps / 2], reps, k);
   fflush(stdout);
   return per[reps / 2];
 }

@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     printf("uuid GPU-");
-    for (int i = 0; i < 16; ++i) printf("%02x%s", u[i], i == 3 || i == 5 || i == 7 || i == 9 ? "-" : "");
+    for (int i = 0; i < 16; ++i)
+      printf("%02x%s", u[i], i == 3 || i == 5 || i == 7 || i == 9 ? "-" : "");
     printf("\n");
     return 0;
   }

@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
 #ifdef PAIR_CUDA
   CUdevice dev;
   CUcontext ctx;
-  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+      cuCtxSetCurrent(ctx)) {
     fprintf(stderr, "pair_loop: CUDA set-up failed\n");
     return 1;
   }

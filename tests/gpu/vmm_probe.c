@@ -10,7 +10,14 @@
 #include <time.h>
 
 #define MIB ((size_t)1 << 20)
-#define CK(x) do { CUresult r_ = (x); if (r_) { printf("FAIL %s = %d\n", #x, (int)r_); return 1; } } while (0)
+#define CK(x)                                \
+  do {                                       \
+    CUresult r_ = (x);                       \
+    if (r_) {                                \
+      printf("FAIL %s = %d\n", #x, (int)r_); \
+      return 1;                              \
+    }                                        \
+  } while (0)
 
 static double now_us(void) {
   struct timespec t;
@@ -57,19 +64,36 @@ int main(void) {
       CUmemGenericAllocationHandle h;
       CUdeviceptr va;
       double a = now_us();
-      CK(cuMemCreate(&h, sizes[s], &prop, 0)); double b = now_us(); t[0] += b - a;
-      CK(cuMemAddressReserve(&va, sizes[s], 0, 0, 0)); a = now_us(); t[1] += a - b;
-      CK(cuMemMap(va, sizes[s], 0, h, 0)); b = now_us(); t[2] += b - a;
-      CK(cuMemSetAccess(va, sizes[s], &acc, 1)); a = now_us(); t[3] += a - b;
-      CK(cuCtxSynchronize()); b = now_us(); t[4] += b - a;
-      CK(cuMemUnmap(va, sizes[s])); a = now_us(); t[5] += a - b;
-      CK(cuMemRelease(h)); b = now_us(); t[6] += b - a;
-      CK(cuMemAddressFree(va, sizes[s])); a = now_us(); t[7] += a - b;
+      CK(cuMemCreate(&h, sizes[s], &prop, 0));
+      double b = now_us();
+      t[0] += b - a;
+      CK(cuMemAddressReserve(&va, sizes[s], 0, 0, 0));
+      a = now_us();
+      t[1] += a - b;
+      CK(cuMemMap(va, sizes[s], 0, h, 0));
+      b = now_us();
+      t[2] += b - a;
+      CK(cuMemSetAccess(va, sizes[s], &acc, 1));
+      a = now_us();
+      t[3] += a - b;
+      CK(cuCtxSynchronize());
+      b = now_us();
+      t[4] += b - a;
+      CK(cuMemUnmap(va, sizes[s]));
+      a = now_us();
+      t[5] += a - b;
+      CK(cuMemRelease(h));
+      b = now_us();
+      t[6] += b - a;
+      CK(cuMemAddressFree(va, sizes[s]));
+      a = now_us();
+      t[7] += a - b;
     }
-    printf("cost %4zu MiB us: create %.1f reserve %.1f map %.1f setaccess %.1f ctxsync %.1f "
-           "unmap %.1f release %.1f addrfree %.1f total %.1f\n", sizes[s] / MIB,
-           t[0] / n, t[1] / n, t[2] / n, t[3] / n, t[4] / n, t[5] / n, t[6] / n, t[7] / n,
-           (t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7]) / n);
+    printf(
+        "cost %4zu MiB us: create %.1f reserve %.1f map %.1f setaccess %.1f ctxsync %.1f "
+        "unmap %.1f release %.1f addrfree %.1f total %.1f\n",
+        sizes[s] / MIB, t[0] / n, t[1] / n, t[2] / n, t[3] / n, t[4] / n, t[5] / n, t[6] / n,
+        t[7] / n, (t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7]) / n);
   }
 
   /* Answers. */

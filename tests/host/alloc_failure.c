@@ -53,17 +53,19 @@ static int cuda(void) {
   if (!h) die("dlopen libcuda.so.1", 0);
   CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(h, "cuInit");
   CUresult (*dev_get)(int*, int) = (CUresult(*)(int*, int))dlsym(h, "cuDeviceGet");
-  CUresult (*ctx_create)(void**, unsigned, int) = (CUresult(*)(void**, unsigned, int))dlsym(h, "cuCtxCreate_v2");
-  CUresult (*alloc)(CUdeviceptr*, size_t) = (CUresult(*)(CUdeviceptr*, size_t))dlsym(h, "cuMemAlloc_v2");
+  CUresult (*ctx_create)(void**, unsigned, int) =
+      (CUresult(*)(void**, unsigned, int))dlsym(h, "cuCtxCreate_v2");
+  CUresult (*alloc)(CUdeviceptr*, size_t) =
+      (CUresult(*)(CUdeviceptr*, size_t))dlsym(h, "cuMemAlloc_v2");
   CUresult (*mfree)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))dlsym(h, "cuMemFree_v2");
   void* ctx;
   int dev;
   if (init(0) || dev_get(&dev, 0) || ctx_create(&ctx, 0, dev)) die("CUDA set-up", 0);
   CUdeviceptr p;
-  if (alloc(&p, 1000) || mfree(p)) die("warm-up", 0);  /* gpupool is running */
+  if (alloc(&p, 1000) || mfree(p)) die("warm-up", 0); /* gpupool is running */
   int served = 0;
   for (size_t size = 5000; size < 5000 + 8 * 100000; size += 100000) {
-    g_armed = 1;  /* every size new: each one reaches the driver through gpupool */
+    g_armed = 1; /* every size new: each one reaches the driver through gpupool */
     CUresult r = alloc(&p, size);
     g_armed = 0;
     if (r) die("cuMemAlloc while gpupool is out of memory", r);

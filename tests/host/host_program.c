@@ -73,9 +73,9 @@
 #include <CL/cl.h>
 #include <dirent.h>
 #include <dlfcn.h>
-#include <malloc.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -216,8 +216,8 @@ static double now_s(void) {
 static double cpu_s(void) {
   struct rusage r;
   getrusage(RUSAGE_SELF, &r);
-  return (double)r.ru_utime.tv_sec + (double)r.ru_utime.tv_usec / 1e6 +
-         (double)r.ru_stime.tv_sec + (double)r.ru_stime.tv_usec / 1e6;
+  return (double)r.ru_utime.tv_sec + (double)r.ru_utime.tv_usec / 1e6 + (double)r.ru_stime.tv_sec +
+         (double)r.ru_stime.tv_usec / 1e6;
 }
 
 /* Waits for a line on stdin, or for it to close. In poll(), where signal
@@ -237,7 +237,7 @@ static void wait_line(int until_eof) {
 /* ---- scenarios ---------------------------------------------------------- */
 
 static int closefrom_scenario(const char* path) {
-  churn(50);  /* gpupool is running now, its descriptors open */
+  churn(50); /* gpupool is running now, its descriptors open */
   for (int fd = 3; fd < 1024; ++fd) close(fd);
   /* The program's own descriptors get the lowest numbers: gpupool's old ones. */
   int p[2];
@@ -256,7 +256,7 @@ static int closefrom_scenario(const char* path) {
   if (write(p[1], msg, sizeof msg - 1) != (ssize_t)sizeof msg - 1) die("write pipe", errno);
   printf("ready %d fds %d %d %d\n", (int)getpid(), p[0], p[1], f);
   fflush(stdout);
-  wait_line(0);  /* meanwhile: signals, `gpupool stats`, a log line */
+  wait_line(0); /* meanwhile: signals, `gpupool stats`, a log line */
   churn(50);
   /* A control thread spinning on descriptors closed under it shows here. */
   const double c0 = cpu_s(), t0 = now_s();
@@ -308,8 +308,8 @@ static int stdio_scenario(const char* out, const char* err) {
   if (in != 0 || o != 1 || e != 2)
     n = snprintf(msg, sizeof msg, "opens got %d %d %d, not 0 1 2\n", in, o, e);
   else if (taken)
-    n = snprintf(msg, sizeof msg, "0, 1 or 2 was open %ld times while the program had them closed\n",
-                 taken);
+    n = snprintf(msg, sizeof msg,
+                 "0, 1 or 2 was open %ld times while the program had them closed\n", taken);
   else if (dumped_meanwhile)
     n = snprintf(msg, sizeof msg, "the stats file was created while 0, 1 and 2 were closed\n");
   if (n) {
@@ -439,7 +439,7 @@ static int fork_busy_scenario(int n) {
     if (pid < 0) die("fork", errno);
     if (pid == 0) {
       churn(20);
-      exit(0);  /* atexit handlers run: gpupool's among them */
+      exit(0); /* atexit handlers run: gpupool's among them */
     }
     int status = 0;
     if (wait_or_kill(pid, 20, &status) < 0) ++hung;
@@ -473,11 +473,9 @@ static int fork_alloc_scenario(void) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
-typedef cl_context(CL_API_CALL* create_context_fn)(const cl_context_properties*, cl_uint,
-                                                   const cl_device_id*,
-                                                   void(CL_CALLBACK*)(const char*, const void*,
-                                                                      size_t, void*),
-                                                   void*, cl_int*);
+typedef cl_context(CL_API_CALL* create_context_fn)(
+    const cl_context_properties*, cl_uint, const cl_device_id*,
+    void(CL_CALLBACK*)(const char*, const void*, size_t, void*), void*, cl_int*);
 
 static int fork_unseen_scenario(void) {
   cl_int err = clGetPlatformIDs(1, &g_platform, NULL);
@@ -676,7 +674,7 @@ static int fork_signal_scenario(int n) {
 }
 
 static int fork_trace_scenario(void) {
-  churn(150);  /* 300 records, still buffered when the child is made */
+  churn(150); /* 300 records, still buffered when the child is made */
   /* Active across the fork: the child's start drops the parent's blocks
    * (CUDA), which must not show in either process's trace. */
   const uintptr_t kept = gpu_alloc(8192);
@@ -743,7 +741,8 @@ static long heap_kib(void) {
 }
 
 static size_t stats_size(void) {
-  size_t (*stats_json)(char*, size_t) = (size_t(*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
+  size_t (*stats_json)(char*, size_t) =
+      (size_t(*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
   return stats_json ? stats_json(NULL, 0) : 0;
 }
 
@@ -890,13 +889,15 @@ int main(int argc, char** argv) {
     gpu_init(argv[1]);
     return stdio_kept_closed_scenario();
   }
-  if (!strcmp(s, "fork-unseen") && !strcmp(argv[1], "opencl")) return fork_unseen_scenario();  /* its own context */
+  if (!strcmp(s, "fork-unseen") && !strcmp(argv[1], "opencl"))
+    return fork_unseen_scenario(); /* its own context */
   if (!strcmp(s, "fork-own") && argc == 4 && !strcmp(argv[1], "opencl"))
-    return fork_own_scenario(strncmp(argv[3], "looked", 6) == 0,  /* no OpenCL call before */
+    return fork_own_scenario(strncmp(argv[3], "looked", 6) == 0, /* no OpenCL call before */
                              !strcmp(argv[3], "looked-past"));
   if (!strcmp(s, "idle")) {
     /* Linked with libOpenCL; CUDA's driver loaded but never called. */
-    if (!strcmp(argv[1], "cuda") && !dlopen("libcuda.so.1", RTLD_NOW)) die("dlopen libcuda.so.1", 0);
+    if (!strcmp(argv[1], "cuda") && !dlopen("libcuda.so.1", RTLD_NOW))
+      die("dlopen libcuda.so.1", 0);
     return 0;
   }
   gpu_init(argv[1]);

@@ -39,7 +39,8 @@ TEST(HandleTable, MatchesModel) {
         int* before = it == model.end() ? nullptr : it->second;
         ASSERT_EQ(t.erase(key), before);
         model.erase(key);
-        for (auto& [k, v] : model) ASSERT_EQ(t.find(k), v) << "key " << k << " lost at step " << step;
+        for (auto& [k, v] : model)
+          ASSERT_EQ(t.find(k), v) << "key " << k << " lost at step " << step;
       }
       ASSERT_EQ(t.size(), model.size());
       ASSERT_EQ(t.find(key), model.count(key) ? model[key] : nullptr);

@@ -110,8 +110,8 @@ TEST(StatsFormat, TextTable) {
   EXPECT_NE(t.find("pid 42"), std::string::npos);
   EXPECT_NE(t.find("2023-11-14T22:13:20.250Z"), std::string::npos);
   EXPECT_NE(t.find("holding off"), std::string::npos);
-  EXPECT_NE(t.find("2 / 3.00 MiB"), std::string::npos);   // held blocks / bytes
-  EXPECT_NE(t.find("75.0%"), std::string::npos);          // hit rate
+  EXPECT_NE(t.find("2 / 3.00 MiB"), std::string::npos);  // held blocks / bytes
+  EXPECT_NE(t.find("75.0%"), std::string::npos);         // hit rate
   EXPECT_NE(t.find("total (1 arena)"), std::string::npos);
   EXPECT_NE(t.find("1.00 MiB x 2 = 2.00 MiB"), std::string::npos);  // top bin
   EXPECT_NE(t.find("warning: the program replaced"), std::string::npos);
@@ -179,4 +179,3 @@ TEST(StatsFormat, PrometheusSeriesAreUnique) {
     EXPECT_TRUE(seen.insert(line.substr(0, line.rfind(' '))).second) << "twice: " << line;
   }
 }
-

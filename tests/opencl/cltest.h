@@ -17,27 +17,27 @@
 
 static int cltest_failures;
 
-#define CHECK(cond, ...)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);      \
-      fprintf(stderr, __VA_ARGS__);                                        \
-      fprintf(stderr, "\n");                                               \
-      cltest_failures++;                                                   \
-    }                                                                      \
+#define CHECK(cond, ...)                                              \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                   \
+      fprintf(stderr, "\n");                                          \
+      cltest_failures++;                                              \
+    }                                                                 \
   } while (0)
 
 #define CHECK_ERR(e, want) CHECK((e) == (want), "error %d, expected %d", (int)(e), (int)(want))
 
 /* Fatal: nothing sensible can follow. */
-#define REQUIRE(cond, ...)                                                 \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);      \
-      fprintf(stderr, __VA_ARGS__);                                        \
-      fprintf(stderr, "\n");                                               \
-      exit(1);                                                             \
-    }                                                                      \
+#define REQUIRE(cond, ...)                                            \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                   \
+      fprintf(stderr, "\n");                                          \
+      exit(1);                                                        \
+    }                                                                 \
   } while (0)
 
 static cl_platform_id cltest_platform;
@@ -99,8 +99,8 @@ static inline int cltest_spec_platform(void) {
   clGetPlatformInfo(cltest_platform, CL_PLATFORM_NAME, sizeof name, name, NULL);
   return strstr(name, "Portable Computing Language") != NULL;
 }
-#define SPEC_CHECK(cond, ...)                          \
-  do {                                                 \
+#define SPEC_CHECK(cond, ...)                             \
+  do {                                                    \
     if (cltest_spec_platform()) CHECK(cond, __VA_ARGS__); \
   } while (0)
 #define SPEC_CHECK_ERR(e, want) \
@@ -109,10 +109,10 @@ static inline int cltest_spec_platform(void) {
    spec, an "N" line (not compared) elsewhere, where gpupool still answers as
    the spec says: it knows the size the program asked for, which the driver,
    holding a larger pooled buffer, does not. */
-#define SPEC_RESULT(...)                                  \
-  do {                                                    \
-    fputs(cltest_spec_platform() ? "R " : "N ", stdout);  \
-    printf(__VA_ARGS__);                                  \
+#define SPEC_RESULT(...)                                 \
+  do {                                                   \
+    fputs(cltest_spec_platform() ? "R " : "N ", stdout); \
+    printf(__VA_ARGS__);                                 \
   } while (0)
 /* Is gpupool pooling OpenCL buffers in this process? */
 static inline int cltest_pooling(void) {
@@ -142,7 +142,8 @@ static inline long cltest_count(const char* what) {
 
 static inline long cltest_stat(const char* key) {
   /* A total from gpupool's JSON stats ("key": N, first occurrence). */
-  size_t (*json)(char*, size_t) = (size_t(*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
+  size_t (*json)(char*, size_t) =
+      (size_t(*)(char*, size_t))dlsym(RTLD_DEFAULT, "gpupool_stats_json");
   if (!json) return -1;
   static char buf[1 << 16];
   json(buf, sizeof buf);

@@ -13,13 +13,14 @@ static struct _cl_icd_dispatch table;
 
 static atomic_long n_create, n_release, n_retain, n_sub, n_migrate, n_svm_alloc, n_svm_free;
 
-static cl_mem CL_API_CALL create_buffer(cl_context c, cl_mem_flags f, size_t s, void* h, cl_int* e) {
+static cl_mem CL_API_CALL create_buffer(cl_context c, cl_mem_flags f, size_t s, void* h,
+                                        cl_int* e) {
   cl_mem m = next->clCreateBuffer(c, f, s, h, e);
   if (m) atomic_fetch_add(&n_create, 1);
   return m;
 }
-static cl_mem CL_API_CALL create_buffer_props(cl_context c, const cl_mem_properties* p, cl_mem_flags f,
-                                              size_t s, void* h, cl_int* e) {
+static cl_mem CL_API_CALL create_buffer_props(cl_context c, const cl_mem_properties* p,
+                                              cl_mem_flags f, size_t s, void* h, cl_int* e) {
   cl_mem m = next->clCreateBufferWithProperties(c, p, f, s, h, e);
   if (m) atomic_fetch_add(&n_create, 1);
   return m;
@@ -32,14 +33,15 @@ static cl_int CL_API_CALL retain_mem(cl_mem m) {
   atomic_fetch_add(&n_retain, 1);
   return next->clRetainMemObject(m);
 }
-static cl_mem CL_API_CALL create_sub(cl_mem b, cl_mem_flags f, cl_buffer_create_type t, const void* i,
-                                     cl_int* e) {
+static cl_mem CL_API_CALL create_sub(cl_mem b, cl_mem_flags f, cl_buffer_create_type t,
+                                     const void* i, cl_int* e) {
   cl_mem m = next->clCreateSubBuffer(b, f, t, i, e);
   if (m) atomic_fetch_add(&n_sub, 1);
   return m;
 }
-static cl_int CL_API_CALL migrate(cl_command_queue q, cl_uint n, const cl_mem* m, cl_mem_migration_flags f,
-                                  cl_uint nw, const cl_event* w, cl_event* ev) {
+static cl_int CL_API_CALL migrate(cl_command_queue q, cl_uint n, const cl_mem* m,
+                                  cl_mem_migration_flags f, cl_uint nw, const cl_event* w,
+                                  cl_event* ev) {
   atomic_fetch_add(&n_migrate, 1);
   return next->clEnqueueMigrateMemObjects(q, n, m, f, nw, w, ev);
 }
@@ -65,7 +67,8 @@ __attribute__((visibility("default"))) long count_layer_get(const char* what) {
   return -1;
 }
 
-CL_API_ENTRY cl_int CL_API_CALL clGetLayerInfo(cl_layer_info name, size_t size, void* value, size_t* size_ret) {
+CL_API_ENTRY cl_int CL_API_CALL clGetLayerInfo(cl_layer_info name, size_t size, void* value,
+                                               size_t* size_ret) {
   if (name != CL_LAYER_API_VERSION) return CL_INVALID_VALUE;
   if (size_ret) *size_ret = sizeof(cl_layer_api_version);
   if (value) {
@@ -75,7 +78,8 @@ CL_API_ENTRY cl_int CL_API_CALL clGetLayerInfo(cl_layer_info name, size_t size, 
   return CL_SUCCESS;
 }
 
-CL_API_ENTRY cl_int CL_API_CALL clInitLayer(cl_uint num_entries, const struct _cl_icd_dispatch* target,
+CL_API_ENTRY cl_int CL_API_CALL clInitLayer(cl_uint num_entries,
+                                            const struct _cl_icd_dispatch* target,
                                             cl_uint* num_entries_ret,
                                             const struct _cl_icd_dispatch** layer_dispatch_ret) {
   const cl_uint mine = sizeof(table) / sizeof(void*);
@@ -83,7 +87,8 @@ CL_API_ENTRY cl_int CL_API_CALL clInitLayer(cl_uint num_entries, const struct _c
   next = target;
   memcpy(&table, target, n * sizeof(void*));
   table.clCreateBuffer = create_buffer;
-  if (n > (cl_uint)(offsetof(struct _cl_icd_dispatch, clCreateBufferWithProperties) / sizeof(void*)))
+  if (n >
+      (cl_uint)(offsetof(struct _cl_icd_dispatch, clCreateBufferWithProperties) / sizeof(void*)))
     table.clCreateBufferWithProperties = create_buffer_props;
   table.clReleaseMemObject = release_mem;
   table.clRetainMemObject = retain_mem;

@@ -20,11 +20,11 @@ static const char* kSource =
     "  size_t i = get_global_id(0); out[i] = a * x[i] + b * y[i];\n"
     "}\n";
 
-#define DIE(...)                      \
-  do {                                \
-    fprintf(stderr, __VA_ARGS__);     \
-    fprintf(stderr, "\n");            \
-    exit(1);                          \
+#define DIE(...)                  \
+  do {                            \
+    fprintf(stderr, __VA_ARGS__); \
+    fprintf(stderr, "\n");        \
+    exit(1);                      \
   } while (0)
 
 static cl_context ctx;
@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
   printf("R demo device \"%s\" steps %d elements %zu buffers created %d checksum %.9e\n", name,
          steps, n, 4 * steps + 4, sum);
   fprintf(stderr, "demo: %d steps x 4 temporary buffers of %zu KiB: %.1f ms\n", steps,
-          n * sizeof(float) / 1024, (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6);
+          n * sizeof(float) / 1024,
+          (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6);
   clReleaseMemObject(a);
   clReleaseMemObject(b);
   clReleaseMemObject(c);

@@ -34,7 +34,8 @@ static void test_reuse(void) {
       b[k] = mk(CL_MEM_READ_WRITE, sizes[k], NULL);
       calls += 2;
       fill_pattern(src, sizes[k], it * 3 + k);
-      CHECK_ERR(clEnqueueWriteBuffer(q, a[k], CL_TRUE, 0, sizes[k], src, 0, NULL, NULL), CL_SUCCESS);
+      CHECK_ERR(clEnqueueWriteBuffer(q, a[k], CL_TRUE, 0, sizes[k], src, 0, NULL, NULL),
+                CL_SUCCESS);
       CHECK_ERR(clEnqueueCopyBuffer(q, a[k], b[k], 0, 0, sizes[k], 0, NULL, NULL), CL_SUCCESS);
       memset(dst, 0, sizes[k]);
       CHECK_ERR(clEnqueueReadBuffer(q, b[k], CL_TRUE, 0, sizes[k], dst, 0, NULL, NULL), CL_SUCCESS);
@@ -50,10 +51,8 @@ static void test_reuse(void) {
   long made = cltest_count("create") - c0;
   fprintf(stderr, "reuse: %d clCreateBuffer calls, %ld reached the driver\n", calls, made);
   if (made >= 0) {
-    if (pool)
-      CHECK(made <= 6, "expected at most 6 driver creates, got %ld", made);
-    else
-      CHECK(made == calls, "expected %d driver creates, got %ld", calls, made);
+    if (pool) CHECK(made <= 6, "expected at most 6 driver creates, got %ld", made);
+    else CHECK(made == calls, "expected %d driver creates, got %ld", calls, made);
   }
   if (pool) CHECK(cltest_stat("hits") >= calls - 6, "hits %ld", cltest_stat("hits"));
   /* The availability probe: one migrate per fresh driver buffer, so that
@@ -63,8 +62,7 @@ static void test_reuse(void) {
   if (made >= 0 && pool) {
     if (probe && !strcmp(probe, "0"))
       CHECK(migrates == 0, "%ld probes with GPUPOOL_PROBE=0", migrates);
-    else
-      CHECK(migrates == made, "%ld probes for %ld fresh buffers", migrates, made);
+    else CHECK(migrates == made, "%ld probes for %ld fresh buffers", migrates, made);
   }
   if (made >= 0 && !pool) CHECK(migrates == 0, "%ld migrates without gpupool", migrates);
   printf("R reuse ok\n");
@@ -220,7 +218,8 @@ static void test_bounds(void) {
 
 static void test_sub_buffers(void) {
   cl_uint align_bits = 0;
-  clGetDeviceInfo(cltest_device, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align_bits, &align_bits, NULL);
+  clGetDeviceInfo(cltest_device, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align_bits, &align_bits,
+                  NULL);
   size_t align = align_bits / 8 ? align_bits / 8 : 128;
   size_t size = 4 * align;
   cl_int err;
@@ -258,7 +257,8 @@ static void test_sub_buffers(void) {
   unsigned char* back = malloc(size);
   fill_pattern(data, 2 * align, 9);
   CHECK_ERR(clEnqueueWriteBuffer(q, s, CL_TRUE, 0, 2 * align, data, 0, NULL, NULL), CL_SUCCESS);
-  CHECK_ERR(clEnqueueReadBuffer(q, parent, CL_TRUE, align, 2 * align, back, 0, NULL, NULL), CL_SUCCESS);
+  CHECK_ERR(clEnqueueReadBuffer(q, parent, CL_TRUE, align, 2 * align, back, 0, NULL, NULL),
+            CL_SUCCESS);
   CHECK(!memcmp(data, back, 2 * align), "sub-buffer data in parent");
 
   /* The sub-buffer keeps its parent: after the parent's release a new buffer
@@ -305,7 +305,8 @@ static void CL_CALLBACK dtor(cl_mem m, void* ud) {
 static void test_destructor_callbacks(void) {
   cb_mem = mk(0, 5000, NULL);
   CHECK_ERR(clSetMemObjectDestructorCallback(cb_mem, NULL, NULL), CL_INVALID_VALUE);
-  for (long i = 1; i <= 3; i++) CHECK_ERR(clSetMemObjectDestructorCallback(cb_mem, dtor, (void*)i), CL_SUCCESS);
+  for (long i = 1; i <= 3; i++)
+    CHECK_ERR(clSetMemObjectDestructorCallback(cb_mem, dtor, (void*)i), CL_SUCCESS);
   clRetainMemObject(cb_mem);
   clReleaseMemObject(cb_mem);
   CHECK(norder == 0, "callbacks fired before the last release");

@@ -11,21 +11,30 @@
 #include <string.h>
 
 static int failures;
-#define CHECK(c, ...)                                                   \
-  do {                                                                  \
-    if (!(c)) {                                                         \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);      \
-      fprintf(stderr, __VA_ARGS__);                                     \
-      fprintf(stderr, "\n");                                            \
-      failures++;                                                       \
-    }                                                                   \
+#define CHECK(c, ...)                                              \
+  do {                                                             \
+    if (!(c)) {                                                    \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c); \
+      fprintf(stderr, __VA_ARGS__);                                \
+      fprintf(stderr, "\n");                                       \
+      failures++;                                                  \
+    }                                                              \
   } while (0)
 
-#define FN(name) static __typeof__(&name) p_##name;
-FN(clGetPlatformIDs) FN(clGetDeviceIDs) FN(clCreateContext) FN(clCreateCommandQueue)
-FN(clCreateBuffer) FN(clReleaseMemObject) FN(clEnqueueWriteBuffer) FN(clEnqueueReadBuffer)
-FN(clEnqueueCopyBuffer) FN(clFinish) FN(clReleaseCommandQueue) FN(clReleaseContext)
-FN(clGetMemObjectInfo)
+#define FN(name) static __typeof__(&name) p_##name
+FN(clGetPlatformIDs);
+FN(clGetDeviceIDs);
+FN(clCreateContext);
+FN(clCreateCommandQueue);
+FN(clCreateBuffer);
+FN(clReleaseMemObject);
+FN(clEnqueueWriteBuffer);
+FN(clEnqueueReadBuffer);
+FN(clEnqueueCopyBuffer);
+FN(clFinish);
+FN(clReleaseCommandQueue);
+FN(clReleaseContext);
+FN(clGetMemObjectInfo);
 
 int main(void) {
   const char* path = getenv("CLTEST_LOADER");
@@ -34,16 +43,27 @@ int main(void) {
     fprintf(stderr, "SKIP: cannot dlopen the OpenCL loader: %s\n", dlerror());
     return 77;
   }
-#define LOAD(name)                                        \
-  p_##name = (__typeof__(p_##name))dlsym(h, #name);       \
-  if (!p_##name) {                                        \
-    fprintf(stderr, "FAIL: dlsym %s\n", #name);           \
-    return 1;                                             \
-  }
-  LOAD(clGetPlatformIDs) LOAD(clGetDeviceIDs) LOAD(clCreateContext) LOAD(clCreateCommandQueue)
-  LOAD(clCreateBuffer) LOAD(clReleaseMemObject) LOAD(clEnqueueWriteBuffer) LOAD(clEnqueueReadBuffer)
-  LOAD(clEnqueueCopyBuffer) LOAD(clFinish) LOAD(clReleaseCommandQueue) LOAD(clReleaseContext)
-  LOAD(clGetMemObjectInfo)
+#define LOAD(name)                                    \
+  do {                                                \
+    p_##name = (__typeof__(p_##name))dlsym(h, #name); \
+    if (!p_##name) {                                  \
+      fprintf(stderr, "FAIL: dlsym %s\n", #name);     \
+      return 1;                                       \
+    }                                                 \
+  } while (0)
+  LOAD(clGetPlatformIDs);
+  LOAD(clGetDeviceIDs);
+  LOAD(clCreateContext);
+  LOAD(clCreateCommandQueue);
+  LOAD(clCreateBuffer);
+  LOAD(clReleaseMemObject);
+  LOAD(clEnqueueWriteBuffer);
+  LOAD(clEnqueueReadBuffer);
+  LOAD(clEnqueueCopyBuffer);
+  LOAD(clFinish);
+  LOAD(clReleaseCommandQueue);
+  LOAD(clReleaseContext);
+  LOAD(clGetMemObjectInfo);
 
   cl_platform_id plat;
   cl_device_id dev;
@@ -99,10 +119,8 @@ int main(void) {
   if (lay && !strcmp(lay, "0")) pooling = 0;
   fprintf(stderr, "dlopen: %d creates, %ld reached the driver\n", calls, made);
   if (made >= 0) {
-    if (pooling)
-      CHECK(made <= 2, "expected <= 2 driver creates, got %ld", made);
-    else
-      CHECK(made == calls, "expected %d driver creates, got %ld", calls, made);
+    if (pooling) CHECK(made <= 2, "expected <= 2 driver creates, got %ld", made);
+    else CHECK(made == calls, "expected %d driver creates, got %ld", calls, made);
   }
   printf("R dlopen ok\n");
   p_clReleaseCommandQueue(q);

@@ -48,7 +48,8 @@ static void cpu_mode(void) {
   if (b) CHECK_ERR(touch(b), CL_SUCCESS);
   if (cltest_pooling() && rel0 >= 0)
     CHECK(cltest_count("release") > rel0, "held block not released for the retry");
-  if (cltest_pooling()) CHECK(cltest_stat("oom_retries") >= 1, "oom_retries %ld", cltest_stat("oom_retries"));
+  if (cltest_pooling())
+    CHECK(cltest_stat("oom_retries") >= 1, "oom_retries %ld", cltest_stat("oom_retries"));
   /* Cannot fit at all: the implementation's own error, after gpupool has
      given back everything it could. */
   cl_mem c = clCreateBuffer(ctx, F, 600 * MiB, NULL, &err);
@@ -98,7 +99,8 @@ static void gpu_mode(void) {
     printf("R oom gpu %d: %d\n", i, t);
     CHECK(s[i] && t == CL_SUCCESS, "3/4 max buffer %d: create %d use %d", i, err, t);
   }
-  if (cltest_pooling()) CHECK(cltest_stat("oom_retries") >= 1, "oom_retries %ld", cltest_stat("oom_retries"));
+  if (cltest_pooling())
+    CHECK(cltest_stat("oom_retries") >= 1, "oom_retries %ld", cltest_stat("oom_retries"));
   for (int i = 0; i < 2; i++)
     if (s[i]) clReleaseMemObject(s[i]);
   clReleaseMemObject(full[0]);
@@ -110,10 +112,8 @@ int main(void) {
   q = cltest_queue(ctx);
   cl_device_type t = 0;
   clGetDeviceInfo(cltest_device, CL_DEVICE_TYPE, sizeof t, &t, NULL);
-  if (t & CL_DEVICE_TYPE_CPU)
-    cpu_mode();
-  else
-    gpu_mode();
+  if (t & CL_DEVICE_TYPE_CPU) cpu_mode();
+  else gpu_mode();
   clReleaseCommandQueue(q);
   clReleaseContext(ctx);
   return cltest_finish("oom");

@@ -15,7 +15,8 @@ static unsigned char p1[N], p2[N], back[N];
 int main(void) {
   cltest_pick_device();
   int pool = cltest_pooling();
-  for (int i = 0; i < N; i++) p1[i] = (unsigned char)(i * 7 + 3), p2[i] = (unsigned char)(i * 5 + 11);
+  for (int i = 0; i < N; i++)
+    p1[i] = (unsigned char)(i * 7 + 3), p2[i] = (unsigned char)(i * 5 + 11);
   cl_int err;
 
   for (int variant = 0; variant < 3; variant++) {
@@ -57,7 +58,8 @@ int main(void) {
       clFlush(q2);
     }
     REQUIRE(y, "create y: %d", err);
-    fprintf(stderr, "variant %d: new buffer %s the released one\n", variant, y == x ? "reuses" : "is not");
+    fprintf(stderr, "variant %d: new buffer %s the released one\n", variant,
+            y == x ? "reuses" : "is not");
     const char* expect = getenv("CLTEST_SOLO_EXPECT");
     if (expect && variant == 0)
       CHECK((y == x) == (atoi(expect) != 0), "variant 0: reuse %d, expected %s", y == x, expect);

@@ -40,7 +40,8 @@ static int tripled(size_t i) { return (int)i * 3; }
 int main(void) {
   cltest_pick_device();
   cl_device_svm_capabilities caps = 0;
-  if (clGetDeviceInfo(cltest_device, CL_DEVICE_SVM_CAPABILITIES, sizeof caps, &caps, NULL) != CL_SUCCESS ||
+  if (clGetDeviceInfo(cltest_device, CL_DEVICE_SVM_CAPABILITIES, sizeof caps, &caps, NULL) !=
+          CL_SUCCESS ||
       !(caps & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER)) {
     fprintf(stderr, "SKIP: no coarse-grained SVM\n");
     return 77;
@@ -63,7 +64,8 @@ int main(void) {
   }
   printf("R svm fill and read back: %d\n", ok);
   if (pool) {
-    CHECK(cltest_count("svm_alloc") - a0 == 1, "real allocations %ld", cltest_count("svm_alloc") - a0);
+    CHECK(cltest_count("svm_alloc") - a0 == 1, "real allocations %ld",
+          cltest_count("svm_alloc") - a0);
     CHECK(cltest_count("svm_free") == f0, "real frees %ld", cltest_count("svm_free") - f0);
   }
 
@@ -96,7 +98,8 @@ int main(void) {
   CHECK_ERR(clEnqueueSVMFree(q, 2, two, program_free, ctx, 0, NULL, NULL), CL_SUCCESS);
   clFinish(q);
   printf("R svm callback freed: %d\n", freed_by_callback);
-  if (pool) CHECK(cltest_count("svm_free") == f0, "a pooled pointer reached the implementation's free");
+  if (pool)
+    CHECK(cltest_count("svm_free") == f0, "a pooled pointer reached the implementation's free");
 
   /* Not pooled: the implementation's answers. */
   printf("R svm size 0: %d\n", clSVMAlloc(ctx, CL_MEM_READ_WRITE, 0, 0) == NULL);
@@ -104,7 +107,8 @@ int main(void) {
   printf("R svm two access flags: %d\n",
          clSVMAlloc(ctx, CL_MEM_READ_WRITE | CL_MEM_READ_ONLY, N, 0) == NULL);
   const cl_ulong max = cltest_device_ulong(CL_DEVICE_MAX_MEM_ALLOC_SIZE);
-  printf("R svm over the maximum: %d\n", clSVMAlloc(ctx, CL_MEM_READ_WRITE, (size_t)max + 1, 0) == NULL);
+  printf("R svm over the maximum: %d\n",
+         clSVMAlloc(ctx, CL_MEM_READ_WRITE, (size_t)max + 1, 0) == NULL);
   void* aligned = clSVMAlloc(ctx, CL_MEM_READ_WRITE, N, 4096);
   printf("R svm alignment 4096: %d\n", aligned != NULL && ((size_t)aligned % 4096) == 0);
   clSVMFree(ctx, aligned);
@@ -113,7 +117,7 @@ int main(void) {
     for (int i = 0; i < 3; i++) {
       int* fine = clSVMAlloc(ctx, CL_MEM_READ_WRITE | CL_MEM_SVM_FINE_GRAIN_BUFFER, N, 0);
       CHECK(fine != NULL, "fine-grained SVM");
-      if (fine) fine[0] = 42;  /* host access without a map */
+      if (fine) fine[0] = 42; /* host access without a map */
       clSVMFree(ctx, fine);
     }
     if (cltest_count("svm_alloc") >= 0)

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   cl_platform_id platform;
   cl_device_id device;
   cl_int err;
-  if (clGetPlatformIDs(1, &platform, NULL) || clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL))
+  if (clGetPlatformIDs(1, &platform, NULL) ||
+      clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL))
     return 3;
   cl_context ctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
   if (err != CL_SUCCESS) return 3;
