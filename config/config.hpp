@@ -93,19 +93,10 @@ struct Diagnostic {
 // Never fails: bad values keep their defaults and add a diagnostic.
 Config parse(const char* const* envp, std::vector<Diagnostic>* diagnostics);
 
-// What get() parses: parse(envp) unless `secure` (AT_SECURE), in which case
-// the environment is not looked at and the defaults are returned.
+// What the process's configuration is (sys/process_config.hpp: get()):
+// parse(envp) unless `secure` (AT_SECURE), in which case the environment is
+// not looked at and the defaults are returned.
 Config load(const char* const* envp, bool secure, std::vector<Diagnostic>* diagnostics);
-
-// The process's configuration, parsed on first use (thread-safe). Reads no
-// environment at all in a secure-execution (AT_SECURE) process. Diagnostics
-// are logged once, through the gpupool logger.
-const Config& get();
-
-// get() without logging (and so without building the logger, which opens
-// GPUPOOL_LOG_FILE): for the preloaded library's start, which turns its
-// files thread on first (config/io.hpp).
-const Config& get_unlogged();
 
 // One row of the table, for `gpupool env` and the docs/configuration.md check.
 struct OptionInfo {

@@ -13,10 +13,10 @@
 #include <mutex>
 #include <utility>
 
-#include "config/io.hpp"
-#include "config/log.hpp"
 #include "core/fork_wait.hpp"
 #include "interpose/hook_scope.hpp"
+#include "sys/io.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool {
 

@@ -140,7 +140,7 @@ enum class Part : unsigned {
   control,  // warnings, requests (its work lock protects no data: made new in the child)
   log,      // the logger's sink
   files,    // the files thread's queue: last, since every part above may
-            // hand it work while holding its own locks (config/io.hpp)
+            // hand it work while holding its own locks (sys/io.hpp)
   count
 };
 // The ranks each part's prepare handler takes, lowest and highest (node

@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "config/config.hpp"
-#include "config/outputs.hpp"
 #include "launcher/launcher.hpp"
 #include "observe/stats_format.hpp"
 #include "observe/trace_reader.hpp"
+#include "sys/outputs.hpp"
 
 extern char** environ;
 

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "config/config.hpp"
-#include "config/io.hpp"
 #include "launcher/launcher.hpp"
 #include "observe/text_width.hpp"
+#include "sys/io.hpp"
 #include "wire/registry.hpp"
 #include "wire/socket.hpp"
 

@@ -27,11 +27,11 @@
 #include <string>
 #include <vector>
 
-#include "config/outputs.hpp"
 #include "launcher/launcher.hpp"
 #include "launcher/trace_tools.hpp"
 #include "observe/stats_format.hpp"
 #include "observe/trace_reader.hpp"
+#include "sys/outputs.hpp"
 
 namespace gpupool::launcher {
 namespace {

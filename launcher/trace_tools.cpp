@@ -11,8 +11,8 @@
 #include <cstring>
 #include <new>
 
-#include "config/outputs.hpp"
 #include "launcher/launcher.hpp"
+#include "sys/outputs.hpp"
 
 namespace gpupool::launcher {
 

@@ -48,7 +48,7 @@ const std::vector<Field>& fields();
 std::string to_text(const Report& report);
 std::string to_json(const Report& report);  // one line, no trailing newline
 // Whose a Prometheus text is: the labels every series has. `slot` is the
-// number of the file the process writes (config/outputs.hpp's
+// number of the file the process writes (sys/outputs.hpp's
 // NumberedNames), reused once its process is gone, so the series are as
 // many as the processes that run at once; the pid is only gpupool_info's.
 struct PromSource {

@@ -1,6 +1,6 @@
 #include "observe/symbols.hpp"
 
-#include "config/io.hpp"
+#include "sys/io.hpp"
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -35,7 +35,7 @@ struct Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   explicit Mapping(const std::string& path, bool writable = false) {
-    // Opened on gpupool's files thread (config/io.hpp); the mapping is the
+    // Opened on gpupool's files thread (sys/io.hpp); the mapping is the
     // process's. Never waits: a FIFO at that path (anything but a regular
     // file is left alone below) would hold the files thread, and fork(),
     // forever. Moved above 2 where there is no private table.

@@ -21,7 +21,7 @@ import sys
 from collections import defaultdict
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-TOP = ["core", "config", "wire", "observe", "interpose", "launcher"]
+TOP = ["core", "config", "sys", "wire", "observe", "interpose", "launcher"]
 SOURCES = (".cpp", ".hpp", ".h", ".c", ".def", ".inc")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "config/io.hpp"
+#include "sys/io.hpp"
 
 namespace gpupool::wire {
 namespace {
@@ -347,7 +347,7 @@ bool process_alive(long pid, std::uint64_t start) {
 }
 
 // Each look opens, locks, reads or writes and closes the file: on gpupool's
-// files thread (config/io.hpp), never among the program's descriptors.
+// files thread (sys/io.hpp), never among the program's descriptors.
 std::unique_ptr<Registry> Registry::open(const std::string& path, std::string* why,
                                          bool create_missing) {
   std::unique_ptr<Registry> r;

@@ -45,7 +45,7 @@
 #include <string_view>
 #include <vector>
 
-#include "config/io.hpp"
+#include "sys/io.hpp"
 
 namespace gpupool::wire {
 

@@ -11,10 +11,10 @@
 #include <cstdlib>
 #include <new>
 
-#include "config/log.hpp"
 #include "core/fork_wait.hpp"
 #include "interpose/control/internal.hpp"
 #include "interpose/hook_scope.hpp"
+#include "sys/log.hpp"
 #include "wire/registry.hpp"
 
 #ifndef GPUPOOL_VERSION
@@ -122,7 +122,7 @@ void at_exit_locked_dump() {
 
 // The files a process writes: %p is its pid. The stats file is shared
 // (dumps are appended whole, and each names its pid); the Prometheus file
-// is the process's own (config/outputs.hpp: its name, or a sibling).
+// is the process's own (sys/outputs.hpp: its name, or a sibling).
 void set_paths(State& st, bool child) {
   const config::Config& cfg = st.rt->config;
   const long pid = static_cast<long>(getpid());
@@ -388,7 +388,7 @@ bool trace_start(Runtime& rt, const std::string& path, std::string* msg) {
            ": stop it first (gpupool_trace_stop)";
     return false;
   }
-  // As a forked child's (config/outputs.hpp): this process writes the name
+  // As a forked child's (sys/outputs.hpp): this process writes the name
   // unless another live process holds it, then its sibling.
   const long self = static_cast<long>(getpid());
   if (t) {

@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "config/config.hpp"
-#include "config/io.hpp"
 #include "interpose/control/control.hpp"
 #include "interpose/control/internal.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/io.hpp"
 
 #ifndef GPUPOOL_VERSION
 #define GPUPOOL_VERSION "unknown"

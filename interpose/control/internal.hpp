@@ -3,7 +3,7 @@
 //   signals.cpp  the signal handlers and the wake word they poke
 //   thread.cpp   the control thread: wakes, requests, periodic work
 //   server.cpp   the control socket: its thread (in gpupool's private
-//                descriptor table, config/io.hpp) accepts, reads, and
+//                descriptor table, sys/io.hpp) accepts, reads, and
 //                sends the answers the control thread gives
 //   control.cpp  start, dumps, the exit dump, fork, the public calls
 #pragma once
@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "config/config.hpp"
-#include "config/io.hpp"
-#include "config/outputs.hpp"
 #include "interpose/control/control.hpp"
 #include "interpose/control/recorder.hpp"
 #include "interpose/control/trace.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/io.hpp"
+#include "sys/outputs.hpp"
 
 namespace gpupool::control {
 
@@ -129,7 +129,7 @@ struct State {
   std::vector<Warning> warnings GPUPOOL_GUARDED_BY(warn_mu);
   std::string stats_path;  // %p expanded
   // The names this process may write GPUPOOL_PROMETHEUS_FILE as, in order
-  // (config/outputs.hpp), and the one it writes now: the first that no
+  // (sys/outputs.hpp), and the one it writes now: the first that no
   // other live process holds, and its number (the series' `slot`). Empty:
   // none. The file is the files thread's.
   io::NumberedNames prometheus_names;

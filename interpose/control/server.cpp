@@ -1,5 +1,5 @@
 // The control socket (wire/socket.hpp has its names and protocol). Its own
-// thread, in gpupool's private descriptor table (config/io.hpp), accepts
+// thread, in gpupool's private descriptor table (sys/io.hpp), accepts
 // and reads: its descriptors never take a number of the program's. It
 // never waits for one client: requests and answers are non-blocking, with
 // deadlines, and other users are refused as they connect, before anything
@@ -20,8 +20,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include "config/log.hpp"
 #include "interpose/control/internal.hpp"
+#include "sys/log.hpp"
 #include "wire/socket.hpp"
 
 namespace gpupool::control {

@@ -15,8 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config/log.hpp"
 #include "interpose/control/internal.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::control {
 namespace {

@@ -1,7 +1,7 @@
 #include "interpose/control/sites.hpp"
 
-#include "config/log.hpp"
 #include "core/fork_wait.hpp"
+#include "sys/log.hpp"
 
 #include <dlfcn.h>
 #include <elf.h>

@@ -4,7 +4,7 @@
 //
 // It keeps no descriptor: the files it writes and the control socket are
 // made and used on gpupool's files thread and server thread, whose
-// descriptor table is their own (config/io.hpp), so the program, which may
+// descriptor table is their own (sys/io.hpp), so the program, which may
 // close or reuse any number, never sees gpupool take one of its numbers.
 //
 // NVML runs in that table too. What remains in the program's table is a
@@ -22,9 +22,9 @@
 
 #include <algorithm>
 
-#include "config/io.hpp"
-#include "config/log.hpp"
 #include "interpose/control/internal.hpp"
+#include "sys/io.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::control {
 namespace {

@@ -15,9 +15,9 @@
 #include <mutex>
 #include <vector>
 
-#include "config/io.hpp"
-#include "config/log.hpp"
-#include "config/outputs.hpp"
+#include "sys/io.hpp"
+#include "sys/log.hpp"
+#include "sys/outputs.hpp"
 
 namespace gpupool::trace {
 namespace {
@@ -111,13 +111,13 @@ std::string command_line_comment() {
 }  // namespace
 
 struct Tracer::Impl {
-  std::string value;        // GPUPOOL_TRACE_FILE as set
-  long run_pid = 0;         // GPUPOOL_RUN_PID
-  std::string path;         // the file this process writes (config/outputs.hpp)
-  std::string passed_over;  // the name another live process held, if any
-  io::OwnedFd file GPUPOOL_GUARDED_BY(write_mu);    // held (config/outputs.hpp)
-  bool disabled = false;                            // a forked child until renew_in_child
-  bool attached = false;                            // started while the process ran ('# attached')
+  std::string value;                              // GPUPOOL_TRACE_FILE as set
+  long run_pid = 0;                               // GPUPOOL_RUN_PID
+  std::string path;                               // the file this process writes (sys/outputs.hpp)
+  std::string passed_over;                        // the name another live process held, if any
+  io::OwnedFd file GPUPOOL_GUARDED_BY(write_mu);  // held (sys/outputs.hpp)
+  bool disabled = false;                          // a forked child until renew_in_child
+  bool attached = false;                          // started while the process ran ('# attached')
   bool ended GPUPOOL_GUARDED_BY(write_mu) = false;  // "# end" written
   // The process whose file this is (renew_in_child, restart); read unlocked
   // by finish() at _exit.
@@ -295,7 +295,7 @@ bool Tracer::Impl::write_out(const std::string& out, std::uint64_t records) {
   if (disabled) return false;
   std::string why;
   bool ok = false, opened = false;
-  // The file is the files thread's (config/io.hpp): so is every use of it.
+  // The file is the files thread's (sys/io.hpp): so is every use of it.
   // It runs there while this thread holds write_mu, which the analysis,
   // thread by thread, cannot see.
   io::in_private([&]() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
@@ -527,7 +527,7 @@ void Tracer::renew_in_child() {
   LockGuard lock(t.write_mu);  // free: the child's one thread, every lock let go
   // The parent's file stays the parent's: where it was opened among the
   // program's descriptors (no private table), the child's copy is closed,
-  // so that it does not hold the file (config/outputs.hpp).
+  // so that it does not hold the file (sys/outputs.hpp).
   t.file.close();
   // A file of its own, opened with its first records; its times count from
   // the child's start. What was recorded since the fork (the child's start

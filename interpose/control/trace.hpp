@@ -20,7 +20,7 @@ class Tracer final {
  public:
   // Opens this process's file for GPUPOOL_TRACE_FILE=`value` (%p: the pid;
   // without it the value itself or a sibling, per GPUPOOL_RUN_PID=run_pid:
-  // config/outputs.hpp; a regular file of this user, never a symlink, held
+  // sys/outputs.hpp; a regular file of this user, never a symlink, held
   // while the process lives) and writes the header. nullptr with *why set
   // when it cannot. sites: where allocation sites are declared from (may be
   // null).

@@ -11,11 +11,11 @@
 #include <unordered_set>
 #include <vector>
 
-#include "config/log.hpp"
 #include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::cuda {
 

@@ -13,13 +13,13 @@
 
 #include <fmt/format.h>
 
-#include "config/log.hpp"
 #include "core/hot_tls.hpp"
 #include "interpose/cuda/memory.hpp"
 #include "interpose/cuda/pointers.hpp"
 #include "interpose/cuda/vmm.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::cuda {
 namespace {

@@ -89,7 +89,7 @@ namespace {
 // Whether a libcuda is mapped, from the loader's list. dlopen(RTLD_NOLOAD)
 // of a library that is not loaded still searches the library path, opening
 // files among the program's descriptors; the control thread asks every
-// second (config/io.hpp: gpupool takes none of the program's numbers).
+// second (sys/io.hpp: gpupool takes none of the program's numbers).
 bool libcuda_mapped() {
   return dl_iterate_phdr(
              [](dl_phdr_info* info, std::size_t, void*) {

@@ -7,7 +7,6 @@
 // unchanged, so the program gets the driver's own error codes.
 #include <algorithm>
 
-#include "config/log.hpp"
 #include "interpose/cuda/async.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
@@ -16,6 +15,7 @@
 #include "interpose/hook_scope.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/log.hpp"
 
 using namespace gpupool;
 using namespace gpupool::cuda;

@@ -6,12 +6,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "config/log.hpp"
 #include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::cuda::vmm {
 namespace {

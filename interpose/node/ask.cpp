@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "config/io.hpp"
 #include "interpose/node/internal.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/io.hpp"
 #include "wire/socket.hpp"
 
 namespace gpupool::node {
@@ -79,7 +79,7 @@ std::size_t ask_release_here(long pid, unsigned uid, const wire::DeviceKey& key,
 }  // namespace
 
 // The sockets are made and used on a thread of gpupool's private
-// descriptor table (config/io.hpp), one of their own: the caller is the
+// descriptor table (sys/io.hpp), one of their own: the caller is the
 // program's allocating thread, and the wait must not hold up gpupool's
 // other files.
 std::size_t ask_release(long pid, unsigned uid, const wire::DeviceKey& key, std::size_t bytes,

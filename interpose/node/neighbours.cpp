@@ -10,11 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include "config/io.hpp"
-#include "config/log.hpp"
 #include "interpose/node/internal.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/io.hpp"
+#include "sys/log.hpp"
 #include "wire/socket.hpp"
 
 namespace gpupool::node {
@@ -101,7 +101,7 @@ void count_released_meanwhile(wire::Registry* reg,
 // the owner check refuses.
 void ask_other_users(Asking& q) {
   std::vector<Target> others;
-  // /proc/net/unix is opened on the files thread (config/io.hpp): this is
+  // /proc/net/unix is opened on the files thread (sys/io.hpp): this is
   // the program's allocating thread, whose table is the program's.
   std::vector<wire::SocketName> listed;
   io::in_private([&] { listed = wire::listed_sockets(); });

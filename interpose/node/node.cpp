@@ -16,11 +16,11 @@
 #include <new>
 #include <vector>
 
-#include "config/io.hpp"
-#include "config/log.hpp"
 #include "interpose/control/control.hpp"
 #include "interpose/node/internal.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/io.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::node {
 namespace {

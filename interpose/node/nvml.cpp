@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
-#include "config/io.hpp"
 #include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
+#include "sys/io.hpp"
 
-#include "config/log.hpp"
 #include "interpose/node/internal.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::node {
 namespace {

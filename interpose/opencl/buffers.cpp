@@ -6,10 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "config/log.hpp"
 #include "core/fork_wait.hpp"
 #include "core/hot_tls.hpp"
 #include "interpose/node/node.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::ocl {
 namespace {

@@ -10,9 +10,9 @@
 #include <CL/cl_ext.h>
 #include <fmt/format.h>
 
-#include "config/log.hpp"
 #include "core/fork_wait.hpp"
 #include "interpose/opencl/buffers.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::ocl {
 

@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "config/config.hpp"
-#include "config/log.hpp"
 #include "interpose/opencl/api.hpp"
 #include "interpose/runtime.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::ocl {
 namespace {

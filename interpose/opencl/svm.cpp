@@ -18,10 +18,10 @@
 
 #include <fmt/format.h>
 
-#include "config/log.hpp"
 #include "interpose/hook_scope.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/opencl/buffers.hpp"
+#include "sys/log.hpp"
 
 namespace gpupool::ocl {
 namespace {

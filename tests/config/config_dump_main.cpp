@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "config/config.hpp"
-#include "config/log.hpp"
+#include "sys/log.hpp"
 
 int main(int argc, char** argv) {
   int threads = 0;

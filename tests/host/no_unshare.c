@@ -1,7 +1,7 @@
 /* Preloaded beside gpupool: unshare(CLONE_FILES) is refused with EPERM, as
  * a seccomp filter (a container runtime's) may refuse it. gpupool then has
  * no descriptor table of its own and works among the program's (its
- * fallback, config/io.hpp); run_host.py's fallback.* checks run it so. */
+ * fallback, sys/io.hpp); run_host.py's fallback.* checks run it so. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 // How gpupool opens, writes and replaces files inside a program
-// (config/io.hpp): never another user's file, never through a symbolic
+// (sys/io.hpp): never another user's file, never through a symbolic
 // link, never anything but a regular file, never a block on a reader.
 #include <fcntl.h>
 #include <signal.h>
@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "config/io.hpp"
+#include "sys/io.hpp"
 
 namespace gpupool::io {
 namespace {

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "config/log.hpp"
+#include "sys/log.hpp"
 #include "tests/config/test_util.hpp"
 
 namespace gpupool::config::test {

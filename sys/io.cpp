@@ -1,4 +1,4 @@
-#include "config/io.hpp"
+#include "sys/io.hpp"
 
 #include <errno.h>
 #include <fcntl.h>

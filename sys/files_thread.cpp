@@ -1,7 +1,7 @@
 // The files thread: a thread whose descriptor table is gpupool's own
-// (config/io.hpp, "The files thread"), the work it runs, and its fork
+// (sys/io.hpp, "The files thread"), the work it runs, and its fork
 // handling.
-#include "config/io.hpp"
+#include "sys/io.hpp"
 
 #include <errno.h>
 #include <fcntl.h>

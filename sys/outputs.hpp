@@ -5,14 +5,14 @@
 // A process holds the file it writes: an exclusive flock(2) on it, taken
 // before anything is written and kept until the process ends (the kernel
 // lets go of it however the process ends, SIGKILL included). A file nobody
-// holds belongs to no live process. Opening follows config/io.hpp's rules
+// holds belongs to no live process. Opening follows sys/io.hpp's rules
 // (no symbolic link, only a regular file of this user).
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "config/io.hpp"
+#include "sys/io.hpp"
 
 namespace gpupool::io {
 
@@ -75,7 +75,7 @@ OwnedFd hold_output(const std::string& path, bool append, Hold* result, std::str
 // process from its first update until remove() or the process's end: each
 // new version is held before it takes the name (a temporary file beside
 // it, renamed), so the name is never free between two updates. The
-// descriptor kept is the files thread's (config/io.hpp): use it there.
+// descriptor kept is the files thread's (sys/io.hpp): use it there.
 class HeldFile {
  public:
   // Writes `data` as `path`. taken: another live process holds `path`

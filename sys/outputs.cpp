@@ -1,4 +1,4 @@
-#include "config/outputs.hpp"
+#include "sys/outputs.hpp"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,10 +1,10 @@
-// The process's configuration: the environment parsed once (environment.cpp),
-// its diagnostics logged once (log.cpp).
-#include "config/config.hpp"
+// The process's configuration: the environment parsed once
+// (config/environment.cpp), its diagnostics logged once (log.cpp).
+#include "sys/process_config.hpp"
 
 #include <sys/auxv.h>
 
-#include "config/log.hpp"
+#include "sys/log.hpp"
 
 extern char** environ;
 

@@ -1,6 +1,6 @@
 // The "gpupool" logger, configured from GPUPOOL_LOG / GPUPOOL_LOG_FILE:
 // lines "gpupool[PID]: LEVEL: message", formatted with fmt, each written
-// with one write(2) to the log file or stderr (config/log.cpp says why).
+// with one write(2) to the log file or stderr (sys/log.cpp says why).
 #pragma once
 
 #include <cxxabi.h>
@@ -12,10 +12,10 @@
 
 #include <fmt/format.h>
 
-#include "config/config.hpp"
-#include "config/io.hpp"
 #include "core/lock_rank.hpp"
 #include "core/thread_safety.hpp"
+#include "sys/io.hpp"
+#include "sys/process_config.hpp"
 
 namespace gpupool {
 
@@ -106,7 +106,7 @@ Logger& log();
 void log_fork_prepare();
 void log_fork_release();
 
-// The preloaded library's start, once its files thread is on (config/io.hpp),
+// The preloaded library's start, once its files thread is on (sys/io.hpp),
 // on the program's thread: a log file the logger opened before (something
 // logged first) is in the program's table; it is closed there and opened
 // again in the private one. Nothing to do where there is no private table.

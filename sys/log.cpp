@@ -6,10 +6,10 @@
 // Lines go to one file descriptor with one write(2) each: no stdio buffer is
 // shared with the host program, lines from threads and processes appending to
 // one file do not interleave, and nothing is lost if the program _exit()s.
-// The file is the files thread's (config/io.hpp), and so is every use of it;
+// The file is the files thread's (sys/io.hpp), and so is every use of it;
 // it is reopened if the program closed or replaced its descriptor, and in a
 // forked child, whose path may name its pid.
-#include "config/log.hpp"
+#include "sys/log.hpp"
 
 #include <unistd.h>
 

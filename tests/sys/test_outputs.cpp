@@ -1,4 +1,4 @@
-// The files one setting makes several processes write (config/outputs.hpp):
+// The files one setting makes several processes write (sys/outputs.hpp):
 // each process's name, and no two live processes ever writing one file.
 #include <dirent.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 
 #include <gtest/gtest.h>
 
-#include "config/outputs.hpp"
+#include "sys/outputs.hpp"
 
 namespace gpupool::io {
 namespace {
