@@ -1,5 +1,6 @@
 #include "core/fork_wait.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -24,6 +25,8 @@ struct Prepare {
 constinit thread_local Prepare t_prepare;
 
 std::atomic<unsigned> g_holders_forking{0};
+// The last prepare gave up past its bound, and none has completed since.
+std::atomic<bool> g_stuck{false};
 
 std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -36,12 +39,14 @@ std::uint64_t now_ns() {
 void begin(std::uint64_t bound_ns) {
   if (t_prepare.steps) t_prepare.steps->clear();
   t_prepare.gave_up = false;
+  if (g_stuck.load(std::memory_order_relaxed)) bound_ns = std::min(bound_ns, kBoundAfterGiveUpNs);
   const std::uint64_t now = now_ns();
   t_prepare.deadline_ns = bound_ns > UINT64_MAX - now ? UINT64_MAX : now + bound_ns;
 }
 
 bool end() {
   const bool gave = t_prepare.gave_up;
+  if (!gave) g_stuck.store(false, std::memory_order_relaxed);
   if (std::vector<Step>* s = t_prepare.steps) {
     if (gave)
       for (auto i = s->rbegin(); i != s->rend(); ++i) i->undo(i->arg);
@@ -58,8 +63,13 @@ void give_up() { t_prepare.gave_up = true; }
 
 bool keep_waiting(unsigned turn) {
   if (t_prepare.gave_up) return false;
-  if (g_holders_forking.load(std::memory_order_acquire) != 0 || now_ns() >= t_prepare.deadline_ns) {
+  if (g_holders_forking.load(std::memory_order_acquire) != 0) {
     t_prepare.gave_up = true;
+    return false;
+  }
+  if (now_ns() >= t_prepare.deadline_ns) {
+    t_prepare.gave_up = true;
+    g_stuck.store(true, std::memory_order_relaxed);
     return false;
   }
   if (turn < 64) return true;  // a holder about to let go: spin

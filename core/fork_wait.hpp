@@ -33,6 +33,15 @@ namespace gpupool::fork_wait {
 
 // How long a prepare waits, all its waits together, at most.
 inline constexpr std::uint64_t kBoundNs = 10'000'000'000;
+// After a prepare gave up past its bound, how long the next ones wait at
+// most, until one completes: none (a busy lock gives up at once). A holder
+// stuck on what the forking thread's handler interrupted (gpupool's control
+// thread waiting, through its files thread, on a driver lock that thread
+// holds) costs one bound, not one per fork of a handler that forks again and
+// again; and any wait longer than the program's signal period (500 us in
+// the reviewer's program) would keep that thread in its handlers, never
+// back where it lets the driver's lock go (10 ms waits hung 3 runs of 4).
+inline constexpr std::uint64_t kBoundAfterGiveUpNs = 0;
 
 // A prepare begins: its waits give up past `bound_ns` from now. Without
 // begin and end, waits have no bound (the pool's own tests).

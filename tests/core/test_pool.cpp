@@ -790,6 +790,48 @@ TEST(Pool, ForkPrepareWaitsUpToItsBoundAndOnlyWhenALockIsBusy) {
   pool.fork_parent();
 }
 
+// A holder that stays stuck past one prepare's bound (gpupool's control
+// thread waiting, through its files thread, on a driver lock held by the
+// thread a signal handler interrupted to fork: helper review of issue 35)
+// costs one bound, not one per fork: until a prepare completes, the next
+// ones wait kBoundAfterGiveUpNs at most; after one completes, the full
+// bound again. (Time bounds here are hang checks, far from the waits.)
+TEST(Pool, ForkPrepareAfterAGiveUpWaitsBrieflyUntilOneCompletes) {
+  using std::chrono::steady_clock;
+  auto dev = std::make_shared<FakeDevice>();
+  Pool pool({.shards = 4});
+  StoppedInShard stopped(pool);
+  stopped.start(dev);
+  fork_wait::begin(/*bound_ns=*/50'000'000);
+  EXPECT_FALSE(pool.fork_prepare());
+  EXPECT_TRUE(fork_wait::end());
+  auto t0 = steady_clock::now();
+  fork_wait::begin();  // the full bound, 10 s
+  EXPECT_FALSE(pool.fork_prepare());
+  EXPECT_TRUE(fork_wait::end());
+  EXPECT_LT(steady_clock::now() - t0, std::chrono::seconds(5)) << "waited the full bound again";
+  stopped.let_go();
+
+  fork_wait::begin();
+  EXPECT_TRUE(pool.fork_prepare());
+  EXPECT_FALSE(fork_wait::end());
+  pool.fork_parent();
+
+  StoppedInShard again(pool);
+  again.start(dev);
+  t0 = steady_clock::now();
+  fork_wait::begin(/*bound_ns=*/300'000'000);
+  EXPECT_FALSE(pool.fork_prepare());
+  EXPECT_TRUE(fork_wait::end());
+  EXPECT_GE(steady_clock::now() - t0, std::chrono::milliseconds(300))
+      << "a completed prepare gives the next the full bound";
+  again.let_go();
+  fork_wait::begin();
+  EXPECT_TRUE(pool.fork_prepare());
+  EXPECT_FALSE(fork_wait::end());
+  pool.fork_parent();
+}
+
 // A fork while another thread empties a retired arena (an OpenCL context
 // finished without any lock a fork handler takes): the child keeps the
 // arena as it was, a retired row still holding what was not dropped yet,
