@@ -11,6 +11,7 @@
 // calls it saved); GPUPOOL_REUSE=immediate is read to know the fence policy.
 // Every check prints what failed and exits 1.
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1443,6 +1444,8 @@ void scenario_fork() {
   });
   for (int i = 0; i < 30; ++i) {
     const pid_t pid = fork();
+    // (Once -1 under ThreadSanitizer in a loaded CI-like run: say why.)
+    if (pid < 0) fprintf(stderr, "fork %d: %s\n", i, strerror(errno));
     CHECK(pid >= 0);
     if (pid == 0) {
       for (int k = 0; k < 50; ++k) {

@@ -1011,11 +1011,19 @@ elif CHECK == "shm_full":
                               stderr=subprocess.PIPE, text=True) for _ in range(8)]
     for p in procs:
         p.stdout.readline()
-    time.sleep(0.5)  # a few publishing rounds each
-    r = subprocess.run([LAUNCHER, "ps", "--json"],
-                       env=env(False, shared, GPUPOOL_REGISTRY=reg), capture_output=True,
-                       text=True, timeout=30)
-    listed = {p["pid"] for p in json.loads(r.stdout)["processes"]} if r.returncode == 0 else set()
+    # Each publishes within a few rounds; under ThreadSanitizer beside other
+    # tests 0.5 s was once not enough for one of 8 (CI-like run): asked again
+    # until all are listed, 30 s at most (a hang check).
+    wanted = {p.pid for p in procs}
+    deadline = time.monotonic() + 30
+    while True:
+        r = subprocess.run([LAUNCHER, "ps", "--json"],
+                           env=env(False, shared, GPUPOOL_REGISTRY=reg), capture_output=True,
+                           text=True, timeout=30)
+        listed = {p["pid"] for p in json.loads(r.stdout)["processes"]} if r.returncode == 0 else set()
+        if wanted <= listed or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     outs = []
     for p in procs:
         if p.poll() is None:
