@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "config/config.hpp"
 #include "interpose/control/control.hpp"
 #include "interpose/control/internal.hpp"
 #include "interpose/runtime.hpp"
 #include "sys/io.hpp"
+#include "sys/process_config.hpp"
 
 #ifndef GPUPOOL_VERSION
 #define GPUPOOL_VERSION "unknown"

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "sys/process_config.hpp"
 #include "tests/config/test_util.hpp"
 
 namespace gpupool::config::test {
