@@ -88,6 +88,7 @@ if ! env -u CUDA_HOME -u CUDA_PATH -u CPATH -u C_INCLUDE_PATH -u CPLUS_INCLUDE_P
       --config-settings=cmake.define.GPUPOOL_BUILD_TESTS="$(cached GPUPOOL_BUILD_TESTS)" \
       --config-settings=cmake.define.GPUPOOL_BUILD_BENCHMARKS="$(cached GPUPOOL_BUILD_BENCHMARKS)" \
       --config-settings=cmake.define.GPUPOOL_UNITY_BUILD="$(cached GPUPOOL_UNITY_BUILD)" \
+      --config-settings=cmake.define.GPUPOOL_COLD_OPTIMIZE="$(cached GPUPOOL_COLD_OPTIMIZE)" \
       . >"$out/wheel.log" 2>&1; then
   tail -40 "$out/wheel.log" >&2
   fail "the wheel did not build (build-wheel/wheel.log)"
