@@ -18,13 +18,6 @@
 namespace gpupool::config::test {
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 std::size_t count(const std::string& hay, const std::string& needle) {
   std::size_t n = 0;
   for (std::size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1))

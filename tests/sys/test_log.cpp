@@ -4,20 +4,12 @@
 
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 #include "sys/log.hpp"
 #include "tests/config/test_util.hpp"
 
 namespace gpupool::config::test {
 namespace {
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 struct TempFile {
   std::string path;
