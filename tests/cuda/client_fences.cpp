@@ -1,0 +1,215 @@
+// Scenarios of when a freed block is handed out again: after the work
+// queued before its free (fences), or at once in stream order (the solo rule).
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <thread>
+
+#include "client.hpp"
+
+namespace client {
+
+// Fences: a freed block is not handed out again while work queued before
+// its free may still write it (safe), or is (immediate).
+void scenario_fence() {
+  setup();
+  // A stream of the program's own: fences decide every reuse (no solo rule,
+  // scenario_solo).
+  CUstream stream = nullptr;
+  OK(api.stream_create(&stream, CU_STREAM_NON_BLOCKING));
+  const size_t n = 4096;
+  CUdeviceptr p = 0;
+  OK(api.mem_alloc(&p, n));
+  fill(p, n, 0x11);
+  OK(api.memset_async(p, 0xEE, n, nullptr));  // queued, runs at a synchronization
+  OK(api.mem_free(p));
+  StandinCounters c0 = snap();
+  CUdeviceptr q = 0;
+  OK(api.mem_alloc(&q, n));
+  StandinCounters c1 = snap();
+  const int pending = api.pending_ops(q, n);
+  fill(q, n, 0x22);  // the program's new data
+  OK(api.ctx_sync());
+  const bool corrupted = !all_equal(q, n, 0x22);
+  fprintf(stderr, "fence: reused=%d pool-syncs=%llu pending-at-reuse=%d corrupted=%d\n", q == p,
+          (unsigned long long)(c1.ctx_sync - c0.ctx_sync), pending, corrupted);
+  if (g_pooled && g_immediate) {
+    // Immediate reuse, no waiting: the detector sees the hazard.
+    CHECK_EQ(q, p);
+    CHECK_EQ(c1.ctx_sync - c0.ctx_sync, 0u);
+    CHECK_EQ(pending, 1);
+    CHECK(corrupted);
+  } else {
+    CHECK_EQ(pending, 0);
+    CHECK(!corrupted);
+    if (g_growth) {
+      CHECK(q != p);  // a fresh block rather than a wait for the busy one
+      CHECK_EQ(c1.ctx_sync - c0.ctx_sync, 0u);
+      CHECK_EQ(c1.mem_alloc - c0.mem_alloc, 1u);
+    } else if (g_pooled) {
+      CHECK_EQ(q, p);
+      CHECK_EQ(c1.ctx_sync - c0.ctx_sync, 1u);  // one wait covered it
+      CHECK_EQ(c1.mem_alloc - c0.mem_alloc, 0u);
+    }
+  }
+  OK(api.mem_free(q));
+
+  // The program's own synchronization completes the fence: no extra wait.
+  CUdeviceptr r = 0;
+  OK(api.mem_alloc(&r, 8192));
+  OK(api.memset_async(r, 0xEE, 8192, nullptr));
+  OK(api.mem_free(r));
+  OK(api.ctx_sync());
+  StandinCounters c2 = snap();
+  CUdeviceptr s = 0;
+  OK(api.mem_alloc(&s, 8192));
+  StandinCounters c3 = snap();
+  CHECK_EQ(c3.ctx_sync - c2.ctx_sync, 0u);
+  if (g_pooled) CHECK_EQ(s, r);
+  CHECK_EQ(api.pending_ops(s, 8192), 0);
+  OK(api.mem_free(s));
+
+  // Pinned blocks are fenced the same way.
+  void* h = nullptr;
+  OK(api.host_alloc(&h, n, 0));
+  OK(api.memset_async(reinterpret_cast<CUdeviceptr>(h), 0xEE, n, nullptr));
+  OK(api.free_host(h));
+  void* h2 = nullptr;
+  OK(api.host_alloc(&h2, n, 0));
+  const int hp = api.pending_ops(reinterpret_cast<CUdeviceptr>(h2), n);
+  CHECK_EQ(hp, g_pooled && g_immediate ? 1 : 0);
+  OK(api.free_host(h2));
+}
+
+// The solo rule (safe reuse in stream order): one thread, one context, no
+// stream of the program's own. A freed block whose old work is still queued
+// on the legacy stream is handed out again at once, as PyCUDA's
+// DeviceMemoryPool does (the program's next work on it is queued behind);
+// pinned blocks never. CLIENT_SOLO_END names the first sign of another order,
+// which ends the rule after the old work of every block it lent is done.
+void scenario_solo() {
+  const char* env_end = getenv("CLIENT_SOLO_END");
+  CHECK(env_end != nullptr);
+  const std::string end = env_end;
+  CUcontext ctx = setup();
+  const size_t n = 4096;
+  // procaddr asks for per-thread entry points, as cudart built for them
+  // does: no rule there.
+  const char* reuse = getenv("GPUPOOL_REUSE");
+  const bool fenced = reuse && strcmp(reuse, "fenced") == 0;
+  const bool solo = g_pooled && !g_immediate && !fenced && g_mode != "procaddr";
+
+  CUdeviceptr p = 0, q = 0;
+  OK(api.mem_alloc(&p, n));
+  OK(api.memset_async(p, 0xEE, n, nullptr));  // queued until a synchronization
+  OK(api.mem_free(p));
+  StandinCounters c0 = snap();
+  OK(api.mem_alloc(&q, n));
+  StandinCounters c1 = snap();
+  const int pending = api.pending_ops(q, n);
+  fprintf(stderr, "solo: reused=%d syncs=%llu pending=%d\n", q == p,
+          (unsigned long long)(c1.ctx_sync - c0.ctx_sync), pending);
+  if (solo || (g_pooled && g_immediate)) {
+    CHECK_EQ(q, p);
+    CHECK_EQ(c1.ctx_sync - c0.ctx_sync, 0u);
+    CHECK_EQ(c1.mem_alloc - c0.mem_alloc, 0u);
+    CHECK_EQ(pending, 1);
+  } else {
+    CHECK_EQ(pending, 0);
+  }
+  // The program's next work on it is queued behind the old: no harm.
+  OK(api.memset_async(q, 0x22, n, nullptr));
+  OK(api.ctx_sync());
+  CHECK(all_equal(q, n, 0x22));
+
+  // Pinned blocks wait for their fence all the same: the host writes them
+  // at once.
+  void* h = nullptr;
+  void* h2 = nullptr;
+  OK(api.host_alloc(&h, n, 0));
+  OK(api.memset_async(reinterpret_cast<CUdeviceptr>(h), 0xEE, n, nullptr));
+  OK(api.free_host(h));
+  OK(api.host_alloc(&h2, n, 0));
+  CHECK_EQ(api.pending_ops(reinterpret_cast<CUdeviceptr>(h2), n), g_pooled && g_immediate ? 1 : 0);
+  OK(api.free_host(h2));
+  OK(api.ctx_sync());
+
+  // Lent again, its old work queued, and then the end.
+  CUdeviceptr r = 0;
+  OK(api.memset_async(q, 0xEE, n, nullptr));
+  OK(api.mem_free(q));
+  OK(api.mem_alloc(&r, n));
+  if (solo) CHECK_EQ(api.pending_ops(r, n), 1);
+  StandinCounters c2 = snap();
+  CUstream ended_by = nullptr;
+  if (end == "stream") {
+    OK(api.stream_create(&ended_by, CU_STREAM_NON_BLOCKING));
+  } else if (end == "peer") {
+    CUcontext b = create_ctx(0);  // current now; never allocates
+    OK(api.ctx_set_current(ctx));
+    OK(api.enable_peer(b, 0));
+  } else if (end == "context") {
+    create_ctx(0);  // current now
+    CUdeviceptr x = 0;
+    OK(api.mem_alloc(&x, 2 * n));
+    OK(api.mem_free(x));
+    OK(api.ctx_set_current(ctx));
+  } else if (end == "thread_alloc") {
+    std::thread([&] {
+      OK(api.ctx_set_current(ctx));
+      CUdeviceptr x = 0;
+      OK(api.mem_alloc(&x, 2 * n));
+      OK(api.mem_free(x));
+    }).join();
+  } else if (end == "thread_free") {
+    CUdeviceptr x = 0;
+    OK(api.mem_alloc(&x, 2 * n));
+    std::thread([&] { OK(api.mem_free(x)); }).join();
+  } else if (end == "symbol") {
+    // A per-thread default stream entry point: by name through dlsym in the
+    // dlsym modes, else by cuGetProcAddress's flag.
+    void* fn = nullptr;
+#ifndef CLIENT_LINKED
+    if (g_mode != "procaddr") fn = dlsym(g_handle, "cuMemsetD8Async_ptsz");
+#endif
+    if (!fn)
+      OK(api.get_proc("cuMemsetD8Async", &fn, 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                      nullptr));
+    CHECK(fn != nullptr);
+  } else {
+    fprintf(stderr, "unknown CLIENT_SOLO_END %s\n", end.c_str());
+    exit(2);
+  }
+  StandinCounters c3 = snap();
+  fprintf(stderr, "solo ended by %s: syncs=%llu pending=%d\n", end.c_str(),
+          (unsigned long long)(c3.ctx_sync - c2.ctx_sync), api.pending_ops(r, n));
+  if (solo) {
+    // One synchronization of each context, before the call returned.
+    CHECK_EQ(c3.ctx_sync - c2.ctx_sync, end == "context" ? 2u : 1u);
+    CHECK_EQ(api.pending_ops(r, n), 0);
+  }
+  // A non-blocking stream's work runs at once: had the old work still been
+  // queued, it would land on top of the program's new data.
+  CUstream s2 = nullptr;
+  OK(api.stream_create(&s2, CU_STREAM_NON_BLOCKING));
+  OK(api.memset_async(r, 0x33, n, s2));
+  OK(api.ctx_sync());
+  const bool corrupted = !all_equal(r, n, 0x33);
+  CHECK_EQ(corrupted, g_pooled && g_immediate);
+  OK(api.mem_free(r));
+
+  // From now on freed blocks wait for the device.
+  CUdeviceptr y = 0, z = 0;
+  OK(api.mem_alloc(&y, n));
+  OK(api.memset_async(y, 0xEE, n, nullptr));
+  OK(api.mem_free(y));
+  OK(api.mem_alloc(&z, n));
+  CHECK_EQ(api.pending_ops(z, n), g_pooled && g_immediate ? 1 : 0);
+  OK(api.mem_free(z));
+  OK(api.ctx_sync());
+}
+
+}  // namespace client
