@@ -77,6 +77,8 @@
   X(opencl_svm, "opencl svm shard")                                                       \
   X(opencl_callbacks, "opencl buffer callbacks")                                          \
   X(opencl_queues, "opencl queue shard")                                                  \
+  /* OpenCL: the buffers a forked child's implementation made (unpooled.cpp). */          \
+  X(opencl_unpooled, "opencl unpooled buffers")                                           \
   /* node: the devices and the registry (node.cpp); nothing is called under it. */        \
   X(node_devices, "node devices")                                                         \
   /* node: the NVML session (nvml.cpp), around NVML's calls. */                           \

@@ -243,7 +243,7 @@ class Analysis {
     } else {
       c.active -= std::min(c.active, requested);
       c.in_blocks -= std::min(c.in_blocks, size);
-      c.held += size;
+      if (!r.unpooled) c.held += size;
     }
   }
 
@@ -253,7 +253,7 @@ class Analysis {
     ++v_.allocations;
     (r.hit ? v_.rate_hits : v_.rate_misses)[bucket(t, report::kRateBuckets)]++;
     if (r.hit) ++v_.hits;
-    if (r.outside) ++v_.outside;
+    if (r.outside) ++(r.unpooled ? v_.unpooled : v_.outside);
     int lg = 0;
     while (lg < 63 && (std::uint64_t(2) << lg) <= r.requested) ++lg;
     auto& s = v_.sizes[r.requested ? lg : -1];

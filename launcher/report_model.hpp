@@ -96,7 +96,8 @@ struct View {
   std::string cmdline, path;
   std::uint64_t start_unix_ns = 0, offset_ns = 0;  // offset: from the earliest trace's start
   std::uint64_t duration_ns = 0, allocations = 0, frees = 0, hits = 0;
-  std::uint64_t outside = 0;  // allocations a driver's memory pool served ('d')
+  std::uint64_t outside = 0;   // allocations a driver's memory pool served ('d')
+  std::uint64_t unpooled = 0;  // allocations an implementation served alone ('d', unpooled)
   bool sites_recorded = false;
   // One process whose trace has no end record: it ended without closing it
   // (a kill, or an exit that went around libc's _exit).

@@ -173,17 +173,22 @@ Held rest_of(const Moment& m) {
   return rest;
 }
 
-// Stream-ordered allocations, which the driver's memory pools serve,
-// count apart: whether one reused memory is not known (docs/trace.md).
+// Allocations gpupool did not serve count apart: stream-ordered ones,
+// which the driver's memory pools serve (whether one reused memory is not
+// known: docs/trace.md), and a forked child's OpenCL buffers, which the
+// implementation makes alone.
 std::string summary_text(const View& v) {
-  const std::uint64_t pooled = v.allocations - v.outside;
-  const std::string ordered =
-      num(v.outside) + " stream-ordered, served by the driver's memory pools";
+  const std::uint64_t pooled = v.allocations - v.outside - v.unpooled;
+  std::string apart;
+  if (v.outside) apart = num(v.outside) + " stream-ordered, served by the driver's memory pools";
+  if (v.unpooled)
+    apart += (apart.empty() ? "" : "; ") + num(v.unpooled) +
+             " made by the OpenCL implementation alone, in a forked child";
   std::string s = num(v.allocations) + " allocations, " + num(v.frees) + " frees over " +
                   seconds_text(v.duration_ns) + "; ";
-  if (v.outside && !pooled) return s + ordered + ".";
+  if (!apart.empty() && !pooled) return s + apart + ".";
   s += (pooled ? num(v.hits * 100 / pooled) : std::string("0")) + "% served from held blocks";
-  if (v.outside) s += " (of " + num(pooled) + " gpupool served; " + ordered + ")";
+  if (!apart.empty()) s += " (of " + num(pooled) + " gpupool served; " + apart + ")";
   return s + ".";
 }
 

@@ -203,6 +203,7 @@ class Parser {
       return false;
     }
     if (!arena_index(arena, &r.arena)) return false;
+    r.unpooled = unpooled_[r.arena];
     r.thread = thread_index(tid);
     r.line = line32();
     push(r);
@@ -271,6 +272,7 @@ class Parser {
       if (dense_arenas_.size() <= a.id) dense_arenas_.resize(a.id + 1, UINT32_MAX);
       dense_arenas_[a.id] = index;
     }
+    unpooled_.push_back(a.kind == kUnpooledArenaKind);
     tr_.arenas.push_back(std::move(a));
     return true;
   }
@@ -366,6 +368,7 @@ class Parser {
       return fail("a record of arena " + std::to_string(id) + ", not declared before");
     r.hit = r.alloc && f[7] == "h";
     r.outside = r.alloc && f[7] == "d";
+    r.unpooled = unpooled_[r.arena];
     r.thread = thread_index(tid);
     push(r);
     return true;
@@ -376,6 +379,7 @@ class Parser {
   std::string* error_ = nullptr;
   std::unordered_map<std::uint64_t, std::uint32_t> arena_of_;  // id -> index
   std::vector<std::uint32_t> dense_arenas_;                    // the same, for small ids
+  std::vector<bool> unpooled_;                                 // by index: kUnpooledArenaKind
   std::unordered_map<std::uint64_t, std::uint32_t> thread_of_;
   std::uint64_t last_tid_ = 0;
   std::uint32_t last_thread_ = 0;

@@ -56,9 +56,12 @@ struct Record {
   std::uint32_t line = 0;
   bool alloc = false;
   bool hit = false;  // allocations
-  // Allocations served by a driver's memory pool ('d', neither hit nor
-  // miss: docs/trace.md).
+  // Allocations served outside gpupool's pool ('d', neither hit nor miss:
+  // docs/trace.md).
   bool outside = false;
+  // A record of an arena of kind kUnpooledArenaKind: the implementation
+  // alone serves its allocations and takes back its frees (nothing held).
+  bool unpooled = false;
 };
 
 struct TraceFile {
@@ -129,5 +132,10 @@ inline constexpr const char* kTraceHeader = "# gpupool trace 2";
 inline constexpr const char* kTraceHeaderV1 = "# gpupool trace 1";
 // What both begin with.
 inline constexpr const char* kTraceHeaderPrefix = "# gpupool trace ";
+// The kind of arena whose allocations ('d') an implementation made alone,
+// unpooled, and whose frees went back to it: a forked child's OpenCL
+// buffers (interpose/opencl/unpooled.hpp). Other 'd' allocations are a
+// driver's memory pool's, which keeps what is freed.
+inline constexpr const char* kUnpooledArenaKind = "opencl-unpooled";
 
 }  // namespace gpupool::trace

@@ -9,6 +9,7 @@
 #include "core/fork_wait.hpp"
 #include "core/hot_tls.hpp"
 #include "interpose/node/node.hpp"
+#include "interpose/opencl/unpooled.hpp"
 #include "sys/log.hpp"
 
 namespace gpupool::ocl {
@@ -387,7 +388,15 @@ cl_mem create_buffer(cl_context context, const cl_mem_properties* properties, bo
     arena = t_last.arena;
   } else {
     std::shared_ptr<Ctx> record = ctx_for_buffer(context);
-    if (!record || record->closed.load()) return passthrough();
+    if (!record) return passthrough();
+    if (record->closed.load()) {
+      // A forked child's (or a context released meanwhile): the
+      // implementation's buffer, noted where the implementation was
+      // inherited (unpooled.hpp).
+      cl_mem m = passthrough();
+      if (m && implementation_inherited()) note_unpooled(*rt, *record, m, size);
+      return m;
+    }
     std::call_once(record->info_once, [&] { load_info(*record); });
     if (!record->info_ok) return passthrough();
     arena = arena_for(*rt, record, flags, has_props, props);

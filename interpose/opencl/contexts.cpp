@@ -12,6 +12,7 @@
 
 #include "core/fork_wait.hpp"
 #include "interpose/opencl/buffers.hpp"
+#include "interpose/opencl/unpooled.hpp"
 #include "sys/log.hpp"
 
 namespace gpupool::ocl {
@@ -117,6 +118,7 @@ std::vector<Arena*> close_inherited(Ctx& c) {
   c.solo_q = nullptr;
   for (auto& a : c.arenas) arenas.push_back(a.arena);
   c.arenas.clear();
+  c.unpooled = nullptr;  // a forked parent's (unpooled.cpp retires it)
   return arenas;
 }
 
@@ -382,10 +384,11 @@ void fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   g_fork_locked = all_ctx();
   for (Ctx* c : g_fork_locked)
     if (!fork_wait::take(c->mu)) return;
-  if (buffers_fork_lock()) queues().lock_all();
+  if (buffers_fork_lock() && queues().lock_all()) (void)unpooled_fork_lock();
 }
 
 void fork_release() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  unpooled_fork_unlock();
   queues().unlock_all();
   buffers_fork_unlock();
   for (Ctx* c : g_fork_locked) c->mu.unlock();
@@ -411,6 +414,7 @@ void fork_renew() {
       if (auto sp = c->weak_from_this().lock()) ctxs.push_back(std::move(sp));
   }
   contexts_changed();
+  unpooled_fork_renew(rt);
   for (auto& c : ctxs) {
     const std::vector<Arena*> arenas = close_inherited(*c);
     if (rt)

@@ -97,6 +97,9 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
     bool svm;  // shared virtual memory (svm.cpp), else buffers
   };
   std::vector<ArenaEntry> arenas;
+  // A closed context's buffers, noted not pooled (unpooled.hpp): made at
+  // the first, owned by unpooled.cpp.
+  Arena* unpooled GPUPOOL_GUARDED_BY(mu) = nullptr;
   std::vector<Queue*> queues;
 
   // Fences: a block freed at epoch e is reusable once completed >= e.

@@ -15,6 +15,7 @@
 
 #include "interpose/hook_scope.hpp"
 #include "interpose/opencl/buffers.hpp"
+#include "interpose/opencl/unpooled.hpp"
 
 using namespace gpupool;
 using namespace gpupool::ocl;
@@ -284,7 +285,11 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
   const HookScope hook_scope;
   if (!next().clRetainMemObject) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
-  if (!r) return next().clRetainMemObject(m);
+  if (!r) {
+    const cl_int err = next().clRetainMemObject(m);
+    if (err == CL_SUCCESS) unpooled_retained(m);
+    return err;
+  }
   if (r->holds() == 0 || r->refs() == 0) return CL_INVALID_MEM_OBJECT;
   // As release drops it: a buffer's reference with its hold, a
   // sub-buffer's alone (its holds stay 1; a hold added here would never be
@@ -298,7 +303,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
   const HookScope hook_scope;
   if (!next().clReleaseMemObject) return CL_INVALID_OPERATION;
   Buffer* r = buffers().find(m);
-  if (!r) return next().clReleaseMemObject(m);
+  if (!r) return release_unpooled(m);
   // A buffer's reference holds its block; a sub-buffer's record holds its
   // parent's (dropped below), not its own.
   const std::uint64_t drop = r->sub ? Buffer::kRef : Buffer::kRef | 1;

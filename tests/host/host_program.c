@@ -30,7 +30,8 @@
  *                    pthread_testcancel() between calls, until the main
  *                    thread cancels and joins them
  *   fork-alloc       fork a child that creates buffers in the parent's
- *                    context and releases one the parent made
+ *                    context, releases one the parent made and keeps one
+ *                    of 5 MiB (a leak: reports must show it)
  *   fork-unseen      (OpenCL) create a context through the loader's own
  *                    clCreateContext (dlsym on libOpenCL.so.1, past the
  *                    preloaded export), make no buffer, fork: the child
@@ -460,6 +461,7 @@ static int fork_alloc_scenario(void) {
     /* In the parent's context, as programs do before they exec or exit. */
     for (int i = 0; i < 20; ++i) gpu_free(gpu_alloc(1000 + (size_t)i));
     gpu_free(kept);
+    (void)gpu_alloc(5 << 20);
     exit(0);
   }
   int status = 0;
@@ -469,7 +471,8 @@ static int fork_alloc_scenario(void) {
   }
   gpu_free(kept);
   churn(20);
-  printf("child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  printf("child %d status %d\n", (int)pid,
+         WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 

@@ -1,0 +1,175 @@
+#include "interpose/opencl/unpooled.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "core/fork_wait.hpp"
+#include "interpose/opencl/buffers.hpp"
+#include "observe/trace_reader.hpp"
+
+namespace gpupool::ocl {
+namespace {
+
+// What the implementation made for the program in one context, as an
+// arena's counters: every allocation a miss that reached the
+// implementation, nothing held.
+class UnpooledBackend final : public Backend, public HeldOutside {
+ public:
+  // The program's calls go to the implementation; the pool never allocates here.
+  BackendResult allocate(std::size_t, std::uint64_t) override { return {}; }
+  void release(Handle, std::size_t, void*) override {}
+  HeldOutside* outside() override { return this; }
+
+  std::size_t held() override { return 0; }
+  std::uint64_t last_use_ns() override { return 0; }
+  std::size_t give_back() override { return 0; }
+
+  void made(std::size_t size) {
+    LockGuard lock(mu_);
+    ++made_;
+    ++blocks_;
+    bytes_ += size;
+    peak_blocks_ = std::max(peak_blocks_, blocks_);
+    peak_bytes_ = std::max(peak_bytes_, bytes_);
+  }
+  void released(std::size_t size) {
+    LockGuard lock(mu_);
+    ++released_;
+    --blocks_;
+    bytes_ -= size;
+  }
+
+  void add_counters(Stats& s) override {
+    LockGuard lock(mu_);
+    s.active_blocks += blocks_;
+    s.active_bytes += bytes_;
+    s.managed_bytes += bytes_;
+    s.peak_active_blocks += peak_blocks_;
+    s.peak_active_bytes += peak_bytes_;
+    s.peak_managed_bytes += peak_bytes_;
+    s.misses += made_;
+    s.backend_allocs += made_;
+    s.backend_frees += released_;
+  }
+  void reset_peaks() override {
+    LockGuard lock(mu_);
+    peak_blocks_ = blocks_;
+    peak_bytes_ = bytes_;
+  }
+
+ private:
+  Ranked<LockRank::arena_counters> mu_;
+  std::uint64_t made_ GPUPOOL_GUARDED_BY(mu_) = 0, released_ GPUPOOL_GUARDED_BY(mu_) = 0;
+  std::uint64_t blocks_ GPUPOOL_GUARDED_BY(mu_) = 0, bytes_ GPUPOOL_GUARDED_BY(mu_) = 0;
+  std::uint64_t peak_blocks_ GPUPOOL_GUARDED_BY(mu_) = 0, peak_bytes_ GPUPOOL_GUARDED_BY(mu_) = 0;
+};
+
+struct Noted {
+  Arena* arena;
+  UnpooledBackend* backend;
+  std::size_t size;
+  std::uint32_t refs;
+};
+
+// Never destroyed: hooks may run while the process exits.
+struct State {
+  Ranked<LockRank::opencl_unpooled> mu;
+  std::unordered_map<cl_mem, Noted> buffers GPUPOOL_GUARDED_BY(mu);
+  // Every arena made here, with its backend (the pool owns both).
+  std::vector<std::pair<Arena*, UnpooledBackend*>> arenas GPUPOOL_GUARDED_BY(mu);
+};
+State& state() {
+  static auto* s = new State;
+  return *s;
+}
+// This process noted a buffer: the retain and release hooks look.
+std::atomic<bool> g_any{false};
+
+// ctx's arena, made at its first buffer.
+std::pair<Arena*, UnpooledBackend*> arena_of(Runtime& rt, Ctx& ctx) {
+  LockGuard ctx_lock(ctx.mu);
+  State& st = state();
+  if (ctx.unpooled) {
+    LockGuard lock(st.mu);
+    for (auto& a : st.arenas)
+      if (a.first == ctx.unpooled) return a;
+  }
+  std::call_once(ctx.info_once, [&] { load_info(ctx); });
+  ArenaOptions o;
+  o.kind = trace::kUnpooledArenaKind;
+  o.group = ctx.info_ok ? memory_group(ctx) : "opencl:unknown";
+  o.name = fmt::format("opencl ctx {} dev {} (the implementation's: inherited through fork)",
+                       ctx.ordinal, ctx.info_ok ? ctx.device_name : "?");
+  o.device = wire::key_text(ctx.key);
+  auto backend = std::make_unique<UnpooledBackend>();
+  UnpooledBackend* b = backend.get();
+  Arena* a = rt.pool.add_arena(std::move(backend), std::move(o));
+  ctx.unpooled = a;
+  LockGuard lock(st.mu);
+  st.arenas.emplace_back(a, b);
+  return {a, b};
+}
+
+}  // namespace
+
+void note_unpooled(Runtime& rt, Ctx& ctx, cl_mem m, std::size_t size) noexcept try {
+  const auto [arena, backend] = arena_of(rt, ctx);
+  {
+    State& st = state();
+    LockGuard lock(st.mu);
+    st.buffers[m] = {arena, backend, size, 1};
+  }
+  g_any.store(true, std::memory_order_release);
+  backend->made(size);
+  rt.pool.note_outside_allocate(*arena, reinterpret_cast<Handle>(m), size);
+} catch (...) {
+  // Not noted (no host memory): the buffer is the program's all the same.
+}
+
+void unpooled_retained(cl_mem m) noexcept {
+  if (!g_any.load(std::memory_order_acquire)) return;
+  State& st = state();
+  LockGuard lock(st.mu);
+  if (auto it = st.buffers.find(m); it != st.buffers.end()) ++it->second.refs;
+}
+
+cl_int release_unpooled(cl_mem m) {
+  if (!g_any.load(std::memory_order_acquire)) return next().clReleaseMemObject(m);
+  Noted n{};
+  {
+    State& st = state();
+    LockGuard lock(st.mu);
+    auto it = st.buffers.find(m);
+    if (it != st.buffers.end() && --it->second.refs == 0) {
+      n = it->second;
+      st.buffers.erase(it);
+    }
+  }
+  if (n.arena) {
+    n.backend->released(n.size);
+    if (Runtime* rt = runtime_if_started())
+      rt->pool.note_outside_free(*n.arena, reinterpret_cast<Handle>(m), n.size);
+  }
+  return next().clReleaseMemObject(m);
+}
+
+bool unpooled_fork_lock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { return fork_wait::take(state().mu); }
+void unpooled_fork_unlock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { state().mu.unlock(); }
+
+void unpooled_fork_renew(Runtime* rt) {
+  State& st = state();
+  std::vector<std::pair<Arena*, UnpooledBackend*>> arenas;
+  {
+    LockGuard lock(st.mu);
+    st.buffers.clear();
+    arenas.swap(st.arenas);
+  }
+  if (rt)
+    for (auto& a : arenas) rt->pool.retire_arena(a.first, /*keep_stats=*/false);
+}
+
+}  // namespace gpupool::ocl
