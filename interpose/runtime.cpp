@@ -59,6 +59,7 @@ void each_part(F&& f, bool reverse = false) {
 //     another thread holds it and does not let go, one a signal handler
 //     interrupted inside gpupool, most likely, whose handler forks too.
 GPUPOOL_HOT_TLS bool t_fork_without_gpupool = false;
+std::atomic<std::uint64_t> g_forks_without{0};  // forks_without_gpupool()
 std::atomic<bool> g_inert{false};
 
 // The parts' handlers take and release locks; only the child's renewal
@@ -88,7 +89,10 @@ void fork_prepare() {
 }
 
 void fork_parent() {
-  if (std::exchange(t_fork_without_gpupool, false)) return;
+  if (std::exchange(t_fork_without_gpupool, false)) {
+    g_forks_without.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   each_part(
       [](const PartHandlers& p) {
         if (p.fork.parent) p.fork.parent();
@@ -281,6 +285,10 @@ void internal_failure(const char* where) noexcept {
 
 std::uint64_t internal_failures() noexcept {
   return g_internal_failures.load(std::memory_order_relaxed);
+}
+
+std::uint64_t forks_without_gpupool() noexcept {
+  return g_forks_without.load(std::memory_order_relaxed);
 }
 
 }  // namespace gpupool

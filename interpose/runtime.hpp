@@ -110,6 +110,10 @@ Runtime* runtime_if_started();
 // throws.
 void internal_failure(const char* where) noexcept;
 std::uint64_t internal_failures() noexcept;
+// The forks that went without gpupool (a thread inside gpupool forked, from
+// a signal handler, or a lock stayed busy past fork_wait's bound), whose
+// children pool nothing: counted in the parent, said in the stats warnings.
+std::uint64_t forks_without_gpupool() noexcept;
 
 // True once exit has begun (atexit ran): no more calls into drivers that may
 // already be torn down.

@@ -326,6 +326,11 @@ stats::Report report(Runtime& rt, const char* reason) {
       r.warnings.push_back(std::to_string(d) + " call" + (d == 1 ? "" : "s") +
                            " failed inside gpupool (out of host memory?) and went to the "
                            "driver alone");
+    if (const std::uint64_t d = forks_without_gpupool())
+      r.warnings.push_back(std::to_string(d) + " fork" + (d == 1 ? "" : "s") +
+                           " went without gpupool (from inside gpupool: a signal handler's; or "
+                           "a lock stayed busy): " +
+                           (d == 1 ? "its child pools" : "their children pool") + " nothing");
     if (trace::Tracer* t = st->tracer.load())
       if (const std::uint64_t d = t->records_dropped())
         r.warnings.push_back(std::to_string(d) + " trace record" + (d == 1 ? "" : "s") +

@@ -340,13 +340,22 @@ def fork_signal(tmp):
         print("skipped under AddressSanitizer on the stand-in: a forked child spins (not yet understood)")
         sys.exit(SKIP)
     forks = "100" if SANITIZER else "300"
-    e = env(True)
+    stats = os.path.join(tmp, "stats")
+    e = env(True, GPUPOOL_STATS_FILE=stats, GPUPOOL_STATS_FORMAT="json", GPUPOOL_STATS_AT_EXIT=1)
     if not SANITIZER:
         e["LD_PRELOAD"] = MALLOC_GUARD + ":" + e["LD_PRELOAD"]
     r = run(["fork-signal", forks], timeout=90, env=e)
     m = re.search(r"forks (\d+)", r.stdout)
     check(r.returncode == 0 and m and int(m.group(1)) >= int(forks), f"{r.stdout} {r.stderr[-2000:]}")
     print(r.stdout.strip())
+    # The forks made while the handler had interrupted a hook went without
+    # gpupool, and the parent's stats say how many (the program spends most
+    # of its time in hooks, so some did).
+    warnings = json.loads(lines(stats)[-1])["warnings"] if os.path.exists(stats) else []
+    without = [int(w.split()[0]) for w in warnings if "went without gpupool" in w]
+    check(len(without) == 1 and 1 <= without[0] <= int(m.group(1) if m else forks),
+          f"forks without gpupool in the warnings: {warnings}")
+    print("forks without gpupool:", without)
 
 
 def threads_cancel(tmp):
