@@ -1,5 +1,5 @@
 /* A program whose memory `gpupool report` must show exactly (the Report
- * group of test_launcher.py), on one OpenCL context:
+ * group of test_report.py), on one OpenCL context:
  *
  *   load_weights()  3 buffers of 1 MiB, never released        3 MiB at exit
  *   forward()       5 buffers of 2 MiB at once, then released; run twice:
