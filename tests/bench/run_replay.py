@@ -12,16 +12,12 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import check, finish  # noqa: E402
+
 BENCH, CHECK = sys.argv[1:3]
 HERE = os.path.dirname(os.path.abspath(__file__))
 TMP = tempfile.mkdtemp(prefix="gpupool-replay-")
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAILED:", msg, file=sys.stderr)
 
 
 def write(name, text):
@@ -232,6 +228,5 @@ elif CHECK == "defaults":
 else:
     sys.exit(f"unknown check {CHECK}")
 
-if failures:
-    sys.exit(f"{len(failures)} failure(s)")
+finish()
 print("ok")

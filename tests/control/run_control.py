@@ -9,22 +9,17 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpupool_check  # noqa: E402
+from harness import bare_env, fail, finish  # noqa: E402
 
 harness, schema_path, scenario, *args = sys.argv[1:]
 with open(schema_path) as f:
     SCHEMA = json.load(f)
-failures = []
-
-
-def fail(msg):
-    failures.append(msg)
-    print("FAILED:", msg, file=sys.stderr)
 
 
 def run(argv, env_extra, timeout=600):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env = bare_env()
     env.update(env_extra)
     p = subprocess.run([harness] + argv, env=env, capture_output=True, text=True, timeout=timeout)
     sys.stdout.write(p.stdout)
@@ -164,4 +159,4 @@ with tempfile.TemporaryDirectory() as tmp:
     else:
         fail(f"unknown scenario {scenario}")
 
-sys.exit(1 if failures else 0)
+finish()

@@ -12,22 +12,17 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpupool_check  # noqa: E402
+from harness import bare_env, fail, finish  # noqa: E402
 
 workload, schema_path, scenario, *args = sys.argv[1:]
 with open(schema_path) as f:
     SCHEMA = json.load(f)
-failures = []
-
-
-def fail(msg):
-    failures.append(msg)
-    print("FAILED:", msg, file=sys.stderr)
 
 
 def start(argv, env_extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env = bare_env()
     env["LD_PRELOAD"] = os.environ["GPUPOOL_TEST_PRELOAD"]
     env.update(env_extra)
     p = subprocess.Popen([workload] + argv, env=env, stdin=subprocess.PIPE,
@@ -184,4 +179,4 @@ with tempfile.TemporaryDirectory() as tmp:
     else:
         fail(f"unknown scenario {scenario}")
 
-sys.exit(1 if failures else 0)
+finish()

@@ -14,17 +14,12 @@ import sys
 import tempfile
 from collections import Counter
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "control"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpupool_check  # noqa: E402
+from harness import bare_env, fail, finish  # noqa: E402
 
 client, launcher = sys.argv[1:3]
 MiB = 1 << 20
-failures = []
-
-
-def fail(msg):
-    failures.append(msg)
-    print("FAILED:", msg, file=sys.stderr)
 
 
 def expect(what, got, want):
@@ -35,7 +30,7 @@ def expect(what, got, want):
 with tempfile.TemporaryDirectory() as tmp:
     trace = os.path.join(tmp, "trace.txt")
     stats = os.path.join(tmp, "stats.json")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env = bare_env()
     env.update(LD_PRELOAD=os.environ["GPUPOOL_TEST_PRELOAD"], CLIENT_POOLED="1",
                GPUPOOL_LOG="warn", GPUPOOL_TRACE_FILE=trace, GPUPOOL_STATS_AT_EXIT="1",
                GPUPOOL_STATS_FORMAT="json", GPUPOOL_STATS_FILE=stats, GPUPOOL_LEAKS="1",
@@ -86,4 +81,4 @@ with tempfile.TemporaryDirectory() as tmp:
                                                                              r.stdout):
         fail("gpupool report --text does not count the stream-ordered allocations")
 
-sys.exit(1 if failures else 0)
+finish()

@@ -12,22 +12,17 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "control"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpupool_check  # noqa: E402
+from harness import bare_env, fail, finish  # noqa: E402
 
 client, scenario = sys.argv[1:3]
-failures = []
-
-
-def fail(msg):
-    failures.append(msg)
-    print("FAILED:", msg, file=sys.stderr)
 
 
 with tempfile.TemporaryDirectory() as tmp:
     trace = os.path.join(tmp, "trace.txt")
     stats = os.path.join(tmp, "stats.json")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env = bare_env()
     env.update(LD_PRELOAD=os.environ["GPUPOOL_TEST_PRELOAD"], CLIENT_POOLED="1",
                GPUPOOL_LOG="warn", GPUPOOL_TRACE_FILE=trace, GPUPOOL_STATS_AT_EXIT="1",
                GPUPOOL_STATS_FORMAT="json", GPUPOOL_STATS_FILE=stats, GPUPOOL_LEAKS="1")
@@ -53,4 +48,4 @@ with tempfile.TemporaryDirectory() as tmp:
         fail(f"the leak report should list nothing (the driver freed the memory with its "
              f"contexts): {dumped[-600:]}")
 
-sys.exit(1 if failures else 0)
+finish()

@@ -25,39 +25,27 @@ import threading
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "control"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpupool_check  # noqa: E402
+from harness import bare_env, check, fail, finish, sanitizer_runtime  # noqa: E402
 
 PROGRAM, LAUNCHER, API, CHECK, ALLOC_FAILURE, NO_UNSHARE, NO_SOCKET, MALLOC_GUARD = sys.argv[1:9]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
 STANDIN = os.environ.get("STANDIN_DIR", "")
 # In sanitizer builds the runtime comes first in the preload list; the
 # programs without gpupool still need it (the stand-in driver is built with it).
-SANITIZER_RUNTIME = ":".join(p for p in PRELOAD.split(":") if "gpupool" not in p)
+SANITIZER_RUNTIME = sanitizer_runtime(PRELOAD)
 SANITIZER = os.environ.get("GPUPOOL_TEST_SANITIZER", "")
 ROOT = os.geteuid() == 0
 # Debian's python3-pyopencl is /usr/bin/python3's.
 PYTHON_SYSTEM = "/usr/bin/python3"
 OTHER_UID = 65534
-failures = []
-
-
-def fail(msg):
-    failures.append(msg)
-    print("FAILED:", msg, file=sys.stderr)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
-    return cond
 
 
 def env(pooled=True, no_unshare=False, **extra):
     """no_unshare: unshare(CLONE_FILES) refused (tests/host/no_unshare.c), so
     gpupool works without a descriptor table of its own (its fallback)."""
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith("GPUPOOL_") and k not in ("LD_PRELOAD", "OPENCL_LAYERS")}
+    e = bare_env("LD_PRELOAD", "OPENCL_LAYERS")
     if API == "cuda":
         e["LD_LIBRARY_PATH"] = STANDIN
     if pooled:
@@ -1499,6 +1487,5 @@ CHECKS = {
 with tempfile.TemporaryDirectory() as tmp:
     os.chmod(tmp, 0o755)
     CHECKS[CHECK](tmp)
-if failures:
-    sys.exit(f"{len(failures)} failure(s)")
+finish()
 print("ok")

@@ -17,8 +17,10 @@ import sys
 import tempfile
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "control"))
-import gpupool_check  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# gpupool_check: the tests that validate stats dumps take it from here.
+import gpupool_check  # noqa: E402,F401
+from harness import bare_env, sanitizer_runtime  # noqa: E402
 
 LAUNCHER = os.environ["LAUNCHER"]
 HARNESS = os.environ["HARNESS"]
@@ -30,14 +32,13 @@ SCHEMA = json.load(open(os.environ["SCHEMA"]))
 BUILD_DIR = os.environ["BUILD_DIR"]
 TEST_PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
 # Sanitizer runtimes that must stay first in LD_PRELOAD (sanitizer builds).
-SANITIZER_PRELOAD = ":".join(p for p in TEST_PRELOAD.split(":") if "libgpupool" not in p)
+SANITIZER_PRELOAD = sanitizer_runtime(TEST_PRELOAD)
 
 OK, FAILED, USAGE, NO_PROCESS, NOT_GPUPOOL, IDLE, DENIED, TIMEOUT, LEAKED, PEAK_GREW = range(10)
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.pop("LD_PRELOAD", None)
+    env = bare_env("LD_PRELOAD")
     if SANITIZER_PRELOAD:
         env["LD_PRELOAD"] = SANITIZER_PRELOAD
     env.update(extra)

@@ -20,23 +20,18 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import bare_env, check, finish, sanitizer_runtime  # noqa: E402
+
 NEIGHBOUR, LAUNCHER, CHECK = sys.argv[1:4]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
 STANDIN = os.environ["STANDIN_DIR"]
-SANITIZER_RUNTIME = ":".join(p for p in PRELOAD.split(":") if "gpupool" not in p)
+SANITIZER_RUNTIME = sanitizer_runtime(PRELOAD)
 MIB = 1 << 20
 CAPACITY = 256 * MIB
 BLOCK_MIB, HOLD_BLOCKS = 16, 12
 ALL_BLOCKS = CAPACITY // (BLOCK_MIB * MIB)
-failures = []
 TMP = tempfile.mkdtemp(prefix="gpupool-neighbours-")
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAILED:", msg, file=sys.stderr)
-    return cond
 
 
 # Who runs the programs: None (us), or (uid, gid) of another user (the
@@ -46,8 +41,7 @@ def as_user(user):
 
 
 def env(pooled, shared, user=None, **extra):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "STANDIN_"))
-         and k != "LD_PRELOAD"}
+    e = bare_env("STANDIN_", "LD_PRELOAD")
     e["LD_LIBRARY_PATH"] = STANDIN
     e["STANDIN_SHARED"] = shared
     e["STANDIN_CAPACITY"] = str(CAPACITY)
@@ -1158,6 +1152,5 @@ elif CHECK == "squatted":
 else:
     sys.exit(f"unknown check {CHECK}")
 
-if failures:
-    sys.exit(f"{len(failures)} failure(s)")
+finish()
 print("ok")

@@ -11,22 +11,17 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import bare_env, check, finish  # noqa: E402
+
 MODE, PYTHON, LAUNCHER = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE_DIR = os.path.join(HERE, "..", "..", "python")
 PROGRAM = os.path.join(HERE, "pyapi_program.py")
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAILED:", msg, file=sys.stderr)
-    return cond
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") and k != "LD_PRELOAD"}
+    env = bare_env("LD_PRELOAD")
     env["PYTHONPATH"] = os.path.abspath(MODULE_DIR)
     if MODE != "nopreload":
         env["LD_PRELOAD"] = os.environ["GPUPOOL_TEST_PRELOAD"]
@@ -63,6 +58,5 @@ with tempfile.TemporaryDirectory() as tmp:
     if MODE == "full":
         check(" leaks: pid " in r.stderr, "GPUPOOL_LEAKS's exit report")
 
-if failures:
-    sys.exit(f"{len(failures)} failed")
+finish()
 print(f"pyapi.{MODE}: ok")

@@ -17,22 +17,17 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import bare_env, check, finish, sanitizer_runtime  # noqa: E402
+
 CHECK, TARGET = sys.argv[1:3]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
 DWARF = os.environ.get("GPUPOOL_TEST_DWARF") == "1"
 HERE = os.path.dirname(os.path.abspath(__file__))
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAILED:", msg, file=sys.stderr)
-    return cond
 
 
 def run(cmd, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env = bare_env()
     env["LD_PRELOAD"] = PRELOAD
     env.update(extra)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
@@ -254,8 +249,8 @@ def pyopencl(targets):
     PyOpenCL's code that made the call, whose frames stay in the stack."""
     script, python_exe, launcher = targets.split(";")
     lines = {what: source_line(script, f"# {what}:") for what in ("WEIGHTS", "SCRATCH", "RAW")}
-    sanitizers = ":".join(p for p in PRELOAD.split(":") if "libgpupool" not in p)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") and k != "LD_PRELOAD"}
+    sanitizers = sanitizer_runtime(PRELOAD)
+    env = bare_env("LD_PRELOAD")
     if sanitizers:
         env["LD_PRELOAD"] = sanitizers
     with tempfile.TemporaryDirectory() as tmp:
@@ -290,6 +285,5 @@ def pyopencl(targets):
 
 
 {"native": native, "python": python, "reload": reload, "pyopencl": pyopencl}[CHECK](TARGET)
-if failures:
-    sys.exit(f"{len(failures)} failure(s)")
+finish()
 print("ok")

@@ -1,4 +1,4 @@
-"""Checks shared by the control and launcher tests.
+"""Checks of gpupool's outputs shared by the tests (host, control, cuda, launcher).
 
 validate(): the subset of JSON Schema that docs/stats-schema.json uses
 (type, const, enum, minimum, required, properties, additionalProperties,
