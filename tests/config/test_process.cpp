@@ -14,6 +14,7 @@
 
 #include "sys/process_config.hpp"
 #include "tests/config/test_util.hpp"
+#include "tests/test_util.hpp"
 
 namespace gpupool::config::test {
 namespace {
@@ -25,16 +26,9 @@ std::size_t count(const std::string& hay, const std::string& needle) {
   return n;
 }
 
-struct Dir {
-  std::string path;
-  Dir() {
-    char tmpl[] = "/tmp/gpupool-config-test-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~Dir() {
-    const std::string cmd = "rm -rf '" + path + "'";
-    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "cannot remove %s\n", path.c_str());
-  }
+// A directory of the test's own (/tmp/gpupool-config-test-XXXXXX).
+struct Dir : gpupool::test::TempDir {
+  Dir() : TempDir("config-test") {}
 };
 
 struct Result {

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "sys/io.hpp"
+#include "tests/test_util.hpp"
 
 namespace gpupool::io {
 namespace {
@@ -39,15 +40,6 @@ double seconds() {
 
 class Io : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/gpupool-io-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir = tmpl;
-  }
-  void TearDown() override {
-    std::string cmd = "rm -rf '" + dir + "'";
-    ASSERT_EQ(std::system(cmd.c_str()), 0);
-  }
   int entries() {
     FILE* p = popen(("ls -A '" + dir + "' | wc -l").c_str(), "r");
     int count = -1;
@@ -55,7 +47,8 @@ class Io : public ::testing::Test {
     pclose(p);
     return count;
   }
-  std::string dir;
+  const test::TempDir tmp{"io"};
+  const std::string dir = tmp.path;
 };
 
 TEST(IoPaths, ExpandPath) {

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "sys/outputs.hpp"
+#include "tests/test_util.hpp"
 
 namespace gpupool::io {
 namespace {
@@ -34,12 +35,6 @@ void write_file(const std::string& path, const std::string& text) { std::ofstrea
 
 class Outputs : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/gpupool-outputs-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir = tmpl;
-  }
-  void TearDown() override { ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0); }
   Names listing() {
     Names out;
     DIR* d = opendir(dir.c_str());
@@ -49,7 +44,8 @@ class Outputs : public ::testing::Test {
     std::sort(out.begin(), out.end());
     return out;
   }
-  std::string dir;
+  const test::TempDir tmp{"outputs"};
+  const std::string dir = tmp.path;
 };
 
 TEST(OutputNames, SiblingGoesBeforeTheLastExtension) {

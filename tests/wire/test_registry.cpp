@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/test_util.hpp"
 #include "wire/registry.hpp"
 
 namespace gpupool::wire {
@@ -21,17 +22,6 @@ namespace {
 
 class RegistryFile : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/gpupool-registry-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    path_ = dir_ + "/registry";
-  }
-  void TearDown() override {
-    unlink(path_.c_str());
-    rmdir(dir_.c_str());
-  }
-
   std::unique_ptr<Registry> open_new() {
     std::string why;
     auto r = Registry::open(path_, &why);
@@ -61,7 +51,8 @@ class RegistryFile : public ::testing::Test {
     return why;
   }
 
-  std::string dir_, path_;
+  const test::TempDir dir_{"registry-test"};
+  const std::string path_ = dir_.path + "/registry";
 };
 
 DeviceUse use(std::uint8_t id, std::uint64_t held, std::uint64_t active) {
@@ -229,7 +220,7 @@ TEST_F(RegistryFile, NotARegularFileRefused) {
 }
 
 TEST_F(RegistryFile, SymlinkRefused) {
-  const std::string target = dir_ + "/elsewhere";
+  const std::string target = dir_.path + "/elsewhere";
   {
     std::string why;
     ASSERT_NE(Registry::open(target, &why), nullptr) << why;
