@@ -8,12 +8,22 @@
 #include <string.h>
 
 #include <cerrno>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include <gtest/gtest.h>
 
 namespace gpupool::test {
+
+// A file's whole contents ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
 
 // A fresh directory of the test's own, /tmp/gpupool-NAME-XXXXXX, removed
 // with everything in it when the object goes. A directory that cannot be

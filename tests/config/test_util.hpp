@@ -3,23 +3,16 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <initializer_list>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "config/config.hpp"
+#include "tests/test_util.hpp"
 
 namespace gpupool::config::test {
 
-// A file's whole contents ("" when it cannot be read).
-inline std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using gpupool::test::slurp;
 
 struct Parsed {
   Config config;

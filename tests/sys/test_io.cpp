@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -25,12 +24,7 @@
 namespace gpupool::io {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 double seconds() {
   timespec ts;
@@ -65,7 +59,7 @@ TEST_F(Io, AppendsToOwnRegularFile) {
     EXPECT_GT(fd.get(), 2);
     ASSERT_TRUE(write_bounded(fd.get(), line, std::strlen(line)));
   }
-  EXPECT_EQ(read_file(f), "one\ntwo\n");
+  EXPECT_EQ(slurp(f), "one\ntwo\n");
 }
 
 TEST_F(Io, RefusesSymlink) {
@@ -75,7 +69,7 @@ TEST_F(Io, RefusesSymlink) {
   std::string why;
   EXPECT_FALSE(open_output(link, true, &why).valid());
   EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
-  EXPECT_EQ(read_file(target), "keep\n");
+  EXPECT_EQ(slurp(target), "keep\n");
   // A dangling symlink must not create its target either.
   const std::string dangling = dir + "/dangling", nowhere = dir + "/created";
   ASSERT_EQ(symlink(nowhere.c_str(), dangling.c_str()), 0);
@@ -104,7 +98,7 @@ TEST_F(Io, RefusesSymlinkInADirectoryComponent) {
   EXPECT_FALSE(open_output(link + "/new.txt", true, &why).valid()) << "created through the link";
   EXPECT_FALSE(replace_file(link + "/notes.txt", "x\n", &why)) << "replaced through the link";
   EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
-  EXPECT_EQ(read_file(victim + "/notes.txt"), "keep\n");
+  EXPECT_EQ(slurp(victim + "/notes.txt"), "keep\n");
   EXPECT_NE(access((victim + "/new.txt").c_str(), F_OK), 0);
   // The same directory named without the link is used as before.
   EXPECT_TRUE(open_output(victim + "/notes.txt", true, &why).valid()) << why;
@@ -137,7 +131,7 @@ TEST_F(Io, RefusesAnotherUsersFile) {
   EXPECT_NE(why.find("owned by uid 65534"), std::string::npos) << why;
   // Truncation (trace files) is refused too, before it happens.
   EXPECT_FALSE(open_output(f, false, &why).valid());
-  EXPECT_EQ(read_file(f), "theirs\n");
+  EXPECT_EQ(slurp(f), "theirs\n");
 }
 
 TEST_F(Io, NeverTakesStandardDescriptors) {
@@ -179,7 +173,7 @@ TEST_F(Io, ReplaceFileIsAtomic) {
   std::string why;
   ASSERT_TRUE(replace_file(f, "a 1\n", &why)) << why;
   ASSERT_TRUE(replace_file(f, "a 2\n", &why)) << why;
-  EXPECT_EQ(read_file(f), "a 2\n");
+  EXPECT_EQ(slurp(f), "a 2\n");
   EXPECT_EQ(entries(), 1);  // no temporary file left behind
 }
 
@@ -193,7 +187,7 @@ TEST_F(Io, ReplaceFileOnlyReplacesOwnRegularFiles) {
   struct stat st;
   ASSERT_EQ(lstat(link.c_str(), &st), 0);
   EXPECT_TRUE(S_ISLNK(st.st_mode));
-  EXPECT_EQ(read_file(target), "keep\n");
+  EXPECT_EQ(slurp(target), "keep\n");
 
   const std::string fifo = dir + "/fifo.prom";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
@@ -216,7 +210,7 @@ TEST_F(Io, ReplaceFileOnlyReplacesOwnRegularFiles) {
     ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
     EXPECT_FALSE(replace_file(theirs, "x\n", &why));
     EXPECT_NE(why.find("owned by uid 65534"), std::string::npos) << why;
-    EXPECT_EQ(read_file(theirs), "theirs\n");
+    EXPECT_EQ(slurp(theirs), "theirs\n");
   }
 }
 

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,12 +23,7 @@ namespace {
 
 using Names = std::vector<std::string>;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
@@ -135,12 +129,12 @@ TEST_F(Outputs, HeldTraceIsNotTakenByAnother) {
   OwnedFd second = hold_output(t, false, &h, &why);
   EXPECT_EQ(h, Hold::taken);
   EXPECT_FALSE(second.valid());
-  EXPECT_EQ(read_file(t), "first\n");
+  EXPECT_EQ(slurp(t), "first\n");
   // Once the first is gone (its process ended), the name is free.
   first.close();
   OwnedFd third = hold_output(t, false, &h, &why);
   EXPECT_EQ(h, Hold::held) << why;
-  EXPECT_EQ(read_file(t), "");
+  EXPECT_EQ(slurp(t), "");
 }
 
 TEST_F(Outputs, HeldAcrossProcesses) {
@@ -182,13 +176,13 @@ TEST_F(Outputs, ReplacedFileStaysHeldBetweenUpdates) {
   EXPECT_EQ(b.replace(p, "b 1\n", &why), Hold::taken);
   ASSERT_EQ(a.replace(p, "a 2\n", &why), Hold::held) << why;
   EXPECT_EQ(b.replace(p, "b 2\n", &why), Hold::taken);
-  EXPECT_EQ(read_file(p), "a 2\n");
+  EXPECT_EQ(slurp(p), "a 2\n");
   EXPECT_EQ(listing(), Names{"gpupool.prom"});  // no temporary file left
   // The holder removes it; then another takes the name.
   a.remove(p);
   EXPECT_EQ(listing(), Names{});
   EXPECT_EQ(b.replace(p, "b 3\n", &why), Hold::held) << why;
-  EXPECT_EQ(read_file(p), "b 3\n");
+  EXPECT_EQ(slurp(p), "b 3\n");
 }
 
 TEST_F(Outputs, DeadProcessesFileIsReplacedNotRefused) {
@@ -202,7 +196,7 @@ TEST_F(Outputs, DeadProcessesFileIsReplacedNotRefused) {
   HeldFile b;
   std::string why;
   EXPECT_EQ(b.replace(p, "b 1\n", &why), Hold::held) << why;
-  EXPECT_EQ(read_file(p), "b 1\n");
+  EXPECT_EQ(slurp(p), "b 1\n");
 }
 
 TEST_F(Outputs, RemovesOnlyUnheldFilesGpupoolWrote) {
@@ -296,7 +290,7 @@ TEST_F(Outputs, ReplaceRefusesWhatItAlwaysRefused) {
     EXPECT_EQ(f.replace(p, "x\n", &why), Hold::failed) << p;
     EXPECT_FALSE(why.empty()) << p;
   }
-  EXPECT_EQ(read_file(target), "keep\n");
+  EXPECT_EQ(slurp(target), "keep\n");
   struct stat st {};
   ASSERT_EQ(lstat(link.c_str(), &st), 0);
   EXPECT_TRUE(S_ISLNK(st.st_mode));
