@@ -55,6 +55,7 @@ void unregister(void* p) {
       break;
     }
   t->registered = false;
+  t->slow.fetch_or(detail::HookThread::kUnregistered, std::memory_order_relaxed);
 }
 
 // The child has this thread only; its list and lock start anew (no lock is
@@ -87,6 +88,11 @@ void register_thread(detail::HookThread& t) {
   t.next = all.head;
   all.head = &t;
   t.registered = true;
+  t.slow.fetch_and(static_cast<unsigned char>(~detail::HookThread::kUnregistered),
+                   std::memory_order_relaxed);
+  // Under the lock pthread_cancel marks the listed threads under.
+  if (detail::g_cancels_seen.load(std::memory_order_relaxed))
+    t.slow.fetch_or(detail::HookThread::kCancels, std::memory_order_relaxed);
   pthread_setspecific(all.key, &t);
 }
 
@@ -102,26 +108,24 @@ void barrier_all_threads() {
 }  // namespace
 
 void detail::enter_outermost(HookThread& t) noexcept {
-  if (!t.registered) register_thread(t);
+  if (t.slow.load(std::memory_order_relaxed) & HookThread::kUnregistered) register_thread(t);
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  if (g_cancels_seen.load(std::memory_order_relaxed)) {
+  if (t.slow.load(std::memory_order_relaxed) & HookThread::kCancels) {
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &t.old_state);
     t.guarded = true;
   }
 }
 
+// The thread is out already (depth 0): it holds none of gpupool's locks.
 void detail::leave_outermost(HookThread& t) noexcept {
-  t.guarded = false;
-  pthread_setcancelstate(t.old_state, nullptr);
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  t.depth.store(0, std::memory_order_relaxed);
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  if (t.deferred.load(std::memory_order_relaxed)) deliver_deferred(t);
-}
-
-void detail::deliver_deferred(HookThread& t) noexcept {
+  if (t.guarded) {
+    t.guarded = false;
+    pthread_setcancelstate(t.old_state, nullptr);
+  }
   // Set, not acted on: the next cancellation point is the program's.
-  if (t.deferred.exchange(false, std::memory_order_relaxed))
+  if (t.slow.fetch_and(static_cast<unsigned char>(~HookThread::kDeferred),
+                       std::memory_order_relaxed) &
+      HookThread::kDeferred)
     if (CancelFn next = next_cancel()) next(pthread_self());
 }
 
@@ -134,18 +138,27 @@ extern "C" int gpupool_hook_pthread_cancel(pthread_t thread) noexcept {
   using namespace gpupool;
   CancelFn next = next_cancel();
   if (!next) return ESRCH;
-  detail::g_cancels_seen.store(true, std::memory_order_relaxed);
+  const bool first = !detail::g_cancels_seen.exchange(true, std::memory_order_relaxed);
   Threads& all = threads();
   std::lock_guard lock(all.mu);
+  // From now on every hook holds cancellation off: each listed thread is
+  // marked here, one that registers later at its registration.
+  if (first)
+    for (detail::HookThread* x = all.head; x; x = x->next)
+      x->slow.fetch_or(detail::HookThread::kCancels, std::memory_order_relaxed);
   detail::HookThread* t = all.head;
   while (t && !pthread_equal(t->self, thread)) t = t->next;
   // Never registered: it registers after this lock, and then sees the mark.
   if (!t) return next(thread);
-  t->deferred.store(true, std::memory_order_relaxed);
+  constexpr auto kDeferred = detail::HookThread::kDeferred;
+  t->slow.fetch_or(kDeferred, std::memory_order_relaxed);
   barrier_all_threads();
   // Inside: it delivers the cancellation itself as it leaves.
   if (t->depth.load(std::memory_order_relaxed) != 0) return 0;
-  return t->deferred.exchange(false, std::memory_order_relaxed) ? next(thread) : 0;
+  return t->slow.fetch_and(static_cast<unsigned char>(~kDeferred), std::memory_order_relaxed) &
+                 kDeferred
+             ? next(thread)
+             : 0;
 }
 
 // Exported as an alias, so that the address compared above is gpupool's own.

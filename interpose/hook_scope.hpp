@@ -17,8 +17,10 @@
 //   pthread_cancel (hook_scope.cpp) marks the process, from then on every
 //   hook holds cancellation off for its whole length, and a cancellation
 //   of a thread already inside an unguarded hook is delivered as it leaves.
-//   Until a program first calls pthread_cancel, a hook pays two thread-local
-//   updates and one load.
+//   A hook pays two thread-local updates and, at the outermost, one
+//   thread-local load per side: the thread's `slow` bits say when more is
+//   needed (not registered yet, the process cancels, a cancellation to
+//   deliver), set by whoever changes that.
 #pragma once
 
 #include <pthread.h>
@@ -31,11 +33,15 @@ namespace gpupool {
 
 namespace detail {
 struct HookThread {
-  std::atomic<unsigned> depth{0};     // nested entry points; read by pthread_cancel
-  std::atomic<bool> deferred{false};  // a cancellation to deliver as the thread leaves
-  bool registered = false;            // in the list pthread_cancel reads (once a thread)
-  bool guarded = false;               // cancellation held off by this scope
-  int old_state = 0;                  // the program's cancel state, given back at the exit
+  // Why the outermost entry or exit takes the slow path (any bit set).
+  static constexpr unsigned char kUnregistered = 1;  // not in pthread_cancel's list
+  static constexpr unsigned char kCancels = 2;       // the program cancels: hold it off
+  static constexpr unsigned char kDeferred = 4;      // a cancellation to deliver on leaving
+  std::atomic<unsigned> depth{0};                    // nested entry points; read by pthread_cancel
+  std::atomic<unsigned char> slow{kUnregistered};
+  bool registered = false;  // in the list pthread_cancel reads (under its lock)
+  bool guarded = false;     // cancellation held off by this scope
+  int old_state = 0;        // the program's cancel state, given back at the exit
   pthread_t self{};
   HookThread* next = nullptr;  // the list, under its lock
 };
@@ -43,9 +49,8 @@ struct HookThread {
 extern constinit GPUPOOL_HOT_TLS HookThread t_hook;
 extern std::atomic<bool> g_cancels_seen;  // the program cancelled a thread once
 
-void enter_outermost(HookThread& t) noexcept;   // registration, cancellation held off
-void leave_outermost(HookThread& t) noexcept;   // the program's state back, then as below
-void deliver_deferred(HookThread& t) noexcept;  // a cancellation that came while inside
+void enter_outermost(HookThread& t) noexcept;  // registration, cancellation held off
+void leave_outermost(HookThread& t) noexcept;  // the program's state back, a deferred cancel
 }  // namespace detail
 
 // True while this thread is inside one of gpupool's entry points.
@@ -61,21 +66,16 @@ class HookScope {
     const unsigned d = t.depth.load(std::memory_order_relaxed);
     t.depth.store(d + 1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    if (d == 0 && (!t.registered || detail::g_cancels_seen.load(std::memory_order_relaxed)))
-      detail::enter_outermost(t);
+    if (d == 0 && t.slow.load(std::memory_order_relaxed)) detail::enter_outermost(t);
   }
+  // Out first, then the check (pthread_cancel: mark, membarrier, look).
   [[gnu::always_inline]] ~HookScope() {
     detail::HookThread& t = detail::t_hook;
     const unsigned d = t.depth.load(std::memory_order_relaxed);
-    if (d == 1 && t.guarded) {
-      detail::leave_outermost(t);
-      return;
-    }
     std::atomic_signal_fence(std::memory_order_seq_cst);
     t.depth.store(d - 1, std::memory_order_relaxed);
-    // Out first, then the check (pthread_cancel: mark, membarrier, look).
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    if (d == 1 && t.deferred.load(std::memory_order_relaxed)) detail::deliver_deferred(t);
+    if (d == 1 && t.slow.load(std::memory_order_relaxed)) detail::leave_outermost(t);
   }
   HookScope(const HookScope&) = delete;
   HookScope& operator=(const HookScope&) = delete;

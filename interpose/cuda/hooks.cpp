@@ -87,7 +87,7 @@ void patch_attribute(CUpointer_attribute attr, void* data, const PtrInfo& i) {
 // The pool's block into the device map for the program. Recording a piece
 // of a split segment may fail (no host memory): the block goes back to the
 // pool and the failure on to the hook, which asks the driver alone.
-CUdeviceptr hand_out_device(Pool& pool, Block* b) {
+[[gnu::always_inline]] inline CUdeviceptr hand_out_device(Pool& pool, Block* b) {
   // Read first: once the program owns it, a context teardown racing this
   // call may forget (delete) the block.
   const CUdeviceptr h = b->handle;
