@@ -31,7 +31,9 @@
 // which costs driver calls) or by splitting blocks (GPUPOOL_SPLIT, and
 // GPUPOOL_SEGMENTS=expandable: pieces of one reserved range per arena
 // mapped in granules of --granule bytes, 2 MiB by default, each granule
-// mapped costing --map-cost, 20 us, a guess).
+// mapped costing --map-cost, 14 us: cuMemCreate and cuMemMap a granule,
+// cuMemSetAccess a growth of 14 granules, as measured on the H200 by
+// tests/gpu/vmm_probe.c).
 // Safe reuse (GPUPOOL_REUSE=safe, the default; fenced too) is replayed on
 // CUDA arenas: a freed block waits for the program's next context
 // synchronization, taken to be each pause of --sync-gap NS or more between
@@ -330,7 +332,7 @@ struct Options {
   // device 0.6-2.7 us (docs/memory.md); with them the default replay
   // manages what the H100 runs did.
   std::uint64_t alloc_cost_ns = 40'000, wait_cost_ns = 1'000;
-  std::uint64_t granule = 2 << 20, map_cost_ns = 20'000;
+  std::uint64_t granule = 2 << 20, map_cost_ns = 14'000;
 };
 
 // The pool's clock in a replay is the trace's own.
