@@ -191,8 +191,8 @@ class Analysis {
   void move(Group& g, std::size_t& open, Counters* own, const trace::Record& r, std::size_t slot,
             std::uint64_t t) {
     start_bucket(g, open, bucket(t, v_.points));
-    apply(g.c, r, requested_[slot], size_[slot]);
-    if (own) apply(*own, r, requested_[slot], size_[slot]);
+    apply_record(g.c, r, requested_[slot], size_[slot]);
+    if (own) apply_record(*own, r, requested_[slot], size_[slot]);
     if (r.alloc) {
       ++g.allocs;
       g.hits += r.hit;
@@ -228,23 +228,6 @@ class Analysis {
     pa.v[b] = std::max(pa.v[b], p1_.proc_active[k]);
     pa.peak = std::max(pa.peak, p1_.proc_active[k]);
     v_.total_active[b] = std::max(v_.total_active[b], p1_.total_active);
-  }
-
-  // What a record does to counters c; a free takes back what its
-  // allocation (requested, size) gave.
-  static void apply(Counters& c, const trace::Record& r, std::uint64_t requested,
-                    std::uint64_t size) {
-    if (r.alloc) {
-      c.active += r.requested;
-      c.in_blocks += r.size;
-      // A driver's memory pool ('d') is taken to reuse what it keeps
-      // first, as a hit does.
-      if (r.hit || r.outside) c.held -= std::min(c.held, r.size);
-    } else {
-      c.active -= std::min(c.active, requested);
-      c.in_blocks -= std::min(c.in_blocks, size);
-      if (!r.unpooled) c.held += size;
-    }
   }
 
   // An allocation's part of the view's figures: counts, hits over time,

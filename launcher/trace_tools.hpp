@@ -41,6 +41,23 @@ struct Counters {
   std::uint64_t managed() const { return in_blocks + held; }
 };
 
+// What record r does to counters c; a free takes back what its allocation
+// (requested, size) gave.
+inline void apply_record(Counters& c, const trace::Record& r, std::uint64_t requested,
+                         std::uint64_t size) {
+  if (r.alloc) {
+    c.active += r.requested;
+    c.in_blocks += r.size;
+    // A driver's memory pool ('d') is taken to reuse what it keeps first,
+    // as a hit does; an unpooled allocation keeps nothing, nor its free.
+    if (r.hit || (r.outside && !r.unpooled)) c.held -= std::min(c.held, r.size);
+  } else {
+    c.active -= std::min(c.active, requested);
+    c.in_blocks -= std::min(c.in_blocks, size);
+    if (!r.unpooled) c.held += size;
+  }
+}
+
 // Per allocation slot, what its free takes back.
 struct SlotSizes {
   std::vector<std::uint64_t> requested, size;
@@ -50,16 +67,8 @@ struct SlotSizes {
     if (r.alloc) {
       requested[r.slot] = r.requested;
       size[r.slot] = r.size;
-      c->active += r.requested;
-      c->in_blocks += r.size;
-      // A driver's memory pool ('d') is taken to reuse what it keeps
-      // first, as a hit does.
-      if (r.hit || r.outside) c->held -= std::min(c->held, r.size);
-    } else {
-      c->active -= std::min(c->active, requested[r.slot]);
-      c->in_blocks -= std::min(c->in_blocks, size[r.slot]);
-      c->held += size[r.slot];
     }
+    apply_record(*c, r, requested[r.slot], size[r.slot]);
   }
 };
 
