@@ -465,14 +465,4 @@ std::size_t RangeCache::releasable_bytes() const {
   return n;
 }
 
-void RangeCache::add_counters(Stats& s) const {
-  LockGuard lock(mu_);
-  s += c_;
-}
-
-void RangeCache::reset_peaks() {
-  LockGuard lock(mu_);
-  c_.reset_peaks();
-}
-
 }  // namespace gpupool::core_detail

@@ -36,9 +36,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/cache.hpp"
-#include "core/fork_wait.hpp"
-#include "core/lock_rank.hpp"
+#include "core/piece_cache.hpp"
 
 namespace gpupool::core_detail {
 
@@ -48,7 +46,7 @@ namespace gpupool::core_detail {
 // 1.37x, where waiting sooner leaves pieces where they do not fit later).
 inline constexpr std::size_t kPendingShare = 16;
 
-class RangeCache final : public Cache {
+class RangeCache final : public PieceCache<LockRank::arena_ranges> {
  public:
   // `granule`: what is mapped at a time (a multiple of the backend's);
   // `reserve`: the range's bytes; `min_rest`: a free piece is cut when at
@@ -99,11 +97,6 @@ class RangeCache final : public Cache {
   Held take_any() override;
   void take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) override;
   std::size_t releasable_bytes() const override;
-  void add_counters(Stats& s) const override;
-  void reset_peaks() override;
-
-  bool lock() GPUPOOL_TRY_ACQUIRE(true, mu_) { return fork_wait::take(mu_); }  // fork()
-  void unlock() GPUPOOL_RELEASE(mu_) { mu_.unlock(); }
 
  private:
   using FreeSet = std::set<std::pair<std::size_t, Handle>>;  // (size, address): best fit
@@ -158,9 +151,9 @@ class RangeCache final : public Cache {
   const std::size_t granule_, reserve_, min_rest_, pending_growth_;
   const std::atomic<bool>& retired_;
   std::uint64_t (*const clock_)();
-  // Taken by nothing the backend calls; the backend's reserve, map, unmap
-  // and passed run under it (the header).
-  mutable Ranked<LockRank::arena_ranges> mu_;
+  // mu_ (PieceCache's) is taken by nothing the backend calls; the
+  // backend's reserve, map, unmap and passed run under it (the header).
+  // c_ counts the free pieces.
   Handle base_ GPUPOOL_GUARDED_BY(mu_) = 0;  // 0: not reserved yet
   void* data_ GPUPOOL_GUARDED_BY(mu_) = nullptr;
   bool unreservable_ GPUPOOL_GUARDED_BY(mu_) = false;  // reserve() failed: never again
@@ -169,9 +162,6 @@ class RangeCache final : public Cache {
   FreeSet free_ GPUPOOL_GUARDED_BY(mu_);
   FreeSet unmapped_ GPUPOOL_GUARDED_BY(mu_);
   std::vector<Pieces::node_type> spares_ GPUPOOL_GUARDED_BY(mu_);
-  // Held counters of the free pieces; hits, misses and active counts are
-  // the shards'.
-  Stats c_ GPUPOOL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpupool::core_detail

@@ -292,14 +292,4 @@ std::size_t SegmentCache::releasable_bytes() const {
   return n;
 }
 
-void SegmentCache::add_counters(Stats& s) const {
-  LockGuard lock(mu_);
-  s += c_;
-}
-
-void SegmentCache::reset_peaks() {
-  LockGuard lock(mu_);
-  c_.reset_peaks();
-}
-
 }  // namespace gpupool::core_detail

@@ -23,9 +23,7 @@
 #include <set>
 #include <utility>
 
-#include "core/cache.hpp"
-#include "core/fork_wait.hpp"
-#include "core/lock_rank.hpp"
+#include "core/piece_cache.hpp"
 
 namespace gpupool::core_detail {
 
@@ -36,7 +34,7 @@ namespace gpupool::core_detail {
 inline constexpr std::size_t kPieceGranule = 512;
 inline constexpr std::size_t kSegmentGranule = std::size_t{2} << 20;
 
-class SegmentCache final : public Cache {
+class SegmentCache final : public PieceCache<LockRank::arena_segments> {
  public:
   // `cap`: the held bytes of the arena's group, which count wholly free
   // segments; `clock`: the pool's (Pool::now).
@@ -78,11 +76,6 @@ class SegmentCache final : public Cache {
   Held take_any() override;
   void take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) override;
   std::size_t releasable_bytes() const override;
-  void add_counters(Stats& s) const override;
-  void reset_peaks() override;
-
-  bool lock() GPUPOOL_TRY_ACQUIRE(true, mu_) { return fork_wait::take(mu_); }  // fork()
-  void unlock() GPUPOOL_RELEASE(mu_) { mu_.unlock(); }
 
  private:
   using FreeSet = std::set<std::pair<std::size_t, Handle>>;  // (size, address): best fit
@@ -135,16 +128,13 @@ class SegmentCache final : public Cache {
   HeldCap& cap_;
   const std::size_t split_min_;
   std::uint64_t (*const clock_)();
-  // A leaf: no other lock is taken and no backend call made under it but
-  // Backend::passed (the allocation path allocates under it).
-  mutable Ranked<LockRank::arena_segments> mu_;
+  // mu_ (PieceCache's) is a leaf: no other lock is taken and no backend
+  // call made under it but Backend::passed (the allocation path allocates
+  // under it). c_ counts the free pieces (held_blocks, held_bytes, peaks).
   std::map<Handle, Segment> segments_ GPUPOOL_GUARDED_BY(mu_);  // by base
   // Every piece of every segment, by address.
   std::map<Handle, Piece> pieces_ GPUPOOL_GUARDED_BY(mu_);
   FreeSet free_pieces_ GPUPOOL_GUARDED_BY(mu_);
-  // Held counters of the free pieces (held_blocks, held_bytes and their
-  // peaks); hits, misses and active counts are the shards'.
-  Stats c_ GPUPOOL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpupool::core_detail
