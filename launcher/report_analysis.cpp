@@ -323,8 +323,12 @@ class Analysis {
         });
     end_series(rest, open);
     std::size_t kept = 0;
-    for (std::size_t gi = 0; gi < groups.size(); ++gi)
-      if (shown[gi]) groups[kept++] = std::move(groups[gi]);
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      if (!shown[gi]) continue;
+      // Not onto itself: a moved-from group is left empty.
+      if (kept != gi) groups[kept] = std::move(groups[gi]);
+      ++kept;
+    }
     groups.resize(kept);
     groups.push_back(std::move(rest));
   }

@@ -386,6 +386,30 @@ class Report(InTmpDir):
         print(f"report of {len(lines) - 4} events: {took:.1f} s, {os.path.getsize(out)} bytes",
               file=sys.stderr)
 
+    def test_groups_shown_first_keep_their_names(self):
+        """Past the groups shown in detail, the rest are summed up; the shown
+        ones keep their name and plot wherever they stand (before: a group
+        already in its place was moved onto itself and came out with no
+        name and no points, found by the issue 35 rerun)."""
+        lines = []
+        for i in range(15):
+            size = (15 - i) * self.MIB  # the first ones are the largest
+            lines.append(f"arena {i} opencl opencl:ctx{i} opencl ctx {i} dev pthread flags 0x1")
+            lines.append(f"a {10 * i + 1} 1 {i} {0x100 + i:x} {size} {size} m")
+            lines.append(f"f {10 * i + 5} 1 {i} {0x100 + i:x} {size} {size}")
+        trace = self.write("fifteen.trace", trace_text(5, 1, lines))
+        out = os.path.join(self.tmp, "r.html")
+        r = gp("report", trace, "-o", out)
+        self.assertEqual(r.returncode, OK, r.stderr)
+        d, _ = self.data(out)
+        shown = [g for g in d["groups"] if not g.get("others")]
+        self.assertTrue(shown)
+        for g in shown:
+            self.assertRegex(g["name"], r"^opencl:ctx\d+$")
+            self.assertTrue(g["t"], g["name"])
+        self.assertEqual({g["name"] for g in shown},
+                         {f"opencl:ctx{i}" for i in range(len(shown))})
+
     def test_many_pool_groups(self):
         """A program of 20,000 OpenCL contexts (a pool group each, one buffer
         each): the report's memory and page grow with the records, not by a
