@@ -67,7 +67,8 @@ class NoDestructor {
 
   template <class... Args>
   static void construct(void* where, Args&&... args) {
-    if constexpr (std::is_constructible_v<T, Args&&...>) ::new (where) T(std::forward<Args>(args)...);
+    if constexpr (std::is_constructible_v<T, Args&&...>)
+      ::new (where) T(std::forward<Args>(args)...);
     else ::new (where) T{std::forward<Args>(args)...};
   }
   template <class... Args>

@@ -318,15 +318,6 @@ def fork_signal(tmp):
         # purpose, and ThreadSanitizer reports exactly that.
         print("skipped under ThreadSanitizer: it reports the handler's fork() itself")
         sys.exit(SKIP)
-    if "address" in SANITIZER and API == "cuda":
-        # Under AddressSanitizer (2026-11-29) about 1 run in 20 on the
-        # stand-in ends with the handler's waitpid() waiting while the
-        # process's one child spins (State R, one thread; gdb could not
-        # attach), the main thread interrupted inside ASan's __tls_get_addr
-        # interceptor under a hook: not understood yet (issue 35's note).
-        # The release stage runs it, and PoCL's variant runs here.
-        print("skipped under AddressSanitizer on the stand-in: a forked child spins (not yet understood)")
-        sys.exit(SKIP)
     forks = "100" if SANITIZER else "300"
     stats = os.path.join(tmp, "stats")
     e = env(True, GPUPOOL_STATS_FILE=stats, GPUPOOL_STATS_FORMAT="json", GPUPOOL_STATS_AT_EXIT=1)
