@@ -180,7 +180,7 @@ std::string trace_in_use(const std::string& file) {
 // it writes): node_exporter serves no dead process.
 void remove_stale_prometheus(const std::string& file) {
   const std::vector<std::string> removed =
-      io::remove_unheld_outputs(file, "", stats::kPrometheusStart);
+      io::remove_unheld_outputs(file, "", stats::kPrometheusStart, io::Names::any);
   if (removed.empty()) return;
   std::string names;
   for (const std::string& n : removed) names += (names.empty() ? "" : ", ") + n;

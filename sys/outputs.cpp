@@ -85,11 +85,11 @@ std::string not_replaceable(const std::string& path, const struct stat& st) {
 constexpr std::string_view kTemporary = ".tmp";
 
 // The pid in `entry`, the name of a temporary file beside an output of
-// value_name (".NAME.tmpPID-XXXXXX"), or -1.
-long temporary_pid(const std::string& value_name, const std::string& entry) {
+// value_name (".NAME.tmpPID-XXXXXX"; any_name: of any NAME), or -1.
+long temporary_pid(const std::string& value_name, const std::string& entry, bool any_name) {
   const std::size_t at = entry.rfind(kTemporary);
   if (entry.size() < 2 || entry[0] != '.' || at == std::string::npos || at < 2 ||
-      !is_output_name(value_name, entry.substr(1, at - 1)))
+      (!any_name && !is_output_name(value_name, entry.substr(1, at - 1))))
     return -1;
   std::size_t i = at + kTemporary.size();
   long pid = 0;
@@ -322,10 +322,10 @@ namespace {
 // file of this user starting with `starts_with`), and, with temporaries,
 // for HeldFile's temporary files beside them whose writer is gone or is
 // this process; `file` is opened read-only. Not when the directory part
-// holds %p.
+// holds %p. any_name: whatever the names (remove_unheld_outputs).
 template <class Fn>
 void each_output(const std::string& value, const std::string& keep, const std::string& starts_with,
-                 bool temporaries, Fn&& fn) {
+                 bool temporaries, bool any_name, Fn&& fn) {
   const std::size_t slash = value.rfind('/');
   if (slash != std::string::npos && has_pid(value.substr(0, slash))) return;
   const std::string value_name = slash == std::string::npos ? value : value.substr(slash + 1);
@@ -344,16 +344,21 @@ void each_output(const std::string& value, const std::string& keep, const std::s
   while (const dirent* e = readdir(dp)) {
     const std::string entry = e->d_name;
     if (entry == keep || entry == "." || entry == "..") continue;
-    const long writer = temporaries ? temporary_pid(value_name, entry) : -1;
-    if (writer < 0 ? !is_output_name(value_name, entry) : !stale_temporary(writer)) continue;
+    const long writer = temporaries ? temporary_pid(value_name, entry, any_name) : -1;
+    // The name is value's (or, for a temporary, the name it was written
+    // for), else gpupool's only by the content.
+    const bool named = is_output_name(
+        value_name, writer < 0 ? entry : entry.substr(1, entry.rfind(kTemporary) - 1));
+    if (writer < 0 ? !named && !any_name : !stale_temporary(writer)) continue;
     OwnedFd f = OwnedFd::adopt(
         ::openat(d, entry.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
     struct stat st {};
     if (!f.valid() || fstat(f.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
       continue;
     // Only what gpupool wrote: a name alone may be the user's own file. (A
-    // temporary's name is gpupool's, and what it holds may be cut short.)
-    if (writer < 0 &&
+    // temporary of value's name is gpupool's, and what it holds may be cut
+    // short.)
+    if ((writer < 0 || !named) &&
         (pread(f.get(), head.data(), head.size(), 0) != static_cast<ssize_t>(head.size()) ||
          head != starts_with))
       continue;
@@ -365,9 +370,9 @@ void each_output(const std::string& value, const std::string& keep, const std::s
 }  // namespace
 
 std::vector<std::string> remove_unheld_outputs(const std::string& value, const std::string& keep,
-                                               const std::string& starts_with) {
+                                               const std::string& starts_with, Names names) {
   std::vector<std::string> removed;
-  each_output(value, keep, starts_with, /*temporaries=*/true,
+  each_output(value, keep, starts_with, /*temporaries=*/true, names == Names::any,
               [&](int d, const std::string& entry, OwnedFd& f, bool) {
                 // Held: a live process's. Where locks are not supported
                 // nothing is known.
@@ -381,7 +386,7 @@ std::vector<std::string> remove_unheld_outputs(const std::string& value, const s
 
 std::vector<std::string> held_outputs(const std::string& value, const std::string& starts_with) {
   std::vector<std::string> held;
-  each_output(value, "", starts_with, /*temporaries=*/false,
+  each_output(value, "", starts_with, /*temporaries=*/false, /*any_name=*/false,
               [&](int, const std::string& entry, OwnedFd& f, bool) {
                 if (flock(f.get(), LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK)
                   held.push_back(entry);

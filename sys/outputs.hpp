@@ -101,8 +101,14 @@ class HeldFile {
 // meanwhile), unheld. `keep` (a file name) is left alone. Returns the
 // names removed, in the directory's order. Nothing is done when the
 // directory part holds %p.
+// Names::any: every such file of the directory, whatever its name (and
+// temporaries of any name whose content begins so too): for files that are
+// live state, not records (Prometheus'), any gpupool process writing there
+// sweeps what another name's killed process left.
+enum class Names { of_value, any };
 std::vector<std::string> remove_unheld_outputs(const std::string& value, const std::string& keep,
-                                               const std::string& starts_with);
+                                               const std::string& starts_with,
+                                               Names names = Names::of_value);
 
 // The files of `value` (as remove_unheld_outputs finds them, temporaries
 // aside) that a live process holds: it is writing them. A shared lock is

@@ -79,7 +79,7 @@ std::size_t sweep_prometheus(State& st, const std::string& keep) {
   const std::size_t slash = keep.rfind('/');
   return io::remove_unheld_outputs(st.rt->config.prometheus_file,
                                    slash == std::string::npos ? keep : keep.substr(slash + 1),
-                                   stats::kPrometheusStart)
+                                   stats::kPrometheusStart, io::Names::any)
       .size();
 }
 

@@ -758,6 +758,40 @@ def procs_prometheus(tmp):
     check(os.listdir(d) == [], f"after all exited: {os.listdir(d)}")
 
 
+def procs_prometheus_killed(tmp):
+    """A killed process's Prometheus file (and a temporary a kill cut
+    short) goes within two write intervals once any gpupool process writes
+    Prometheus in that directory, whatever its file's name (before: only a
+    process of the same name swept it, so node_exporter kept serving the dead
+    process). What gpupool did not write stays, whatever its name."""
+    d = os.path.join(tmp, "prom")
+    os.mkdir(d)
+    stats = os.path.join(tmp, "stats.%p")
+    killed, _ = serving(os.path.join(d, "train.prom"), stats)
+    check(wait_for(lambda: with_arenas(os.path.join(d, "train.prom")), 30), f"{os.listdir(d)}")
+    killed.kill()
+    killed.communicate(timeout=60)
+    with open(os.path.join(d, "notes.prom"), "w") as f:
+        f.write("# the user's own\n")
+    with open(os.path.join(d, ".notes.prom.tmp999999-abcdef"), "w") as f:
+        f.write("# a cut write of the user's own\n")
+    with open(os.path.join(tmp, "gone.prom"), "w") as f:  # a gpupool temporary of a dead writer
+        f.write(open(os.path.join(d, "train.prom")).read())
+    os.rename(os.path.join(tmp, "gone.prom"), os.path.join(d, ".train.prom.tmp999999-abcdef"))
+    check(sorted(os.listdir(d)) == [".notes.prom.tmp999999-abcdef",
+                                    ".train.prom.tmp999999-abcdef", "notes.prom", "train.prom"],
+          f"before: {sorted(os.listdir(d))}")
+    # Not under `gpupool run`, which sweeps as it starts: the library's own.
+    p, _ = start(["serve"], env=env(True, GPUPOOL_PROMETHEUS_FILE=os.path.join(d, "infer.prom"),
+                                    GPUPOOL_STATS_INTERVAL="100ms"))
+    check(wait_for(lambda: "train.prom" not in os.listdir(d) and
+                   ".train.prom.tmp999999-abcdef" not in os.listdir(d), 5),
+          f"the killed process's files stayed: {sorted(os.listdir(d))}")
+    p.communicate(input="", timeout=120)
+    check(sorted(os.listdir(d)) == [".notes.prom.tmp999999-abcdef", "notes.prom"],
+          f"after: {sorted(os.listdir(d))}, expected the user's own files only")
+
+
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 SKIP = 77  # ctest's SKIP_RETURN_CODE for these checks
 
@@ -1456,6 +1490,7 @@ CHECKS = {
     "fork.files": fork_files,
     "procs.trace": procs_trace,
     "procs.prometheus": procs_prometheus,
+    "procs.prometheus_killed": procs_prometheus_killed,
     "procs.node_exporter": procs_node_exporter,
     "stats.nothing": stats_nothing,
     "files.prometheus": files_prometheus,
