@@ -1,12 +1,15 @@
 // gpupool run: sets environment variables and exec()s the program, so its
 // exit status and signals reach the caller unchanged.
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -189,6 +192,36 @@ void remove_stale_prometheus(const std::string& file) {
                  ": " + names);
 }
 
+// `gpupool run` becomes the program (exec), so it has no exit of its own:
+// a program killed with no other gpupool process writing Prometheus files
+// beside it would leave its file until the next one starts. A watcher
+// sweeps then: forked twice (reparented at once, so never a child the
+// program waits for), in a session of its own (a signal to the program's
+// group does not take it too), with none of the program's descriptors (a
+// reader of its output sees the end when the program ends), it waits for
+// this pid to end (a pidfd: the exec keeps the process) and sweeps. Without
+// pidfds (Linux before 5.3) there is none.
+void watch_for_prometheus(const std::string& file) {
+  const int program = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  if (program < 0) return;
+  const pid_t first = fork();
+  if (first == 0) {
+    if (fork() != 0) _exit(0);
+    setsid();
+    const int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    for (int fd = 0; fd < 3; ++fd) dup2(null, fd);
+    if (program > 3) close_range(3, program - 1, 0);
+    close_range(program + 1, ~0U, 0);
+    pollfd p{program, POLLIN, 0};
+    while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    (void)io::remove_unheld_outputs(file, "", stats::kPrometheusStart, io::Names::any);
+    _exit(0);
+  }
+  close(program);
+  if (first > 0) waitpid(first, nullptr, 0);
+}
+
 std::string pad(std::string s, std::size_t width) {
   if (s.size() < width) s.append(width - s.size(), ' ');
   else s += ' ';
@@ -368,8 +401,10 @@ int cmd_run(int argc, char** argv) {
     setenv(v.name.c_str(), v.value.c_str(), 1);
     if (v.name == "GPUPOOL_TRACE_FILE" && !within_a_run) remove_earlier_traces(v.value);
   }
-  if (const char* prom = getenv("GPUPOOL_PROMETHEUS_FILE"); prom && *prom)
+  if (const char* prom = getenv("GPUPOOL_PROMETHEUS_FILE"); prom && *prom) {
     remove_stale_prometheus(prom);
+    watch_for_prometheus(prom);
+  }
   // exec keeps the pid: the program is this process. It writes the files
   // as named; its children, and theirs, write siblings (docs/trace.md).
   if (!run_pid_given) setenv("GPUPOOL_RUN_PID", std::to_string(getpid()).c_str(), 1);

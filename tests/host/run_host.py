@@ -759,16 +759,30 @@ def procs_prometheus(tmp):
 
 
 def procs_prometheus_killed(tmp):
-    """A killed process's Prometheus file (and a temporary a kill cut
-    short) goes within two write intervals once any gpupool process writes
-    Prometheus in that directory, whatever its file's name (before: only a
-    process of the same name swept it, so node_exporter kept serving the dead
-    process). What gpupool did not write stays, whatever its name."""
+    """A killed process's Prometheus file goes: `gpupool run`'s watcher
+    sweeps as soon as the program is gone, with no other gpupool process
+    there (before: the file stayed until the next one started); and any
+    gpupool process writing Prometheus in that directory sweeps within two
+    write intervals, whatever its file's name (before: only a process of
+    the same name), with a temporary a kill cut short. What gpupool did not
+    write stays, whatever its name."""
     d = os.path.join(tmp, "prom")
     os.mkdir(d)
-    stats = os.path.join(tmp, "stats.%p")
-    killed, _ = serving(os.path.join(d, "train.prom"), stats)
-    check(wait_for(lambda: with_arenas(os.path.join(d, "train.prom")), 30), f"{os.listdir(d)}")
+    solo = os.path.join(d, "solo.prom")
+    killed, _ = serving(solo, os.path.join(tmp, "stats.%p"))
+    check(wait_for(lambda: with_arenas(solo), 30), f"{os.listdir(d)}")
+    killed.kill()
+    killed.communicate(timeout=60)
+    check(wait_for(lambda: not os.path.exists(solo), 5),
+          f"the killed program's file stayed with nobody else there: {os.listdir(d)}")
+    # Not under `gpupool run` (its start and its watcher sweep): the
+    # library's own sweep.
+    def serve(name):
+        return start(["serve"], env=env(True, GPUPOOL_PROMETHEUS_FILE=os.path.join(d, name),
+                                        GPUPOOL_STATS_INTERVAL="100ms"))[0]
+    train = os.path.join(d, "train.prom")
+    killed = serve("train.prom")
+    check(wait_for(lambda: with_arenas(train), 30), f"{os.listdir(d)}")
     killed.kill()
     killed.communicate(timeout=60)
     with open(os.path.join(d, "notes.prom"), "w") as f:
@@ -776,14 +790,13 @@ def procs_prometheus_killed(tmp):
     with open(os.path.join(d, ".notes.prom.tmp999999-abcdef"), "w") as f:
         f.write("# a cut write of the user's own\n")
     with open(os.path.join(tmp, "gone.prom"), "w") as f:  # a gpupool temporary of a dead writer
-        f.write(open(os.path.join(d, "train.prom")).read())
+        f.write(open(train).read())
     os.rename(os.path.join(tmp, "gone.prom"), os.path.join(d, ".train.prom.tmp999999-abcdef"))
+    time.sleep(0.3)  # three of a live process's write intervals: nobody sweeps it yet
     check(sorted(os.listdir(d)) == [".notes.prom.tmp999999-abcdef",
                                     ".train.prom.tmp999999-abcdef", "notes.prom", "train.prom"],
           f"before: {sorted(os.listdir(d))}")
-    # Not under `gpupool run`, which sweeps as it starts: the library's own.
-    p, _ = start(["serve"], env=env(True, GPUPOOL_PROMETHEUS_FILE=os.path.join(d, "infer.prom"),
-                                    GPUPOOL_STATS_INTERVAL="100ms"))
+    p = serve("infer.prom")
     check(wait_for(lambda: "train.prom" not in os.listdir(d) and
                    ".train.prom.tmp999999-abcdef" not in os.listdir(d), 5),
           f"the killed process's files stayed: {sorted(os.listdir(d))}")
