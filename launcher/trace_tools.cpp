@@ -233,7 +233,6 @@ const char* kind_of(mode_t mode) {
   if (S_ISLNK(mode)) return "a symbolic link: not followed (name the file it points to)";
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISBLK(mode)) return "a block device, not a regular file";
-  if (S_ISCHR(mode)) return "a character device, not a regular file";
   if (S_ISFIFO(mode)) return "a FIFO, not a regular file";
   if (S_ISSOCK(mode)) return "a socket, not a regular file";
   return "not a regular file";
@@ -252,14 +251,20 @@ bool Output::open(const std::string& path, std::string* why) {
     }
     return true;
   }
-  // Only a regular file is written: a new one, or one of this user's that
-  // is not read-only, replaced whole (written beside it, then renamed) with
-  // its mode. Anything else is refused, as cp refuses it: a device is no
-  // place for a page (a block device's backing file), and a pipe is what
-  // '-o -' is for.
+  // A regular file is written: a new one, or one of this user's that is
+  // not read-only, replaced whole (written beside it, then renamed) with
+  // its mode. A character device (/dev/null, a terminal) is written as a
+  // stream, as cp writes it: a CI gate may throw the page away and keep
+  // the exit status. Anything else is refused: a block device is no place
+  // for a page (its backing file), and a pipe is what '-o -' is for.
   struct stat st {};
   mode_t mode = 0666;  // a new file: the umask's
   if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISCHR(st.st_mode)) {
+      fd_ = ::open(path.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
+      if (fd_ < 0) *why = "cannot open " + path + ": " + std::strerror(errno);
+      return fd_ >= 0;
+    }
     if (!S_ISREG(st.st_mode)) {
       *why = path + " is " + kind_of(st.st_mode) +
              (S_ISLNK(st.st_mode) || S_ISDIR(st.st_mode) ? ""

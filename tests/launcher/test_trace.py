@@ -10,7 +10,8 @@ import time
 import unittest
 
 from launcher_util import (
-    LAUNCHER, HARNESS, OK, FAILED, USAGE, clean_env, gp, read_text, InTmpDir, KNOWN_TRACE)
+    LAUNCHER, HARNESS, OK, FAILED, USAGE, LEAKED, clean_env, gp, read_text, InTmpDir, KNOWN_TRACE,
+    trace_text)
 
 
 class Trace(InTmpDir):
@@ -101,9 +102,11 @@ class Trace(InTmpDir):
 
     def test_output_replaces_only_a_regular_file_of_ours(self):
         """-o: a regular file is replaced whole, keeping its mode; a
-        read-only file, a device, a FIFO, a symbolic link and a directory
-        are refused with a message saying so, and left as they were ('-'
-        is standard output)."""
+        character device (/dev/null) is written as a stream, so a gate that
+        throws the page away keeps its exit status; a read-only file, a
+        block device, a FIFO, a symbolic link and a directory are refused
+        with a message saying so, and left as they were ('-' is standard
+        output)."""
         src = self.write("ok.trace", KNOWN_TRACE)
         conv = lambda out: gp("trace", "convert", src, "--to", "rmm", "-o", out)
         plain = os.path.join(self.tmp, "out.csv")
@@ -126,9 +129,9 @@ class Trace(InTmpDir):
         os.chmod(ro, 0o444)
         refused(ro, "is read-only")
         self.assertEqual((read_text(ro), stat.S_IMODE(os.stat(ro).st_mode)), ("keep\n", 0o444))
-        # A device: never written. A copy of /dev/null made here (root,
-        # or CAP_MKNOD), and a block device's node (loop0's numbers; refused
-        # before it is opened).
+        # A copy of /dev/null made here (root, or CAP_MKNOD): written, the
+        # exit status kept; a block device's node (loop0's numbers): refused
+        # before it is opened.
         null, block = os.path.join(self.tmp, "null"), os.path.join(self.tmp, "loop")
         try:
             os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
@@ -136,7 +139,14 @@ class Trace(InTmpDir):
         except OSError as e:
             print(f"device part skipped: {e}")
         else:
-            refused(null, "is a character device, not a regular file")
+            for r in (conv(null), gp("report", src, "-o", null),
+                      gp("report", "--text", src, "-o", null)):
+                self.assertEqual((r.returncode, r.stderr), (OK, ""))
+            leaks = self.write("leaks.trace", trace_text(4, 1, [
+                "arena 0 opencl opencl:ctx1 opencl ctx 1 dev pthread flags 0x1",
+                "a 10 1 0 100 4096 4096 m"]))
+            r = gp("report", leaks, "-o", null, "--fail-on-leak")
+            self.assertEqual(r.returncode, LEAKED, r.stderr)
             refused(block, "is a block device, not a regular file")
             self.assertTrue(stat.S_ISCHR(os.stat(null).st_mode), "device replaced")
             self.assertTrue(stat.S_ISBLK(os.stat(block).st_mode), "device replaced")
