@@ -9,6 +9,7 @@
 #include <mutex>
 #include <new>
 
+#include "core/no_destructor.hpp"
 #include "interpose/runtime.hpp"
 
 extern "C"
@@ -31,7 +32,7 @@ struct Threads {
   pthread_key_t key{};
 };
 Threads& threads() {
-  static auto* t = new Threads;
+  static NoDestructor<Threads> t;
   return *t;
 }
 

@@ -1,6 +1,7 @@
 #include "observe/stats_format.hpp"
 
 #include "config/config.hpp"
+#include "core/no_destructor.hpp"
 #include "observe/text_width.hpp"
 
 #include <signal.h>
@@ -18,13 +19,13 @@ namespace gpupool::stats {
 const std::vector<Field>& fields() {
   // Never destroyed: the at-exit dump runs after static destructors of
   // objects created after it was registered.
-  static const std::vector<Field>& f = *new std::vector<Field>{
+  static const NoDestructor<std::vector<Field>> f(std::vector<Field>{
 #define GPUPOOL_STATS_ROW(name, kind, meaning) \
   {#name, &Stats::name, std::string_view(#kind) == "bytes", std::string_view(#kind) == "counter"},
       GPUPOOL_STATS_FIELDS(GPUPOOL_STATS_ROW)
 #undef GPUPOOL_STATS_ROW
-  };
-  return f;
+  });
+  return *f;
 }
 
 namespace {

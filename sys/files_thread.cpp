@@ -21,6 +21,7 @@
 
 #include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
+#include "core/no_destructor.hpp"
 
 namespace gpupool::io {
 namespace {
@@ -62,7 +63,12 @@ void wait_gated(Files& f, FilesLock& lk, Pred ready) {
 }
 
 std::atomic<bool> g_enabled{false};
-Files* g_files = new Files;
+// Made at first use, not by a static initializer: a hook may start gpupool
+// from another library's constructor, before this library's initializers.
+Files& files() {
+  static NoDestructor<Files> f;
+  return *f;
+}
 thread_local bool t_private = false;
 
 // The calling thread's table made its own, emptied. 0-2 become /dev/null
@@ -128,7 +134,7 @@ void run_job(Files& f, FilesLock& lk, Job* job) GPUPOOL_NO_THREAD_SAFETY_ANALYSI
 }
 
 void* files_main(void*) {
-  Files& f = *g_files;
+  Files& f = files();
 #ifdef __GLIBC__
   // Named by itself: naming another thread opens /proc/self/task/TID/comm.
   pthread_setname_np(pthread_self(), "gpupool-files");
@@ -182,7 +188,7 @@ void* spawned_main(void* p) {
   delete static_cast<Spawned*>(p);
   t_private = s.private_table;
   if (s.job) {
-    Files& f = *g_files;
+    Files& f = files();
     UniqueLock lk(f.mu);
     --f.busy;  // counted by its creator until run_job counts it
     run_job(f, lk, s.job);
@@ -210,7 +216,7 @@ bool on_private_thread() { return t_private; }
 
 int start_private_files() {
   if (t_private || !g_enabled.load(std::memory_order_acquire)) return 0;
-  Files& f = *g_files;
+  Files& f = files();
   UniqueLock lk(f.mu);
   return ensure_started(f, lk) || !f.inline_only ? 0 : f.unshare_errno;
 }
@@ -222,7 +228,7 @@ void in_private_work(Work fn) {
     fn();
     return;
   }
-  Files& f = *g_files;
+  Files& f = files();
   UniqueLock lk(f.mu);
   if (!ensure_started(f, lk)) {
     lk.unlock();
@@ -247,20 +253,20 @@ void in_private_own_thread_work(Work fn) {
   in_private([&] {
     {
       // Counted busy from here, so that fork() waits for it too.
-      LockGuard lk(g_files->mu);
-      ++g_files->busy;
+      LockGuard lk(files().mu);
+      ++files().busy;
     }
     started = t_private && spawn(new Spawned{&job, nullptr, nullptr});
     if (!started) {
-      LockGuard lk(g_files->mu);
-      --g_files->busy;
+      LockGuard lk(files().mu);
+      --files().busy;
     }
   });
   if (!started) {
     in_private_work(fn);  // on the files thread, or inline without a table
     return;
   }
-  Files& f = *g_files;
+  Files& f = files();
   UniqueLock lk(f.mu);
   f.cv.wait(lk, [&] { return job.done; });
   if (job.failed) std::rethrow_exception(job.failed);
@@ -289,14 +295,14 @@ bool start_private_thread(void (*fn)(void*), void* arg) {
 }
 
 PrivateWork::PrivateWork() {
-  Files& f = *g_files;
+  Files& f = files();
   UniqueLock lk(f.mu);
   wait_gated(f, lk, [&] { return !f.gate.load(std::memory_order_relaxed); });
   ++f.busy;
 }
 
 PrivateWork::~PrivateWork() {
-  Files& f = *g_files;
+  Files& f = files();
   LockGuard lk(f.mu);
   --f.busy;
   f.cv.notify_all();
@@ -306,7 +312,7 @@ PrivateWork::~PrivateWork() {
 // meanwhile: no new work starts). Its waits give up as every prepare's
 // (core/fork_wait.hpp); the gate is then opened again.
 void private_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  Files& f = *g_files;
+  Files& f = files();
   for (unsigned turn = 0;; ++turn) {
     if (!f.mu.lock_or_give_up()) return;
     if (!f.gate.exchange(true, std::memory_order_relaxed))
@@ -325,7 +331,7 @@ void private_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 void private_fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  Files& f = *g_files;
+  Files& f = files();
   f.gate.store(false, std::memory_order_relaxed);
   f.cv.notify_all();
   f.mu.unlock();
@@ -333,7 +339,7 @@ void private_fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
 
 void private_fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   // No private thread here: the parent's jobs are the parent's.
-  Files& f = *g_files;
+  Files& f = files();
   f.mu.remake_held_in_child();
   new (&f.cv) std::condition_variable_any;
   f.head = f.tail = nullptr;

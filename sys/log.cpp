@@ -16,6 +16,7 @@
 #include <atomic>
 
 #include "core/fork_wait.hpp"
+#include "core/no_destructor.hpp"
 
 namespace gpupool {
 namespace config::detail {
@@ -113,32 +114,38 @@ bool Logger::reopen(std::string* why) {
   return file_.valid();
 }
 
-std::unique_ptr<Logger> make_logger(const config::Config& config, std::string* problem) {
-  // No file is opened for a logger that logs nothing.
-  auto logger = std::make_unique<Logger>(config.log_level, config.log_level == config::LogLevel::off
-                                                               ? std::string()
-                                                               : config.log_file);
+// No file is opened for a logger that logs nothing.
+Logger::Logger(const config::Config& config, std::string* problem)
+    : Logger(config.log_level,
+             config.log_level == config::LogLevel::off ? std::string() : config.log_file) {
   std::string why;
-  if (!logger->open(&why) && problem) *problem = why + "; logging to stderr";
-  return logger;
+  if (!open(&why) && problem) *problem = why + "; logging to stderr";
 }
 
+std::unique_ptr<Logger> make_logger(const config::Config& config, std::string* problem) {
+  return std::make_unique<Logger>(config, problem);
+}
+
+namespace {
+// log()'s logger, published for the fork handlers once made.
+struct ProcessLogger {
+  std::string problem;
+  Logger logger{config::detail::parsed_config(), &problem};
+  ProcessLogger() { g_logger.store(&logger, std::memory_order_release); }
+};
+}  // namespace
+
 Logger& log() {
-  static std::string problem;
   // Never destroyed: the shim may log from atexit handlers and other threads
   // while the process exits.
-  static Logger* const logger = [] {
-    Logger* l = make_logger(config::detail::parsed_config(), &problem).release();
-    g_logger.store(l, std::memory_order_release);
-    return l;
-  }();
+  static NoDestructor<ProcessLogger> p;
   static std::atomic<bool> emitted{false};
   if (!emitted.load(std::memory_order_acquire) && !emitted.exchange(true)) {
-    if (!problem.empty()) logger->warn("{}", problem);
+    if (!p->problem.empty()) p->logger.warn("{}", p->problem);
     for (const config::Diagnostic& d : config::detail::parsed_diagnostics())
-      logger->log(d.level, "{}", d.message);
+      p->logger.log(d.level, "{}", d.message);
   }
-  return *logger;
+  return p->logger;
 }
 
 void log_file_to_private_table() {

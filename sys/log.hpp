@@ -25,6 +25,9 @@ class Logger {
 
   // `file` empty: stderr; else a GPUPOOL_LOG_FILE pattern (%p: the pid).
   Logger(Level level, std::string file);
+  // As `config` asks, its file opened: if that fails it writes to stderr
+  // and *problem (when given) says why.
+  Logger(const config::Config& config, std::string* problem);
 
   template <class... A>
   void trace(fmt::format_string<A...> f, A&&... a) {

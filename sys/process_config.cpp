@@ -4,6 +4,7 @@
 
 #include <sys/auxv.h>
 
+#include "core/no_destructor.hpp"
 #include "sys/log.hpp"
 
 extern char** environ;
@@ -19,11 +20,11 @@ struct Parsed {
 // Parsed once; no logging here (log() builds its logger from this, then
 // emits the diagnostics).
 const Parsed& parsed() {
-  static const Parsed* p = [] {
-    auto* r = new Parsed;  // never destroyed: hooks may run during exit
-    r->config = load(environ, getauxval(AT_SECURE) != 0, &r->diagnostics);
+  static const NoDestructor<Parsed> p([] {  // hooks may run during exit
+    Parsed r;
+    r.config = load(environ, getauxval(AT_SECURE) != 0, &r.diagnostics);
     return r;
-  }();
+  }());
   return *p;
 }
 

@@ -13,6 +13,7 @@
 
 #include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
+#include "core/no_destructor.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/runtime.hpp"
 #include "sys/log.hpp"
@@ -51,8 +52,8 @@ struct Registry {
   std::unordered_set<CUmemoryPool> program_threshold GPUPOOL_GUARDED_BY(mu);
 };
 Registry& registry() {
-  static Registry& r = *new Registry;  // never destroyed: hooks run during exit
-  return r;
+  static NoDestructor<Registry> r;  // hooks run during exit
+  return *r;
 }
 
 constexpr int kCachedDevices = 64;
@@ -72,8 +73,8 @@ struct Captures {
   std::atomic<std::size_t> count{0};
 };
 Captures& captures() {
-  static Captures& c = *new Captures;  // never destroyed: hooks run during exit
-  return c;
+  static NoDestructor<Captures> c;  // hooks run during exit
+  return *c;
 }
 
 Captures::Capture capture_key(CUstream s, bool ptsz) {
@@ -108,8 +109,8 @@ struct Traced {
   Shard& of(CUdeviceptr p) { return shards[(p >> 8 ^ p >> 20) % kShards]; }
 };
 Traced& traced() {
-  static Traced& t = *new Traced;  // never destroyed: hooks run during exit
-  return t;
+  static NoDestructor<Traced> t;  // hooks run during exit
+  return *t;
 }
 
 // The observer told of `p`'s end, and it forgotten.

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "core/hot_tls.hpp"
+#include "core/no_destructor.hpp"
 #include "interpose/cuda/memory.hpp"
 #include "interpose/cuda/pointers.hpp"
 #include "interpose/cuda/vmm.hpp"
@@ -27,14 +28,10 @@ namespace {
 // ---- contexts -------------------------------------------------------------
 
 // All states ever created (never freed) and the live ones by context.
-// Created on first use and never destroyed: hooks may run before this
-// library's static constructors (from another library's constructor) and
-// while static destructors run at exit (other threads, atexit handlers).
-template <class T>
-T& leaked() {
-  static T* const p = new T;
-  return *p;
-}
+// Created on first use and never destroyed (NoDestructor): hooks may run
+// before this library's static constructors (from another library's
+// constructor) and while static destructors run at exit (other threads,
+// atexit handlers).
 struct Primary {
   CUdevice dev;
   CUcontext ctx;
@@ -46,7 +43,10 @@ struct ContextList {
   std::vector<Primary> primaries;
   std::vector<CtxState*> fork_locked;
 };
-ContextList& contexts() { return leaked<ContextList>(); }
+ContextList& contexts() {
+  static NoDestructor<ContextList> c;
+  return *c;
+}
 // Bumped whenever a state is retired: thread caches compare it.
 std::atomic<std::uint64_t> g_generation{1};
 
@@ -63,7 +63,10 @@ GPUPOOL_HOT_TLS ThreadCache t_cache;
 
 // end_solo()'s lock: a second caller waits for the first one's wait.
 using SoloLock = Ranked<LockRank::cuda_solo>;
-SoloLock& solo_mu() { return leaked<SoloLock>(); }
+SoloLock& solo_mu() {
+  static NoDestructor<SoloLock> m;
+  return *m;
+}
 
 std::size_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);

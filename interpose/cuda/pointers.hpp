@@ -20,6 +20,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/no_destructor.hpp"
 #include "core/pool.hpp"
 #include "interpose/handle_table.hpp"
 
@@ -127,11 +128,11 @@ class PtrMap {
 // Never destroyed: hooks run from atexit handlers and other threads during
 // exit, after static destructors. Inline: on every hit path.
 inline PtrMap& device_map() {
-  static PtrMap* m = new PtrMap;
+  static NoDestructor<PtrMap> m;
   return *m;
 }
 inline PtrMap& host_map() {
-  static PtrMap* m = new PtrMap;
+  static NoDestructor<PtrMap> m;
   return *m;
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
+#include "core/no_destructor.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
@@ -50,7 +51,7 @@ struct Registry {
   std::map<CUdeviceptr, Unit*> by_va GPUPOOL_GUARDED_BY(mu);
 };
 Registry& registry() {
-  static Registry* const r = new Registry;  // never destroyed: hooks run during exit
+  static NoDestructor<Registry> r;  // hooks run during exit
   return *r;
 }
 // Units in the registry: calls of programs that never had one skip the lock.

@@ -8,6 +8,7 @@
 
 #include "core/fork_wait.hpp"
 #include "core/hot_tls.hpp"
+#include "core/no_destructor.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/opencl/unpooled.hpp"
 #include "sys/log.hpp"
@@ -206,7 +207,7 @@ CallbackLock& callback_lock(const Buffer* b) {
 
 // Never destroyed: hooks may run during exit.
 HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>& buffers() {
-  static auto* r = new HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>;
+  static NoDestructor<HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>> r;
   return *r;
 }
 

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/fork_wait.hpp"
+#include "core/no_destructor.hpp"
 #include "interpose/opencl/buffers.hpp"
 #include "interpose/opencl/unpooled.hpp"
 #include "sys/log.hpp"
@@ -30,15 +31,15 @@ namespace {
 // not (fork() locks and renews them all).
 Ranked<LockRank::opencl_records> g_all_ctx_mu;
 std::vector<Ctx*>& all_ctx() {
-  static auto* v = new std::vector<Ctx*>;  // never destroyed: hooks may run during exit
+  static NoDestructor<std::vector<Ctx*>> v;  // hooks may run during exit
   return *v;
 }
 Ranked<LockRank::opencl_contexts>& ctx_mu() {
-  static auto* m = new Ranked<LockRank::opencl_contexts>;
+  static NoDestructor<Ranked<LockRank::opencl_contexts>> m;
   return *m;
 }
 std::unordered_map<cl_context, std::shared_ptr<Ctx>>& ctx_map() {
-  static auto* m = new std::unordered_map<cl_context, std::shared_ptr<Ctx>>;
+  static NoDestructor<std::unordered_map<cl_context, std::shared_ptr<Ctx>>> m;
   return *m;
 }
 
@@ -81,9 +82,8 @@ Ctx::~Ctx() {
 }
 
 HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>& queues() {
-  static auto* r =
-      new HandleMap<cl_command_queue, Queue,
-                    LockRank::opencl_queues>;  // never destroyed: hooks may run during exit
+  // Hooks may run during exit.
+  static NoDestructor<HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>> r;
   return *r;
 }
 
@@ -374,15 +374,20 @@ namespace {
 // ---------------------------------------------------------------------------
 // fork() (runtime.hpp): every lock, in rank order (core/lock_rank.hpp).
 
-std::vector<Ctx*> g_fork_locked;
+// The contexts whose locks fork()'s prepare took. Never destroyed: a fork
+// may come while the process exits.
+std::vector<Ctx*>& fork_locked() {
+  static NoDestructor<std::vector<Ctx*>> v;
+  return *v;
+}
 
 // A wait that gives up (core/fork_wait.hpp) ends it: what it took is in
 // the fork's journal, with the list of contexts locked.
 void fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (!fork_wait::take(ctx_mu()) || !fork_wait::take(g_all_ctx_mu)) return;
-  fork_wait::journal([](void*) { g_fork_locked.clear(); }, nullptr);
-  g_fork_locked = all_ctx();
-  for (Ctx* c : g_fork_locked)
+  fork_wait::journal([](void*) { fork_locked().clear(); }, nullptr);
+  fork_locked() = all_ctx();
+  for (Ctx* c : fork_locked())
     if (!fork_wait::take(c->mu)) return;
   if (buffers_fork_lock() && queues().lock_all()) (void)unpooled_fork_lock();
 }
@@ -391,8 +396,8 @@ void fork_release() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   unpooled_fork_unlock();
   queues().unlock_all();
   buffers_fork_unlock();
-  for (Ctx* c : g_fork_locked) c->mu.unlock();
-  g_fork_locked.clear();
+  for (Ctx* c : fork_locked()) c->mu.unlock();
+  fork_locked().clear();
   g_all_ctx_mu.unlock();
   ctx_mu().unlock();
 }

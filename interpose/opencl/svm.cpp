@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "core/no_destructor.hpp"
 #include "interpose/hook_scope.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/opencl/buffers.hpp"
@@ -34,7 +35,7 @@ struct SvmBlock {
 
 // Never destroyed: hooks may run during exit.
 HandleMap<void*, SvmBlock, LockRank::opencl_svm>& svm_blocks() {
-  static auto* m = new HandleMap<void*, SvmBlock, LockRank::opencl_svm>;
+  static NoDestructor<HandleMap<void*, SvmBlock, LockRank::opencl_svm>> m;
   return *m;
 }
 

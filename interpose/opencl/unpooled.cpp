@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/fork_wait.hpp"
+#include "core/no_destructor.hpp"
 #include "interpose/opencl/buffers.hpp"
 #include "observe/trace_reader.hpp"
 
@@ -83,7 +84,7 @@ struct State {
   std::vector<std::pair<Arena*, UnpooledBackend*>> arenas GPUPOOL_GUARDED_BY(mu);
 };
 State& state() {
-  static auto* s = new State;
+  static NoDestructor<State> s;
   return *s;
 }
 // This process noted a buffer: the retain and release hooks look.
