@@ -1,5 +1,6 @@
 // NoDestructor<T>: a T made in place and never destroyed, for the few
-// objects gpupool keeps outside the runtime.
+// objects gpupool keeps outside the runtime (docs/globals.md lists each,
+// with its reason).
 //
 // Why never destroyed: gpupool's hooks may run while the process exits,
 // from atexit handlers and other threads, after static destructors ran,

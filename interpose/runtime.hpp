@@ -6,27 +6,15 @@
 // rooms' state objects: control::State (control/internal.hpp: the control
 // thread and socket, dumps, warnings, the Tracer and the Recorder, which
 // is the pool's observer) and node::State (node/internal.hpp: this process's
-// GPUs and the node registry). What stays outside it, and why:
-//   - runtime.cpp: g_runtime, g_renew_control (every hook asks, before the
-//     runtime exists too), g_exiting (set at exit, read by hooks whether a
-//     runtime exists or not), the internal failure count. The parts' table
-//     (kParts, below) is constant data.
-//   - the hit path's state, reached without the runtime (one guard or
-//     relaxed load, no indirection): cuda/driver.cpp's resolved driver table
-//     (g_resolved, g_driver; also read by the dlsym hook before the runtime
-//     exists), cuda/contexts.cpp's thread cache and generation, the solo
-//     rule's flags and the context ids' switch, cuda/pointers.hpp's pointer
-//     maps, opencl's buffer, queue and SVM maps and per-thread last arena.
-//   - the CUDA context registry and the solo rule's lock (cuda/contexts.cpp;
-//     cuDevicePrimaryCtxRetain records into it whether a runtime exists or
-//     not) and the OpenCL context map and records (opencl/contexts.cpp):
-//     leaked on first use, not yet rooms' State objects owned here.
-//   - opencl/layer.cpp: the ICD loader's and the layer's dispatch tables,
-//     set up by the loader before any runtime.
-//   - control/signals.cpp: the signal slots and the wake word, read by
-//     signal handlers (async-signal-safe: atomics only).
-//   - node/nvml.cpp: the NVML session and its fork gate (its own fork part).
-//   - config/: the configuration, the logger and the files thread.
+// GPUs and the node registry). What stays outside it is listed, each with
+// its reason, in docs/globals.md (ctest docs.globals checks the list
+// against the sources): what hooks read before the runtime exists or once
+// exit began (this file's g_runtime, the driver and dispatch tables), the
+// signal handlers' slots, the rooms' maps and registries not yet moved
+// here, the process's I/O (sys/: the configuration, the logger, the files
+// thread) and per-thread state. Each is made at compile time or at first
+// use (core/no_destructor.hpp), never destroyed. The parts' table (kParts,
+// below) is constant data.
 //
 // gpupool's parts (Part, below: the rooms and the runtime's own pieces)
 // take part in the process's life through one ordered table, kParts: the
