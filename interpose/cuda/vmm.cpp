@@ -423,38 +423,41 @@ CUresult set_access(const Driver& d, CUdeviceptr ptr, size_t bytes, const CUmemA
   return d.mem_set_access(ptr, bytes, desc, count);
 }
 
-CUresult retain_handle(const Driver& d, CUmemGenericAllocationHandle* handle, void* addr) {
-  if (none()) return d.mem_retain_handle(handle, addr);
-  const auto p = reinterpret_cast<CUdeviceptr>(addr);
+namespace {
+// A call that gives the program a handle another holder may use (another
+// reference to release, another process to map it): the unit of `handle`,
+// else the one containing `addr`, escapes the pool first, unless it is
+// gone (inactive, or its `live` flag cleared: kGone); then the driver
+// answers.
+template <class Call>
+CUresult escape_then(const Driver& d, CUmemGenericAllocationHandle handle, CUdeviceptr addr,
+                     bool Unit::*live, Call&& call) {
+  if (none()) return call();
   Registry& r = registry();
   AfterLock after;
   {
     LockGuard lock(r.mu);
-    if (Unit* u = containing_locked(r, p)) {
-      if (!u->active || !u->mapped) return kGone;
-      // Another reference to release: the program's to count, with the driver.
+    if (Unit* u = handle ? by_handle_locked(r, handle) : containing_locked(r, addr)) {
+      if (!u->active || !(u->*live)) return kGone;
       after.escape(r, d, u, nullptr);
     }
   }
   after.settle();
-  return d.mem_retain_handle(handle, addr);
+  return call();
+}
+}  // namespace
+
+// Another reference to release: the program's to count, with the driver.
+CUresult retain_handle(const Driver& d, CUmemGenericAllocationHandle* handle, void* addr) {
+  return escape_then(d, 0, reinterpret_cast<CUdeviceptr>(addr), &Unit::mapped,
+                     [&] { return d.mem_retain_handle(handle, addr); });
 }
 
+// Another process may map it: never to be handed out again.
 CUresult export_handle(const Driver& d, void* shareable, CUmemGenericAllocationHandle handle,
                        CUmemAllocationHandleType type, unsigned long long flags) {
-  if (none()) return d.mem_export(shareable, handle, type, flags);
-  Registry& r = registry();
-  AfterLock after;
-  {
-    LockGuard lock(r.mu);
-    if (Unit* u = by_handle_locked(r, handle)) {
-      if (!u->active || !u->handle_out) return kGone;
-      // Another process may map it: never to be handed out again.
-      after.escape(r, d, u, nullptr);
-    }
-  }
-  after.settle();
-  return d.mem_export(shareable, handle, type, flags);
+  return escape_then(d, handle, 0, &Unit::handle_out,
+                     [&] { return d.mem_export(shareable, handle, type, flags); });
 }
 
 PtrInfo find(CUdeviceptr p) {
