@@ -92,6 +92,9 @@ struct Session {
   // one that exec'd, and starts afresh).
   bool parents = false;
 };
+// A pointer, not a NoDestructor: a forked child swaps in a new session
+// (null where it could not make one, and before this static initialiser
+// ran: NVML is then not asked).
 std::atomic<Session*> g_session{new Session};
 
 // Loads and starts NVML once. Runs in the private table, where nothing may
