@@ -117,12 +117,20 @@ void detail::enter_outermost(HookThread& t) noexcept {
   }
 }
 
-// The thread is out already (depth 0): it holds none of gpupool's locks.
+// The state given back while still in: a signal handler's hook meanwhile
+// is nested (depth 2), so it neither saves nor restores the state.
 void detail::leave_outermost(HookThread& t) noexcept {
   if (t.guarded) {
     t.guarded = false;
     pthread_setcancelstate(t.old_state, nullptr);
   }
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t.depth.store(0, std::memory_order_relaxed);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  deliver_deferred(t);
+}
+
+void detail::deliver_deferred(HookThread& t) noexcept {
   // Set, not acted on: the next cancellation point is the program's.
   if (t.slow.fetch_and(static_cast<unsigned char>(~HookThread::kDeferred),
                        std::memory_order_relaxed) &

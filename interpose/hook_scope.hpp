@@ -49,8 +49,9 @@ struct HookThread {
 extern constinit GPUPOOL_HOT_TLS HookThread t_hook;
 extern std::atomic<bool> g_cancels_seen;  // the program cancelled a thread once
 
-void enter_outermost(HookThread& t) noexcept;  // registration, cancellation held off
-void leave_outermost(HookThread& t) noexcept;  // the program's state back, a deferred cancel
+void enter_outermost(HookThread& t) noexcept;   // registration, cancellation held off
+void leave_outermost(HookThread& t) noexcept;   // the program's state back, out, then as below
+void deliver_deferred(HookThread& t) noexcept;  // a cancellation that came while inside
 }  // namespace detail
 
 // True while this thread is inside one of gpupool's entry points.
@@ -68,14 +69,21 @@ class HookScope {
     std::atomic_signal_fence(std::memory_order_seq_cst);
     if (d == 0 && t.slow.load(std::memory_order_relaxed)) detail::enter_outermost(t);
   }
-  // Out first, then the check (pthread_cancel: mark, membarrier, look).
+  // A thread that must give back its cancel state does so while still in
+  // (a signal handler's hook meanwhile is nested, and leaves the state
+  // alone); then out, then the check for a cancellation that came while
+  // inside (pthread_cancel: mark, membarrier, look).
   [[gnu::always_inline]] ~HookScope() {
     detail::HookThread& t = detail::t_hook;
     const unsigned d = t.depth.load(std::memory_order_relaxed);
+    if (d == 1 && t.slow.load(std::memory_order_relaxed)) {
+      detail::leave_outermost(t);
+      return;
+    }
     std::atomic_signal_fence(std::memory_order_seq_cst);
     t.depth.store(d - 1, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    if (d == 1 && t.slow.load(std::memory_order_relaxed)) detail::leave_outermost(t);
+    if (d == 1 && t.slow.load(std::memory_order_relaxed)) detail::deliver_deferred(t);
   }
   HookScope(const HookScope&) = delete;
   HookScope& operator=(const HookScope&) = delete;

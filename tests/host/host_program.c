@@ -26,6 +26,10 @@
  *                    (crash handlers fork from a handler that may have
  *                    interrupted any call), but not where it interrupted
  *                    malloc (known where malloc_guard.c is preloaded)
+ *   cancel-state N   the program cancels a thread once; then N calls of a
+ *                    gpupool function while a signal handler calls one
+ *                    too (SIGUSR1, sent without pause): after each call
+ *                    the thread's cancel state must be what it was
  *   cancel N         N rounds: two threads allocate and free, calling
  *                    pthread_testcancel() between calls, until the main
  *                    thread cancels and joins them
@@ -80,6 +84,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -627,6 +632,59 @@ static int cancel_scenario(int rounds) {
   return 0;
 }
 
+typedef size_t (*stats_json_fn)(char*, size_t);
+static stats_json_fn g_stats_json;
+static atomic_int g_stop_signals;
+static pthread_t g_signalled;
+
+static void call_gpupool_in_handler(int sig) {
+  (void)sig;
+  char b[1];
+  g_stats_json(b, sizeof b);
+}
+
+static void* signal_without_pause(void* arg) {
+  (void)arg;
+  while (!atomic_load(&g_stop_signals)) pthread_kill(g_signalled, SIGUSR1);
+  return NULL;
+}
+
+static void* wait_to_be_cancelled(void* arg) {
+  (void)arg;
+  for (;;) pause();
+  return NULL;
+}
+
+static int cancel_state_scenario(long n) {
+  g_stats_json = (stats_json_fn)dlsym(RTLD_DEFAULT, "gpupool_stats_json");
+  if (!g_stats_json) die("gpupool_stats_json not found", 0);
+  char b[1];
+  g_stats_json(b, sizeof b);
+  pthread_t victim, sender;
+  pthread_create(&victim, NULL, wait_to_be_cancelled, NULL);
+  pthread_cancel(victim); /* from now on hooks hold cancellation off */
+  pthread_join(victim, NULL);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = call_gpupool_in_handler;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, NULL);
+  g_signalled = pthread_self();
+  pthread_create(&sender, NULL, signal_without_pause, NULL);
+  long disabled = 0;
+  for (long i = 0; i < n; ++i) {
+    g_stats_json(b, sizeof b);
+    int old = 0;
+    pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
+    if (old != PTHREAD_CANCEL_ENABLE) ++disabled;
+  }
+  atomic_store(&g_stop_signals, 1);
+  pthread_join(sender, NULL);
+  signal(SIGUSR1, SIG_IGN);
+  printf("calls %ld, cancellation left disabled after %ld\n", n, disabled);
+  return disabled ? 1 : 0;
+}
+
 static volatile sig_atomic_t g_signal_forks, g_in_malloc;
 static int g_handlers_running; /* SIGALRM reaches any thread, PoCL's too */
 /* tests/host/malloc_guard.c, where preloaded: whether this thread is inside
@@ -937,6 +995,7 @@ int main(int argc, char** argv) {
   if (!strcmp(s, "fork-alloc")) return fork_alloc_scenario();
   if (!strcmp(s, "fork-signal") && argc == 4) return fork_signal_scenario(atoi(argv[3]));
   if (!strcmp(s, "cancel") && argc == 4) return cancel_scenario(atoi(argv[3]));
+  if (!strcmp(s, "cancel-state") && argc == 4) return cancel_state_scenario(atol(argv[3]));
   if (!strcmp(s, "fork-trace")) return fork_trace_scenario();
   if (!strcmp(s, "exit")) return exit_scenario();
   if (!strcmp(s, "quick-exit")) {

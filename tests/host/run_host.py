@@ -328,11 +328,13 @@ def fork_signal(tmp):
     check(r.returncode == 0 and m and int(m.group(1)) >= int(forks), f"{r.stdout} {r.stderr[-2000:]}")
     print(r.stdout.strip())
     # The forks made while the handler had interrupted a hook went without
-    # gpupool, and the parent's stats say how many (the program spends most
-    # of its time in hooks, so some did).
+    # gpupool, and the parent's stats say how many. On PoCL about half of
+    # them (its program spends most of its time in hooks); on the stand-in
+    # too few to count on any (2 runs in 30 had none): at most all.
     warnings = json.loads(lines(stats)[-1])["warnings"] if os.path.exists(stats) else []
     without = [int(w.split()[0]) for w in warnings if "went without gpupool" in w]
-    check(len(without) == 1 and 1 <= without[0] <= int(m.group(1) if m else forks),
+    least = 1 if API == "opencl" else 0
+    check(len(without) <= 1 and least <= sum(without) <= int(m.group(1) if m else forks),
           f"forks without gpupool in the warnings: {warnings}")
     print("forks without gpupool:", without)
 
@@ -347,6 +349,21 @@ def threads_cancel(tmp):
     rounds = "100" if SANITIZER else "300"
     r = run(["cancel", rounds], timeout=300, env=env(True, GPUPOOL_PENDING_GROWTH="0"))
     check(r.returncode == 0 and f"rounds {rounds}" in r.stdout,
+          f"exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}")
+    print(r.stdout.strip())
+
+
+def threads_cancel_state(tmp):
+    """After the program's first pthread_cancel every hook holds
+    cancellation off and gives the program's cancel state back as it
+    leaves, also when a signal handler calls gpupool meanwhile (before: the
+    state was given back after the thread was out, so a handler's call
+    there saved the disabled state as the program's and the thread stayed
+    uncancellable: 123 of 2,000,000 calls, found by review). GPUPOOL_DISABLE:
+    the calls take no lock, so a handler may make one anywhere."""
+    n = "300000" if SANITIZER else "2000000"
+    r = run(["cancel-state", n], timeout=300, env=env(True, GPUPOOL_DISABLE="1"))
+    check(r.returncode == 0 and f"calls {n}, cancellation left disabled after 0" in r.stdout,
           f"exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}")
     print(r.stdout.strip())
 
@@ -874,16 +891,17 @@ def procs_node_exporter(tmp):
         a.communicate(input="", timeout=120)
         served, _ = pids_served()
         check(served == {pb}, f"after {pa} exited node_exporter serves {served}")
-        # Killed: its file stays (nothing ran in it) until the next process
-        # writes beside it (removed as nobody's, or taken over if it is F).
+        # Killed: nothing ran in it, but `gpupool run`'s watcher removes its
+        # file as it ends (procs.prometheus_killed), and so would the next
+        # process writing beside it.
         b.kill()
         b.wait()
-        check(len(files_of(pb)) == 1, f"files: {os.listdir(d)}")
+        check(wait_for(lambda: not files_of(pb), 10),
+              f"the killed process's file is still there: {os.listdir(d)}")
         c, pc = serving(f, stats)
         procs.append(c)
-        check(wait_for(lambda: not files_of(pb) and files_of(pc) and
-                       with_arenas(os.path.join(d, files_of(pc)[0])), 30),
-              f"the killed process's file is still there: {os.listdir(d)}")
+        check(wait_for(lambda: files_of(pc) and with_arenas(os.path.join(d, files_of(pc)[0])), 30),
+              f"no file of {pc}: {os.listdir(d)}")
         served, _ = pids_served()
         check(served == {pc}, f"with {pb} killed and {pc} started node_exporter serves {served}")
         c.communicate(input="", timeout=120)
@@ -1500,6 +1518,7 @@ CHECKS = {
     "fork.fresh_parent": fork_fresh_parent,
     "exit.quick": exit_quick,
     "threads.cancel": threads_cancel,
+    "threads.cancel_state": threads_cancel_state,
     "fork.files": fork_files,
     "procs.trace": procs_trace,
     "procs.prometheus": procs_prometheus,
