@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -200,9 +201,19 @@ void remove_stale_prometheus(const std::string& file) {
 // group does not take it too), with none of the program's descriptors (a
 // reader of its output sees the end when the program ends), it waits for
 // this pid to end (a pidfd: the exec keeps the process) and sweeps. Without
-// pidfds (Linux before 5.3) there is none.
+// pidfds (Linux before 5.3) there is none; nor where an orphan would become
+// the program's own child: `gpupool run` as a pid namespace's init (a
+// container's entrypoint) or as a child subreaper, where a program that
+// reaps all its children would wait for the watcher, which waits for it.
 void watch_for_prometheus(const std::string& file) {
-  const int program = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  int subreaper = 0;
+  if (getpid() == 1 || (prctl(PR_GET_CHILD_SUBREAPER, &subreaper) == 0 && subreaper)) return;
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  if (pidfd < 0) return;
+  // Above the standard descriptors, which the watcher points at /dev/null
+  // (stdin may have been closed, and the pidfd taken its number).
+  const int program = fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
+  close(pidfd);
   if (program < 0) return;
   const pid_t first = fork();
   if (first == 0) {

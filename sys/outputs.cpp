@@ -346,10 +346,12 @@ void each_output(const std::string& value, const std::string& keep, const std::s
     if (entry == keep || entry == "." || entry == "..") continue;
     const long writer = temporaries ? temporary_pid(value_name, entry, any_name) : -1;
     // The name is value's (or, for a temporary, the name it was written
-    // for), else gpupool's only by the content.
-    const bool named = is_output_name(
-        value_name, writer < 0 ? entry : entry.substr(1, entry.rfind(kTemporary) - 1));
-    if (writer < 0 ? !named && !any_name : !stale_temporary(writer)) continue;
+    // for), else gpupool's only by the content, and only a `.prom` name
+    // (what node_exporter reads: a user's copy under another name is kept).
+    const std::string written = writer < 0 ? entry : entry.substr(1, entry.rfind(kTemporary) - 1);
+    const bool named = is_output_name(value_name, written);
+    if (!named && (!any_name || !written.ends_with(".prom"))) continue;
+    if (writer >= 0 && !stale_temporary(writer)) continue;
     OwnedFd f = OwnedFd::adopt(
         ::openat(d, entry.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
     struct stat st {};

@@ -792,6 +792,20 @@ def procs_prometheus_killed(tmp):
     killed.communicate(timeout=60)
     check(wait_for(lambda: not os.path.exists(solo), 5),
           f"the killed program's file stayed with nobody else there: {os.listdir(d)}")
+    # No watcher where it would be the program's own child: `gpupool run` as
+    # a child subreaper (or a container's init), whose program may reap all
+    # its children (before: it waited for ever for the watcher, which waited
+    # for it; found by review).
+    reaps = ("import os\ntry:\n    print('reaped', os.wait())\n"
+             "except ChildProcessError:\n    print('no children')")
+    subreaper = ("import ctypes, os, sys\n"
+                 "ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)\n"  # PR_SET_CHILD_SUBREAPER
+                 "os.execv(sys.argv[1], sys.argv[1:])")
+    r = subprocess.run([sys.executable, "-c", subreaper, LAUNCHER, "run", "--prometheus",
+                        os.path.join(d, "reaper.prom"), "--", sys.executable, "-c", reaps],
+                       capture_output=True, text=True, timeout=60, env=env(False))
+    check(r.returncode == 0 and r.stdout.strip() == "no children",
+          f"a subreaper's program: exit {r.returncode}: {r.stdout} {r.stderr[-1000:]}")
     # Not under `gpupool run` (its start and its watcher sweep): the
     # library's own sweep.
     def serve(name):
@@ -808,17 +822,21 @@ def procs_prometheus_killed(tmp):
         f.write("# a cut write of the user's own\n")
     with open(os.path.join(tmp, "gone.prom"), "w") as f:  # a gpupool temporary of a dead writer
         f.write(open(train).read())
+    with open(os.path.join(d, "kept.prom.bak"), "w") as f:  # the user's copy: not a .prom name
+        f.write(open(train).read())
     os.rename(os.path.join(tmp, "gone.prom"), os.path.join(d, ".train.prom.tmp999999-abcdef"))
     time.sleep(0.3)  # three of a live process's write intervals: nobody sweeps it yet
     check(sorted(os.listdir(d)) == [".notes.prom.tmp999999-abcdef",
-                                    ".train.prom.tmp999999-abcdef", "notes.prom", "train.prom"],
+                                    ".train.prom.tmp999999-abcdef", "kept.prom.bak", "notes.prom",
+                                    "train.prom"],
           f"before: {sorted(os.listdir(d))}")
     p = serve("infer.prom")
     check(wait_for(lambda: "train.prom" not in os.listdir(d) and
                    ".train.prom.tmp999999-abcdef" not in os.listdir(d), 5),
           f"the killed process's files stayed: {sorted(os.listdir(d))}")
     p.communicate(input="", timeout=120)
-    check(sorted(os.listdir(d)) == [".notes.prom.tmp999999-abcdef", "notes.prom"],
+    check(sorted(os.listdir(d)) == [".notes.prom.tmp999999-abcdef", "kept.prom.bak",
+                                    "notes.prom"],
           f"after: {sorted(os.listdir(d))}, expected the user's own files only")
 
 
