@@ -36,9 +36,9 @@ class OutsideCache final : public Cache {
     if (const Held h = take(); h.size) out.push_back(h);
   }
   std::size_t releasable_bytes() const override { return retired() ? 0 : held_.held(); }
-  void add_counters(Stats& s) const override {
-    if (!retired()) held_.add_counters(s);
-  }
+  // A retired arena's too: its figures are the backend's to give (a
+  // driver's pool that is gone gives none; a count of what was made stays).
+  void add_counters(Stats& s) const override { held_.add_counters(s); }
   void reset_peaks() override {
     if (!retired()) held_.reset_peaks();
   }

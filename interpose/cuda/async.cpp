@@ -215,9 +215,10 @@ class AsyncBackend final : public Backend, public HeldOutside {
   }
 
   // Bytes only: the driver does not say how many allocations it keeps.
+  // Nothing once retired: the pool may be gone.
   void add_counters(Stats& s) override {
     const Driver* d = driver_if_loaded();
-    if (!d) return;
+    if (!d || !p_.arena.load(std::memory_order_acquire)) return;
     const std::uint64_t held = kept(*d, p_);
     const std::uint64_t used = p_.used.load(std::memory_order_relaxed);
     const std::uint64_t reserved = used + held;

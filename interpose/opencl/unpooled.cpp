@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <new>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/fork_wait.hpp"
@@ -76,12 +77,20 @@ struct Noted {
   std::uint32_t refs;
 };
 
+// An arena made here (the pool owns it and its backend): retired once its
+// context is finished and none of its buffers is noted any more.
+struct ArenaRecord {
+  Arena* arena;
+  UnpooledBackend* backend;
+  std::size_t noted = 0;  // its buffers in `buffers`
+  bool context_finished = false;
+};
+
 // Never destroyed: hooks may run while the process exits.
 struct State {
   Ranked<LockRank::opencl_unpooled> mu;
   std::unordered_map<cl_mem, Noted> buffers GPUPOOL_GUARDED_BY(mu);
-  // Every arena made here, with its backend (the pool owns both).
-  std::vector<std::pair<Arena*, UnpooledBackend*>> arenas GPUPOOL_GUARDED_BY(mu);
+  std::vector<ArenaRecord> arenas GPUPOOL_GUARDED_BY(mu);
 };
 State& state() {
   static NoDestructor<State> s;
@@ -96,8 +105,8 @@ std::pair<Arena*, UnpooledBackend*> arena_of(Runtime& rt, Ctx& ctx) {
   State& st = state();
   if (ctx.unpooled) {
     LockGuard lock(st.mu);
-    for (auto& a : st.arenas)
-      if (a.first == ctx.unpooled) return a;
+    for (const ArenaRecord& a : st.arenas)
+      if (a.arena == ctx.unpooled) return {a.arena, a.backend};
   }
   std::call_once(ctx.info_once, [&] { load_info(ctx); });
   ArenaOptions o;
@@ -111,8 +120,25 @@ std::pair<Arena*, UnpooledBackend*> arena_of(Runtime& rt, Ctx& ctx) {
   Arena* a = rt.pool.add_arena(std::move(backend), std::move(o));
   ctx.unpooled = a;
   LockGuard lock(st.mu);
-  st.arenas.emplace_back(a, b);
+  st.arenas.push_back({a, b});
   return {a, b};
+}
+
+// The record of `a` (under the state's lock).
+ArenaRecord* record_of(State& st, Arena* a) GPUPOOL_REQUIRES(st.mu) {
+  for (ArenaRecord& r : st.arenas)
+    if (r.arena == a) return &r;
+  return nullptr;
+}
+
+// Whether `a`'s record is done with (its context finished, none of its
+// buffers noted): then it leaves the list, for the caller to retire.
+bool done_with(State& st, Arena* a) GPUPOOL_REQUIRES(st.mu) {
+  ArenaRecord* r = record_of(st, a);
+  if (!r || !r->context_finished || r->noted != 0) return false;
+  *r = st.arenas.back();
+  st.arenas.pop_back();
+  return true;
 }
 
 }  // namespace
@@ -122,7 +148,12 @@ void note_unpooled(Runtime& rt, Ctx& ctx, cl_mem m, std::size_t size) noexcept t
   {
     State& st = state();
     LockGuard lock(st.mu);
-    st.buffers[m] = {arena, backend, size, 1};
+    auto [it, fresh] = st.buffers.try_emplace(m, Noted{arena, backend, size, 1});
+    if (!fresh) {  // a handle noted before, whose release we did not see
+      if (ArenaRecord* r = record_of(st, it->second.arena)) --r->noted;
+      it->second = {arena, backend, size, 1};
+    }
+    if (ArenaRecord* r = record_of(st, arena)) ++r->noted;
   }
   g_any.store(true, std::memory_order_release);
   backend->made(size);
@@ -141,6 +172,7 @@ void unpooled_retained(cl_mem m) noexcept {
 cl_int release_unpooled(cl_mem m) {
   if (!g_any.load(std::memory_order_acquire)) return next().clReleaseMemObject(m);
   Noted n{};
+  bool retire = false;
   {
     State& st = state();
     LockGuard lock(st.mu);
@@ -148,12 +180,16 @@ cl_int release_unpooled(cl_mem m) {
     if (it != st.buffers.end() && --it->second.refs == 0) {
       n = it->second;
       st.buffers.erase(it);
+      if (ArenaRecord* r = record_of(st, n.arena)) --r->noted;
+      retire = done_with(st, n.arena);
     }
   }
   if (n.arena) {
     n.backend->released(n.size);
-    if (Runtime* rt = runtime_if_started())
+    if (Runtime* rt = runtime_if_started()) {
       rt->pool.note_outside_free(*n.arena, reinterpret_cast<Handle>(m), n.size);
+      if (retire) rt->pool.retire_arena(n.arena);
+    }
   }
   return next().clReleaseMemObject(m);
 }
@@ -161,16 +197,33 @@ cl_int release_unpooled(cl_mem m) {
 bool unpooled_fork_lock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { return fork_wait::take(state().mu); }
 void unpooled_fork_unlock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { state().mu.unlock(); }
 
+void unpooled_context_finished(Runtime& rt, Ctx& ctx) {
+  Arena* a = nullptr;
+  {
+    LockGuard ctx_lock(ctx.mu);
+    a = std::exchange(ctx.unpooled, nullptr);
+  }
+  if (!a) return;
+  bool retire = false;
+  {
+    State& st = state();
+    LockGuard lock(st.mu);
+    if (ArenaRecord* r = record_of(st, a)) r->context_finished = true;
+    retire = done_with(st, a);
+  }
+  if (retire) rt.pool.retire_arena(a);
+}
+
 void unpooled_fork_renew(Runtime* rt) {
   State& st = state();
-  std::vector<std::pair<Arena*, UnpooledBackend*>> arenas;
+  std::vector<ArenaRecord> arenas;
   {
     LockGuard lock(st.mu);
     st.buffers.clear();
     arenas.swap(st.arenas);
   }
   if (rt)
-    for (auto& a : arenas) rt->pool.retire_arena(a.first, /*keep_stats=*/false);
+    for (const ArenaRecord& a : arenas) rt->pool.retire_arena(a.arena, /*keep_stats=*/false);
 }
 
 }  // namespace gpupool::ocl

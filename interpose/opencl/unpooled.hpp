@@ -24,6 +24,10 @@ void unpooled_retained(cl_mem m) noexcept;
 // implementation may give its handle to another buffer.
 cl_int release_unpooled(cl_mem m);
 
+// The program released its last reference to `ctx` (buffers.cpp,
+// finish_ctx): its arena is retired once none of its buffers is noted.
+void unpooled_context_finished(Runtime& rt, Ctx& ctx);
+
 // fork(): the lock (contexts.cpp's prepare and release). In the child the
 // noted buffers are its parent's: forgotten, and their arenas retired
 // (renew, before the contexts' records drop theirs).
