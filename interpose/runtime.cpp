@@ -60,6 +60,11 @@ void each_part(F&& f, bool reverse = false) {
 //     interrupted inside gpupool, most likely, whose handler forks too.
 GPUPOOL_HOT_TLS bool t_fork_without_gpupool = false;
 std::atomic<std::uint64_t> g_forks_without{0};  // forks_without_gpupool()
+// fork() through gpupool's own export (fork_now): it counts a fork without
+// gpupool once it knows there is a child; glibc runs the parent's handlers
+// when fork fails too.
+GPUPOOL_HOT_TLS bool t_in_fork_now = false;
+GPUPOOL_HOT_TLS bool t_forked_without = false;
 std::atomic<bool> g_inert{false};
 
 // The parts' handlers take and release locks; only the child's renewal
@@ -90,7 +95,8 @@ void fork_prepare() {
 
 void fork_parent() {
   if (std::exchange(t_fork_without_gpupool, false)) {
-    g_forks_without.fetch_add(1, std::memory_order_relaxed);
+    if (t_in_fork_now) t_forked_without = true;
+    else g_forks_without.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   each_part(
@@ -103,6 +109,7 @@ void fork_parent() {
 
 void fork_child() {
   fork_wait::forget_holders_in_child();
+  t_in_fork_now = t_forked_without = false;
   if (std::exchange(t_fork_without_gpupool, false)) {
     g_inert.store(true, std::memory_order_relaxed);
     g_exiting.store(true, std::memory_order_relaxed);  // runtime() is nullptr from now on
@@ -144,10 +151,16 @@ pid_t fork_now() noexcept {
   // inside forks) may hold any of gpupool's locks, and does not let go
   // before its handler returns. It says so first: another thread's
   // prepare waiting for one of its locks gives up (core/fork_wait.hpp).
-  if (!inside_hook()) return next();
-  fork_wait::holder_forking_begin();
+  const bool holder = inside_hook();
+  if (holder) fork_wait::holder_forking_begin();
+  t_in_fork_now = true;
   const pid_t pid = next();
-  if (pid != 0) fork_wait::holder_forking_end();  // the child forgot the counts (fork_child)
+  if (pid != 0) {  // the child forgot the counts (fork_child) and has no flags
+    t_in_fork_now = false;
+    if (std::exchange(t_forked_without, false) && pid > 0)
+      g_forks_without.fetch_add(1, std::memory_order_relaxed);
+    if (holder) fork_wait::holder_forking_end();
+  }
   return pid;
 }
 

@@ -52,9 +52,10 @@ const char kTraceHelp[] =
     "            process: with several, OUTPUT.PID.EXT for each\n"
     "\n"
     "OUTPUT '-' writes to standard output; an existing regular file of yours is\n"
-    "replaced (its mode kept); a read-only file, another user's, a symbolic link,\n"
-    "a device or a FIFO refused. A trace that is not valid gets one error naming\n"
-    "its file and line, and no output.\n";
+    "replaced (its mode kept), a character device (/dev/null) written; a read-only\n"
+    "file, another user's, a symbolic link, a block device or a FIFO refused. A\n"
+    "trace that is not valid gets one error naming its file and line, and no\n"
+    "output.\n";
 
 // The process's name in Perfetto: its command line where the trace has it.
 std::string process_name(const trace::TraceFile& tr) {

@@ -96,9 +96,10 @@ class Output {
 
 // Writes `data` to `path`. '-' is standard output. A new name, or a regular
 // file of this user that is not read-only, gets it whole or not at all (a
-// temporary beside it, then rename; a replaced file's mode is kept);
-// anything else (a read-only file, another user's, a symbolic link, a
-// directory, a device, a FIFO) is refused with a message saying what it is.
+// temporary beside it, then rename; a replaced file's mode is kept); a
+// character device is written as a stream; anything else (a read-only
+// file, another user's, a symbolic link, a directory, a block device, a
+// FIFO) is refused with a message saying what it is.
 bool write_whole(const std::string& path, const std::string& data, std::string* why);
 
 }  // namespace gpupool::launcher
