@@ -17,8 +17,9 @@
 //   pthread_cancel (hook_scope.cpp) marks the process, from then on every
 //   hook holds cancellation off for its whole length, and a cancellation
 //   of a thread already inside an unguarded hook is delivered as it leaves.
-//   A hook pays two thread-local updates and, at the outermost, one
-//   thread-local load per side: the thread's `slow` bits say when more is
+//   A hook pays two thread-local updates and, at the outermost, a
+//   thread-local load on entry and two on exit: the thread's `slow` bits
+//   say when more is
 //   needed (not registered yet, the process cancels, a cancellation to
 //   deliver), set by whoever changes that.
 #pragma once

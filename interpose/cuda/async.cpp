@@ -215,8 +215,13 @@ class AsyncBackend final : public Backend, public HeldOutside {
   }
 
   // Bytes only: the driver does not say how many allocations it keeps.
-  // Nothing once retired: the pool may be gone.
+  // Once retired (the pool may be gone) only the counts kept here, so the
+  // counters never go backwards.
   void add_counters(Stats& s) override {
+    const std::uint64_t misses = p_.misses.load(std::memory_order_relaxed);
+    s.hits += p_.hits.load(std::memory_order_relaxed);
+    s.misses += misses;
+    s.backend_allocs += misses;
     const Driver* d = driver_if_loaded();
     if (!d || !p_.arena.load(std::memory_order_acquire)) return;
     const std::uint64_t held = kept(*d, p_);
@@ -230,10 +235,6 @@ class AsyncBackend final : public Backend, public HeldOutside {
     s.peak_held_bytes += std::max<std::uint64_t>(held, rh > uh ? rh - uh : 0);
     s.peak_active_bytes += std::max(used, uh);
     s.peak_managed_bytes += std::max(reserved, rh);
-    const std::uint64_t misses = p_.misses.load(std::memory_order_relaxed);
-    s.hits += p_.hits.load(std::memory_order_relaxed);
-    s.misses += misses;
-    s.backend_allocs += misses;
   }
 
   // The driver's high-water marks (which it resets to the current value

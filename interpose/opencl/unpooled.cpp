@@ -141,20 +141,38 @@ bool done_with(State& st, Arena* a) GPUPOOL_REQUIRES(st.mu) {
   return true;
 }
 
+// The noted buffer `n` at `m` is freed: counted, and its arena retired
+// when it is done with. Under the state's lock, so that a fork finds every
+// arena either listed or retired (unpooled_fork_renew).
+void freed_locked(State& st, Runtime* rt, cl_mem m, const Noted& n) GPUPOOL_REQUIRES(st.mu) {
+  n.backend->released(n.size);
+  if (ArenaRecord* r = record_of(st, n.arena)) --r->noted;
+  const bool retire = done_with(st, n.arena);
+  if (!rt) return;
+  rt->pool.note_outside_free(*n.arena, reinterpret_cast<Handle>(m), n.size);
+  if (retire) rt->pool.retire_arena(n.arena);
+}
+
 }  // namespace
 
 void note_unpooled(Runtime& rt, Ctx& ctx, cl_mem m, std::size_t size) noexcept try {
   const auto [arena, backend] = arena_of(rt, ctx);
-  {
-    State& st = state();
-    LockGuard lock(st.mu);
-    auto [it, fresh] = st.buffers.try_emplace(m, Noted{arena, backend, size, 1});
-    if (!fresh) {  // a handle noted before, whose release we did not see
-      if (ArenaRecord* r = record_of(st, it->second.arena)) --r->noted;
-      it->second = {arena, backend, size, 1};
-    }
-    if (ArenaRecord* r = record_of(st, arena)) ++r->noted;
+  State& st = state();
+  LockGuard lock(st.mu);
+  // Retired meanwhile (the program released the context as it made this
+  // buffer): not noted.
+  ArenaRecord* r = record_of(st, arena);
+  if (!r) return;
+  if (auto it = st.buffers.find(m); it != st.buffers.end()) {
+    // A handle noted before whose release went past gpupool: freed now.
+    const Noted old = it->second;
+    st.buffers.erase(it);
+    freed_locked(st, &rt, m, old);
+    r = record_of(st, arena);
+    if (!r) return;
   }
+  st.buffers.emplace(m, Noted{arena, backend, size, 1});
+  ++r->noted;
   g_any.store(true, std::memory_order_release);
   backend->made(size);
   rt.pool.note_outside_allocate(*arena, reinterpret_cast<Handle>(m), size);
@@ -171,24 +189,14 @@ void unpooled_retained(cl_mem m) noexcept {
 
 cl_int release_unpooled(cl_mem m) {
   if (!g_any.load(std::memory_order_acquire)) return next().clReleaseMemObject(m);
-  Noted n{};
-  bool retire = false;
   {
     State& st = state();
     LockGuard lock(st.mu);
     auto it = st.buffers.find(m);
     if (it != st.buffers.end() && --it->second.refs == 0) {
-      n = it->second;
+      const Noted n = it->second;
       st.buffers.erase(it);
-      if (ArenaRecord* r = record_of(st, n.arena)) --r->noted;
-      retire = done_with(st, n.arena);
-    }
-  }
-  if (n.arena) {
-    n.backend->released(n.size);
-    if (Runtime* rt = runtime_if_started()) {
-      rt->pool.note_outside_free(*n.arena, reinterpret_cast<Handle>(m), n.size);
-      if (retire) rt->pool.retire_arena(n.arena);
+      freed_locked(st, runtime_if_started(), m, n);
     }
   }
   return next().clReleaseMemObject(m);
@@ -204,14 +212,10 @@ void unpooled_context_finished(Runtime& rt, Ctx& ctx) {
     a = std::exchange(ctx.unpooled, nullptr);
   }
   if (!a) return;
-  bool retire = false;
-  {
-    State& st = state();
-    LockGuard lock(st.mu);
-    if (ArenaRecord* r = record_of(st, a)) r->context_finished = true;
-    retire = done_with(st, a);
-  }
-  if (retire) rt.pool.retire_arena(a);
+  State& st = state();
+  LockGuard lock(st.mu);
+  if (ArenaRecord* r = record_of(st, a)) r->context_finished = true;
+  if (done_with(st, a)) rt.pool.retire_arena(a);
 }
 
 void unpooled_fork_renew(Runtime* rt) {
