@@ -230,7 +230,6 @@ void finish_ctx(Runtime& rt, Ctx& ctx) {
   }
   for (Arena* a : arenas) rt.pool.release_held(a);
   for (Arena* a : arenas) rt.pool.retire_arena(a);
-  unpooled_context_finished(rt, ctx);
   OwnEvents evs;
   {
     LockGuard lock(ctx.mu);

@@ -161,6 +161,9 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try 
         ctx->solo_q = nullptr;
       }
       release_closed(*rt, *ctx);
+      // Its unpooled buffers (a forked child's) outlive it on their own
+      // count, not on the pooled ones still out (a parent's, say).
+      unpooled_context_finished(*rt, *ctx);
       if (ctx->active.load() == 0) finish_ctx(*rt, *ctx);
       const Api& api = next();
       evs.release(api);

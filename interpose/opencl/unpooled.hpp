@@ -24,8 +24,8 @@ void unpooled_retained(cl_mem m) noexcept;
 // implementation may give its handle to another buffer.
 cl_int release_unpooled(cl_mem m);
 
-// The program released its last reference to `ctx` (buffers.cpp,
-// finish_ctx): its arena is retired once none of its buffers is noted.
+// The program released its last reference to `ctx` (hooks.cpp): its
+// arena is retired once none of its buffers is noted.
 void unpooled_context_finished(Runtime& rt, Ctx& ctx);
 
 // fork(): the lock (contexts.cpp's prepare and release). In the child the
