@@ -691,14 +691,8 @@ static int g_handlers_running; /* SIGALRM reaches any thread, PoCL's too */
  * malloc, where glibc's fork() would wait for ever on the lock it holds. */
 static int (*g_malloc_depth)(void);
 
-/* Nanoseconds on CLOCK_MONOTONIC (async-signal-safe). */
-static long long mono_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-/* No fork before then: a fork that outlasts the timer's period (under
+/* No fork before then (now_s() in nanoseconds: clock_gettime is
+ * async-signal-safe): a fork that outlasts the timer's period (under
  * AddressSanitizer a fork takes milliseconds) would otherwise leave the next
  * signal pending as the handler returns, and the interrupted thread would
  * never run again (with or without gpupool). */
@@ -710,13 +704,13 @@ static void fork_in_handler(int sig) {
     g_in_malloc = g_in_malloc + 1;
     return;
   }
-  if (mono_ns() < __atomic_load_n(&g_next_fork_ns, __ATOMIC_RELAXED)) return;
+  if (now_s() * 1e9 < (double)__atomic_load_n(&g_next_fork_ns, __ATOMIC_RELAXED)) return;
   __atomic_add_fetch(&g_handlers_running, 1, __ATOMIC_SEQ_CST);
   const int saved = errno;
   const pid_t pid = fork();
   if (pid == 0) _exit(0);
   if (pid > 0 && waitpid(pid, NULL, 0) == pid) g_signal_forks = g_signal_forks + 1;
-  __atomic_store_n(&g_next_fork_ns, mono_ns() + 1000000, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_next_fork_ns, (long long)(now_s() * 1e9) + 1000000, __ATOMIC_RELAXED);
   errno = saved;
   __atomic_sub_fetch(&g_handlers_running, 1, __ATOMIC_SEQ_CST);
 }
