@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -108,6 +109,23 @@ class InTmpDir(unittest.TestCase):
         with open(path, "w") as f:
             f.write(text)
         return path
+
+
+def killed_trace(tmp):
+    """The trace of a program killed with SIGKILL mid-run (at least 200 kB
+    written), its last line cut short as a kill during a write leaves it."""
+    trace = os.path.join(tmp, "killed.trace")
+    p = subprocess.Popen([HARNESS, "workload", "100000000"], env=clean_env(GPUPOOL_TRACE_FILE=trace),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline and (not os.path.exists(trace) or
+                                      os.path.getsize(trace) < 200000):
+        time.sleep(0.05)
+    p.kill()
+    p.wait()
+    with open(trace, "a") as f:
+        f.write("a 99999999999 1 0 ab")
+    return trace
 
 
 def trace_text(pid, start_ns, lines, cmdline=None, version=2):

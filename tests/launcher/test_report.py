@@ -10,8 +10,8 @@ import time
 import unittest
 
 from launcher_util import (
-    LAUNCHER, HARNESS, REPORT_PROGRAM, DWARF, SANITIZER_PRELOAD, OK, FAILED, USAGE, clean_env, gp,
-    gp_with_rss, InTmpDir, trace_text, chromium, chromium_dom, MIB, KIB, KNOWN_TRACE)
+    LAUNCHER, REPORT_PROGRAM, DWARF, SANITIZER_PRELOAD, OK, FAILED, USAGE, clean_env, gp,
+    gp_with_rss, InTmpDir, killed_trace, trace_text, chromium, chromium_dom, MIB, KIB, KNOWN_TRACE)
 
 
 class Report(InTmpDir):
@@ -304,19 +304,7 @@ class Report(InTmpDir):
         self.assertEqual(gp("report", "--bogus", "x.trace", "-o", "y").returncode, USAGE)
 
     def test_killed_program(self):
-        trace = os.path.join(self.tmp, "killed.trace")
-        p = subprocess.Popen([HARNESS, "workload", "100000000"],
-                             env=clean_env(GPUPOOL_TRACE_FILE=trace), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while time.time() < deadline and (not os.path.exists(trace) or
-                                          os.path.getsize(trace) < 200000):
-            time.sleep(0.05)
-        p.kill()
-        p.wait()
-        # And a line cut short, as a kill during a write leaves it.
-        with open(trace, "a") as f:
-            f.write("a 99999999999 1 0 ab")
+        trace = killed_trace(self.tmp)
         with open(trace) as f:
             allocs = sum(1 for line in f if line.startswith("a ") and line.endswith("\n"))
         r, out = self.report(trace)

@@ -6,12 +6,11 @@ import os
 import signal
 import stat
 import subprocess
-import time
 import unittest
 
 from launcher_util import (
-    LAUNCHER, HARNESS, OK, FAILED, USAGE, LEAKED, clean_env, gp, read_text, InTmpDir, KNOWN_TRACE,
-    trace_text)
+    LAUNCHER, OK, FAILED, USAGE, LEAKED, clean_env, gp, killed_trace, read_text, InTmpDir,
+    KNOWN_TRACE, trace_text)
 
 
 class Trace(InTmpDir):
@@ -211,19 +210,7 @@ class Trace(InTmpDir):
         self.assertEqual((r.returncode, r.stderr), (-signal.SIGPIPE, ""))
 
     def test_killed_program(self):
-        trace = os.path.join(self.tmp, "killed.trace")
-        p = subprocess.Popen([HARNESS, "workload", "100000000"],
-                             env=clean_env(GPUPOOL_TRACE_FILE=trace), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while time.time() < deadline and (not os.path.exists(trace) or
-                                          os.path.getsize(trace) < 200000):
-            time.sleep(0.05)
-        p.kill()
-        p.wait()
-        # And a line cut short, as a kill during a write leaves it.
-        with open(trace, "a") as f:
-            f.write("a 99999999999 1 0 ab")
+        trace = killed_trace(self.tmp)
         out = os.path.join(self.tmp, "killed.csv")
         r = gp("trace", "convert", trace, "--to", "rmm", "-o", out)
         self.assertEqual(r.returncode, OK, r.stderr)
