@@ -84,19 +84,18 @@ std::string not_replaceable(const std::string& path, const struct stat& st) {
 // (temporary_pid).
 constexpr std::string_view kTemporary = ".tmp";
 
-// The pid in `entry`, the name of a temporary file beside an output of
-// value_name (".NAME.tmpPID-XXXXXX"; any_name: of any NAME), or -1.
-long temporary_pid(const std::string& value_name, const std::string& entry, bool any_name) {
+// The pid in `entry` when it is the name of a temporary file written for
+// NAME (".NAME.tmpPID-XXXXXX"), else -1; *name: NAME.
+long temporary_pid(const std::string& entry, std::string* name) {
   const std::size_t at = entry.rfind(kTemporary);
-  if (entry.size() < 2 || entry[0] != '.' || at == std::string::npos || at < 2 ||
-      (!any_name && !is_output_name(value_name, entry.substr(1, at - 1))))
-    return -1;
+  if (entry.size() < 2 || entry[0] != '.' || at == std::string::npos || at < 2) return -1;
   std::size_t i = at + kTemporary.size();
   long pid = 0;
   const std::size_t digits = i;
   for (; i < entry.size() && is_digit(entry[i]) && i - digits < 10; ++i)
     pid = pid * 10 + (entry[i] - '0');
   if (i == digits || i >= entry.size() || entry[i] != '-') return -1;
+  *name = entry.substr(1, at - 1);
   return pid;
 }
 
@@ -344,11 +343,12 @@ void each_output(const std::string& value, const std::string& keep, const std::s
   while (const dirent* e = readdir(dp)) {
     const std::string entry = e->d_name;
     if (entry == keep || entry == "." || entry == "..") continue;
-    const long writer = temporaries ? temporary_pid(value_name, entry, any_name) : -1;
     // The name is value's (or, for a temporary, the name it was written
     // for), else gpupool's only by the content, and only a `.prom` name
     // (what node_exporter reads: a user's copy under another name is kept).
-    const std::string written = writer < 0 ? entry : entry.substr(1, entry.rfind(kTemporary) - 1);
+    std::string written;
+    const long writer = temporaries ? temporary_pid(entry, &written) : -1;
+    if (writer < 0) written = entry;
     const bool named = is_output_name(value_name, written);
     if (!named && (!any_name || !written.ends_with(".prom"))) continue;
     if (writer >= 0 && !stale_temporary(writer)) continue;
