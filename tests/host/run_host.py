@@ -91,10 +91,13 @@ def wait_for(pred, seconds):
 
 
 def lines(path):
-    if not os.path.exists(path):
+    """The file's non-empty lines; none when it is missing, also when it
+    goes between a look and the read (a sweep, a watcher)."""
+    try:
+        with open(path) as f:
+            return [ln for ln in f if ln.strip()]
+    except FileNotFoundError:
         return []
-    with open(path) as f:
-        return [ln for ln in f if ln.strip()]
 
 
 def as_other_user(fn):
