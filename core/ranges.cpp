@@ -88,6 +88,31 @@ void RangeCache::remove_unmapped(Handle at, Piece& p) {
   p.node = unmapped_.extract({p.size, at});
 }
 
+void RangeCache::detach(Handle at, Piece& p) {
+  switch (p.state) {
+    case State::free: remove_free(at, p); break;
+    case State::unmapped: remove_unmapped(at, p); break;
+    case State::dead:
+      p.node = dead_.extract({p.size, at});
+      p.state = State::used;
+      break;
+    case State::used: break;
+  }
+}
+
+void RangeCache::attach(Handle at, Piece& p, State s) {
+  switch (s) {
+    case State::free: add_free(at, p); break;
+    case State::unmapped: add_unmapped(at, p); break;
+    case State::dead:
+      p.state = State::dead;
+      p.node.value() = {p.size, at};
+      dead_.insert(std::move(p.node));
+      break;
+    case State::used: p.state = State::used; break;
+  }
+}
+
 // The piece `it` (used, not in a set) joins its set, merged with its
 // neighbours of the same state. Fences are ordered: the later covers both.
 RangeCache::Pieces::iterator RangeCache::merge(Pieces::iterator it) {
@@ -206,6 +231,86 @@ RangeCache::Cut RangeCache::cut(Pieces::iterator it, std::size_t want) {
     p.size = want;
   }
   return {at, p.size, 0, data_};
+}
+
+RangeCache::Pieces::iterator RangeCache::split(Pieces::iterator it, Handle at) {
+  Piece& p = it->second;
+  const State s = p.state;
+  const std::size_t size = p.size;
+  detach(it->first, p);
+  p.size = at - it->first;
+  attach(it->first, p, s);
+  auto rest = place(at, it->first + size - at, State::used);
+  rest->second.fence = p.fence;
+  rest->second.freed_at_ns = p.freed_at_ns;
+  attach(at, rest->second, s);
+  return rest;
+}
+
+void RangeCache::unmap_span(Handle from, Handle to) {
+  auto first = std::prev(pieces_.upper_bound(from));
+  std::uint64_t fence = 0;
+  for (auto q = first; q != pieces_.end() && q->first < to; ++q)
+    if (!ready(q->second)) fence = std::max(fence, q->second.fence);
+  if (!retired_.load(std::memory_order_acquire)) backend_.unmap(from, to - from, data_, fence);
+  mapped_ -= to - from;
+  if (first->first < from) first = split(first, from);
+  if (auto last = std::prev(pieces_.lower_bound(to)); last->first + last->second.size > to)
+    split(last, to);
+  // The pieces of [from, to): the first becomes the unmapped piece, the
+  // others go.
+  detach(from, first->second);
+  for (auto q = std::next(first); q != pieces_.end() && q->first < to;) {
+    detach(q->first, q->second);
+    q = pieces_.erase(q);
+  }
+  first->second.size = to - from;
+  first->second.state = State::unmapped;
+  merge(first);
+}
+
+// The granules around the dead piece at `at`: its own, and those it shares
+// with free or dead pieces only (a piece in use keeps the granules it
+// shares mapped).
+bool RangeCache::reap_one(Handle at, std::size_t* unmapped) {
+  const Piece& p = pieces_.find(at)->second;
+  const Handle end = at + p.size;
+  const Handle lo = base_ + round_down(at - base_, granule_);
+  const Handle hi = base_ + round_up(end - base_, granule_);
+  auto in_use = [&](Handle from, Handle to) GPUPOOL_REQUIRES(mu_) {
+    if (from >= to) return false;
+    for (auto q = std::prev(pieces_.upper_bound(from)); q != pieces_.end() && q->first < to; ++q)
+      if (q->second.state == State::used) return true;
+    return false;
+  };
+  const Handle from = in_use(lo, at) ? lo + granule_ : lo;
+  const Handle to = in_use(end, hi) ? hi - granule_ : hi;
+  if (from >= to || spares_.size() < 2) return false;
+  unmap_span(from, to);
+  *unmapped += to - from;
+  return true;
+}
+
+Held RangeCache::reap() {
+  std::size_t unmapped = 0;
+  // Each reap changes the pieces: look again from the start (dead pieces
+  // are the few the program shared).
+  for (bool again = true; again;) {
+    again = false;
+    for (const auto& [size, at] : dead_)
+      if (reap_one(at, &unmapped)) {
+        again = true;
+        break;
+      }
+  }
+  refill();
+  Held h;
+  if (unmapped == 0) return h;
+  h.handle = base_;
+  h.size = unmapped;
+  h.data = data_;
+  h.unmapped = true;
+  return h;
 }
 
 std::size_t RangeCache::pending_bytes() const {
@@ -358,13 +463,25 @@ Held RangeCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool r
                       const std::atomic<bool>& keep, bool* over_cap) {
   LockGuard lock(mu_);
   auto it = pieces_.find(at);
-  it->second.state = State::free;
   it->second.fence = fence;
   it->second.freed_at_ns = t_ns;
+  if (!reusable) {
+    attach(at, it->second, State::dead);
+    return reap();
+  }
+  it->second.state = State::free;
   it = merge(it);
-  if (!reusable || !keep.load(std::memory_order_acquire)) return give_back(it, /*drop=*/false);
-  *over_cap = cap_.over();
-  return {};
+  Held gone;
+  if (!keep.load(std::memory_order_acquire)) gone = give_back(it, /*drop=*/false);
+  else *over_cap = cap_.over();
+  // A piece freed beside a dead one may leave the dead one's granules free
+  // of pieces in use.
+  if (!dead_.empty()) {
+    const Held reaped = reap();
+    if (!gone.size) return reaped;
+    gone.size += reaped.size;
+  }
+  return gone;
 }
 
 Held RangeCache::forget(Handle at, std::uint64_t t_ns) {
@@ -421,6 +538,8 @@ Held RangeCache::take_offered(const Offer& offer) {
 // granule astride a ready piece and a pending one would stay otherwise).
 Held RangeCache::take_any() {
   LockGuard lock(mu_);
+  if (!dead_.empty())
+    if (const Held h = reap(); h.size) return h;
   coalesce(/*pending_too=*/true);
   auto best = pieces_.end();
   std::size_t size = 0;

@@ -3,9 +3,13 @@
 // (ArenaOptions::expandable; PyTorch's expandable_segments).
 //
 // The range is address space only (Backend::reserve); its pieces tile it.
-// A piece is in use (the program's), free (mapped, held for reuse) or
+// A piece is in use (the program's), free (mapped, held for reuse),
 // unmapped (address space with nothing behind it, starting and ending on
-// granules). A request takes the best ready free piece that fits, cut to
+// granules) or dead: freed after the program shared it with another process
+// (Pool::never_reuse: cuIpcGetMemHandle), which may still map its granules.
+// A dead piece is never handed out: its granules are unmapped as soon as no
+// piece in use shares them, and only then is its address space used again
+// (with new physical memory). A request takes the best ready free piece that fits, cut to
 // size; without one, the granules that serve it with the fewest bytes newly
 // mapped: an unmapped piece, joined with the ready free pieces either side
 // of it (growth at the range's end is the case of the unmapped piece that
@@ -81,9 +85,11 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
 
   // The program freed the piece at `at` (fence, at t_ns). Held when
   // `reusable` and `keep` (asked under this cache's lock, so that
-  // stop_holding() never misses it); otherwise its whole granules are
-  // unmapped at once: returned, to be counted (Arena::let_go). *over_cap:
-  // holding it put the group over its cap. Allocates nothing.
+  // stop_holding() never misses it); without `keep` its whole granules are
+  // unmapped at once. Not `reusable` (another process may map it): dead,
+  // its granules unmapped once no piece in use shares them. What was
+  // unmapped is returned, to be counted (Arena::let_go). *over_cap: holding
+  // it put the group over its cap. Allocates nothing.
   Held free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool reusable,
             const std::atomic<bool>& keep, bool* over_cap);
   // The piece at `at` let go without a fence (its memory went with its
@@ -100,14 +106,14 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
 
  private:
   using FreeSet = std::set<std::pair<std::size_t, Handle>>;  // (size, address): best fit
-  enum class State : unsigned char { used, free, unmapped };
+  enum class State : unsigned char { used, free, unmapped, dead };
   struct Piece {
     std::size_t size = 0;
     State state = State::used;
     std::uint64_t fence = 0;        // free pieces: ready once passed
     std::uint64_t freed_at_ns = 0;  // free pieces: the latest free merged in
     // Every piece owns one node: in free_ while free, in unmapped_ while
-    // unmapped, here while in use. A free merges pieces, which only lets
+    // unmapped, in dead_ while dead, here while in use. A free merges pieces, which only lets
     // nodes go.
     FreeSet::node_type node;
   };
@@ -126,6 +132,9 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   void remove_free(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
   void add_unmapped(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
   void remove_unmapped(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
+  // Any state: out of its set (in use), or into the set of `s`.
+  void detach(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
+  void attach(Handle at, Piece& p, State s) GPUPOOL_REQUIRES(mu_);
   bool ready(const Piece& p) const { return p.fence == 0 || backend_.passed(p.fence); }
   // Merge `it` with its neighbours in the same state (free ones only when
   // as ready as it is); returns the merged piece. Allocates nothing.
@@ -144,6 +153,17 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // least min_rest.
   Cut cut(Pieces::iterator it, std::size_t want) GPUPOOL_REQUIRES(mu_);
   std::size_t pending_bytes() const GPUPOOL_REQUIRES(mu_);
+  // Dead pieces' granules that no piece in use shares, unmapped (dropped
+  // when retired): what went, as one Held already given back. Allocates
+  // nothing; what the spares cannot split waits for a later call.
+  Held reap() GPUPOOL_REQUIRES(mu_);
+  bool reap_one(Handle at, std::size_t* unmapped) GPUPOOL_REQUIRES(mu_);
+  // [from, to) (granules, every piece in it free or dead) unmapped and
+  // made one unmapped piece; the pieces astride its ends split. Two spares.
+  void unmap_span(Handle from, Handle to) GPUPOOL_REQUIRES(mu_);
+  // The free or dead piece `it` cut at `at`: the part from `at` is a piece
+  // of its own in the same state. One spare.
+  Pieces::iterator split(Pieces::iterator it, Handle at) GPUPOOL_REQUIRES(mu_);
   bool fits_once_ready(std::size_t want) const GPUPOOL_REQUIRES(mu_);
 
   Backend& backend_;
@@ -161,6 +181,7 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   Pieces pieces_ GPUPOOL_GUARDED_BY(mu_);
   FreeSet free_ GPUPOOL_GUARDED_BY(mu_);
   FreeSet unmapped_ GPUPOOL_GUARDED_BY(mu_);
+  FreeSet dead_ GPUPOOL_GUARDED_BY(mu_);
   std::vector<Pieces::node_type> spares_ GPUPOOL_GUARDED_BY(mu_);
 };
 

@@ -51,6 +51,8 @@ struct FakeDevice {
   std::size_t granule = 0;
   std::map<Handle, std::size_t> ranges;  // reserved: base -> bytes
   std::set<Handle> mapped;               // granules mapped, by address
+  // Each granule's mappings so far: memory mapped again is new memory.
+  std::map<Handle, std::uint64_t> generation;
   std::uint64_t reserves = 0, maps = 0, unmaps = 0, unreserves = 0;
   std::uint64_t unmap_waits = 0;  // unmaps that waited for the device first
   bool fail_reserve = false;
@@ -158,8 +160,10 @@ class FakeBackend : public Backend {
       ++d.alloc_failures;
       return {BackendStatus::out_of_memory, 0, 2};
     }
-    for (Handle g = at; g < at + bytes; g += d.granule)
+    for (Handle g = at; g < at + bytes; g += d.granule) {
       if (!d.mapped.insert(g).second) throw std::logic_error("map of a mapped granule");
+      ++d.generation[g];
+    }
     d.used += bytes;
     ++d.maps;
     g_cost_ns += d.map_cost;
