@@ -90,26 +90,37 @@ void RangeCache::remove_unmapped(Handle at, Piece& p) {
 
 void RangeCache::detach(Handle at, Piece& p) {
   switch (p.state) {
-    case State::free: remove_free(at, p); break;
-    case State::unmapped: remove_unmapped(at, p); break;
+    case State::free:
+      remove_free(at, p);
+      break;
+    case State::unmapped:
+      remove_unmapped(at, p);
+      break;
     case State::dead:
       p.node = dead_.extract({p.size, at});
       p.state = State::used;
       break;
-    case State::used: break;
+    case State::used:
+      break;
   }
 }
 
 void RangeCache::attach(Handle at, Piece& p, State s) {
   switch (s) {
-    case State::free: add_free(at, p); break;
-    case State::unmapped: add_unmapped(at, p); break;
+    case State::free:
+      add_free(at, p);
+      break;
+    case State::unmapped:
+      add_unmapped(at, p);
+      break;
     case State::dead:
       p.state = State::dead;
       p.node.value() = {p.size, at};
       dead_.insert(std::move(p.node));
       break;
-    case State::used: p.state = State::used; break;
+    case State::used:
+      p.state = State::used;
+      break;
   }
 }
 
