@@ -58,6 +58,9 @@
   X(cuda_sync, "cuda context sync")                                                       \
   /* CUDA: a context's learnt row pitches (held around one driver call). */               \
   X(cuda_pitch, "cuda pitches")                                                           \
+  /* CUDA: legacy IPC of range pieces (ipc.cpp): the exports, around the */               \
+  /* driver's export of their granules; apart, the imports. */                            \
+  X(cuda_ipc, "cuda ipc")                                                                 \
   /* CUDA: the virtual memory units (vmm.cpp), around the driver calls that */            \
   /* bring a unit the program takes over to the state it believes. */                     \
   X(cuda_vmm, "cuda virtual memory units")                                                \

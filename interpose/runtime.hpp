@@ -47,6 +47,9 @@
 #include <atomic>
 #include <cstdint>
 #include <iterator>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "config/config.hpp"
 #include "core/pool.hpp"
@@ -70,6 +73,11 @@ struct Runtime {
   control::State* control = nullptr;
   // A forked child's is new (node.cpp's fork handler).
   std::atomic<node::State*> node{nullptr};
+  // The CUDA room's answer to another process's "ipc <args>" (cuda/ipc.hpp),
+  // set at the program's first export, given by control's socket: the
+  // answer, and descriptors of the program's table to send with it.
+  using IpcAnswer = std::string (*)(std::string_view args, std::vector<int>* fds);
+  std::atomic<IpcAnswer> ipc_answer{nullptr};
 };
 
 namespace detail {

@@ -46,6 +46,9 @@ struct Client {
   std::size_t sent = 0;
   std::uint64_t deadline = 0;
   bool answering = false;
+  // Descriptors sent with the answer (an "ipc" request's granules), in
+  // this thread's table.
+  std::vector<io::OwnedFd> out_fds;
   pid_t pid = 0;  // the connecting process (SO_PEERCRED)
   // Another user's process (GPUPOOL_NEIGHBOURS=all): it may only ask for a
   // release; nothing of ours is shown to it.
@@ -91,6 +94,12 @@ struct State {
     bool foreign = false;
     std::string answer;
     bool done = false;
+    // An answer's descriptors, the program's (made by the driver on the
+    // control thread): the server thread copies them into its table
+    // (fds_taken), then the control thread closes them (fds_closed) and
+    // touches the request no more.
+    std::vector<int> fds;
+    bool fds_taken = false, fds_closed = false;
   };
   Ranked<LockRank::control_requests> req_mu;
   std::condition_variable_any req_cv;

@@ -14,6 +14,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -65,7 +66,7 @@ std::string held_summary(const Stats& before, const Stats& after, bool holding, 
          (holding ? "" : "holding stopped: freed blocks are now released at once\n");
 }
 
-std::string handle_request(Runtime& rt, std::string req, bool foreign) {
+std::string handle_request(Runtime& rt, std::string req, bool foreign, std::vector<int>* fds) {
   while (!req.empty() && (req.back() == '\n' || req.back() == '\r' || req.back() == ' '))
     req.pop_back();
   if (foreign && req.rfind("release ", 0) != 0)
@@ -80,6 +81,11 @@ std::string handle_request(Runtime& rt, std::string req, bool foreign) {
     const bool ok = a == kFreeHeld ? free_held(rt) : stop_holding(rt);
     if (!ok) return "error exiting the process is exiting\n";
     return "ok\n" + held_summary(before, rt.pool.totals(), rt.pool.holding(), json);
+  }
+  if (req.rfind("ipc ", 0) == 0) {  // another process of the user opens a piece we exported
+    const Runtime::IpcAnswer answer = rt.ipc_answer.load(std::memory_order_acquire);
+    if (!answer) return "error bad-request no such export\n";
+    return answer(std::string_view(req).substr(4), fds);
   }
   if (req.rfind("release ", 0) == 0 && state()->node_work.answer_release) {
     // another gpupool process ran out of memory
@@ -384,8 +390,39 @@ bool read_request(Client& c, std::uint64_t now, Notes& notes) {
   return true;
 }
 
+// The answer's first bytes with its descriptors (SCM_RIGHTS); false when
+// the socket would not take them.
+bool send_with_fds(Client& c) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 253)];
+  const std::size_t n = std::min<std::size_t>(c.out_fds.size(), 253);
+  iovec iov{c.out.data(), c.out.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const int fd = c.out_fds[k].get();
+    memcpy(CMSG_DATA(cm) + k * sizeof(int), &fd, sizeof fd);
+  }
+  const ssize_t sent = ::sendmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (sent <= 0) return false;
+  c.sent = static_cast<std::size_t>(sent);
+  c.out_fds.clear();  // the receiver has its own copies now
+  return true;
+}
+
 // Sends what the socket takes. False when done (answered, or given up on).
 bool send_answer(Client& c) {
+  if (!c.out_fds.empty() && c.sent == 0 && !c.out.empty() && !send_with_fds(c)) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+      return io::mono_ns() < c.deadline;
+    return false;
+  }
   while (c.sent < c.out.size()) {
     const ssize_t n = ::send(c.fd.get(), c.out.data() + c.sent, c.out.size() - c.sent,
                              MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -405,7 +442,7 @@ bool send_answer(Client& c) {
 // this stack: once the control thread has taken it from the queue, it
 // writes the answer here, so this returns before that only while the
 // request is still queued (taken back).
-std::string ask_control(State& st, const Client& c) {
+std::string ask_control(State& st, Client& c, int self_pidfd) {
   State::Request req;
   req.line = wire::split_request(c.in, &req.deadline);
   req.foreign = c.foreign;
@@ -420,6 +457,24 @@ std::string ask_control(State& st, const Client& c) {
     // Being answered (answer_requests always finishes one it took), or
     // still queued for a control thread that runs.
     st.req_cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  if (!req.fds.empty()) {
+    // The descriptors are the program's: copied into this table while the
+    // control thread waits, then closed there.
+    for (int fd : req.fds) {
+      io::OwnedFd mine = io::OwnedFd::adopt(
+          self_pidfd >= 0 ? static_cast<int>(syscall(SYS_pidfd_getfd, self_pidfd, fd, 0)) : -1);
+      if (!mine.valid()) {
+        c.out_fds.clear();
+        req.answer = "error internal the descriptors could not be passed on (pidfd_getfd: " +
+                     std::string(strerror(self_pidfd >= 0 ? errno : ENOSYS)) + ")\n";
+        break;
+      }
+      c.out_fds.push_back(std::move(mine));
+    }
+    req.fds_taken = true;
+    st.req_cv.notify_all();
+    while (!req.fds_closed) st.req_cv.wait(lock);
   }
   return std::move(req.answer);
 }
@@ -436,6 +491,10 @@ struct Server {
   int rebuilds = 0;
   std::uint64_t next_file_check = 0;
   bool file_lost_said = false;
+  // This process as a pidfd, for pidfd_getfd (an answer's descriptors);
+  // -1 before the first or where there are none (Linux before 5.6).
+  io::OwnedFd self_pidfd;
+  bool self_pidfd_tried = false;
 };
 
 constexpr std::uint64_t kFileCheckNs = 200 * kMs;
@@ -570,7 +629,13 @@ bool server_round(State& st, Server& sv) {
   for (const std::string& n : notes.lines) log().info("{}", n);
   for (Client* c : asking) {
     log().debug("control socket: '{}'", c->in);
-    c->out = ask_control(st, *c);
+    std::uint64_t deadline = 0;
+    if (!sv.self_pidfd_tried && wire::split_request(c->in, &deadline).substr(0, 4) == "ipc ") {
+      sv.self_pidfd_tried = true;
+      io::PrivateWork work;
+      sv.self_pidfd = io::OwnedFd::adopt(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
+    }
+    c->out = ask_control(st, *c, sv.self_pidfd.valid() ? sv.self_pidfd.get() : -1);
     c->deadline = io::mono_ns() + io::kWriteTimeoutNs;
   }
   if (!asking.empty()) {
@@ -609,6 +674,7 @@ void answer_requests(Runtime& rt) {
       st.requests.pop_front();
     }
     std::string answer;
+    std::vector<int> fds;
     try {
       // The client has given up (this process was stopped, or busy, past
       // the request's deadline): it said "no answer", so nothing is done.
@@ -616,15 +682,22 @@ void answer_requests(Runtime& rt) {
         log().debug("control socket: '{}' came past its deadline; not done", req->line);
         answer = "error expired the request's deadline passed before it could begin\n";
       } else {
-        answer = handle_request(rt, req->line, req->foreign);
+        answer = handle_request(rt, req->line, req->foreign, &fds);
       }
     } catch (...) {
       internal_failure("gpupool's control socket");
       answer = "error internal gpupool failed inside (out of host memory?)\n";
     }
-    LockGuard lock(st.req_mu);
+    UniqueLock lock(st.req_mu);
     req->answer = std::move(answer);
+    req->fds = fds;
     req->done = true;
+    st.req_cv.notify_all();
+    if (fds.empty()) continue;
+    // The server thread copies them (ask_control), then they go here.
+    while (!req->fds_taken) st.req_cv.wait(lock);
+    for (int fd : fds) ::close(fd);
+    req->fds_closed = true;
     st.req_cv.notify_all();
   }
 }

@@ -32,6 +32,7 @@ using PFN_begin_capture_to_graph = CUresult (*)(CUstream, CUgraph, const CUgraph
 using PFN_end_capture = CUresult (*)(CUstream, CUgraph*);
 using PFN_is_capturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
 using PFN_stream = CUresult (*)(CUstream);
+using PFN_ipc_open = CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int);
 
 // Every export we hook: X(export name, Driver field). The hook for export N
 // is the hidden function gpupool_hook_N (hooks.cpp), exported as N.
@@ -48,6 +49,9 @@ using PFN_stream = CUresult (*)(CUstream);
   X(cuPointerGetAttributes, pointer_get_attributes, decltype(&::cuPointerGetAttributes))       \
   X(cuMemHostGetFlags, mem_host_get_flags, decltype(&::cuMemHostGetFlags))                     \
   X(cuIpcGetMemHandle, ipc_get_mem_handle, decltype(&::cuIpcGetMemHandle))                     \
+  X(cuIpcOpenMemHandle, ipc_open_v1, PFN_ipc_open)                                             \
+  X(cuIpcOpenMemHandle_v2, ipc_open, PFN_ipc_open)                                             \
+  X(cuIpcCloseMemHandle, ipc_close, decltype(&::cuIpcCloseMemHandle))                          \
   X(cuMemAllocAsync, mem_alloc_async, PFN_alloc_async)                                         \
   X(cuMemAllocAsync_ptsz, mem_alloc_async_ptsz, PFN_alloc_async)                               \
   X(cuMemAllocFromPoolAsync, mem_alloc_from_pool, PFN_alloc_from_pool)                         \
@@ -96,24 +100,26 @@ using PFN_stream = CUresult (*)(CUstream);
   X(cuGetProcAddress_v2, get_proc_address, PFN_cuGetProcAddress_v2)
 
 // Exports we call but do not hook.
-#define GPUPOOL_CUDA_USED(X)                                                                \
-  X(cuCtxGetCurrent, ctx_get_current, decltype(&::cuCtxGetCurrent))                         \
-  X(cuCtxGetId, ctx_get_id, decltype(&::cuCtxGetId))                                        \
-  X(cuCtxGetApiVersion, ctx_get_api_version, decltype(&::cuCtxGetApiVersion))               \
-  X(cuCtxGetDevice, ctx_get_device, decltype(&::cuCtxGetDevice))                            \
-  X(cuCtxPushCurrent_v2, ctx_push, decltype(&::cuCtxPushCurrent_v2))                        \
-  X(cuCtxPopCurrent_v2, ctx_pop, decltype(&::cuCtxPopCurrent_v2))                           \
-  X(cuDeviceTotalMem_v2, device_total_mem, decltype(&::cuDeviceTotalMem_v2))                \
-  X(cuDevicePrimaryCtxGetState, primary_get_state, decltype(&::cuDevicePrimaryCtxGetState)) \
-  X(cuDeviceGetUuid_v2, device_get_uuid_v2, decltype(&::cuDeviceGetUuid_v2))                \
-  X(cuDeviceGetUuid, device_get_uuid, decltype(&::cuDeviceGetUuid_v2))                      \
-  X(cuMemGetAllocationGranularity, mem_get_granularity,                                     \
-    decltype(&::cuMemGetAllocationGranularity))                                             \
-  X(cuMemPoolTrimTo, mem_pool_trim_to, decltype(&::cuMemPoolTrimTo))                        \
-  X(cuDeviceGetMemPool, device_get_mem_pool, decltype(&::cuDeviceGetMemPool))               \
-  X(cuDeviceGetDefaultMemPool, device_get_default_mem_pool,                                 \
-    decltype(&::cuDeviceGetDefaultMemPool))                                                 \
-  X(cuStreamIsCapturing, stream_is_capturing, PFN_is_capturing)                             \
+#define GPUPOOL_CUDA_USED(X)                                                                 \
+  X(cuCtxGetCurrent, ctx_get_current, decltype(&::cuCtxGetCurrent))                          \
+  X(cuCtxGetId, ctx_get_id, decltype(&::cuCtxGetId))                                         \
+  X(cuCtxGetApiVersion, ctx_get_api_version, decltype(&::cuCtxGetApiVersion))                \
+  X(cuCtxGetDevice, ctx_get_device, decltype(&::cuCtxGetDevice))                             \
+  X(cuCtxPushCurrent_v2, ctx_push, decltype(&::cuCtxPushCurrent_v2))                         \
+  X(cuCtxPopCurrent_v2, ctx_pop, decltype(&::cuCtxPopCurrent_v2))                            \
+  X(cuDeviceTotalMem_v2, device_total_mem, decltype(&::cuDeviceTotalMem_v2))                 \
+  X(cuDevicePrimaryCtxGetState, primary_get_state, decltype(&::cuDevicePrimaryCtxGetState))  \
+  X(cuDeviceGetUuid_v2, device_get_uuid_v2, decltype(&::cuDeviceGetUuid_v2))                 \
+  X(cuDeviceGetUuid, device_get_uuid, decltype(&::cuDeviceGetUuid_v2))                       \
+  X(cuMemGetAllocationGranularity, mem_get_granularity,                                      \
+    decltype(&::cuMemGetAllocationGranularity))                                              \
+  X(cuMemPoolTrimTo, mem_pool_trim_to, decltype(&::cuMemPoolTrimTo))                         \
+  X(cuDeviceGetMemPool, device_get_mem_pool, decltype(&::cuDeviceGetMemPool))                \
+  X(cuDeviceGetDefaultMemPool, device_get_default_mem_pool,                                  \
+    decltype(&::cuDeviceGetDefaultMemPool))                                                  \
+  X(cuMemImportFromShareableHandle, mem_import, decltype(&::cuMemImportFromShareableHandle)) \
+  X(cuDeviceGetAttribute, device_get_attribute, decltype(&::cuDeviceGetAttribute))           \
+  X(cuStreamIsCapturing, stream_is_capturing, PFN_is_capturing)                              \
   X(cuStreamIsCapturing_ptsz, stream_is_capturing_ptsz, PFN_is_capturing)
 
 // Real driver entry points. Any of them may be null (an older driver).

@@ -10,6 +10,7 @@
 #include "interpose/cuda/async.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
+#include "interpose/cuda/ipc.hpp"
 #include "interpose/cuda/pointers.hpp"
 #include "interpose/cuda/vmm.hpp"
 #include "interpose/hook_scope.hpp"
@@ -54,9 +55,10 @@ void log_once_split_ipc(bool in_range) {
   if (in_range)
     log().error(
         "cuIpcGetMemHandle on a block of an expandable range (GPUPOOL_SEGMENTS=expandable) is "
-        "refused with CUDA_ERROR_NOT_SUPPORTED: the range is virtual memory, which the driver "
-        "does not share through legacy IPC. Unset GPUPOOL_SEGMENTS to share device memory "
-        "between processes.");
+        "refused with CUDA_ERROR_NOT_SUPPORTED: the range is virtual memory, which legacy IPC "
+        "cannot share, and this device does not export it as POSIX file descriptors, which "
+        "gpupool would send instead. Unset GPUPOOL_SEGMENTS to share device memory between "
+        "processes.");
   else
     log().error(
         "cuIpcGetMemHandle on a block split from a larger allocation (GPUPOOL_SPLIT) is refused "
@@ -354,6 +356,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
     return free_elsewhere(*rt, p,
                           [&] { return d->mem_free(p); });  // not ours: 0, bad, interior pointers
   if (!b) return CUDA_ERROR_INVALID_VALUE;                  // ours and already free: a double free
+  if (!b->pooled && b->split) ipc::forget_export(p);        // no process may open it from now
   rt->pool.free(b);
   return CUDA_SUCCESS;
 }
@@ -494,18 +497,63 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle,
   // would open it at the segment's start, not at this piece, and the rest
   // would be handed out here while that process maps it. (A piece that is
   // its whole segment is shared as any block: released when freed.)
-  if (i.shares_allocation) {
+  // A range piece: gpupool's own handle, which gpupool opens in the
+  // importing process (ipc.hpp). Where its granules cannot be exported, or
+  // for a split segment's piece, refused.
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (i.in_range && i.active) r = ipc::export_piece(*d, i, handle);
+  else if (!i.shares_allocation) r = d->ipc_get_mem_handle(handle, dptr);
+  if (r == CUDA_ERROR_NOT_SUPPORTED && (i.in_range || i.shares_allocation)) {
     log_once_split_ipc(i.in_range);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    return r;
   }
-  const CUresult r = d->ipc_get_mem_handle(handle, dptr);
   // Another process may map this block: it must never be handed out again
   // here, and its free must reach the driver.
   if (r == CUDA_SUCCESS && i.found)
-    if (Block* b = device_map().active_block(dptr)) runtime()->pool.never_reuse(b);
+    if (Block* b = device_map().active_block(i.base)) runtime()->pool.never_reuse(b);
   return r;
 }
 GPUPOOL_FALLBACK(ipc_get_mem_handle, handle, dptr)
+
+namespace {
+CUresult ipc_open(PFN_ipc_open Driver::*field, CUdeviceptr* dptr, CUipcMemHandle handle,
+                  unsigned flags) {
+  const Driver* d = driver();
+  if (!d || !(d->*field)) return kNoDriver;
+  // gpupool's handle (a range piece of a gpupool process): opened by
+  // gpupool whether this process pools or not.
+  if (ipc::ours(handle)) {
+    Driver with = *d;
+    with.ipc_open = d->*field;
+    return ipc::open(with, dptr, handle, flags);
+  }
+  return (d->*field)(dptr, handle, flags);
+}
+}  // namespace
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle,
+                                                           unsigned int flags) noexcept try {
+  const HookScope hook_scope;
+  return ipc_open(&Driver::ipc_open, dptr, handle, flags);
+}
+GPUPOOL_FALLBACK(ipc_open, dptr, handle, flags)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcOpenMemHandle(CUdeviceptr* dptr, CUipcMemHandle handle,
+                                                        unsigned int flags) noexcept try {
+  const HookScope hook_scope;
+  return ipc_open(&Driver::ipc_open_v1, dptr, handle, flags);
+}
+GPUPOOL_FALLBACK(ipc_open_v1, dptr, handle, flags)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcCloseMemHandle(CUdeviceptr dptr) noexcept try {
+  const HookScope hook_scope;
+  const Driver* d = driver();
+  if (!d || !d->ipc_close) return kNoDriver;
+  CUresult r = CUDA_SUCCESS;
+  if (ipc::close(*d, dptr, &r)) return r;
+  return d->ipc_close(dptr);
+}
+GPUPOOL_FALLBACK(ipc_close, dptr)
 
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes,
                                                      CUstream s) noexcept try {

@@ -110,6 +110,15 @@ class DeviceBackend final : public CuContextBackend {
     if (!d->mem_get_granularity || !d->mem_create || !d->mem_map || !d->mem_unmap ||
         !d->mem_set_access || !d->mem_release || !d->mem_address_reserve || !d->mem_address_free)
       return 0;
+    // Granules exportable as POSIX descriptors where the device can: a
+    // piece the program shares through cuIpcGetMemHandle is sent to the
+    // importing process so (ipc.hpp).
+    int posix_fd = 0;
+    exportable_ = d->device_get_attribute &&
+                  d->device_get_attribute(
+                      &posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                      st_->dev) == CUDA_SUCCESS &&
+                  posix_fd != 0;
     const CUmemAllocationProp prop = properties();
     std::size_t g = 0;
     if (d->mem_get_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS)
@@ -191,6 +200,7 @@ class DeviceBackend final : public CuContextBackend {
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = st_->dev;
+    if (exportable_) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     return prop;
   }
 
@@ -207,6 +217,7 @@ class DeviceBackend final : public CuContextBackend {
   }
 
   bool solo_;
+  bool exportable_ = false;  // granules made with POSIX descriptors requested
   std::size_t granule_ = 0;
   // The range (set by reserve, used under the range's lock).
   Handle base_ = 0;

@@ -33,7 +33,7 @@
 //   client_fences.cpp    fence solo                   (when a freed block is reused)
 //   client_contexts.cpp  context lifetime             (blocks of contexts that end)
 //   client_process.cpp   fork exit lookup             (the process around the pool)
-//   client_split.cpp     split                        (pieces of driver allocations)
+//   client_split.cpp     split ipc                    (pieces of driver allocations)
 #define CLIENT_SCENARIOS(X) \
   X(reuse)                  \
   X(overlap)                \
@@ -49,7 +49,8 @@
   X(lifetime)               \
   X(exit)                   \
   X(lookup)                 \
-  X(split)
+  X(split)                  \
+  X(ipc)
 
 namespace client {
 
@@ -84,6 +85,8 @@ struct Api {
   decltype(&cuPointerGetAttributes) ptr_attrs;
   decltype(&cuMemHostGetFlags) host_get_flags;
   decltype(&cuIpcGetMemHandle) ipc_get;
+  decltype(&cuIpcOpenMemHandle) ipc_open;
+  decltype(&cuIpcCloseMemHandle) ipc_close;
   CUresult (*memset_async)(CUdeviceptr, unsigned char, size_t, CUstream);
   CUresult (*mem_alloc_async)(CUdeviceptr*, size_t, CUstream);
   CUresult (*mem_free_async)(CUdeviceptr, CUstream);

@@ -62,6 +62,8 @@ void load_api() {
   api.ptr_attrs = &cuPointerGetAttributes;
   api.host_get_flags = &cuMemHostGetFlags;
   api.ipc_get = &cuIpcGetMemHandle;
+  api.ipc_open = &cuIpcOpenMemHandle;
+  api.ipc_close = &cuIpcCloseMemHandle;
   api.memset_async = &cuMemsetD8Async;
   api.mem_alloc_async = &cuMemAllocAsync;
   api.mem_free_async = &cuMemFreeAsync;
@@ -140,6 +142,8 @@ void load_api() {
     sym(api.ptr_attrs, "cuPointerGetAttributes");
     sym(api.host_get_flags, "cuMemHostGetFlags");
     sym(api.ipc_get, "cuIpcGetMemHandle");
+    sym(api.ipc_open, "cuIpcOpenMemHandle_v2");
+    sym(api.ipc_close, "cuIpcCloseMemHandle");
     sym(api.memset_async, "cuMemsetD8Async");
     sym(api.mem_alloc_async, "cuMemAllocAsync");
     sym(api.mem_free_async, "cuMemFreeAsync");
@@ -181,6 +185,8 @@ void load_api() {
   proc(api.ptr_attrs, "cuPointerGetAttributes", 7000);
   proc(api.host_get_flags, "cuMemHostGetFlags", 2030);
   proc(api.ipc_get, "cuIpcGetMemHandle", 4010);
+  proc(api.ipc_open, "cuIpcOpenMemHandle", 11000);
+  proc(api.ipc_close, "cuIpcCloseMemHandle", 4010);
   proc(api.memset_async, "cuMemsetD8Async", 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
   proc(api.mem_alloc_async, "cuMemAllocAsync", 11020,
        CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);

@@ -1,6 +1,10 @@
 // The scenario of pieces of driver allocations (GPUPOOL_SPLIT, GPUPOOL_SEGMENTS).
+#include <spawn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <vector>
@@ -86,14 +90,15 @@ void scenario_split() {
   CHECK_EQ(api.mem_free(b[1]), CUDA_ERROR_INVALID_VALUE);
   // IPC: refused on a piece sharing its driver allocation; a request that
   // gets a segment of its own is exported as any block, and its free
-  // reaches the driver.
+  // reaches the driver. A range's piece is exported (the ipc scenario).
   CUipcMemHandle ipc;
-  CHECK_EQ(api.ipc_get(&ipc, b[3]), split ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS);
+  CHECK_EQ(api.ipc_get(&ipc, b[3]), split && !expandable ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS);
   CUdeviceptr whole = 0;
   OK(api.mem_alloc(&whole, 16 << 20));
   if (expandable) {
-    // Every large block is a piece of the range.
-    CHECK_EQ(api.ipc_get(&ipc, whole), CUDA_ERROR_NOT_SUPPORTED);
+    // Every large block is a piece of the range, exported as gpupool's
+    // own handle (the ipc scenario opens one).
+    OK(api.ipc_get(&ipc, whole));
     OK(api.mem_free(whole));
   } else {
     OK(api.ipc_get(&ipc, whole));
@@ -148,6 +153,122 @@ void scenario_split() {
     OK(api.mem_free(q));
     OK(api.ctx_sync());
   }
+}
+
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+extern "C" char** environ;
+
+// This client again, as the importing process of `handle`: expect "open"
+// (it maps the piece, finds `tag`, writes its first MiB with 0x77) or the
+// driver's refusal; `preloaded`: with gpupool (LD_PRELOAD kept) or not.
+void run_importer(const CUipcMemHandle& handle, size_t n, const char* expect, bool preloaded) {
+  char hex[2 * sizeof handle.reserved + 1];
+  for (size_t i = 0; i < sizeof handle.reserved; ++i)
+    snprintf(hex + 2 * i, 3, "%02x", static_cast<unsigned char>(handle.reserved[i]));
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e)
+    if (preloaded || strncmp(*e, "LD_PRELOAD=", 11) != 0) env.push_back(*e);
+  env.push_back(std::string("CLIENT_IPC_HANDLE=") + hex);
+  env.push_back("CLIENT_IPC_SIZE=" + std::to_string(n));
+  env.push_back(std::string("CLIENT_IPC_EXPECT=") + expect);
+  if (!preloaded) env.push_back("CLIENT_POOLED=0");
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  char exe[] = "/proc/self/exe", scenario[] = "ipc";
+  char* argv[] = {exe, g_mode.data(), scenario, nullptr};
+  pid_t pid = 0;
+  CHECK_EQ(posix_spawn(&pid, exe, nullptr, nullptr, argv, envp.data()), 0);
+  int status = 0;
+  CHECK_EQ(waitpid(pid, &status, 0), pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// The importing side (CLIENT_IPC_HANDLE set).
+void import_side() {
+  setup();
+  const char* hex = getenv("CLIENT_IPC_HANDLE");
+  CUipcMemHandle h;
+  for (size_t i = 0; i < sizeof h.reserved; ++i) {
+    unsigned v = 0;
+    CHECK(sscanf(hex + 2 * i, "%2x", &v) == 1);
+    h.reserved[i] = static_cast<char>(v);
+  }
+  const size_t n = strtoull(getenv("CLIENT_IPC_SIZE"), nullptr, 10);
+  CUdeviceptr p = 0;
+  const CUresult r = api.ipc_open(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (strcmp(getenv("CLIENT_IPC_EXPECT"), "refused") == 0) {
+    // Exactly what the driver says of the handle without gpupool.
+    CHECK_EQ(r, CUDA_ERROR_INVALID_VALUE);
+    return;
+  }
+  OK(r);
+  CHECK(all_equal(p, n, 0x5a));
+  fill(p, kMiB, 0x77);
+  OK(api.ctx_sync());
+  // Opened twice: one pointer, which the first close unmaps.
+  CUdeviceptr q = 0;
+  OK(api.ipc_open(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  CHECK_EQ(q, p);
+  OK(api.ipc_close(p));
+  CHECK(api.ipc_close(p) != CUDA_SUCCESS);
+}
+
+}  // namespace
+
+// GPUPOOL_SEGMENTS=expandable: a piece of the range, which legacy IPC cannot
+// share, exported with cuIpcGetMemHandle (an interior pointer: its piece)
+// and opened by another process with cuIpcOpenMemHandle, which sees and
+// writes the same memory. A process without gpupool, or an open after the
+// exporter freed the piece, gets the driver's refusal. Granules not made
+// exportable (STANDIN_NO_POSIX_FD=1): cuIpcGetMemHandle is refused.
+void scenario_ipc() {
+  if (getenv("CLIENT_IPC_HANDLE")) {
+    import_side();
+    return;
+  }
+  setup();
+  CHECK(g_expandable);
+  const StandinCounters c0 = snap();
+  // y shares its first and last granules with x and z.
+  const size_t n = 5 * kMiB + 100;
+  CUdeviceptr x = 0, y = 0, z = 0;
+  OK(api.mem_alloc(&x, kMiB));
+  OK(api.mem_alloc(&y, n));
+  OK(api.mem_alloc(&z, kMiB));
+  fill(y, n, 0x5a);
+  fill(x, kMiB, 0x11);
+  OK(api.ctx_sync());
+  CUipcMemHandle h, again;
+  const char* no_fd = getenv("STANDIN_NO_POSIX_FD");
+  if (no_fd && *no_fd == '1') {
+    CHECK_EQ(api.ipc_get(&h, y), CUDA_ERROR_NOT_SUPPORTED);
+  } else {
+    OK(api.ipc_get(&h, y + 4096));
+    OK(api.ipc_get(&again, y));
+    CHECK(memcmp(&h, &again, sizeof h) == 0);
+    run_importer(h, n, "open", true);
+    CHECK(all_equal(y, kMiB, 0x77));
+    CHECK(all_equal(y + kMiB, n - kMiB, 0x5a));
+    CHECK(all_equal(x, kMiB, 0x11));
+    run_importer(h, n, "refused", false);
+  }
+  const bool exported = !(no_fd && *no_fd == '1');
+  OK(api.mem_free(y));
+  if (exported) run_importer(h, n, "refused", true);
+  // Exported, never handed out again: a request of its size maps new
+  // memory. Not exported: it is held and serves again.
+  const StandinCounters c1 = snap();
+  CUdeviceptr w = 0;
+  OK(api.mem_alloc(&w, n));
+  CHECK_EQ(snap().vmm_created > c1.vmm_created, exported);
+  for (CUdeviceptr p : {x, z, w}) OK(api.mem_free(p));
+  OK(api.ctx_sync());
+  free_held();
+  const StandinCounters c2 = snap();
+  CHECK_EQ(c2.vmm_freed - c0.vmm_freed, c2.vmm_created - c0.vmm_created);
 }
 
 }  // namespace client

@@ -48,7 +48,9 @@
 // standin_own() reports its own addresses.
 #include "standin.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "shared_budget.h"
 
@@ -624,6 +626,21 @@ SI(CUresult, cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev)) {
   if (!bytes) return CUDA_ERROR_INVALID_VALUE;
   if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
   *bytes = g_capacity;
+  return CUDA_SUCCESS;
+}
+
+// Only what pools ask: whether the virtual memory API's allocations can be
+// exported as POSIX descriptors (STANDIN_NO_POSIX_FD=1: not). Other
+// attributes are not modelled.
+SI(CUresult, cuDeviceGetAttribute, (int* value, CUdevice_attribute attr, CUdevice dev)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!value) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+  if (attr != CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+    return CUDA_ERROR_INVALID_VALUE;
+  const char* no = getenv("STANDIN_NO_POSIX_FD");
+  *value = no && *no == '1' ? 0 : 1;
   return CUDA_SUCCESS;
 }
 
@@ -1701,6 +1718,7 @@ struct Physical {
   unsigned refs = 1;      // the creation, and each cuMemRetainAllocationHandle
   unsigned mappings = 0;  // ranges mapping it
   CUmemAllocationProp prop{};
+  bool imported = false;  // another allocation's memory: charged to its maker
 };
 struct Reservation {
   std::size_t size = 0;
@@ -1747,7 +1765,7 @@ void drop_physical_locked(unsigned long long h) {
   auto it = g_physical.find(h);
   if (it == g_physical.end() || it->second.refs || it->second.mappings) return;
   close(it->second.fd);
-  give_device(it->second.dev, it->second.size);
+  if (!it->second.imported) give_device(it->second.dev, it->second.size);
   ++g_counters.vmm_freed;
   g_physical.erase(it);
 }
@@ -1963,6 +1981,52 @@ SI(CUresult, cuMemExportToShareableHandle,
   return CUDA_SUCCESS;
 }
 
+// The descriptor's memory as a new physical allocation of this process
+// (another process's memfd, when it came through a socket).
+SI(CUresult, cuMemImportFromShareableHandle,
+   (CUmemGenericAllocationHandle * handle, void* shareable, CUmemAllocationHandleType type)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  struct stat st {};
+  const int src = static_cast<int>(reinterpret_cast<std::intptr_t>(shareable));
+  if (fstat(src, &st) != 0 || st.st_size <= 0 || st.st_size % kVmmGranularity)
+    return CUDA_ERROR_INVALID_VALUE;
+  const int fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  const unsigned long long h = g_next_handle++;
+  Physical& p = g_physical[h];
+  p.fd = fd;
+  p.size = static_cast<std::size_t>(st.st_size);
+  p.dev = 0;
+  p.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  p.imported = true;
+  *handle = h;
+  ++g_counters.vmm_imported;
+  return CUDA_SUCCESS;
+}
+
+// Legacy IPC of another process's cuMemAlloc memory is not modelled: every
+// handle is one this driver cannot open.
+SI(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr * p, CUipcMemHandle handle, unsigned int flags)) {
+  (void)handle;
+  (void)flags;
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  ++g_counters.ipc_opens_refused;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+SI(CUresult, cuIpcCloseMemHandle, (CUdeviceptr p)) {
+  (void)p;
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
 SI(CUresult, cuGetExportTable, (const void** table, const CUuuid* id)) {
   (void)id;
   if (table) *table = nullptr;
@@ -2080,6 +2144,10 @@ const Export kExports[] = {
     E(cuMemRetainAllocationHandle),
     E(cuMemGetAllocationPropertiesFromHandle),
     E(cuMemExportToShareableHandle),
+    E(cuMemImportFromShareableHandle),
+    E(cuDeviceGetAttribute),
+    E(cuIpcOpenMemHandle_v2),
+    E(cuIpcCloseMemHandle),
     E(cuGetExportTable),
     E(cuGetProcAddress),
     E(cuGetProcAddress_v2),
@@ -2150,6 +2218,10 @@ const Version kVersions[] = {
     {"cuMemRetainAllocationHandle", 11000, "cuMemRetainAllocationHandle"},
     {"cuMemGetAllocationPropertiesFromHandle", 10020, "cuMemGetAllocationPropertiesFromHandle"},
     {"cuMemExportToShareableHandle", 10020, "cuMemExportToShareableHandle"},
+    {"cuMemImportFromShareableHandle", 10020, "cuMemImportFromShareableHandle"},
+    {"cuDeviceGetAttribute", 2000, "cuDeviceGetAttribute"},
+    {"cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2"},
+    {"cuIpcCloseMemHandle", 4010, "cuIpcCloseMemHandle"},
     {"cuStreamSynchronize", 2000, "cuStreamSynchronize"},
     {"cuEventCreate", 2000, "cuEventCreate"},
     {"cuEventRecord", 2000, "cuEventRecord"},

@@ -44,6 +44,8 @@ typedef struct StandinCounters {
   uint64_t pool_releases;          /* chunks a memory pool gave back to the device */
   uint64_t trim_calls;             /* cuMemPoolTrimTo calls on a valid pool */
   uint64_t trims_refused;          /* of them, refused while a stream captured (global mode) */
+  uint64_t vmm_imported;           /* physical allocations imported from a descriptor */
+  uint64_t ipc_opens_refused;      /* cuIpcOpenMemHandle calls (none can succeed here) */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */
