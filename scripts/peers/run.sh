@@ -12,6 +12,7 @@
 #   PEERS_LOOPS=1: the timing loops too (JAX's comes with the suite jax, PyCUDA's with pycuda)
 #   PEERS_DEADLINE: seconds until everything, results included, is written (default 540)
 #   PEERS_DRY_RUN=1: install and select as for real, print each pytest command, run none
+#   PEERS_GPUPOOL_ENV: more VAR=value words for the runs with gpupool (GPUPOOL_SEGMENTS=expandable)
 #
 # What it needs besides the machine's own packages is carried in .peers/
 # (made by scripts/peers/fetch.sh, listed in .peers/SOURCES.txt): PyCUDA's
@@ -37,7 +38,7 @@
 set -u -o pipefail
 
 usage() {
-  sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 (($# >= 2)) || usage
@@ -171,7 +172,7 @@ mode_env() {
   MENV=()
   [[ $1 == gpupool ]] && MENV=(LD_PRELOAD="$LIB" GPUPOOL_LOG="${PEERS_GPUPOOL_LOG:-warn}"
     GPUPOOL_LOG_FILE="$RES/gplog/$2.log" GPUPOOL_STATS_AT_EXIT=1 GPUPOOL_STATS_FORMAT=json
-    GPUPOOL_STATS_FILE="$RES/gpstats/$2.jsonl")
+    GPUPOOL_STATS_FILE="$RES/gpstats/$2.jsonl" ${PEERS_GPUPOOL_ENV:-})
   return 0
 }
 MODES=(plain)

@@ -3,11 +3,16 @@
    driver (tests/cuda/standin.cpp) follow. No gpupool: run it alone.
      cc -O2 -o vmm_probe tests/gpu/vmm_probe.c -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
    Prints one line per answer ("answer NAME = CODE") and the mean cost of
-   each call of XLA's allocate/free sequence at several sizes. */
+   each call of XLA's allocate/free sequence at several sizes.
+   VMM_PROBE_POSIX_FD=1: the allocations made exportable as POSIX file
+   descriptors (as gpupool's range granules are where the device can), and
+   what an export and an import of a 2 MiB one cost. */
 #include <cuda.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
 #define CK(x)                                \
@@ -50,6 +55,9 @@ int main(void) {
   CK(cuDevicePrimaryCtxRetain(&ctx, dev));
   CK(cuCtxSetCurrent(ctx));
   CUmemAllocationProp prop = prop_of(0);
+  const int posix_fd = getenv("VMM_PROBE_POSIX_FD") && atoi(getenv("VMM_PROBE_POSIX_FD"));
+  if (posix_fd) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  printf("posix descriptors requested: %d\n", posix_fd);
   CUmemAccessDesc acc = access_of(0);
   size_t gran = 0;
   CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
@@ -94,6 +102,28 @@ int main(void) {
         "unmap %.1f release %.1f addrfree %.1f total %.1f\n",
         sizes[s] / MIB, t[0] / n, t[1] / n, t[2] / n, t[3] / n, t[4] / n, t[5] / n, t[6] / n,
         t[7] / n, (t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7]) / n);
+  }
+
+  if (posix_fd) {
+    double te = 0, ti = 0;
+    const int n = 200;
+    for (int i = 0; i < n; ++i) {
+      CUmemGenericAllocationHandle h, hi;
+      int fd = -1;
+      CK(cuMemCreate(&h, 2 * MIB, &prop, 0));
+      double a = now_us();
+      CK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+      double b = now_us();
+      CK(cuMemImportFromShareableHandle(&hi, (void*)(long)fd,
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+      double c = now_us();
+      te += b - a;
+      ti += c - b;
+      close(fd);
+      CK(cuMemRelease(hi));
+      CK(cuMemRelease(h));
+    }
+    printf("cost 2 MiB us: export %.1f import %.1f\n", te / n, ti / n);
   }
 
   /* Answers. */
