@@ -47,6 +47,49 @@ struct Device {
   std::uint64_t arrival_until = 0;
 };
 
+// NVML's entry points gpupool calls, once loaded (nvml.cpp declares its
+// types: NVML's stable C ABI), and the handles of the devices asked about.
+struct nvmlMemory_t;
+struct nvmlProcessInfo_v1_t;
+struct Nvml {
+  bool tried = false;
+  bool ok = false;
+  // Started in gpupool's own descriptor table: NVML's descriptors are
+  // there, so a forked child (which has the program's) cannot use it.
+  bool in_private_table = false;
+  long pid = 0;  // the process that initialised it
+  int (*init)() = nullptr;
+  int (*by_uuid)(const char*, void**) = nullptr;
+  int (*memory)(void*, nvmlMemory_t*) = nullptr;
+  // Optional: without it a process's memory outside the pool counts as
+  // the other processes'.
+  int (*processes)(void*, unsigned*, nvmlProcessInfo_v1_t*) = nullptr;
+  struct Handle {
+    wire::DeviceKey uuid;
+    void* dev;
+  };
+  std::vector<Handle> handles;
+};
+
+// This process's NVML session (nvml.cpp). A forked child's is new, with the
+// child's State: the parent's may be mid-use by a thread the child does
+// not have.
+struct NvmlSession {
+  // fork() waits while the control thread is inside dlopen or NVML, and no
+  // new call starts until it is done: a child must not inherit the
+  // loader's or NVML's locks mid-call (its own session calls NVML again).
+  // A gate of two atomics, not a mutex: only the control thread calls
+  // NVML.
+  std::atomic<bool> inside{false}, forking{false};
+  Ranked<LockRank::node_nvml> mu;
+  Nvml nvml GPUPOOL_GUARDED_BY(mu);
+  // A forked child's session whose parent had started NVML in its own
+  // descriptor table: NVML's state names descriptors this child does not
+  // have, so the child does without (a child that uses the GPU again is
+  // one that exec'd, and starts afresh).
+  bool parents = false;
+};
+
 // The room's state (Runtime::node), made with the runtime; never destroyed:
 // used during exit. A forked child gets a new one. Nothing is called while
 // holding mu: the pool, the driver, NVML, the registry's file and the logger
@@ -60,6 +103,7 @@ struct State {
   std::atomic<bool> publish_now{false};
   // The control thread's:
   std::uint64_t next_publish = 0, next_watch = 0;
+  NvmlSession nvml;
 };
 
 // node.cpp: the control thread's periodic work (control::NodeWork):
@@ -109,19 +153,24 @@ std::size_t ask_release_all(const std::vector<Target>& targets, const wire::Devi
 
 // nvml.cpp: the GPU's free and total memory, from NVML (libnvidia-ml.so.1,
 // loaded on first use). False when NVML or the device is not available.
-bool nvml_memory(const wire::DeviceKey& key, std::uint64_t* free, std::uint64_t* total);
+bool nvml_memory(NvmlSession& session, const wire::DeviceKey& key, std::uint64_t* free,
+                 std::uint64_t* total);
 // What NVML says process `pid` uses on the GPU (its contexts, libraries and
 // every allocation, pooled or not). False when NVML cannot say (no such
 // query, the pid is in another PID namespace).
-bool nvml_process_used(const wire::DeviceKey& key, long pid, std::uint64_t* used);
+bool nvml_process_used(NvmlSession& session, const wire::DeviceKey& key, long pid,
+                       std::uint64_t* used);
 // The pids NVML lists as computing on the GPU, sorted (host pids, also
 // for a process in a PID namespace). False when NVML cannot say.
-bool nvml_processes(const wire::DeviceKey& key, std::vector<unsigned>* pids);
+bool nvml_processes(NvmlSession& session, const wire::DeviceKey& key, std::vector<unsigned>* pids);
 // fork(): prepare waits until the control thread is out of NVML (and
 // keeps it out until parent/child).
-void nvml_fork_prepare() noexcept;
-void nvml_fork_parent() noexcept;
-// A forked child does not use its parent's NVML session.
-void nvml_fork_child() noexcept;
+void nvml_fork_prepare(NvmlSession& session) noexcept;
+void nvml_fork_parent(NvmlSession& session) noexcept;
+// A forked child does not use its parent's NVML session: `fresh` (the
+// child's State's) does without NVML where the parent's had started it in
+// gpupool's descriptor table; a child that could not make a new State
+// (fresh null) keeps its parent's, and does without NVML.
+void nvml_fork_child(NvmlSession& parents, NvmlSession* fresh) noexcept;
 
 }  // namespace gpupool::node

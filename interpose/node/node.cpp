@@ -111,12 +111,14 @@ std::uint64_t add_sat(std::uint64_t a, std::uint64_t b) {
 // from NVML; false when NVML cannot say.
 bool gpu_use(Runtime& rt, const Device& d, std::uint64_t* free, std::uint64_t* total,
              std::uint64_t* others) {
-  if (!wire::is_gpu(d.key) || !nvml_memory(d.key, free, total) || *total == 0) return false;
+  NvmlSession& nvml = rt.node.load(std::memory_order_acquire)->nvml;
+  if (!wire::is_gpu(d.key) || !nvml_memory(nvml, d.key, free, total) || *total == 0) return false;
   const std::uint64_t used = *total - std::min(*free, *total);
   // This process's share: all it has on the GPU when NVML can say (its
   // contexts, libraries and memory outside the pool too), else the pool's.
   std::uint64_t mine = rt.pool.group_totals(d.group).managed_bytes, listed = 0;
-  if (nvml_process_used(d.key, static_cast<long>(getpid()), &listed)) mine = std::max(mine, listed);
+  if (nvml_process_used(nvml, d.key, static_cast<long>(getpid()), &listed))
+    mine = std::max(mine, listed);
   *others = used - std::min(used, mine);
   return true;
 }
@@ -231,7 +233,7 @@ bool gpupool_process(unsigned pid, const std::vector<wire::ProcessEntry>& listed
 // Control thread.
 void arrivals(Runtime& rt, State& s, Device& d, wire::Registry* reg, std::uint64_t now) {
   std::vector<unsigned> pids;
-  if (!nvml_processes(d.key, &pids)) return;
+  if (!nvml_processes(s.nvml, d.key, &pids)) return;
   std::vector<unsigned> fresh;
   std::set_difference(pids.begin(), pids.end(), d.pids.begin(), d.pids.end(),
                       std::back_inserter(fresh));
@@ -343,18 +345,32 @@ void at_exit() noexcept {
 }
 
 // fork(): no lock taken, but no NVML or dlopen call in flight
-// (nvml_fork_prepare). The child starts from a new state (the parent's,
-// possibly mid-change by a thread the child does not have, is left alone)
-// keeping only the registry mapping, and claims its own slot; its GPUs are
-// added again when it uses them, and its NVML session is its own.
-// The child's one thread reads the parent's state without its lock: a
-// thread the child does not have may have held it.
+// (nvml_fork_prepare). A fork while the runtime is being made (its
+// handlers are registered before it is published) finds no state: no
+// control thread is there yet to call NVML.
+State* state_if_made() {
+  Runtime* rt = runtime_if_started();
+  return rt ? rt->node.load(std::memory_order_acquire) : nullptr;
+}
+void fork_prepare() noexcept {
+  if (State* s = state_if_made()) nvml_fork_prepare(s->nvml);
+}
+void fork_parent() noexcept {
+  if (State* s = state_if_made()) nvml_fork_parent(s->nvml);
+}
+
+// The child starts from a new state (the parent's, possibly mid-change by
+// a thread the child does not have, is left alone) keeping only the
+// registry mapping, and claims its own slot; its GPUs are added again when
+// it uses them, and its NVML session is its own. The child's one thread
+// reads the parent's state without its lock: a thread the child does not
+// have may have held it.
 void fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  nvml_fork_child();
   Runtime* rt = runtime_if_started();
   if (!rt) return;
   State* old = rt->node.load(std::memory_order_relaxed);
   auto* fresh = new (std::nothrow) State;
+  nvml_fork_child(old->nvml, fresh ? &fresh->nvml : nullptr);
   if (!fresh) return;  // out of memory: keep the parent's
   fresh->registry = std::move(old->registry);
   fresh->registry_tried = old->registry_tried;
@@ -371,6 +387,6 @@ constinit const PartHandlers kPart{
     .make = [](Runtime& rt) { rt.node.store(new State, std::memory_order_relaxed); },
     .start = start,
     .exit = at_exit,
-    .fork = {nvml_fork_prepare, nvml_fork_parent, fork_child, nullptr}};
+    .fork = {fork_prepare, fork_parent, fork_child, nullptr}};
 
 }  // namespace gpupool::node

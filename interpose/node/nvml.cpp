@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <new>
 #include <string>
 #include <vector>
 
@@ -31,10 +30,8 @@
 #include "sys/log.hpp"
 
 namespace gpupool::node {
-namespace {
 
-using nvmlReturn_t = int;
-using nvmlDevice_t = void*;
+// NVML's types, which internal.hpp's Nvml names.
 struct nvmlMemory_t {
   unsigned long long total, free, used;
 };
@@ -44,58 +41,27 @@ struct nvmlProcessInfo_v1_t {
   unsigned int pid;
   unsigned long long usedGpuMemory;
 };
+
+namespace {
+
+using nvmlReturn_t = int;
+using nvmlDevice_t = void*;
 constexpr nvmlReturn_t kNvmlSuccess = 0;
 
-struct Nvml {
-  bool tried = false;
-  bool ok = false;
-  // Started in gpupool's own descriptor table: NVML's descriptors are
-  // there, so a forked child (which has the program's) cannot use it.
-  bool in_private_table = false;
-  long pid = 0;  // the process that initialised it
-  nvmlReturn_t (*init)() = nullptr;
-  nvmlReturn_t (*by_uuid)(const char*, nvmlDevice_t*) = nullptr;
-  nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
-  // Optional: without it a process's memory outside the pool counts as
-  // the other processes'.
-  nvmlReturn_t (*processes)(nvmlDevice_t, unsigned*, nvmlProcessInfo_v1_t*) = nullptr;
-  struct Handle {
-    wire::DeviceKey uuid;
-    nvmlDevice_t dev;
-  };
-  std::vector<Handle> handles;
-};
-// fork() waits while the control thread is inside dlopen or NVML, and no
-// new call starts until it is done: a child must not inherit the loader's
-// or NVML's locks mid-call (its own session calls NVML again). A gate of
-// two atomics, not a mutex: only the control thread calls NVML.
-std::atomic<bool> g_inside{false}, g_forking{false};
+// The session's fork() gate (NvmlSession): open unless a fork is under way.
 class Gate {
  public:
-  Gate() {
-    g_inside.store(true, std::memory_order_seq_cst);
-    if (g_forking.load(std::memory_order_seq_cst)) g_inside.store(false, std::memory_order_seq_cst);
+  explicit Gate(NvmlSession& s) : s_(s) {
+    s_.inside.store(true, std::memory_order_seq_cst);
+    if (s_.forking.load(std::memory_order_seq_cst))
+      s_.inside.store(false, std::memory_order_seq_cst);
   }
-  ~Gate() { g_inside.store(false, std::memory_order_seq_cst); }
-  bool open() const { return g_inside.load(std::memory_order_relaxed); }
-};
+  ~Gate() { s_.inside.store(false, std::memory_order_seq_cst); }
+  bool open() const { return s_.inside.load(std::memory_order_relaxed); }
 
-// Never destroyed: the control thread may still use them while exit runs.
-// A forked child gets new ones (the parent's may be mid-use by a thread the
-// child does not have).
-struct Session {
-  Ranked<LockRank::node_nvml> mu;
-  Nvml nvml;
-  // A forked child's session whose parent had started NVML in its own
-  // descriptor table: NVML's state names descriptors this child does not
-  // have, so the child does without (a child that uses the GPU again is
-  // one that exec'd, and starts afresh).
-  bool parents = false;
+ private:
+  NvmlSession& s_;
 };
-// A pointer, not a NoDestructor: a forked child swaps in a new session
-// (null where it could not make one, and before this static initialiser
-// ran: NVML is then not asked).
-std::atomic<Session*> g_session{new Session};
 
 // Loads and starts NVML once. Runs in the private table, where nothing may
 // log: what went wrong is left in *why for the caller to say.
@@ -148,15 +114,15 @@ nvmlDevice_t device_of(Nvml& n, const wire::DeviceKey& uuid, std::string* why) {
 // unless a fork is under way or this child's NVML is its parent's; says
 // what NVML's start reported. False when fn did not run or returned false.
 template <class F>
-bool with_nvml(F&& fn) {
-  Gate gate;
-  Session* sp = g_session.load(std::memory_order_acquire);
-  if (!sp || !gate.open()) return false;  // forking now, or a child out of host memory
-  LockGuard lock(sp->mu);
-  if (sp->parents) return false;
+bool with_nvml(NvmlSession& s, F&& fn) {
+  Gate gate(s);
+  if (!gate.open()) return false;  // forking now
+  LockGuard lock(s.mu);
+  if (s.parents) return false;
   bool ok = false;
   std::string why;
-  io::in_private([&] { ok = fn(sp->nvml, &why); });
+  Nvml& n = s.nvml;
+  io::in_private([&] { ok = fn(n, &why); });
   if (!why.empty()) log().info("{}", why);
   return ok;
 }
@@ -168,8 +134,9 @@ constexpr unsigned kMaxProcesses = 64;
 
 // NVML's list of the processes computing on the GPU: *count entries of
 // infos[kMaxProcesses]. False when NVML cannot say.
-bool list_processes(const wire::DeviceKey& uuid, nvmlProcessInfo_v1_t* infos, unsigned* count) {
-  return with_nvml([&](Nvml& n, std::string* why) {
+bool list_processes(NvmlSession& s, const wire::DeviceKey& uuid, nvmlProcessInfo_v1_t* infos,
+                    unsigned* count) {
+  return with_nvml(s, [&](Nvml& n, std::string* why) {
     nvmlDevice_t dev = device_of(n, uuid, why);
     if (!dev || !n.processes) return false;
     *count = kMaxProcesses;
@@ -180,10 +147,10 @@ bool list_processes(const wire::DeviceKey& uuid, nvmlProcessInfo_v1_t* infos, un
 }
 }  // namespace
 
-bool nvml_process_used(const wire::DeviceKey& uuid, long pid, std::uint64_t* used) {
+bool nvml_process_used(NvmlSession& s, const wire::DeviceKey& uuid, long pid, std::uint64_t* used) {
   nvmlProcessInfo_v1_t infos[kMaxProcesses];
   unsigned count = 0;
-  if (!list_processes(uuid, infos, &count)) return false;
+  if (!list_processes(s, uuid, infos, &count)) return false;
   for (unsigned i = 0; i < count; ++i)
     if (static_cast<long>(infos[i].pid) == pid) {
       *used = infos[i].usedGpuMemory;
@@ -192,18 +159,19 @@ bool nvml_process_used(const wire::DeviceKey& uuid, long pid, std::uint64_t* use
   return false;  // not listed (another PID namespace, or nothing used yet)
 }
 
-bool nvml_processes(const wire::DeviceKey& uuid, std::vector<unsigned>* pids) {
+bool nvml_processes(NvmlSession& s, const wire::DeviceKey& uuid, std::vector<unsigned>* pids) {
   nvmlProcessInfo_v1_t infos[kMaxProcesses];
   unsigned count = 0;
-  if (!list_processes(uuid, infos, &count)) return false;
+  if (!list_processes(s, uuid, infos, &count)) return false;
   pids->clear();
   for (unsigned i = 0; i < count; ++i) pids->push_back(infos[i].pid);
   std::sort(pids->begin(), pids->end());
   return true;
 }
 
-bool nvml_memory(const wire::DeviceKey& uuid, std::uint64_t* free, std::uint64_t* total) {
-  return with_nvml([&](Nvml& n, std::string* why) {
+bool nvml_memory(NvmlSession& s, const wire::DeviceKey& uuid, std::uint64_t* free,
+                 std::uint64_t* total) {
+  return with_nvml(s, [&](Nvml& n, std::string* why) {
     nvmlDevice_t dev = device_of(n, uuid, why);
     if (!dev) return false;
     nvmlMemory_t m{};
@@ -214,24 +182,26 @@ bool nvml_memory(const wire::DeviceKey& uuid, std::uint64_t* free, std::uint64_t
   });
 }
 
-void nvml_fork_prepare() noexcept {
-  g_forking.store(true, std::memory_order_seq_cst);
-  fork_wait::journal([](void*) { nvml_fork_parent(); }, nullptr);
-  for (unsigned turn = 0; g_inside.load(std::memory_order_seq_cst); ++turn)
+void nvml_fork_prepare(NvmlSession& s) noexcept {
+  s.forking.store(true, std::memory_order_seq_cst);
+  fork_wait::journal([](void* p) { nvml_fork_parent(*static_cast<NvmlSession*>(p)); }, &s);
+  for (unsigned turn = 0; s.inside.load(std::memory_order_seq_cst); ++turn)
     if (!fork_wait::keep_waiting(turn)) return;
 }
 
-void nvml_fork_parent() noexcept { g_forking.store(false, std::memory_order_seq_cst); }
+void nvml_fork_parent(NvmlSession& s) noexcept {
+  s.forking.store(false, std::memory_order_seq_cst);
+}
 
-void nvml_fork_child() noexcept {
-  g_inside.store(false, std::memory_order_relaxed);
-  g_forking.store(false, std::memory_order_relaxed);
-  // The NVML library stays loaded; the child starts its own session, and
-  // does without one its parent started in gpupool's descriptor table.
-  Session* old = g_session.load(std::memory_order_relaxed);
-  auto* fresh = new (std::nothrow) Session;
-  if (fresh && old) fresh->parents = old->parents || (old->nvml.ok && old->nvml.in_private_table);
-  g_session.store(fresh, std::memory_order_release);
+// The NVML library stays loaded; the child's session is its own, and does
+// without one its parent started in gpupool's descriptor table. (No NVML
+// call was in flight: prepare waited, so the parent's lock is free.)
+void nvml_fork_child(NvmlSession& parents,
+                     NvmlSession* fresh) noexcept GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  NvmlSession& child = fresh ? *fresh : parents;
+  child.inside.store(false, std::memory_order_relaxed);
+  child.forking.store(false, std::memory_order_relaxed);
+  child.parents = !fresh || parents.parents || (parents.nvml.ok && parents.nvml.in_private_table);
 }
 
 }  // namespace gpupool::node
