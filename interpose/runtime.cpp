@@ -277,8 +277,6 @@ Runtime* detail::runtime_slow() {
   return g_runtime.load(std::memory_order_acquire);
 }
 
-Runtime* runtime_if_started() { return g_runtime.load(std::memory_order_acquire); }
-
 bool exiting() { return g_exiting.load(std::memory_order_acquire); }
 
 namespace {

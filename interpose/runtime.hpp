@@ -5,15 +5,17 @@
 // State. Runtime (below) owns the configuration, the one pool and the
 // rooms' state objects: control::State (control/internal.hpp: the control
 // thread and socket, dumps, warnings, the Tracer and the Recorder, which
-// is the pool's observer) and node::State (node/internal.hpp: this process's
-// GPUs and the node registry). What stays outside it is listed, each with
-// its reason, in docs/globals.md (ctest docs.globals checks the list
-// against the sources): what hooks read before the runtime exists or once
-// exit began (this file's g_runtime, the driver and dispatch tables), the
-// signal handlers' slots, the rooms' maps and registries not yet moved
-// here, the process's I/O (sys/: the configuration, the logger, the files
-// thread) and per-thread state. Each is made at compile time or at first
-// use (core/no_destructor.hpp), never destroyed. The parts' table (kParts,
+// is the pool's observer), node::State (node/internal.hpp: this process's
+// GPUs, the node registry and the NVML session) and ocl::State
+// (opencl/state.hpp: the OpenCL contexts, queues, buffers and SVM
+// blocks). What stays outside it is listed, each with its reason, in
+// docs/globals.md (ctest docs.globals checks the list against the
+// sources): what hooks read before the runtime exists or once exit began
+// (this file's g_runtime, the driver and dispatch tables), the signal
+// handlers' slots, CUDA's maps and registries, not yet moved here, the
+// process's I/O (sys/: the configuration, the logger, the files thread)
+// and per-thread state. Each is made at compile time or at first use
+// (core/no_destructor.hpp), never destroyed. The parts' table (kParts,
 // below) is constant data.
 //
 // gpupool's parts (Part, below: the rooms and the runtime's own pieces)
@@ -23,12 +25,13 @@
 //
 // Start (runtime_slow, once): create() reads the configuration, moves
 // gpupool's files to their own descriptor table, starts the logger, makes
-// the pool, then each part's state (make: node's, control's), registers the
-// exit handler and the fork handlers; the runtime is published; each part
-// starts: node gives the control thread its work, then control opens the
-// sites, the trace and the recorder (the pool's observer), installs the
-// signal handlers, binds the control socket and starts the control thread.
-// The CUDA and OpenCL rooms make their records at their first calls.
+// the pool, then each part's state (make: OpenCL's, node's, control's),
+// registers the exit handler and the fork handlers; the runtime is
+// published; each part starts: node gives the control thread its work,
+// then control opens the sites, the trace and the recorder (the pool's
+// observer), installs the signal handlers, binds the control socket and
+// starts the control thread.
+// The CUDA and OpenCL rooms make their records at the program's calls.
 //
 // Fork: every part's handlers, in Part order (below); the child then
 // renews each part, and its first intercepted call restarts what it did not
@@ -64,6 +67,9 @@ struct State;
 namespace node {
 struct State;
 }
+namespace ocl {
+struct State;
+}
 
 struct Runtime {
   const config::Config& config;
@@ -71,6 +77,7 @@ struct Runtime {
   // The rooms' state, made by their parts' make (kParts, below), before
   // the runtime is published, so read without locks.
   control::State* control = nullptr;
+  ocl::State* opencl = nullptr;  // opencl/state.hpp
   // A forked child's is new (node.cpp's fork handler).
   std::atomic<node::State*> node{nullptr};
   // The CUDA room's answer to another process's "ipc <args>" (cuda/ipc.hpp),
@@ -98,8 +105,9 @@ inline Runtime* runtime() {
   return detail::runtime_slow();
 }
 
-// The runtime if it exists; never creates it.
-Runtime* runtime_if_started();
+// The runtime if it exists; never creates it. nullptr in an inert forked
+// child too.
+inline Runtime* runtime_if_started() { return detail::g_runtime.load(std::memory_order_acquire); }
 
 // Something inside gpupool failed (an exception caught at an entry point,
 // std::bad_alloc most likely): logged once with `where`, counted. Never

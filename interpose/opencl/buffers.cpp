@@ -8,7 +8,6 @@
 
 #include "core/fork_wait.hpp"
 #include "core/hot_tls.hpp"
-#include "core/no_destructor.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/opencl/unpooled.hpp"
 #include "sys/log.hpp"
@@ -19,11 +18,6 @@ namespace {
 constexpr cl_mem_flags kPoolableFlags =
     CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY | CL_MEM_ALLOC_HOST_PTR |
     CL_MEM_COPY_HOST_PTR | CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
-
-// Destructor callbacks' locks, a few for all records (so fork() can take
-// them all).
-constexpr std::size_t kCallbackLocks = 16;
-CallbackLock g_callback_locks[kCallbackLocks];
 
 // ---------------------------------------------------------------------------
 // The backend of one arena.
@@ -69,7 +63,7 @@ class BufferBackend final : public ClContextBackend {
       rec->flags = given_flags_;
       rec->has_props = has_props_;
       rec->props = props_;
-      buffers().put(m, rec.get());
+      ctx_->state.buffers.put(m, rec.get());
       record = rec.release();
     } catch (...) {
       api.clReleaseMemObject(m);
@@ -80,11 +74,11 @@ class BufferBackend final : public ClContextBackend {
 
   void release(Handle h, std::size_t, void*) override {
     cl_mem m = reinterpret_cast<cl_mem>(h);
-    delete buffers().take(m);
+    delete ctx_->state.buffers.take(m);
     if (!cl_gone()) next().clReleaseMemObject(m);
   }
   void drop(Handle h, std::size_t, void*) override {
-    delete buffers().take(reinterpret_cast<cl_mem>(h));
+    delete ctx_->state.buffers.take(reinterpret_cast<cl_mem>(h));
   }
 
  private:
@@ -201,16 +195,6 @@ void block_back(Runtime& rt, Ctx& ctx, Block* b) {
   }
 }
 
-CallbackLock& callback_lock(const Buffer* b) {
-  return g_callback_locks[(reinterpret_cast<std::uintptr_t>(b) >> 6) % kCallbackLocks];
-}
-
-// Never destroyed: hooks may run during exit.
-HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>& buffers() {
-  static NoDestructor<HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>> r;
-  return *r;
-}
-
 // Release what the pool holds for a context the program released. Under the
 // context's lock: finish_ctx() may retire (and so destroy) its arenas.
 void release_closed(Runtime& rt, Ctx& ctx) {
@@ -222,7 +206,7 @@ void release_closed(Runtime& rt, Ctx& ctx) {
 // buffers: nothing of it is left to release. The first caller takes them.
 void finish_ctx(Runtime& rt, Ctx& ctx) {
   std::vector<Arena*> arenas;
-  contexts_changed();
+  contexts_changed(ctx.state);
   {
     LockGuard lock(ctx.mu);
     for (auto& a : ctx.arenas) arenas.push_back(a.arena);
@@ -382,13 +366,14 @@ cl_mem create_buffer(cl_context context, const cl_mem_properties* properties, bo
   // locks).
   Ctx* ctx = nullptr;
   Arena* arena = nullptr;
-  const std::uint64_t generation = contexts_generation();
+  State& st = *rt->opencl;
+  const std::uint64_t generation = contexts_generation(st);
   if (!has_props && t_last.context == context && t_last.flags == flags &&
       t_last.generation == generation) {
     ctx = t_last.ctx;
     arena = t_last.arena;
   } else {
-    std::shared_ptr<Ctx> record = ctx_for_buffer(context);
+    std::shared_ptr<Ctx> record = ctx_for_buffer(st, context);
     if (!record) return passthrough();
     if (record->closed.load()) {
       // A forked child's (or a context released meanwhile): the
@@ -434,7 +419,7 @@ cl_mem create_buffer(cl_context context, const cl_mem_properties* properties, bo
 // A pooled, live buffer (nullptr for anything else).
 
 Buffer* live_pooled(cl_mem m) {
-  Buffer* r = buffers().find(m);
+  Buffer* r = find_buffer(m);
   return r && !r->sub && r->holds() > 0 ? r : nullptr;
 }
 
@@ -451,17 +436,17 @@ cl_int put_info(void* value, size_t value_size, size_t* size_ret, const void* sr
   return CL_SUCCESS;
 }
 
-bool buffers_fork_lock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  if (!buffers().lock_all() || !svm_fork_lock()) return false;
-  for (CallbackLock& m : g_callback_locks)
+bool buffers_fork_lock(State& st) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  if (!st.buffers.lock_all() || !svm_fork_lock(st)) return false;
+  for (CallbackLock& m : st.callback_locks)
     if (!fork_wait::take(m)) return false;
   return true;
 }
 
-void buffers_fork_unlock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  for (CallbackLock& m : g_callback_locks) m.unlock();
-  svm_fork_unlock();
-  buffers().unlock_all();
+void buffers_fork_unlock(State& st) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  for (CallbackLock& m : st.callback_locks) m.unlock();
+  svm_fork_unlock(st);
+  st.buffers.unlock_all();
 }
 
 }  // namespace gpupool::ocl

@@ -52,7 +52,11 @@ struct Buffer {
   std::atomic<bool> has_callbacks{false};  // callbacks is not empty
 };
 
-HandleMap<cl_mem, Buffer, LockRank::opencl_buffers>& buffers();
+// The record of m, if it is a pooled buffer or a sub-buffer of one.
+inline Buffer* find_buffer(cl_mem m) {
+  State* st = state();
+  return st ? st->buffers.find(m) : nullptr;
+}
 
 // What the arenas of one context have in common (buffers, SVM): blocks are
 // fenced by the context's queues (contexts.hpp), and on out-of-memory the
@@ -80,7 +84,10 @@ std::string memory_group(const Ctx& ctx);
 void block_back(Runtime& rt, Ctx& ctx, Block* b);
 // The lock of a buffer's destructor callbacks.
 using CallbackLock = Ranked<LockRank::opencl_callbacks>;
-CallbackLock& callback_lock(const Buffer* b);
+inline CallbackLock& callback_lock(const Buffer* b) {
+  return b->ctx->state
+      .callback_locks[(reinterpret_cast<std::uintptr_t>(b) >> 6) % State::kCallbackLocks];
+}
 
 // clCreateBuffer / clCreateBufferWithProperties (with_props) from the pool,
 // or passed to the implementation for what the pool cannot serve invisibly.
@@ -113,12 +120,12 @@ void svm_free(cl_context context, void* p);
 cl_int svm_enqueue_free(cl_command_queue q, cl_uint n, void* pointers[],
                         void(CL_CALLBACK* free_func)(cl_command_queue, cl_uint, void*[], void*),
                         void* user_data, cl_uint waits, const cl_event* wait_list, cl_event* event);
-bool svm_fork_lock();  // false: gave up (core/fork_wait.hpp)
-void svm_fork_unlock();
+bool svm_fork_lock(State& st);  // false: gave up (core/fork_wait.hpp)
+void svm_fork_unlock(State& st);
 
 // fork(): the buffer map's and callbacks' locks; false: gave up
 // (core/fork_wait.hpp).
-bool buffers_fork_lock();
-void buffers_fork_unlock();
+bool buffers_fork_lock(State& st);
+void buffers_fork_unlock(State& st);
 
 }  // namespace gpupool::ocl

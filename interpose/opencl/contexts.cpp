@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <unordered_map>
+#include <utility>
 
 #include <unistd.h>
 
@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 
 #include "core/fork_wait.hpp"
-#include "core/no_destructor.hpp"
 #include "interpose/opencl/buffers.hpp"
 #include "interpose/opencl/unpooled.hpp"
 #include "sys/log.hpp"
@@ -26,22 +25,6 @@ bool is_oom(cl_int e) {
 bool cl_gone() { return exiting() || loader_gone(); }
 
 namespace {
-
-// Every context record alive, whether the program still has the context or
-// not (fork() locks and renews them all).
-Ranked<LockRank::opencl_records> g_all_ctx_mu;
-std::vector<Ctx*>& all_ctx() {
-  static NoDestructor<std::vector<Ctx*>> v;  // hooks may run during exit
-  return *v;
-}
-Ranked<LockRank::opencl_contexts>& ctx_mu() {
-  static NoDestructor<Ranked<LockRank::opencl_contexts>> m;
-  return *m;
-}
-std::unordered_map<cl_context, std::shared_ptr<Ctx>>& ctx_map() {
-  static NoDestructor<std::unordered_map<cl_context, std::shared_ptr<Ctx>>> m;
-  return *m;
-}
 
 std::string device_string(const Api& api, cl_device_id d, cl_device_info what) {
   std::size_t n = 0;
@@ -70,21 +53,14 @@ std::string platform_name(const Api& api, cl_device_id d) {
 
 }  // namespace
 
-Ctx::Ctx() {
-  static std::atomic<std::uint64_t> ordinals{0};
-  ordinal = ++ordinals;
-  LockGuard lock(g_all_ctx_mu);
-  all_ctx().push_back(this);
+Ctx::Ctx(State& st) : state(st) {
+  ordinal = ++st.ordinals;
+  LockGuard lock(st.records_mu);
+  st.records.push_back(this);
 }
 Ctx::~Ctx() {
-  LockGuard lock(g_all_ctx_mu);
-  std::erase(all_ctx(), this);
-}
-
-HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>& queues() {
-  // Hooks may run during exit.
-  static NoDestructor<HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>> r;
-  return *r;
+  LockGuard lock(state.records_mu);
+  std::erase(state.records, this);
 }
 
 Runtime* active_runtime() {
@@ -93,15 +69,13 @@ Runtime* active_runtime() {
   return rt;
 }
 
-std::shared_ptr<Ctx> find_ctx(cl_context c) {
-  LockGuard lock(ctx_mu());
-  auto it = ctx_map().find(c);
-  return it == ctx_map().end() ? nullptr : it->second;
+std::shared_ptr<Ctx> find_ctx(State& st, cl_context c) {
+  LockGuard lock(st.contexts_mu);
+  auto it = st.contexts.find(c);
+  return it == st.contexts.end() ? nullptr : it->second;
 }
 
 namespace {
-
-std::atomic<std::uint64_t> g_contexts_generation{1};
 
 // A context in a process whose OpenCL implementation an ancestor initialised
 // (api.hpp, implementation_inherited): nothing of it is pooled or asked of
@@ -125,8 +99,8 @@ std::vector<Arena*> close_inherited(Ctx& c) {
 // A new record, closed where the implementation was inherited, whether the
 // context is the parent's (gpupool did not see it created there) or the
 // child's own: its device's threads are the parent's either way.
-std::shared_ptr<Ctx> new_record(cl_context c, bool refs_known) {
-  auto ctx = std::make_shared<Ctx>();
+std::shared_ptr<Ctx> new_record(State& st, cl_context c, bool refs_known) {
+  auto ctx = std::make_shared<Ctx>(st);
   ctx->handle = c;
   ctx->refs_known = refs_known;
   if (implementation_inherited()) (void)close_inherited(*ctx);
@@ -135,31 +109,25 @@ std::shared_ptr<Ctx> new_record(cl_context c, bool refs_known) {
 
 }  // namespace
 
-void register_ctx(cl_context c) {
-  auto ctx = new_record(c, /*refs_known=*/true);
-  LockGuard lock(ctx_mu());
-  ctx_map()[c] = std::move(ctx);
+void register_ctx(State& st, cl_context c) {
+  auto ctx = new_record(st, c, /*refs_known=*/true);
+  LockGuard lock(st.contexts_mu);
+  st.contexts[c] = std::move(ctx);
 }
 
-std::shared_ptr<Ctx> ctx_for_buffer(cl_context c) {
+std::shared_ptr<Ctx> ctx_for_buffer(State& st, cl_context c) {
   if (!c) return nullptr;
-  LockGuard lock(ctx_mu());
-  auto& slot = ctx_map()[c];
-  if (!slot) slot = new_record(c, /*refs_known=*/false);
+  LockGuard lock(st.contexts_mu);
+  auto& slot = st.contexts[c];
+  if (!slot) slot = new_record(st, c, /*refs_known=*/false);
   return slot;
 }
 
-std::uint64_t contexts_generation() {
-  return g_contexts_generation.load(std::memory_order_acquire);
-}
-
-void contexts_changed() { g_contexts_generation.fetch_add(1, std::memory_order_acq_rel); }
-
-void forget_ctx(cl_context c, const std::shared_ptr<Ctx>& ctx) {
-  contexts_changed();
-  LockGuard lock(ctx_mu());
-  auto it = ctx_map().find(c);
-  if (it != ctx_map().end() && it->second == ctx) ctx_map().erase(it);
+void forget_ctx(State& st, cl_context c, const std::shared_ptr<Ctx>& ctx) {
+  contexts_changed(st);
+  LockGuard lock(st.contexts_mu);
+  auto it = st.contexts.find(c);
+  if (it != st.contexts.end() && it->second == ctx) st.contexts.erase(it);
 }
 
 void load_info(Ctx& ctx) {
@@ -334,9 +302,9 @@ void end_solo(Ctx& ctx) {
   ctx.solo_q = nullptr;
 }
 
-void track_queue(cl_context c, cl_command_queue q, bool in_order) {
-  std::shared_ptr<Ctx> ctx = find_ctx(c);
-  if (!ctx) ctx = ctx_for_buffer(c);
+void track_queue(State& st, cl_context c, cl_command_queue q, bool in_order) {
+  std::shared_ptr<Ctx> ctx = find_ctx(st, c);
+  if (!ctx) ctx = ctx_for_buffer(st, c);
   if (!ctx) return;
   auto* qi = new Queue;
   qi->q = q;
@@ -366,7 +334,7 @@ void track_queue(cl_context c, cl_command_queue q, bool in_order) {
       }
     }
   }
-  queues().put(q, qi);
+  st.queues.put(q, qi);
 }
 
 namespace {
@@ -374,32 +342,34 @@ namespace {
 // ---------------------------------------------------------------------------
 // fork() (runtime.hpp): every lock, in rank order (core/lock_rank.hpp).
 
-// The contexts whose locks fork()'s prepare took. Never destroyed: a fork
-// may come while the process exits.
-std::vector<Ctx*>& fork_locked() {
-  static NoDestructor<std::vector<Ctx*>> v;
-  return *v;
-}
-
 // A wait that gives up (core/fork_wait.hpp) ends it: what it took is in
-// the fork's journal, with the list of contexts locked.
+// the fork's journal, with the list of contexts locked. A fork while the
+// runtime is being made (its handlers are registered before it is
+// published) finds no state: nothing to take, and then nothing to release
+// either (State::fork_held).
 void fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  if (!fork_wait::take(ctx_mu()) || !fork_wait::take(g_all_ctx_mu)) return;
-  fork_wait::journal([](void*) { fork_locked().clear(); }, nullptr);
-  fork_locked() = all_ctx();
-  for (Ctx* c : fork_locked())
+  State* st = state();
+  if (!st) return;
+  st->fork_held = true;
+  if (!fork_wait::take(st->contexts_mu) || !fork_wait::take(st->records_mu)) return;
+  fork_wait::journal([](void* p) { static_cast<State*>(p)->fork_locked.clear(); }, st);
+  st->fork_locked = st->records;
+  for (Ctx* c : st->fork_locked)
     if (!fork_wait::take(c->mu)) return;
-  if (buffers_fork_lock() && queues().lock_all()) (void)unpooled_fork_lock();
+  if (buffers_fork_lock(*st) && st->queues.lock_all()) (void)unpooled_fork_lock(*st);
 }
 
 void fork_release() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  unpooled_fork_unlock();
-  queues().unlock_all();
-  buffers_fork_unlock();
-  for (Ctx* c : fork_locked()) c->mu.unlock();
-  fork_locked().clear();
-  g_all_ctx_mu.unlock();
-  ctx_mu().unlock();
+  State* state_now = state();
+  if (!state_now || !std::exchange(state_now->fork_held, false)) return;
+  State& st = *state_now;
+  unpooled_fork_unlock(st);
+  st.queues.unlock_all();
+  buffers_fork_unlock(st);
+  for (Ctx* c : st.fork_locked) c->mu.unlock();
+  st.fork_locked.clear();
+  st.records_mu.unlock();
+  st.contexts_mu.unlock();
 }
 
 // The child's contexts are the parent's: their queues are served by the
@@ -411,25 +381,29 @@ void fork_release() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
 // gpupool. Contexts gpupool first sees in the child get closed records too
 // (new_record): the child inherited the initialised implementation.
 void fork_renew() {
-  Runtime* rt = runtime_if_started();
+  Runtime* runtime_now = runtime_if_started();
+  if (!runtime_now) return;
+  Runtime& rt = *runtime_now;
+  State& st = *rt.opencl;
   std::vector<std::shared_ptr<Ctx>> ctxs;
   {
-    LockGuard lock(g_all_ctx_mu);
-    for (Ctx* c : all_ctx())
+    LockGuard lock(st.records_mu);
+    for (Ctx* c : st.records)
       if (auto sp = c->weak_from_this().lock()) ctxs.push_back(std::move(sp));
   }
-  contexts_changed();
+  contexts_changed(st);
   unpooled_fork_renew(rt);
-  for (auto& c : ctxs) {
-    const std::vector<Arena*> arenas = close_inherited(*c);
-    if (rt)
-      for (Arena* a : arenas) rt->pool.retire_arena(a, /*keep_stats=*/false);
-  }
+  for (auto& c : ctxs)
+    for (Arena* a : close_inherited(*c)) rt.pool.retire_arena(a, /*keep_stats=*/false);
 }
+
+// The room's state, in the runtime before it is published.
+void make(Runtime& rt) { rt.opencl = new State; }
 
 }  // namespace
 
 // The room's part (runtime.hpp: Part::opencl).
-constinit const PartHandlers kPart{.fork = {fork_prepare, fork_release, fork_release, fork_renew}};
+constinit const PartHandlers kPart{.make = make,
+                                   .fork = {fork_prepare, fork_release, fork_release, fork_renew}};
 
 }  // namespace gpupool::ocl

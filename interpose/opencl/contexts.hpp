@@ -20,9 +20,7 @@
 #include <vector>
 
 #include "core/pool.hpp"
-#include "interpose/handle_table.hpp"
-#include "interpose/opencl/api.hpp"
-#include "interpose/runtime.hpp"
+#include "interpose/opencl/state.hpp"
 #include "wire/device_key.hpp"
 
 namespace gpupool::ocl {
@@ -52,11 +50,12 @@ struct Queue {
 };
 
 struct Ctx : std::enable_shared_from_this<Ctx> {
-  Ctx();
+  explicit Ctx(State& state);  // listed in state.records while it lives
   ~Ctx();
   Ctx(const Ctx&) = delete;
   Ctx& operator=(const Ctx&) = delete;
 
+  State& state;
   cl_context handle = nullptr;
   std::atomic<int> refs{1};  // the program's references
   bool refs_known = true;    // false: seen first at a buffer, creation missed
@@ -129,54 +128,32 @@ struct Ctx : std::enable_shared_from_this<Ctx> {
   cl_event hazard GPUPOOL_GUARDED_BY(mu) = nullptr;
 };
 
-// Handle -> record maps, sharded so unrelated calls do not share a lock
-// (each map's shards have a rank of their own: fork() takes them all).
-template <class K, class V, LockRank R>
-class HandleMap {
- public:
-  V* find(K k) {
-    auto& s = shards_.shard(key(k));
-    LockGuard lock(s.mu);
-    return s.map.find(key(k));
-  }
-  void put(K k, V* v) {
-    auto& s = shards_.shard(key(k));
-    LockGuard lock(s.mu);
-    s.map.put(key(k), v);
-  }
-  V* take(K k) {
-    auto& s = shards_.shard(key(k));
-    LockGuard lock(s.mu);
-    return s.map.erase(key(k));
-  }
-  bool lock_all() { return shards_.lock_all(); }  // false: gave up (core/fork_wait.hpp)
-  void unlock_all() { shards_.unlock_all(); }
-
- private:
-  static std::uintptr_t key(K k) { return reinterpret_cast<std::uintptr_t>(k); }
-  ShardedHandleTable<V, 4, R> shards_;
-};
-
-HandleMap<cl_command_queue, Queue, LockRank::opencl_queues>& queues();
+// The record of queue q, if gpupool tracks it.
+inline Queue* find_queue(cl_command_queue q) {
+  State* st = state();
+  return st ? st->queues.find(q) : nullptr;
+}
 
 // The record of context c, if gpupool saw it created.
-std::shared_ptr<Ctx> find_ctx(cl_context c);
+std::shared_ptr<Ctx> find_ctx(State& st, cl_context c);
 // A context the program just created. Its record, like ctx_for_buffer's, is
 // closed in a process that inherited the implementation
 // (implementation_inherited).
-void register_ctx(cl_context c);
+void register_ctx(State& st, cl_context c);
 // The context of a buffer request; one created before gpupool saw it gets a
 // record whose reference count is unknown (its release is then passed on).
-std::shared_ptr<Ctx> ctx_for_buffer(cl_context c);
+std::shared_ptr<Ctx> ctx_for_buffer(State& st, cl_context c);
 // The program released its last reference: no more pooling for it.
-void forget_ctx(cl_context c, const std::shared_ptr<Ctx>& ctx);
+void forget_ctx(State& st, cl_context c, const std::shared_ptr<Ctx>& ctx);
 
 // Changes whenever a context record stops serving buffer requests (the
 // program released it, its arenas were retired, a fork made it the
 // parent's): a thread's cached context and arena are valid only while it
 // has not changed (buffers.cpp).
-std::uint64_t contexts_generation();
-void contexts_changed();
+inline std::uint64_t contexts_generation(const State& st) {
+  return st.generation.load(std::memory_order_acquire);
+}
+inline void contexts_changed(State& st) { st.generation.fetch_add(1, std::memory_order_acq_rel); }
 
 // Device limits and name, once per context (Ctx::info_once).
 void load_info(Ctx& ctx);
@@ -203,7 +180,7 @@ void raise_completed(Ctx& ctx, std::uint64_t e);
 void advance(Ctx& ctx);
 
 // A new command queue of the program's (in_order: no out-of-order flag).
-void track_queue(cl_context c, cl_command_queue q, bool in_order);
+void track_queue(State& st, cl_context c, cl_command_queue q, bool in_order);
 // Solo mode ends.
 void end_solo(Ctx& ctx) GPUPOOL_REQUIRES(ctx.mu);
 

@@ -52,7 +52,7 @@ cl_mem record_sub(Buffer* root, cl_mem s, cl_int* errcode_ret) noexcept {
     r->ctx = root->ctx;
     r->parent = root;
     r->counts.store(Buffer::kRef | 1);
-    buffers().put(s, r.get());
+    root->ctx->state.buffers.put(s, r.get());
     r.release();
     return s;
   } catch (...) {
@@ -105,7 +105,8 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContext(
       api.clCreateContext(properties, num_devices, devices, notify, user_data, errcode_ret);
   // In export mode the loader may have initialised the layer during this
   // very call: then the layer's hook registered the context already.
-  if (c && &api == &next() && active_runtime()) register_ctx(c);
+  if (c && &api == &next())
+    if (Runtime* rt = active_runtime()) register_ctx(*rt->opencl, c);
   return c;
 }
 GPUPOOL_CL_FALLBACK(clCreateContext, missing(errcode_ret), properties, num_devices, devices, notify,
@@ -122,7 +123,8 @@ GPUPOOL_HOOK cl_context CL_API_CALL gpupool_hook_clCreateContextFromType(
     return nullptr;
   }
   cl_context c = api.clCreateContextFromType(properties, type, notify, user_data, errcode_ret);
-  if (c && &api == &next() && active_runtime()) register_ctx(c);
+  if (c && &api == &next())
+    if (Runtime* rt = active_runtime()) register_ctx(*rt->opencl, c);
   return c;
 }
 GPUPOOL_CL_FALLBACK(clCreateContextFromType, missing(errcode_ret), properties, type, notify,
@@ -133,7 +135,8 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainContext(cl_context c) try {
   if (!next().clRetainContext) return CL_INVALID_OPERATION;
   cl_int err = next().clRetainContext(c);
   if (err == CL_SUCCESS)
-    if (auto ctx = find_ctx(c)) ctx->refs.fetch_add(1);
+    if (State* st = state())
+      if (auto ctx = find_ctx(*st, c)) ctx->refs.fetch_add(1);
   return err;
 }
 GPUPOOL_CL_FALLBACK(clRetainContext, CL_INVALID_OPERATION, c)
@@ -141,13 +144,14 @@ GPUPOOL_CL_FALLBACK(clRetainContext, CL_INVALID_OPERATION, c)
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseContext(cl_context c) try {
   const HookScope hook_scope;
   if (!next().clReleaseContext) return CL_INVALID_OPERATION;
-  std::shared_ptr<Ctx> ctx = find_ctx(c);
+  State* st = state();
+  std::shared_ptr<Ctx> ctx = st ? find_ctx(*st, c) : nullptr;
   Runtime* rt = runtime();
   if (ctx && ctx->refs_known && ctx->refs.fetch_sub(1) == 1) {
     // The program's last reference: stop pooling for this context and give
     // back what gpupool holds, so the context can really die.
     ctx->closed.store(true);
-    forget_ctx(c, ctx);
+    forget_ctx(ctx->state, c, ctx);
     if (rt && !cl_gone()) {
       cl_command_queue internal = nullptr;
       OwnEvents evs;
@@ -183,7 +187,9 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueue(
     return nullptr;
   }
   cl_command_queue q = api.clCreateCommandQueue(c, d, props, err);
-  if (q && active_runtime()) track_queue(c, q, !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
+  if (q)
+    if (Runtime* rt = active_runtime())
+      track_queue(*rt->opencl, c, q, !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
 }
 GPUPOOL_CL_FALLBACK(clCreateCommandQueue, missing(err), c, d, props, err)
@@ -202,8 +208,9 @@ GPUPOOL_HOOK cl_command_queue CL_API_CALL gpupool_hook_clCreateCommandQueueWithP
     if (props[i] == CL_QUEUE_PROPERTIES) qp = props[i + 1];
   // Device-side queues take no host commands: their work completes with the
   // host-enqueued parent kernel, which the host queues cover.
-  if (q && active_runtime() && !(qp & CL_QUEUE_ON_DEVICE))
-    track_queue(c, q, !(qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
+  if (q && !(qp & CL_QUEUE_ON_DEVICE))
+    if (Runtime* rt = active_runtime())
+      track_queue(*rt->opencl, c, q, !(qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE));
   return q;
 }
 GPUPOOL_CL_FALLBACK(clCreateCommandQueueWithProperties, missing(err), c, d, props, err)
@@ -213,7 +220,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainCommandQueue(cl_command_que
   if (!next().clRetainCommandQueue) return CL_INVALID_OPERATION;
   cl_int err = next().clRetainCommandQueue(q);
   if (err == CL_SUCCESS)
-    if (Queue* qi = queues().find(q)) qi->refs.fetch_add(1);
+    if (Queue* qi = find_queue(q)) qi->refs.fetch_add(1);
   return err;
 }
 GPUPOOL_CL_FALLBACK(clRetainCommandQueue, CL_INVALID_OPERATION, q)
@@ -221,10 +228,10 @@ GPUPOOL_CL_FALLBACK(clRetainCommandQueue, CL_INVALID_OPERATION, q)
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseCommandQueue(cl_command_queue q) try {
   const HookScope hook_scope;
   if (!next().clReleaseCommandQueue) return CL_INVALID_OPERATION;
-  Queue* qi = queues().find(q);
+  Queue* qi = find_queue(q);
   if (qi && qi->refs.fetch_sub(1) == 1) {
-    queues().take(q);
     Ctx& ctx = *qi->ctx;
+    ctx.state.queues.take(q);
     const Api& api = next();
     {
       LockGuard lock(ctx.mu);
@@ -248,7 +255,7 @@ GPUPOOL_CL_FALLBACK(clReleaseCommandQueue, CL_INVALID_OPERATION, q)
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clFinish(cl_command_queue q) try {
   const HookScope hook_scope;
   if (!next().clFinish) return CL_INVALID_OPERATION;
-  Queue* qi = queues().find(q);
+  Queue* qi = find_queue(q);
   if (!qi) return next().clFinish(q);
   Ctx& ctx = *qi->ctx;
   const std::uint64_t e = ctx.epoch.fetch_add(1, std::memory_order_seq_cst);
@@ -287,7 +294,7 @@ GPUPOOL_CL_FALLBACK(clCreateBufferWithProperties, missing(err), c, props, flags,
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clRetainMemObject(cl_mem m) try {
   const HookScope hook_scope;
   if (!next().clRetainMemObject) return CL_INVALID_OPERATION;
-  Buffer* r = buffers().find(m);
+  Buffer* r = find_buffer(m);
   if (!r) {
     const cl_int err = next().clRetainMemObject(m);
     if (err == CL_SUCCESS) unpooled_retained(m);
@@ -305,7 +312,7 @@ GPUPOOL_CL_FALLBACK(clRetainMemObject, CL_INVALID_OPERATION, m)
 GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
   const HookScope hook_scope;
   if (!next().clReleaseMemObject) return CL_INVALID_OPERATION;
-  Buffer* r = buffers().find(m);
+  Buffer* r = find_buffer(m);
   if (!r) return release_unpooled(m);
   // A buffer's reference holds its block; a sub-buffer's record holds its
   // parent's (dropped below), not its own.
@@ -325,7 +332,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clReleaseMemObject(cl_mem m) try {
       // A sub-buffer is a real object of its own: release it for real, then
       // let go of the parent it kept active.
       Buffer* parent = r->parent;
-      buffers().take(m);
+      r->ctx->state.buffers.take(m);
       err = next().clReleaseMemObject(m);
       delete r;
       drop_hold(parent);
@@ -342,7 +349,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clGetMemObjectInfo(cl_mem m, cl_mem
                                                                 size_t* size_ret) try {
   const HookScope hook_scope;
   if (!next().clGetMemObjectInfo) return CL_INVALID_OPERATION;
-  Buffer* r = buffers().find(m);
+  Buffer* r = find_buffer(m);
   if (!r) return next().clGetMemObjectInfo(m, what, size, value, size_ret);
   if (r->refs() == 0) return CL_INVALID_MEM_OBJECT;
   if (what == CL_MEM_REFERENCE_COUNT) {
@@ -382,7 +389,7 @@ GPUPOOL_HOOK cl_mem CL_API_CALL gpupool_hook_clCreateSubBuffer(cl_mem b, cl_mem_
                                                                cl_int* errcode_ret) try {
   const HookScope hook_scope;
   if (!next().clCreateSubBuffer) return missing(errcode_ret);
-  Buffer* parent = buffers().find(b);
+  Buffer* parent = find_buffer(b);
   if (!parent) return next().clCreateSubBuffer(b, flags, type, info, errcode_ret);
   if (parent->sub) {
     // A sub-buffer of a sub-buffer: the implementation decides (PoCL refuses,
@@ -422,7 +429,7 @@ GPUPOOL_HOOK cl_int CL_API_CALL gpupool_hook_clSetMemObjectDestructorCallback(
     cl_mem m, void(CL_CALLBACK* fn)(cl_mem, void*), void* ud) try {
   const HookScope hook_scope;
   if (!next().clSetMemObjectDestructorCallback) return CL_INVALID_OPERATION;
-  Buffer* r = buffers().find(m);
+  Buffer* r = find_buffer(m);
   if (!r || r->sub) return next().clSetMemObjectDestructorCallback(m, fn, ud);
   if (r->refs() == 0) return CL_INVALID_MEM_OBJECT;
   if (!fn) return CL_INVALID_VALUE;

@@ -18,26 +18,20 @@
 
 #include <fmt/format.h>
 
-#include "core/no_destructor.hpp"
 #include "interpose/hook_scope.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/opencl/buffers.hpp"
 #include "sys/log.hpp"
 
 namespace gpupool::ocl {
-namespace {
 
-// A pooled SVM block, kept while the pool has it.
+// A pooled SVM block (State::svm), kept while the pool has it.
 struct SvmBlock {
   std::shared_ptr<Ctx> ctx;
   std::atomic<Block*> block{nullptr};  // while the program holds it
 };
 
-// Never destroyed: hooks may run during exit.
-HandleMap<void*, SvmBlock, LockRank::opencl_svm>& svm_blocks() {
-  static NoDestructor<HandleMap<void*, SvmBlock, LockRank::opencl_svm>> m;
-  return *m;
-}
+namespace {
 
 constexpr cl_svm_mem_flags kAccess = CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY;
 
@@ -57,7 +51,7 @@ class SvmBackend final : public ClContextBackend {
     try {
       auto rec = std::make_unique<SvmBlock>();
       rec->ctx = ctx_;
-      svm_blocks().put(p, rec.get());
+      ctx_->state.svm.put(p, rec.get());
       record = rec.release();
     } catch (...) {
       api.clSVMFree(ctx_->handle, p);
@@ -68,11 +62,11 @@ class SvmBackend final : public ClContextBackend {
 
   void release(Handle h, std::size_t, void*) override {
     void* p = reinterpret_cast<void*>(h);
-    delete svm_blocks().take(p);
+    delete ctx_->state.svm.take(p);
     if (!cl_gone()) next().clSVMFree(ctx_->handle, p);
   }
   void drop(Handle h, std::size_t, void*) override {
-    delete svm_blocks().take(reinterpret_cast<void*>(h));
+    delete ctx_->state.svm.take(reinterpret_cast<void*>(h));
   }
 
  private:
@@ -116,7 +110,7 @@ void* svm_alloc(cl_context context, cl_svm_mem_flags flags, size_t size, cl_uint
   const cl_svm_mem_flags access = flags & kAccess;
   if (!rt || size == 0 || alignment != 0 || (flags & ~kAccess) || (access & (access - 1)))
     return pass();
-  std::shared_ptr<Ctx> ctx = ctx_for_buffer(context);
+  std::shared_ptr<Ctx> ctx = ctx_for_buffer(*rt->opencl, context);
   if (!ctx || ctx->closed.load()) return pass();
   std::call_once(ctx->info_once, [&] { load_info(*ctx); });
   if (!ctx->info_ok || !ctx->svm || size > ctx->max_alloc) return pass();
@@ -133,7 +127,8 @@ void* svm_alloc(cl_context context, cl_svm_mem_flags flags, size_t size, cl_uint
 }
 
 void svm_free(cl_context context, void* p) {
-  SvmBlock* r = p ? svm_blocks().find(p) : nullptr;
+  State* st = p ? state() : nullptr;
+  SvmBlock* r = st ? st->svm.find(p) : nullptr;
   if (!r) {
     if (next().clSVMFree) next().clSVMFree(context, p);
     return;
@@ -163,9 +158,10 @@ cl_int svm_enqueue_free(cl_command_queue q, cl_uint n, void* pointers[],
                         void* user_data, cl_uint waits, const cl_event* wait_list,
                         cl_event* event) {
   const Api& api = next();
+  State* st = state();
   bool pooled = false;
-  for (cl_uint i = 0; pointers && i < n && !pooled; ++i)
-    pooled = pointers[i] && svm_blocks().find(pointers[i]);
+  for (cl_uint i = 0; st && pointers && i < n && !pooled; ++i)
+    pooled = pointers[i] && st->svm.find(pointers[i]);
   cl_context context = nullptr;
   if (!pooled || free_func || !api.clGetCommandQueueInfo ||
       api.clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof context, &context, nullptr) !=
@@ -175,7 +171,7 @@ cl_int svm_enqueue_free(cl_command_queue q, cl_uint n, void* pointers[],
   return api.clEnqueueSVMFree(q, n, pointers, free_enqueued, context, waits, wait_list, event);
 }
 
-bool svm_fork_lock() { return svm_blocks().lock_all(); }
-void svm_fork_unlock() { svm_blocks().unlock_all(); }
+bool svm_fork_lock(State& st) { return st.svm.lock_all(); }
+void svm_fork_unlock(State& st) { st.svm.unlock_all(); }
 
 }  // namespace gpupool::ocl

@@ -9,12 +9,10 @@
 #include <vector>
 
 #include "core/fork_wait.hpp"
-#include "core/no_destructor.hpp"
 #include "interpose/opencl/buffers.hpp"
 #include "observe/trace_reader.hpp"
 
 namespace gpupool::ocl {
-namespace {
 
 // What the implementation made for the program in one context, as an
 // arena's counters: every allocation a miss that reached the
@@ -70,42 +68,15 @@ class UnpooledBackend final : public Backend, public HeldOutside {
   std::uint64_t peak_blocks_ GPUPOOL_GUARDED_BY(mu_) = 0, peak_bytes_ GPUPOOL_GUARDED_BY(mu_) = 0;
 };
 
-struct Noted {
-  Arena* arena;
-  UnpooledBackend* backend;
-  std::size_t size;
-  std::uint32_t refs;
-};
-
-// An arena made here (the pool owns it and its backend): retired once its
-// context is finished and none of its buffers is noted any more.
-struct ArenaRecord {
-  Arena* arena;
-  UnpooledBackend* backend;
-  std::size_t noted = 0;  // its buffers in `buffers`
-  bool context_finished = false;
-};
-
-// Never destroyed: hooks may run while the process exits.
-struct State {
-  Ranked<LockRank::opencl_unpooled> mu;
-  std::unordered_map<cl_mem, Noted> buffers GPUPOOL_GUARDED_BY(mu);
-  std::vector<ArenaRecord> arenas GPUPOOL_GUARDED_BY(mu);
-};
-State& state() {
-  static NoDestructor<State> s;
-  return *s;
-}
-// This process noted a buffer: the retain and release hooks look.
-std::atomic<bool> g_any{false};
+namespace {
 
 // ctx's arena, made at its first buffer.
 std::pair<Arena*, UnpooledBackend*> arena_of(Runtime& rt, Ctx& ctx) {
   LockGuard ctx_lock(ctx.mu);
-  State& st = state();
+  Unpooled& st = ctx.state.unpooled;
   if (ctx.unpooled) {
     LockGuard lock(st.mu);
-    for (const ArenaRecord& a : st.arenas)
+    for (const UnpooledArena& a : st.arenas)
       if (a.arena == ctx.unpooled) return {a.arena, a.backend};
   }
   std::call_once(ctx.info_once, [&] { load_info(ctx); });
@@ -125,16 +96,16 @@ std::pair<Arena*, UnpooledBackend*> arena_of(Runtime& rt, Ctx& ctx) {
 }
 
 // The record of `a` (under the state's lock).
-ArenaRecord* record_of(State& st, Arena* a) GPUPOOL_REQUIRES(st.mu) {
-  for (ArenaRecord& r : st.arenas)
+UnpooledArena* record_of(Unpooled& st, Arena* a) GPUPOOL_REQUIRES(st.mu) {
+  for (UnpooledArena& r : st.arenas)
     if (r.arena == a) return &r;
   return nullptr;
 }
 
 // Whether `a`'s record is done with (its context finished, none of its
 // buffers noted): then it leaves the list, for the caller to retire.
-bool done_with(State& st, Arena* a) GPUPOOL_REQUIRES(st.mu) {
-  ArenaRecord* r = record_of(st, a);
+bool done_with(Unpooled& st, Arena* a) GPUPOOL_REQUIRES(st.mu) {
+  UnpooledArena* r = record_of(st, a);
   if (!r || !r->context_finished || r->noted != 0) return false;
   *r = st.arenas.back();
   st.arenas.pop_back();
@@ -144,9 +115,9 @@ bool done_with(State& st, Arena* a) GPUPOOL_REQUIRES(st.mu) {
 // The noted buffer `n` at `m` is freed: counted, and its arena retired
 // when it is done with. Under the state's lock, so that a fork finds every
 // arena either listed or retired (unpooled_fork_renew).
-void freed_locked(State& st, Runtime* rt, cl_mem m, const Noted& n) GPUPOOL_REQUIRES(st.mu) {
+void freed_locked(Unpooled& st, Runtime* rt, cl_mem m, const Noted& n) GPUPOOL_REQUIRES(st.mu) {
   n.backend->released(n.size);
-  if (ArenaRecord* r = record_of(st, n.arena)) --r->noted;
+  if (UnpooledArena* r = record_of(st, n.arena)) --r->noted;
   const bool retire = done_with(st, n.arena);
   if (!rt) return;
   rt->pool.note_outside_free(*n.arena, reinterpret_cast<Handle>(m), n.size);
@@ -157,11 +128,11 @@ void freed_locked(State& st, Runtime* rt, cl_mem m, const Noted& n) GPUPOOL_REQU
 
 void note_unpooled(Runtime& rt, Ctx& ctx, cl_mem m, std::size_t size) noexcept try {
   const auto [arena, backend] = arena_of(rt, ctx);
-  State& st = state();
+  Unpooled& st = ctx.state.unpooled;
   LockGuard lock(st.mu);
   // Retired meanwhile (the program released the context as it made this
   // buffer): not noted.
-  ArenaRecord* r = record_of(st, arena);
+  UnpooledArena* r = record_of(st, arena);
   if (!r) return;
   if (auto it = st.buffers.find(m); it != st.buffers.end()) {
     // A handle noted before whose release went past gpupool: freed now.
@@ -173,7 +144,7 @@ void note_unpooled(Runtime& rt, Ctx& ctx, cl_mem m, std::size_t size) noexcept t
   }
   st.buffers.emplace(m, Noted{arena, backend, size, 1});
   ++r->noted;
-  g_any.store(true, std::memory_order_release);
+  st.any.store(true, std::memory_order_release);
   backend->made(size);
   rt.pool.note_outside_allocate(*arena, reinterpret_cast<Handle>(m), size);
 } catch (...) {
@@ -181,16 +152,19 @@ void note_unpooled(Runtime& rt, Ctx& ctx, cl_mem m, std::size_t size) noexcept t
 }
 
 void unpooled_retained(cl_mem m) noexcept {
-  if (!g_any.load(std::memory_order_acquire)) return;
-  State& st = state();
+  State* room = state();
+  if (!room || !room->unpooled.any.load(std::memory_order_acquire)) return;
+  Unpooled& st = room->unpooled;
   LockGuard lock(st.mu);
   if (auto it = st.buffers.find(m); it != st.buffers.end()) ++it->second.refs;
 }
 
 cl_int release_unpooled(cl_mem m) {
-  if (!g_any.load(std::memory_order_acquire)) return next().clReleaseMemObject(m);
+  State* room = state();
+  if (!room || !room->unpooled.any.load(std::memory_order_acquire))
+    return next().clReleaseMemObject(m);
   {
-    State& st = state();
+    Unpooled& st = room->unpooled;
     LockGuard lock(st.mu);
     auto it = st.buffers.find(m);
     if (it != st.buffers.end() && --it->second.refs == 0) {
@@ -202,8 +176,10 @@ cl_int release_unpooled(cl_mem m) {
   return next().clReleaseMemObject(m);
 }
 
-bool unpooled_fork_lock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { return fork_wait::take(state().mu); }
-void unpooled_fork_unlock() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { state().mu.unlock(); }
+bool unpooled_fork_lock(State& st) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  return fork_wait::take(st.unpooled.mu);
+}
+void unpooled_fork_unlock(State& st) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS { st.unpooled.mu.unlock(); }
 
 void unpooled_context_finished(Runtime& rt, Ctx& ctx) {
   Arena* a = nullptr;
@@ -212,22 +188,21 @@ void unpooled_context_finished(Runtime& rt, Ctx& ctx) {
     a = std::exchange(ctx.unpooled, nullptr);
   }
   if (!a) return;
-  State& st = state();
+  Unpooled& st = ctx.state.unpooled;
   LockGuard lock(st.mu);
-  if (ArenaRecord* r = record_of(st, a)) r->context_finished = true;
+  if (UnpooledArena* r = record_of(st, a)) r->context_finished = true;
   if (done_with(st, a)) rt.pool.retire_arena(a);
 }
 
-void unpooled_fork_renew(Runtime* rt) {
-  State& st = state();
-  std::vector<ArenaRecord> arenas;
+void unpooled_fork_renew(Runtime& rt) {
+  Unpooled& st = rt.opencl->unpooled;
+  std::vector<UnpooledArena> arenas;
   {
     LockGuard lock(st.mu);
     st.buffers.clear();
     arenas.swap(st.arenas);
   }
-  if (rt)
-    for (const ArenaRecord& a : arenas) rt->pool.retire_arena(a.arena, /*keep_stats=*/false);
+  for (const UnpooledArena& a : arenas) rt.pool.retire_arena(a.arena, /*keep_stats=*/false);
 }
 
 }  // namespace gpupool::ocl

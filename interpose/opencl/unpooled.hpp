@@ -31,8 +31,8 @@ void unpooled_context_finished(Runtime& rt, Ctx& ctx);
 // fork(): the lock (contexts.cpp's prepare and release). In the child the
 // noted buffers are its parent's: forgotten, and their arenas retired
 // (renew, before the contexts' records drop theirs).
-bool unpooled_fork_lock();
-void unpooled_fork_unlock();
-void unpooled_fork_renew(Runtime* rt);
+bool unpooled_fork_lock(State& st);
+void unpooled_fork_unlock(State& st);
+void unpooled_fork_renew(Runtime& rt);
 
 }  // namespace gpupool::ocl
