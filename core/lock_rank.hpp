@@ -98,6 +98,11 @@
   /* the backend's reserve, map and unmap: a backend may take there only locks */         \
   /* ranked after it (none of interpose/'s). */                                           \
   X(arena_ranges, "arena ranges")                                                         \
+  /* CUDA: a range's mapped granules and who may access them (memory.cpp), */             \
+  /* around the driver's map, unmap and access calls, then the contexts */                \
+  /* given peer access (the device backend's, under the range's lock). */                 \
+  X(cuda_range_access, "cuda range access")                                               \
+  X(cuda_peer_access, "cuda peer access")                                                 \
   /* the observer: a thread's trace buffer while it is drained (trace.cpp), */            \
   X(trace_buffer, "trace buffer")                                                         \
   /* then the trace file, */                                                              \

@@ -118,6 +118,8 @@ using PFN_ipc_open = CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int);
   X(cuDeviceGetDefaultMemPool, device_get_default_mem_pool,                                  \
     decltype(&::cuDeviceGetDefaultMemPool))                                                  \
   X(cuMemImportFromShareableHandle, mem_import, decltype(&::cuMemImportFromShareableHandle)) \
+  X(cuMemGetAllocationPropertiesFromHandle, mem_get_properties,                              \
+    decltype(&::cuMemGetAllocationPropertiesFromHandle))                                     \
   X(cuDeviceGetAttribute, device_get_attribute, decltype(&::cuDeviceGetAttribute))           \
   X(cuStreamIsCapturing, stream_is_capturing, PFN_is_capturing)                              \
   X(cuStreamIsCapturing_ptsz, stream_is_capturing_ptsz, PFN_is_capturing)

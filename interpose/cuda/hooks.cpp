@@ -11,6 +11,7 @@
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/ipc.hpp"
+#include "interpose/cuda/memory.hpp"
 #include "interpose/cuda/pointers.hpp"
 #include "interpose/cuda/vmm.hpp"
 #include "interpose/hook_scope.hpp"
@@ -976,7 +977,13 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxEnablePeerAccess(CUcontext peer,
   const Driver* d = driver();
   if (!d || !d->ctx_enable_peer_access) return kNoDriver;
   end_solo("peer access");
-  return d->ctx_enable_peer_access(peer, flags);
+  const CUresult r = d->ctx_enable_peer_access(peer, flags);
+  // The peer's range pieces become accessible here, as its cuMemAlloc
+  // blocks just did.
+  CUdevice dev = 0;
+  if (r == CUDA_SUCCESS && d->ctx_get_device && d->ctx_get_device(&dev) == CUDA_SUCCESS)
+    if (Runtime* rt = runtime()) grant_peer_access(*d, *rt, peer, dev);
+  return r;
 }
 GPUPOOL_FALLBACK(ctx_enable_peer_access, peer, flags)
 

@@ -95,6 +95,17 @@ int export_granule(const Driver& d, CUdeviceptr at) {
   return fd;
 }
 
+bool exportable(const Driver& d, CUdeviceptr at) {
+  if (!d.mem_get_properties) return false;
+  CUmemGenericAllocationHandle h = 0;
+  if (d.mem_retain_handle(&h, reinterpret_cast<void*>(at)) != CUDA_SUCCESS) return false;
+  CUmemAllocationProp prop{};
+  const bool ok = d.mem_get_properties(&prop, h) == CUDA_SUCCESS &&
+                  (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  d.mem_release(h);
+  return ok;
+}
+
 // The parts of an answer's header line.
 bool parse_numbers(std::string_view s, std::uint64_t* out, std::size_t n) {
   for (std::size_t k = 0; k < n; ++k) {
@@ -246,8 +257,8 @@ CUresult export_piece(const Driver& d, const PtrInfo& i, CUipcMemHandle* handle)
   if (d.mem_get_address_range(&first, &granule, i.base) != CUDA_SUCCESS || granule == 0)
     return CUDA_ERROR_NOT_SUPPORTED;
   // Exportable only if made so (the device supports POSIX descriptors).
-  if (const int fd = export_granule(d, first); fd >= 0) ::close(fd);
-  else return CUDA_ERROR_NOT_SUPPORTED;
+  // Asked, not tried: an export costs about 0.56 ms a granule on the H200.
+  if (!exportable(d, first)) return CUDA_ERROR_NOT_SUPPORTED;
   Export e;
   e.token = random_token();
   e.piece = i.base;

@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <map>
 #include <shared_mutex>
 #include <vector>
+
+#include "core/lock_rank.hpp"
+#include "core/no_destructor.hpp"
 
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
@@ -14,6 +18,28 @@
 
 namespace gpupool::cuda {
 namespace {
+
+// Contexts whose memory another device's context was given access to
+// (cuCtxEnablePeerAccess), by context id (its handle without ids): the
+// devices, as a mask. Read by every map of a range's granules.
+struct PeerAccess {
+  Ranked<LockRank::cuda_peer_access> mu;
+  std::map<unsigned long long, std::uint32_t> devices GPUPOOL_GUARDED_BY(mu);
+};
+NoDestructor<PeerAccess> g_peer_access;
+std::atomic<bool> g_any_peer_access{false};  // single-GPU programs skip the lock
+
+unsigned long long peer_key(const CtxState* st) {
+  return st->id ? st->id : reinterpret_cast<std::uintptr_t>(st->ctx);
+}
+
+std::uint32_t peer_devices(const CtxState* st) {
+  if (!g_any_peer_access.load(std::memory_order_acquire)) return 0;
+  PeerAccess& pa = *g_peer_access;
+  LockGuard lock(pa.mu);
+  auto it = pa.devices.find(peer_key(st));
+  return it == pa.devices.end() ? 0 : it->second;
+}
 
 // Memory of one context. Device and pinned blocks alike are fenced by the
 // context's work (cuMemFree and cuMemFreeHost both wait for all of it,
@@ -146,6 +172,7 @@ class DeviceBackend final : public CuContextBackend {
   BackendResult map(Handle at, std::size_t bytes, void*) override {
     const Driver* d = driver();
     const CUmemAllocationProp prop = properties();
+    LockGuard lock(access_mu_);
     std::size_t done = 0;
     CUresult r = CUDA_SUCCESS;
     for (; done < bytes; done += granule_) {
@@ -159,11 +186,8 @@ class DeviceBackend final : public CuContextBackend {
       mapped_[(at + done - base_) / granule_] = true;
     }
     if (r == CUDA_SUCCESS) {
-      CUmemAccessDesc access{};
-      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      access.location.id = st_->dev;
-      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      r = d->mem_set_access(at, bytes, &access, 1);
+      CUmemAccessDesc access[kMaxDevices];
+      r = d->mem_set_access(at, bytes, access, access_for(access));
     }
     if (r != CUDA_SUCCESS) {
       unmap_granules(at, done);  // all or nothing
@@ -184,12 +208,29 @@ class DeviceBackend final : public CuContextBackend {
       CUcontext popped = nullptr;
       d->ctx_pop(&popped);
     }
+    LockGuard lock(access_mu_);
     unmap_granules(at, bytes);
+  }
+
+  // Every granule mapped now made accessible to the devices given peer
+  // access since (those mapped later get it at their map).
+  void grant_peers() {
+    const Driver* d = driver();
+    LockGuard lock(access_mu_);
+    CUmemAccessDesc access[kMaxDevices];
+    const std::size_t n = access_for(access);
+    for (std::size_t i = 0; i < mapped_.size();) {
+      std::size_t j = i;
+      while (j < mapped_.size() && mapped_[j]) ++j;
+      if (j > i) d->mem_set_access(base_ + i * granule_, (j - i) * granule_, access, n);
+      i = j + 1;
+    }
   }
 
   void unreserve(Handle base, std::size_t bytes, void* range, bool) override {
     PtrMap::forget_range(static_cast<PtrMap::Entry*>(range));
     if (exiting() || getpid() != pid_) return;
+    LockGuard lock(access_mu_);
     unmap_granules(base, bytes);  // what a retired context's pieces still map
     driver()->mem_address_free(base, bytes);
   }
@@ -204,9 +245,26 @@ class DeviceBackend final : public CuContextBackend {
     return prop;
   }
 
+  // Read-write for this context's device and the devices given peer
+  // access to it; how many.
+  std::size_t access_for(CUmemAccessDesc* out) const {
+    const std::uint32_t peers = peer_devices(st_) & ~(1u << st_->dev);
+    std::size_t n = 0;
+    for (int dev = -1; dev < kMaxDevices; ++dev) {
+      if (dev >= 0 && !(peers & (1u << dev))) continue;
+      CUmemAccessDesc& a = out[n++];
+      a = {};
+      a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      a.location.id = dev < 0 ? st_->dev : dev;
+      a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      if (n == kMaxDevices) break;
+    }
+    return n;
+  }
+
   // Each mapped granule of [at, at + bytes) unmapped: its physical memory
   // goes with its mapping.
-  void unmap_granules(Handle at, std::size_t bytes) {
+  void unmap_granules(Handle at, std::size_t bytes) GPUPOOL_REQUIRES(access_mu_) {
     const Driver* d = driver();
     for (Handle g = at; g < at + bytes; g += granule_) {
       const std::size_t i = (g - base_) / granule_;
@@ -216,8 +274,12 @@ class DeviceBackend final : public CuContextBackend {
     }
   }
 
+  static constexpr int kMaxDevices = 32;  // a mask's bits
   bool solo_;
   bool exportable_ = false;  // granules made with POSIX descriptors requested
+  // Taken inside the range's lock: the granules mapped, and their access
+  // granted, by map, unmap and grant_peers (which comes from a hook).
+  Ranked<LockRank::cuda_range_access> access_mu_;
   std::size_t granule_ = 0;
   // The range (set by reserve, used under the range's lock).
   Handle base_ = 0;
@@ -260,6 +322,30 @@ std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced, bool solo) {
 
 std::unique_ptr<Backend> host_backend(CtxState* st, bool fenced, unsigned flags) {
   return std::make_unique<HostBackend>(st, fenced, flags);
+}
+
+void grant_peer_access(const Driver& d, Runtime& rt, CUcontext peer, CUdevice dev) {
+  if (dev < 0 || dev >= 32) return;
+  // Recorded whether gpupool has a record of peer yet: its first range is
+  // mapped with the access.
+  unsigned long long id = 0;
+  const unsigned long long key = d.ctx_get_id && d.ctx_get_id(peer, &id) == CUDA_SUCCESS && id
+                                     ? id
+                                     : reinterpret_cast<std::uintptr_t>(peer);
+  {
+    PeerAccess& pa = *g_peer_access;
+    LockGuard lock(pa.mu);
+    pa.devices[key] |= 1u << dev;
+    g_any_peer_access.store(true, std::memory_order_release);
+  }
+  CtxState* st = find_state(d, rt, peer);
+  if (!st || st->dev == dev) return;
+  // Its range, if it has one: alive while the teardown lock is shared and
+  // the context not retired.
+  SharedLock lock(st->teardown_mu);
+  if (st->retired.load(std::memory_order_acquire)) return;
+  if (Arena* a = st->device_arena.load(std::memory_order_acquire))
+    if (auto* b = dynamic_cast<DeviceBackend*>(&a->backend())) b->grant_peers();
 }
 
 }  // namespace gpupool::cuda

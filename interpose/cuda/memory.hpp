@@ -6,11 +6,18 @@
 
 #include <memory>
 
+#include <cuda.h>
+
 #include "core/backend.hpp"
+
+namespace gpupool {
+struct Runtime;
+}
 
 namespace gpupool::cuda {
 
 struct CtxState;
+struct Driver;
 
 // fenced: GPUPOOL_REUSE=safe (a freed block waits for the context's work).
 // fenced: freed blocks wait for the device; solo: unless the solo rule
@@ -19,5 +26,11 @@ std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced, bool solo);
 // flags: the arena's normalised flags (DEVICEMAP set), what the pointer
 // maps report for its blocks.
 std::unique_ptr<Backend> host_backend(CtxState* st, bool fenced, unsigned flags);
+
+// The program enabled peer access to `peer`'s memory from a context of
+// `dev` (cuCtxEnablePeerAccess): the granules of peer's expandable range,
+// mapped now and later, are made accessible to `dev` too, as its
+// cuMemAlloc blocks are by the driver.
+void grant_peer_access(const Driver& d, Runtime& rt, CUcontext peer, CUdevice dev);
 
 }  // namespace gpupool::cuda

@@ -33,7 +33,7 @@
 //   client_fences.cpp    fence solo                   (when a freed block is reused)
 //   client_contexts.cpp  context lifetime             (blocks of contexts that end)
 //   client_process.cpp   fork exit lookup             (the process around the pool)
-//   client_split.cpp     split ipc                    (pieces of driver allocations)
+//   client_split.cpp     split ipc peer               (pieces of driver allocations)
 #define CLIENT_SCENARIOS(X) \
   X(reuse)                  \
   X(overlap)                \
@@ -50,7 +50,8 @@
   X(exit)                   \
   X(lookup)                 \
   X(split)                  \
-  X(ipc)
+  X(ipc)                    \
+  X(peer)
 
 namespace client {
 

@@ -218,6 +218,33 @@ void import_side() {
 
 }  // namespace
 
+// Peer access (cuCtxEnablePeerAccess): a context of device 1 given access
+// to a context of device 0 reaches its blocks, those allocated before the
+// enable and after it, whatever they are cut from (a range's granules are
+// mapped for device 0 alone unless gpupool grants the peer access too).
+void scenario_peer() {
+  const CUcontext c0 = setup();
+  const size_t n = 3 * kMiB + 100, m = 5 * kMiB;
+  CUdeviceptr before = 0, after = 0;
+  OK(api.mem_alloc(&before, n));
+  const CUcontext c1 = create_ctx(1);  // current now
+  OK(api.enable_peer(c0, 0));
+  OK(api.memset_async(before, 0x21, n, nullptr));
+  OK(api.ctx_sync());
+  CHECK(all_equal(before, n, 0x21));
+  OK(api.ctx_set_current(c0));
+  OK(api.mem_alloc(&after, m));
+  OK(api.ctx_set_current(c1));
+  OK(api.memset_async(after, 0x22, m, nullptr));
+  OK(api.ctx_sync());
+  CHECK(all_equal(after, m, 0x22));
+  OK(api.ctx_set_current(c0));
+  OK(api.mem_free(before));
+  OK(api.mem_free(after));
+  OK(api.ctx_destroy(c1));
+  OK(api.ctx_set_current(c0));
+}
+
 // GPUPOOL_SEGMENTS=expandable: a piece of the range, which legacy IPC cannot
 // share, exported with cuIpcGetMemHandle (an interior pointer: its piece)
 // and opened by another process with cuIpcOpenMemHandle, which sees and

@@ -103,6 +103,10 @@ struct Alloc {
   bool vmm = false;
 };
 
+// p lies in a cuMemMap mapping; [p, p + n) in mappings that follow each
+// other, each accessible to `dev`.
+bool vmm_mapped(std::uintptr_t p);
+bool vmm_span_accessible(std::uintptr_t p, std::size_t n, int dev);
 // The accessible cuMemMap mapping containing p, as an allocation of the
 // current context (the VMM section below), or nullptr.
 const Alloc* mapped_alloc(std::uintptr_t p);
@@ -1675,8 +1679,11 @@ static CUresult memset_async(CUdeviceptr dst, unsigned char value, size_t n, CUs
   if (st && (st->magic != kStreamMagic || !st->alive || st->ctx != c))
     return CUDA_ERROR_INVALID_HANDLE;
   const Alloc* a = containing(g_live, dst);
-  if (!a) a = mapped_alloc(dst);
-  if (!a || dst + n > a->base + a->size) {
+  if (!a && vmm_mapped(dst)) {
+    // Virtual memory: mapped all along, and this context's device given
+    // access to every mapping (else the device faults, as a real one).
+    if (!vmm_span_accessible(dst, n, c->dev)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  } else if (!a || dst + n > a->base + a->size) {
     note_dead(dst);
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -1726,7 +1733,8 @@ struct Reservation {
 struct Mapping {
   std::size_t size = 0;
   unsigned long long handle = 0;
-  bool accessible = false;
+  bool accessible = false;  // to some device: readable and writable here
+  unsigned devices = 0;     // the devices cuMemSetAccess gave access (a mask)
 };
 
 std::map<unsigned long long, Physical>& g_physical = *new std::map<unsigned long long, Physical>;
@@ -1772,6 +1780,17 @@ void drop_physical_locked(unsigned long long h) {
 
 bool in_freed_reservation(std::uintptr_t p) {
   return vmm_containing(g_freed_reserved, p) != g_freed_reserved.end();
+}
+
+bool vmm_mapped(std::uintptr_t p) { return vmm_containing(g_mapped, p) != g_mapped.end(); }
+
+bool vmm_span_accessible(std::uintptr_t p, std::size_t n, int dev) {
+  auto m = vmm_containing(g_mapped, p);
+  for (std::uintptr_t at = p; at < p + n; ++m) {
+    if (m == g_mapped.end() || m->first > at || !(m->second.devices & (1u << dev))) return false;
+    at = m->first + m->second.size;
+  }
+  return true;
 }
 
 const Alloc* mapped_alloc(std::uintptr_t p) {
@@ -1932,14 +1951,20 @@ SI(CUresult, cuMemSetAccess,
     if (m == g_mapped.end()) return CUDA_ERROR_INVALID_VALUE;
     p += m->second.size;
   }
-  bool rw = false;
+  // Each named device's access set; the others' kept.
   for (size_t i = 0; i < count; ++i)
-    if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-      rw = rw || desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+        desc[i].location.id >= g_devices)
+      return CUDA_ERROR_INVALID_DEVICE;
   for (auto m = g_mapped.find(ptr); m != g_mapped.end() && m->first < ptr + size; ++m) {
+    for (size_t i = 0; i < count; ++i) {
+      const unsigned bit = 1u << desc[i].location.id;
+      if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) m->second.devices |= bit;
+      else m->second.devices &= ~bit;
+    }
+    m->second.accessible = m->second.devices != 0;
     mprotect(reinterpret_cast<void*>(m->first), m->second.size,
-             rw ? PROT_READ | PROT_WRITE : PROT_NONE);
-    m->second.accessible = rw;
+             m->second.accessible ? PROT_READ | PROT_WRITE : PROT_NONE);
   }
   return CUDA_SUCCESS;
 }
