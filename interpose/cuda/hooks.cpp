@@ -44,6 +44,7 @@ PtrInfo find_any(CUdeviceptr p, bool* host = nullptr) {
     if (host) *host = i.found;
   }
   if (!i.found) i = vmm::find(p);
+  if (!i.found) i = ipc::find(p);
   return i;
 }
 

@@ -48,6 +48,8 @@ std::atomic<bool> g_any_export{false};  // frees of programs that never exported
 struct Import {
   CUdeviceptr base = 0;  // the reservation
   std::size_t bytes = 0;
+  std::size_t size = 0;  // the piece's, from the address open() answered
+  std::uint64_t buffer_id = 0;
   long pid = 0;
   std::uint32_t number = 0;
 };
@@ -56,6 +58,8 @@ struct Imports {
   std::map<CUdeviceptr, Import> by_ptr GPUPOOL_GUARDED_BY(mu);  // the address open() answered
 };
 NoDestructor<Imports> g_imports;
+std::atomic<bool> g_any_import{
+    false};  // pointer queries of programs that never opened one skip the lock
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -229,7 +233,7 @@ CUdeviceptr import(const Driver& d, long pid, std::uint32_t number, std::uint64_
   access.location.id = dev;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   if (d.mem_set_access(base, granules * granule, &access, 1) != CUDA_SUCCESS) return undo();
-  (void)size;
+  out->size = size;
   out->base = base;
   out->bytes = granules * granule;
   out->pid = pid;
@@ -351,9 +355,30 @@ CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, 
       *dptr = ptr;
       return CUDA_SUCCESS;
     }
+  im.buffer_id = pooled_buffer_id(next_serial(), 0);
   m.by_ptr.emplace(p, im);
+  g_any_import.store(true, std::memory_order_release);
   *dptr = p;
   return CUDA_SUCCESS;
+}
+
+PtrInfo find(CUdeviceptr p) {
+  PtrInfo i;
+  if (!g_any_import.load(std::memory_order_acquire)) return i;
+  Imports& m = *g_imports;
+  LockGuard lock(m.mu);
+  auto it = m.by_ptr.upper_bound(p);
+  if (it == m.by_ptr.begin()) return i;
+  --it;
+  // The reservation around the piece: its other bytes are the exporter's
+  // other pieces', unallocated here.
+  const Import& im = it->second;
+  if (p < im.base || p >= im.base + im.bytes) return i;
+  i.found = i.active = true;
+  i.base = it->first;
+  i.size = i.requested = im.size;
+  i.buffer_id = im.buffer_id;
+  return i;
 }
 
 bool close(const Driver& d, CUdeviceptr dptr, CUresult* r) {

@@ -45,6 +45,10 @@ bool ours(const CUipcMemHandle& handle);
 CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, unsigned flags);
 // True when dptr was opened by open(); *r is the close's result.
 bool close(const Driver& d, CUdeviceptr dptr, CUresult* r);
+// The opened piece around p, for the pointer queries: answered for the
+// piece, as the driver answers for an opened cuMemAlloc block (its own
+// answer would be one granule's mapping).
+PtrInfo find(CUdeviceptr p);
 
 // The control thread's answer to "ipc <args>" (wire/socket.hpp), with the
 // descriptors to send, which are the program's: the control socket's

@@ -205,6 +205,15 @@ void import_side() {
     return;
   }
   OK(r);
+  // Its range is the piece, as an opened cuMemAlloc block's is the block.
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  OK(api.address_range(&base, &size, p + 17));
+  CHECK_EQ(base, p);
+  CHECK_EQ(size, n);
+  size_t range = 0;
+  OK(api.ptr_attr(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + n - 1));
+  CHECK_EQ(range, n);
   CHECK(all_equal(p, n, 0x5a));
   fill(p, kMiB, 0x77);
   OK(api.ctx_sync());
