@@ -6,17 +6,18 @@
 // rooms' state objects: control::State (control/internal.hpp: the control
 // thread and socket, dumps, warnings, the Tracer and the Recorder, which
 // is the pool's observer), node::State (node/internal.hpp: this process's
-// GPUs, the node registry and the NVML session) and ocl::State
-// (opencl/state.hpp: the OpenCL contexts, queues, buffers and SVM
-// blocks). What stays outside it is listed, each with its reason, in
-// docs/globals.md (ctest docs.globals checks the list against the
-// sources): what hooks read before the runtime exists or once exit began
-// (this file's g_runtime, the driver and dispatch tables), the signal
-// handlers' slots, CUDA's maps and registries, not yet moved here, the
-// process's I/O (sys/: the configuration, the logger, the files thread)
-// and per-thread state. Each is made at compile time or at first use
-// (core/no_destructor.hpp), never destroyed. The parts' table (kParts,
-// below) is constant data.
+// GPUs, the node registry and the NVML session), ocl::State
+// (opencl/state.hpp: the OpenCL contexts, queues, buffers and SVM blocks)
+// and cuda::State (cuda/state.hpp: the CUDA context registry). What stays
+// outside it is listed, each with its reason, in docs/globals.md (ctest
+// docs.globals checks the list against the sources): what hooks read
+// before the runtime exists or once exit began (this file's g_runtime, the
+// driver and dispatch tables, CUDA's primary contexts and solo rule), the
+// signal handlers' slots, CUDA's pointer maps and its stream-ordered and
+// virtual memory registries, not yet moved here, the process's I/O (sys/:
+// the configuration, the logger, the files thread) and per-thread state.
+// Each is made at compile time or at first use (core/no_destructor.hpp),
+// never destroyed. The parts' table (kParts, below) is constant data.
 //
 // gpupool's parts (Part, below: the rooms and the runtime's own pieces)
 // take part in the process's life through one ordered table, kParts: the
@@ -70,6 +71,9 @@ struct State;
 namespace ocl {
 struct State;
 }
+namespace cuda {
+struct State;
+}
 
 struct Runtime {
   const config::Config& config;
@@ -78,6 +82,7 @@ struct Runtime {
   // the runtime is published, so read without locks.
   control::State* control = nullptr;
   ocl::State* opencl = nullptr;  // opencl/state.hpp
+  cuda::State* cuda = nullptr;   // cuda/state.hpp
   // A forked child's is new (node.cpp's fork handler).
   std::atomic<node::State*> node{nullptr};
   // The CUDA room's answer to another process's "ipc <args>" (cuda/ipc.hpp),

@@ -10,6 +10,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -27,28 +28,18 @@ namespace {
 
 // ---- contexts -------------------------------------------------------------
 
-// All states ever created (never freed) and the live ones by context.
-// Created on first use and never destroyed (NoDestructor): hooks may run
-// before this library's static constructors (from another library's
-// constructor) and while static destructors run at exit (other threads,
-// atexit handlers).
-struct Primary {
-  CUdevice dev;
-  CUcontext ctx;
-};
-struct ContextList {
-  Ranked<LockRank::cuda_contexts> mu;
-  std::vector<CtxState*> all;   // append-only
-  std::vector<CtxState*> live;  // not retired
-  std::vector<Primary> primaries;
-  std::vector<CtxState*> fork_locked;
-};
-ContextList& contexts() {
-  static NoDestructor<ContextList> c;
-  return *c;
-}
-// Bumped whenever a state is retired: thread caches compare it.
-std::atomic<std::uint64_t> g_generation{1};
+// The registry is the runtime's (state.hpp). The primary contexts are
+// recorded as cuDevicePrimaryCtxRetain makes them, before any runtime
+// (CUDA's runtime library retains the device's primary context at its
+// start, before the program's first allocation; the record of a context
+// made later reads them), by device ordinal: atomics made at compile time,
+// no lock (hooks may run before this library's static constructors, from
+// another library's constructor, and during exit).
+constexpr CUdevice kPrimaries = 1024;  // device ordinals recorded
+std::atomic<CUcontext> g_primary[kPrimaries] = {};
+
+// The room's state; the runtime exists wherever this is called.
+State& state(Runtime& rt) { return *rt.cuda; }
 
 // The current context's record as this thread last found it: valid while
 // the current context has the same id (the same handle, with a driver
@@ -73,8 +64,8 @@ std::size_t host_memory_bytes() {
   return pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : SIZE_MAX;
 }
 
-CtxState* find_live_locked(CUcontext ctx) {
-  for (CtxState* st : contexts().live)
+CtxState* find_live_locked(State& s, CUcontext ctx) GPUPOOL_REQUIRES(s.contexts_mu) {
+  for (CtxState* st : s.live)
     if (st->ctx == ctx) return st;
   return nullptr;
 }
@@ -83,23 +74,23 @@ CtxState* find_live_locked(CUcontext ctx) {
 // that says CUDA_ERROR_NOT_SUPPORTED, as compatibility layers may, turns
 // them off for the process: records then go by handle, and end through the
 // hooks).
-std::atomic<bool> g_no_ids{false};
+bool ids(const Driver& d, const State& s) {
+  return d.ctx_get_id && !s.no_ids.load(std::memory_order_relaxed);
+}
 
-bool ids(const Driver& d) { return d.ctx_get_id && !g_no_ids.load(std::memory_order_relaxed); }
-
-void turn_off_ids() {
-  if (g_no_ids.exchange(true)) return;
+void turn_off_ids(State& s) {
+  if (s.no_ids.exchange(true)) return;
   log().warn(
       "cuda: the driver gives no context ids (cuCtxGetId: CUDA_ERROR_NOT_SUPPORTED); "
       "gpupool tells contexts by handle, and sees a context end only through the calls it "
       "intercepts");
-  g_generation.fetch_add(1, std::memory_order_acq_rel);  // thread caches keyed by id go
+  s.generation.fetch_add(1, std::memory_order_acq_rel);  // thread caches keyed by id go
 }
 
 // cuCtxGetId's answer, the ids turned off on CUDA_ERROR_NOT_SUPPORTED.
-CUresult get_id(const Driver& d, CUcontext ctx, unsigned long long* id) {
+CUresult get_id(const Driver& d, State& s, CUcontext ctx, unsigned long long* id) {
   const CUresult r = d.ctx_get_id(ctx, id);
-  if (r == CUDA_ERROR_NOT_SUPPORTED) turn_off_ids();
+  if (r == CUDA_ERROR_NOT_SUPPORTED) turn_off_ids(s);
   return r;
 }
 
@@ -110,9 +101,9 @@ bool same_context(const CtxState* st, unsigned long long id) { return id == 0 ||
 // The context `ctx` names now: its id (0 without ids), false when it names
 // none (destroyed, or never a context). Without ids the driver is asked for
 // the context's API version, which it answers only for a live context.
-bool id_of(const Driver& d, CUcontext ctx, unsigned long long* id) {
+bool id_of(const Driver& d, State& s, CUcontext ctx, unsigned long long* id) {
   *id = 0;
-  if (ids(d)) return get_id(d, ctx, id) == CUDA_SUCCESS || !ids(d);
+  if (ids(d, s)) return get_id(d, s, ctx, id) == CUDA_SUCCESS || !ids(d, s);
   unsigned version = 0;
   return !d.ctx_get_api_version || d.ctx_get_api_version(ctx, &version) == CUDA_SUCCESS;
 }
@@ -127,7 +118,8 @@ void retire_dead(CtxState* st, Runtime& rt) {
   retire_locked(st, rt);
 }
 
-CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long id) {
+CtxState* create_state(const Driver& d, Runtime& rt, State& s, CUcontext ctx, unsigned long long id)
+    GPUPOOL_REQUIRES(s.contexts_mu) {
   CUdevice dev = 0;
   // Fails for a destroyed context: the caller passes the call through and
   // the driver reports it.
@@ -142,16 +134,15 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned lon
                         (d.device_get_uuid && d.device_get_uuid(&u, dev) == CUDA_SUCCESS);
   wire::DeviceKey uuid{};
   if (has_uuid) std::memcpy(uuid.data(), u.bytes, uuid.size());
-  static std::atomic<unsigned> ordinals{0};
   auto* st = new CtxState;
+  st->state = &s;
   st->ctx = ctx;
   st->id = id;
-  st->ordinal = ++ordinals;
+  st->ordinal = ++s.ordinals;
   st->dev = dev;
   st->device_total = total;
   st->device = has_uuid ? wire::key_text(uuid) : device_group(dev);
-  for (const Primary& p : contexts().primaries)
-    if (p.dev == dev && p.ctx == ctx) st->primary = true;
+  st->primary = dev >= 0 && dev < kPrimaries && g_primary[dev].load() == ctx;
   ArenaOptions o;
   o.name = fmt::format("cuda dev {} ctx {}", int(dev), st->ordinal);
   o.group = device_group(dev);
@@ -170,8 +161,8 @@ CtxState* create_state(const Driver& d, Runtime& rt, CUcontext ctx, unsigned lon
   st->device_arena = rt.pool.add_arena(
       device_backend(st, fenced, rt.config.reuse == config::Reuse::safe), std::move(o));
   if (has_uuid) node::add_device(rt, uuid, group, total);
-  contexts().all.push_back(st);
-  contexts().live.push_back(st);
+  s.all.push_back(st);
+  s.live.push_back(st);
   log().debug("cuda: context {} on device {} ({} bytes): pooling", static_cast<void*>(ctx),
               int(dev), total);
   return st;
@@ -255,10 +246,11 @@ void end_solo(const char* why) {
   Runtime* rt = runtime_if_started();
   if (!rt || rt->config.reuse != config::Reuse::safe) return;
   log().debug("cuda: freed blocks wait for the device from now on ({})", why);
+  State& s = state(*rt);
   std::vector<CtxState*> live;
   {
-    LockGuard l(contexts().mu);
-    live = contexts().live;
+    LockGuard l(s.contexts_mu);
+    live = s.live;
   }
   for (CtxState* st : live) synchronize_context(st);
 }
@@ -295,23 +287,24 @@ namespace {
 // is any other that died unseen (its memory may be the new one's now).
 CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long id, bool create) {
   solo_note_thread();
+  State& s = state(rt);
   for (bool swept = false;;) {
     CtxState* stale = nullptr;
     CtxState* made = nullptr;
     {
-      LockGuard lock(contexts().mu);
-      const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
-      CtxState* st = find_live_locked(ctx);
+      LockGuard lock(s.contexts_mu);
+      const std::uint64_t gen = s.generation.load(std::memory_order_acquire);
+      CtxState* st = find_live_locked(s, ctx);
       if (st && same_context(st, id)) {
         t_cache = {ctx, id, gen, st};
         return st;
       }
       if (!st && !create) return nullptr;
       if (!st && swept) {
-        made = create_state(d, rt, ctx, id);
+        made = create_state(d, rt, s, ctx, id);
         if (!made) return nullptr;
         t_cache = {ctx, id, gen, made};
-        if (contexts().live.size() == 1) return made;
+        if (s.live.size() == 1) return made;
       }
       stale = st;
     }
@@ -332,16 +325,17 @@ CtxState* lookup(const Driver& d, Runtime& rt, CUcontext ctx, unsigned long long
 }  // namespace
 
 CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
-  const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
+  State& s = state(rt);
+  const std::uint64_t gen = s.generation.load(std::memory_order_acquire);
   unsigned long long id = 0;
-  const bool by_id = ids(d);
+  const bool by_id = ids(d, s);
   if (by_id) {
     // The current context by its identity: 201 without one, 709 for a
     // destroyed one (the caller passes the call on for the driver's answer).
     // Costs the same one driver call as cuCtxGetCurrent, about 8 ns more.
     if (const CUresult r = d.ctx_get_id(nullptr, &id); r != CUDA_SUCCESS) {
       if (r != CUDA_ERROR_NOT_SUPPORTED) return nullptr;
-      turn_off_ids();
+      turn_off_ids(s);
       return current_state(d, rt, create);  // by handle from now on
     }
     if (t_cache.id == id && t_cache.generation == gen) return t_cache.st;
@@ -362,14 +356,15 @@ CtxState* current_state(const Driver& d, Runtime& rt, bool create) {
 
 bool context_alive(const Driver& d, const CtxState* st) {
   unsigned long long id = 0;
-  return id_of(d, st->ctx, &id) && same_context(st, id);
+  return id_of(d, *st->state, st->ctx, &id) && same_context(st, id);
 }
 
 void retire_dead_contexts(const Driver& d, Runtime& rt) {
+  State& s = state(rt);
   std::vector<CtxState*> live;
   {
-    LockGuard lock(contexts().mu);
-    live = contexts().live;
+    LockGuard lock(s.contexts_mu);
+    live = s.live;
   }
   // The driver is asked outside our locks.
   for (CtxState* st : live)
@@ -395,7 +390,7 @@ CUresult pitch_for(const Driver& d, CtxState* st, std::size_t width, unsigned el
 Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   const unsigned key = (flags | CU_MEMHOSTALLOC_DEVICEMAP) & 7u;
   if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
-  LockGuard lock(contexts().mu);
+  LockGuard lock(state(rt).contexts_mu);
   if (Arena* a = st->host_arenas[key].load(std::memory_order_acquire)) return a;
   if (st->retired.load(std::memory_order_acquire)) return nullptr;
   static const std::size_t host_total = host_memory_bytes();
@@ -440,7 +435,7 @@ Arena* vmm_arena(CtxState* st, Runtime& rt, const CUmemAllocationProp& prop) {
     return nullptr;
   };
   if (Arena* a = find()) return a;
-  LockGuard lock(contexts().mu);
+  LockGuard lock(state(rt).contexts_mu);
   if (Arena* a = find()) return a;
   if (st->retired.load(std::memory_order_acquire)) return nullptr;
   std::size_t slot = 0;
@@ -465,25 +460,25 @@ Arena* vmm_arena(CtxState* st, Runtime& rt, const CUmemAllocationProp& prop) {
 }
 
 void note_primary(CUcontext ctx, CUdevice dev) noexcept {
-  LockGuard lock(contexts().mu);
-  bool known = false;
-  for (Primary& p : contexts().primaries)
-    if (p.dev == dev) p.ctx = ctx, known = true;
-  try {
-    if (!known) contexts().primaries.push_back({dev, ctx});
-  } catch (...) {
-    internal_failure("cuDevicePrimaryCtxRetain");  // its release is then passed on untouched
-  }
-  if (CtxState* st = find_live_locked(ctx)) st->primary = true;
+  // A device past the table: its release is passed on untouched.
+  if (dev >= 0 && dev < kPrimaries) g_primary[dev].store(ctx);
+  // A record made before this (a record made after reads the table, under
+  // the registry's lock: one of the two sees the other).
+  Runtime* rt = runtime_if_started();
+  if (!rt) return;
+  State& s = state(*rt);
+  LockGuard lock(s.contexts_mu);
+  if (CtxState* st = find_live_locked(s, ctx)) st->primary = true;
 }
 
 CtxState* primary_state(const Driver& d, Runtime& rt, CUdevice dev) {
+  State& s = state(rt);
   for (;;) {
     CtxState* st = nullptr;
     {
-      LockGuard lock(contexts().mu);
-      for (CtxState* s : contexts().live)
-        if (s->primary && s->dev == dev) st = s;
+      LockGuard lock(s.contexts_mu);
+      for (CtxState* c : s.live)
+        if (c->primary && c->dev == dev) st = c;
     }
     if (!st || context_alive(d, st)) return st;
     retire_dead(st, rt);  // reset or released where gpupool did not see it
@@ -491,13 +486,14 @@ CtxState* primary_state(const Driver& d, Runtime& rt, CUdevice dev) {
 }
 
 CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx) {
+  State& s = state(rt);
   unsigned long long id = 0;
-  const bool named = id_of(d, ctx, &id);
+  const bool named = id_of(d, s, ctx, &id);
   for (;;) {
     CtxState* stale = nullptr;
     {
-      LockGuard lock(contexts().mu);
-      CtxState* st = find_live_locked(ctx);
+      LockGuard lock(s.contexts_mu);
+      CtxState* st = find_live_locked(s, ctx);
       if (!st || (named && same_context(st, id))) return st;
       stale = st;
     }
@@ -509,9 +505,10 @@ CtxState* find_state(const Driver& d, Runtime& rt, CUcontext ctx) {
 void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
   if (st->retired.exchange(true, std::memory_order_acq_rel)) return;
   {
-    LockGuard lock(contexts().mu);
-    std::erase(contexts().live, st);
-    g_generation.fetch_add(1, std::memory_order_acq_rel);
+    State& s = state(rt);
+    LockGuard lock(s.contexts_mu);
+    std::erase(s.live, st);
+    s.generation.fetch_add(1, std::memory_order_acq_rel);
   }
   // The pool destroys the arenas once their active blocks are forgotten
   // (below): nothing may use them after this.
@@ -548,61 +545,81 @@ std::size_t held_device_bytes(CUdevice dev) {
 namespace {
 
 // A wait that gives up (core/fork_wait.hpp) ends it: what it took is in
-// the fork's journal, with the list of teardown locks taken.
+// the fork's journal, with the list of teardown locks taken. A fork while
+// the runtime is being made (its handlers are registered before it is
+// published) finds no state: the solo rule's lock alone
+// (State::fork_held).
 void prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   // Rank order (core/lock_rank.hpp). A state created between the snapshot
   // and the registry lock is locked in the next round.
   if (!fork_wait::take(solo_mu())) return;
-  fork_wait::journal([](void*) { contexts().fork_locked.clear(); }, nullptr);
+  State* room = runtime_if_started() ? runtime_if_started()->cuda : nullptr;
+  if (!room) return;
+  State& s = *room;
+  s.fork_held = true;
+  fork_wait::journal([](void* p) { static_cast<State*>(p)->fork_locked.clear(); }, &s);
   for (;;) {
     std::vector<CtxState*> all;
-    if (!contexts().mu.lock_or_give_up()) return;
+    if (!s.contexts_mu.lock_or_give_up()) return;
     {
-      LockGuard lock(contexts().mu, std::adopt_lock);
-      all = contexts().all;
+      LockGuard lock(s.contexts_mu, std::adopt_lock);
+      all = s.all;
     }
-    for (std::size_t i = contexts().fork_locked.size(); i < all.size(); ++i) {
+    for (std::size_t i = s.fork_locked.size(); i < all.size(); ++i) {
       if (!fork_wait::take(all[i]->teardown_mu)) return;
-      contexts().fork_locked.push_back(all[i]);
+      s.fork_locked.push_back(all[i]);
     }
-    if (!contexts().mu.lock_or_give_up()) return;
-    if (contexts().all.size() == contexts().fork_locked.size()) break;
-    contexts().mu.unlock();
+    if (!s.contexts_mu.lock_or_give_up()) return;
+    if (s.all.size() == s.fork_locked.size()) break;
+    s.contexts_mu.unlock();
   }
-  fork_wait::journal_lock(contexts().mu);
+  fork_wait::journal_lock(s.contexts_mu);
   if (fork_wait::gave_up() || !async_fork_prepare()) return;
-  for (CtxState* st : contexts().fork_locked)
+  for (CtxState* st : s.fork_locked)
     if (!fork_wait::take(st->sync_mu)) return;
   if (vmm::fork_prepare()) PtrMap::fork_prepare(device_map(), host_map());
 }
 
+// The room's state whose locks prepare took, if it did.
+State* fork_held() {
+  Runtime* rt = runtime_if_started();
+  State* s = rt ? rt->cuda : nullptr;
+  return s && std::exchange(s->fork_held, false) ? s : nullptr;
+}
+
 void parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  PtrMap::fork_release(device_map(), host_map());
-  vmm::fork_parent();
-  for (CtxState* st : contexts().fork_locked) st->sync_mu.unlock();
-  async_fork_parent();
-  contexts().mu.unlock();
-  for (CtxState* st : contexts().fork_locked) st->teardown_mu.unlock();
-  contexts().fork_locked.clear();
+  State* s = fork_held();
+  if (s) {
+    PtrMap::fork_release(device_map(), host_map());
+    vmm::fork_parent();
+    for (CtxState* st : s->fork_locked) st->sync_mu.unlock();
+    async_fork_parent();
+    s->contexts_mu.unlock();
+    for (CtxState* st : s->fork_locked) st->teardown_mu.unlock();
+    s->fork_locked.clear();
+  }
   solo_mu().unlock();
 }
 
 // The child's only thread is the one that forked, which holds every lock.
 void child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  PtrMap::fork_release(device_map(), host_map());
-  vmm::fork_child();
-  for (CtxState* st : contexts().fork_locked) {
-    // A parent's thread may have been inside synchronize_context: its
-    // syncing flag and its wait on sync_cv are not the child's (a condition
-    // variable would wait for that waiter to wake).
-    st->syncing = false;
-    new (&st->sync_cv) std::condition_variable_any;
-    st->sync_mu.unlock();
+  State* s = fork_held();
+  if (s) {
+    PtrMap::fork_release(device_map(), host_map());
+    vmm::fork_child();
+    for (CtxState* st : s->fork_locked) {
+      // A parent's thread may have been inside synchronize_context: its
+      // syncing flag and its wait on sync_cv are not the child's (a
+      // condition variable would wait for that waiter to wake).
+      st->syncing = false;
+      new (&st->sync_cv) std::condition_variable_any;
+      st->sync_mu.unlock();
+    }
+    async_fork_child();
+    s->contexts_mu.unlock();
+    for (CtxState* st : s->fork_locked) st->teardown_mu.remake_held_in_child();
+    s->fork_locked.clear();
   }
-  async_fork_child();
-  contexts().mu.unlock();
-  for (CtxState* st : contexts().fork_locked) st->teardown_mu.remake_held_in_child();
-  contexts().fork_locked.clear();
   t_cache = {};
   solo_mu().unlock();
 }
@@ -616,10 +633,11 @@ void child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
 void renew() {
   Runtime* rt = runtime_if_started();
   if (!rt) return;
+  State& s = state(*rt);
   std::vector<CtxState*> live;
   {
-    LockGuard lock(contexts().mu);
-    live = contexts().live;
+    LockGuard lock(s.contexts_mu);
+    live = s.live;
   }
   for (CtxState* st : live) {
     UniqueLock lock(st->teardown_mu);
@@ -635,10 +653,13 @@ void check_contexts(Runtime& rt) {
   if (const Driver* d = driver_if_loaded()) retire_dead_contexts(*d, rt);
 }
 
+// The room's state, in the runtime before it is published.
+void make(Runtime& rt) { rt.cuda = new State; }
+
 }  // namespace
 
 // The room's part (runtime.hpp: Part::cuda).
-constinit const PartHandlers kPart{.housekeeping = check_contexts,
-                                   .fork = {prepare, parent, child, renew}};
+constinit const PartHandlers kPart{
+    .make = make, .housekeeping = check_contexts, .fork = {prepare, parent, child, renew}};
 
 }  // namespace gpupool::cuda

@@ -30,6 +30,7 @@
 #include "core/hot_tls.hpp"
 #include "core/pool.hpp"
 #include "interpose/cuda/driver.hpp"
+#include "interpose/cuda/state.hpp"
 
 namespace gpupool {
 struct Runtime;
@@ -40,6 +41,7 @@ namespace gpupool::cuda {
 // One CUDA context as the pool sees it. Never freed: threads may hold a
 // pointer to one (thread-local cache) after it was retired.
 struct CtxState {
+  State* state = nullptr;  // the registry it is in
   CUcontext ctx = nullptr;
   // The driver's id of the context (cuCtxGetId), unique for the process's
   // life; 0 with a driver that has no ids (before CUDA 12.0), whose records

@@ -1,0 +1,36 @@
+// The CUDA room's process state, one object the runtime owns
+// (Runtime::cuda, made by the room's part before the runtime is published,
+// never destroyed: hooks may run during exit). The hooks that use it have
+// the runtime. What the room records before any runtime (the primary
+// contexts, the solo rule) stays outside it: docs/globals.md.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "core/lock_rank.hpp"
+#include "interpose/runtime.hpp"
+
+namespace gpupool::cuda {
+
+struct CtxState;
+
+struct State {
+  // The context registry (contexts.cpp): every record ever made (never
+  // freed: threads may hold one in their cache) and the live ones.
+  Ranked<LockRank::cuda_contexts> contexts_mu;
+  std::vector<CtxState*> all GPUPOOL_GUARDED_BY(contexts_mu);   // append-only
+  std::vector<CtxState*> live GPUPOOL_GUARDED_BY(contexts_mu);  // not retired
+  // fork()'s prepare took these records' teardown locks (and the registry's
+  // lock); fork_held: it took the registry's.
+  std::vector<CtxState*> fork_locked;
+  bool fork_held = false;
+  // Bumped whenever a record is retired: thread caches compare it.
+  std::atomic<std::uint64_t> generation{1};
+  // The driver gives no context ids (contexts.cpp: turn_off_ids).
+  std::atomic<bool> no_ids{false};
+  std::atomic<unsigned> ordinals{0};  // the last CtxState::ordinal
+};
+
+}  // namespace gpupool::cuda
