@@ -102,6 +102,32 @@ TEST(Ranges, GrowthJoinsAFreePieceToTheGranulesAfterIt) {
   f.pool.free(b);
 }
 
+// A large request (a workspace) is cut from the end of the highest free
+// piece that fits, so the smaller requests between workspaces stay below
+// it, and the hole a workspace leaves at the top stays whole: a larger
+// workspace later maps only what the hole lacks.
+TEST(Ranges, LargeRequestsAreCutFromTheTopSoTheirHoleStaysWhole) {
+  Fixture f;
+  Block* p = f.alloc(16 * MiB);
+  Block* w = f.alloc(128 * MiB);  // [16, 144) mapped
+  const Handle base = p->handle;
+  f.pool.free(w);
+  Block* s = f.alloc(16 * MiB);  // [16, 32): the start of the hole
+  EXPECT_EQ(s->handle, base + 16 * MiB);
+  Block* w2 = f.alloc(96 * MiB);  // [48, 144): the hole's end
+  EXPECT_EQ(w2->handle, base + 48 * MiB);
+  Block* t = f.alloc(16 * MiB);  // [32, 48): below the workspace
+  EXPECT_EQ(t->handle, base + 32 * MiB);
+  f.pool.free(w2);
+  // The hole [48, 144) and 16 new MiB after it; with the workspace cut from
+  // the hole's start, `t` would sit at its end and 112 MiB be mapped anew.
+  Block* w3 = f.alloc(112 * MiB);
+  EXPECT_EQ(w3->handle, base + 48 * MiB);
+  EXPECT_EQ(f.dev->mapped_bytes(), 160 * MiB);
+  EXPECT_EQ(f.stats().managed_bytes, 160 * MiB);
+  for (Block* b : {p, s, t, w3}) f.pool.free(b);
+}
+
 // Held memory goes back granule by granule, whatever is still in use
 // around it; the partial granules stay with their neighbours.
 TEST(Ranges, FreeHeldUnmapsTheWholeFreeGranulesBetweenPiecesInUse) {
@@ -401,7 +427,9 @@ TEST(Ranges, RandomProgramsKeepPiecesDisjointMappedAndAccountsExact) {
         f.pool.free(b);
         live.erase(live.begin() + std::ptrdiff_t(i));
       } else {
-        const std::size_t n = MiB + rng() % (9 * MiB);
+        // One in eight large enough to be cut from a piece's end.
+        const std::size_t n =
+            rng() % 8 == 0 ? 64 * MiB + rng() % (16 * MiB) : MiB + rng() % (9 * MiB);
         AllocResult r = f.pool.allocate(f.arena, n);
         if (r.status == BackendStatus::out_of_memory) continue;
         ASSERT_EQ(r.status, BackendStatus::ok) << seed;
