@@ -547,14 +547,19 @@ namespace {
 // A wait that gives up (core/fork_wait.hpp) ends it: what it took is in
 // the fork's journal, with the list of teardown locks taken. A fork while
 // the runtime is being made (its handlers are registered before it is
-// published) finds no state: the solo rule's lock alone
-// (State::fork_held).
+// published) finds no state: the locks of what is kept outside it alone
+// (the solo rule's, the stream-ordered registry's and the captures', which
+// hooks take whether a runtime exists or not), and State::fork_held says
+// so to parent() and child().
 void prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   // Rank order (core/lock_rank.hpp). A state created between the snapshot
   // and the registry lock is locked in the next round.
   if (!fork_wait::take(solo_mu())) return;
   State* room = runtime_if_started() ? runtime_if_started()->cuda : nullptr;
-  if (!room) return;
+  if (!room) {
+    (void)async_fork_prepare();
+    return;
+  }
   State& s = *room;
   s.fork_held = true;
   fork_wait::journal([](void* p) { static_cast<State*>(p)->fork_locked.clear(); }, &s);
@@ -593,7 +598,9 @@ void parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
     PtrMap::fork_release(device_map(), host_map());
     vmm::fork_parent();
     for (CtxState* st : s->fork_locked) st->sync_mu.unlock();
-    async_fork_parent();
+  }
+  async_fork_parent();
+  if (s) {
     s->contexts_mu.unlock();
     for (CtxState* st : s->fork_locked) st->teardown_mu.unlock();
     s->fork_locked.clear();
@@ -615,7 +622,9 @@ void child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
       new (&st->sync_cv) std::condition_variable_any;
       st->sync_mu.unlock();
     }
-    async_fork_child();
+  }
+  async_fork_child();
+  if (s) {
     s->contexts_mu.unlock();
     for (CtxState* st : s->fork_locked) st->teardown_mu.remake_held_in_child();
     s->fork_locked.clear();
