@@ -663,7 +663,11 @@ void check_contexts(Runtime& rt) {
 }
 
 // The room's state, in the runtime before it is published.
-void make(Runtime& rt) { rt.cuda = new State; }
+void make(Runtime& rt) {
+  auto* s = new State;
+  s->vmm = vmm::make_registry();
+  rt.cuda = s;
+}
 
 }  // namespace
 

@@ -15,6 +15,9 @@
 namespace gpupool::cuda {
 
 struct CtxState;
+namespace vmm {
+struct Registry;
+}
 
 struct State {
   // The context registry (contexts.cpp): every record ever made (never
@@ -31,6 +34,8 @@ struct State {
   // The driver gives no context ids (contexts.cpp: turn_off_ids).
   std::atomic<bool> no_ids{false};
   std::atomic<unsigned> ordinals{0};  // the last CtxState::ordinal
+
+  vmm::Registry* vmm = nullptr;  // the virtual memory units (vmm.cpp)
 };
 
 }  // namespace gpupool::cuda

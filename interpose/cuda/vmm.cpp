@@ -8,7 +8,6 @@
 
 #include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
-#include "core/no_destructor.hpp"
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
@@ -42,25 +41,36 @@ struct Unit {
   bool inherited = false;    // a forked parent's: no driver call about it
 };
 
-// The units, found by handle and by address. Unit's fields are read and
-// written under mu too (the analysis cannot say so: the lock is not the
-// unit's).
+}  // namespace
+
+// The units, found by handle and by address (cuda::State::vmm). Unit's
+// fields are read and written under mu too (the analysis cannot say so:
+// the lock is not the unit's).
 struct Registry {
   Ranked<LockRank::cuda_vmm> mu;
   std::unordered_map<CUmemGenericAllocationHandle, Unit*> by_handle GPUPOOL_GUARDED_BY(mu);
   std::map<CUdeviceptr, Unit*> by_va GPUPOOL_GUARDED_BY(mu);
+  // Units in the registry: calls of programs that never had one skip the
+  // lock.
+  std::atomic<std::size_t> units{0};
 };
-Registry& registry() {
-  static NoDestructor<Registry> r;  // hooks run during exit
-  return *r;
-}
-// Units in the registry: calls of programs that never had one skip the lock.
-std::atomic<std::size_t> g_units{0};
+
+Registry* make_registry() { return new Registry; }
+
+namespace {
+
+// The registry, where the runtime exists: every caller but none() runs
+// where it does (a unit, a backend, the runtime's fork handlers).
+Registry& registry() { return *runtime_if_started()->cuda->vmm; }
 // The handle the pool gave this thread's last cuMemCreate, for its next
 // cuMemAddressReserve.
 thread_local CUmemGenericAllocationHandle t_claim = 0;
 
-bool none() { return g_units.load(std::memory_order_acquire) == 0; }
+// No unit (none without a runtime): the call is the driver's alone.
+bool none() {
+  const Runtime* rt = runtime_if_started();
+  return !rt || rt->cuda->vmm->units.load(std::memory_order_acquire) == 0;
+}
 
 Unit* by_handle_locked(Registry& r, CUmemGenericAllocationHandle h) GPUPOOL_REQUIRES(r.mu) {
   auto it = r.by_handle.find(h);
@@ -82,11 +92,11 @@ void add_locked(Registry& r, Unit* u) GPUPOOL_REQUIRES(r.mu) {
     r.by_handle.erase(u->handle);
     throw;
   }
-  g_units.fetch_add(1, std::memory_order_release);
+  r.units.fetch_add(1, std::memory_order_release);
 }
 
 void remove_locked(Registry& r, Unit* u) GPUPOOL_REQUIRES(r.mu) {
-  if (r.by_handle.erase(u->handle)) g_units.fetch_sub(1, std::memory_order_release);
+  if (r.by_handle.erase(u->handle)) r.units.fetch_sub(1, std::memory_order_release);
   r.by_va.erase(u->va);
 }
 

@@ -84,6 +84,10 @@ void retire_context(CtxState* st, Pool& pool) GPUPOOL_REQUIRES(st->teardown_mu);
 
 // fork(): the unit registry's lock; in the child, the parent's units are
 // forgotten without a driver call (CUDA does not cross fork()).
+// The registry of units (cuda::State::vmm), made with the runtime.
+struct Registry;
+Registry* make_registry();
+
 bool fork_prepare();  // false: gave up (core/fork_wait.hpp)
 void fork_parent();
 void fork_child();
