@@ -324,6 +324,7 @@ bool RangeCache::reap_one(Handle at, std::size_t* unmapped) {
 }
 
 Held RangeCache::reap() {
+  refill();  // (a failure leaves a split for a later reap)
   std::size_t unmapped = 0;
   // Each reap changes the pieces: look again from the start (dead pieces
   // are the few the program shared).
@@ -500,16 +501,17 @@ Held RangeCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool r
   }
   it->second.state = State::free;
   it = merge(it);
+  const bool held = keep.load(std::memory_order_acquire);
   Held gone;
-  if (!keep.load(std::memory_order_acquire)) gone = give_back(it, /*drop=*/false);
-  else *over_cap = cap_.over();
+  if (!held) gone = give_back(it, /*drop=*/false);
   // A piece freed beside a dead one may leave the dead one's granules free
   // of pieces in use.
   if (!dead_.empty()) {
     const Held reaped = reap();
-    if (!gone.size) return reaped;
-    gone.size += reaped.size;
+    if (!gone.size) gone = reaped;
+    else gone.size += reaped.size;
   }
+  if (held) *over_cap = cap_.over();
   return gone;
 }
 

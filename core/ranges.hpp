@@ -103,7 +103,8 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // unmapped at once. Not `reusable` (another process may map it): dead,
   // its granules unmapped once no piece in use shares them. What was
   // unmapped is returned, to be counted (Arena::let_go). *over_cap: holding
-  // it put the group over its cap. Allocates nothing.
+  // it put the group over its cap. Allocates nothing unless there are dead
+  // pieces (spare nodes for their splits; a failure only puts those off).
   Held free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool reusable,
             const std::atomic<bool>& keep, bool* over_cap);
   // The piece at `at` let go without a fence (its memory went with its
@@ -172,8 +173,9 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   Cut serve(FreeSet::iterator best, std::size_t want) GPUPOOL_REQUIRES(mu_);
   std::size_t pending_bytes() const GPUPOOL_REQUIRES(mu_);
   // Dead pieces' granules that no piece in use shares, unmapped (dropped
-  // when retired): what went, as one Held already given back. Allocates
-  // nothing; what the spares cannot split waits for a later call.
+  // when retired): what went, as one Held already given back. Makes spare
+  // nodes first (not failing: what the spares cannot split waits for a
+  // later call).
   Held reap() GPUPOOL_REQUIRES(mu_);
   bool reap_one(Handle at, std::size_t* unmapped) GPUPOOL_REQUIRES(mu_);
   // [from, to) (granules, every piece in it free or dead) unmapped and

@@ -7,6 +7,7 @@
 // may call the driver (this thread must not), and the answer comes back.
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -442,6 +443,10 @@ bool send_answer(Client& c) {
 // this stack: once the control thread has taken it from the queue, it
 // writes the answer here, so this returns before that only while the
 // request is still queued (taken back).
+// ask_control's self_pidfd when the server thread shares the program's
+// descriptor table.
+constexpr int kSharedTable = -2;
+
 std::string ask_control(State& st, Client& c, int self_pidfd) {
   State::Request req;
   req.line = wire::split_request(c.in, &req.deadline);
@@ -460,21 +465,38 @@ std::string ask_control(State& st, Client& c, int self_pidfd) {
   }
   if (!req.fds.empty()) {
     // The descriptors are the program's: copied into this table while the
-    // control thread waits, then closed there.
+    // control thread waits, which then closes them and touches the request
+    // no more (whatever happens here: the guard ends the handoff).
+    using Lock = decltype(lock);
+    struct Handoff {
+      State& st;
+      State::Request& req;
+      Lock& held;
+      ~Handoff() {
+        req.fds_taken = true;
+        st.req_cv.notify_all();
+        while (!req.fds_closed) st.req_cv.wait(held);
+      }
+    } handoff{st, req, lock};
+    c.out_fds.clear();
+    c.out_fds.reserve(req.fds.size());
     for (int fd : req.fds) {
-      io::OwnedFd mine = io::OwnedFd::adopt(
-          self_pidfd >= 0 ? static_cast<int>(syscall(SYS_pidfd_getfd, self_pidfd, fd, 0)) : -1);
-      if (!mine.valid()) {
+      // In gpupool's own table, pidfd_getfd on this process (Linux 5.6);
+      // sharing the program's (no unshare: a container's seccomp filter,
+      // which also refuses pidfd_getfd without CAP_SYS_PTRACE), a dup.
+      const int mine = self_pidfd == kSharedTable
+                           ? fcntl(fd, F_DUPFD_CLOEXEC, 0)
+                           : static_cast<int>(syscall(SYS_pidfd_getfd, self_pidfd, fd, 0));
+      if (mine < 0) {
+        const int e = self_pidfd < 0 && self_pidfd != kSharedTable ? ENOSYS : errno;
         c.out_fds.clear();
-        req.answer = "error internal the descriptors could not be passed on (pidfd_getfd: " +
-                     std::string(strerror(self_pidfd >= 0 ? errno : ENOSYS)) + ")\n";
+        req.answer = "error internal the descriptors could not be passed on (" +
+                     std::string(self_pidfd == kSharedTable ? "dup" : "pidfd_getfd") + ": " +
+                     strerror(e) + ")\n";
         break;
       }
-      c.out_fds.push_back(std::move(mine));
+      c.out_fds.push_back(io::OwnedFd::adopt(mine));
     }
-    req.fds_taken = true;
-    st.req_cv.notify_all();
-    while (!req.fds_closed) st.req_cv.wait(lock);
   }
   return std::move(req.answer);
 }
@@ -630,12 +652,16 @@ bool server_round(State& st, Server& sv) {
   for (Client* c : asking) {
     log().debug("control socket: '{}'", c->in);
     std::uint64_t deadline = 0;
-    if (!sv.self_pidfd_tried && wire::split_request(c->in, &deadline).substr(0, 4) == "ipc ") {
+    if (!sv.shared_table && !sv.self_pidfd_tried &&
+        wire::split_request(c->in, &deadline).substr(0, 4) == "ipc ") {
       sv.self_pidfd_tried = true;
       io::PrivateWork work;
       sv.self_pidfd = io::OwnedFd::adopt(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
     }
-    c->out = ask_control(st, *c, sv.self_pidfd.valid() ? sv.self_pidfd.get() : -1);
+    c->out = ask_control(st, *c,
+                         sv.shared_table         ? kSharedTable
+                         : sv.self_pidfd.valid() ? sv.self_pidfd.get()
+                                                 : -1);
     c->deadline = io::mono_ns() + io::kWriteTimeoutNs;
   }
   if (!asking.empty()) {
@@ -690,13 +716,15 @@ void answer_requests(Runtime& rt) {
     }
     UniqueLock lock(st.req_mu);
     req->answer = std::move(answer);
-    req->fds = fds;
+    req->fds = std::move(fds);
+    const bool handoff = !req->fds.empty();
     req->done = true;
     st.req_cv.notify_all();
-    if (fds.empty()) continue;
-    // The server thread copies them (ask_control), then they go here.
+    if (!handoff) continue;
+    // The server thread copies them (ask_control), then they go here. The
+    // request lives until fds_closed is seen there.
     while (!req->fds_taken) st.req_cv.wait(lock);
-    for (int fd : fds) ::close(fd);
+    for (int fd : req->fds) ::close(fd);
     req->fds_closed = true;
     st.req_cv.notify_all();
   }

@@ -192,7 +192,8 @@ CUresult free_async(CUdeviceptr p, CUstream s, Real real) {
   bool known = false;
   Block* b = device_map().deactivate(p, &known);
   if (!known) return free_elsewhere(*rt, p, [&] { return real(p, s); });
-  if (!b) return CUDA_ERROR_INVALID_VALUE;  // ours and already free: a double free
+  if (!b) return CUDA_ERROR_INVALID_VALUE;            // ours and already free: a double free
+  if (!b->pooled && b->split) ipc::forget_export(p);  // no process may open it from now
   rt->pool.free(b);
   return CUDA_SUCCESS;
 }

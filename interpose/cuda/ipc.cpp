@@ -1,5 +1,6 @@
 #include "interpose/cuda/ipc.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -24,7 +25,7 @@ namespace {
 // carry ours; every other byte is zero.
 constexpr char kMagic[8] = {'g', 'p', 'p', 'o', 'o', 'l', 'I', '1'};
 constexpr std::size_t kPidAt = 8, kNumberAt = 12, kTokenAt = 40;
-// How long an open waits for the exporter's answers in all.
+// How long an open waits for each of the exporter's answers.
 constexpr std::uint64_t kOpenTimeoutNs = 10'000'000'000ull;
 
 struct Export {
@@ -36,6 +37,10 @@ struct Export {
   std::size_t granule = 0;  // the mapping's size
   std::size_t granules = 0;
   CUcontext ctx = nullptr;  // the exporter's current context, pushed for the driver's calls
+  // The piece's hand-out (the pointer maps' buffer id): an export whose
+  // piece went another way than cuMemFree (its context's end, say) is
+  // stale once the address is handed out again, or not at all.
+  std::uint64_t buffer_id = 0;
 };
 struct Exports {
   Ranked<LockRank::cuda_ipc> mu;
@@ -52,6 +57,7 @@ struct Import {
   std::uint64_t buffer_id = 0;
   long pid = 0;
   std::uint32_t number = 0;
+  std::uint64_t token = 0;  // (a pid is reused; export numbers start at 1 in every process)
 };
 struct Imports {
   Ranked<LockRank::cuda_ipc> mu;
@@ -96,6 +102,9 @@ int export_granule(const Driver& d, CUdeviceptr at) {
   int fd = -1;
   if (d.mem_export(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS) fd = -1;
   d.mem_release(h);
+  // Until the socket's thread has copied it, it is in the program's table:
+  // a child exec'ed meanwhile must not keep the granule alive.
+  if (fd >= 0) fcntl(fd, F_SETFD, FD_CLOEXEC);
   return fd;
 }
 
@@ -185,7 +194,6 @@ void close_all(std::vector<int>& fds) {
 // read-write access for `dev`; the piece's address, or 0.
 CUdeviceptr import(const Driver& d, long pid, std::uint32_t number, std::uint64_t token,
                    CUdevice dev, Import* out) {
-  const std::uint64_t deadline = io::mono_ns() + kOpenTimeoutNs;
   std::uint64_t granules = 0, offset = 0, size = 0, granule = 0;
   CUdeviceptr base = 0;
   std::size_t mapped = 0;
@@ -200,6 +208,9 @@ CUdeviceptr import(const Driver& d, long pid, std::uint32_t number, std::uint64_
     std::string answer;
     const std::string req = "ipc " + std::to_string(number) + " " + std::to_string(token) + " " +
                             std::to_string(mapped) + " " + std::to_string(kBatch);
+    // Each batch its own time: the exporter exports 64 granules in about
+    // 36 ms on the H200, so a piece of any size opens.
+    const std::uint64_t deadline = io::mono_ns() + kOpenTimeoutNs;
     if (!ask(pid, req, deadline, &answer, &fds) || answer.rfind("ok\n", 0) != 0) {
       log().debug("cuIpcOpenMemHandle: process {} answered '{}'", pid, answer.substr(0, 120));
       return undo();
@@ -238,6 +249,7 @@ CUdeviceptr import(const Driver& d, long pid, std::uint32_t number, std::uint64_
   out->bytes = granules * granule;
   out->pid = pid;
   out->number = number;
+  out->token = token;
   return base + offset;
 }
 
@@ -251,8 +263,11 @@ CUresult export_piece(const Driver& d, const PtrInfo& i, CUipcMemHandle* handle)
   {
     LockGuard lock(x.mu);
     if (auto it = x.by_piece.find(i.base); it != x.by_piece.end()) {
-      fill(handle, it->second);
-      return CUDA_SUCCESS;
+      if (it->second.buffer_id == i.buffer_id) {
+        fill(handle, it->second);
+        return CUDA_SUCCESS;
+      }
+      x.by_piece.erase(it);  // an earlier piece at this address: stale
     }
   }
   // The granule: the driver's mapping around the piece's start.
@@ -270,14 +285,15 @@ CUresult export_piece(const Driver& d, const PtrInfo& i, CUipcMemHandle* handle)
   e.first = first;
   e.granule = granule;
   e.granules = round_up(i.base + i.requested - first, granule) / granule;
+  e.buffer_id = i.buffer_id;
   if (d.ctx_get_current) d.ctx_get_current(&e.ctx);
   if (Runtime* rt = runtime_if_started()) rt->ipc_answer.store(answer, std::memory_order_release);
   LockGuard lock(x.mu);
   e.number = x.next++;
   auto [it, fresh] = x.by_piece.emplace(i.base, e);
-  fill(handle, it->second);
+  if (!fresh && it->second.buffer_id != e.buffer_id) it->second = e;  // stale
+  fill(handle, it->second);  // (or another thread's export of it meanwhile)
   g_any_export.store(true, std::memory_order_release);
-  (void)fresh;  // another thread exported it meanwhile: its handle
   return CUDA_SUCCESS;
 }
 
@@ -298,7 +314,15 @@ std::string answer(std::string_view args, std::vector<int>* fds) {
   const Export* e = nullptr;
   for (const auto& [piece, one] : x.by_piece)
     if (one.number == a[0] && one.token == a[1]) e = &one;
-  // Freed by the program (or never ours): as the driver, nothing to open.
+  // Freed by the program (or never ours), or gone with its context: as
+  // the driver, nothing to open.
+  if (e) {
+    const PtrInfo now = device_map().find(e->piece);
+    if (!now.found || !now.active || now.base != e->piece || now.buffer_id != e->buffer_id) {
+      x.by_piece.erase(e->piece);
+      e = nullptr;
+    }
+  }
   if (!e || !d) return "error bad-request no such export\n";
   if (a[2] >= e->granules) return "error bad-request past the export's granules\n";
   const std::size_t count = std::min<std::size_t>({a[3], kBatch, e->granules - a[2]});
@@ -339,7 +363,7 @@ CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, 
   {
     LockGuard lock(m.mu);
     for (const auto& [ptr, one] : m.by_ptr)
-      if (one.pid == pid && one.number == number) {
+      if (one.pid == pid && one.number == number && one.token == token) {
         *dptr = ptr;
         return CUDA_SUCCESS;
       }
@@ -349,7 +373,7 @@ CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, 
   if (!p) return drivers_answer();
   LockGuard lock(m.mu);
   for (const auto& [ptr, one] : m.by_ptr)
-    if (one.pid == pid && one.number == number) {  // opened by another thread meanwhile
+    if (one.pid == pid && one.number == number && one.token == token) {  // opened meanwhile
       d.mem_unmap(im.base, im.bytes);
       d.mem_address_free(im.base, im.bytes);
       *dptr = ptr;

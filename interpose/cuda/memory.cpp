@@ -159,16 +159,19 @@ class DeviceBackend final : public CuContextBackend {
     CUdeviceptr p = 0;
     const CUresult r = driver()->mem_address_reserve(&p, bytes, granule_, 0, 0);
     if (r != CUDA_SUCCESS) return result(r, 0);
-    base_ = p;
-    mapped_ = std::move(mapped);
+    {
+      LockGuard lock(access_mu_);  // grant_peers reads them from a hook
+      base_ = p;
+      mapped_ = std::move(mapped);
+    }
     pid_ = getpid();
     return {BackendStatus::ok, p, 0, device_map().range_record(p, bytes, st_)};
   }
 
   // One physical allocation per granule, as PyTorch's expandable segments:
   // a granule can then be unmapped and given back alone (the driver unmaps
-  // whole mappings only). Access for this context's device only: peers the
-  // program enables access for are not given it (docs/memory.md).
+  // whole mappings only). Access for this context's device and the devices
+  // given peer access to it (access_for; docs/memory.md).
   BackendResult map(Handle at, std::size_t bytes, void*) override {
     const Driver* d = driver();
     const CUmemAllocationProp prop = properties();
@@ -282,9 +285,9 @@ class DeviceBackend final : public CuContextBackend {
   Ranked<LockRank::cuda_range_access> access_mu_;
   std::size_t granule_ = 0;
   // The range (set by reserve, used under the range's lock).
-  Handle base_ = 0;
-  std::vector<bool> mapped_;  // per granule
-  pid_t pid_ = 0;             // the process that reserved it
+  Handle base_ GPUPOOL_GUARDED_BY(access_mu_) = 0;
+  std::vector<bool> mapped_ GPUPOOL_GUARDED_BY(access_mu_);  // per granule
+  pid_t pid_ = 0;                                            // the process that reserved it
 };
 
 class HostBackend final : public CuContextBackend {

@@ -292,6 +292,31 @@ void scenario_ipc() {
     run_importer(h, n, "refused", false);
   }
   const bool exported = !(no_fd && *no_fd == '1');
+  if (exported) {
+    // A piece of more granules than one answer carries (64): opened in
+    // batches.
+    const size_t big = 150 * kMiB + 4096;
+    CUdeviceptr b = 0;
+    OK(api.mem_alloc(&b, big));
+    fill(b, big, 0x5a);
+    CUipcMemHandle hb;
+    OK(api.ipc_get(&hb, b));
+    run_importer(hb, big, "open", true);
+    CHECK(all_equal(b, kMiB, 0x77));
+    CHECK(all_equal(b + kMiB, big - kMiB, 0x5a));
+    // Freed in stream order, it is no process's to open either, and a
+    // piece handed out at its address later is another export.
+    OK(api.mem_free_async(b, nullptr));
+    OK(api.ctx_sync());
+    run_importer(hb, big, "refused", true);
+    CUdeviceptr b2 = 0;
+    OK(api.mem_alloc(&b2, big));
+    CUipcMemHandle hb2;
+    OK(api.ipc_get(&hb2, b2));
+    CHECK(memcmp(&hb, &hb2, sizeof hb) != 0);
+    run_importer(hb, big, "refused", true);
+    OK(api.mem_free(b2));
+  }
   OK(api.mem_free(y));
   if (exported) run_importer(h, n, "refused", true);
   // Exported, never handed out again: a request of its size maps new
