@@ -254,12 +254,26 @@ RangeCache::Cut RangeCache::cut(Pieces::iterator it, std::size_t want, bool from
 RangeCache::Cut RangeCache::serve(FreeSet::iterator best, std::size_t want) {
   auto it = pieces_.find(best->second);
   const bool top = want >= kTopRequest;
-  if (top)
+  // The piece the range grows from: the last mapped before unmapped space.
+  auto grows = [&](Pieces::iterator q) GPUPOOL_REQUIRES(mu_) {
+    auto next = std::next(q);
+    return next == pieces_.end() || next->second.state == State::unmapped;
+  };
+  if (top) {
     for (auto q = pieces_.rbegin(); q != pieces_.rend(); ++q)
       if (q->second.state == State::free && q->second.size >= want && ready(q->second)) {
         it = std::prev(q.base());
         break;
       }
+  } else if (grows(it)) {
+    // A smaller request takes it only when no other ready piece fits, so
+    // that a large one finds it whole, or grows from it.
+    for (auto f = std::next(best); f != free_.end(); ++f)
+      if (auto q = pieces_.find(f->second); ready(q->second) && !grows(q)) {
+        it = q;
+        break;
+      }
+  }
   const Cut c = cut(it, want, top);
   refill();
   return c;

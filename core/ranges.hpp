@@ -10,8 +10,9 @@
 // A dead piece is never handed out: its granules are unmapped as soon as no
 // piece in use shares them, and only then is its address space used again
 // (with new physical memory). A request takes the best ready free piece
-// that fits, cut to size from its start; a large one (kTopRequest) the
-// highest ready free piece that fits, cut from its end. Without one, the
+// that fits, cut to size from its start (the piece the range grows from
+// only when no other fits); a large one (kTopRequest) the highest ready
+// free piece that fits, cut from its end. Without one, the
 // granules that serve it with the fewest bytes newly mapped: an unmapped
 // piece, joined with the ready free pieces either side of it (growth at
 // the range's end is the case of the unmapped piece that ends it). Freed
@@ -57,11 +58,13 @@ inline constexpr std::size_t kPendingShare = 16;
 // not from the start of the best fit: the smaller requests, cut from the
 // starts of best fits, stay below them, and the hole a workspace leaves
 // at the top of the range is not cut up by the next step's smaller pieces
-// (it grows at the range's end when a larger one comes). Replayed, the
-// CNN at batch 128 (H200 traces) takes 1.434x its peak active so, 1.842x
-// with best fit for all, and the repository's traces are unchanged; from
-// 32 MiB the batch-128 CNN takes 2.69x, from 128 MiB 1.85x, and from 32
-// or 48 MiB the repository's CNN 1.381x (docs/memory.md).
+// (it grows at the range's end when a larger one comes). Smaller requests
+// take the free piece the range grows from only when no other ready piece
+// fits. Replayed, the CNN at batch 128 (H200 traces) takes 1.434x its
+// peak active so, 1.842x with best fit for all, and the repository's
+// traces are as before or better; from 32 MiB the batch-128 CNN takes
+// 2.69x, from 128 MiB 1.85x, and from 32 or 48 MiB the repository's CNN
+// 1.381x (docs/memory.md).
 inline constexpr std::size_t kTopRequest = std::size_t{64} << 20;
 
 class RangeCache final : public PieceCache<LockRank::arena_ranges> {
@@ -168,8 +171,9 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // least min_rest, the part handed out from its end when `from_end`.
   Cut cut(Pieces::iterator it, std::size_t want, bool from_end) GPUPOOL_REQUIRES(mu_);
   // `want` bytes from the ready free pieces, `best` (the best fit, ready)
-  // among them: from the start of `best`, or for a large request
-  // (kTopRequest) from the end of the highest ready piece that fits.
+  // among them: from the start of `best` (of the next best when `best` is
+  // the piece the range grows from), or for a large request (kTopRequest)
+  // from the end of the highest ready piece that fits.
   Cut serve(FreeSet::iterator best, std::size_t want) GPUPOOL_REQUIRES(mu_);
   std::size_t pending_bytes() const GPUPOOL_REQUIRES(mu_);
   // Dead pieces' granules that no piece in use shares, unmapped (dropped

@@ -128,6 +128,27 @@ TEST(Ranges, LargeRequestsAreCutFromTheTopSoTheirHoleStaysWhole) {
   for (Block* b : {p, s, t, w3}) f.pool.free(b);
 }
 
+// A smaller request takes the free piece the range grows from only when
+// no other fits, so that the next large one grows from it whole.
+TEST(Ranges, SmallerRequestsLeaveThePieceTheRangeGrowsFrom) {
+  Fixture f;
+  Block* p = f.alloc(16 * MiB);
+  Block* hole = f.alloc(48 * MiB);  // [16, 64)
+  Block* q = f.alloc(16 * MiB);
+  Block* last = f.alloc(24 * MiB);  // [80, 104): 104 MiB mapped
+  const Handle base = p->handle;
+  f.pool.free(hole);
+  f.pool.free(last);
+  Block* s = f.alloc(16 * MiB);  // the hole, not the smaller best fit at the end
+  EXPECT_EQ(s->handle, base + 16 * MiB);
+  // [80, 104) and 40 new MiB; had `s` taken [80, 96), 56 new MiB.
+  Block* w = f.alloc(64 * MiB);
+  EXPECT_EQ(w->handle, base + 80 * MiB);
+  EXPECT_EQ(f.dev->mapped_bytes(), 144 * MiB);
+  EXPECT_EQ(f.stats().managed_bytes, 144 * MiB);
+  for (Block* b : {p, q, s, w}) f.pool.free(b);
+}
+
 // Held memory goes back granule by granule, whatever is still in use
 // around it; the partial granules stay with their neighbours.
 TEST(Ranges, FreeHeldUnmapsTheWholeFreeGranulesBetweenPiecesInUse) {
