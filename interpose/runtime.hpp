@@ -8,13 +8,13 @@
 // is the pool's observer), node::State (node/internal.hpp: this process's
 // GPUs, the node registry and the NVML session), ocl::State
 // (opencl/state.hpp: the OpenCL contexts, queues, buffers and SVM blocks)
-// and cuda::State (cuda/state.hpp: the CUDA context registry and virtual
-// memory units). What stays outside it is listed, each with its reason, in
-// docs/globals.md (ctest docs.globals checks the list against the
-// sources): what hooks read before the runtime exists or once exit began
-// (this file's g_runtime, the driver and dispatch tables, CUDA's primary
-// contexts and solo rule), the signal handlers' slots, CUDA's pointer
-// maps and its stream-ordered and IPC registries, not yet moved here, the
+// and cuda::State (cuda/state.hpp: the CUDA context registry, pointer maps
+// and virtual memory units). What stays outside it is listed, each with
+// its reason, in docs/globals.md (ctest docs.globals checks the list
+// against the sources): what hooks read before the runtime exists or once
+// exit began (this file's g_runtime, the driver and dispatch tables,
+// CUDA's primary contexts and solo rule), the signal handlers' slots,
+// CUDA's stream-ordered and IPC registries, not yet moved here, the
 // process's I/O (sys/: the configuration, the logger, the files thread)
 // and per-thread state. Each is made at compile time or at first use
 // (core/no_destructor.hpp), never destroyed. The parts' table (kParts,

@@ -528,8 +528,8 @@ void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
       rt.pool.retire_arena(a, keep_stats);
   // Blocks the program still owns: the driver freed them; a later free of
   // one is not ours any more and goes to the driver, which reports it.
-  device_map().erase_context(st, rt.pool);
-  host_map().erase_context(st, rt.pool);
+  device_map(rt).erase_context(st, rt.pool);
+  host_map(rt).erase_context(st, rt.pool);
   log().debug("cuda: context {} torn down: its blocks were dropped from the pool",
               static_cast<void*>(st->ctx));
 }
@@ -582,7 +582,7 @@ void prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (fork_wait::gave_up() || !async_fork_prepare()) return;
   for (CtxState* st : s.fork_locked)
     if (!fork_wait::take(st->sync_mu)) return;
-  if (vmm::fork_prepare()) PtrMap::fork_prepare(device_map(), host_map());
+  if (vmm::fork_prepare()) PtrMap::fork_prepare(s.device_map, s.host_map);
 }
 
 // The room's state whose locks prepare took, if it did.
@@ -595,7 +595,7 @@ State* fork_held() {
 void parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   State* s = fork_held();
   if (s) {
-    PtrMap::fork_release(device_map(), host_map());
+    PtrMap::fork_release(s->device_map, s->host_map);
     vmm::fork_parent();
     for (CtxState* st : s->fork_locked) st->sync_mu.unlock();
   }
@@ -612,7 +612,7 @@ void parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
 void child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   State* s = fork_held();
   if (s) {
-    PtrMap::fork_release(device_map(), host_map());
+    PtrMap::fork_release(s->device_map, s->host_map);
     vmm::fork_child();
     for (CtxState* st : s->fork_locked) {
       // A parent's thread may have been inside synchronize_context: its

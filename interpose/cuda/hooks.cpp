@@ -36,11 +36,11 @@ Runtime* pooling(bool host) {
 }
 
 // The block containing p, in whichever map has it.
-PtrInfo find_any(CUdeviceptr p, bool* host = nullptr) {
-  PtrInfo i = device_map().find(p);
+PtrInfo find_any(const Runtime& rt, CUdeviceptr p, bool* host = nullptr) {
+  PtrInfo i = device_map(rt).find(p);
   if (host) *host = false;
   if (!i.found) {
-    i = host_map().find(p);
+    i = host_map(rt).find(p);
     if (host) *host = i.found;
   }
   if (!i.found) i = vmm::find(p);
@@ -91,14 +91,14 @@ void patch_attribute(CUpointer_attribute attr, void* data, const PtrInfo& i) {
 // The pool's block into the device map for the program. Recording a piece
 // of a split segment may fail (no host memory): the block goes back to the
 // pool and the failure on to the hook, which asks the driver alone.
-[[gnu::always_inline]] inline CUdeviceptr hand_out_device(Pool& pool, Block* b) {
+[[gnu::always_inline]] inline CUdeviceptr hand_out_device(Runtime& rt, Block* b) {
   // Read first: once the program owns it, a context teardown racing this
   // call may forget (delete) the block.
   const CUdeviceptr h = b->handle;
   try {
-    device_map().activate(b);
+    device_map(rt).activate(b);
   } catch (...) {
-    pool.free(b);
+    rt.pool.free(b);
     throw;
   }
   return h;
@@ -123,7 +123,7 @@ CUresult host_alloc(const Driver& d, void** pp, size_t bytes, unsigned flags, bo
     return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
   }
   const Handle h = a.block->handle;  // before the program owns it (hand_out_device)
-  host_map().activate(a.block);
+  host_map(*rt).activate(a.block);
   *pp = reinterpret_cast<void*>(h);
   return CUDA_SUCCESS;
 }
@@ -190,7 +190,7 @@ CUresult free_async(CUdeviceptr p, CUstream s, Real real) {
   Runtime* rt = p ? runtime() : nullptr;
   if (!rt) return real(p, s);
   bool known = false;
-  Block* b = device_map().deactivate(p, &known);
+  Block* b = device_map(*rt).deactivate(p, &known);
   if (!known) return free_elsewhere(*rt, p, [&] { return real(p, s); });
   if (!b) return CUDA_ERROR_INVALID_VALUE;            // ours and already free: a double free
   if (!b->pooled && b->split) ipc::forget_export(p);  // no process may open it from now
@@ -305,7 +305,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t byt
     *dptr = 0;
     return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
   }
-  *dptr = hand_out_device(rt->pool, a.block);
+  *dptr = hand_out_device(*rt, a.block);
   return CUDA_SUCCESS;
 }
 GPUPOOL_FALLBACK(mem_alloc, dptr, bytes)
@@ -341,7 +341,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_
     *dptr = 0;
     return static_cast<CUresult>(a.error ? a.error : CUDA_ERROR_OUT_OF_MEMORY);
   }
-  *dptr = hand_out_device(rt->pool, a.block);
+  *dptr = hand_out_device(*rt, a.block);
   *pitch = row;
   return CUDA_SUCCESS;
 }
@@ -354,7 +354,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
   Runtime* rt = p ? runtime() : nullptr;
   if (!rt) return d->mem_free(p);
   bool known = false;
-  Block* b = device_map().deactivate(p, &known);
+  Block* b = device_map(*rt).deactivate(p, &known);
   if (!known)
     return free_elsewhere(*rt, p,
                           [&] { return d->mem_free(p); });  // not ours: 0, bad, interior pointers
@@ -389,7 +389,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeHost(void* p) noexcept try {
   Runtime* rt = p ? runtime() : nullptr;
   if (!rt) return d->mem_free_host(p);
   bool known = false;
-  Block* b = host_map().deactivate(reinterpret_cast<Handle>(p), &known);
+  Block* b = host_map(*rt).deactivate(reinterpret_cast<Handle>(p), &known);
   if (!known) return d->mem_free_host(p);
   if (!b) return CUDA_ERROR_INVALID_VALUE;
   rt->pool.free(b);
@@ -428,7 +428,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase,
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_get_address_range) return kNoDriver;
-  const PtrInfo i = runtime() ? find_any(dptr) : PtrInfo{};
+  const Runtime* rt = runtime();
+  const PtrInfo i = rt ? find_any(*rt, dptr) : PtrInfo{};
   if (!i.found) return d->mem_get_address_range(pbase, psize, dptr);
   if (unallocated_for_program(i, dptr))
     return d->mem_get_address_range(pbase, psize, unallocated_address());
@@ -444,7 +445,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttribute(void* data, CUpointer
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->pointer_get_attribute) return kNoDriver;
-  const PtrInfo i = runtime() ? find_any(ptr) : PtrInfo{};
+  const Runtime* rt = runtime();
+  const PtrInfo i = rt ? find_any(*rt, ptr) : PtrInfo{};
   if (!i.found) return d->pointer_get_attribute(data, attr, ptr);
   if (unallocated_for_program(i, ptr))
     return d->pointer_get_attribute(data, attr, unallocated_address());
@@ -460,7 +462,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerGetAttributes(unsigned int n,
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->pointer_get_attributes) return kNoDriver;
-  const PtrInfo i = runtime() ? find_any(ptr) : PtrInfo{};
+  const Runtime* rt = runtime();
+  const PtrInfo i = rt ? find_any(*rt, ptr) : PtrInfo{};
   if (!i.found) return d->pointer_get_attributes(n, attrs, data, ptr);
   // The driver fills in its defaults for memory it does not know.
   if (unallocated_for_program(i, ptr))
@@ -477,7 +480,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemHostGetFlags(unsigned int* pflags, voi
   const Driver* d = driver();
   if (!d || !d->mem_host_get_flags) return kNoDriver;
   const CUdeviceptr q = reinterpret_cast<CUdeviceptr>(p);
-  const PtrInfo i = runtime() ? host_map().find(q) : PtrInfo{};
+  const Runtime* rt = runtime();
+  const PtrInfo i = rt ? host_map(*rt).find(q) : PtrInfo{};
   if (unallocated_for_program(i, q))
     return d->mem_host_get_flags(pflags, reinterpret_cast<void*>(unallocated_address()));
   const CUresult r = d->mem_host_get_flags(pflags, p);
@@ -494,7 +498,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle,
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->ipc_get_mem_handle) return kNoDriver;
-  const PtrInfo i = runtime() ? device_map().find(dptr) : PtrInfo{};
+  Runtime* rt = runtime();
+  const PtrInfo i = rt ? device_map(*rt).find(dptr) : PtrInfo{};
   if (unallocated_for_program(i, dptr)) return d->ipc_get_mem_handle(handle, unallocated_address());
   // The driver's handle names the whole driver allocation: another process
   // would open it at the segment's start, not at this piece, and the rest
@@ -513,7 +518,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle,
   // Another process may map this block: it must never be handed out again
   // here, and its free must reach the driver.
   if (r == CUDA_SUCCESS && i.found)
-    if (Block* b = device_map().active_block(i.base)) runtime()->pool.never_reuse(b);
+    if (Block* b = device_map(*rt).active_block(i.base)) rt->pool.never_reuse(b);
   return r;
 }
 GPUPOOL_FALLBACK(ipc_get_mem_handle, handle, dptr)

@@ -317,7 +317,10 @@ std::string answer(std::string_view args, std::vector<int>* fds) {
   // Freed by the program (or never ours), or gone with its context: as
   // the driver, nothing to open.
   if (e) {
-    const PtrInfo now = device_map().find(e->piece);
+    // Asked by another process over the control socket, which the runtime
+    // opened: it exists.
+    const Runtime* rt = runtime_if_started();
+    const PtrInfo now = rt ? device_map(*rt).find(e->piece) : PtrInfo{};
     if (!now.found || !now.active || now.base != e->piece || now.buffer_id != e->buffer_id) {
       x.by_piece.erase(e->piece);
       e = nullptr;

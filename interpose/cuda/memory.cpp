@@ -103,7 +103,7 @@ class CuContextBackend : public Backend {
 class DeviceBackend final : public CuContextBackend {
  public:
   DeviceBackend(CtxState* st, bool fenced, bool solo)
-      : CuContextBackend(device_map(), st, fenced), solo_(fenced && solo) {}
+      : CuContextBackend(st->state->device_map, st, fenced), solo_(fenced && solo) {}
 
   // The solo rule (contexts.hpp): device blocks only.
   std::uint64_t fence() override { return solo_ && solo_free() ? 0 : CuContextBackend::fence(); }
@@ -165,7 +165,7 @@ class DeviceBackend final : public CuContextBackend {
       mapped_ = std::move(mapped);
     }
     pid_ = getpid();
-    return {BackendStatus::ok, p, 0, device_map().range_record(p, bytes, st_)};
+    return {BackendStatus::ok, p, 0, st_->state->device_map.range_record(p, bytes, st_)};
   }
 
   // One physical allocation per granule, as PyTorch's expandable segments:
@@ -293,7 +293,7 @@ class DeviceBackend final : public CuContextBackend {
 class HostBackend final : public CuContextBackend {
  public:
   HostBackend(CtxState* st, bool fenced, unsigned flags)
-      : CuContextBackend(host_map(), st, fenced), flags_(flags) {}
+      : CuContextBackend(st->state->host_map, st, fenced), flags_(flags) {}
 
   // hint: the flags of the call being served (the first block of a
   // normalised family is allocated with exactly what the program asked for).

@@ -27,7 +27,7 @@ std::uint64_t buffer_id(std::uint64_t serial, std::uint32_t uses) {
   return pooled_buffer_id(serial, uses);
 }
 
-char g_unallocated[64];
+const char g_unallocated[64] = {};
 
 // The program owns `b` through entry `e` from now on: a new buffer id, then
 // the block (published last: find() reads the id of the block it sees).

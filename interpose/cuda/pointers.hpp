@@ -20,7 +20,6 @@
 #include <mutex>
 #include <vector>
 
-#include "core/no_destructor.hpp"
 #include "core/pool.hpp"
 #include "interpose/handle_table.hpp"
 
@@ -124,17 +123,6 @@ class PtrMap {
   // Active pieces inside segments.
   std::map<Handle, Entry*> pieces_ GPUPOOL_GUARDED_BY(ranges_mu_);
 };
-
-// Never destroyed: hooks run from atexit handlers and other threads during
-// exit, after static destructors. Inline: on every hit path.
-inline PtrMap& device_map() {
-  static NoDestructor<PtrMap> m;
-  return *m;
-}
-inline PtrMap& host_map() {
-  static NoDestructor<PtrMap> m;
-  return *m;
-}
 
 // Buffer ids (CU_POINTER_ATTRIBUTE_BUFFER_ID) of pooled memory: far above
 // the driver's own small counters, new at each hand-out of an allocation

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "core/lock_rank.hpp"
+#include "interpose/cuda/pointers.hpp"
 #include "interpose/runtime.hpp"
 
 namespace gpupool::cuda {
 
-struct CtxState;
 namespace vmm {
 struct Registry;
 }
@@ -35,7 +35,15 @@ struct State {
   std::atomic<bool> no_ids{false};
   std::atomic<unsigned> ordinals{0};  // the last CtxState::ordinal
 
+  // The pointer maps (pointers.hpp): device memory's and pinned memory's.
+  PtrMap device_map, host_map;
+
   vmm::Registry* vmm = nullptr;  // the virtual memory units (vmm.cpp)
 };
+
+// The pointer maps of the runtime's state. Inline: on every hit path (one
+// load from the runtime the hook has).
+inline PtrMap& device_map(const Runtime& rt) { return rt.cuda->device_map; }
+inline PtrMap& host_map(const Runtime& rt) { return rt.cuda->host_map; }
 
 }  // namespace gpupool::cuda
