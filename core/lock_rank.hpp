@@ -48,6 +48,8 @@
   X(cuda_contexts, "cuda contexts")                                                       \
   /* CUDA: the managed memory pools (async.cpp), around add_arena. */                     \
   X(cuda_async_pools, "cuda memory pools")                                                \
+  /* CUDA: the pools whose release threshold the program set (async.cpp). */              \
+  X(cuda_async_thresholds, "cuda memory pools' thresholds")                               \
   /* CUDA: stream captures (async.cpp): exclusive around a capture's start */             \
   /* and end, shared around a trim of a memory pool (the driver's call). */               \
   X(cuda_capture, "cuda stream capture")                                                  \

@@ -8,17 +8,17 @@
 // is the pool's observer), node::State (node/internal.hpp: this process's
 // GPUs, the node registry and the NVML session), ocl::State
 // (opencl/state.hpp: the OpenCL contexts, queues, buffers and SVM blocks)
-// and cuda::State (cuda/state.hpp: the CUDA context registry, pointer maps
-// and virtual memory units). What stays outside it is listed, each with
-// its reason, in docs/globals.md (ctest docs.globals checks the list
-// against the sources): what hooks read before the runtime exists or once
-// exit began (this file's g_runtime, the driver and dispatch tables,
-// CUDA's primary contexts and solo rule), the signal handlers' slots,
-// CUDA's stream-ordered and IPC registries, not yet moved here, the
-// process's I/O (sys/: the configuration, the logger, the files thread)
-// and per-thread state. Each is made at compile time or at first use
-// (core/no_destructor.hpp), never destroyed. The parts' table (kParts,
-// below) is constant data.
+// and cuda::State (cuda/state.hpp: the CUDA context registry, pointer
+// maps, managed memory pools and virtual memory units). What stays outside
+// it is listed, each with its reason, in docs/globals.md (ctest
+// docs.globals checks the list against the sources): what hooks read
+// before the runtime exists or once exit began (this file's g_runtime, the
+// driver and dispatch tables, CUDA's primary contexts, solo rule, stream
+// captures and the program's pool thresholds), the signal handlers' slots,
+// CUDA's IPC registry, not yet moved here, the process's I/O (sys/: the
+// configuration, the logger, the files thread) and per-thread state. Each
+// is made at compile time or at first use (core/no_destructor.hpp), never
+// destroyed. The parts' table (kParts, below) is constant data.
 //
 // gpupool's parts (Part, below: the rooms and the runtime's own pieces)
 // take part in the process's life through one ordered table, kParts: the

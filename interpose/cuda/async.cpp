@@ -45,21 +45,25 @@ struct AsyncPool {
 
 namespace {
 
-struct Registry {
-  Ranked<LockRank::cuda_async_pools> mu;
-  std::unordered_map<CUmemoryPool, AsyncPool*> pools GPUPOOL_GUARDED_BY(mu);
-  // Pools whose release threshold the program set before allocating.
-  std::unordered_set<CUmemoryPool> program_threshold GPUPOOL_GUARDED_BY(mu);
+// The pools whose release threshold the program set: recorded whether a
+// runtime exists or not (a program may set it before its first
+// stream-ordered allocation makes the runtime). Never destroyed: hooks
+// run during exit.
+struct Thresholds {
+  Ranked<LockRank::cuda_async_thresholds> mu;
+  std::unordered_set<CUmemoryPool> set GPUPOOL_GUARDED_BY(mu);
 };
-Registry& registry() {
-  static NoDestructor<Registry> r;  // hooks run during exit
-  return *r;
+Thresholds& thresholds() {
+  static NoDestructor<Thresholds> t;
+  return *t;
+}
+bool program_threshold(CUmemoryPool pool) {
+  Thresholds& t = thresholds();
+  LockGuard lock(t.mu);
+  return t.set.count(pool) != 0;
 }
 
 constexpr int kCachedDevices = 64;
-// The current pool of each device, once looked up (cuDeviceSetMemPool
-// clears it).
-std::atomic<AsyncPool*> g_current[kCachedDevices] = {};
 
 // ---- stream capture --------------------------------------------------------
 
@@ -108,9 +112,27 @@ struct Traced {
   Shard shards[kShards];
   Shard& of(CUdeviceptr p) { return shards[(p >> 8 ^ p >> 20) % kShards]; }
 };
-Traced& traced() {
-  static NoDestructor<Traced> t;  // hooks run during exit
-  return *t;
+}  // namespace
+
+// The managed pools (cuda::State::async): by driver pool, each device's
+// current one once looked up (cuDeviceSetMemPool clears it), and the
+// allocations the observer was told of.
+struct AsyncRegistry {
+  Ranked<LockRank::cuda_async_pools> mu;
+  std::unordered_map<CUmemoryPool, AsyncPool*> pools GPUPOOL_GUARDED_BY(mu);
+  std::atomic<AsyncPool*> current[kCachedDevices] = {};
+  Traced traced;
+};
+
+AsyncRegistry* make_async_registry() { return new AsyncRegistry; }
+
+namespace {
+
+AsyncRegistry& registry(const Runtime& rt) { return *rt.cuda->async; }
+// Where a call may come without a runtime: nullptr then.
+AsyncRegistry* registry_if_made() {
+  const Runtime* rt = runtime_if_started();
+  return rt ? rt->cuda->async : nullptr;
 }
 
 // The observer told of `p`'s end, and it forgotten.
@@ -257,7 +279,7 @@ class AsyncBackend final : public Backend, public HeldOutside {
 // The record of `pool` on st's device, made (with its arena) the first
 // time; the threshold raised unless the program set one.
 AsyncPool* record(const Driver& d, Runtime& rt, CUmemoryPool pool, CtxState* st) {
-  Registry& r = registry();
+  AsyncRegistry& r = registry(rt);
   LockGuard lock(r.mu);
   if (auto it = r.pools.find(pool); it != r.pools.end()) return it->second;
   // Not a pool (the allocation gets the driver's error): nothing to manage.
@@ -283,7 +305,7 @@ AsyncPool* record(const Driver& d, Runtime& rt, CUmemoryPool pool, CtxState* st)
   o.max_held = rt.config.max_held.resolve(st->device_total);
   p->arena.store(rt.pool.add_arena(std::make_unique<AsyncBackend>(*p), std::move(o)),
                  std::memory_order_release);
-  if (!r.program_threshold.count(pool) && rt.pool.holding()) {
+  if (!program_threshold(pool) && rt.pool.holding()) {
     const std::size_t limit = rt.config.max_held.resolve(st->device_total);
     if (set_threshold(d, *p, limit)) p->raised.store(true, std::memory_order_release);
   }
@@ -295,7 +317,9 @@ AsyncPool* record(const Driver& d, Runtime& rt, CUmemoryPool pool, CtxState* st)
 }
 
 AsyncPool* find(CUmemoryPool pool) {
-  Registry& r = registry();
+  AsyncRegistry* made = registry_if_made();
+  if (!made) return nullptr;
+  AsyncRegistry& r = *made;
   LockGuard lock(r.mu);
   auto it = r.pools.find(pool);
   return it == r.pools.end() ? nullptr : it->second;
@@ -318,13 +342,13 @@ AsyncPool* async_pool(const Driver& d, Runtime& rt, CUmemoryPool pool) {
     if (!p) return nullptr;
   } else {
     const bool cached = st->dev >= 0 && st->dev < kCachedDevices;
-    p = cached ? g_current[st->dev].load(std::memory_order_acquire) : nullptr;
+    p = cached ? registry(rt).current[st->dev].load(std::memory_order_acquire) : nullptr;
     if (!p) {
       CUmemoryPool current = nullptr;
       if (d.device_get_mem_pool(&current, st->dev) != CUDA_SUCCESS || !current) return nullptr;
       p = record(d, rt, current, st);
       if (!p) return nullptr;
-      if (cached) g_current[st->dev].store(p, std::memory_order_release);
+      if (cached) registry(rt).current[st->dev].store(p, std::memory_order_release);
     }
   }
   follow_holding(d, rt, *p);
@@ -342,7 +366,7 @@ void async_allocated(const Driver& d, Runtime& rt, AsyncPool* p, CUresult r, CUd
   // nor traced (its memory is made at each of the graph's launches).
   if (capturing()) return;
   if (rt.pool.observed()) {
-    Traced::Shard& s = traced().of(ptr);
+    Traced::Shard& s = registry(rt).traced.of(ptr);
     LockGuard lock(s.mu);
     start_traced(rt, s, ptr, *p, bytes);
   }
@@ -364,7 +388,7 @@ void async_allocated(const Driver& d, Runtime& rt, AsyncPool* p, CUresult r, CUd
 
 bool async_freeing(Runtime& rt, CUdeviceptr ptr, AsyncFreed* freed) {
   if (!rt.pool.observed()) return false;
-  Traced::Shard& s = traced().of(ptr);
+  Traced::Shard& s = registry(rt).traced.of(ptr);
   LockGuard lock(s.mu);
   auto it = s.live.find(ptr);
   if (it == s.live.end()) return false;
@@ -374,7 +398,7 @@ bool async_freeing(Runtime& rt, CUdeviceptr ptr, AsyncFreed* freed) {
 }
 
 void async_free_refused(Runtime& rt, CUdeviceptr ptr, const AsyncFreed& freed) {
-  Traced::Shard& s = traced().of(ptr);
+  Traced::Shard& s = registry(rt).traced.of(ptr);
   LockGuard lock(s.mu);
   start_traced(rt, s, ptr, *freed.pool, freed.size);
 }
@@ -382,11 +406,14 @@ void async_free_refused(Runtime& rt, CUdeviceptr ptr, const AsyncFreed& freed) {
 void async_attribute_set(const Driver& d, CUmemoryPool pool, CUmemPool_attribute attr) {
   (void)d;
   if (attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return;
-  Registry& r = registry();
-  LockGuard lock(r.mu);
-  r.program_threshold.insert(pool);
-  if (auto it = r.pools.find(pool); it != r.pools.end())
-    it->second->raised.store(false, std::memory_order_release);
+  {
+    Thresholds& t = thresholds();
+    LockGuard lock(t.mu);
+    t.set.insert(pool);
+  }
+  // A record made before this (one made after reads the set, under the
+  // registry's lock: one of the two sees the other).
+  if (AsyncPool* p = find(pool)) p->raised.store(false, std::memory_order_release);
 }
 
 bool async_threshold_seen(CUmemoryPool pool, cuuint64_t* value) {
@@ -399,15 +426,19 @@ bool async_threshold_seen(CUmemoryPool pool, cuuint64_t* value) {
 void async_pool_destroyed(Runtime& rt, CUmemoryPool pool) {
   AsyncPool* p = nullptr;
   {
-    Registry& r = registry();
+    Thresholds& t = thresholds();
+    LockGuard lock(t.mu);
+    t.set.erase(pool);
+  }
+  AsyncRegistry& r = registry(rt);
+  {
     LockGuard lock(r.mu);
-    r.program_threshold.erase(pool);
     if (auto it = r.pools.find(pool); it != r.pools.end()) {
       p = it->second;
       r.pools.erase(it);
     }
   }
-  for (auto& c : g_current) {
+  for (auto& c : r.current) {
     AsyncPool* expected = p;
     if (p) c.compare_exchange_strong(expected, nullptr);
   }
@@ -416,7 +447,7 @@ void async_pool_destroyed(Runtime& rt, CUmemoryPool pool) {
   if (!a) return;
   // Its allocations still in the program's hands end in the trace here:
   // their arena goes (the driver frees them when the program does).
-  for (Traced::Shard& s : traced().shards) {
+  for (Traced::Shard& s : r.traced.shards) {
     LockGuard lock(s.mu);
     for (auto it = s.live.begin(); it != s.live.end();) {
       if (it->second.pool != p) {
@@ -431,7 +462,9 @@ void async_pool_destroyed(Runtime& rt, CUmemoryPool pool) {
 }
 
 void async_current_pool_changed(CUdevice dev) {
-  if (dev >= 0 && dev < kCachedDevices) g_current[dev].store(nullptr, std::memory_order_release);
+  AsyncRegistry* r = registry_if_made();
+  if (r && dev >= 0 && dev < kCachedDevices)
+    r->current[dev].store(nullptr, std::memory_order_release);
 }
 
 bool stream_capturing() { return capturing(); }
@@ -472,41 +505,52 @@ void capture_stream_destroyed(CUstream s) {
   v.erase(gone, v.end());
 }
 
-bool async_fork_prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  if (!fork_wait::take(registry().mu) || !fork_wait::take(captures().mu)) return false;
-  for (Traced::Shard& s : traced().shards)
-    if (!fork_wait::take(s.mu)) return false;
+bool async_fork_prepare(AsyncRegistry* r) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  if ((r && !fork_wait::take(r->mu)) || !fork_wait::take(thresholds().mu) ||
+      !fork_wait::take(captures().mu))
+    return false;
+  if (r)
+    for (Traced::Shard& s : r->traced.shards)
+      if (!fork_wait::take(s.mu)) return false;
   return true;
 }
 
-void async_fork_parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  for (Traced::Shard& s : traced().shards) s.mu.unlock();
+void async_fork_parent(AsyncRegistry* r) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  if (r)
+    for (Traced::Shard& s : r->traced.shards) s.mu.unlock();
   captures().mu.unlock();
-  registry().mu.unlock();
+  thresholds().mu.unlock();
+  if (r) r->mu.unlock();
 }
 
 // The parent's allocations are not the child's to trace.
-void async_fork_child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  for (Traced::Shard& s : traced().shards) {
-    s.live.clear();
-    s.mu.unlock();
-  }
+void async_fork_child(AsyncRegistry* r) GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
+  if (r)
+    for (Traced::Shard& s : r->traced.shards) {
+      s.live.clear();
+      s.mu.unlock();
+    }
   captures().mu.remake_held_in_child();
-  registry().mu.unlock();
+  thresholds().mu.unlock();
+  if (r) r->mu.unlock();
 }
 
 // A forked child's pools are its driver's business: the parent's records
 // go without a driver call (CUDA does not carry them across fork()).
 void async_fork_renew(Runtime& rt) {
   std::vector<AsyncPool*> all;
+  AsyncRegistry& r = registry(rt);
   {
-    Registry& r = registry();
     LockGuard lock(r.mu);
     for (auto& [pool, p] : r.pools) all.push_back(p);
     r.pools.clear();
-    r.program_threshold.clear();
   }
-  for (auto& c : g_current) c.store(nullptr, std::memory_order_relaxed);
+  {
+    Thresholds& t = thresholds();
+    LockGuard lock(t.mu);
+    t.set.clear();
+  }
+  for (auto& c : r.current) c.store(nullptr, std::memory_order_relaxed);
   {
     LockGuard lock(capture_lock());
     captures().ongoing.clear();

@@ -86,12 +86,17 @@ void capture_maybe_ended(const Driver& d, CUstream s, bool ptsz) GPUPOOL_REQUIRE
 // The stream was destroyed: a capture on it is over.
 void capture_stream_destroyed(CUstream s) GPUPOOL_REQUIRES(capture_lock());
 
-// fork(): the registry's and the capture's locks (contexts.cpp's handlers
+// The managed pools' registry (cuda::State::async), made with the runtime.
+struct AsyncRegistry;
+AsyncRegistry* make_async_registry();
+
+// fork(): the registry's (r: none while the runtime is being made), the
+// program's thresholds' and the captures' locks (contexts.cpp's handlers
 // call these in rank order); in the child, the parent's pools are retired
 // without driver calls.
-bool async_fork_prepare();  // false: gave up (core/fork_wait.hpp)
-void async_fork_parent();
-void async_fork_child();
+bool async_fork_prepare(AsyncRegistry* r);  // false: gave up (core/fork_wait.hpp)
+void async_fork_parent(AsyncRegistry* r);
+void async_fork_child(AsyncRegistry* r);
 void async_fork_renew(Runtime& rt);
 
 }  // namespace gpupool::cuda

@@ -557,7 +557,7 @@ void prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
   if (!fork_wait::take(solo_mu())) return;
   State* room = runtime_if_started() ? runtime_if_started()->cuda : nullptr;
   if (!room) {
-    (void)async_fork_prepare();
+    (void)async_fork_prepare(nullptr);
     return;
   }
   State& s = *room;
@@ -579,7 +579,7 @@ void prepare() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
     s.contexts_mu.unlock();
   }
   fork_wait::journal_lock(s.contexts_mu);
-  if (fork_wait::gave_up() || !async_fork_prepare()) return;
+  if (fork_wait::gave_up() || !async_fork_prepare(s.async)) return;
   for (CtxState* st : s.fork_locked)
     if (!fork_wait::take(st->sync_mu)) return;
   if (vmm::fork_prepare()) PtrMap::fork_prepare(s.device_map, s.host_map);
@@ -599,7 +599,7 @@ void parent() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
     vmm::fork_parent();
     for (CtxState* st : s->fork_locked) st->sync_mu.unlock();
   }
-  async_fork_parent();
+  async_fork_parent(s ? s->async : nullptr);
   if (s) {
     s->contexts_mu.unlock();
     for (CtxState* st : s->fork_locked) st->teardown_mu.unlock();
@@ -623,7 +623,7 @@ void child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
       st->sync_mu.unlock();
     }
   }
-  async_fork_child();
+  async_fork_child(s ? s->async : nullptr);
   if (s) {
     s->contexts_mu.unlock();
     for (CtxState* st : s->fork_locked) st->teardown_mu.remake_held_in_child();
@@ -666,6 +666,7 @@ void check_contexts(Runtime& rt) {
 void make(Runtime& rt) {
   auto* s = new State;
   s->vmm = vmm::make_registry();
+  s->async = make_async_registry();
   rt.cuda = s;
 }
 

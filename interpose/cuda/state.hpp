@@ -15,6 +15,7 @@
 
 namespace gpupool::cuda {
 
+struct AsyncRegistry;
 namespace vmm {
 struct Registry;
 }
@@ -38,7 +39,8 @@ struct State {
   // The pointer maps (pointers.hpp): device memory's and pinned memory's.
   PtrMap device_map, host_map;
 
-  vmm::Registry* vmm = nullptr;  // the virtual memory units (vmm.cpp)
+  vmm::Registry* vmm = nullptr;    // the virtual memory units (vmm.cpp)
+  AsyncRegistry* async = nullptr;  // the managed memory pools (async.cpp)
 };
 
 // The pointer maps of the runtime's state. Inline: on every hit path (one
