@@ -13,6 +13,7 @@
 
 #include "core/lock_rank.hpp"
 #include "core/no_destructor.hpp"
+#include "interpose/cuda/state.hpp"
 #include "interpose/runtime.hpp"
 #include "sys/io.hpp"
 #include "sys/log.hpp"
