@@ -121,8 +121,8 @@ bool with_nvml(NvmlSession& s, F&& fn) {
   if (s.parents) return false;
   bool ok = false;
   std::string why;
-  Nvml& n = s.nvml;
-  io::in_private([&] { ok = fn(n, &why); });
+  Nvml* n = &s.nvml;  // the lambda runs here, under the lock
+  io::in_private([&] { ok = fn(*n, &why); });
   if (!why.empty()) log().info("{}", why);
   return ok;
 }
