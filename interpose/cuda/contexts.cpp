@@ -16,6 +16,7 @@
 
 #include "core/hot_tls.hpp"
 #include "core/no_destructor.hpp"
+#include "interpose/cuda/ipc.hpp"
 #include "interpose/cuda/memory.hpp"
 #include "interpose/cuda/pointers.hpp"
 #include "interpose/cuda/vmm.hpp"
@@ -667,6 +668,8 @@ void make(Runtime& rt) {
   auto* s = new State;
   s->vmm = vmm::make_registry();
   s->async = make_async_registry();
+  s->ipc = ipc::make_registry();
+  s->peers = make_peer_access();
   rt.cuda = s;
 }
 

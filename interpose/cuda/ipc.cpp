@@ -12,7 +12,6 @@
 #include <map>
 
 #include "core/lock_rank.hpp"
-#include "core/no_destructor.hpp"
 #include "interpose/cuda/state.hpp"
 #include "interpose/runtime.hpp"
 #include "sys/io.hpp"
@@ -47,9 +46,8 @@ struct Exports {
   Ranked<LockRank::cuda_ipc> mu;
   std::map<CUdeviceptr, Export> by_piece GPUPOOL_GUARDED_BY(mu);
   std::uint32_t next GPUPOOL_GUARDED_BY(mu) = 1;
+  std::atomic<bool> any{false};  // frees of programs that never exported skip the lock
 };
-NoDestructor<Exports> g_exports;
-std::atomic<bool> g_any_export{false};  // frees of programs that never exported skip the lock
 
 struct Import {
   CUdeviceptr base = 0;  // the reservation
@@ -63,10 +61,8 @@ struct Import {
 struct Imports {
   Ranked<LockRank::cuda_ipc> mu;
   std::map<CUdeviceptr, Import> by_ptr GPUPOOL_GUARDED_BY(mu);  // the address open() answered
+  std::atomic<bool> any{false};  // pointer queries of programs that never opened one skip the lock
 };
-NoDestructor<Imports> g_imports;
-std::atomic<bool> g_any_import{
-    false};  // pointer queries of programs that never opened one skip the lock
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -256,11 +252,31 @@ CUdeviceptr import(const Driver& d, long pid, std::uint32_t number, std::uint64_
 
 }  // namespace
 
+// The room's IPC state (cuda::State::ipc).
+struct Registry {
+  Exports exports;
+  Imports imports;
+};
+
+Registry* make_registry() { return new Registry; }
+
+namespace {
+// The runtime's, made by the first call that needs it (an importer's first
+// gpupool call may be its open). A process with gpupool switched off
+// (GPUPOOL_DISABLE=1) exports nothing and leaves every open to the driver.
+Registry* registry() {
+  Runtime* rt = runtime();
+  return rt && rt->cuda ? rt->cuda->ipc : nullptr;
+}
+}  // namespace
+
 CUresult export_piece(const Driver& d, const PtrInfo& i, CUipcMemHandle* handle) {
   if (!handle) return CUDA_ERROR_INVALID_VALUE;
   if (!d.mem_get_address_range || !d.mem_retain_handle || !d.mem_export || !d.mem_release)
     return CUDA_ERROR_NOT_SUPPORTED;
-  Exports& x = *g_exports;
+  Registry* reg = registry();
+  if (!reg) return CUDA_ERROR_NOT_SUPPORTED;
+  Exports& x = reg->exports;
   {
     LockGuard lock(x.mu);
     if (auto it = x.by_piece.find(i.base); it != x.by_piece.end()) {
@@ -294,13 +310,14 @@ CUresult export_piece(const Driver& d, const PtrInfo& i, CUipcMemHandle* handle)
   auto [it, fresh] = x.by_piece.emplace(i.base, e);
   if (!fresh && it->second.buffer_id != e.buffer_id) it->second = e;  // stale
   fill(handle, it->second);  // (or another thread's export of it meanwhile)
-  g_any_export.store(true, std::memory_order_release);
+  x.any.store(true, std::memory_order_release);
   return CUDA_SUCCESS;
 }
 
 void forget_export(CUdeviceptr piece) {
-  if (!g_any_export.load(std::memory_order_acquire)) return;
-  Exports& x = *g_exports;
+  Registry* reg = registry();
+  if (!reg || !reg->exports.any.load(std::memory_order_acquire)) return;
+  Exports& x = reg->exports;
   LockGuard lock(x.mu);
   x.by_piece.erase(piece);
 }
@@ -310,7 +327,9 @@ std::string answer(std::string_view args, std::vector<int>* fds) {
   if (!parse_numbers(args, a, 4) || a[3] == 0)
     return "error bad-request ipc <number> <token> <first> <count>\n";
   const Driver* d = driver();
-  Exports& x = *g_exports;
+  Registry* reg = registry();
+  if (!reg) return "error bad-request no such export\n";
+  Exports& x = reg->exports;
   LockGuard lock(x.mu);
   const Export* e = nullptr;
   for (const auto& [piece, one] : x.by_piece)
@@ -361,9 +380,11 @@ CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, 
   if (!dptr || pid == getpid() || !d.mem_import || !d.mem_address_reserve || !d.mem_map ||
       !d.mem_set_access || !d.ctx_get_device)
     return drivers_answer();
+  Registry* reg = registry();
+  if (!reg) return drivers_answer();
   CUdevice dev = 0;
   if (const CUresult r = d.ctx_get_device(&dev); r != CUDA_SUCCESS) return r;
-  Imports& m = *g_imports;
+  Imports& m = reg->imports;
   {
     LockGuard lock(m.mu);
     for (const auto& [ptr, one] : m.by_ptr)
@@ -385,15 +406,16 @@ CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, 
     }
   im.buffer_id = pooled_buffer_id(next_serial(), 0);
   m.by_ptr.emplace(p, im);
-  g_any_import.store(true, std::memory_order_release);
+  m.any.store(true, std::memory_order_release);
   *dptr = p;
   return CUDA_SUCCESS;
 }
 
 PtrInfo find(CUdeviceptr p) {
   PtrInfo i;
-  if (!g_any_import.load(std::memory_order_acquire)) return i;
-  Imports& m = *g_imports;
+  Registry* reg = registry();
+  if (!reg || !reg->imports.any.load(std::memory_order_acquire)) return i;
+  Imports& m = reg->imports;
   LockGuard lock(m.mu);
   auto it = m.by_ptr.upper_bound(p);
   if (it == m.by_ptr.begin()) return i;
@@ -410,7 +432,9 @@ PtrInfo find(CUdeviceptr p) {
 }
 
 bool close(const Driver& d, CUdeviceptr dptr, CUresult* r) {
-  Imports& m = *g_imports;
+  Registry* reg = registry();
+  if (!reg) return false;
+  Imports& m = reg->imports;
   Import im;
   {
     LockGuard lock(m.mu);

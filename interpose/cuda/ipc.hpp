@@ -30,6 +30,10 @@
 
 namespace gpupool::cuda::ipc {
 
+// The exports and imports (cuda::State::ipc), made with the runtime.
+struct Registry;
+Registry* make_registry();
+
 // Granules per answer (SCM_RIGHTS carries at most 253 descriptors).
 inline constexpr std::size_t kBatch = 64;
 
@@ -40,7 +44,8 @@ CUresult export_piece(const Driver& d, const PtrInfo& i, CUipcMemHandle* handle)
 // The program frees a piece it exported: no process may open it from now.
 void forget_export(CUdeviceptr piece);
 
-// gpupool's handle (from any process).
+// gpupool's handle (from any process). A process with gpupool switched
+// off leaves it to the driver, which refuses it.
 bool ours(const CUipcMemHandle& handle);
 CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, unsigned flags);
 // True when dptr was opened by open(); *r is the close's result.

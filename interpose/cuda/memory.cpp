@@ -7,17 +7,16 @@
 #include <vector>
 
 #include "core/lock_rank.hpp"
-#include "core/no_destructor.hpp"
 
 #include "interpose/cuda/contexts.hpp"
 #include "interpose/cuda/driver.hpp"
 #include "interpose/cuda/pointers.hpp"
+#include "interpose/cuda/state.hpp"
 #include "interpose/cuda/vmm.hpp"
 #include "interpose/node/node.hpp"
 #include "interpose/runtime.hpp"
 
 namespace gpupool::cuda {
-namespace {
 
 // Contexts whose memory another device's context was given access to
 // (cuCtxEnablePeerAccess), by context id (its handle without ids): the
@@ -25,17 +24,21 @@ namespace {
 struct PeerAccess {
   Ranked<LockRank::cuda_peer_access> mu;
   std::map<unsigned long long, std::uint32_t> devices GPUPOOL_GUARDED_BY(mu);
+  std::atomic<bool> any{false};  // single-GPU programs skip the lock
 };
-NoDestructor<PeerAccess> g_peer_access;
-std::atomic<bool> g_any_peer_access{false};  // single-GPU programs skip the lock
+
+PeerAccess* make_peer_access() { return new PeerAccess; }
+
+namespace {
 
 unsigned long long peer_key(const CtxState* st) {
   return st->id ? st->id : reinterpret_cast<std::uintptr_t>(st->ctx);
 }
 
 std::uint32_t peer_devices(const CtxState* st) {
-  if (!g_any_peer_access.load(std::memory_order_acquire)) return 0;
-  PeerAccess& pa = *g_peer_access;
+  const Runtime* rt = runtime_if_started();
+  if (!rt || !rt->cuda->peers->any.load(std::memory_order_acquire)) return 0;
+  PeerAccess& pa = *rt->cuda->peers;
   LockGuard lock(pa.mu);
   auto it = pa.devices.find(peer_key(st));
   return it == pa.devices.end() ? 0 : it->second;
@@ -336,10 +339,10 @@ void grant_peer_access(const Driver& d, Runtime& rt, CUcontext peer, CUdevice de
                                      ? id
                                      : reinterpret_cast<std::uintptr_t>(peer);
   {
-    PeerAccess& pa = *g_peer_access;
+    PeerAccess& pa = *rt.cuda->peers;
     LockGuard lock(pa.mu);
     pa.devices[key] |= 1u << dev;
-    g_any_peer_access.store(true, std::memory_order_release);
+    pa.any.store(true, std::memory_order_release);
   }
   CtxState* st = find_state(d, rt, peer);
   if (!st || st->dev == dev) return;

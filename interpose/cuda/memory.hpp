@@ -18,6 +18,8 @@ namespace gpupool::cuda {
 
 struct CtxState;
 struct Driver;
+struct PeerAccess;  // the contexts given peer access (cuda::State::peers)
+PeerAccess* make_peer_access();
 
 // fenced: GPUPOOL_REUSE=safe (a freed block waits for the context's work).
 // fenced: freed blocks wait for the device; solo: unless the solo rule

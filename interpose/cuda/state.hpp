@@ -16,7 +16,11 @@
 namespace gpupool::cuda {
 
 struct AsyncRegistry;
+struct PeerAccess;
 namespace vmm {
+struct Registry;
+}
+namespace ipc {
 struct Registry;
 }
 
@@ -41,6 +45,8 @@ struct State {
 
   vmm::Registry* vmm = nullptr;    // the virtual memory units (vmm.cpp)
   AsyncRegistry* async = nullptr;  // the managed memory pools (async.cpp)
+  ipc::Registry* ipc = nullptr;    // range pieces exported and opened (ipc.cpp)
+  PeerAccess* peers = nullptr;     // contexts given peer access (memory.cpp)
 };
 
 // The pointer maps of the runtime's state. Inline: on every hit path (one
