@@ -1,6 +1,7 @@
 #include "interpose/cuda/async.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -39,8 +40,14 @@ struct AsyncPool {
   // What the last trim could not give back (frees not yet executed), as of
   // `uses` then: not offered again until the program uses the pool.
   std::atomic<std::uint64_t> stuck{0}, stuck_at{UINT64_MAX};
-  // The driver's last answers, for when it answers no more (exit).
+  // The driver's last answers, for when it answers no more (exit, or the
+  // pool destroyed).
   std::atomic<std::uint64_t> reserved{0}, used{0}, reserved_high{0}, used_high{0};
+  // The program is destroying the pool (or did): gpupool names it to the
+  // driver no more, and the destroy waits for the calls under way
+  // (PoolCall), since the driver may give its handle to the next pool.
+  std::atomic<bool> going{false};
+  std::atomic<unsigned> calls{0};
 };
 
 namespace {
@@ -163,12 +170,31 @@ void start_traced(Runtime& rt, Traced::Shard& s, CUdeviceptr p, AsyncPool& pool,
 
 // ---- the pool's attributes ---------------------------------------------------
 
+// One of gpupool's driver calls naming p's pool: none once the program
+// destroys it (async_pool_destroying waits for those under way).
+class PoolCall {
+ public:
+  explicit PoolCall(AsyncPool& p) : p_(p) {
+    p_.calls.fetch_add(1, std::memory_order_seq_cst);
+    ok_ = !p_.going.load(std::memory_order_seq_cst);
+  }
+  ~PoolCall() { p_.calls.fetch_sub(1, std::memory_order_release); }
+  PoolCall(const PoolCall&) = delete;
+  PoolCall& operator=(const PoolCall&) = delete;
+  explicit operator bool() const { return ok_; }
+
+ private:
+  AsyncPool& p_;
+  bool ok_ = false;
+};
+
 // The driver's answer, else (exit, or a capture under way, where gpupool
 // makes no call it does not have to) its last one.
 std::uint64_t attribute(const Driver& d, AsyncPool& p, CUmemPool_attribute a,
                         std::atomic<std::uint64_t>& last) {
   cuuint64_t v = 0;
-  if (!exiting() && !capturing() && d.mem_pool_get_attribute &&
+  const PoolCall call(p);
+  if (call && !exiting() && !capturing() && d.mem_pool_get_attribute &&
       d.mem_pool_get_attribute(p.pool, a, &v) == CUDA_SUCCESS)
     last.store(v, std::memory_order_relaxed);
   return last.load(std::memory_order_relaxed);
@@ -183,7 +209,8 @@ std::uint64_t kept(const Driver& d, AsyncPool& p) {
 
 bool set_threshold(const Driver& d, AsyncPool& p, std::uint64_t bytes) {
   cuuint64_t v = bytes;
-  return d.mem_pool_set_attribute &&
+  const PoolCall call(p);
+  return call && d.mem_pool_set_attribute &&
          d.mem_pool_set_attribute(p.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v) == CUDA_SUCCESS;
 }
 
@@ -228,7 +255,11 @@ class AsyncBackend final : public Backend, public HeldOutside {
     const std::uint64_t uses = p_.uses.load(std::memory_order_acquire);
     const std::uint64_t before = kept(*d, p_);
     follow_holding(*d, *rt, p_);
-    d->mem_pool_trim_to(p_.pool, 0);  // never what is in use
+    {
+      const PoolCall call(p_);
+      if (!call) return 0;
+      d->mem_pool_trim_to(p_.pool, 0);  // never what is in use
+    }
     const std::uint64_t after = kept(*d, p_);
     p_.last_reserved.store(p_.reserved.load(std::memory_order_relaxed), std::memory_order_relaxed);
     p_.stuck.store(after, std::memory_order_relaxed);
@@ -265,6 +296,8 @@ class AsyncBackend final : public Backend, public HeldOutside {
   void reset_peaks() override {
     const Driver* d = driver_if_loaded();
     if (!d || exiting() || capturing() || !d->mem_pool_set_attribute) return;
+    const PoolCall call(p_);
+    if (!call) return;
     for (CUmemPool_attribute a :
          {CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, CU_MEMPOOL_ATTR_USED_MEM_HIGH}) {
       cuuint64_t zero = 0;
@@ -421,6 +454,14 @@ bool async_threshold_seen(CUmemoryPool pool, cuuint64_t* value) {
   if (!p || !p->raised.load(std::memory_order_acquire)) return false;
   *value = 0;
   return true;
+}
+
+void async_pool_destroying(CUmemoryPool pool, bool going) {
+  AsyncPool* p = find(pool);
+  if (!p) return;
+  p->going.store(going, std::memory_order_seq_cst);
+  // The calls that began before: a driver call of a microsecond or so each.
+  while (going && p->calls.load(std::memory_order_acquire) != 0) sched_yield();
 }
 
 void async_pool_destroyed(Runtime& rt, CUmemoryPool pool) {

@@ -62,6 +62,10 @@ void async_attribute_set(const Driver& d, CUmemoryPool pool, CUmemPool_attribute
 // gpupool raised the pool's, whose driver default is 0.
 bool async_threshold_seen(CUmemoryPool pool, cuuint64_t* value);
 // The pool was destroyed, or the device's current pool changed.
+// Before the driver's cuMemPoolDestroy (going: true; false again if the
+// driver refused): gpupool stops naming the pool to the driver, and waits
+// for the calls already under way.
+void async_pool_destroying(CUmemoryPool pool, bool going);
 void async_pool_destroyed(Runtime& rt, CUmemoryPool pool);
 void async_current_pool_changed(CUdevice dev);
 

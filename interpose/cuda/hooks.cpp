@@ -656,9 +656,11 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemPoolDestroy(CUmemoryPool pool) noexcep
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_pool_destroy) return kNoDriver;
-  const CUresult r = d->mem_pool_destroy(pool);
   Runtime* rt = runtime_if_started();
-  if (r == CUDA_SUCCESS && rt) async_pool_destroyed(*rt, pool);
+  if (rt) async_pool_destroying(pool, true);
+  const CUresult r = d->mem_pool_destroy(pool);
+  if (rt && r == CUDA_SUCCESS) async_pool_destroyed(*rt, pool);
+  else if (rt) async_pool_destroying(pool, false);
   return r;
 }
 GPUPOOL_FALLBACK(mem_pool_destroy, pool)

@@ -14,7 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 
 #include "standin.h"
 
@@ -352,6 +354,37 @@ void scenario_traced() {
   OK(cuStreamSynchronize(nullptr));
 }
 
+// The program destroys its pools while another thread of it asks gpupool
+// for what they keep (gpupool_free_held: each pool's attributes and a
+// trim): gpupool never names a destroyed pool to the driver (whose
+// handle may by then be another pool's).
+void scenario_destroy() {
+  setup();
+  CUcontext ctx = nullptr;
+  OK(cuCtxGetCurrent(&ctx));
+  std::atomic<bool> done{false};
+  std::thread asker([&] {
+    cuCtxSetCurrent(ctx);
+    while (!done.load()) gpupool_call("gpupool_free_held");
+  });
+  const StandinCounters c0 = snap();
+  CUmemPoolProps props = {};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  for (int i = 0; i < 2000; ++i) {
+    CUmemoryPool mine;
+    CUdeviceptr p;
+    OK(cuMemPoolCreate(&mine, &props));
+    OK(cuMemAllocFromPoolAsync(&p, 2 * MiB, mine, nullptr));
+    OK(cuMemFreeAsync(p, nullptr));
+    OK(cuStreamSynchronize(nullptr));
+    OK(cuMemPoolDestroy(mine));
+  }
+  done.store(true);
+  asker.join();
+  CHECK_EQ(snap().dead_pool_calls - c0.dead_pool_calls, 0u);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -369,6 +402,7 @@ int main(int argc, char** argv) {
   else if (s == "capture") scenario_capture();
   else if (s == "oom") scenario_oom();
   else if (s == "traced") scenario_traced();
+  else if (s == "destroy") scenario_destroy();
   else {
     fprintf(stderr, "unknown scenario %s\n", s.c_str());
     return 2;

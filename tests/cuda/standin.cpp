@@ -985,6 +985,7 @@ std::vector<MemPool*>& g_pools = *new std::vector<MemPool*>;  // every pool made
 
 MemPool* pool_of(CUmemoryPool p) {
   auto* m = reinterpret_cast<MemPool*>(p);
+  if (m && m->magic == kPoolMagic && !m->alive) ++g_counters.dead_pool_calls;
   return m && m->magic == kPoolMagic && m->alive ? m : nullptr;
 }
 

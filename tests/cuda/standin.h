@@ -46,6 +46,7 @@ typedef struct StandinCounters {
   uint64_t trims_refused;          /* of them, refused while a stream captured (global mode) */
   uint64_t vmm_imported;           /* physical allocations imported from a descriptor */
   uint64_t ipc_opens_refused;      /* cuIpcOpenMemHandle calls (none can succeed here) */
+  uint64_t dead_pool_calls;        /* calls naming a memory pool after its cuMemPoolDestroy */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */
