@@ -133,29 +133,24 @@ RangeCache::Pieces::iterator RangeCache::merge(Pieces::iterator it) {
   auto mergeable = [&](const Piece& n) {
     return n.state == s && (s == State::unmapped || ready(n) == is_ready);
   };
-  auto out = [&](Handle at, Piece& n) GPUPOOL_REQUIRES(mu_) {
-    if (s == State::free) remove_free(at, n);
-    else remove_unmapped(at, n);
-  };
   auto absorb = [](Piece& into, const Piece& from) {
     into.size += from.size;
     into.fence = std::max(into.fence, from.fence);
     into.freed_at_ns = std::max(into.freed_at_ns, from.freed_at_ns);
   };
   if (auto next = std::next(it); next != pieces_.end() && mergeable(next->second)) {
-    out(next->first, next->second);
+    detach(next->first, next->second);
     absorb(p, next->second);
     pieces_.erase(next);
   }
   if (it != pieces_.begin())
     if (auto prev = std::prev(it); mergeable(prev->second)) {
-      out(prev->first, prev->second);
+      detach(prev->first, prev->second);
       absorb(prev->second, p);
       pieces_.erase(it);
       it = prev;
     }
-  if (s == State::free) add_free(it->first, it->second);
-  else add_unmapped(it->first, it->second);
+  attach(it->first, it->second, s);
   return it;
 }
 
@@ -219,7 +214,6 @@ Held RangeCache::give_back(Pieces::iterator it, bool drop) {
   }
   middle->second.state = State::unmapped;
   middle->second.fence = 0;
-  middle->second.state = State::unmapped;
   // merge() wants it out of the sets; it is.
   merge(middle);
   Held h;
