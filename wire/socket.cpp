@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stddef.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -98,6 +99,31 @@ Reached reach(const std::vector<std::string>& names, long pid, unsigned uid,
     }
   }
   return out;
+}
+
+bool wait_for(int fd, short events, std::uint64_t deadline) {
+  for (;;) {
+    const std::uint64_t now = io::mono_ns();
+    if (now >= deadline) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000 + 1));
+    if (r > 0) return (p.revents & (events | POLLHUP)) != 0;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+bool send_all(int fd, std::string_view data, std::uint64_t deadline) {
+  std::size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) sent += static_cast<std::size_t>(n);
+    else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      if (!wait_for(fd, POLLOUT, deadline)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string request_line(const std::string& request, std::uint64_t deadline) {

@@ -85,6 +85,12 @@ Reached reach(const std::vector<std::string>& names, long pid, unsigned uid,
 // A request line with its deadline (CLOCK_MONOTONIC ns; 0: none).
 std::string request_line(const std::string& request, std::uint64_t deadline);
 
+// Waits for `events` on fd until the deadline (io::mono_ns()); false on
+// timeout or error.
+bool wait_for(int fd, short events, std::uint64_t deadline);
+// All of `data` sent on the non-blocking socket fd by the deadline.
+bool send_all(int fd, std::string_view data, std::uint64_t deadline);
+
 // A line's request, and its deadline in *deadline (0 when it has none).
 std::string_view split_request(std::string_view line, std::uint64_t* deadline);
 

@@ -182,16 +182,17 @@ CUresult free_elsewhere(Runtime& rt, CUdeviceptr p, Real&& real) {
   return r;
 }
 
-// A block of gpupool's freed in stream order is freed as cuMemFree frees
-// it: its fence (or the solo rule) covers the work queued before the free.
-// Everything else is the driver's.
+// The program frees device memory (cuMemFree, or in stream order, where a
+// block of gpupool's is freed as cuMemFree frees it: its fence, or the solo
+// rule, covers the work queued before the free). `real`: the driver's call,
+// for everything that is not ours (0, bad and interior pointers).
 template <class Real>
-CUresult free_async(CUdeviceptr p, CUstream s, Real real) {
+CUresult free_device(CUdeviceptr p, Real real) {
   Runtime* rt = p ? runtime() : nullptr;
-  if (!rt) return real(p, s);
+  if (!rt) return real();
   bool known = false;
   Block* b = device_map(*rt).deactivate(p, &known);
-  if (!known) return free_elsewhere(*rt, p, [&] { return real(p, s); });
+  if (!known) return free_elsewhere(*rt, p, real);
   if (!b) return CUDA_ERROR_INVALID_VALUE;            // ours and already free: a double free
   if (!b->pooled && b->split) ipc::forget_export(p);  // no process may open it from now
   rt->pool.free(b);
@@ -351,17 +352,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFree_v2(CUdeviceptr p) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_free) return kNoDriver;
-  Runtime* rt = p ? runtime() : nullptr;
-  if (!rt) return d->mem_free(p);
-  bool known = false;
-  Block* b = device_map(*rt).deactivate(p, &known);
-  if (!known)
-    return free_elsewhere(*rt, p,
-                          [&] { return d->mem_free(p); });  // not ours: 0, bad, interior pointers
-  if (!b) return CUDA_ERROR_INVALID_VALUE;                  // ours and already free: a double free
-  if (!b->pooled && b->split) ipc::forget_export(p);        // no process may open it from now
-  rt->pool.free(b);
-  return CUDA_SUCCESS;
+  return free_device(p, [&] { return d->mem_free(p); });
 }
 GPUPOOL_FALLBACK(mem_free, p)
 
@@ -530,11 +521,7 @@ CUresult ipc_open(PFN_ipc_open Driver::*field, CUdeviceptr* dptr, CUipcMemHandle
   if (!d || !(d->*field)) return kNoDriver;
   // gpupool's handle (a range piece of a gpupool process): opened by
   // gpupool whether this process pools or not.
-  if (ipc::ours(handle)) {
-    Driver with = *d;
-    with.ipc_open = d->*field;
-    return ipc::open(with, dptr, handle, flags);
-  }
+  if (ipc::ours(handle)) return ipc::open(*d, d->*field, dptr, handle, flags);
   return (d->*field)(dptr, handle, flags);
 }
 }  // namespace
@@ -610,7 +597,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeAsync(CUdeviceptr p, CUstream s) n
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_free_async) return kNoDriver;
-  return free_async(p, s, d->mem_free_async);
+  return free_device(p, [&] { return d->mem_free_async(p, s); });
 }
 GPUPOOL_FALLBACK(mem_free_async, p, s)
 
@@ -618,7 +605,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->mem_free_async_ptsz) return kNoDriver;
-  return free_async(p, s, d->mem_free_async_ptsz);
+  return free_device(p, [&] { return d->mem_free_async_ptsz(p, s); });
 }
 GPUPOOL_FALLBACK(mem_free_async_ptsz, p, s)
 

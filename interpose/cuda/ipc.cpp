@@ -134,20 +134,7 @@ bool ask(long pid, const std::string& request, std::uint64_t deadline, std::stri
   const io::OwnedFd fd =
       wire::reach(wire::socket_candidates(geteuid(), pid), pid, geteuid(), deadline).fd;
   if (!fd.valid()) return false;
-  const std::string line = wire::request_line(request, deadline);
-  for (std::size_t sent = 0; sent < line.size();) {
-    const ssize_t n = ::send(fd.get(), line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += static_cast<std::size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) {
-      pollfd p{fd.get(), POLLOUT, 0};
-      if (::poll(&p, 1, 100) >= 0 && io::mono_ns() < deadline) continue;
-    }
-    return false;
-  }
+  if (!wire::send_all(fd.get(), wire::request_line(request, deadline), deadline)) return false;
   for (;;) {
     char buf[512];
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kBatch)];
@@ -174,11 +161,7 @@ bool ask(long pid, const std::string& request, std::uint64_t deadline, std::stri
     }
     if (n == 0) return true;
     if (errno == EINTR) continue;
-    if (errno != EAGAIN) return false;
-    pollfd p{fd.get(), POLLIN, 0};
-    const std::uint64_t now = io::mono_ns();
-    if (now >= deadline) return false;
-    ::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000 + 1));
+    if (errno != EAGAIN || !wire::wait_for(fd.get(), POLLIN, deadline)) return false;
   }
 }
 
@@ -371,12 +354,13 @@ bool ours(const CUipcMemHandle& handle) {
   return std::memcmp(handle.reserved, kMagic, sizeof kMagic) == 0;
 }
 
-CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, unsigned flags) {
+CUresult open(const Driver& d, PFN_ipc_open driver_open, CUdeviceptr* dptr,
+              const CUipcMemHandle& handle, unsigned flags) {
   const long pid = get<std::uint32_t>(handle, kPidAt);
   const auto number = get<std::uint32_t>(handle, kNumberAt);
   const auto token = get<std::uint64_t>(handle, kTokenAt);
   // Whatever the driver says of the handle itself: its error, exactly.
-  auto drivers_answer = [&] { return d.ipc_open(dptr, handle, flags); };
+  auto drivers_answer = [&] { return driver_open(dptr, handle, flags); };
   if (!dptr || pid == getpid() || !d.mem_import || !d.mem_address_reserve || !d.mem_map ||
       !d.mem_set_access || !d.ctx_get_device)
     return drivers_answer();
@@ -385,25 +369,30 @@ CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, 
   CUdevice dev = 0;
   if (const CUresult r = d.ctx_get_device(&dev); r != CUDA_SUCCESS) return r;
   Imports& m = reg->imports;
+  // Opened already (by this thread before, or another meanwhile): its
+  // address, or 0.
+  auto opened = [&]() GPUPOOL_REQUIRES(m.mu) {
+    for (const auto& [ptr, one] : m.by_ptr)
+      if (one.pid == pid && one.number == number && one.token == token) return ptr;
+    return CUdeviceptr{0};
+  };
   {
     LockGuard lock(m.mu);
-    for (const auto& [ptr, one] : m.by_ptr)
-      if (one.pid == pid && one.number == number && one.token == token) {
-        *dptr = ptr;
-        return CUDA_SUCCESS;
-      }
+    if (const CUdeviceptr ptr = opened()) {
+      *dptr = ptr;
+      return CUDA_SUCCESS;
+    }
   }
   Import im;
   const CUdeviceptr p = import(d, pid, number, token, dev, &im);
   if (!p) return drivers_answer();
   LockGuard lock(m.mu);
-  for (const auto& [ptr, one] : m.by_ptr)
-    if (one.pid == pid && one.number == number && one.token == token) {  // opened meanwhile
-      d.mem_unmap(im.base, im.bytes);
-      d.mem_address_free(im.base, im.bytes);
-      *dptr = ptr;
-      return CUDA_SUCCESS;
-    }
+  if (const CUdeviceptr ptr = opened()) {
+    d.mem_unmap(im.base, im.bytes);
+    d.mem_address_free(im.base, im.bytes);
+    *dptr = ptr;
+    return CUDA_SUCCESS;
+  }
   im.buffer_id = pooled_buffer_id(next_serial(), 0);
   m.by_ptr.emplace(p, im);
   m.any.store(true, std::memory_order_release);

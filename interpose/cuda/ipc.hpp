@@ -47,7 +47,11 @@ void forget_export(CUdeviceptr piece);
 // gpupool's handle (from any process). A process with gpupool switched
 // off leaves it to the driver, which refuses it.
 bool ours(const CUipcMemHandle& handle);
-CUresult open(const Driver& d, CUdeviceptr* dptr, const CUipcMemHandle& handle, unsigned flags);
+// `driver_open`: the export the program called (cuIpcOpenMemHandle or
+// _v2), whose answer for the handle itself is the error where gpupool
+// cannot open it.
+CUresult open(const Driver& d, PFN_ipc_open driver_open, CUdeviceptr* dptr,
+              const CUipcMemHandle& handle, unsigned flags);
 // True when dptr was opened by open(); *r is the close's result.
 bool close(const Driver& d, CUdeviceptr dptr, CUresult* r);
 // The opened piece around p, for the pointer queries: answered for the

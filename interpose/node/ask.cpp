@@ -21,18 +21,6 @@
 namespace gpupool::node {
 namespace {
 
-// Waits for `events` on fd until the deadline; false on timeout or error.
-bool wait_for(int fd, short events, std::uint64_t deadline) {
-  for (;;) {
-    const std::uint64_t now = io::mono_ns();
-    if (now >= deadline) return false;
-    pollfd p{fd, events, 0};
-    const int r = ::poll(&p, 1, static_cast<int>((deadline - now) / 1'000'000 + 1));
-    if (r > 0) return (p.revents & (events | POLLHUP)) != 0;
-    if (r < 0 && errno != EINTR) return false;
-  }
-}
-
 // The bytes an answer says were released: "ok\nreleased <bytes>\n"; any
 // other answer (a refusal, "error denied ...") says none.
 std::size_t released_in(const std::string& answer) {
@@ -50,16 +38,7 @@ std::size_t ask_release_here(long pid, unsigned uid, const wire::DeviceKey& key,
   // Dropped by a holder that gets to it after we gave up (stopped, busy).
   const std::string req =
       wire::request_line("release " + wire::key_text(key) + " " + std::to_string(bytes), deadline);
-  std::size_t sent = 0;
-  while (sent < req.size()) {
-    const ssize_t n = ::send(fd.get(), req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) sent += static_cast<std::size_t>(n);
-    else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (!wait_for(fd.get(), POLLOUT, deadline)) return 0;
-    } else {
-      return 0;
-    }
-  }
+  if (!wire::send_all(fd.get(), req, deadline)) return 0;
   std::string in;
   char buf[256];
   for (;;) {
@@ -71,7 +50,7 @@ std::size_t ask_release_here(long pid, unsigned uid, const wire::DeviceKey& key,
     }
     if (n == 0) break;
     if (errno == EINTR) continue;
-    if (errno != EAGAIN || !wait_for(fd.get(), POLLIN, deadline)) return 0;
+    if (errno != EAGAIN || !wire::wait_for(fd.get(), POLLIN, deadline)) return 0;
   }
   return released_in(in);
 }
