@@ -11,12 +11,14 @@ sudo_=""
 [ "$(id -u)" = 0 ] || sudo_=sudo
 $sudo_ apt-get update -qq
 $sudo_ apt-get install -y -qq --no-install-recommends \
-  build-essential cmake clang clang-format-14 libclang-rt-14-dev \
+  build-essential cmake clang-19 libclang-rt-19-dev clang-format-14 \
   libfmt-dev googletest libgtest-dev libbenchmark-dev libdw-dev \
   pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo patchelf \
   python3-pyopencl python3-numpy python3-pytest \
   python3-pip python3-venv ninja-build chromium prometheus-node-exporter >/dev/null
-# (libdw-dev: elfutils' headers, so allocation sites name source lines; the
+# (clang-19: the AddressSanitizer build's compiler, scripts/test.sh, whose
+# runtime keeps its allocator consistent across fork(), as Debian 12's
+# default clang 14 does not; libdw-dev: elfutils' headers, so allocation sites name source lines; the
 # library itself, libdw1, is loaded at run time where installed. pip and
 # venv: the wheel and its install, scripts/package-check.sh; Ninja:
 # its record of which headers each object was compiled from; Chromium: the
