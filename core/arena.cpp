@@ -20,8 +20,8 @@ Arena::Arena(std::unique_ptr<Backend> backend, ArenaOptions options, Group* grou
     // space holds it), so the pieces' holes seldom stop a growth.
     const std::size_t reserve = 2 * std::min(options_.max_block, std::size_t{1} << 40);
     ranges_ =
-        std::make_unique<RangeCache>(*backend_, group->cap, granule, reserve, options_.split_min,
-                                     options_.pending_growth, retired_, clock);
+        std::make_unique<RangeCache>(*backend_, group->cap, binned_, granule, reserve,
+                                     options_.split_min, options_.pending_growth, retired_, clock);
   } else if (options_.split_min) {
     segments_ = std::make_unique<SegmentCache>(*backend_, group->cap, options_.split_min, clock);
   }

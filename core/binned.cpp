@@ -91,8 +91,11 @@ void BinnedCache::take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& ou
 std::size_t BinnedCache::releasable_bytes() const {
   std::size_t n = 0;
   for (unsigned i = 0; i < count_; ++i) {
-    LockGuard lock(shards_[i].mu);
-    n += shards_[i].c.held_bytes;
+    Shard& s = shards_[i];
+    LockGuard lock(s.mu);
+    // Parked pieces: what of them would go back once in the range (the
+    // range gives back whole granules only).
+    n += s.c.held_bytes - s.parked_bytes + s.parked_whole;
   }
   return n;
 }
@@ -114,7 +117,7 @@ void BinnedCache::reset_peaks() {
 bool BinnedCache::any_active() const {
   for (unsigned i = 0; i < count_; ++i) {
     LockGuard lock(shards_[i].mu);
-    if (shards_[i].c.active_blocks != 0) return true;
+    if (shards_[i].c.active_blocks != 0 || shards_[i].in_flight != 0) return true;
   }
   return false;
 }
@@ -147,8 +150,10 @@ void BinnedCache::unlock_all() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
 
 // fork()'s child, every shard's lock held (lock_all).
 void BinnedCache::forget_growth() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
-  for (unsigned i = 0; i < count_; ++i)
+  for (unsigned i = 0; i < count_; ++i) {
     for (BinGrowth& g : shards_[i].growth) g.growing = false;
+    shards_[i].in_flight = 0;  // a parent's thread's, on its way into the range
+  }
 }
 
 }  // namespace gpupool::core_detail

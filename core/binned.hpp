@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -87,6 +88,67 @@ struct alignas(64) Shard {
   BinGrowth& growth_of(std::size_t bin) GPUPOOL_REQUIRES(mu) {
     if (growth.size() <= bin) growth.resize(bin + 1);
     return growth[bin];
+  }
+
+  // Pieces of the arena's range that the program freed, parked here whole
+  // (still in use as the range sees them) for the next request of their
+  // size from this slot: a hit and a free without the range's lock, which
+  // threads would otherwise all meet at (Pool::free_piece). Oldest first.
+  // Counted held. A growth of the range and every release policy first
+  // return them to the range (RangeCache::unpark_all), so parking never
+  // makes the range map more than it would have.
+  static constexpr unsigned kParkSlots = 4;
+  Block* parked[kParkSlots] GPUPOOL_GUARDED_BY(mu) = {};
+  unsigned parked_n GPUPOOL_GUARDED_BY(mu) = 0;
+  std::size_t parked_bytes GPUPOOL_GUARDED_BY(mu) = 0;
+  std::size_t parked_whole GPUPOOL_GUARDED_BY(mu) = 0;  // their whole granules' bytes
+  // Pieces pushed out of the park on their way into the range: the arena
+  // is not destroyed meanwhile (BinnedCache::any_active).
+  unsigned in_flight GPUPOOL_GUARDED_BY(mu) = 0;
+  std::atomic<unsigned> parked_any{0};  // parked_n, for a look without the lock
+
+  static std::size_t whole_granules(const Block* b, std::size_t granule) {
+    const Handle from = (b->handle + granule - 1) / granule * granule;
+    const Handle to = (b->handle + b->size) / granule * granule;
+    return to > from ? to - from : 0;
+  }
+  // `b` parked; the oldest parked piece pushed out when the park is full
+  // (counted in_flight: the caller returns it to the range, then lets go).
+  [[nodiscard]] Block* park(Block* b, std::size_t granule) GPUPOOL_REQUIRES(mu) {
+    Block* out = nullptr;
+    if (parked_n == kParkSlots) {
+      out = unpark_at(0, granule);
+      ++in_flight;
+    }
+    parked[parked_n++] = b;
+    parked_bytes += b->size;
+    parked_whole += whole_granules(b, granule);
+    c.add_held(b->size);
+    parked_any.store(parked_n, std::memory_order_relaxed);
+    return out;
+  }
+  // The newest parked piece that the range would hand out whole for `want`
+  // bytes (at least `want`, less than `want` + `slack` long) and that the
+  // device is done with, out of the park; or nullptr.
+  [[gnu::always_inline]] Block* take_parked(std::size_t want, std::size_t slack, Backend& backend,
+                                            std::size_t granule) GPUPOOL_REQUIRES(mu) {
+    for (unsigned i = parked_n; i-- > 0;) {
+      const Block* b = parked[i];
+      if (b->size < want || b->size - want >= slack) continue;
+      if (b->fence != 0 && !backend.passed(b->fence)) continue;
+      return unpark_at(i, granule);
+    }
+    return nullptr;
+  }
+  Block* unpark_at(unsigned i, std::size_t granule) GPUPOOL_REQUIRES(mu) {
+    Block* b = parked[i];
+    for (unsigned k = i + 1; k < parked_n; ++k) parked[k - 1] = parked[k];
+    parked[--parked_n] = nullptr;
+    parked_bytes -= b->size;
+    parked_whole -= whole_granules(b, granule);
+    c.remove_held(b->size);
+    parked_any.store(parked_n, std::memory_order_relaxed);
+    return b;
   }
 
   void add_active(const Block* b) GPUPOOL_REQUIRES(mu) {

@@ -317,17 +317,33 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   RangeCache& rg = *a.ranges();
   Shard& mine = a.binned().shard(my);
   const std::size_t want = round_up(size, kPieceGranule);
+  {
+    // A piece this slot parked, whole: the range's lock is not taken.
+    LockGuard lock(mine.mu);
+    if (Block* p = mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule())) {
+      p->requested = size;
+      ++mine.c.hits;
+      mine.add_active(p);
+      a.group().cap.unhold(p->size);
+      return {p, BackendStatus::ok, 0, true};
+    }
+  }
   std::unique_ptr<Block> b = new_piece(a, my, size);
 
   RangeCache::Cut cut;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    bool wait = false;  // pending pieces would serve, and hold more than the bound
-    cut = rg.take(want, attempt == 0, &wait);
-    if (cut.size || !wait) break;
-    a.backend().wait_all();
-    LockGuard lock(mine.mu);
-    ++mine.c.fence_waits;
-  }
+  auto take = [&] {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      bool wait = false;  // pending pieces would serve, and hold more than the bound
+      cut = rg.take(want, attempt == 0, &wait);
+      if (cut.size || !wait) break;
+      a.backend().wait_all();
+      LockGuard lock(mine.mu);
+      ++mine.c.fence_waits;
+    }
+  };
+  take();
+  // Before mapping more: the pieces parked in every slot, back in the range.
+  if (!cut.size && rg.unpark_all()) take();
   if (!cut.size) {
     bool no_room = false;
     const BackendResult r = retry_releasing(*arenas_, a, round_up(want, rg.granule()),
@@ -382,6 +398,36 @@ void Pool::free_piece(Block* b) {
   const std::uint64_t fence = a.backend().fence();
   const std::uint64_t t = now();
   bool over_cap = false;
+  // A range's piece that may be handed out again is parked whole in its
+  // slot's shard (Shard::park), under the one lock its active count takes.
+  if (RangeCache* rg = a.ranges(); rg && b->pooled && rg->parking()) {
+    b->fence = fence;
+    b->freed_at_ns = t;
+    Shard& s = a.binned().shard(b->shard);
+    Block* out = nullptr;
+    bool parked = false;
+    {
+      LockGuard lock(s.mu);
+      // Asked under the shard's lock, as for a binned block: stop_holding()
+      // clears the flag before it empties the parks.
+      if (holding_.load(std::memory_order_acquire)) {
+        s.remove_active(b);
+        if (fence != 0) ++s.c.pending_frees;
+        out = s.park(b, rg->granule());
+        parked = true;
+        over_cap = a.group().cap.hold(b->size);
+      }
+    }
+    if (parked) {
+      if (out) {
+        rg->unpark(out);
+        LockGuard lock(s.mu);
+        --s.in_flight;
+      }
+      if (over_cap) enforce_cap_nothrow(a);
+      return;
+    }
+  }
   // A block never to be reused (never_reuse: another process may map it) is
   // its whole segment: it goes back at once, as when holding stopped.
   // A range's piece: its whole granules are unmapped at once.

@@ -218,8 +218,9 @@ class BinnedCache final : public Cache {
   void add_bins(std::vector<BinSnapshot>& bins) const;
 
   // fork(): every shard's lock taken (false: the wait gave up,
-  // core/fork_wait.hpp), and released; a growth in flight belonged to a
-  // thread the child does not have.
+  // core/fork_wait.hpp), and released; a growth in flight, or a parked
+  // piece on its way into the range, belonged to a thread the child does
+  // not have.
   bool lock_all();
   void unlock_all();
   void forget_growth();

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "core/binned.hpp"
+
 namespace gpupool::core_detail {
 namespace {
 
@@ -11,11 +13,12 @@ std::size_t round_down(std::size_t n, std::size_t to) { return n / to * to; }
 
 }  // namespace
 
-RangeCache::RangeCache(Backend& backend, HeldCap& cap, std::size_t granule, std::size_t reserve,
-                       std::size_t min_rest, std::size_t pending_growth,
+RangeCache::RangeCache(Backend& backend, HeldCap& cap, BinnedCache& binned, std::size_t granule,
+                       std::size_t reserve, std::size_t min_rest, std::size_t pending_growth,
                        const std::atomic<bool>& retired, std::uint64_t (*clock)())
     : backend_(backend),
       cap_(cap),
+      binned_(binned),
       granule_(granule),
       reserve_(round_up(reserve, granule)),
       min_rest_(min_rest),
@@ -345,6 +348,7 @@ Held RangeCache::reap() {
       }
   }
   refill();
+  any_dead_.store(!dead_.empty(), std::memory_order_relaxed);
   Held h;
   if (unmapped == 0) return h;
   h.handle = base_;
@@ -523,6 +527,48 @@ Held RangeCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool r
   return gone;
 }
 
+// As free() does for a reusable piece that is held; dead pieces beside it
+// are reaped at the next free or release.
+void RangeCache::unpark_locked(Block* b) {
+  auto it = pieces_.find(b->handle);
+  it->second.fence = b->fence;
+  it->second.freed_at_ns = b->freed_at_ns;
+  it->second.state = State::free;
+  merge(it);
+}
+
+void RangeCache::unpark(Block* b) {
+  cap_.unhold(b->size);  // held again as a free piece (add_free)
+  {
+    LockGuard lock(mu_);
+    unpark_locked(b);
+  }
+  delete b;
+}
+
+bool RangeCache::unpark_all() {
+  bool any = false;
+  for (unsigned i = 0; i < binned_.shard_count(); ++i) {
+    Shard& s = binned_.shard(i);
+    if (s.parked_any.load(std::memory_order_relaxed) == 0) continue;
+    Block* out[Shard::kParkSlots];
+    unsigned n = 0;
+    {
+      LockGuard lock(s.mu);
+      while (s.parked_n) out[n++] = s.unpark_at(0, granule_);
+    }
+    if (n == 0) continue;
+    any = true;
+    for (unsigned k = 0; k < n; ++k) cap_.unhold(out[k]->size);
+    {
+      LockGuard lock(mu_);
+      for (unsigned k = 0; k < n; ++k) unpark_locked(out[k]);
+    }
+    for (unsigned k = 0; k < n; ++k) delete out[k];
+  }
+  return any;
+}
+
 Held RangeCache::forget(Handle at, std::uint64_t t_ns) {
   LockGuard lock(mu_);
   auto it = pieces_.find(at);
@@ -536,6 +582,7 @@ Held RangeCache::forget(Handle at, std::uint64_t t_ns) {
 // by address). Oldest: the one freed first, the largest of those freed at
 // once.
 void RangeCache::offer(Victims order, Offer& best) {
+  unpark_all();
   LockGuard lock(mu_);
   try {
     make_spares();
@@ -576,6 +623,7 @@ Held RangeCache::take_offered(const Offer& offer) {
 // free neighbours merged first whatever their fences (all of it goes: a
 // granule astride a ready piece and a pending one would stay otherwise).
 Held RangeCache::take_any() {
+  unpark_all();
   LockGuard lock(mu_);
   if (!dead_.empty())
     if (const Held h = reap(); h.size) return h;
@@ -592,6 +640,7 @@ Held RangeCache::take_any() {
 }
 
 void RangeCache::take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) {
+  unpark_all();
   LockGuard lock(mu_);
   const bool drop = retired_.load(std::memory_order_acquire);
   for (auto it = pieces_.begin(); it != pieces_.end();) {

@@ -47,6 +47,8 @@
 
 namespace gpupool::core_detail {
 
+class BinnedCache;
+
 // New granules are mapped instead of waiting for the device while the
 // pending free pieces hold at most 1/kPendingShare of the mapped bytes
 // (replayed: 1/8 takes the MNIST trace to 1.23x, 1/2 to 1.68x, 1/32 to
@@ -75,12 +77,29 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // before a request waits rather than map more; `cap`: the group's held
   // bytes (free mapped bytes count); `retired`: the arena's flag (a retired
   // arena's memory went with its context: dropped, never unmapped).
-  RangeCache(Backend& backend, HeldCap& cap, std::size_t granule, std::size_t reserve,
-             std::size_t min_rest, std::size_t pending_growth, const std::atomic<bool>& retired,
-             std::uint64_t (*clock)());
+  // `binned`: the arena's shards, where freed pieces are parked
+  // (Shard::park).
+  RangeCache(Backend& backend, HeldCap& cap, BinnedCache& binned, std::size_t granule,
+             std::size_t reserve, std::size_t min_rest, std::size_t pending_growth,
+             const std::atomic<bool>& retired, std::uint64_t (*clock)());
   ~RangeCache();
 
   std::size_t granule() const { return granule_; }
+  std::size_t min_rest() const { return min_rest_; }
+
+  // Whether a freed piece may be parked: not while the range has dead
+  // pieces, whose granules go as soon as no piece in use or parked shares
+  // them (a free in the range reaps them; read without the lock: a free
+  // that parks meanwhile only puts that off to the next release).
+  bool parking() const { return !any_dead_.load(std::memory_order_relaxed); }
+  // A piece pushed out of its shard's park (Shard::park): free in the range
+  // as if freed now, with its own fence and time, held; `b` deleted.
+  void unpark(Block* b);
+  // Every shard's parked pieces, so: before the range maps more for a
+  // request, and before each release policy looks at what it holds (the
+  // Cache calls below), so that parking never costs memory. Whether there
+  // were any.
+  bool unpark_all();
 
   // A piece handed to the program.
   struct Cut {
@@ -140,6 +159,7 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // Pieces made ahead (both their nodes), so that giving granules back,
   // which may split a free piece in three, allocates nothing.
   static constexpr std::size_t kSpares = 4;
+  void unpark_locked(Block* b) GPUPOOL_REQUIRES(mu_);
   void make_spares() GPUPOOL_REQUIRES(mu_);  // may throw
   void refill() GPUPOOL_REQUIRES(mu_);       // make_spares(), or not now
   bool spares_for(Handle at, const Piece& p) const GPUPOOL_REQUIRES(mu_);
@@ -192,6 +212,7 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
 
   Backend& backend_;
   HeldCap& cap_;
+  BinnedCache& binned_;
   const std::size_t granule_, reserve_, min_rest_, pending_growth_;
   const std::atomic<bool>& retired_;
   std::uint64_t (*const clock_)();
@@ -207,6 +228,7 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   FreeSet unmapped_ GPUPOOL_GUARDED_BY(mu_);
   FreeSet dead_ GPUPOOL_GUARDED_BY(mu_);
   std::vector<Pieces::node_type> spares_ GPUPOOL_GUARDED_BY(mu_);
+  std::atomic<bool> any_dead_{false};  // !dead_.empty(), as of the last reap()
 };
 
 }  // namespace gpupool::core_detail

@@ -78,6 +78,32 @@ void BM_MissPair(benchmark::State& state) {
 }
 BENCHMARK(BM_MissPair)->ThreadRange(1, 16)->UseRealTime();
 
+// Maps granules of 2 MiB into one reserved range, and costs nothing.
+class NullRangeBackend : public NullBackend {
+ public:
+  std::size_t granule() override { return std::size_t{2} << 20; }
+  BackendResult reserve(std::size_t) override { return {BackendStatus::ok, Handle{1} << 44, 0}; }
+  BackendResult map(Handle, std::size_t, void*) override { return {BackendStatus::ok, 0, 0}; }
+};
+
+// The warm pair of a range's pieces (GPUPOOL_SEGMENTS=expandable, requests
+// of 1 MiB and more): every thread frees and allocates the same size.
+void BM_WarmRangePair(benchmark::State& state) {
+  static Pool pool;
+  static Arena* arena = pool.add_arena(
+      std::make_unique<NullRangeBackend>(),
+      {.name = "range", .group = "range", .split_min = std::size_t{1} << 20, .expandable = true});
+  const std::size_t size = std::size_t(state.range(0));
+  pool.free(pool.allocate(arena, size).block);  // warm
+  for (auto _ : state) {
+    Block* b = pool.allocate(arena, size).block;
+    benchmark::DoNotOptimize(b);
+    pool.free(b);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_WarmRangePair)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "core/pool.hpp"
@@ -80,7 +81,9 @@ TEST(Ranges, FreedNeighboursMergeAndServeLargerSizesWithoutMapping) {
   for (int i = 0; i < 4; ++i) phase1.push_back(f.alloc(2 * MiB));
   const Handle start = phase1[0]->handle;
   for (Block* b : phase1) f.pool.free(b);
-  EXPECT_EQ(f.stats().held_blocks, 1u);  // merged into one piece
+  // Parked in the thread's slot, whole, for requests of their size
+  // (Shard::park); held either way.
+  EXPECT_EQ(f.stats().held_bytes, 8 * MiB);
   const std::uint64_t maps = f.dev->maps;
   // A size the first phase never asked for, larger than each of its pieces.
   AllocResult r = f.pool.allocate(f.arena, 7 * MiB);
@@ -89,6 +92,84 @@ TEST(Ranges, FreedNeighboursMergeAndServeLargerSizesWithoutMapping) {
   EXPECT_EQ(f.dev->maps, maps);
   EXPECT_EQ(f.stats().managed_bytes, 8 * MiB);
   f.pool.free(r.block);
+}
+
+// A freed piece is parked whole in its thread's slot (Shard::park) and
+// serves the next request of its size there; parked, it is held: counted,
+// and given back by free_held and stop_holding like any held memory.
+TEST(Ranges, ParkedPiecesServeTheirSizeAndGoBackWithHeldMemory) {
+  Fixture f;
+  Block* a = f.alloc(4 * MiB);
+  Block* keep = f.alloc(MiB);  // between them: a's and b's pieces do not merge
+  Block* b = f.alloc(5 * MiB);
+  const Handle ha = a->handle;
+  f.pool.free(a);
+  f.pool.free(b);
+  EXPECT_EQ(f.stats().held_bytes, 9 * MiB);
+  // Their whole granules, [0, 4) and [6, 10): not keep's [4, 6).
+  EXPECT_EQ(f.arena->releasable_bytes(), 8 * MiB);
+  const std::uint64_t maps = f.dev->maps;
+  AllocResult r = f.pool.allocate(f.arena, 4 * MiB);
+  EXPECT_TRUE(r.hit);
+  EXPECT_EQ(r.block->handle, ha);
+  EXPECT_EQ(f.dev->maps, maps);
+  EXPECT_EQ(f.stats().held_bytes, 5 * MiB);
+  f.pool.free(r.block);
+  f.pool.free_held();
+  EXPECT_EQ(f.dev->mapped_bytes(), 2 * MiB);  // keep's granule
+  EXPECT_EQ(f.stats().held_bytes, MiB);       // [5, 6), in keep's granule
+  Block* c = f.alloc(4 * MiB);
+  f.pool.free(c);  // parked again
+  f.pool.stop_holding();
+  EXPECT_EQ(f.dev->mapped_bytes(), 2 * MiB);
+  f.pool.free(keep);
+  EXPECT_EQ(f.dev->mapped_bytes(), 0u);
+  EXPECT_EQ(f.stats().managed_bytes, 0u);
+  EXPECT_EQ(f.stats().held_bytes, 0u);
+}
+
+// Safe reuse: a parked piece the device may still use is not handed out
+// without a wait.
+TEST(Ranges, APendingParkedPieceIsNotHandedOutBeforeItsFence) {
+  Fixture f({.pending_growth = 64 * MiB});
+  f.dev->fences = true;
+  Block* big = f.alloc(62 * MiB);
+  Block* a = f.alloc(2 * MiB);
+  const Handle ha = a->handle;
+  f.pool.free(a);  // pending
+  Block* b = f.alloc(2 * MiB);
+  EXPECT_TRUE(b->handle != ha || f.dev->waits > 0);
+  f.dev->completed = f.dev->issued;
+  f.pool.free(b);
+  const std::uint64_t maps = f.dev->maps, waits = f.dev->waits;
+  Block* c = f.alloc(2 * MiB);  // ready: parked, served at once
+  EXPECT_EQ(f.dev->maps, maps);
+  EXPECT_EQ(f.dev->waits, waits);
+  f.pool.free(c);
+  f.pool.free(big);
+}
+
+// Parking never makes the range map more: before a growth, every slot's
+// parked pieces go back into the range, where they merge.
+TEST(Ranges, AGrowthFirstTakesBackThePiecesParkedInEverySlot) {
+  Fixture f({}, {.shards = 4});
+  Block* keep = f.alloc(MiB);
+  Handle first = 0;
+  std::thread other([&] {
+    Block* x = f.alloc(3 * MiB);
+    Block* y = f.alloc(4 * MiB);
+    first = x->handle;
+    f.pool.free(x);
+    f.pool.free(y);  // both parked in that thread's slot
+  });
+  other.join();
+  const std::uint64_t maps = f.dev->maps;
+  Block* z = f.alloc(7 * MiB);  // neither parked piece alone: both, merged
+  EXPECT_EQ(z->handle, first);
+  EXPECT_EQ(f.dev->maps, maps);
+  EXPECT_EQ(f.stats().managed_bytes, 8 * MiB);
+  f.pool.free(z);
+  f.pool.free(keep);
 }
 
 TEST(Ranges, GrowthJoinsAFreePieceToTheGranulesAfterIt) {
