@@ -102,8 +102,9 @@ struct alignas(64) Shard {
   unsigned parked_n GPUPOOL_GUARDED_BY(mu) = 0;
   std::size_t parked_bytes GPUPOOL_GUARDED_BY(mu) = 0;
   std::size_t parked_whole GPUPOOL_GUARDED_BY(mu) = 0;  // their whole granules' bytes
-  // Pieces pushed out of the park on their way into the range: the arena
-  // is not destroyed meanwhile (BinnedCache::any_active).
+  // Frees that still touch the arena after their piece left the active
+  // count (a piece pushed out on its way into the range, the cap): the
+  // arena is not destroyed meanwhile (BinnedCache::any_active).
   unsigned in_flight GPUPOOL_GUARDED_BY(mu) = 0;
   std::atomic<unsigned> parked_any{0};  // parked_n, for a look without the lock
 
@@ -113,13 +114,10 @@ struct alignas(64) Shard {
     return to > from ? to - from : 0;
   }
   // `b` parked; the oldest parked piece pushed out when the park is full
-  // (counted in_flight: the caller returns it to the range, then lets go).
+  // (the caller returns it to the range).
   [[nodiscard]] Block* park(Block* b, std::size_t granule) GPUPOOL_REQUIRES(mu) {
     Block* out = nullptr;
-    if (parked_n == kParkSlots) {
-      out = unpark_at(0, granule);
-      ++in_flight;
-    }
+    if (parked_n == kParkSlots) out = unpark_at(0, granule);
     parked[parked_n++] = b;
     parked_bytes += b->size;
     parked_whole += whole_granules(b, granule);

@@ -320,7 +320,9 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   {
     // A piece this slot parked, whole: the range's lock is not taken.
     LockGuard lock(mine.mu);
-    if (Block* p = mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule())) {
+    if (Block* p = rg.parking()
+                       ? mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule())
+                       : nullptr) {
       p->requested = size;
       ++mine.c.hits;
       mine.add_active(p);
@@ -343,7 +345,7 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   };
   take();
   // Before mapping more: the pieces parked in every slot, back in the range.
-  if (!cut.size && rg.unpark_all()) take();
+  if (!cut.size && rg.unpark_all(/*hinted=*/true)) take();
   if (!cut.size) {
     bool no_room = false;
     const BackendResult r = retry_releasing(*arenas_, a, round_up(want, rg.granule()),
@@ -400,7 +402,7 @@ void Pool::free_piece(Block* b) {
   bool over_cap = false;
   // A range's piece that may be handed out again is parked whole in its
   // slot's shard (Shard::park), under the one lock its active count takes.
-  if (RangeCache* rg = a.ranges(); rg && b->pooled && rg->parking()) {
+  if (RangeCache* rg = a.ranges(); rg && b->pooled) {
     b->fence = fence;
     b->freed_at_ns = t;
     Shard& s = a.binned().shard(b->shard);
@@ -409,24 +411,29 @@ void Pool::free_piece(Block* b) {
     {
       LockGuard lock(s.mu);
       // Asked under the shard's lock, as for a binned block: stop_holding()
-      // clears the flag before it empties the parks.
-      if (holding_.load(std::memory_order_acquire)) {
+      // clears the flag before it empties the parks (every shard locked),
+      // and RangeCache::dying() likewise.
+      if (holding_.load(std::memory_order_acquire) && rg->parking()) {
         s.remove_active(b);
         if (fence != 0) ++s.c.pending_frees;
         out = s.park(b, rg->granule());
         parked = true;
         over_cap = a.group().cap.hold(b->size);
+        if (out || over_cap) ++s.in_flight;  // the arena is touched below
       }
     }
     if (parked) {
-      if (out) {
-        rg->unpark(out);
-        LockGuard lock(s.mu);
-        --s.in_flight;
-      }
+      if (!out && !over_cap) return;
+      if (out)
+        if (const Held gone = rg->unpark(out, holding_); gone.size) a.let_go(gone, /*drop=*/false);
       if (over_cap) enforce_cap_nothrow(a);
+      LockGuard lock(s.mu);
+      --s.in_flight;
       return;
     }
+  } else if (RangeCache* dying = a.ranges(); dying && !b->pooled) {
+    // Never to be reused: no piece may stay parked in its granules.
+    dying->dying();
   }
   // A block never to be reused (never_reuse: another process may map it) is
   // its whole segment: it goes back at once, as when holding stopped.

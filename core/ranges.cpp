@@ -529,28 +529,42 @@ Held RangeCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool r
 
 // As free() does for a reusable piece that is held; dead pieces beside it
 // are reaped at the next free or release.
-void RangeCache::unpark_locked(Block* b) {
+RangeCache::Pieces::iterator RangeCache::unpark_locked(Block* b) {
   auto it = pieces_.find(b->handle);
   it->second.fence = b->fence;
   it->second.freed_at_ns = b->freed_at_ns;
   it->second.state = State::free;
-  merge(it);
+  return merge(it);
 }
 
-void RangeCache::unpark(Block* b) {
+Held RangeCache::unpark(Block* b, const std::atomic<bool>& keep) {
+  Held gone;
   cap_.unhold(b->size);  // held again as a free piece (add_free)
   {
     LockGuard lock(mu_);
-    unpark_locked(b);
+    const auto it = unpark_locked(b);
+    // As free(): holding stopped meanwhile, or a piece died beside it.
+    if (!keep.load(std::memory_order_acquire)) gone = give_back(it, /*drop=*/false);
+    if (!dead_.empty()) {
+      const Held reaped = reap();
+      if (!gone.size) gone = reaped;
+      else gone.size += reaped.size;
+    }
   }
   delete b;
+  return gone;
 }
 
-bool RangeCache::unpark_all() {
+void RangeCache::dying() {
+  any_dead_.store(true, std::memory_order_seq_cst);
+  unpark_all();
+}
+
+bool RangeCache::unpark_all(bool hinted) {
   bool any = false;
   for (unsigned i = 0; i < binned_.shard_count(); ++i) {
     Shard& s = binned_.shard(i);
-    if (s.parked_any.load(std::memory_order_relaxed) == 0) continue;
+    if (hinted && s.parked_any.load(std::memory_order_relaxed) == 0) continue;
     Block* out[Shard::kParkSlots];
     unsigned n = 0;
     {

@@ -87,19 +87,27 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   std::size_t granule() const { return granule_; }
   std::size_t min_rest() const { return min_rest_; }
 
-  // Whether a freed piece may be parked: not while the range has dead
-  // pieces, whose granules go as soon as no piece in use or parked shares
-  // them (a free in the range reaps them; read without the lock: a free
-  // that parks meanwhile only puts that off to the next release).
-  bool parking() const { return !any_dead_.load(std::memory_order_relaxed); }
-  // A piece pushed out of its shard's park (Shard::park): free in the range
-  // as if freed now, with its own fence and time, held; `b` deleted.
-  void unpark(Block* b);
-  // Every shard's parked pieces, so: before the range maps more for a
-  // request, and before each release policy looks at what it holds (the
-  // Cache calls below), so that parking never costs memory. Whether there
-  // were any.
-  bool unpark_all();
+  // Whether pieces may be parked and taken from the parks: not while the
+  // range has dead pieces, whose granules go as soon as no piece in use
+  // shares them (a parked piece is in use as the range sees it). Read
+  // under a shard's lock; dying() sets it before it empties the parks.
+  bool parking() const { return !any_dead_.load(std::memory_order_acquire); }
+  // A piece is about to be freed dead (never to be reused): no more
+  // parking, and every parked piece into the range, where that free reaps
+  // the granules no piece in use shares any more.
+  void dying();
+  // A piece pushed out of its shard's park (Shard::park) into the range,
+  // as free() would have put it there at its own free (its fence and
+  // time; held if `keep`, asked under the range's lock); `b` deleted.
+  // What went back to the backend is returned (Arena::let_go).
+  Held unpark(Block* b, const std::atomic<bool>& keep);
+  // Every shard's parked pieces into the range, held: before the range
+  // maps more for a request (`hinted`: shards whose park looked empty
+  // without their lock are skipped), and before each release policy looks
+  // at the range (the Cache calls below: every shard locked, so that a
+  // piece parked before stop_holding() cleared the flag is always seen),
+  // so that parking never costs memory. Whether there were any.
+  bool unpark_all(bool hinted = false);
 
   // A piece handed to the program.
   struct Cut {
@@ -159,7 +167,7 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // Pieces made ahead (both their nodes), so that giving granules back,
   // which may split a free piece in three, allocates nothing.
   static constexpr std::size_t kSpares = 4;
-  void unpark_locked(Block* b) GPUPOOL_REQUIRES(mu_);
+  Pieces::iterator unpark_locked(Block* b) GPUPOOL_REQUIRES(mu_);
   void make_spares() GPUPOOL_REQUIRES(mu_);  // may throw
   void refill() GPUPOOL_REQUIRES(mu_);       // make_spares(), or not now
   bool spares_for(Handle at, const Piece& p) const GPUPOOL_REQUIRES(mu_);

@@ -139,14 +139,71 @@ TEST(Ranges, APendingParkedPieceIsNotHandedOutBeforeItsFence) {
   f.pool.free(a);  // pending
   Block* b = f.alloc(2 * MiB);
   EXPECT_TRUE(b->handle != ha || f.dev->waits > 0);
-  f.dev->completed = f.dev->issued;
-  f.pool.free(b);
+  const Handle hb = b->handle;
+  f.pool.free(b);                     // parked, pending: a fence of its own
+  f.dev->completed = f.dev->issued;  // ready now
   const std::uint64_t maps = f.dev->maps, waits = f.dev->waits;
-  Block* c = f.alloc(2 * MiB);  // ready: parked, served at once
+  Block* c = f.alloc(2 * MiB);  // the newest parked piece, at once
+  EXPECT_EQ(c->handle, hb);
   EXPECT_EQ(f.dev->maps, maps);
   EXPECT_EQ(f.dev->waits, waits);
   f.pool.free(c);
   f.pool.free(big);
+}
+
+// A fifth freed piece pushes the oldest parked one into the range, where
+// it merges with its free neighbours.
+TEST(Ranges, AFullParkPushesItsOldestPieceIntoTheRange) {
+  Fixture f;
+  std::vector<Block*> p;
+  for (int i = 0; i < 5; ++i) p.push_back(f.alloc(2 * MiB));
+  Block* keep = f.alloc(MiB);
+  const Handle first = p[0]->handle;
+  f.pool.free(p[1]);  // the oldest parked
+  f.pool.free(p[0]);
+  f.pool.free(p[2]);
+  f.pool.free(p[3]);
+  f.pool.free(p[4]);  // the fifth: p[1] goes into the range
+  EXPECT_EQ(f.stats().held_bytes, 11 * MiB);  // and [11, 12), in keep's granule
+  // p[1] went into the range; a 2 MiB request from another slot (no park
+  // of its own) takes it there, without mapping.
+  const std::uint64_t maps = f.dev->maps;
+  Handle got = 0;
+  std::thread other([&] {
+    Block* x = f.alloc(2 * MiB);
+    got = x->handle;
+    f.pool.free(x);
+  });
+  other.join();
+  EXPECT_EQ(got, first + 2 * MiB);
+  EXPECT_EQ(f.dev->maps, maps);
+  f.pool.free(keep);
+  f.pool.free_held();
+  EXPECT_EQ(f.dev->mapped_bytes(), 0u);
+  EXPECT_EQ(f.stats().held_bytes, 0u);
+}
+
+// A piece shared with another process and freed (dead) next to a parked
+// piece: the parked piece goes into the range first, so the granule they
+// share, which the other process may map, is unmapped and never handed out
+// again with its old memory.
+TEST(Ranges, APieceDyingBesideAParkedOneTakesItsGranuleWithIt) {
+  Fixture f;
+  Block* x = f.alloc(MiB);      // [0, 1) in granule [0, 2)
+  Block* y = f.alloc(5 * MiB);  // [1, 6)
+  Block* z = f.alloc(MiB);      // [6, 7)
+  const Handle base = x->handle;
+  f.pool.free(x);  // parked
+  f.pool.never_reuse(y);
+  f.pool.free(y);
+  EXPECT_EQ(f.dev->mapped.count(base), 0u);
+  EXPECT_EQ(f.dev->mapped_bytes(), 2 * MiB);  // z's granule only
+  Block* w = f.alloc(MiB);
+  EXPECT_TRUE(w->handle != base || f.dev->generation[base] == 2u);
+  f.pool.free(w);
+  f.pool.free(z);
+  f.pool.free_held();
+  EXPECT_EQ(f.dev->mapped_bytes(), 0u);
 }
 
 // Parking never makes the range map more: before a growth, every slot's
