@@ -320,9 +320,8 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   {
     // A piece this slot parked, whole: the range's lock is not taken.
     LockGuard lock(mine.mu);
-    if (Block* p = rg.parking()
-                       ? mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule())
-                       : nullptr) {
+    if (Block* p = rg.parking() ? mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule())
+                                : nullptr) {
       p->requested = size;
       ++mine.c.hits;
       mine.add_active(p);

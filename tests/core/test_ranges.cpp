@@ -140,7 +140,7 @@ TEST(Ranges, APendingParkedPieceIsNotHandedOutBeforeItsFence) {
   Block* b = f.alloc(2 * MiB);
   EXPECT_TRUE(b->handle != ha || f.dev->waits > 0);
   const Handle hb = b->handle;
-  f.pool.free(b);                     // parked, pending: a fence of its own
+  f.pool.free(b);                    // parked, pending: a fence of its own
   f.dev->completed = f.dev->issued;  // ready now
   const std::uint64_t maps = f.dev->maps, waits = f.dev->waits;
   Block* c = f.alloc(2 * MiB);  // the newest parked piece, at once
@@ -163,7 +163,7 @@ TEST(Ranges, AFullParkPushesItsOldestPieceIntoTheRange) {
   f.pool.free(p[0]);
   f.pool.free(p[2]);
   f.pool.free(p[3]);
-  f.pool.free(p[4]);  // the fifth: p[1] goes into the range
+  f.pool.free(p[4]);                          // the fifth: p[1] goes into the range
   EXPECT_EQ(f.stats().held_bytes, 11 * MiB);  // and [11, 12), in keep's granule
   // p[1] went into the range; a 2 MiB request from another slot (no park
   // of its own) takes it there, without mapping.
