@@ -31,6 +31,10 @@ const char g_unallocated[64] = {};
 
 // The program owns `b` through entry `e` from now on: a new buffer id, then
 // the block (published last: find() reads the id of the block it sees).
+bool is_range_piece(const Block* b) {
+  return b->split && b->data && static_cast<const PtrMap::Entry*>(b->data)->range;
+}
+
 void hand_out(PtrMap::Entry* e, Block* b) {
   e->uses.store(e->uses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   e->block.store(b, std::memory_order_release);
@@ -125,9 +129,12 @@ void PtrMap::activate(Block* b) {
     LockGuard sl(s.mu);
     Entry* e = s.map.find(b->handle);
     // A piece that starts its segment is answered for by the segment's
-    // entry. A piece's own entry goes with its free: one found here is of
-    // memory a context teardown freed (see insert), replaced below.
-    if (e && !e->piece) {
+    // entry. A range's piece keeps its entry while it is free (deactivate),
+    // so the same piece handed out again (parked: core/binned.hpp) takes
+    // no process-wide lock. Any other piece entry found here is stale,
+    // replaced below.
+    if (e && (!e->piece || (e->size == b->size && is_range_piece(b) &&
+                            !e->block.load(std::memory_order_relaxed)))) {
       hand_out(e, b);
       return;
     }
@@ -170,6 +177,7 @@ void PtrMap::add_piece(Block* b) {
   if (seg == ranges_.begin()) return;  // cannot happen: every segment is recorded
   e->st = std::prev(seg)->second->st;
   e->host_flags = std::prev(seg)->second->host_flags;
+  drop_free_pieces(b->handle + 1, b->handle + b->size);  // the one at b->handle: below
   Shard& s = shard(b->handle);
   LockGuard sl(s.mu);
   auto [slot, fresh] = pieces_.emplace(b->handle, e.get());  // may throw: nothing changed yet
@@ -182,6 +190,25 @@ void PtrMap::add_piece(Block* b) {
   }
   slot->second = e.release();
   delete stale;  // a stale piece entry at this address (activate), replaced in both maps
+}
+
+// The kept entries of free range pieces (deactivate) that overlap
+// [from, to): a new piece cut across them answers for those addresses now.
+void PtrMap::drop_free_pieces(Handle from, Handle to) {
+  auto it = pieces_.upper_bound(from);
+  if (it != pieces_.begin() && std::prev(it)->first + std::prev(it)->second->size > from) --it;
+  while (it != pieces_.end() && it->first < to) {
+    Entry* e = it->second;
+    Shard& s = shard(e->handle);
+    LockGuard sl(s.mu);
+    if (e->block.load(std::memory_order_acquire)) {  // in use: not this one's to drop
+      ++it;
+      continue;
+    }
+    if (s.map.find(e->handle) == e) s.map.erase(e->handle);
+    it = pieces_.erase(it);
+    delete e;
+  }
 }
 
 Block* PtrMap::remove_piece(Handle h) {
@@ -207,10 +234,13 @@ Block* PtrMap::deactivate(Handle h, bool* known) {
     Entry* e = s.map.find(h);
     *known = e != nullptr;
     if (!e) return nullptr;
-    if (!e->piece) {
+    Block* b = e->block.load(std::memory_order_acquire);
+    // A range's piece keeps its entry, answered for as free, until a piece
+    // cut across it replaces it (add_piece) or its context goes: the pool
+    // may hand the same piece out again (activate).
+    if (!e->piece || (b && is_range_piece(b))) {
       // Cleared only when found: a free of a block already free (a double
       // free) must not undo an activate() racing it, which takes no lock.
-      Block* b = e->block.load(std::memory_order_acquire);
       if (b) e->block.store(nullptr, std::memory_order_relaxed);
       return b;
     }

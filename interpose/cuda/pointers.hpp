@@ -105,6 +105,7 @@ class PtrMap {
   Block* take_next_locked(CtxState* st, Handle* next_range, Handle* next_piece)
       GPUPOOL_REQUIRES(ranges_mu_);
   Block* remove_piece(Handle h);
+  void drop_free_pieces(Handle from, Handle to) GPUPOOL_REQUIRES(ranges_mu_);
   // The entry of the active piece containing p, else of the driver
   // allocation containing it, else nullptr.
   Entry* containing(Handle p) GPUPOOL_REQUIRES(ranges_mu_);

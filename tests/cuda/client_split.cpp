@@ -88,6 +88,36 @@ void scenario_split() {
   size_t size = 0;
   CHECK_EQ(api.address_range(&base, &size, b[1] + 5), CUDA_ERROR_NOT_FOUND);
   CHECK_EQ(api.mem_free(b[1]), CUDA_ERROR_INVALID_VALUE);
+  if (expandable) {
+    // A freed piece handed out again whole (parked: core/binned.hpp) is a
+    // new allocation to the program; a piece cut across freed ones answers
+    // for all of their addresses.
+    OK(api.ctx_sync());  // the freed pieces ready
+    // The rest of phase one's 32 MiB in use, so that nothing but the
+    // freed pieces can serve what follows.
+    CUdeviceptr rest = 0;
+    OK(api.mem_alloc(&rest, (32 << 20) - 8 * ((kPiece + 511) / 512 * 512)));
+    CUdeviceptr again = 0;
+    OK(api.mem_alloc(&again, kPiece));
+    CHECK_EQ(again, b[2]);
+    OK(api.address_range(&base, &size, again + 3));
+    CHECK_EQ(base, again);
+    CHECK_EQ(size, kPiece);
+    unsigned long long id = 0;
+    OK(api.ptr_attr(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, again));
+    CHECK(std::find(ids.begin(), ids.end(), id) == ids.end());
+    OK(api.mem_free(again));
+    OK(api.ctx_sync());  // both freed pieces ready: they serve, merged
+    CUdeviceptr two = 0;
+    OK(api.mem_alloc(&two, 2 * kPiece));
+    CHECK_EQ(two, b[1]);
+    OK(api.address_range(&base, &size, b[2] + 5));
+    CHECK_EQ(base, b[1]);
+    CHECK_EQ(size, 2 * kPiece);
+    OK(api.mem_free(two));
+    OK(api.mem_free(rest));
+    CHECK_EQ(api.address_range(&base, &size, b[2] + 5), CUDA_ERROR_NOT_FOUND);
+  }
   // IPC: refused on a piece sharing its driver allocation; a request that
   // gets a segment of its own is exported as any block, and its free
   // reaches the driver. A range's piece is exported (the ipc scenario).
