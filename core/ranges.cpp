@@ -560,7 +560,7 @@ void RangeCache::dying() {
   unpark_all();
 }
 
-bool RangeCache::unpark_all(bool hinted) {
+bool RangeCache::unpark_all(bool hinted, std::uint64_t freed_by_ns) {
   bool any = false;
   for (unsigned i = 0; i < binned_.shard_count(); ++i) {
     Shard& s = binned_.shard(i);
@@ -569,7 +569,10 @@ bool RangeCache::unpark_all(bool hinted) {
     unsigned n = 0;
     {
       LockGuard lock(s.mu);
-      while (s.parked_n) out[n++] = s.unpark_at(0, granule_);
+      for (unsigned k = 0; k < s.parked_n;) {
+        if (s.parked[k]->freed_at_ns <= freed_by_ns) out[n++] = s.unpark_at(k, granule_);
+        else ++k;
+      }
     }
     if (n == 0) continue;
     any = true;
@@ -654,7 +657,9 @@ Held RangeCache::take_any() {
 }
 
 void RangeCache::take_freed_by(std::uint64_t freed_by_ns, std::vector<Held>& out) {
-  unpark_all();
+  // Only what idle release may take: the periodic trim would otherwise
+  // empty the parks every time it looks.
+  unpark_all(/*hinted=*/false, freed_by_ns);
   LockGuard lock(mu_);
   const bool drop = retired_.load(std::memory_order_acquire);
   for (auto it = pieces_.begin(); it != pieces_.end();) {

@@ -106,8 +106,9 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // without their lock are skipped), and before each release policy looks
   // at the range (the Cache calls below: every shard locked, so that a
   // piece parked before stop_holding() cleared the flag is always seen),
-  // so that parking never costs memory. Whether there were any.
-  bool unpark_all(bool hinted = false);
+  // so that parking never costs memory; only those freed at or before
+  // `freed_by_ns` (idle release). Whether there were any.
+  bool unpark_all(bool hinted = false, std::uint64_t freed_by_ns = UINT64_MAX);
 
   // A piece handed to the program.
   struct Cut {

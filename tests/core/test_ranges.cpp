@@ -384,6 +384,28 @@ TEST(Ranges, IdleGranulesAreUnmappedAfterTheirTime) {
   f.pool.free(keep);
 }
 
+// Idle release takes back only parked pieces old enough to go: its
+// periodic look does not empty the parks of pieces freed a moment ago.
+TEST(Ranges, IdleReleaseLeavesYoungParkedPiecesParked) {
+  static std::uint64_t t = 0;
+  Fixture f({}, {.release_after_ns = 100, .clock = [] { return t; }});
+  t = 1000;
+  Block* a = f.alloc(2 * MiB);
+  Block* b = f.alloc(2 * MiB);
+  Block* keep = f.alloc(MiB);
+  f.pool.free(a);
+  t = 1050;
+  f.pool.free(b);
+  EXPECT_EQ(f.pool.trim_idle(1099), 0u);
+  EXPECT_EQ(f.stats().held_blocks, 3u);   // a and b parked, keep's granule's rest
+  EXPECT_EQ(f.pool.trim_idle(1100), 1u);  // a only
+  EXPECT_EQ(f.stats().held_blocks, 2u);
+  EXPECT_EQ(f.dev->mapped_bytes(), 4 * MiB);
+  EXPECT_EQ(f.pool.trim_idle(1150), 1u);
+  EXPECT_EQ(f.dev->mapped_bytes(), 2 * MiB);  // keep's granule
+  f.pool.free(keep);
+}
+
 TEST(Ranges, RetiredArenaDropsItsGranulesAndRange) {
   Fixture f;
   Block* a = f.alloc(4 * MiB);
