@@ -95,8 +95,9 @@ struct alignas(64) Shard {
   // size from this slot: a hit and a free without the range's lock, which
   // threads would otherwise all meet at (Pool::free_piece). Oldest first.
   // Counted held. A growth of the range and every release policy first
-  // return them to the range (RangeCache::unpark_all), so parking never
-  // makes the range map more than it would have.
+  // return them to the range (RangeCache::unpark_all; idle release those
+  // old enough), so parking never makes the range map more than it would
+  // have.
   static constexpr unsigned kParkSlots = 4;
   Block* parked[kParkSlots] GPUPOOL_GUARDED_BY(mu) = {};
   unsigned parked_n GPUPOOL_GUARDED_BY(mu) = 0;

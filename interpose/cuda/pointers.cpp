@@ -177,7 +177,7 @@ void PtrMap::add_piece(Block* b) {
   if (seg == ranges_.begin()) return;  // cannot happen: every segment is recorded
   e->st = std::prev(seg)->second->st;
   e->host_flags = std::prev(seg)->second->host_flags;
-  drop_free_pieces(b->handle + 1, b->handle + b->size);  // the one at b->handle: below
+  drop_free_pieces(b->handle, b->handle + b->size);
   Shard& s = shard(b->handle);
   LockGuard sl(s.mu);
   auto [slot, fresh] = pieces_.emplace(b->handle, e.get());  // may throw: nothing changed yet
@@ -253,9 +253,14 @@ Block* PtrMap::deactivate(Handle h, bool* known) {
 }
 
 PtrMap::Entry* PtrMap::containing(Handle p) {
+  // A free piece's kept entry (deactivate) answers for nothing: a piece at
+  // the range's start, answered for by the range's entry, may cover it
+  // (pieces in use never overlap one another or a kept entry they cut
+  // across: add_piece drops those).
   auto piece = pieces_.upper_bound(p);
   if (piece != pieces_.begin() &&
-      p - std::prev(piece)->second->handle < std::prev(piece)->second->size)
+      p - std::prev(piece)->second->handle < std::prev(piece)->second->size &&
+      std::prev(piece)->second->block.load(std::memory_order_acquire))
     return std::prev(piece)->second;
   auto it = ranges_.upper_bound(p);
   if (it == ranges_.begin()) return nullptr;

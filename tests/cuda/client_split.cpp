@@ -139,6 +139,23 @@ void scenario_split() {
   for (int i : {0, 3, 4, 5, 6, 7}) OK(api.mem_free(b[i]));
   OK(api.ctx_sync());
   free_held();
+  if (expandable) {
+    // Every granule given back: a request of the whole 32 MiB maps them
+    // again from the range's start, across freed pieces, and answers for
+    // all of it.
+    CUdeviceptr all = 0;
+    OK(api.mem_alloc(&all, 32 << 20));
+    CHECK_EQ(all, a[0]);
+    for (int i : {0, 4, 7}) {
+      CUdeviceptr base = 0;
+      size_t size = 0;
+      OK(api.address_range(&base, &size, b[i] + 5));
+      CHECK_EQ(base, all);
+      CHECK_EQ(size, size_t{32} << 20);
+    }
+    OK(api.mem_free(all));
+    free_held();
+  }
   // Everything went back: as many driver frees as driver allocations.
   const StandinCounters c2 = snap();
   CHECK_EQ(c2.mem_free - c0.mem_free, c2.mem_alloc - c0.mem_alloc);
