@@ -97,10 +97,15 @@ class Holder:
         expect_line(self.p, "allocated")
         expect_line(self.p, "held")
         if pooled and extra.get("GPUPOOL_NEIGHBOURS", "1") != "0":
-            # Published within the control thread's next round.
+            # Published within the control thread's next round: all of it,
+            # not a round that came between its frees (neighbours.info
+            # under TSan's load once read 5 of 12 blocks). A driver's pool
+            # (async) holds what it decides: any of it.
+            full = blocks[0] * blocks[1] * MIB if kind is None else 1
             deadline = time.time() + 10
             reg = {k: v for k, v in extra.items() if k == "GPUPOOL_REGISTRY"}  # its registry
-            while (held_by(shared, self.p.pid, user, **reg) or 0) == 0 and time.time() < deadline:
+            while (held_by(shared, self.p.pid, user, **reg) or 0) < full and \
+                    time.time() < deadline:
                 time.sleep(0.05)
 
     def finish(self):
