@@ -399,9 +399,12 @@ void Pool::free_piece(Block* b) {
   const std::uint64_t fence = a.backend().fence();
   const std::uint64_t t = now();
   bool over_cap = false;
-  // A range's piece that may be handed out again is parked whole in its
-  // slot's shard (Shard::park), under the one lock its active count takes.
-  if (RangeCache* rg = a.ranges(); rg && b->pooled) {
+  if (RangeCache* rg = a.ranges(); rg && !b->pooled) {
+    // Never to be reused: no piece may stay parked in its granules.
+    rg->dying();
+  } else if (rg) {
+    // A range's piece that may be handed out again is parked whole in its
+    // slot's shard (Shard::park), under the one lock its active count takes.
     b->fence = fence;
     b->freed_at_ns = t;
     Shard& s = a.binned().shard(b->shard);
@@ -430,9 +433,6 @@ void Pool::free_piece(Block* b) {
       --s.in_flight;
       return;
     }
-  } else if (RangeCache* dying = a.ranges(); dying && !b->pooled) {
-    // Never to be reused: no piece may stay parked in its granules.
-    dying->dying();
   }
   // A block never to be reused (never_reuse: another process may map it) is
   // its whole segment: it goes back at once, as when holding stopped.

@@ -527,8 +527,8 @@ Held RangeCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool r
   return gone;
 }
 
-// As free() does for a reusable piece that is held; dead pieces beside it
-// are reaped at the next free or release.
+// As free() does for a reusable piece that is held, without its reap:
+// nothing is parked while dead pieces remain (parking()).
 RangeCache::Pieces::iterator RangeCache::unpark_locked(Block* b) {
   auto it = pieces_.find(b->handle);
   it->second.fence = b->fence;
@@ -538,19 +538,10 @@ RangeCache::Pieces::iterator RangeCache::unpark_locked(Block* b) {
 }
 
 Held RangeCache::unpark(Block* b, const std::atomic<bool>& keep) {
-  Held gone;
   cap_.unhold(b->size);  // held again as a free piece (add_free)
-  {
-    LockGuard lock(mu_);
-    const auto it = unpark_locked(b);
-    // As free(): holding stopped meanwhile, or a piece died beside it.
-    if (!keep.load(std::memory_order_acquire)) gone = give_back(it, /*drop=*/false);
-    if (!dead_.empty()) {
-      const Held reaped = reap();
-      if (!gone.size) gone = reaped;
-      else gone.size += reaped.size;
-    }
-  }
+  // The cap's count is as it was: the park that held it looked at the cap.
+  bool over_cap = false;
+  const Held gone = free(b->handle, b->fence, b->freed_at_ns, /*reusable=*/true, keep, &over_cap);
   delete b;
   return gone;
 }

@@ -29,12 +29,13 @@ std::uint64_t buffer_id(std::uint64_t serial, std::uint32_t uses) {
 
 const char g_unallocated[64] = {};
 
-// The program owns `b` through entry `e` from now on: a new buffer id, then
-// the block (published last: find() reads the id of the block it sees).
+// A piece of an expandable range (its record is the range's).
 bool is_range_piece(const Block* b) {
   return b->split && b->data && static_cast<const PtrMap::Entry*>(b->data)->range;
 }
 
+// The program owns `b` through entry `e` from now on: a new buffer id, then
+// the block (published last: find() reads the id of the block it sees).
 void hand_out(PtrMap::Entry* e, Block* b) {
   e->uses.store(e->uses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   e->block.store(b, std::memory_order_release);
@@ -282,7 +283,7 @@ PtrInfo PtrMap::find(Handle p) {
   info.active = b != nullptr;
   info.requested = b ? b->requested : 0;
   info.shares_allocation = b && b->split && (e->piece || b->size != e->size);
-  info.in_range = b && b->split && b->data && static_cast<const Entry*>(b->data)->range;
+  info.in_range = b && is_range_piece(b);
   info.buffer_id = buffer_id(e->serial, e->uses.load(std::memory_order_relaxed));
   info.host_flags = e->host_flags;
   return info;
