@@ -423,14 +423,19 @@ void RangeCache::refill() {
 BackendResult RangeCache::grow(std::size_t want, Cut* cut_out, bool* no_room) {
   LockGuard lock(mu_);
   make_spares();
-  // Another thread may have freed a piece that fits since take().
-  for (auto it = free_.lower_bound({want, 0}); it != free_.end(); ++it)
-    if (ready(pieces_.find(it->second)->second)) {
-      *cut_out = serve(it, want);
-      BackendResult ok;
-      ok.status = BackendStatus::ok;
-      return ok;
-    }
+  // Another thread may have freed a piece that fits since take(), or its
+  // fence passed (at any time: other threads' waits end).
+  auto fitting_ready = [&]() GPUPOOL_REQUIRES(mu_) {
+    for (auto it = free_.lower_bound({want, 0}); it != free_.end(); ++it)
+      if (ready(pieces_.find(it->second)->second)) {
+        *cut_out = serve(it, want);
+        return true;
+      }
+    return false;
+  };
+  BackendResult ok;
+  ok.status = BackendStatus::ok;
+  if (fitting_ready()) return ok;
   if (!base_) {
     if (unreservable_) {
       *no_room = true;
@@ -462,6 +467,12 @@ BackendResult RangeCache::grow(std::size_t want, Cut* cut_out, bool* no_room) {
     if (u != pieces_.begin())
       if (auto prev = std::prev(u); usable(prev)) lead = prev->second.size;
     if (auto next = std::next(u); usable(next)) tail = next->second.size;
+    // One of them became ready since the look above and fits alone: it
+    // serves, with nothing mapped (readiness never goes back).
+    if (lead >= want || tail >= want) {
+      if (fitting_ready()) return ok;
+      continue;
+    }
     std::size_t map = 0;
     if (lead + size >= want) {
       map = std::min(size, round_up(want - lead, granule_));

@@ -32,6 +32,10 @@ struct FakeDevice {
   // everything up to `completed`.
   bool fences = false;
   std::uint64_t issued = 0, completed = 0, waits = 0;
+  // When not 0: the device finishes everything issued while the pool asks
+  // about a pending fence for the complete_on_ask'th time (its work ends
+  // between two looks of the pool's).
+  std::uint64_t complete_on_ask = 0, pending_asks = 0;
 
   // What a successful allocation and a wait take on the test's cost clock.
   std::uint64_t alloc_cost = 0, wait_cost = 0;
@@ -118,7 +122,12 @@ class FakeBackend : public Backend {
     ++d.drops;
   }
   std::uint64_t fence() override { return dev_->fences ? ++dev_->issued : 0; }
-  bool passed(std::uint64_t f) override { return f <= dev_->completed; }
+  bool passed(std::uint64_t f) override {
+    if (f > dev_->completed && dev_->complete_on_ask &&
+        ++dev_->pending_asks == dev_->complete_on_ask)
+      dev_->completed = dev_->issued;
+    return f <= dev_->completed;
+  }
   bool relieve(std::size_t bytes) override {
     FakeDevice& d = *dev_;
     std::function<std::size_t(std::size_t)> n;
