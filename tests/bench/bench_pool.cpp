@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 
 #include "core/pool.hpp"
@@ -103,6 +104,79 @@ void BM_WarmRangePair(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_WarmRangePair)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
+
+// Safe reuse (GPUPOOL_REUSE's default), as the CUDA shim fences: a block
+// freed in epoch E is ready once a whole-device wait that began at E or
+// later has ended, and such a wait costs what one of the shim's took on
+// an idle H200 (kWaitNs, spun: 1.2 us a pair of a loop that waited every
+// time, cuCtxSynchronize alone 0.48 us). Waits are not shared between
+// threads here, as the shim's partly are.
+constexpr std::uint64_t kWaitNs = 1200;
+// What the shim lets pending blocks take: 2% of an H200's memory.
+constexpr std::size_t kPendingGrowth = std::size_t{2867} << 20;
+template <class Base>
+class Fenced : public Base {
+ public:
+  std::uint64_t fence() override { return next_.load(std::memory_order_seq_cst); }
+  bool passed(std::uint64_t f) override {
+    return f == 0 || done_.load(std::memory_order_acquire) >= f;
+  }
+  void wait_all() override {
+    const std::uint64_t s = next_.fetch_add(1, std::memory_order_seq_cst);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(kWaitNs);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    std::uint64_t cur = done_.load(std::memory_order_relaxed);
+    while (cur < s && !done_.compare_exchange_weak(cur, s, std::memory_order_release)) {
+    }
+  }
+
+ private:
+  std::atomic<std::uint64_t> next_{1}, done_{0};
+};
+
+// Every thread's warm pair of one size, its blocks fenced.
+void BM_WarmPairFenced(benchmark::State& state) {
+  static Pool pool;
+  static Arena* arena =
+      pool.add_arena(std::make_unique<Fenced<NullBackend>>(),
+                     {.name = "fenced", .group = "fenced", .pending_growth = kPendingGrowth});
+  const std::size_t size = std::size_t(state.range(0));
+  for (auto _ : state) {
+    Block* b = pool.allocate(arena, size).block;
+    benchmark::DoNotOptimize(b);
+    pool.free(b);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_WarmPairFenced)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
+
+// The same for a range's pieces.
+void BM_WarmRangePairFenced(benchmark::State& state) {
+  static Pool pool;
+  static Arena* arena = pool.add_arena(std::make_unique<Fenced<NullRangeBackend>>(),
+                                       {.name = "range-fenced",
+                                        .group = "range-fenced",
+                                        .pending_growth = kPendingGrowth,
+                                        .split_min = std::size_t{1} << 20,
+                                        .expandable = true});
+  const std::size_t size = std::size_t(state.range(0));
+  const std::uint64_t waits = pool.totals().fence_waits;
+  for (auto _ : state) {
+    Block* b = pool.allocate(arena, size).block;
+    benchmark::DoNotOptimize(b);
+    pool.free(b);
+  }
+  state.SetItemsProcessed(state.iterations());
+  // Thread 0's view of all threads' waits while it ran.
+  if (state.thread_index() == 0) {
+    const Stats t = pool.totals();
+    state.counters["waits_per_pair"] =
+        double(t.fence_waits - waits) / double(state.iterations() * state.threads());
+    state.counters["peak_managed_MiB"] = double(t.peak_managed_bytes >> 20);
+  }
+}
+BENCHMARK(BM_WarmRangePairFenced)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
 
 }  // namespace
 
