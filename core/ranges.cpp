@@ -250,7 +250,7 @@ RangeCache::Cut RangeCache::cut(Pieces::iterator it, std::size_t want, bool from
 
 RangeCache::Cut RangeCache::serve(FreeSet::iterator best, std::size_t want) {
   auto it = pieces_.find(best->second);
-  const bool top = want >= kTopRequest;
+  const bool top = want >= kTopRequest && 2 * want >= largest_want_;
   // The piece the range grows from: the last mapped before unmapped space.
   auto grows = [&](Pieces::iterator q) GPUPOOL_REQUIRES(mu_) {
     auto next = std::next(q);
@@ -382,6 +382,7 @@ bool RangeCache::fits_once_ready(std::size_t want) const {
 
 RangeCache::Cut RangeCache::take(std::size_t want, bool first_attempt, bool* wait) {
   LockGuard lock(mu_);
+  largest_want_ = std::max(largest_want_, want);
   make_spares();
   auto best = free_.end();
   for (int pass = 0; pass < 2 && best == free_.end(); ++pass) {

@@ -55,18 +55,19 @@ class BinnedCache;
 // 1.37x, where waiting sooner leaves pieces where they do not fit later).
 inline constexpr std::size_t kPendingShare = 16;
 
-// Requests of this size and more (a framework's workspaces, freed within
-// a step) are cut from the end of the highest ready free piece that fits,
-// not from the start of the best fit: the smaller requests, cut from the
-// starts of best fits, stay below them, and the hole a workspace leaves
-// at the top of the range is not cut up by the next step's smaller pieces
-// (it grows at the range's end when a larger one comes). Smaller requests
-// take the free piece the range grows from only when no other ready piece
-// fits. Replayed, the CNN at batch 128 (H200 traces) takes 1.434x its
-// peak active so, 1.842x with best fit for all, and the repository's
-// traces are as before or better; from 32 MiB the batch-128 CNN takes
-// 2.69x, from 128 MiB 1.85x, and from 32 or 48 MiB the repository's CNN
-// 1.381x (docs/memory.md).
+// Requests of this size and more that are at least half the largest the
+// range was asked for (a framework's workspaces, freed within a step) are
+// cut from the end of the highest ready free piece that fits, not from
+// the start of the best fit: the smaller requests, cut from the starts of
+// best fits, stay below them, and the hole a workspace leaves at the top
+// of the range is not cut up by the next step's smaller pieces (it grows
+// at the range's end when a larger one comes). Smaller requests take the
+// free piece the range grows from only when no other ready piece fits.
+// Replayed, the CNN at batch 128 (H200 traces) takes 1.338x its peak
+// active so, 1.842x with best fit for all; from 64 MiB alone (no half of
+// the largest) 1.434x, and at batches 256 and 512, whose activations are
+// of workspace sizes, 2.03x and 2.99x, against 1.372x and 1.392x (a
+// plateau from 0.4 to 0.75 of the largest; docs/memory.md).
 inline constexpr std::size_t kTopRequest = std::size_t{64} << 20;
 
 class RangeCache final : public PieceCache<LockRank::arena_ranges> {
@@ -230,7 +231,8 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // c_ counts the free pieces.
   Handle base_ GPUPOOL_GUARDED_BY(mu_) = 0;  // 0: not reserved yet
   void* data_ GPUPOOL_GUARDED_BY(mu_) = nullptr;
-  bool unreservable_ GPUPOOL_GUARDED_BY(mu_) = false;  // reserve() failed: never again
+  bool unreservable_ GPUPOOL_GUARDED_BY(mu_) = false;     // reserve() failed: never again
+  std::size_t largest_want_ GPUPOOL_GUARDED_BY(mu_) = 0;  // the largest request taken (kTopRequest)
   std::size_t mapped_ GPUPOOL_GUARDED_BY(mu_) = 0;
   Pieces pieces_ GPUPOOL_GUARDED_BY(mu_);
   FreeSet free_ GPUPOOL_GUARDED_BY(mu_);

@@ -199,6 +199,10 @@ elif CHECK == "expandable":
                   f"{name}: expandable ({mode}) took more than split: {e} {sp}")
             if name in ("torch-cnn.trace", "torch-mnist.trace"):
                 check(e["managed_over_active"] <= 1.3, f"{name}: expandable ({mode}): {e}")
+            # The same CNN at batches 256 and 512 (H200 traces): under what
+            # PyTorch's allocator took there (1.428x and 1.433x).
+            if name in ("torch-cnn-256.trace", "torch-cnn-512.trace"):
+                check(e["managed_over_active"] <= 1.428, f"{name}: expandable ({mode}): {e}")
             print(f"{name} ({mode}): managed/active expandable {e['managed_over_active']:.3f}, "
                   f"split {sp['managed_over_active']:.3f}; waits {e['fence_waits']} and "
                   f"{sp['fence_waits']}")

@@ -266,6 +266,27 @@ TEST(Ranges, LargeRequestsAreCutFromTheTopSoTheirHoleStaysWhole) {
   for (Block* b : {p, s, t, w3}) f.pool.free(b);
 }
 
+// A request of 64 MiB or more but under half the largest the range was
+// asked for (an activation beside a framework's workspace) is cut from the
+// start of its best fit, as smaller ones are: the workspace's hole keeps
+// its top, and the workspace, back, maps only what the hole lacks.
+TEST(Ranges, LargeRequestsUnderHalfTheLargestAreCutFromTheStart) {
+  Fixture f;
+  Block* w = f.alloc(512 * MiB);  // [0, 512)
+  const Handle base = w->handle;
+  f.pool.free(w);
+  Block* a = f.alloc(100 * MiB);  // under 256 MiB: [0, 100)
+  EXPECT_EQ(a->handle, base);
+  // [100, 512) and 100 new MiB; with `a` cut from the hole's end, 512 MiB
+  // mapped anew.
+  Block* w2 = f.alloc(512 * MiB);
+  EXPECT_EQ(w2->handle, base + 100 * MiB);
+  EXPECT_EQ(f.dev->mapped_bytes(), 612 * MiB);
+  EXPECT_EQ(f.stats().managed_bytes, 612 * MiB);
+  f.pool.free(a);
+  f.pool.free(w2);
+}
+
 // A smaller request takes the free piece the range grows from only when
 // no other fits, so that the next large one grows from it whole.
 TEST(Ranges, SmallerRequestsLeaveThePieceTheRangeGrowsFrom) {
