@@ -94,10 +94,11 @@ struct alignas(64) Shard {
   // (still in use as the range sees them) for the next request of their
   // size from this slot: a hit and a free without the range's lock, which
   // threads would otherwise all meet at (Pool::free_piece). Oldest first.
-  // Counted held. A growth of the range and every release policy first
-  // return them to the range (RangeCache::unpark_all; idle release those
-  // old enough), so parking never makes the range map more than it would
-  // have.
+  // Counted held. A request of this slot's that they cannot serve first
+  // returns them to the range (RangeCache::unpark_slot), and a growth of
+  // the range and every release policy those of every slot
+  // (RangeCache::unpark_all; idle release those old enough), so parking
+  // never makes the range map more than it would have.
   static constexpr unsigned kParkSlots = 4;
   Block* parked[kParkSlots] GPUPOOL_GUARDED_BY(mu) = {};
   unsigned parked_n GPUPOOL_GUARDED_BY(mu) = 0;

@@ -342,6 +342,7 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
       ++mine.c.fence_waits;
     }
   };
+  rg.unpark_slot(my);
   take();
   // Before mapping more: the pieces parked in every slot, back in the range.
   if (!cut.size && rg.unpark_all(/*hinted=*/true)) take();

@@ -568,25 +568,34 @@ bool RangeCache::unpark_all(bool hinted, std::uint64_t freed_by_ns) {
   for (unsigned i = 0; i < binned_.shard_count(); ++i) {
     Shard& s = binned_.shard(i);
     if (hinted && s.parked_any.load(std::memory_order_relaxed) == 0) continue;
-    Block* out[Shard::kParkSlots];
-    unsigned n = 0;
-    {
-      LockGuard lock(s.mu);
-      for (unsigned k = 0; k < s.parked_n;) {
-        if (s.parked[k]->freed_at_ns <= freed_by_ns) out[n++] = s.unpark_at(k, granule_);
-        else ++k;
-      }
-    }
-    if (n == 0) continue;
-    any = true;
-    for (unsigned k = 0; k < n; ++k) cap_.unhold(out[k]->size);
-    {
-      LockGuard lock(mu_);
-      for (unsigned k = 0; k < n; ++k) unpark_locked(out[k]);
-    }
-    for (unsigned k = 0; k < n; ++k) delete out[k];
+    any = unpark_shard(s, freed_by_ns) || any;
   }
   return any;
+}
+
+void RangeCache::unpark_slot(unsigned shard) {
+  Shard& s = binned_.shard(shard);
+  if (s.parked_any.load(std::memory_order_relaxed) != 0) unpark_shard(s, UINT64_MAX);
+}
+
+bool RangeCache::unpark_shard(Shard& s, std::uint64_t freed_by_ns) {
+  Block* out[Shard::kParkSlots];
+  unsigned n = 0;
+  {
+    LockGuard lock(s.mu);
+    for (unsigned k = 0; k < s.parked_n;) {
+      if (s.parked[k]->freed_at_ns <= freed_by_ns) out[n++] = s.unpark_at(k, granule_);
+      else ++k;
+    }
+  }
+  if (n == 0) return false;
+  for (unsigned k = 0; k < n; ++k) cap_.unhold(out[k]->size);
+  {
+    LockGuard lock(mu_);
+    for (unsigned k = 0; k < n; ++k) unpark_locked(out[k]);
+  }
+  for (unsigned k = 0; k < n; ++k) delete out[k];
+  return true;
 }
 
 Held RangeCache::forget(Handle at, std::uint64_t t_ns) {

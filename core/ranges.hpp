@@ -110,6 +110,12 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // so that parking never costs memory; only those freed at or before
   // `freed_by_ns` (idle release). Whether there were any.
   bool unpark_all(bool hinted = false, std::uint64_t freed_by_ns = UINT64_MAX);
+  // One slot's parked pieces into the range: before the range serves a
+  // request of that slot's that no piece parked there did, so that the
+  // range chooses among all of the slot's free pieces, as without parking
+  // (other slots' pieces stay: they would go back and forth between
+  // threads that miss in turn).
+  void unpark_slot(unsigned shard);
 
   // A piece handed to the program.
   struct Cut {
@@ -170,6 +176,9 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // which may split a free piece in three, allocates nothing.
   static constexpr std::size_t kSpares = 4;
   Pieces::iterator unpark_locked(Block* b) GPUPOOL_REQUIRES(mu_);
+  // `s`'s parked pieces freed at or before freed_by_ns into the range;
+  // whether there were any. Takes s.mu, then mu_.
+  bool unpark_shard(Shard& s, std::uint64_t freed_by_ns);
   void make_spares() GPUPOOL_REQUIRES(mu_);  // may throw
   void refill() GPUPOOL_REQUIRES(mu_);       // make_spares(), or not now
   bool spares_for(Handle at, const Piece& p) const GPUPOOL_REQUIRES(mu_);

@@ -187,6 +187,33 @@ TEST(Ranges, AFullParkPushesItsOldestPieceIntoTheRange) {
 // piece: the parked piece goes into the range first, so the granule they
 // share, which the other process may map, is unmapped and never handed out
 // again with its old memory.
+// A request its slot's parks cannot serve first returns them to the
+// range, which then chooses among all of the slot's free pieces as it
+// would without parking: two parked neighbours, merged, fit a request
+// exactly, and a larger free piece stays whole for a request of its size.
+TEST(Ranges, ARequestTheParksCannotServeSeesTheirPiecesInTheRange) {
+  Fixture f;
+  Block* a = f.alloc(2 * MiB);  // [0, 2)
+  Block* b = f.alloc(2 * MiB);  // [2, 4)
+  Block* s1 = f.alloc(MiB);
+  Block* big = f.alloc(8 * MiB);  // [5, 13)
+  Block* s2 = f.alloc(MiB);
+  Block* p3 = f.alloc(MiB);
+  Block* s3 = f.alloc(MiB);
+  Block* p4 = f.alloc(MiB);
+  Block* s4 = f.alloc(MiB);
+  const Handle base = a->handle;
+  const Handle big_at = big->handle;
+  for (Block* x : {big, a, b, p3, p4}) f.pool.free(x);  // big pushed out into the range
+  const std::size_t mapped = f.dev->mapped_bytes();
+  Block* four = f.alloc(4 * MiB);  // a and b, merged; without them, big's start
+  EXPECT_EQ(four->handle, base);
+  Block* eight = f.alloc(8 * MiB);  // big, whole: nothing mapped
+  EXPECT_EQ(eight->handle, big_at);
+  EXPECT_EQ(f.dev->mapped_bytes(), mapped);
+  for (Block* x : {s1, s2, s3, s4, four, eight}) f.pool.free(x);
+}
+
 TEST(Ranges, APieceDyingBesideAParkedOneTakesItsGranuleWithIt) {
   Fixture f;
   Block* x = f.alloc(MiB);      // [0, 1) in granule [0, 2)
