@@ -342,10 +342,16 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
       ++mine.c.fence_waits;
     }
   };
-  rg.unpark_slot(my);
+  if (const Held gone = rg.unpark_slot(my, want, holding_); gone.size)
+    a.let_go(gone, /*drop=*/false);
   take();
   // Before mapping more: the pieces parked in every slot, back in the range.
-  if (!cut.size && rg.unpark_all(/*hinted=*/true)) take();
+  if (!cut.size) {
+    Held gone;
+    const bool any = rg.unpark_all(/*hinted=*/true, UINT64_MAX, &holding_, &gone);
+    if (gone.size) a.let_go(gone, /*drop=*/false);
+    if (any) take();
+  }
   if (!cut.size) {
     bool no_room = false;
     const BackendResult r = retry_releasing(*arenas_, a, round_up(want, rg.granule()),

@@ -472,7 +472,7 @@ BackendResult RangeCache::grow(std::size_t want, Cut* cut_out, bool* no_room) {
     // serves, with nothing mapped (readiness never goes back).
     if (lead >= want || tail >= want) {
       if (fitting_ready()) return ok;
-      continue;
+      continue;  // not reached: a ready free piece that fits is in free_
     }
     std::size_t map = 0;
     if (lead + size >= want) {
@@ -521,7 +521,9 @@ Held RangeCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool r
   it->second.freed_at_ns = t_ns;
   if (!reusable) {
     attach(at, it->second, State::dead);
-    return reap();
+    const Held gone = reap();  // any_dead_ set, under mu_
+    dyings_.fetch_sub(1, std::memory_order_release);
+    return gone;
   }
   it->second.state = State::free;
   it = merge(it);
@@ -559,36 +561,53 @@ Held RangeCache::unpark(Block* b, const std::atomic<bool>& keep) {
 }
 
 void RangeCache::dying() {
-  any_dead_.store(true, std::memory_order_seq_cst);
+  dyings_.fetch_add(1, std::memory_order_seq_cst);
   unpark_all();
 }
 
-bool RangeCache::unpark_all(bool hinted, std::uint64_t freed_by_ns) {
+bool RangeCache::unpark_all(bool hinted, std::uint64_t freed_by_ns, const std::atomic<bool>* keep,
+                            Held* gone) {
   bool any = false;
   for (unsigned i = 0; i < binned_.shard_count(); ++i) {
     Shard& s = binned_.shard(i);
     if (hinted && s.parked_any.load(std::memory_order_relaxed) == 0) continue;
-    any = unpark_shard(s, freed_by_ns) || any;
+    any = unpark_shard(s, freed_by_ns, /*pending_from=*/0, keep, gone) || any;
   }
   return any;
 }
 
-void RangeCache::unpark_slot(unsigned shard) {
+Held RangeCache::unpark_slot(unsigned shard, std::size_t want, const std::atomic<bool>& keep) {
   Shard& s = binned_.shard(shard);
-  if (s.parked_any.load(std::memory_order_relaxed) != 0) unpark_shard(s, UINT64_MAX);
+  Held gone;
+  if (s.parked_any.load(std::memory_order_relaxed) != 0)
+    unpark_shard(s, UINT64_MAX, /*pending_from=*/want, &keep, &gone);
+  return gone;
 }
 
-bool RangeCache::unpark_shard(Shard& s, std::uint64_t freed_by_ns) {
+bool RangeCache::unpark_shard(Shard& s, std::uint64_t freed_by_ns, std::size_t pending_from,
+                              const std::atomic<bool>* keep, Held* gone) {
   Block* out[Shard::kParkSlots];
   unsigned n = 0;
   {
     LockGuard lock(s.mu);
     for (unsigned k = 0; k < s.parked_n;) {
-      if (s.parked[k]->freed_at_ns <= freed_by_ns) out[n++] = s.unpark_at(k, granule_);
+      const Block* b = s.parked[k];
+      if (b->freed_at_ns <= freed_by_ns &&
+          (b->size >= pending_from || b->fence == 0 || backend_.passed(b->fence)))
+        out[n++] = s.unpark_at(k, granule_);
       else ++k;
     }
   }
   if (n == 0) return false;
+  if (keep) {
+    for (unsigned k = 0; k < n; ++k) {
+      const Held g = unpark(out[k], *keep);
+      if (!g.size) continue;
+      if (!gone->size) *gone = g;
+      else gone->size += g.size;
+    }
+    return true;
+  }
   for (unsigned k = 0; k < n; ++k) cap_.unhold(out[k]->size);
   {
     LockGuard lock(mu_);

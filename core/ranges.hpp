@@ -11,8 +11,9 @@
 // piece in use shares them, and only then is its address space used again
 // (with new physical memory). A request takes the best ready free piece
 // that fits, cut to size from its start (the piece the range grows from
-// only when no other fits); a large one (kTopRequest) the highest ready
-// free piece that fits, cut from its end. Without one, the
+// only when no other fits); a large one (kTopRequest: also at least half
+// the largest request asked of the range) the highest ready free piece
+// that fits, cut from its end. Without one, the
 // granules that serve it with the fewest bytes newly mapped: an unmapped
 // piece, joined with the ready free pieces either side of it (growth at
 // the range's end is the case of the unmapped piece that ends it). Freed
@@ -63,11 +64,11 @@ inline constexpr std::size_t kPendingShare = 16;
 // of the range is not cut up by the next step's smaller pieces (it grows
 // at the range's end when a larger one comes). Smaller requests take the
 // free piece the range grows from only when no other ready piece fits.
-// Replayed, the CNN at batch 128 (H200 traces) takes 1.338x its peak
-// active so, 1.842x with best fit for all; from 64 MiB alone (no half of
-// the largest) 1.434x, and at batches 256 and 512, whose activations are
-// of workspace sizes, 2.03x and 2.99x, against 1.372x and 1.392x (a
-// plateau from 0.4 to 0.75 of the largest; docs/memory.md).
+// Replayed, the CNN at batch 128 (H200 traces) takes 1.434x its peak
+// active so, 1.842x with best fit for all; at batches 256 and 512, whose
+// activations are of workspace sizes, 1.372x and 1.406x, against 2.03x
+// and 2.99x from 64 MiB alone (no half of the largest; any share from 0.4
+// to 0.75 gives the same; docs/memory.md).
 inline constexpr std::size_t kTopRequest = std::size_t{64} << 20;
 
 class RangeCache final : public PieceCache<LockRank::arena_ranges> {
@@ -90,11 +91,17 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
 
   // Whether pieces may be parked and taken from the parks: not while the
   // range has dead pieces, whose granules go as soon as no piece in use
-  // shares them (a parked piece is in use as the range sees it). Read
-  // under a shard's lock; dying() sets it before it empties the parks.
-  bool parking() const { return !any_dead_.load(std::memory_order_acquire); }
-  // A piece is about to be freed dead (never to be reused): no more
-  // parking, and every parked piece into the range, where that free reaps
+  // shares them (a parked piece is in use as the range sees it), nor while
+  // a piece is on its way to dying (between dying() and its free(), when
+  // another free's reap may have found no dead piece yet). Read under a
+  // shard's lock; dying() counts itself before it empties the parks.
+  bool parking() const {
+    return dyings_.load(std::memory_order_acquire) == 0 &&
+           !any_dead_.load(std::memory_order_acquire);
+  }
+  // A piece is about to be freed dead (never to be reused; its free(),
+  // with `reusable` false, follows): no more parking until that free has
+  // reaped, and every parked piece into the range, where that free reaps
   // the granules no piece in use shares any more.
   void dying();
   // A piece pushed out of its shard's park (Shard::park) into the range,
@@ -108,14 +115,22 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // at the range (the Cache calls below: every shard locked, so that a
   // piece parked before stop_holding() cleared the flag is always seen),
   // so that parking never costs memory; only those freed at or before
-  // `freed_by_ns` (idle release). Whether there were any.
-  bool unpark_all(bool hinted = false, std::uint64_t freed_by_ns = UINT64_MAX);
-  // One slot's parked pieces into the range: before the range serves a
-  // request of that slot's that no piece parked there did, so that the
-  // range chooses among all of the slot's free pieces, as without parking
-  // (other slots' pieces stay: they would go back and forth between
-  // threads that miss in turn).
-  void unpark_slot(unsigned shard);
+  // `freed_by_ns` (idle release). Whether there were any. With `keep`
+  // (the pool's flag: a growth), as unpark() puts each, what went back to
+  // the backend added to *gone.
+  bool unpark_all(bool hinted = false, std::uint64_t freed_by_ns = UINT64_MAX,
+                  const std::atomic<bool>* keep = nullptr, Held* gone = nullptr);
+  // One slot's parked pieces into the range, as free() puts a piece there
+  // (held if `keep`, asked under the range's lock; reaped around): before
+  // the range serves a request of `want` bytes of that slot's that no
+  // piece parked there did, so that the range chooses among the slot's
+  // free pieces as without parking (a pending best fit is waited for).
+  // Pending pieces smaller than the request stay: they cannot serve it,
+  // and in the range they would make later requests of their own size
+  // wait, where parked they serve them after the next wait. Other slots'
+  // pieces stay (they would go back and forth between threads that miss
+  // in turn). What went back to the backend is returned (Arena::let_go).
+  Held unpark_slot(unsigned shard, std::size_t want, const std::atomic<bool>& keep);
 
   // A piece handed to the program.
   struct Cut {
@@ -176,9 +191,12 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // which may split a free piece in three, allocates nothing.
   static constexpr std::size_t kSpares = 4;
   Pieces::iterator unpark_locked(Block* b) GPUPOOL_REQUIRES(mu_);
-  // `s`'s parked pieces freed at or before freed_by_ns into the range;
-  // whether there were any. Takes s.mu, then mu_.
-  bool unpark_shard(Shard& s, std::uint64_t freed_by_ns);
+  // `s`'s parked pieces freed at or before freed_by_ns, those the device
+  // is not done with only from pending_from bytes, into the range: held,
+  // or with `keep` as unpark() puts them (what went back added to *gone).
+  // Whether there were any. Takes s.mu, then mu_.
+  bool unpark_shard(Shard& s, std::uint64_t freed_by_ns, std::size_t pending_from,
+                    const std::atomic<bool>* keep, Held* gone);
   void make_spares() GPUPOOL_REQUIRES(mu_);  // may throw
   void refill() GPUPOOL_REQUIRES(mu_);       // make_spares(), or not now
   bool spares_for(Handle at, const Piece& p) const GPUPOOL_REQUIRES(mu_);
@@ -241,7 +259,7 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   Handle base_ GPUPOOL_GUARDED_BY(mu_) = 0;  // 0: not reserved yet
   void* data_ GPUPOOL_GUARDED_BY(mu_) = nullptr;
   bool unreservable_ GPUPOOL_GUARDED_BY(mu_) = false;     // reserve() failed: never again
-  std::size_t largest_want_ GPUPOOL_GUARDED_BY(mu_) = 0;  // the largest request taken (kTopRequest)
+  std::size_t largest_want_ GPUPOOL_GUARDED_BY(mu_) = 0;  // the largest request asked (kTopRequest)
   std::size_t mapped_ GPUPOOL_GUARDED_BY(mu_) = 0;
   Pieces pieces_ GPUPOOL_GUARDED_BY(mu_);
   FreeSet free_ GPUPOOL_GUARDED_BY(mu_);
@@ -249,6 +267,7 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   FreeSet dead_ GPUPOOL_GUARDED_BY(mu_);
   std::vector<Pieces::node_type> spares_ GPUPOOL_GUARDED_BY(mu_);
   std::atomic<bool> any_dead_{false};  // !dead_.empty(), as of the last reap()
+  std::atomic<unsigned> dyings_{0};    // dying() calls whose free() has not reaped yet
 };
 
 }  // namespace gpupool::core_detail

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/pool.hpp"
+#include "core/ranges.hpp"
 #include "pool_fixture.hpp"
 
 using namespace gpupool;
@@ -183,13 +184,9 @@ TEST(Ranges, AFullParkPushesItsOldestPieceIntoTheRange) {
   EXPECT_EQ(f.stats().held_bytes, 0u);
 }
 
-// A piece shared with another process and freed (dead) next to a parked
-// piece: the parked piece goes into the range first, so the granule they
-// share, which the other process may map, is unmapped and never handed out
-// again with its old memory.
 // A request its slot's parks cannot serve first returns them to the
-// range, which then chooses among all of the slot's free pieces as it
-// would without parking: two parked neighbours, merged, fit a request
+// range, which then chooses among all of the slot's ready free pieces as
+// it would without parking: two parked neighbours, merged, fit a request
 // exactly, and a larger free piece stays whole for a request of its size.
 TEST(Ranges, ARequestTheParksCannotServeSeesTheirPiecesInTheRange) {
   Fixture f;
@@ -214,6 +211,10 @@ TEST(Ranges, ARequestTheParksCannotServeSeesTheirPiecesInTheRange) {
   for (Block* x : {s1, s2, s3, s4, four, eight}) f.pool.free(x);
 }
 
+// A piece shared with another process and freed (dead) next to a parked
+// piece: the parked piece goes into the range first, so the granule they
+// share, which the other process may map, is unmapped and never handed out
+// again with its old memory.
 TEST(Ranges, APieceDyingBesideAParkedOneTakesItsGranuleWithIt) {
   Fixture f;
   Block* x = f.alloc(MiB);      // [0, 1) in granule [0, 2)
@@ -231,6 +232,37 @@ TEST(Ranges, APieceDyingBesideAParkedOneTakesItsGranuleWithIt) {
   f.pool.free(z);
   f.pool.free_held();
   EXPECT_EQ(f.dev->mapped_bytes(), 0u);
+}
+
+// A piece on its way to dying (dying() done, its free not yet: another
+// thread) stops parking even when another free's reap has just found no
+// dead piece left: a piece freed meanwhile in the dying one's granule goes
+// into the range, where the dead free unmaps the granule they share, and
+// the granule is never handed out again with the memory the other process
+// may map.
+TEST(Ranges, NothingIsParkedWhileAPieceIsOnItsWayToDying) {
+  Fixture f;
+  Block* d0 = f.alloc(MiB);     // [0, 1): dies first
+  Block* n = f.alloc(3 * MiB);  // [1, 4): its neighbour, in use
+  Block* p = f.alloc(MiB);      // [4, 5): in the granule [4, 6) with q
+  Block* q = f.alloc(MiB);      // [5, 6): shared with another process
+  Block* z = f.alloc(2 * MiB);  // [6, 8)
+  const Handle base = d0->handle;
+  f.pool.never_reuse(d0);
+  f.pool.free(d0);  // dead: its granule [0, 2) is n's too
+  f.pool.never_reuse(q);
+  f.arena->ranges()->dying();  // q's free has begun (Pool::free_piece)
+  f.pool.free(n);              // reaps d0: no dead piece left
+  f.pool.free(p);              // must not be parked
+  const std::atomic<bool> keep{true};
+  bool over_cap = false;
+  f.arena->ranges()->free(q->handle, 0, 0, /*reusable=*/false, keep, &over_cap);
+  delete q;
+  EXPECT_EQ(f.dev->mapped.count(base + 4 * MiB), 0u);  // q's granule unmapped
+  Block* w = f.alloc(MiB);
+  EXPECT_TRUE(w->handle < base + 4 * MiB || w->handle >= base + 6 * MiB ||
+              f.dev->generation[base + 4 * MiB] == 2u);
+  for (Block* x : {w, z}) f.pool.free(x);
 }
 
 // Parking never makes the range map more: before a growth, every slot's
@@ -457,7 +489,9 @@ TEST(Ranges, APieceThatBecomesReadyDuringAGrowthIsHandedOutWithoutMapping) {
     Block* b = f.alloc(4 * MiB);
     ASSERT_NE(b, nullptr);
     EXPECT_LE(f.dev->mapped_bytes(), mapped + 4 * MiB);
-    if (f.dev->mapped_bytes() == mapped) EXPECT_EQ(b->handle, a);
+    if (f.dev->mapped_bytes() == mapped) {
+      EXPECT_EQ(b->handle, a);
+    }
     f.pool.free(b);
     f.pool.free(big);
   }
