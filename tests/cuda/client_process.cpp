@@ -50,7 +50,7 @@ void scenario_fork() {
   });
   for (int i = 0; i < 30; ++i) {
     const pid_t pid = fork();
-    // (Once -1 under ThreadSanitizer in a loaded CI-like run: say why.)
+    // A failed fork() says why (ENOMEM: the parent's commit charge above RAM).
     if (pid < 0) fprintf(stderr, "fork %d: %s\n", i, strerror(errno));
     CHECK(pid >= 0);
     if (pid == 0) {

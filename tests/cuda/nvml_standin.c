@@ -28,6 +28,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,14 +234,29 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* de
 }
 
 /* Without a shared file the device is this process's: its stand-in
-   libcuda's count if loaded (looked up, never loaded from here). */
+   libcuda's count if loaded (looked up, never loaded from here). Once found,
+   the library's reference and standin_used are kept for good (as the real
+   NVML keeps its own): gpupool asks on every control round, and GCC 12's
+   ThreadSanitizer leaks 1.1 MiB of accounted memory on each dlopen and
+   dlclose (its module list, rebuilt and never unmapped), so a dlopen per
+   call grew the fork scenario's client by 0.3 GiB/s until fork() failed. */
+typedef size_t (*used_fn)(int);
+static _Atomic(used_fn) g_standin_used;
+
 static unsigned long long private_used(int dev) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (!h) return 0;
-  size_t (*used)(int) = (size_t(*)(int))dlsym(h, "standin_used");
-  const unsigned long long r = used ? used(dev) : 0;
-  dlclose(h);
-  return r;
+  used_fn used = atomic_load_explicit(&g_standin_used, memory_order_acquire);
+  if (!used) {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return 0;
+    used = (used_fn)dlsym(h, "standin_used");
+    if (!used) {
+      dlclose(h);
+      return 0;
+    }
+    /* (Two threads at once: both keep a reference, the same function.) */
+    atomic_store_explicit(&g_standin_used, used, memory_order_release);
+  }
+  return used(dev);
 }
 
 static nvmlReturn_t memory(nvmlDevice_t device, unsigned long long* total,
