@@ -49,6 +49,7 @@
 namespace gpupool::core_detail {
 
 class BinnedCache;
+struct Shard;
 
 // New granules are mapped instead of waiting for the device while the
 // pending free pieces hold at most 1/kPendingShare of the mapped bytes
