@@ -11,6 +11,14 @@ namespace {
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 std::size_t round_down(std::size_t n, std::size_t to) { return n / to * to; }
 
+// Granules a range gave back in two steps of one call, as one Held (a
+// range's Held is already given back: only its size is counted).
+void add_given_back(Held& into, const Held& more) {
+  if (!more.size) return;
+  if (!into.size) into = more;
+  else into.size += more.size;
+}
+
 }  // namespace
 
 RangeCache::RangeCache(Backend& backend, HeldCap& cap, BinnedCache& binned, std::size_t granule,
@@ -532,11 +540,7 @@ Held RangeCache::free(Handle at, std::uint64_t fence, std::uint64_t t_ns, bool r
   if (!held) gone = give_back(it, /*drop=*/false);
   // A piece freed beside a dead one may leave the dead one's granules free
   // of pieces in use.
-  if (!dead_.empty()) {
-    const Held reaped = reap();
-    if (!gone.size) gone = reaped;
-    else gone.size += reaped.size;
-  }
+  if (!dead_.empty()) add_given_back(gone, reap());
   if (held) *over_cap = cap_.over();
   return gone;
 }
@@ -600,12 +604,7 @@ bool RangeCache::unpark_shard(Shard& s, std::uint64_t freed_by_ns, std::size_t p
   }
   if (n == 0) return false;
   if (keep) {
-    for (unsigned k = 0; k < n; ++k) {
-      const Held g = unpark(out[k], *keep);
-      if (!g.size) continue;
-      if (!gone->size) *gone = g;
-      else gone->size += g.size;
-    }
+    for (unsigned k = 0; k < n; ++k) add_given_back(*gone, unpark(out[k], *keep));
     return true;
   }
   for (unsigned k = 0; k < n; ++k) cap_.unhold(out[k]->size);

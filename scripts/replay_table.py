@@ -28,6 +28,10 @@ def replay(tool, trace, args):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def name_of(trace):
+    return os.path.basename(trace)[:-len(".trace")]
+
+
 def main():
     args = sys.argv[1:]
     tool = args.pop(0) if args and not args[0].endswith(".trace") else os.path.join(
@@ -36,13 +40,12 @@ def main():
              "pyopencl-nvidia"]
     traces = args or sorted(
         glob.glob(os.path.join(ROOT, "tests/bench/traces/*.trace")),
-        key=lambda t: (order.index(os.path.basename(t)[:-6])
-                       if os.path.basename(t)[:-6] in order else len(order), t))
+        key=lambda t: (order.index(name_of(t)) if name_of(t) in order else len(order), t))
     print("| trace | reuse | policy | managed / active | hit rate | waits "
           "| driver allocs / releases | granules mapped (calls) / unmapped |")
     print("|---|---|---|---|---|---|---|---|")
     for trace in traces:
-        name = os.path.basename(trace)[:-len(".trace")]
+        name = name_of(trace)
         for reuse, r_args in REUSE:
             for policy, p_args in POLICIES:
                 j = replay(tool, trace, p_args + r_args)

@@ -25,6 +25,16 @@ class NullBackend : public Backend {
   std::atomic<Handle> next_{4096};
 };
 
+// The timed loop of the pair benchmarks: allocate `size` bytes, free them.
+void pairs(benchmark::State& state, Pool& pool, Arena* arena, std::size_t size) {
+  for (auto _ : state) {
+    Block* b = pool.allocate(arena, size).block;
+    benchmark::DoNotOptimize(b);
+    pool.free(b);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
 struct Shared {
   Pool pool;
   Arena* arena;
@@ -44,12 +54,7 @@ void BM_WarmPair(benchmark::State& state) {
   Shared& s = shared();
   const std::size_t size = std::size_t(state.range(0));
   s.pool.free(s.pool.allocate(s.arena, size).block);  // warm this thread's bin
-  for (auto _ : state) {
-    Block* b = s.pool.allocate(s.arena, size).block;
-    benchmark::DoNotOptimize(b);
-    s.pool.free(b);
-  }
-  state.SetItemsProcessed(state.iterations());
+  pairs(state, s.pool, s.arena, size);
 }
 BENCHMARK(BM_WarmPair)->Arg(4096)->ThreadRange(1, 16)->UseRealTime();
 
@@ -70,12 +75,7 @@ void BM_MissPair(benchmark::State& state) {
   static Pool pool({.hold = false});
   static Arena* arena =
       pool.add_arena(std::make_unique<NullBackend>(), {.name = "miss", .group = "miss"});
-  for (auto _ : state) {
-    Block* b = pool.allocate(arena, 4096).block;
-    benchmark::DoNotOptimize(b);
-    pool.free(b);
-  }
-  state.SetItemsProcessed(state.iterations());
+  pairs(state, pool, arena, 4096);
 }
 BENCHMARK(BM_MissPair)->ThreadRange(1, 16)->UseRealTime();
 
@@ -96,12 +96,7 @@ void BM_WarmRangePair(benchmark::State& state) {
       {.name = "range", .group = "range", .split_min = std::size_t{1} << 20, .expandable = true});
   const std::size_t size = std::size_t(state.range(0));
   pool.free(pool.allocate(arena, size).block);  // warm
-  for (auto _ : state) {
-    Block* b = pool.allocate(arena, size).block;
-    benchmark::DoNotOptimize(b);
-    pool.free(b);
-  }
-  state.SetItemsProcessed(state.iterations());
+  pairs(state, pool, arena, size);
 }
 BENCHMARK(BM_WarmRangePair)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
 
@@ -142,12 +137,7 @@ void BM_WarmPairFenced(benchmark::State& state) {
       pool.add_arena(std::make_unique<Fenced<NullBackend>>(),
                      {.name = "fenced", .group = "fenced", .pending_growth = kPendingGrowth});
   const std::size_t size = std::size_t(state.range(0));
-  for (auto _ : state) {
-    Block* b = pool.allocate(arena, size).block;
-    benchmark::DoNotOptimize(b);
-    pool.free(b);
-  }
-  state.SetItemsProcessed(state.iterations());
+  pairs(state, pool, arena, size);
 }
 BENCHMARK(BM_WarmPairFenced)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
 
@@ -162,12 +152,7 @@ void BM_WarmRangePairFenced(benchmark::State& state) {
                                         .expandable = true});
   const std::size_t size = std::size_t(state.range(0));
   const std::uint64_t waits = pool.totals().fence_waits;
-  for (auto _ : state) {
-    Block* b = pool.allocate(arena, size).block;
-    benchmark::DoNotOptimize(b);
-    pool.free(b);
-  }
-  state.SetItemsProcessed(state.iterations());
+  pairs(state, pool, arena, size);
   // Thread 0's view of all threads' waits while it ran.
   if (state.thread_index() == 0) {
     const Stats t = pool.totals();
