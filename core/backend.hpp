@@ -76,6 +76,9 @@ class Backend {
   // Bulk: when it returns, every fence taken before the call has passed.
   // Called without pool locks held, only when a pending block is needed.
   virtual void wait_all() {}
+  // When it returns, `fence` has passed: a backend that can wait for the
+  // work before one fence only (not what was queued since) does so.
+  virtual void wait_for(std::uint64_t /*fence*/) { wait_all(); }
 
   // Out of memory although this pool holds nothing more to release here: ask
   // whoever else holds the same memory (other processes' pools) to release

@@ -223,6 +223,11 @@ class GPUPOOL_CAPABILITY("mutex") Ranked {
       }
     return true;
   }
+  bool try_lock_shared() GPUPOOL_TSA(try_acquire_shared_capability(true)) {
+    if (!lock_.try_lock_shared()) return false;
+    lock_rank::did_take(R);
+    return true;
+  }
   // A shared take (std::shared_mutex) ranks as an exclusive one.
   void lock_shared() GPUPOOL_ACQUIRE_SHARED() {
     lock_rank::will_take(R);
@@ -291,6 +296,8 @@ template <class M>
 class GPUPOOL_SCOPED_CAPABILITY SharedLock {
  public:
   explicit SharedLock(M& m) GPUPOOL_ACQUIRE_SHARED(m) : m_(m) { m_.lock_shared(); }
+  // `m` already taken shared (a try_lock_shared that succeeded).
+  SharedLock(M& m, std::adopt_lock_t) GPUPOOL_REQUIRES_SHARED(m) : m_(m) {}
   ~SharedLock() GPUPOOL_RELEASE() { m_.unlock_shared(); }
   SharedLock(const SharedLock&) = delete;
   SharedLock& operator=(const SharedLock&) = delete;

@@ -334,10 +334,10 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   RangeCache::Cut cut;
   auto take = [&] {
     for (int attempt = 0; attempt < 2; ++attempt) {
-      bool wait = false;  // pending pieces would serve, and hold more than the bound
+      std::uint64_t wait = 0;  // pending pieces would serve, and hold more than the bound
       cut = rg.take(want, attempt == 0, &wait);
       if (cut.size || !wait) break;
-      a.backend().wait_all();
+      a.backend().wait_for(wait);
       LockGuard lock(mine.mu);
       ++mine.c.fence_waits;
     }

@@ -366,10 +366,13 @@ Held RangeCache::reap() {
   return h;
 }
 
-std::size_t RangeCache::pending_bytes() const {
+std::size_t RangeCache::pending_bytes(std::uint64_t* last_fence) const {
   std::size_t n = 0;
   for (const auto& [size, at] : free_)
-    if (!ready(pieces_.find(at)->second)) n += size;
+    if (const Piece& p = pieces_.find(at)->second; !ready(p)) {
+      n += size;
+      *last_fence = std::max(*last_fence, p.fence);
+    }
   return n;
 }
 
@@ -388,7 +391,7 @@ bool RangeCache::fits_once_ready(std::size_t want) const {
   return fits && pending;
 }
 
-RangeCache::Cut RangeCache::take(std::size_t want, bool first_attempt, bool* wait) {
+RangeCache::Cut RangeCache::take(std::size_t want, bool first_attempt, std::uint64_t* wait) {
   LockGuard lock(mu_);
   largest_want_ = std::max(largest_want_, want);
   make_spares();
@@ -407,7 +410,7 @@ RangeCache::Cut RangeCache::take(std::size_t want, bool first_attempt, bool* wai
   // trace takes 1.68x its peak active so, 1.29x waiting; bench_replay).
   if (first_attempt && best != free_.end())
     if (auto fit = free_.lower_bound({want, 0}); best->first > fit->first) {
-      *wait = true;
+      *wait = pieces_.find(fit->second)->second.fence;
       return {};
     }
   if (best != free_.end()) return serve(best, want);
@@ -415,7 +418,8 @@ RangeCache::Cut RangeCache::take(std::size_t want, bool first_attempt, bool* wai
   // more than the bound.
   if (first_attempt && fits_once_ready(want)) {
     const std::size_t bound = std::min(pending_growth_, mapped_ / kPendingShare);
-    *wait = pending_bytes() + round_up(want, granule_) > bound;
+    std::uint64_t last = 0;
+    if (pending_bytes(&last) + round_up(want, granule_) > bound) *wait = last;
   }
   return {};
 }

@@ -142,9 +142,9 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   };
   // The best ready free piece for `want` bytes (a multiple of
   // kPieceGranule). None when no ready piece fits; then, on a first
-  // attempt, *wait says whether to wait for the device rather than map
-  // more (pending pieces would serve, and hold more than the bound).
-  Cut take(std::size_t want, bool first_attempt, bool* wait);
+  // attempt, *wait is the fence to wait for rather than map more (pending
+  // pieces would serve, and hold more than the bound), else 0.
+  Cut take(std::size_t want, bool first_attempt, std::uint64_t* wait);
   // New granules mapped for `want` bytes (the range reserved first if it
   // is not yet). The backend's failure is returned as is (out of memory:
   // the caller releases and retries); *no_room when the range cannot hold
@@ -233,7 +233,9 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // the piece the range grows from), or for a large request (kTopRequest)
   // from the end of the highest ready piece that fits.
   Cut serve(FreeSet::iterator best, std::size_t want) GPUPOOL_REQUIRES(mu_);
-  std::size_t pending_bytes() const GPUPOOL_REQUIRES(mu_);
+  // The free pieces that wait for the device: their bytes, and the fence
+  // after which all are ready.
+  std::size_t pending_bytes(std::uint64_t* last_fence) const GPUPOOL_REQUIRES(mu_);
   // Dead pieces' granules that no piece in use shares, unmapped (dropped
   // when retired): what went, as one Held already given back. Makes spare
   // nodes first (not failing: what the spares cannot split waits for a

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <string>
@@ -229,6 +230,135 @@ void synchronize_context(CtxState* st) {
   else
     log().debug("cuda: fence synchronize of context {} failed: {}", static_cast<void*>(st->ctx),
                 int(r));
+}
+
+// ---- marks -------------------------------------------------------------------
+
+namespace {
+
+std::uint64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void drop_oldest_mark(CtxState::Marks& m) {
+  m.first = (m.first + 1) % CtxState::Marks::kMax;
+  --m.count;
+}
+
+// The oldest marks the driver says are done (at most `most` asked), their
+// epochs completed.
+void reap_marks(const Driver& d, CtxState* st, CtxState::Marks& m, unsigned most) {
+  for (unsigned i = 0; i < most && m.count; ++i) {
+    if (d.event_query(m.events[m.first]) != CUDA_SUCCESS) return;
+    epoch_completed(st, m.epochs[m.first]);
+    drop_oldest_mark(m);
+  }
+}
+
+void marks_end(CtxState* st, const char* why, int error) GPUPOOL_REQUIRES(st->sync_mu) {
+  st->marks_off = true;
+  log().debug("cuda: context {}: {} ({}); fences synchronize the context",
+              static_cast<void*>(st->ctx), why, error);
+}
+
+// A mark recorded now, if nothing stands in the way: not while a stream
+// captures (the driver would refuse it and end the capture), nor while
+// another thread holds the context's sync state, nor, for a slot whose
+// event is still to be made, while the context is not current here.
+void record_mark(CtxState* st) {
+  const Driver* d = driver();
+  if (!d || !d->ctx_record_event || !d->event_create || !d->event_query || !d->event_synchronize ||
+      exiting())
+    return;
+  if (!capture_lock().try_lock_shared()) return;
+  SharedLock capture(capture_lock(), std::adopt_lock);
+  if (stream_capturing() || !st->sync_mu.try_lock()) return;
+  LockGuard lock(st->sync_mu, std::adopt_lock);
+  // (retire_locked drops the marks under this lock, after setting the flag)
+  if (st->marks_off || st->retired.load(std::memory_order_acquire)) return;
+  if (!st->marks) {
+    try {
+      st->marks = std::make_unique<CtxState::Marks>();
+    } catch (...) {
+      return;  // no memory: a later free tries again
+    }
+  }
+  CtxState::Marks& m = *st->marks;
+  reap_marks(*d, st, m, 2);
+  if (m.count == CtxState::Marks::kMax) return;
+  const unsigned k = (m.first + m.count) % CtxState::Marks::kMax;
+  if (!m.events[k]) {
+    CUcontext cur = nullptr;
+    if (!d->ctx_get_current || d->ctx_get_current(&cur) != CUDA_SUCCESS || cur != st->ctx) return;
+    if (const CUresult r = d->event_create(&m.events[k], CU_EVENT_DISABLE_TIMING);
+        r != CUDA_SUCCESS)
+      return marks_end(st, "no event for a mark", int(r));
+  }
+  const std::uint64_t s = st->epoch_next.fetch_add(1, std::memory_order_seq_cst);
+  if (const CUresult r = d->ctx_record_event(st->ctx, m.events[k]); r != CUDA_SUCCESS)
+    return marks_end(st, "cuCtxRecordEvent failed", int(r));
+  m.epochs[k] = s;
+  ++m.count;
+}
+
+}  // namespace
+
+std::uint64_t fence_at_free(CtxState* st) {
+  const std::uint64_t fence = st->epoch_next.load(std::memory_order_seq_cst);
+  const std::uint64_t now = steady_ns();
+  std::uint64_t last = st->last_mark_ns.load(std::memory_order_relaxed);
+  if (now - last >= kMarkGapNs &&
+      st->last_mark_ns.compare_exchange_strong(last, now, std::memory_order_relaxed))
+    record_mark(st);
+  return fence;
+}
+
+void wait_fence(CtxState* st, std::uint64_t fence) {
+  if (fence == 0 || st->epoch_done.load(std::memory_order_acquire) >= fence) return;
+  const Driver* d = driver();
+  if (!d || st->retired.load(std::memory_order_acquire)) return;
+  CUevent ev = nullptr;
+  std::uint64_t s = 0;
+  {
+    UniqueLock lock(st->sync_mu);
+    for (;;) {
+      if (st->epoch_done.load(std::memory_order_acquire) >= fence) return;
+      if (!st->syncing) break;
+      st->sync_cv.wait(lock);
+    }
+    if (const CtxState::Marks* m = st->marks.get())
+      for (unsigned i = 0; i < m->count && !ev; ++i) {
+        const unsigned k = (m->first + i) % CtxState::Marks::kMax;
+        if (m->epochs[k] >= fence) ev = m->events[k], s = m->epochs[k];
+      }
+    if (ev) st->syncing = true;
+  }
+  // No mark after the fence yet: the context's synchronization covers it.
+  if (!ev) return synchronize_context(st);
+  CUresult r = CUDA_ERROR_UNKNOWN;
+  {
+    // However this ends, the next thread may wait and the waiting ones look
+    // again; the marks up to this one are done with it.
+    struct Done {
+      CtxState* st;
+      std::uint64_t s;
+      const CUresult& r;
+      ~Done() {
+        {
+          LockGuard lock(st->sync_mu);
+          st->syncing = false;
+          if (CtxState::Marks* m = st->marks.get(); m && r == CUDA_SUCCESS)
+            while (m->count && m->epochs[m->first] <= s) drop_oldest_mark(*m);
+        }
+        st->sync_cv.notify_all();
+      }
+    } done{st, s, r};
+    r = d->event_synchronize(ev);
+    if (r == CUDA_SUCCESS) epoch_completed(st, s);
+  }
+  if (r != CUDA_SUCCESS) synchronize_context(st);
 }
 
 // ---- the solo rule -----------------------------------------------------------
@@ -531,6 +661,11 @@ void retire_locked(CtxState* st, Runtime& rt, bool keep_stats) {
   // one is not ours any more and goes to the driver, which reports it.
   device_map(rt).erase_context(st, rt.pool);
   host_map(rt).erase_context(st, rt.pool);
+  {
+    // Its events went with it.
+    LockGuard lock(st->sync_mu);
+    st->marks.reset();
+  }
   log().debug("cuda: context {} torn down: its blocks were dropped from the pool",
               static_cast<void*>(st->ctx));
 }

@@ -122,7 +122,11 @@ using PFN_ipc_open = CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int);
     decltype(&::cuMemGetAllocationPropertiesFromHandle))                                     \
   X(cuDeviceGetAttribute, device_get_attribute, decltype(&::cuDeviceGetAttribute))           \
   X(cuStreamIsCapturing, stream_is_capturing, PFN_is_capturing)                              \
-  X(cuStreamIsCapturing_ptsz, stream_is_capturing_ptsz, PFN_is_capturing)
+  X(cuStreamIsCapturing_ptsz, stream_is_capturing_ptsz, PFN_is_capturing)                    \
+  X(cuCtxRecordEvent, ctx_record_event, decltype(&::cuCtxRecordEvent))                       \
+  X(cuEventCreate, event_create, decltype(&::cuEventCreate))                                 \
+  X(cuEventQuery, event_query, decltype(&::cuEventQuery))                                    \
+  X(cuEventSynchronize, event_synchronize, decltype(&::cuEventSynchronize))
 
 // Real driver entry points. Any of them may be null (an older driver).
 struct Driver {

@@ -53,13 +53,12 @@ class CuContextBackend : public Backend {
  public:
   CuContextBackend(PtrMap& map, CtxState* st, bool fenced) : st_(st), fenced_(fenced), map_(map) {}
 
-  std::uint64_t fence() override {
-    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
-  }
+  std::uint64_t fence() override { return fenced_ ? fence_at_free(st_) : 0; }
   bool passed(std::uint64_t f) override {
     return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
   }
   void wait_all() override { synchronize_context(st_); }
+  void wait_for(std::uint64_t f) override { wait_fence(st_, f); }
   // The driver freed it with its context, or it is a forked parent's.
   void drop(Handle, std::size_t, void* data) override { erase_record(data); }
 

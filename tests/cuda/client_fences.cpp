@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -82,6 +83,38 @@ void scenario_fence() {
   const int hp = api.pending_ops(reinterpret_cast<CUdeviceptr>(h2), n);
   CHECK_EQ(hp, g_pooled && g_immediate ? 1 : 0);
   OK(api.free_host(h2));
+
+  // A range's piece that the pool waits for (GPUPOOL_SEGMENTS=expandable):
+  // the wait is for the work queued before its free (a mark: a context
+  // event recorded at the free), not for what the program queued after
+  // the free, which stays queued.
+  const char* segments = getenv("GPUPOOL_SEGMENTS");
+  if (g_pooled && !g_immediate && segments && strcmp(segments, "expandable") == 0) {
+    const size_t m = size_t{4} << 20;
+    CUdeviceptr later = 0, a = 0, b = 0;
+    OK(api.mem_alloc(&later, n));
+    OK(api.mem_alloc(&a, m));
+    OK(api.memset_async(a, 0xEE, m, nullptr));                  // the piece's old work
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // past the marks' gap
+    OK(api.mem_free(a));
+    OK(api.memset_async(later, 0x33, n, nullptr));  // queued after the free
+    StandinCounters c4 = snap();
+    OK(api.mem_alloc(&b, m));
+    StandinCounters c5 = snap();
+    const int old_work = api.pending_ops(b, m), newer_work = api.pending_ops(later, n);
+    fprintf(stderr,
+            "fence mark: reused=%d ctx-syncs=%llu event-syncs=%llu pending old=%d newer=%d\n",
+            b == a, (unsigned long long)(c5.ctx_sync - c4.ctx_sync),
+            (unsigned long long)(c5.event_sync - c4.event_sync), old_work, newer_work);
+    CHECK_EQ(b, a);
+    CHECK_EQ(old_work, 0);
+    CHECK_EQ(newer_work, 1);
+    CHECK_EQ(c5.ctx_sync - c4.ctx_sync, 0u);
+    CHECK_EQ(c5.event_sync - c4.event_sync, 1u);
+    OK(api.mem_free(b));
+    OK(api.mem_free(later));
+    OK(api.ctx_sync());
+  }
 }
 
 // The solo rule (safe reuse in stream order): one thread, one context, no

@@ -65,6 +65,8 @@
 #include <string>
 #include <vector>
 
+struct Event;  // the events section
+
 namespace {
 
 constexpr std::uint32_t kCtxMagic = 0x43545831;  // "CTX1"
@@ -85,6 +87,8 @@ struct Ctx {
   unsigned long long id = 0;  // cuCtxGetId: new at each creation or activation
   std::size_t charged = 0;    // STANDIN_CONTEXT_BYTES it holds while alive
   std::vector<Op> pending;
+  std::uint64_t queued = 0;      // operations ever queued here; pending holds the last ones
+  std::vector<::Event*> events;  // live, made here
 };
 
 struct Alloc {
@@ -289,12 +293,18 @@ void note_dead(std::uintptr_t p) {
   if (containing(g_dead, p) || in_freed_reservation(p)) ++g_counters.dead_ptr_calls;
 }
 
-void run_pending(Ctx* c) {
-  for (const Op& op : c->pending) {
+// The queued operations of `c` run, in order: all of them, or those queued
+// before the `upto`th (a context event's position).
+void run_pending(Ctx* c, std::uint64_t upto = UINT64_MAX) {
+  const std::uint64_t first = c->queued - c->pending.size();
+  const std::size_t n =
+      upto <= first ? 0 : std::min<std::uint64_t>(c->pending.size(), upto - first);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Op& op = c->pending[i];
     memset(reinterpret_cast<void*>(op.dst), op.value, op.n);
     ++g_counters.ops_executed;
   }
-  c->pending.clear();
+  c->pending.erase(c->pending.begin(), c->pending.begin() + std::ptrdiff_t(n));
 }
 
 std::uintptr_t new_memory(std::size_t size, std::size_t align) {
@@ -437,9 +447,13 @@ void uncharge_context(Ctx* c) {
   c->charged = 0;
 }
 
-// Context teardown: pending work is dropped, memory freed by the driver.
+void events_die(Ctx* c);  // the events section below
+
+// Context teardown: pending work is dropped, memory freed by the driver,
+// and the context's events with it.
 void teardown(Ctx* c) {
   c->pending.clear();
+  events_die(c);
   for (auto it = g_live.begin(); it != g_live.end();) {
     if (it->second.ctx == c && !it->second.outlives_context) {
       g_dead[it->first] = it->second;
@@ -1552,7 +1566,31 @@ struct Event {
   std::uint32_t magic = kEventMagic;
   Ctx* ctx = nullptr;
   bool alive = true;
+  // Recorded on the whole context (cuCtxRecordEvent): the work queued there
+  // before this position is what it waits for; 0: on a stream, where the
+  // stand-in runs all of its context's work.
+  std::uint64_t mark = 0;
 };
+
+// Events that died (destroyed, or with their context) are made again: a
+// handle kept past its event's end may name a new event, as with the real
+// driver, and a program that makes contexts and events over and over does
+// not grow.
+namespace {
+
+std::vector<Event*>& g_dead_events = *new std::vector<Event*>;
+
+void event_dies(Event* e) {
+  e->alive = false;
+  g_dead_events.push_back(e);
+}
+
+void events_die(Ctx* c) {
+  for (Event* e : c->events) event_dies(e);
+  c->events.clear();
+}
+
+}  // namespace
 
 SI(CUresult, cuEventCreate, (CUevent * ev, unsigned int flags)) {
   std::lock_guard lock(g_mu);
@@ -1561,8 +1599,16 @@ SI(CUresult, cuEventCreate, (CUevent * ev, unsigned int flags)) {
   if (CUresult e = usable_current(&c)) return e;
   if (!ev) return CUDA_ERROR_INVALID_VALUE;
   (void)flags;
-  auto* e = new Event;  // never freed, as streams
+  Event* e = nullptr;
+  if (g_dead_events.empty()) {
+    e = new Event;  // never freed, as streams: handles stay recognisable
+  } else {
+    e = g_dead_events.back();
+    g_dead_events.pop_back();
+    *e = Event{};
+  }
   e->ctx = c;
+  c->events.push_back(e);
   *ev = reinterpret_cast<CUevent>(e);
   return CUDA_SUCCESS;
 }
@@ -1576,7 +1622,42 @@ SI(CUresult, cuEventRecord, (CUevent ev, CUstream s)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   (void)s;
-  return event_of(ev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  Event* e = event_of(ev);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  e->mark = 0;
+  return CUDA_SUCCESS;
+}
+
+// All the context's work queued so far, whatever its stream (CUDA 12.5).
+// The real driver refuses it while a stream captures in global mode, and
+// invalidates the capture: counted (ctx_events_in_capture).
+SI(CUresult, cuCtxRecordEvent, (CUcontext ctx, CUevent ev)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Event* e = event_of(ev);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  Ctx* c = reinterpret_cast<Ctx*>(ctx);
+  if (!c || !valid_ctx(ctx) || !c->alive) return CUDA_ERROR_INVALID_CONTEXT;
+  if (e->ctx != c) return CUDA_ERROR_INVALID_HANDLE;
+  if (g_global_captures > 0) {
+    ++g_counters.ctx_events_in_capture;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  ++g_counters.ctx_events;
+  e->mark = c->queued;
+  return CUDA_SUCCESS;
+}
+
+// Work runs only at synchronizations here: a context event is done once
+// what it waits for has run.
+SI(CUresult, cuEventQuery, (CUevent ev)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  Event* e = event_of(ev);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  const Ctx* c = e->ctx;
+  const std::uint64_t first = c->queued - c->pending.size();
+  return e->mark && c->pending.size() && first < e->mark ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 SI(CUresult, cuEventSynchronize, (CUevent ev)) {
@@ -1584,7 +1665,12 @@ SI(CUresult, cuEventSynchronize, (CUevent ev)) {
   if (CUresult e = state_error()) return e;
   Event* e = event_of(ev);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
-  synchronized(e->ctx);
+  if (e->mark) {
+    run_pending(e->ctx, e->mark);
+    ++g_counters.event_sync;
+  } else {
+    synchronized(e->ctx);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -1592,7 +1678,9 @@ SI(CUresult, cuEventDestroy_v2, (CUevent ev)) {
   std::lock_guard lock(g_mu);
   Event* e = event_of(ev);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
-  e->alive = false;
+  auto& mine = e->ctx->events;
+  mine.erase(std::find(mine.begin(), mine.end(), e));
+  event_dies(e);
   return CUDA_SUCCESS;
 }
 
@@ -1693,6 +1781,7 @@ static CUresult memset_async(CUdeviceptr dst, unsigned char value, size_t n, CUs
     ++g_counters.ops_executed;
   } else {
     c->pending.push_back(Op{dst, n, value});
+    ++c->queued;
   }
   return CUDA_SUCCESS;
 }
@@ -2140,6 +2229,8 @@ const Export kExports[] = {
     E(cuStreamSynchronize_ptsz),
     E(cuEventCreate),
     E(cuEventRecord),
+    E(cuEventQuery),
+    E(cuCtxRecordEvent),
     E(cuEventSynchronize),
     E(cuEventDestroy_v2),
     E(cuStreamBeginCapture_v2),
@@ -2251,6 +2342,8 @@ const Version kVersions[] = {
     {"cuStreamSynchronize", 2000, "cuStreamSynchronize"},
     {"cuEventCreate", 2000, "cuEventCreate"},
     {"cuEventRecord", 2000, "cuEventRecord"},
+    {"cuEventQuery", 2000, "cuEventQuery"},
+    {"cuCtxRecordEvent", 12050, "cuCtxRecordEvent"},
     {"cuEventSynchronize", 2000, "cuEventSynchronize"},
     {"cuEventDestroy", 4000, "cuEventDestroy_v2"},
     {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2"},

@@ -47,6 +47,9 @@ typedef struct StandinCounters {
   uint64_t vmm_imported;           /* physical allocations imported from a descriptor */
   uint64_t ipc_opens_refused;      /* cuIpcOpenMemHandle calls (none can succeed here) */
   uint64_t dead_pool_calls;        /* calls naming a memory pool after its cuMemPoolDestroy */
+  uint64_t ctx_events;             /* cuCtxRecordEvent calls that recorded */
+  uint64_t ctx_events_in_capture;  /* cuCtxRecordEvent calls while a stream captured (global) */
+  uint64_t event_sync;             /* cuEventSynchronize calls on a context's event */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */
