@@ -183,6 +183,10 @@ void epoch_completed(CtxState* st, std::uint64_t s) {
   }
 }
 
+namespace {
+void drop_oldest_mark(CtxState::Marks& m);  // the marks, below
+}  // namespace
+
 void synchronize_context(CtxState* st) {
   const Driver* d = driver();
   if (!d || !d->ctx_get_current || st->retired.load(std::memory_order_acquire)) return;
@@ -226,10 +230,16 @@ void synchronize_context(CtxState* st) {
   }
   // On failure (a sticky error, a context being torn down) the blocks stay
   // pending and the pool allocates fresh memory instead.
-  if (r == CUDA_SUCCESS) epoch_completed(st, s);
-  else
+  if (r == CUDA_SUCCESS) {
+    epoch_completed(st, s);
+    // The marks before it are done too: their slots are free again.
+    LockGuard lock(st->sync_mu);
+    if (CtxState::Marks* m = st->marks.get())
+      while (m->count && m->epochs[m->first] <= s) drop_oldest_mark(*m);
+  } else {
     log().debug("cuda: fence synchronize of context {} failed: {}", static_cast<void*>(st->ctx),
                 int(r));
+  }
 }
 
 // ---- marks -------------------------------------------------------------------
@@ -278,6 +288,9 @@ void record_mark(CtxState* st) {
   LockGuard lock(st->sync_mu, std::adopt_lock);
   // (retire_locked drops the marks under this lock, after setting the flag)
   if (st->marks_off || st->retired.load(std::memory_order_acquire)) return;
+  // A context that ended unseen took its events with it, and their handles
+  // may be the program's events now (cuCtxGetId: tens of nanoseconds).
+  if (!context_alive(*d, st)) return;
   if (!st->marks) {
     try {
       st->marks = std::make_unique<CtxState::Marks>();
@@ -287,8 +300,11 @@ void record_mark(CtxState* st) {
   }
   CtxState::Marks& m = *st->marks;
   reap_marks(*d, st, m, 2);
-  if (m.count == CtxState::Marks::kMax) return;
-  const unsigned k = (m.first + m.count) % CtxState::Marks::kMax;
+  // A full ring (the device far behind) records its newest mark again:
+  // it then covers the frees since as well (a waiter for its old epoch
+  // waits for more work, not less), and older fences keep their marks.
+  const bool again = m.count == CtxState::Marks::kMax;
+  const unsigned k = (m.first + m.count - again) % CtxState::Marks::kMax;
   if (!m.events[k]) {
     CUcontext cur = nullptr;
     if (!d->ctx_get_current || d->ctx_get_current(&cur) != CUDA_SUCCESS || cur != st->ctx) return;
@@ -300,7 +316,7 @@ void record_mark(CtxState* st) {
   if (const CUresult r = d->ctx_record_event(st->ctx, m.events[k]); r != CUDA_SUCCESS)
     return marks_end(st, "cuCtxRecordEvent failed", int(r));
   m.epochs[k] = s;
-  ++m.count;
+  if (!again) ++m.count;
 }
 
 }  // namespace

@@ -144,6 +144,12 @@ class FakeBackend : public Backend {
     dev_->completed = dev_->issued;
     g_cost_ns += dev_->wait_cost;
   }
+  // The device's work up to `f` only is waited for (a mark's).
+  void wait_for(std::uint64_t f) override {
+    ++dev_->waits;
+    dev_->completed = std::max(dev_->completed, f);
+    g_cost_ns += dev_->wait_cost;
+  }
 
   // Ranges: every granule mapped once, inside a reserved range, unmapped
   // only while mapped; a misuse throws, failing the test.

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -392,6 +393,58 @@ void scenario_context() {
   }
 }
 
+// A context that ended unseen took the events of gpupool's marks with it,
+// and the program's new events may have their handles: a free of one of
+// its blocks records no mark (it would record the program's event).
+void lifetime_marks_unseen() {
+  if (!g_pooled || g_immediate || g_mode != "linked") return;
+  using DevFn = CUresult (*)(CUdevice);
+  CUdevice dev;
+  OK(api.device_get(&dev, 0));
+  CUcontext pc = nullptr;
+  OK(api.primary_retain(&pc, dev));
+  OK(api.ctx_set_current(pc));
+  auto past_the_gap = [] { std::this_thread::sleep_for(std::chrono::microseconds(200)); };
+  CUdeviceptr old = 0;
+  OK(api.mem_alloc(&old, 4096));
+  for (int i = 0; i < 40; ++i) {  // marks, in events of this context
+    CUdeviceptr x = 0;
+    OK(api.mem_alloc(&x, 4096));
+    OK(api.memset_async(x, 1, 4096, nullptr));
+    OK(api.ctx_sync());
+    past_the_gap();
+    OK(api.mem_free(x));
+  }
+  OK(api.ctx_sync());
+  OK(own<DevFn>("cuDevicePrimaryCtxReset_v2")(dev));  // unseen
+  CUcontext again = nullptr;
+  OK(api.primary_retain(&again, dev));
+  OK(api.ctx_set_current(again));
+  auto event_create =
+      reinterpret_cast<decltype(&cuEventCreate)>(dlsym(RTLD_DEFAULT, "cuEventCreate"));
+  auto event_query = reinterpret_cast<decltype(&cuEventQuery)>(dlsym(RTLD_DEFAULT, "cuEventQuery"));
+  CHECK(event_create && event_query);
+  CUevent events[32];
+  for (CUevent& e : events) OK(event_create(&e, 0));  // the dead marks' handles among them
+  CUdeviceptr y = 0;
+  OK(own<decltype(&cuMemAlloc_v2)>("cuMemAlloc_v2")(&y, 8192));
+  OK(api.memset_async(y, 2, 8192, nullptr));  // queued: an event recorded now is not ready
+  StandinCounters c1 = snap();
+  past_the_gap();
+  OK(api.mem_free(old));
+  StandinCounters c2 = snap();
+  int recorded = 0;
+  for (CUevent& e : events) recorded += event_query(e) == CUDA_ERROR_NOT_READY;
+  fprintf(stderr, "marks after an unseen end: recorded %llu, the program's events touched %d\n",
+          (unsigned long long)(c2.ctx_events - c1.ctx_events), recorded);
+  CHECK_EQ(c2.ctx_events - c1.ctx_events, 0u);
+  CHECK_EQ(recorded, 0);
+  OK(api.ctx_sync());
+  OK(own<decltype(&cuMemFree_v2)>("cuMemFree_v2")(y));
+  OK(api.primary_release(dev));
+  OK(api.primary_release(dev));
+}
+
 // CLIENT_SEEN_ONLY=1: only the ends gpupool sees, for a driver without
 // context ids (STANDIN_CTX_ID=0), where those are all it can tell.
 void scenario_lifetime() {
@@ -406,6 +459,7 @@ void scenario_lifetime() {
   lifetime_primary_unseen();
   lifetime_other_thread(true);
   lifetime_unseen_elsewhere();
+  lifetime_marks_unseen();
 }
 
 }  // namespace client

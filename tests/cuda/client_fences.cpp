@@ -114,6 +114,53 @@ void scenario_fence() {
     OK(api.mem_free(b));
     OK(api.mem_free(later));
     OK(api.ctx_sync());
+    {
+      // More frees than marks while the device has not reached any (work
+      // queued before them all): the newest mark is recorded again, so a
+      // wait for the last free's fence still waits for a mark.
+      CUdeviceptr pieces[20] = {};
+      for (CUdeviceptr& q : pieces) OK(api.mem_alloc(&q, m));
+      OK(api.memset_async(later, 0x44, n, nullptr));
+      StandinCounters c6 = snap();
+      for (CUdeviceptr q : pieces) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));  // past the marks' gap
+        OK(api.mem_free(q));
+      }
+      CUdeviceptr again = 0;
+      OK(api.mem_alloc(&again, m));
+      StandinCounters c7 = snap();
+      fprintf(stderr, "fence marks, ring full: recorded=%llu ctx-syncs=%llu event-syncs=%llu\n",
+              (unsigned long long)(c7.ctx_events - c6.ctx_events),
+              (unsigned long long)(c7.ctx_sync - c6.ctx_sync),
+              (unsigned long long)(c7.event_sync - c6.event_sync));
+      CHECK_EQ(c7.ctx_sync - c6.ctx_sync, 0u);
+      CHECK_EQ(c7.event_sync - c6.event_sync, 1u);
+      OK(api.mem_free(again));
+      OK(api.ctx_sync());
+    }
+    if (g_mode == "linked") {
+      // No mark while a stream captures: the driver would end the capture.
+      // (the linked client's driver, found as the program would)
+      auto begin = reinterpret_cast<decltype(&cuStreamBeginCapture_v2)>(
+          dlsym(RTLD_DEFAULT, "cuStreamBeginCapture_v2"));
+      auto end = reinterpret_cast<decltype(&cuStreamEndCapture)>(
+          dlsym(RTLD_DEFAULT, "cuStreamEndCapture"));
+      CHECK(begin && end);
+      CUdeviceptr z = 0;
+      OK(api.mem_alloc(&z, m));
+      OK(begin(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // past the marks' gap
+      StandinCounters c6 = snap();
+      OK(api.mem_free(z));
+      StandinCounters c7 = snap();
+      CUgraph graph = nullptr;
+      OK(end(stream, &graph));
+      fprintf(stderr, "fence mark in a capture: recorded=%llu refused=%llu\n",
+              (unsigned long long)(c7.ctx_events - c6.ctx_events),
+              (unsigned long long)(c7.ctx_events_in_capture - c6.ctx_events_in_capture));
+      CHECK_EQ(c7.ctx_events - c6.ctx_events, 0u);
+      CHECK_EQ(c7.ctx_events_in_capture - c6.ctx_events_in_capture, 0u);
+    }
   }
 }
 
