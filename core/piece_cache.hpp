@@ -3,11 +3,23 @@
 // the memory they hold (hits, misses and active counts are the shards').
 #pragma once
 
+#include <algorithm>
+
 #include "core/cache.hpp"
 #include "core/fork_wait.hpp"
 #include "core/lock_rank.hpp"
 
 namespace gpupool::core_detail {
+
+// Two neighbouring free pieces (of a segment or a range) as one: fences
+// are ordered, so the later covers both, and the merged piece was freed
+// when the later of the two was.
+template <class Piece>
+void absorb(Piece& into, const Piece& from) {
+  into.size += from.size;
+  into.fence = std::max(into.fence, from.fence);
+  into.freed_at_ns = std::max(into.freed_at_ns, from.freed_at_ns);
+}
 
 template <LockRank R>
 class PieceCache : public Cache {

@@ -144,11 +144,6 @@ RangeCache::Pieces::iterator RangeCache::merge(Pieces::iterator it) {
   auto mergeable = [&](const Piece& n) {
     return n.state == s && (s == State::unmapped || ready(n) == is_ready);
   };
-  auto absorb = [](Piece& into, const Piece& from) {
-    into.size += from.size;
-    into.fence = std::max(into.fence, from.fence);
-    into.freed_at_ns = std::max(into.freed_at_ns, from.freed_at_ns);
-  };
   if (auto next = std::next(it); next != pieces_.end() && mergeable(next->second)) {
     detach(next->first, next->second);
     absorb(p, next->second);
@@ -176,9 +171,7 @@ bool RangeCache::coalesce(bool pending_too) {
         (pending_too || (ready(p) && ready(n)))) {
       remove_free(it->first, p);
       remove_free(next->first, n);
-      p.size += n.size;
-      p.fence = std::max(p.fence, n.fence);
-      p.freed_at_ns = std::max(p.freed_at_ns, n.freed_at_ns);
+      absorb(p, n);
       pieces_.erase(next);
       add_free(it->first, p);
       p.state = State::free;

@@ -34,12 +34,6 @@ void SegmentCache::remove_free(Handle at, Piece& p) {
 }
 
 // Fences are ordered: the later of two covers both.
-void SegmentCache::absorb(Piece& into, const Piece& from) {
-  into.size += from.size;
-  into.fence = std::max(into.fence, from.fence);
-  into.freed_at_ns = std::max(into.freed_at_ns, from.freed_at_ns);
-}
-
 std::map<Handle, SegmentCache::Piece>::iterator SegmentCache::free_piece(Handle at,
                                                                          std::uint64_t fence,
                                                                          std::uint64_t t_ns) {

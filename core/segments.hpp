@@ -102,7 +102,6 @@ class SegmentCache final : public PieceCache<LockRank::arena_segments> {
   // The helpers below run under mu_.
   void add_free(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
   void remove_free(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
-  static void absorb(Piece& into, const Piece& from);  // `from`, its right neighbour, merged in
   bool ready(const Piece& p) const { return p.fence == 0 || backend_.passed(p.fence); }
   // The used piece at `at` is free now (fence, at t_ns): merged with its
   // free neighbours in the same segment that are as ready as it is (a piece
