@@ -386,7 +386,11 @@ bool RangeCache::fits_once_ready(std::size_t want) const {
 
 RangeCache::Cut RangeCache::take(std::size_t want, bool first_attempt, std::uint64_t* wait) {
   LockGuard lock(mu_);
-  largest_want_ = std::max(largest_want_, want);
+  if (first_attempt && want >= kTopRequest) {
+    recent_large_[recent_next_] = want;
+    recent_next_ = (recent_next_ + 1) % kTopWindow;
+    largest_want_ = *std::max_element(std::begin(recent_large_), std::end(recent_large_));
+  }
   make_spares();
   auto best = free_.end();
   for (int pass = 0; pass < 2 && best == free_.end(); ++pass) {

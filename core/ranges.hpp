@@ -58,7 +58,7 @@ struct Shard;
 inline constexpr std::size_t kPendingShare = 16;
 
 // Requests of this size and more that are at least half the largest the
-// range was asked for (a framework's workspaces, freed within a step) are
+// range was asked for lately (a framework's workspaces, freed within a step) are
 // cut from the end of the highest ready free piece that fits, not from
 // the start of the best fit: the smaller requests, cut from the starts of
 // best fits, stay below them, and the hole a workspace leaves at the top
@@ -261,8 +261,16 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // c_ counts the free pieces.
   Handle base_ GPUPOOL_GUARDED_BY(mu_) = 0;  // 0: not reserved yet
   void* data_ GPUPOOL_GUARDED_BY(mu_) = nullptr;
-  bool unreservable_ GPUPOOL_GUARDED_BY(mu_) = false;     // reserve() failed: never again
-  std::size_t largest_want_ GPUPOOL_GUARDED_BY(mu_) = 0;  // the largest request asked (kTopRequest)
+  bool unreservable_ GPUPOOL_GUARDED_BY(mu_) = false;  // reserve() failed: never again
+  // The last kTopWindow requests of kTopRequest or more (a request that
+  // waited counted once more), and the largest of them: the workspace rule
+  // (kTopRequest) compares with what the program asks for lately, so that
+  // one huge request early (a checkpoint loaded) does not turn the rule off
+  // for the rest of the run.
+  static constexpr unsigned kTopWindow = 64;
+  std::size_t recent_large_[kTopWindow] GPUPOOL_GUARDED_BY(mu_) = {};
+  unsigned recent_next_ GPUPOOL_GUARDED_BY(mu_) = 0;
+  std::size_t largest_want_ GPUPOOL_GUARDED_BY(mu_) = 0;
   std::size_t mapped_ GPUPOOL_GUARDED_BY(mu_) = 0;
   Pieces pieces_ GPUPOOL_GUARDED_BY(mu_);
   FreeSet free_ GPUPOOL_GUARDED_BY(mu_);

@@ -346,6 +346,26 @@ TEST(Ranges, LargeRequestsUnderHalfTheLargestAreCutFromTheStart) {
   f.pool.free(w2);
 }
 
+// The largest request counts only while recent: after one huge request
+// early (a checkpoint loaded) and kTopWindow large ones since, a workspace
+// is again cut from the top of the range.
+TEST(Ranges, AnEarlyHugeRequestStopsCountingOnceOthersFollow) {
+  Fixture f;
+  Block* huge = f.alloc(1024 * MiB);  // [0, 1024)
+  const Handle base = huge->handle;
+  f.pool.free(huge);
+  Block* w = f.alloc(128 * MiB);  // under half of 1 GiB: from the start
+  EXPECT_EQ(w->handle, base);
+  f.pool.free(w);
+  // Sizes the parks cannot serve (each larger than the last): every one
+  // asks the range.
+  for (std::size_t i = 0; i < 64; ++i) f.pool.free(f.alloc((64 + i) * MiB));
+  Block* w2 = f.alloc(128 * MiB);  // the largest lately: from the top
+  EXPECT_EQ(w2->handle, base + 896 * MiB);
+  EXPECT_EQ(f.dev->mapped_bytes(), 1024 * MiB);
+  f.pool.free(w2);
+}
+
 // A smaller request takes the free piece the range grows from only when
 // no other fits, so that the next large one grows from it whole.
 TEST(Ranges, SmallerRequestsLeaveThePieceTheRangeGrowsFrom) {
