@@ -161,7 +161,8 @@ CtxState* create_state(const Driver& d, Runtime& rt, State& s, CUcontext ctx, un
   const bool fenced = rt.config.reuse != config::Reuse::immediate;
   const std::string group = o.group;
   st->device_arena = rt.pool.add_arena(
-      device_backend(st, fenced, rt.config.reuse == config::Reuse::safe), std::move(o));
+      device_backend(st, fenced, rt.config.reuse == config::Reuse::safe, o.expandable),
+      std::move(o));
   if (has_uuid) node::add_device(rt, uuid, group, total);
   s.all.push_back(st);
   s.live.push_back(st);

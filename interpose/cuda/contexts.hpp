@@ -124,8 +124,9 @@ void epoch_completed(CtxState* st, std::uint64_t s);
 // its epoch. Used when the pool needs a pending block.
 void synchronize_context(CtxState* st);
 
-// Marks are recorded at most this often: a free records one when the last
-// is older (about 0.35 us each on the H200: under 1% of the time of a
+// Marks are recorded at most this often: a free (of device memory whose
+// waits ask for one fence: an expandable range's, memory.cpp) records one
+// when the last is older (about 0.35 us each on the H200: under 1% of the time of a
 // training loop that frees continuously), and a mark covers the frees
 // since the one before, capturing at most this much more of the work
 // queued after them.

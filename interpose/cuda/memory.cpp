@@ -51,9 +51,15 @@ std::uint32_t peer_devices(const CtxState* st) {
 // allocation's record is its entry in `map` (device or pinned pointers).
 class CuContextBackend : public Backend {
  public:
-  CuContextBackend(PtrMap& map, CtxState* st, bool fenced) : st_(st), fenced_(fenced), map_(map) {}
+  CuContextBackend(PtrMap& map, CtxState* st, bool fenced, bool marks = false)
+      : st_(st), fenced_(fenced), marks_(marks), map_(map) {}
 
-  std::uint64_t fence() override { return fenced_ ? fence_at_free(st_) : 0; }
+  // Marks only where a wait asks for one fence (wait_for: an expandable
+  // range's pieces); the bins' waits are for all their pending blocks.
+  std::uint64_t fence() override {
+    if (!fenced_) return 0;
+    return marks_ ? fence_at_free(st_) : st_->epoch_next.load(std::memory_order_seq_cst);
+  }
   bool passed(std::uint64_t f) override {
     return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
   }
@@ -97,6 +103,7 @@ class CuContextBackend : public Backend {
 
   CtxState* st_;
   bool fenced_;
+  bool marks_;
 
  private:
   PtrMap& map_;
@@ -104,8 +111,8 @@ class CuContextBackend : public Backend {
 
 class DeviceBackend final : public CuContextBackend {
  public:
-  DeviceBackend(CtxState* st, bool fenced, bool solo)
-      : CuContextBackend(st->state->device_map, st, fenced), solo_(fenced && solo) {}
+  DeviceBackend(CtxState* st, bool fenced, bool solo, bool marks)
+      : CuContextBackend(st->state->device_map, st, fenced, marks), solo_(fenced && solo) {}
 
   // The solo rule (contexts.hpp): device blocks only.
   std::uint64_t fence() override { return solo_ && solo_free() ? 0 : CuContextBackend::fence(); }
@@ -321,8 +328,8 @@ class HostBackend final : public CuContextBackend {
 
 }  // namespace
 
-std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced, bool solo) {
-  return std::make_unique<DeviceBackend>(st, fenced, solo);
+std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced, bool solo, bool marks) {
+  return std::make_unique<DeviceBackend>(st, fenced, solo, marks);
 }
 
 std::unique_ptr<Backend> host_backend(CtxState* st, bool fenced, unsigned flags) {

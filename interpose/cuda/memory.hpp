@@ -23,8 +23,9 @@ PeerAccess* make_peer_access();
 
 // fenced: GPUPOOL_REUSE=safe (a freed block waits for the context's work).
 // fenced: freed blocks wait for the device; solo: unless the solo rule
-// (contexts.hpp) says the program's next use of them is ordered after it.
-std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced, bool solo);
+// (contexts.hpp) says the program's next use of them is ordered after it;
+// marks: frees record marks (contexts.hpp), for an expandable range's waits.
+std::unique_ptr<Backend> device_backend(CtxState* st, bool fenced, bool solo, bool marks);
 // flags: the arena's normalised flags (DEVICEMAP set), what the pointer
 // maps report for its blocks.
 std::unique_ptr<Backend> host_backend(CtxState* st, bool fenced, unsigned flags);

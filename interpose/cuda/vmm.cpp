@@ -226,12 +226,13 @@ class VmmBackend final : public Backend {
   // child, whose units are its parent's).
   void drop(Handle, std::size_t, void* data) override { let_go(static_cast<Unit*>(data)); }
 
-  std::uint64_t fence() override { return fenced_ ? fence_at_free(st_) : 0; }
+  std::uint64_t fence() override {
+    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
+  }
   bool passed(std::uint64_t f) override {
     return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
   }
   void wait_all() override { synchronize_context(st_); }
-  void wait_for(std::uint64_t f) override { wait_fence(st_, f); }
   bool relieve(std::size_t bytes) override {
     return escape_ghosts() || node::ask_neighbours(device_group(st_->dev), bytes);
   }

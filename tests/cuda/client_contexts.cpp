@@ -2,6 +2,7 @@
 // not: their blocks are dropped, never handed out or asked about again.
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -395,9 +396,13 @@ void scenario_context() {
 
 // A context that ended unseen took the events of gpupool's marks with it,
 // and the program's new events may have their handles: a free of one of
-// its blocks records no mark (it would record the program's event).
+// its blocks records no mark (it would record the program's event). Marks
+// are recorded for an expandable range's waits only.
 void lifetime_marks_unseen() {
-  if (!g_pooled || g_immediate || g_mode != "linked") return;
+  const char* segments = getenv("GPUPOOL_SEGMENTS");
+  if (!g_pooled || g_immediate || g_mode != "linked" || !segments ||
+      strcmp(segments, "expandable") != 0)
+    return;
   using DevFn = CUresult (*)(CUdevice);
   CUdevice dev;
   OK(api.device_get(&dev, 0));
