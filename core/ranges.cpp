@@ -251,7 +251,8 @@ RangeCache::Cut RangeCache::cut(Pieces::iterator it, std::size_t want, bool from
 
 RangeCache::Cut RangeCache::serve(FreeSet::iterator best, std::size_t want) {
   auto it = pieces_.find(best->second);
-  const bool top = want >= kTopRequest && 2 * want >= largest_want_;
+  const bool top = want >= kTopRequest && 2 * want >= *std::max_element(std::begin(recent_large_),
+                                                                        std::end(recent_large_));
   // The piece the range grows from: the last mapped before unmapped space.
   auto grows = [&](Pieces::iterator q) GPUPOOL_REQUIRES(mu_) {
     auto next = std::next(q);
@@ -389,7 +390,6 @@ RangeCache::Cut RangeCache::take(std::size_t want, bool first_attempt, std::uint
   if (first_attempt && want >= kTopRequest) {
     recent_large_[recent_next_] = want;
     recent_next_ = (recent_next_ + 1) % kTopWindow;
-    largest_want_ = *std::max_element(std::begin(recent_large_), std::end(recent_large_));
   }
   make_spares();
   auto best = free_.end();

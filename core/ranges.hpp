@@ -263,14 +263,13 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   void* data_ GPUPOOL_GUARDED_BY(mu_) = nullptr;
   bool unreservable_ GPUPOOL_GUARDED_BY(mu_) = false;  // reserve() failed: never again
   // The last kTopWindow requests of kTopRequest or more (a request that
-  // waited counted once more), and the largest of them: the workspace rule
-  // (kTopRequest) compares with what the program asks for lately, so that
+  // waited counted once more): the workspace rule (kTopRequest) compares
+  // with the largest of them, what the program asks for lately, so that
   // one huge request early (a checkpoint loaded) does not turn the rule off
   // for the rest of the run.
   static constexpr unsigned kTopWindow = 64;
   std::size_t recent_large_[kTopWindow] GPUPOOL_GUARDED_BY(mu_) = {};
   unsigned recent_next_ GPUPOOL_GUARDED_BY(mu_) = 0;
-  std::size_t largest_want_ GPUPOOL_GUARDED_BY(mu_) = 0;
   std::size_t mapped_ GPUPOOL_GUARDED_BY(mu_) = 0;
   Pieces pieces_ GPUPOOL_GUARDED_BY(mu_);
   FreeSet free_ GPUPOOL_GUARDED_BY(mu_);

@@ -185,7 +185,7 @@ void epoch_completed(CtxState* st, std::uint64_t s) {
 }
 
 namespace {
-void drop_oldest_mark(CtxState::Marks& m);  // the marks, below
+void drop_marks_through(CtxState* st, std::uint64_t s);  // the marks, below
 }  // namespace
 
 void synchronize_context(CtxState* st) {
@@ -233,10 +233,7 @@ void synchronize_context(CtxState* st) {
   // pending and the pool allocates fresh memory instead.
   if (r == CUDA_SUCCESS) {
     epoch_completed(st, s);
-    // The marks before it are done too: their slots are free again.
-    LockGuard lock(st->sync_mu);
-    if (CtxState::Marks* m = st->marks.get())
-      while (m->count && m->epochs[m->first] <= s) drop_oldest_mark(*m);
+    drop_marks_through(st, s);  // done too: their slots are free again
   } else {
     log().debug("cuda: fence synchronize of context {} failed: {}", static_cast<void*>(st->ctx),
                 int(r));
@@ -256,6 +253,14 @@ std::uint64_t steady_ns() {
 void drop_oldest_mark(CtxState::Marks& m) {
   m.first = (m.first + 1) % CtxState::Marks::kMax;
   --m.count;
+}
+
+// The marks of epochs up to `s` out of the ring: a synchronization that
+// completed epoch `s` finished their work too.
+void drop_marks_through(CtxState* st, std::uint64_t s) {
+  LockGuard lock(st->sync_mu);
+  if (CtxState::Marks* m = st->marks.get())
+    while (m->count && m->epochs[m->first] <= s) drop_oldest_mark(*m);
 }
 
 // The oldest marks the driver says are done (at most `most` asked), their
@@ -363,11 +368,10 @@ void wait_fence(CtxState* st, std::uint64_t fence) {
       std::uint64_t s;
       const CUresult& r;
       ~Done() {
+        if (r == CUDA_SUCCESS) drop_marks_through(st, s);
         {
           LockGuard lock(st->sync_mu);
           st->syncing = false;
-          if (CtxState::Marks* m = st->marks.get(); m && r == CUDA_SUCCESS)
-            while (m->count && m->epochs[m->first] <= s) drop_oldest_mark(*m);
         }
         st->sync_cv.notify_all();
       }

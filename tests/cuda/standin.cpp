@@ -87,8 +87,9 @@ struct Ctx {
   unsigned long long id = 0;  // cuCtxGetId: new at each creation or activation
   std::size_t charged = 0;    // STANDIN_CONTEXT_BYTES it holds while alive
   std::vector<Op> pending;
-  std::uint64_t queued = 0;      // operations ever queued here; pending holds the last ones
-  std::vector<::Event*> events;  // live, made here
+  std::uint64_t queued = 0;  // operations ever queued here; pending holds the last ones
+  std::uint64_t ran() const { return queued - pending.size(); }  // operations run so far
+  std::vector<::Event*> events;                                  // live, made here
 };
 
 struct Alloc {
@@ -296,7 +297,7 @@ void note_dead(std::uintptr_t p) {
 // The queued operations of `c` run, in order: all of them, or those queued
 // before the `upto`th (a context event's position).
 void run_pending(Ctx* c, std::uint64_t upto = UINT64_MAX) {
-  const std::uint64_t first = c->queued - c->pending.size();
+  const std::uint64_t first = c->ran();
   const std::size_t n =
       upto <= first ? 0 : std::min<std::uint64_t>(c->pending.size(), upto - first);
   for (std::size_t i = 0; i < n; ++i) {
@@ -1655,9 +1656,7 @@ SI(CUresult, cuEventQuery, (CUevent ev)) {
   if (CUresult e = state_error()) return e;
   Event* e = event_of(ev);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
-  const Ctx* c = e->ctx;
-  const std::uint64_t first = c->queued - c->pending.size();
-  return e->mark && c->pending.size() && first < e->mark ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+  return e->mark && e->ctx->ran() < e->mark ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 SI(CUresult, cuEventSynchronize, (CUevent ev)) {
