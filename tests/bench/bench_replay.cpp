@@ -260,15 +260,22 @@ struct SimDriver {
   std::uint64_t alloc_cost_ns = 0, wait_cost_ns = 0;
 };
 
-std::uint64_t g_cost_now = 0;  // the replay's cost clock: trace time plus simulated costs
+// The replay's cost clock: trace time plus every simulated cost so far (a
+// call's cost delays all the program does after it, so that the gaps
+// between the pool's calls are the program's own, as the trace has them).
+std::uint64_t g_spent = 0, g_cost_now = 0;
 std::uint64_t cost_clock() { return g_cost_now; }
+void spend(std::uint64_t ns) {
+  g_spent += ns;
+  g_cost_now += ns;
+}
 
 class SimBackend final : public Backend {
  public:
   SimBackend(SimDriver* d, bool fenced) : d_(d), fenced_(fenced) {}
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     ++d_->allocs;
-    g_cost_now += d_->alloc_cost_ns;
+    spend(d_->alloc_cost_ns);
     d_->bytes += bytes;
     d_->peak = std::max(d_->peak, d_->bytes);
     const Handle h = d_->next;
@@ -284,7 +291,7 @@ class SimBackend final : public Backend {
   void wait_all() override {
     ++d_->waits;
     d_->completed = d_->issued;
-    g_cost_now += d_->wait_cost_ns;
+    spend(d_->wait_cost_ns);
   }
   std::size_t granule() override { return d_->granule; }
   BackendResult reserve(std::size_t bytes) override {
@@ -295,7 +302,7 @@ class SimBackend final : public Backend {
   BackendResult map(Handle at, std::size_t bytes, void*) override {
     ++d_->maps;
     d_->mapped += bytes / d_->granule;
-    g_cost_now += d_->map_cost_ns * (bytes / d_->granule);
+    spend(d_->map_cost_ns * (bytes / d_->granule));
     d_->bytes += bytes;
     d_->peak = std::max(d_->peak, d_->bytes);
     return {BackendStatus::ok, at, 0};
@@ -412,6 +419,7 @@ Result replay_once(const Trace& tr, const Options& o) {
   po.borrow_larger = o.cfg.borrow;
   po.clock = trace_clock;
   po.cost_clock = cost_clock;
+  g_spent = g_cost_now = 0;
   Result r;
   // The driver's properties before any arena asks for them.
   r.driver.alloc_cost_ns = o.alloc_cost_ns;
@@ -439,7 +447,7 @@ Result replay_once(const Trace& tr, const Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
   for (const Event& e : tr.events) {
     g_trace_now = e.t_ns;
-    g_cost_now = std::max(g_cost_now, e.t_ns);
+    g_cost_now = e.t_ns + g_spent;
     if (o.sync_gap_ns && e.t_ns - last_t >= o.sync_gap_ns) r.driver.completed = r.driver.issued;
     last_t = e.t_ns;
     if (o.cfg.release_after_ns && e.t_ns >= next_trim) {  // the control thread's round
