@@ -50,7 +50,10 @@ def pool_stats():
 def main():
     split_env = os.environ.get("GPUPOOL_SPLIT", "off")
     pooled = "libgpupool" in os.environ.get("LD_PRELOAD", "")
-    split = pooled and split_env not in ("off", "0", "no", "false", "")
+    # GPUPOOL_SEGMENTS=expandable splits from 1 MiB whatever GPUPOOL_SPLIT
+    # says (config::split_min).
+    expandable = os.environ.get("GPUPOOL_SEGMENTS", "") == "expandable"
+    split = pooled and (expandable or split_env not in ("off", "0", "no", "false", ""))
     ok(cu.cuInit(0), "cuInit")
     dev = ctypes.c_int()
     ok(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
