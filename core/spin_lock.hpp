@@ -13,6 +13,16 @@
 
 namespace gpupool {
 
+// One step of a spin-wait: tells the core (and a hyperthread sibling) that
+// this thread only waits.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class SpinLock {
  public:
   void lock() {

@@ -17,6 +17,7 @@
 
 #include "core/hot_tls.hpp"
 #include "core/no_destructor.hpp"
+#include "core/spin_lock.hpp"
 #include "interpose/cuda/ipc.hpp"
 #include "interpose/cuda/memory.hpp"
 #include "interpose/cuda/pointers.hpp"
@@ -186,35 +187,66 @@ void epoch_completed(CtxState* st, std::uint64_t s) {
 
 namespace {
 void drop_marks_through(CtxState* st, std::uint64_t s);  // the marks, below
+std::uint64_t steady_ns();
+
+// A waiter spins this long before it sleeps: a fence synchronization of an
+// idle context takes about a microsecond, waking from a sleep several.
+constexpr std::uint64_t kSpinNs = 10'000;
+
+// While a fence synchronization runs that may cover epoch `need`, up to
+// kSpinNs: the caller then takes st->sync_mu, and sleeps only if it still
+// runs (await_turn).
+void spin_for_turn(const CtxState* st, std::uint64_t need) {
+  if (st->epoch_done.load(std::memory_order_acquire) >= need) return;
+  for (const std::uint64_t until = steady_ns() + kSpinNs;
+       st->syncing.load(std::memory_order_acquire) &&
+       st->epoch_done.load(std::memory_order_acquire) < need;) {
+    for (int i = 0; i < 16; ++i) cpu_relax();
+    if (steady_ns() > until) return;
+  }
+}
+
+// Under st->sync_mu: until epoch `need` is done (true) or no fence
+// synchronization runs (false: the caller's turn, the lock held).
+bool await_turn(CtxState* st, UniqueLock<Ranked<LockRank::cuda_sync>>& lock, std::uint64_t need) {
+  for (;;) {
+    if (st->epoch_done.load(std::memory_order_acquire) >= need) return true;
+    if (!st->syncing.load(std::memory_order_acquire)) return false;
+    st->sync_cv.wait(lock);
+  }
+}
+
+// Marks the end of a fence synchronization, however it ends (a log line
+// that cannot allocate throws): the next thread may run one, and the
+// waiting ones look again.
+struct SyncTurn {
+  CtxState* st;
+  ~SyncTurn() {
+    {
+      LockGuard lock(st->sync_mu);
+      st->syncing.store(false, std::memory_order_release);
+    }
+    st->sync_cv.notify_all();
+  }
+};
 }  // namespace
 
 void synchronize_context(CtxState* st) {
+  synchronize_context(st, st->epoch_next.load(std::memory_order_seq_cst));
+}
+
+void synchronize_context(CtxState* st, std::uint64_t need) {
   const Driver* d = driver();
   if (!d || !d->ctx_get_current || st->retired.load(std::memory_order_acquire)) return;
-  // Every fence taken before this call is at most `need`: a synchronization
-  // that completes an epoch >= need covers them, whoever ran it.
-  const std::uint64_t need = st->epoch_next.load(std::memory_order_seq_cst);
+  // A synchronization that completes an epoch >= need covers every fence
+  // up to it, whoever ran it.
+  spin_for_turn(st, need);
   {
     UniqueLock lock(st->sync_mu);
-    for (;;) {
-      if (st->epoch_done.load(std::memory_order_acquire) >= need) return;
-      if (!st->syncing) break;
-      st->sync_cv.wait(lock);
-    }
-    st->syncing = true;
+    if (await_turn(st, lock, need)) return;
+    st->syncing.store(true, std::memory_order_relaxed);
   }
-  // However this ends (a log line that cannot allocate throws), the next
-  // thread may synchronize and the waiting ones look again.
-  struct Done {
-    CtxState* st;
-    ~Done() {
-      {
-        LockGuard lock(st->sync_mu);
-        st->syncing = false;
-      }
-      st->sync_cv.notify_all();
-    }
-  } done{st};
+  const SyncTurn turn{st};
   const std::uint64_t s = st->epoch_next.fetch_add(1, std::memory_order_seq_cst);
   CUcontext cur = nullptr;
   d->ctx_get_current(&cur);
@@ -343,43 +375,30 @@ void wait_fence(CtxState* st, std::uint64_t fence) {
   if (!d || st->retired.load(std::memory_order_acquire)) return;
   CUevent ev = nullptr;
   std::uint64_t s = 0;
+  spin_for_turn(st, fence);
   {
     UniqueLock lock(st->sync_mu);
-    for (;;) {
-      if (st->epoch_done.load(std::memory_order_acquire) >= fence) return;
-      if (!st->syncing) break;
-      st->sync_cv.wait(lock);
-    }
+    if (await_turn(st, lock, fence)) return;
     if (const CtxState::Marks* m = st->marks.get())
       for (unsigned i = 0; i < m->count && !ev; ++i) {
         const unsigned k = (m->first + i) % CtxState::Marks::kMax;
         if (m->epochs[k] >= fence) ev = m->events[k], s = m->epochs[k];
       }
-    if (ev) st->syncing = true;
+    if (ev) st->syncing.store(true, std::memory_order_relaxed);
   }
   // No mark after the fence yet: the context's synchronization covers it.
-  if (!ev) return synchronize_context(st);
+  if (!ev) return synchronize_context(st, fence);
   CUresult r = CUDA_ERROR_UNKNOWN;
   {
-    // However this ends, the next thread may wait and the waiting ones look
-    // again; the marks up to this one are done with it.
-    struct Done {
-      CtxState* st;
-      std::uint64_t s;
-      const CUresult& r;
-      ~Done() {
-        if (r == CUDA_SUCCESS) drop_marks_through(st, s);
-        {
-          LockGuard lock(st->sync_mu);
-          st->syncing = false;
-        }
-        st->sync_cv.notify_all();
-      }
-    } done{st, s, r};
+    // The marks up to this one are done with it.
+    const SyncTurn turn{st};
     r = d->event_synchronize(ev);
-    if (r == CUDA_SUCCESS) epoch_completed(st, s);
+    if (r == CUDA_SUCCESS) {
+      epoch_completed(st, s);
+      drop_marks_through(st, s);
+    }
   }
-  if (r != CUDA_SUCCESS) synchronize_context(st);
+  if (r != CUDA_SUCCESS) synchronize_context(st, fence);
 }
 
 // ---- the solo rule -----------------------------------------------------------
@@ -775,7 +794,7 @@ void child() GPUPOOL_NO_THREAD_SAFETY_ANALYSIS {
       // A parent's thread may have been inside synchronize_context: its
       // syncing flag and its wait on sync_cv are not the child's (a
       // condition variable would wait for that waiter to wake).
-      st->syncing = false;
+      st->syncing.store(false, std::memory_order_relaxed);
       new (&st->sync_cv) std::condition_variable_any;
       st->sync_mu.unlock();
     }

@@ -65,10 +65,12 @@ struct CtxState {
   // One fence synchronization at a time (synchronize_context, wait_fence):
   // threads that need one while another runs wait for it, and those it does
   // not cover (their fences came after it started) run the next one, once,
-  // together.
+  // together. The driver runs them one at a time anyway (about one a
+  // microsecond on the H200, whatever the number of threads).
   Ranked<LockRank::cuda_sync> sync_mu;
   std::condition_variable_any sync_cv;
-  bool syncing GPUPOOL_GUARDED_BY(sync_mu) = false;
+  // Written under sync_mu; read without it by a waiter's spin.
+  std::atomic<bool> syncing{false};
   // Marks: context events (cuCtxRecordEvent, drivers of CUDA 12.5 on),
   // recorded at frees at most every kMarkGapNs, oldest first. A mark
   // captures the work of every stream of the context queued before it, and
@@ -121,7 +123,10 @@ struct CtxState {
 void epoch_completed(CtxState* st, std::uint64_t s);
 
 // Synchronize st's context (pushing it if it is not current) and complete
-// its epoch. Used when the pool needs a pending block.
+// its epoch, unless a synchronization that started later than every fence
+// up to `need` (every fence taken so far, without it) did so meanwhile.
+// Used when the pool needs a pending block.
+void synchronize_context(CtxState* st, std::uint64_t need);
 void synchronize_context(CtxState* st);
 
 // Marks are recorded at most this often: a free (of device memory whose

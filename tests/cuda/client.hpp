@@ -103,6 +103,8 @@ struct Api {
   decltype(&standin_own) own;
   decltype(&standin_pending_ops) pending_ops;
   decltype(&standin_dead_writes) dead_writes;
+  decltype(&standin_hold_syncs) hold_syncs;
+  decltype(&standin_syncs_held) syncs_held;
 };
 
 extern Api api;

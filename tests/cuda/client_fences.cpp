@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -16,7 +17,7 @@ namespace client {
 // Fences: a freed block is not handed out again while work queued before
 // its free may still write it (safe), or is (immediate).
 void scenario_fence() {
-  setup();
+  const CUcontext ctx = setup();
   // A stream of the program's own: fences decide every reuse (no solo rule,
   // scenario_solo).
   CUstream stream = nullptr;
@@ -164,6 +165,47 @@ void scenario_fence() {
               (unsigned long long)(c7.ctx_events_in_capture - c6.ctx_events_in_capture));
       CHECK_EQ(c7.ctx_events - c6.ctx_events, 0u);
       CHECK_EQ(c7.ctx_events_in_capture - c6.ctx_events_in_capture, 0u);
+    }
+    {
+      // A wait is shared: a thread whose piece's fence a synchronization in
+      // flight covers (another thread's, started after that free) waits for
+      // it and runs none of its own. Without marks (the driver refused one:
+      // the context is synchronized from then on), last in this scenario.
+      free_held();
+      api.fail_next("cuCtxRecordEvent", 1000, CUDA_ERROR_NOT_SUPPORTED);
+      CUdeviceptr x = 0, y = 0, x2 = 0;
+      std::atomic<bool> main_done{false};
+      OK(api.mem_alloc(&x, m));
+      OK(api.mem_free(x));  // pending: its fence is older than the helper's
+      std::thread helper([&] {
+        OK(api.ctx_set_current(ctx));
+        OK(api.mem_alloc(&y, m));
+        OK(api.mem_free(y));
+        api.hold_syncs(1);
+        CUdeviceptr y2 = 0;
+        OK(api.mem_alloc(&y2, m));  // a synchronization, held in the driver
+        // Freed once the main thread has its piece: freed sooner, it would
+        // be a pending piece newer than any synchronization so far.
+        while (!main_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        OK(api.mem_free(y2));
+      });
+      while (api.syncs_held() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      StandinCounters c8 = snap();
+      std::thread release([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));  // this thread waiting
+        api.hold_syncs(0);
+      });
+      OK(api.mem_alloc(&x2, m));
+      main_done = true;
+      release.join();
+      helper.join();
+      StandinCounters c9 = snap();
+      fprintf(stderr, "fence shared: ctx-syncs=%llu reused=%d\n",
+              (unsigned long long)(c9.ctx_sync - c8.ctx_sync), x2 == x || x2 == y);
+      // The helper's alone (counted as it returns). Where the pieces went
+      // depends on which thread came first after it.
+      CHECK_EQ(c9.ctx_sync - c8.ctx_sync, 1u);
+      OK(api.mem_free(x2));
     }
   }
 }

@@ -77,6 +77,8 @@ void load_api() {
   api.own = &standin_own;
   api.pending_ops = &standin_pending_ops;
   api.dead_writes = &standin_dead_writes;
+  api.hold_syncs = &standin_hold_syncs;
+  api.syncs_held = &standin_syncs_held;
 }
 #else
 template <class T>
@@ -115,6 +117,8 @@ void load_api() {
   sym(api.own, "standin_own");
   sym(api.pending_ops, "standin_pending_ops");
   sym(api.dead_writes, "standin_dead_writes");
+  sym(api.hold_syncs, "standin_hold_syncs");
+  sym(api.syncs_held, "standin_syncs_held");
   if (g_mode == "dlsym-local" || g_mode == "dlsym-global") {
     sym(api.init, "cuInit");
     sym(api.device_get, "cuDeviceGet");

@@ -60,6 +60,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <string>
@@ -839,7 +840,22 @@ SI(CUresult, cuCtxGetDevice, (CUdevice * dev)) {
   return CUDA_SUCCESS;
 }
 
+// standin_hold_syncs: synchronizations held on entry, outside g_mu.
+std::mutex g_hold_mu;
+std::condition_variable g_hold_cv;
+bool g_hold_syncs = false;
+int g_syncs_held = 0;
+void hold_point() {
+  std::unique_lock lock(g_hold_mu);
+  if (!g_hold_syncs) return;
+  ++g_syncs_held;
+  g_hold_cv.notify_all();
+  g_hold_cv.wait(lock, [] { return !g_hold_syncs; });
+  --g_syncs_held;
+}
+
 SI(CUresult, cuCtxSynchronize, (void)) {
+  hold_point();
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   Ctx* c = nullptr;
@@ -850,6 +866,7 @@ SI(CUresult, cuCtxSynchronize, (void)) {
 }
 
 SI(CUresult, cuCtxSynchronize_v2, (CUcontext ctx)) {
+  hold_point();
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
   Ctx* c = ctx ? reinterpret_cast<Ctx*>(ctx) : current();
@@ -1635,6 +1652,7 @@ SI(CUresult, cuEventRecord, (CUevent ev, CUstream s)) {
 SI(CUresult, cuCtxRecordEvent, (CUcontext ctx, CUevent ev)) {
   std::lock_guard lock(g_mu);
   if (CUresult e = state_error()) return e;
+  if (CUresult injected; should_fail("cuCtxRecordEvent", &injected)) return injected;
   Event* e = event_of(ev);
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
   Ctx* c = reinterpret_cast<Ctx*>(ctx);
@@ -2449,6 +2467,19 @@ extern "C" __attribute__((visibility("default"))) uint64_t standin_dead_writes(v
       }
   }
   return g_counters.dead_writes + written;
+}
+
+extern "C" __attribute__((visibility("default"))) void standin_hold_syncs(int hold) {
+  {
+    std::lock_guard lock(g_hold_mu);
+    g_hold_syncs = hold != 0;
+  }
+  g_hold_cv.notify_all();
+}
+
+extern "C" __attribute__((visibility("default"))) int standin_syncs_held(void) {
+  std::lock_guard lock(g_hold_mu);
+  return g_syncs_held;
 }
 
 extern "C" __attribute__((visibility("default"))) int standin_pending_ops(CUdeviceptr p, size_t n) {

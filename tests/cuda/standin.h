@@ -104,6 +104,12 @@ void* standin_own(const char* name);
    driver). */
 int standin_pending_ops(CUdeviceptr p, size_t n);
 
+/* While `hold` is set, cuCtxSynchronize and cuCtxSynchronize_v2 wait on
+   entry, before they look at anything (a synchronization in flight, as one
+   of a busy device); standin_syncs_held() says how many wait so. */
+void standin_hold_syncs(int hold);
+int standin_syncs_held(void);
+
 #ifdef __cplusplus
 }
 #endif
