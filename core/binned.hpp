@@ -98,8 +98,21 @@ struct alignas(64) Shard {
   // returns them to the range (RangeCache::unpark_slot), and a growth of
   // the range and every release policy those of every slot
   // (RangeCache::unpark_all; idle release those old enough), so parking
-  // never makes the range map more than it would have.
-  static constexpr unsigned kParkSlots = 4;
+  // never makes the range map more than it would have, but for the stock.
+  //
+  // The stock: a slot whose waits for one size come back to back (a loop
+  // that frees a piece and at once asks for its size again, doing nothing
+  // else in between) keeps up to kParkSlots pieces of that size parked
+  // while they wait, taking another from the range rather than waiting
+  // (Pool::allocate_range_piece), and waits for the oldest once the stock
+  // is full. One synchronization then readies several, and other threads'
+  // synchronizations ready them too: the bins' pending growth, for a
+  // range. Within a bound of bytes per slot (RangeCache::stock_budget); it
+  // goes back to the range as any parked piece does. Training loops' waits
+  // are never back to back (bench_replay on every trace: the same memory
+  // to the byte).
+  static constexpr unsigned kParkSlots = 32;  // with a stock
+  static constexpr unsigned kParkKept = 4;    // without
   Block* parked[kParkSlots] GPUPOOL_GUARDED_BY(mu) = {};
   unsigned parked_n GPUPOOL_GUARDED_BY(mu) = 0;
   std::size_t parked_bytes GPUPOOL_GUARDED_BY(mu) = 0;
@@ -109,6 +122,49 @@ struct alignas(64) Shard {
   // arena is not destroyed meanwhile (BinnedCache::any_active).
   unsigned in_flight GPUPOOL_GUARDED_BY(mu) = 0;
   std::atomic<unsigned> parked_any{0};  // parked_n, for a look without the lock
+  // The slot's misses for the stock: allocations of range pieces whose size
+  // the park held only pieces of that the device may still use. Back to
+  // back while each is for the same size as the last and comes within
+  // kBackToBackNs of the last one's return (the program's own time between
+  // them; not this pool's, which threads meeting at the range's lock or at
+  // a synchronization would lengthen). A slot stocks after kStockStreak
+  // such misses in a row, and stops after as many more that were not (a
+  // thread of a busy host is descheduled now and then). While it stocks,
+  // misses are rarer the better the stock serves: the gap allowed grows by
+  // kBackToBackNs for each hit of the slot's since the last miss.
+  static constexpr std::uint64_t kBackToBackNs = 10'000;
+  static constexpr unsigned kStockStreak = 32;
+  std::uint64_t last_miss_ns GPUPOOL_GUARDED_BY(mu) = 0;
+  std::uint64_t hits_at_last_miss GPUPOOL_GUARDED_BY(mu) = 0;
+  std::size_t streak_size GPUPOOL_GUARDED_BY(mu) = 0;
+  unsigned miss_streak GPUPOOL_GUARDED_BY(mu) = 0;
+  bool stocking(std::size_t want) const GPUPOOL_REQUIRES(mu) {
+    return miss_streak >= kStockStreak && streak_size == want;
+  }
+  // Such a miss for `want` bytes: from `at` until its allocation returned
+  // at `done` (the cost clock).
+  void missed(std::size_t want, std::uint64_t at, std::uint64_t done) GPUPOOL_REQUIRES(mu) {
+    if (want != streak_size) miss_streak = 0;
+    const std::uint64_t hits = miss_streak >= kStockStreak ? c.hits - hits_at_last_miss : 0;
+    if (at - last_miss_ns < kBackToBackNs * (hits + 1)) {
+      miss_streak = std::min(miss_streak + 1, 2 * kStockStreak);
+    } else {
+      miss_streak = miss_streak > kStockStreak ? miss_streak - 1 : 0;
+    }
+    streak_size = want;
+    last_miss_ns = done;
+    hits_at_last_miss = c.hits;
+  }
+  // The parked pieces that would serve `want` (as take_parked() looks) but
+  // wait for the device: how many, and the oldest one's fence.
+  unsigned stocked(std::size_t want, std::size_t slack, std::uint64_t* oldest) const
+      GPUPOOL_REQUIRES(mu) {
+    unsigned n = 0;
+    for (unsigned i = 0; i < parked_n; ++i)
+      if (const Block* b = parked[i]; b->size >= want && b->size - want < slack && b->fence != 0)
+        if (n++ == 0) *oldest = b->fence;
+    return n;
+  }
 
   static std::size_t whole_granules(const Block* b, std::size_t granule) {
     const Handle from = (b->handle + granule - 1) / granule * granule;
@@ -119,7 +175,8 @@ struct alignas(64) Shard {
   // (the caller returns it to the range).
   [[nodiscard]] Block* park(Block* b, std::size_t granule) GPUPOOL_REQUIRES(mu) {
     Block* out = nullptr;
-    if (parked_n == kParkSlots) out = unpark_at(0, granule);
+    if (parked_n == kParkSlots || (parked_n >= kParkKept && miss_streak < kStockStreak))
+      out = unpark_at(0, granule);
     parked[parked_n++] = b;
     parked_bytes += b->size;
     parked_whole += whole_granules(b, granule);

@@ -317,17 +317,42 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   RangeCache& rg = *a.ranges();
   Shard& mine = a.binned().shard(my);
   const std::size_t want = round_up(size, kPieceGranule);
-  {
-    // A piece this slot parked, whole: the range's lock is not taken.
+  // When the slot's park had only pending pieces of this size (a miss the
+  // stock is for), on the cost clock (read only then): its streak
+  // (Shard::missed).
+  std::uint64_t missed_at = 0;
+  bool missed = false;
+  auto wait_for = [&](std::uint64_t fence) {
+    a.backend().wait_for(fence);
     LockGuard lock(mine.mu);
-    if (Block* p = rg.parking() ? mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule())
-                                : nullptr) {
-      p->requested = size;
-      ++mine.c.hits;
-      mine.add_active(p);
-      a.group().cap.unhold(p->size);
-      return {p, BackendStatus::ok, 0, true};
+    ++mine.c.fence_waits;
+  };
+  bool stock = false;  // another piece for the slot's stock
+  for (;;) {
+    std::uint64_t oldest = 0;
+    {
+      // A piece this slot parked, whole: the range's lock is not taken.
+      LockGuard lock(mine.mu);
+      if (!rg.parking()) break;
+      if (Block* p = mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule())) {
+        p->requested = size;
+        ++mine.c.hits;
+        mine.add_active(p);
+        a.group().cap.unhold(p->size);
+        if (missed) mine.missed(want, missed_at, cost_now());
+        return {p, BackendStatus::ok, 0, true};
+      }
+      if (mine.stocked(want, rg.min_rest(), &oldest) == 0) break;
+      if (!missed) missed_at = cost_now(), missed = true;
+      if (!mine.stocking(want)) break;
+      // Room in the park for one more once the program frees it, and in the budget.
+      if (mine.parked_n < Shard::kParkSlots && mine.parked_bytes + want <= rg.stock_budget()) {
+        stock = true;
+        break;
+      }
     }
+    // The stock is full: its oldest piece waited for, as the range would.
+    wait_for(oldest);
   }
   std::unique_ptr<Block> b = new_piece(a, my, size);
 
@@ -337,20 +362,24 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
       std::uint64_t wait = 0;  // pending pieces would serve, and hold more than the bound
       cut = rg.take(want, attempt == 0, &wait);
       if (cut.size || !wait) break;
-      a.backend().wait_for(wait);
-      LockGuard lock(mine.mu);
-      ++mine.c.fence_waits;
+      wait_for(wait);
     }
   };
-  if (const Held gone = rg.unpark_slot(my, want, holding_); gone.size)
-    a.let_go(gone, /*drop=*/false);
-  take();
-  // Before mapping more: the pieces parked in every slot, back in the range.
-  if (!cut.size) {
-    Held gone;
-    const bool any = rg.unpark_all(/*hinted=*/true, UINT64_MAX, &holding_, &gone);
-    if (gone.size) a.let_go(gone, /*drop=*/false);
-    if (any) take();
+  if (stock) {
+    // A ready piece of the range, else new granules; the parked pieces stay.
+    std::uint64_t none = 0;
+    cut = rg.take(want, /*first_attempt=*/false, &none);
+  } else {
+    if (const Held gone = rg.unpark_slot(my, want, holding_); gone.size)
+      a.let_go(gone, /*drop=*/false);
+    take();
+    // Before mapping more: the pieces parked in every slot, back in the range.
+    if (!cut.size) {
+      Held gone;
+      const bool any = rg.unpark_all(/*hinted=*/true, UINT64_MAX, &holding_, &gone);
+      if (gone.size) a.let_go(gone, /*drop=*/false);
+      if (any) take();
+    }
   }
   if (!cut.size) {
     bool no_room = false;
@@ -372,6 +401,7 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
     LockGuard lock(mine.mu);
     ++(hit ? mine.c.hits : mine.c.misses);
     mine.add_active(b.get());
+    if (missed) mine.missed(want, missed_at, cost_now());
   }
   if (!hit) a.took_memory(cut.mapped);
   return {b.release(), BackendStatus::ok, 0, hit};

@@ -565,6 +565,8 @@ Held RangeCache::unpark(Block* b, const std::atomic<bool>& keep) {
   return gone;
 }
 
+std::size_t RangeCache::stock_budget() const { return pending_growth_ / binned_.shard_count(); }
+
 void RangeCache::dying() {
   dyings_.fetch_add(1, std::memory_order_seq_cst);
   unpark_all();
@@ -576,7 +578,8 @@ bool RangeCache::unpark_all(bool hinted, std::uint64_t freed_by_ns, const std::a
   for (unsigned i = 0; i < binned_.shard_count(); ++i) {
     Shard& s = binned_.shard(i);
     if (hinted && s.parked_any.load(std::memory_order_relaxed) == 0) continue;
-    any = unpark_shard(s, freed_by_ns, /*pending_from=*/0, keep, gone) || any;
+    any =
+        unpark_shard(s, freed_by_ns, /*pending_from=*/0, keep, gone, /*spare_stock=*/hinted) || any;
   }
   return any;
 }
@@ -590,11 +593,12 @@ Held RangeCache::unpark_slot(unsigned shard, std::size_t want, const std::atomic
 }
 
 bool RangeCache::unpark_shard(Shard& s, std::uint64_t freed_by_ns, std::size_t pending_from,
-                              const std::atomic<bool>* keep, Held* gone) {
+                              const std::atomic<bool>* keep, Held* gone, bool spare_stock) {
   Block* out[Shard::kParkSlots];
   unsigned n = 0;
   {
     LockGuard lock(s.mu);
+    if (spare_stock && s.miss_streak >= Shard::kStockStreak) pending_from = SIZE_MAX;
     for (unsigned k = 0; k < s.parked_n;) {
       const Block* b = s.parked[k];
       if (b->freed_at_ns <= freed_by_ns &&

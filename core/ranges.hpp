@@ -89,6 +89,10 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
 
   std::size_t granule() const { return granule_; }
   std::size_t min_rest() const { return min_rest_; }
+  // The bytes one slot's park may hold while it keeps a stock (Shard's
+  // header): pending_growth shared among the slots, so that the stocks of
+  // all threads together hold at most that.
+  std::size_t stock_budget() const;
 
   // Whether pieces may be parked and taken from the parks: not while the
   // range has dead pieces, whose granules go as soon as no piece in use
@@ -112,7 +116,9 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   Held unpark(Block* b, const std::atomic<bool>& keep);
   // Every shard's parked pieces into the range, held: before the range
   // maps more for a request (`hinted`: shards whose park looked empty
-  // without their lock are skipped), and before each release policy looks
+  // without their lock are skipped, and the pending pieces of a slot's
+  // stock stay: in the range they would serve nothing at once, and the slot
+  // would grow its stock again), and before each release policy looks
   // at the range (the Cache calls below: every shard locked, so that a
   // piece parked before stop_holding() cleared the flag is always seen),
   // so that parking never costs memory; only those freed at or before
@@ -193,11 +199,12 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   static constexpr std::size_t kSpares = 4;
   Pieces::iterator unpark_locked(Block* b) GPUPOOL_REQUIRES(mu_);
   // `s`'s parked pieces freed at or before freed_by_ns, those the device
-  // is not done with only from pending_from bytes, into the range: held,
-  // or with `keep` as unpark() puts them (what went back added to *gone).
-  // Whether there were any. Takes s.mu, then mu_.
+  // is not done with only from pending_from bytes (none of a slot that
+  // keeps a stock, with spare_stock), into the range: held, or with `keep`
+  // as unpark() puts them (what went back added to *gone). Whether there
+  // were any. Takes s.mu, then mu_.
   bool unpark_shard(Shard& s, std::uint64_t freed_by_ns, std::size_t pending_from,
-                    const std::atomic<bool>* keep, Held* gone);
+                    const std::atomic<bool>* keep, Held* gone, bool spare_stock = false);
   void make_spares() GPUPOOL_REQUIRES(mu_);  // may throw
   void refill() GPUPOOL_REQUIRES(mu_);       // make_spares(), or not now
   bool spares_for(Handle at, const Piece& p) const GPUPOOL_REQUIRES(mu_);

@@ -29,8 +29,10 @@ struct FakeDevice {
   std::mutex mu;                    // for multi-threaded tests
 
   // Fences: fence() hands out increasing numbers; the device has finished
-  // everything up to `completed`.
-  bool fences = false;
+  // everything up to `completed`. whole_waits: a wait for one fence waits
+  // for everything issued (a context synchronization, where no mark
+  // follows the fence), as wait_all() does.
+  bool fences = false, whole_waits = false;
   std::uint64_t issued = 0, completed = 0, waits = 0;
   // When not 0: the device finishes everything issued while the pool asks
   // about a pending fence for the complete_on_ask'th time (its work ends
@@ -147,7 +149,7 @@ class FakeBackend : public Backend {
   // The device's work up to `f` only is waited for (a mark's).
   void wait_for(std::uint64_t f) override {
     ++dev_->waits;
-    dev_->completed = std::max(dev_->completed, f);
+    dev_->completed = std::max(dev_->completed, dev_->whole_waits ? dev_->issued : f);
     g_cost_ns += dev_->wait_cost;
   }
 

@@ -639,6 +639,67 @@ TEST(Ranges, WithoutAGrowthBudgetPendingPiecesAreWaitedFor) {
   f.pool.free(big);
 }
 
+// The stock (Shard's header). A loop that frees a piece and at once asks
+// for its size again waits for the device at every pair: the pieces it
+// frees all wait, and the range has nothing else. Once its waits come back
+// to back, its slot takes new pieces rather than wait, up to a stock of
+// kParkSlots parked, and waits for the oldest only when the stock is
+// full; a wait that synchronizes the device readies all of them.
+constexpr int kPairs = 320;
+constexpr std::size_t kLoop = 4 * MiB;
+
+TEST(Ranges, BackToBackWaitsForOneSizeGrowAStockThatOneWaitReadies) {
+  Fixture f({.pending_growth = 64 * MiB}, {.shards = 2});  // 32 MiB a slot
+  f.dev->fences = true;
+  f.dev->whole_waits = true;
+  f.dev->wait_cost = 1'000;
+  for (int i = 0; i < kPairs; ++i) f.pool.free(f.alloc(kLoop));
+  // 32 waits in a row, then one for every 8 pairs; every pair without it.
+  EXPECT_LE(f.dev->waits, 32u + kPairs / 8 + 2);
+  EXPECT_GE(f.dev->waits, 32u + kPairs / 9);
+  EXPECT_EQ(f.stats().fence_waits, f.dev->waits);
+  EXPECT_EQ(f.dev->mapped_bytes(), 8 * kLoop);  // all parked once the last is freed
+  EXPECT_EQ(f.stats().held_bytes, 8 * kLoop);
+  f.pool.free_held();
+  EXPECT_EQ(f.dev->mapped_bytes(), 0u);
+}
+
+TEST(Ranges, WaitsWithTheProgramsOwnWorkBetweenThemGrowNoStock) {
+  Fixture f({.pending_growth = 64 * MiB}, {.shards = 2});
+  f.dev->fences = true;
+  f.dev->whole_waits = true;
+  f.dev->wait_cost = 1'000;
+  for (int i = 0; i < kPairs; ++i) {
+    f.pool.free(f.alloc(kLoop));
+    gpupool::testing::g_cost_ns += 20'000;  // a kernel launched, say
+  }
+  EXPECT_EQ(f.dev->waits, std::uint64_t(kPairs) - 1);
+  EXPECT_EQ(f.dev->mapped_bytes(), kLoop);
+}
+
+TEST(Ranges, AStockHoldsAtMostItsSlotsShareOfPendingGrowth) {
+  Fixture f({.pending_growth = 16 * MiB}, {.shards = 2});  // 8 MiB a slot
+  f.dev->fences = true;
+  f.dev->whole_waits = true;
+  for (int i = 0; i < kPairs; ++i) f.pool.free(f.alloc(kLoop));
+  EXPECT_EQ(f.dev->mapped_bytes(), 2 * kLoop);
+  EXPECT_LE(f.dev->waits, 32u + kPairs / 2 + 2);
+}
+
+// With waits for one fence only (marks), a full stock's wait is for its
+// oldest piece: the work queued after that piece's free is not waited for.
+TEST(Ranges, AFullStocksWaitIsForItsOldestPiece) {
+  Fixture f({.pending_growth = 64 * MiB}, {.shards = 2});
+  f.dev->fences = true;
+  for (int i = 0; i < kPairs; ++i) f.pool.free(f.alloc(kLoop));
+  EXPECT_EQ(f.dev->mapped_bytes(), 8 * kLoop);
+  const std::uint64_t waits = f.dev->waits;
+  Block* b = f.alloc(kLoop);
+  EXPECT_EQ(f.dev->waits, waits + 1);
+  EXPECT_EQ(f.dev->completed, f.dev->issued - 7);  // seven parked pieces still wait
+  f.pool.free(b);
+}
+
 // Granules the device may still use are unmapped only once it is done.
 TEST(Ranges, UnmappingPendingGranulesWaitsForTheirFence) {
   Fixture f;
