@@ -131,29 +131,39 @@ struct alignas(64) Shard {
   // such misses in a row, and stops after as many more that were not (a
   // thread of a busy host is descheduled now and then). While it stocks,
   // misses are rarer the better the stock serves: the gap allowed grows by
-  // kBackToBackNs for each hit of the slot's since the last miss.
+  // kBackToBackNs for each piece of that size the park served since the
+  // last miss. Only where the slot's share of the growth budget holds a
+  // piece of that size (`budget`: RangeCache::stock_budget).
   static constexpr std::uint64_t kBackToBackNs = 10'000;
   static constexpr unsigned kStockStreak = 32;
   std::uint64_t last_miss_ns GPUPOOL_GUARDED_BY(mu) = 0;
-  std::uint64_t hits_at_last_miss GPUPOOL_GUARDED_BY(mu) = 0;
+  std::uint64_t size_hits GPUPOOL_GUARDED_BY(mu) = 0;  // the park's hits of streak_size
+  std::uint64_t size_hits_at_last_miss GPUPOOL_GUARDED_BY(mu) = 0;
   std::size_t streak_size GPUPOOL_GUARDED_BY(mu) = 0;
   unsigned miss_streak GPUPOOL_GUARDED_BY(mu) = 0;
-  bool stocking(std::size_t want) const GPUPOOL_REQUIRES(mu) {
-    return miss_streak >= kStockStreak && streak_size == want;
+  bool keeps_stock(std::size_t budget) const GPUPOOL_REQUIRES(mu) {
+    return miss_streak >= kStockStreak && streak_size != 0 && streak_size <= budget;
+  }
+  bool stocking(std::size_t want, std::size_t budget) const GPUPOOL_REQUIRES(mu) {
+    return keeps_stock(budget) && streak_size == want;
+  }
+  // Whether a miss at `at` comes back to back with the last one.
+  bool back_to_back(std::uint64_t at) const GPUPOOL_REQUIRES(mu) {
+    const std::uint64_t hits = miss_streak >= kStockStreak ? size_hits - size_hits_at_last_miss : 0;
+    return at - last_miss_ns < kBackToBackNs * (hits + 1);
   }
   // Such a miss for `want` bytes: from `at` until its allocation returned
   // at `done` (the cost clock).
   void missed(std::size_t want, std::uint64_t at, std::uint64_t done) GPUPOOL_REQUIRES(mu) {
     if (want != streak_size) miss_streak = 0;
-    const std::uint64_t hits = miss_streak >= kStockStreak ? c.hits - hits_at_last_miss : 0;
-    if (at - last_miss_ns < kBackToBackNs * (hits + 1)) {
+    if (back_to_back(at)) {
       miss_streak = std::min(miss_streak + 1, 2 * kStockStreak);
     } else {
       miss_streak = miss_streak > kStockStreak ? miss_streak - 1 : 0;
     }
     streak_size = want;
     last_miss_ns = done;
-    hits_at_last_miss = c.hits;
+    size_hits_at_last_miss = size_hits;
   }
   // The parked pieces that would serve `want` (as take_parked() looks) but
   // wait for the device: how many, and the oldest one's fence.
@@ -171,11 +181,14 @@ struct alignas(64) Shard {
     const Handle to = (b->handle + b->size) / granule * granule;
     return to > from ? to - from : 0;
   }
-  // `b` parked; the oldest parked piece pushed out when the park is full
-  // (the caller returns it to the range).
-  [[nodiscard]] Block* park(Block* b, std::size_t granule) GPUPOOL_REQUIRES(mu) {
+  // `b` parked; the oldest parked piece pushed out when the park is full:
+  // kParkKept pieces, or with a stock kParkSlots and `budget` bytes (the
+  // caller returns it to the range).
+  [[nodiscard]] Block* park(Block* b, std::size_t granule, std::size_t budget)
+      GPUPOOL_REQUIRES(mu) {
     Block* out = nullptr;
-    if (parked_n == kParkSlots || (parked_n >= kParkKept && miss_streak < kStockStreak))
+    if (parked_n == kParkSlots ||
+        (parked_n >= kParkKept && (!keeps_stock(budget) || parked_bytes + b->size > budget)))
       out = unpark_at(0, granule);
     parked[parked_n++] = b;
     parked_bytes += b->size;

@@ -328,7 +328,11 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
     ++mine.c.fence_waits;
   };
   bool stock = false;  // another piece for the slot's stock
-  for (;;) {
+  const std::size_t budget = rg.stock_budget();
+  // At most one wait here: one that did not ready the piece (a context
+  // with a sticky error fails its synchronizations) leaves it to the
+  // range's path, which then maps more.
+  for (bool waited = false;; waited = true) {
     std::uint64_t oldest = 0;
     {
       // A piece this slot parked, whole: the range's lock is not taken.
@@ -337,6 +341,7 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
       if (Block* p = mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule())) {
         p->requested = size;
         ++mine.c.hits;
+        if (want == mine.streak_size) ++mine.size_hits;
         mine.add_active(p);
         a.group().cap.unhold(p->size);
         if (missed) mine.missed(want, missed_at, cost_now());
@@ -344,14 +349,17 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
       }
       if (mine.stocked(want, rg.min_rest(), &oldest) == 0) break;
       if (!missed) missed_at = cost_now(), missed = true;
-      if (!mine.stocking(want)) break;
-      // Room in the park for one more once the program frees it, and in the budget.
-      if (mine.parked_n < Shard::kParkSlots && mine.parked_bytes + want <= rg.stock_budget()) {
+      if (waited || !mine.stocking(want, budget)) break;
+      // Back to back (a miss after a pause takes nothing more), with room in
+      // the park for one more once the program frees it, and in the budget.
+      if (mine.back_to_back(missed_at) && mine.parked_n < Shard::kParkSlots &&
+          mine.parked_bytes + want <= budget) {
         stock = true;
         break;
       }
     }
-    // The stock is full: its oldest piece waited for, as the range would.
+    // The stock's oldest piece waited for, as the range would, and the
+    // stock kept.
     wait_for(oldest);
   }
   std::unique_ptr<Block> b = new_piece(a, my, size);
@@ -455,7 +463,7 @@ void Pool::free_piece(Block* b) {
       if (holding_.load(std::memory_order_acquire) && rg->parking()) {
         s.remove_active(b);
         if (fence != 0) ++s.c.pending_frees;
-        out = s.park(b, rg->granule());
+        out = s.park(b, rg->granule(), rg->stock_budget());
         parked = true;
         over_cap = a.group().cap.hold(b->size);
         if (out || over_cap) ++s.in_flight;  // the arena is touched below

@@ -598,7 +598,7 @@ bool RangeCache::unpark_shard(Shard& s, std::uint64_t freed_by_ns, std::size_t p
   unsigned n = 0;
   {
     LockGuard lock(s.mu);
-    if (spare_stock && s.miss_streak >= Shard::kStockStreak) pending_from = SIZE_MAX;
+    if (spare_stock && s.keeps_stock(stock_budget())) pending_from = SIZE_MAX;
     for (unsigned k = 0; k < s.parked_n;) {
       const Block* b = s.parked[k];
       if (b->freed_at_ns <= freed_by_ns &&

@@ -89,9 +89,9 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
 
   std::size_t granule() const { return granule_; }
   std::size_t min_rest() const { return min_rest_; }
-  // The bytes one slot's park may hold while it keeps a stock (Shard's
-  // header): pending_growth shared among the slots, so that the stocks of
-  // all threads together hold at most that.
+  // The bytes one slot's stock may add (Shard's header): pending_growth
+  // shared among the slots, so that all threads' stocks together map at
+  // most that beyond the pieces the program uses.
   std::size_t stock_budget() const;
 
   // Whether pieces may be parked and taken from the parks: not while the

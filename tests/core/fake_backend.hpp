@@ -31,8 +31,9 @@ struct FakeDevice {
   // Fences: fence() hands out increasing numbers; the device has finished
   // everything up to `completed`. whole_waits: a wait for one fence waits
   // for everything issued (a context synchronization, where no mark
-  // follows the fence), as wait_all() does.
-  bool fences = false, whole_waits = false;
+  // follows the fence), as wait_all() does. stuck: waits return and the
+  // device finishes nothing (a context with a sticky error).
+  bool fences = false, whole_waits = false, stuck = false;
   std::uint64_t issued = 0, completed = 0, waits = 0;
   // When not 0: the device finishes everything issued while the pool asks
   // about a pending fence for the complete_on_ask'th time (its work ends
@@ -143,12 +144,14 @@ class FakeBackend : public Backend {
   }
   void wait_all() override {
     ++dev_->waits;
+    if (dev_->stuck) return;
     dev_->completed = dev_->issued;
     g_cost_ns += dev_->wait_cost;
   }
   // The device's work up to `f` only is waited for (a mark's).
   void wait_for(std::uint64_t f) override {
     ++dev_->waits;
+    if (dev_->stuck) return;
     dev_->completed = std::max(dev_->completed, dev_->whole_waits ? dev_->issued : f);
     g_cost_ns += dev_->wait_cost;
   }

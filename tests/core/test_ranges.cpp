@@ -684,6 +684,53 @@ TEST(Ranges, AStockHoldsAtMostItsSlotsShareOfPendingGrowth) {
   for (int i = 0; i < kPairs; ++i) f.pool.free(f.alloc(kLoop));
   EXPECT_EQ(f.dev->mapped_bytes(), 2 * kLoop);
   EXPECT_LE(f.dev->waits, 32u + kPairs / 2 + 2);
+  // Several pieces of the size in use at once, then freed: the stock
+  // still maps at most the share beyond what the program uses.
+  std::size_t most_mapped = 0;
+  for (int round = 0; round < 50; ++round) {
+    std::vector<Block*> in_use;
+    for (int i = 0; i < 7; ++i) in_use.push_back(f.alloc(kLoop));
+    most_mapped = std::max(most_mapped, f.dev->mapped_bytes());
+    for (Block* b : in_use) f.pool.free(b);
+  }
+  EXPECT_LE(most_mapped, 7 * kLoop + 8 * MiB);
+}
+
+// A slot without a share of the growth budget that holds a piece never
+// stocks: its pieces go back to the range, where other threads' requests
+// wait for them rather than map more.
+TEST(Ranges, WithoutAGrowthBudgetNoSlotStocks) {
+  Fixture f({.pending_growth = 0}, {.shards = 2});
+  f.dev->fences = true;
+  f.dev->whole_waits = true;
+  for (int i = 0; i < kPairs; ++i) f.pool.free(f.alloc(kLoop));
+  EXPECT_EQ(f.dev->waits, std::uint64_t(kPairs) - 1);
+  EXPECT_EQ(f.dev->mapped_bytes(), kLoop);
+  const std::uint64_t waits = f.dev->waits;
+  Block* b = nullptr;
+  std::thread other([&] { b = f.alloc(kLoop); });
+  other.join();
+  EXPECT_EQ(f.dev->mapped_bytes(), kLoop);
+  EXPECT_EQ(f.dev->waits, waits + 1);
+  f.pool.free(b);
+}
+
+// A wait that readies nothing (the device's synchronizations fail: a
+// sticky error) is made once for a full stock; the range's path then
+// serves the request with new granules.
+TEST(Ranges, AWaitThatReadiesNothingLeavesAFullStockToTheRange) {
+  Fixture f({.pending_growth = 64 * MiB}, {.shards = 2});
+  f.dev->fences = true;
+  for (int i = 0; i < kPairs; ++i) f.pool.free(f.alloc(kLoop));
+  EXPECT_EQ(f.dev->mapped_bytes(), 8 * kLoop);
+  f.dev->stuck = true;
+  const std::uint64_t waits = f.dev->waits;
+  AllocResult r = f.pool.allocate(f.arena, kLoop);
+  ASSERT_EQ(r.status, BackendStatus::ok);
+  EXPECT_LE(f.dev->waits, waits + 3);
+  EXPECT_EQ(f.dev->mapped_bytes(), 9 * kLoop);
+  f.dev->stuck = false;
+  f.pool.free(r.block);
 }
 
 // With waits for one fence only (marks), a full stock's wait is for its
