@@ -377,6 +377,8 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
     // A ready piece of the range, else new granules; the parked pieces stay.
     std::uint64_t none = 0;
     cut = rg.take(want, /*first_attempt=*/false, &none);
+    LockGuard lock(mine.mu);
+    ++mine.c.stock_growths;
   } else {
     if (const Held gone = rg.unpark_slot(my, want, holding_); gone.size)
       a.let_go(gone, /*drop=*/false);

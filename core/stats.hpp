@@ -32,7 +32,8 @@ namespace gpupool {
   X(trims, counter,                                                                             \
     "held blocks released for the cap, for idleness, or for a process that arrived on the GPU") \
   X(pending_frees, counter, "frees whose block the device might still use (fenced)")            \
-  X(fence_waits, counter, "bulk waits because only pending blocks could serve a request")
+  X(fence_waits, counter, "bulk waits because only pending blocks could serve a request")       \
+  X(stock_growths, counter, "range pieces a thread took instead of waiting (its stock)")
 
 struct Stats {
 #define GPUPOOL_STATS_MEMBER(name, kind, meaning) std::uint64_t name = 0;

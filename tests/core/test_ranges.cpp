@@ -660,6 +660,7 @@ TEST(Ranges, BackToBackWaitsForOneSizeGrowAStockThatOneWaitReadies) {
   EXPECT_EQ(f.stats().fence_waits, f.dev->waits);
   EXPECT_EQ(f.dev->mapped_bytes(), 8 * kLoop);  // all parked once the last is freed
   EXPECT_EQ(f.stats().held_bytes, 8 * kLoop);
+  EXPECT_EQ(f.stats().stock_growths, 7u);
   f.pool.free_held();
   EXPECT_EQ(f.dev->mapped_bytes(), 0u);
 }
@@ -675,6 +676,7 @@ TEST(Ranges, WaitsWithTheProgramsOwnWorkBetweenThemGrowNoStock) {
   }
   EXPECT_EQ(f.dev->waits, std::uint64_t(kPairs) - 1);
   EXPECT_EQ(f.dev->mapped_bytes(), kLoop);
+  EXPECT_EQ(f.stats().stock_growths, 0u);
 }
 
 TEST(Ranges, AStockHoldsAtMostItsSlotsShareOfPendingGrowth) {
