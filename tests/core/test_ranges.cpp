@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/binned.hpp"
 #include "core/pool.hpp"
 #include "core/ranges.hpp"
 #include "pool_fixture.hpp"
@@ -733,6 +734,68 @@ TEST(Ranges, AWaitThatReadiesNothingLeavesAFullStockToTheRange) {
   EXPECT_EQ(f.dev->mapped_bytes(), 9 * kLoop);
   f.dev->stuck = false;
   f.pool.free(r.block);
+}
+
+// A stock is held memory as any parked piece: every release policy takes it.
+namespace {
+// 320 back-to-back pairs of kLoop on `f`: a stock of 8 pieces, all parked.
+void grow_stock(Fixture& f) {
+  f.dev->fences = true;
+  f.dev->whole_waits = true;
+  for (int i = 0; i < kPairs; ++i) f.pool.free(f.alloc(kLoop));
+  ASSERT_EQ(f.stats().stock_growths, 7u);
+}
+unsigned parked_pieces(Fixture& f) {
+  unsigned n = 0;
+  for (unsigned i = 0; i < 2; ++i) {
+    core_detail::Shard& s = f.arena->binned().shard(i);
+    LockGuard lock(s.mu);
+    n += s.parked_n;
+  }
+  return n;
+}
+}  // namespace
+
+TEST(Ranges, StopHoldingTakesAStock) {
+  Fixture f({.pending_growth = 64 * MiB}, {.shards = 2});
+  grow_stock(f);
+  f.pool.stop_holding();
+  EXPECT_EQ(f.dev->mapped_bytes(), 0u);
+  EXPECT_EQ(f.stats().held_bytes, 0u);
+}
+
+TEST(Ranges, OutOfMemoryTakesAStock) {
+  Fixture f({.pending_growth = 64 * MiB}, {.shards = 2});
+  grow_stock(f);
+  f.dev->capacity = 9 * kLoop;
+  AllocResult r = f.pool.allocate(f.arena, 6 * kLoop);  // the stock's memory, or none
+  ASSERT_EQ(r.status, BackendStatus::ok);
+  EXPECT_GE(f.stats().oom_retries, 1u);
+  EXPECT_LE(f.dev->mapped_bytes(), 9 * kLoop);
+  f.pool.free(r.block);
+}
+
+TEST(Ranges, IdleReleaseTakesAStock) {
+  static std::uint64_t t = 0;
+  Fixture f({.pending_growth = 64 * MiB},
+            {.release_after_ns = 100, .shards = 2, .clock = [] { return t; }});
+  t = 1000;
+  grow_stock(f);
+  EXPECT_EQ(f.pool.trim_idle(1099), 0u);
+  EXPECT_GT(f.pool.trim_idle(1100), 0u);
+  EXPECT_EQ(f.dev->mapped_bytes(), 0u);
+  EXPECT_EQ(parked_pieces(f), 0u);
+}
+
+TEST(Ranges, APieceOnItsWayToDyingTakesAStockIntoTheRange) {
+  Fixture f({.pending_growth = 64 * MiB}, {.shards = 2});
+  Block* shared = f.alloc(kLoop);
+  grow_stock(f);
+  EXPECT_EQ(parked_pieces(f), 8u);  // the newest pending
+  f.pool.never_reuse(shared);       // exported (cuIpcGetMemHandle)
+  f.pool.free(shared);
+  EXPECT_EQ(parked_pieces(f), 0u);
+  EXPECT_LE(f.dev->mapped_bytes(), 8 * kLoop);  // the shared piece's granules gone
 }
 
 // With waits for one fence only (marks), a full stock's wait is for its
