@@ -145,6 +145,32 @@ std::uint64_t fence_at_free(CtxState* st);
 // without one, a synchronization of the context.
 void wait_fence(CtxState* st, std::uint64_t fence);
 
+// A backend whose blocks' fences are its context's epochs (above): the
+// device and pinned arenas' (memory.cpp) and the virtual memory units'
+// (vmm.cpp). fenced: freed blocks wait for the context's work; marks:
+// frees record marks, for the one-fence waits of an expandable range's
+// pieces (the bins' waits are for all their pending blocks).
+class ContextFenced : public Backend {
+ public:
+  ContextFenced(CtxState* st, bool fenced, bool marks) : st_(st), fenced_(fenced), marks_(marks) {}
+
+  std::uint64_t fence() override {
+    if (!fenced_) return 0;
+    return marks_ ? fence_at_free(st_) : st_->epoch_next.load(std::memory_order_seq_cst);
+  }
+  bool passed(std::uint64_t f) override {
+    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
+  }
+  void wait_all() override { synchronize_context(st_); }
+  void wait_for(std::uint64_t f) override { wait_fence(st_, f); }
+
+ protected:
+  CtxState* const st_;
+
+ private:
+  const bool fenced_, marks_;
+};
+
 // ---- the solo rule ----------------------------------------------------------
 // PyCUDA's DeviceMemoryPool hands a freed block out again at once: all the
 // program's device work is in the order of the legacy default stream, so

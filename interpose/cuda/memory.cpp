@@ -49,22 +49,11 @@ std::uint32_t peer_devices(const CtxState* st) {
 // measured), and are given back to the driver only while the context lives
 // (once it is destroyed the driver has freed them) and before exit. Each
 // allocation's record is its entry in `map` (device or pinned pointers).
-class CuContextBackend : public Backend {
+class CuContextBackend : public ContextFenced {
  public:
   CuContextBackend(PtrMap& map, CtxState* st, bool fenced, bool marks = false)
-      : st_(st), fenced_(fenced), marks_(marks), map_(map) {}
+      : ContextFenced(st, fenced, marks), map_(map) {}
 
-  // Marks only where a wait asks for one fence (wait_for: an expandable
-  // range's pieces); the bins' waits are for all their pending blocks.
-  std::uint64_t fence() override {
-    if (!fenced_) return 0;
-    return marks_ ? fence_at_free(st_) : st_->epoch_next.load(std::memory_order_seq_cst);
-  }
-  bool passed(std::uint64_t f) override {
-    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
-  }
-  void wait_all() override { synchronize_context(st_); }
-  void wait_for(std::uint64_t f) override { wait_fence(st_, f); }
   // The driver freed it with its context, or it is a forked parent's.
   void drop(Handle, std::size_t, void* data) override { erase_record(data); }
 
@@ -100,10 +89,6 @@ class CuContextBackend : public Backend {
     if (!context_alive(*driver(), st_)) return;
     free();
   }
-
-  CtxState* st_;
-  bool fenced_;
-  bool marks_;
 
  private:
   PtrMap& map_;

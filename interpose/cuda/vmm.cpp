@@ -178,10 +178,10 @@ bool poolable(const CUmemAllocationProp* prop, unsigned long long flags) {
          prop->allocFlags.usage == 0;
 }
 
-class VmmBackend final : public Backend {
+class VmmBackend final : public ContextFenced {
  public:
   VmmBackend(CtxState* st, const CUmemAllocationProp& prop, bool fenced)
-      : st_(st), prop_(prop), fenced_(fenced) {}
+      : ContextFenced(st, fenced, /*marks=*/false), prop_(prop) {}
 
   BackendResult allocate(std::size_t bytes, std::uint64_t) override {
     const Driver& d = *driver();
@@ -226,13 +226,6 @@ class VmmBackend final : public Backend {
   // child, whose units are its parent's).
   void drop(Handle, std::size_t, void* data) override { let_go(static_cast<Unit*>(data)); }
 
-  std::uint64_t fence() override {
-    return fenced_ ? st_->epoch_next.load(std::memory_order_seq_cst) : 0;
-  }
-  bool passed(std::uint64_t f) override {
-    return f == 0 || st_->epoch_done.load(std::memory_order_acquire) >= f;
-  }
-  void wait_all() override { synchronize_context(st_); }
   bool relieve(std::size_t bytes) override {
     return escape_ghosts() || node::ask_neighbours(device_group(st_->dev), bytes);
   }
@@ -257,9 +250,7 @@ class VmmBackend final : public Backend {
     delete u;
   }
 
-  CtxState* st_;
   CUmemAllocationProp prop_;
-  bool fenced_;
 };
 
 }  // namespace
