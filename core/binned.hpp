@@ -100,7 +100,7 @@ struct alignas(64) Shard {
   // (RangeCache::unpark_all; idle release those old enough), so parking
   // never makes the range map more than it would have, but for the stock.
   //
-  // The stock: a slot whose waits for one size come back to back (a loop
+  // The stock: a slot whose misses for one size come back to back (a loop
   // that frees a piece and at once asks for its size again, doing nothing
   // else in between) keeps up to kParkSlots pieces of that size parked
   // while they wait, taking another from the range rather than waiting
@@ -108,7 +108,7 @@ struct alignas(64) Shard {
   // is full. One synchronization then readies several, and other threads'
   // synchronizations ready them too: the bins' pending growth, for a
   // range. Within a bound of bytes per slot (RangeCache::stock_budget); it
-  // goes back to the range as any parked piece does. Training loops' waits
+  // goes back to the range as any parked piece does. Training loops' misses
   // are never back to back (bench_replay on every trace: the same memory
   // to the byte).
   static constexpr unsigned kParkSlots = 32;  // with a stock
@@ -165,13 +165,18 @@ struct alignas(64) Shard {
     last_miss_ns = done;
     size_hits_at_last_miss = size_hits;
   }
-  // The parked pieces that would serve `want` (as take_parked() looks) but
-  // wait for the device: how many, and the oldest one's fence.
+  // Whether the range would hand out the parked piece `b` whole for `want`
+  // bytes: at least `want`, less than `want` + `slack` long.
+  static bool serves(const Block* b, std::size_t want, std::size_t slack) {
+    return b->size >= want && b->size - want < slack;
+  }
+  // The parked pieces that would serve `want` but wait for the device: how
+  // many, and the oldest one's fence.
   unsigned stocked(std::size_t want, std::size_t slack, std::uint64_t* oldest) const
       GPUPOOL_REQUIRES(mu) {
     unsigned n = 0;
     for (unsigned i = 0; i < parked_n; ++i)
-      if (const Block* b = parked[i]; b->size >= want && b->size - want < slack && b->fence != 0)
+      if (const Block* b = parked[i]; serves(b, want, slack) && b->fence != 0)
         if (n++ == 0) *oldest = b->fence;
     return n;
   }
@@ -197,14 +202,13 @@ struct alignas(64) Shard {
     parked_any.store(parked_n, std::memory_order_relaxed);
     return out;
   }
-  // The newest parked piece that the range would hand out whole for `want`
-  // bytes (at least `want`, less than `want` + `slack` long) and that the
-  // device is done with, out of the park; or nullptr.
+  // The newest parked piece that serves `want` and that the device is done
+  // with, out of the park; or nullptr.
   [[gnu::always_inline]] Block* take_parked(std::size_t want, std::size_t slack, Backend& backend,
                                             std::size_t granule) GPUPOOL_REQUIRES(mu) {
     for (unsigned i = parked_n; i-- > 0;) {
       const Block* b = parked[i];
-      if (b->size < want || b->size - want >= slack) continue;
+      if (!serves(b, want, slack)) continue;
       if (b->fence != 0 && !backend.passed(b->fence)) continue;
       return unpark_at(i, granule);
     }
