@@ -99,9 +99,10 @@ class Holder:
         if pooled and extra.get("GPUPOOL_NEIGHBOURS", "1") != "0":
             # Published within the control thread's next round: all of it,
             # not a round that came between its frees (neighbours.info
-            # under TSan's load once read 5 of 12 blocks). A driver's pool
-            # (async) holds what it decides: any of it.
-            full = blocks[0] * blocks[1] * MIB if kind is None else 1
+            # under TSan's load once read 5 of 12 blocks; async, under
+            # ASan's, 10 of 12). The driver's pool (async) keeps all of it
+            # too: gpupool raises its release threshold.
+            full = blocks[0] * blocks[1] * MIB
             deadline = time.time() + 10
             reg = {k: v for k, v in extra.items() if k == "GPUPOOL_REGISTRY"}  # its registry
             while (held_by(shared, self.p.pid, user, **reg) or 0) < full and \
