@@ -109,6 +109,9 @@ BENCHMARK(BM_WarmRangePair)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
 constexpr std::uint64_t kWaitNs = 1200;
 // What the shim lets pending blocks take: 2% of an H200's memory.
 constexpr std::size_t kPendingGrowth = std::size_t{2867} << 20;
+// And a thread slot per hardware thread of an H200 machine's, as the bounds
+// of growth are per slot.
+constexpr PoolOptions kH200Slots{.shards = 16};
 template <class Base>
 class Fenced : public Base {
  public:
@@ -130,36 +133,40 @@ class Fenced : public Base {
   std::atomic<std::uint64_t> next_{1}, done_{0};
 };
 
-// Every thread's warm pair of one size, its blocks fenced.
-void BM_WarmPairFenced(benchmark::State& state) {
-  static Pool pool;
-  static Arena* arena =
-      pool.add_arena(std::make_unique<Fenced<NullBackend>>(),
-                     {.name = "fenced", .group = "fenced", .pending_growth = kPendingGrowth});
-  const std::size_t size = std::size_t(state.range(0));
-  pairs(state, pool, arena, size);
-}
-BENCHMARK(BM_WarmPairFenced)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
-
-// The same for a range's pieces.
-void BM_WarmRangePairFenced(benchmark::State& state) {
-  static Pool pool;
-  static Arena* arena = pool.add_arena(std::make_unique<Fenced<NullRangeBackend>>(),
-                                       {.name = "range-fenced",
-                                        .group = "range-fenced",
-                                        .pending_growth = kPendingGrowth,
-                                        .split_min = std::size_t{1} << 20,
-                                        .expandable = true});
+// Every thread's warm pair, its blocks fenced; thread 0's view of all
+// threads' waits while it ran, and the most the arena took so far.
+void fenced_pairs(benchmark::State& state, Pool& pool, Arena* arena) {
   const std::size_t size = std::size_t(state.range(0));
   const std::uint64_t waits = pool.totals().fence_waits;
   pairs(state, pool, arena, size);
-  // Thread 0's view of all threads' waits while it ran.
   if (state.thread_index() == 0) {
     const Stats t = pool.totals();
     state.counters["waits_per_pair"] =
         double(t.fence_waits - waits) / double(state.iterations() * state.threads());
     state.counters["peak_managed_MiB"] = double(t.peak_managed_bytes >> 20);
   }
+}
+
+// Binned blocks of one size.
+void BM_WarmPairFenced(benchmark::State& state) {
+  static Pool pool(kH200Slots);
+  static Arena* arena =
+      pool.add_arena(std::make_unique<Fenced<NullBackend>>(),
+                     {.name = "fenced", .group = "fenced", .pending_growth = kPendingGrowth});
+  fenced_pairs(state, pool, arena);
+}
+BENCHMARK(BM_WarmPairFenced)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
+
+// The same for a range's pieces.
+void BM_WarmRangePairFenced(benchmark::State& state) {
+  static Pool pool(kH200Slots);
+  static Arena* arena = pool.add_arena(std::make_unique<Fenced<NullRangeBackend>>(),
+                                       {.name = "range-fenced",
+                                        .group = "range-fenced",
+                                        .pending_growth = kPendingGrowth,
+                                        .split_min = std::size_t{1} << 20,
+                                        .expandable = true});
+  fenced_pairs(state, pool, arena);
 }
 BENCHMARK(BM_WarmRangePairFenced)->Arg(4 << 20)->ThreadRange(1, 16)->UseRealTime();
 
