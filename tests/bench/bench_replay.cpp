@@ -6,7 +6,7 @@
 //                [--max-pooled BYTES] [--device-memory BYTES] [--release-after NS]
 //                [--max-held BYTES|Fx] [--borrow] [--split BYTES] [--sync-gap NS]
 //                [--pending-growth BYTES] [--granule BYTES] [--alloc-cost NS]
-//                [--wait-cost NS] [--map-cost NS] [--json]
+//                [--wait-cost NS] [--map-cost NS] [--device-lag NS [--poll]] [--json]
 //
 // With no option it replays what a user gets: the library's defaults, read
 // from config/'s one options table (config::Config), on a device of
@@ -43,6 +43,19 @@
 // reuse (one in-order queue, as the library does). What the growth rule
 // weighs is --alloc-cost per driver allocation (40 us) against --wait-cost
 // per wait of the pool's (1 us: an idle H100's).
+// --device-lag NS: the device runs NS behind the program (a training loop
+// queues work ahead of it), so a wait also stalls the program until the
+// device reaches what it waits for: a fence freed at t is reached at
+// t + NS, on the replay's cost clock, which the stall then delays. A
+// wait for one fence (an expandable range's piece: the shim waits for a
+// mark) makes ready what the device reached by its end, a whole wait
+// everything; as in the shim, nothing becomes ready without a wait. The
+// report adds the time the pool's waits stalled the program. A crude
+// device (its lag the same after a wait drained it), for comparing
+// policies' waits, not for predicting a step time. With --poll as well,
+// the pool knows at each look what the device has reached, as a query of
+// the shim's marks would tell it (the shim does not query; this shows
+// what it would gain).
 // A malformed trace gets one error naming the file and line, exit 1; a bad
 // option, exit 2.
 #include <algorithm>
@@ -255,6 +268,11 @@ struct SimDriver {
   std::uint64_t granule = 2 << 20, maps = 0, unmaps = 0, mapped = 0, unmapped = 0;
   std::uint64_t unmap_waits = 0, map_cost_ns = 0;
   std::uint64_t issued = 0, completed = 0, waits = 0;
+  // --device-lag: the lag, the cost clock at each fence (issued_at[f - 1])
+  // and the time waits stalled the program.
+  std::uint64_t lag_ns = 0, stalled_ns = 0;
+  std::vector<std::uint64_t> issued_at;
+  bool poll = false;  // --poll
   // What an allocation and a wait take on the pool's cost clock (the growth
   // rule weighs one against the other).
   std::uint64_t alloc_cost_ns = 0, wait_cost_ns = 0;
@@ -286,11 +304,31 @@ class SimBackend final : public Backend {
     ++d_->frees;
     d_->bytes -= bytes;
   }
-  std::uint64_t fence() override { return fenced_ ? ++d_->issued : 0; }
-  bool passed(std::uint64_t f) override { return f <= d_->completed; }
+  std::uint64_t fence() override {
+    if (!fenced_) return 0;
+    if (d_->lag_ns) d_->issued_at.push_back(g_cost_now);
+    return ++d_->issued;
+  }
+  bool passed(std::uint64_t f) override {
+    // --poll: also what the device has reached, though nobody waited.
+    if (d_->poll && f != 0 && f <= d_->issued && d_->issued_at[f - 1] + d_->lag_ns <= g_cost_now)
+      return true;
+    return f <= d_->completed;
+  }
   void wait_all() override {
     ++d_->waits;
+    stall_until(d_->issued);
     d_->completed = d_->issued;
+    spend(d_->wait_cost_ns);
+  }
+  void wait_for(std::uint64_t f) override {
+    if (!d_->lag_ns) return wait_all();
+    ++d_->waits;
+    stall_until(f);
+    // What the device has reached by now.
+    while (d_->completed < d_->issued && d_->issued_at[d_->completed] + d_->lag_ns <= g_cost_now)
+      ++d_->completed;
+    d_->completed = std::max(d_->completed, f);
     spend(d_->wait_cost_ns);
   }
   std::size_t granule() override { return d_->granule; }
@@ -321,6 +359,15 @@ class SimBackend final : public Backend {
   }
 
  private:
+  // --device-lag: the program waits until the device reaches fence f.
+  void stall_until(std::uint64_t f) {
+    if (!d_->lag_ns || f <= d_->completed || f == 0) return;
+    const std::uint64_t reached = d_->issued_at[f - 1] + d_->lag_ns;
+    if (reached <= g_cost_now) return;
+    d_->stalled_ns += reached - g_cost_now;
+    spend(reached - g_cost_now);
+  }
+
   SimDriver* d_;
   bool fenced_;
 };
@@ -340,6 +387,8 @@ struct Options {
   // manages what the H100 runs did.
   std::uint64_t alloc_cost_ns = 40'000, wait_cost_ns = 1'000;
   std::uint64_t granule = 2 << 20, map_cost_ns = 14'000;
+  std::uint64_t device_lag_ns = 0;  // 0: waits cost only wait_cost_ns
+  bool poll = false;
 };
 
 // The pool's clock in a replay is the trace's own.
@@ -426,6 +475,8 @@ Result replay_once(const Trace& tr, const Options& o) {
   r.driver.wait_cost_ns = o.wait_cost_ns;
   r.driver.granule = o.granule;
   r.driver.map_cost_ns = o.map_cost_ns;
+  r.driver.lag_ns = o.device_lag_ns;
+  r.driver.poll = o.poll;
   Pool pool(po);
   std::vector<Arena*> arenas;
   for (std::size_t i = 0; i < tr.arenas.size(); ++i) {
@@ -504,6 +555,7 @@ void report(const Trace& tr, const Options& o) {
         "\"recorded_managed_bytes\":%llu,\"binned_floor_bytes\":%llu,\"floor_over_active\":%.4f,"
         "\"max_held_bytes\":%llu,\"fence_waits\":%llu,\"maps\":%llu,\"unmaps\":%llu,"
         "\"granules_mapped\":%llu,\"granules_unmapped\":%llu,\"unmap_waits\":%llu,"
+        "\"device_lag_ns\":%llu,\"poll\":%s,\"stalled_ns\":%llu,"
         "\"segments\":\"%s\",\"granule\":%llu,"
         "\"leading_bits\":%u,\"release_after_ns\":%llu,\"borrow\":%s,\"split_min\":%llu}\n",
         tr.path.c_str(), tr.format.c_str(), tr.events.size(), (unsigned long long)allocs,
@@ -516,7 +568,8 @@ void report(const Trace& tr, const Options& o) {
         (unsigned long long)max_held, (unsigned long long)s.fence_waits,
         (unsigned long long)last.during.maps, (unsigned long long)last.during.unmaps,
         (unsigned long long)last.during.mapped, (unsigned long long)last.during.unmapped,
-        (unsigned long long)last.during.unmap_waits,
+        (unsigned long long)last.during.unmap_waits, (unsigned long long)o.device_lag_ns,
+        o.poll ? "true" : "false", (unsigned long long)last.during.stalled_ns,
         o.cfg.segments == config::Segments::expandable ? "expandable" : "driver",
         (unsigned long long)o.granule, o.cfg.leading_bits,
         (unsigned long long)o.cfg.release_after_ns, o.cfg.borrow ? "true" : "false",
@@ -554,6 +607,10 @@ void report(const Trace& tr, const Options& o) {
           "  pool's waits             %llu (safe reuse, no synchronization of the "
           "program's)\n",
           (unsigned long long)s.fence_waits);
+    if (o.device_lag_ns)
+      std::printf("  stalled in waits         %.3f ms (the device %llu ns behind the program%s)\n",
+                  double(last.during.stalled_ns) / 1e6, (unsigned long long)o.device_lag_ns,
+                  o.poll ? ", polled" : "");
   }
   std::printf("  driver calls             %llu allocations, %llu releases\n",
               (unsigned long long)last.during.allocs, (unsigned long long)last.during.frees);
@@ -616,7 +673,7 @@ int main(int argc, char** argv) {
                  "[--leading-bits 1-8] [--max-pooled BYTES] [--device-memory BYTES] "
                  "[--release-after NS] [--max-held BYTES|Fx] [--borrow] [--split BYTES] "
                  "[--sync-gap NS] [--pending-growth BYTES] [--granule BYTES] [--alloc-cost NS] "
-                 "[--wait-cost NS] [--map-cost NS] [--json]\n"
+                 "[--wait-cost NS] [--map-cost NS] [--device-lag NS [--poll]] [--json]\n"
                  "bench_replay: bad argument '%s'\n",
                  bad.c_str());
     std::exit(2);
@@ -627,7 +684,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a.rfind("GPUPOOL_", 0) == 0 && a.find('=') != std::string::npos) {
       settings.push_back(a);
-    } else if (a == "--json" || a == "--borrow") {
+    } else if (a == "--json" || a == "--borrow" || a == "--poll") {
       flags.emplace_back(a, "");
     } else if (a.rfind("--", 0) == 0) {
       if (i + 1 >= argc) {
@@ -655,6 +712,7 @@ int main(int argc, char** argv) {
     const char* val = value.c_str();
     if (a == "--json") o.json = true;
     else if (a == "--borrow") o.cfg.borrow = true;
+    else if (a == "--poll") o.poll = true;
     else if (a == "--rounds" && size_arg(val, &v) && v > 0) o.rounds = unsigned(v);
     else if (a == "--leading-bits" && size_arg(val, &v) && v >= 1 && v <= 8)
       o.cfg.leading_bits = unsigned(v);
@@ -670,8 +728,13 @@ int main(int argc, char** argv) {
     else if (a == "--alloc-cost" && size_arg(val, &v)) o.alloc_cost_ns = v;
     else if (a == "--wait-cost" && size_arg(val, &v)) o.wait_cost_ns = v;
     else if (a == "--map-cost" && size_arg(val, &v)) o.map_cost_ns = v;
+    else if (a == "--device-lag" && size_arg(val, &v) && v > 0) o.device_lag_ns = v;
     else if (a == "--granule" && size_arg(val, &v) && v >= 4096 && v % 4096 == 0) o.granule = v;
     else usage(a + (value.empty() ? "" : " " + value));
+  }
+  if (o.poll && !o.device_lag_ns) {
+    std::fprintf(stderr, "bench_replay: --poll needs --device-lag\n");
+    return 2;
   }
   if (paths.empty()) {
     std::fprintf(stderr, "usage: bench_replay TRACE... [options]\n");

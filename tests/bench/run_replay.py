@@ -3,7 +3,8 @@
 the recorded workloads in traces/ (docs/memory.md, "Judging pool policy on
 recorded workloads").
 
-usage: run_replay.py BENCH_REPLAY CHECK    (CHECK: known, rmm, garbage, recorded, split)
+usage: run_replay.py BENCH_REPLAY CHECK
+  CHECK: known, rmm, garbage, recorded, split, expandable, defaults, lag
 """
 import glob
 import json
@@ -206,6 +207,41 @@ elif CHECK == "expandable":
             print(f"{name} ({mode}): managed/active expandable {e['managed_over_active']:.3f}, "
                   f"split {sp['managed_over_active']:.3f}; waits {e['fence_waits']} and "
                   f"{sp['fence_waits']}")
+
+elif CHECK == "lag":
+    # --device-lag: a block freed at 20 us and asked for again at 30 us, no
+    # growth: the pool waits once, and the program stalls until the device,
+    # 100 us behind, reaches the free (the first allocation's 40 us delays
+    # everything after it). Asked for after the lag: a wait that stalls
+    # nothing, or with --poll none at all.
+    MiB = 1 << 20
+    def lag_trace(again_ns):
+        return write(f"lag-{again_ns}.trace", GPUPOOL_HEADER +
+                     f"a 10000 7 0 a00000 {MiB} {MiB} m\n"
+                     f"f 20000 7 0 a00000 {MiB} {MiB}\n"
+                     f"a {again_ns} 7 0 a00000 {MiB} {MiB} h\n")
+    soon, late = lag_trace(30000), lag_trace(200000)
+    lag = ("--device-lag", "100000", "--pending-growth", "0")
+    r = replay(soon, *lag, defaults=True)
+    check((r["fence_waits"], r["stalled_ns"]) == (1, 90000), f"soon: {r}")
+    r = replay(late, *lag, defaults=True)
+    check((r["fence_waits"], r["stalled_ns"]) == (1, 0), f"late: {r}")
+    r = replay(late, *lag, "--poll", defaults=True)
+    check((r["fence_waits"], r["hits"]) == (0, 1), f"late, polled: {r}")
+    r = replay(soon, "--pending-growth", "0", defaults=True)
+    check((r["fence_waits"], r["stalled_ns"]) == (1, 0), f"no lag: {r}")
+    # A wait for one piece's fence (expandable) makes ready only what the
+    # device reached: on the CNN the pool waits more often than a whole
+    # wait would have it, and polling saves waits.
+    cnn = os.path.join(HERE, "traces", "torch-cnn.trace")
+    e = "GPUPOOL_SEGMENTS=expandable"
+    plain = replay(cnn, e, "--device-lag", "30000", defaults=True)
+    polled = replay(cnn, e, "--device-lag", "30000", "--poll", defaults=True)
+    check(polled["fence_waits"] < plain["fence_waits"] and plain["stalled_ns"] > 0,
+          f"polled {polled} plain {plain}")
+    print(f"torch-cnn, expandable, device 30 us behind: {plain['fence_waits']} waits "
+          f"stalling {plain['stalled_ns'] / 1e6:.3f} ms, polled {polled['fence_waits']} "
+          f"stalling {polled['stalled_ns'] / 1e6:.3f} ms")
 
 elif CHECK == "defaults":
     # No option: the library's defaults (config/options.def), so safe reuse
