@@ -189,8 +189,9 @@ std::string to_text(const Report& r) {
                   item(format("oom retries %" PRIu64 ",", s.oom_retries)) + " " +
                   item(format("trims %" PRIu64 ",", s.trims)) + " " +
                   item(format("pending frees %" PRIu64 ",", s.pending_frees)) + " " +
-                  item(format("fence waits %" PRIu64 ",", s.fence_waits)) + " " +
-                  item(format("stock growths %" PRIu64 ";", s.stock_growths)) + " " +
+                  item(format("fence waits %" PRIu64 " (%.1f ms),", s.fence_waits,
+                              double(s.fence_wait_ns) / 1e6)) +
+                  " " + item(format("stock growths %" PRIu64 ";", s.stock_growths)) + " " +
                   item("peak managed " + human_bytes(s.peak_managed_bytes) + ",") + " " +
                   item(format("peak active %" PRIu64 " / %s,", s.peak_active_blocks,
                               human_bytes(s.peak_active_bytes).c_str())) +

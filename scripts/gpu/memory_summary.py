@@ -8,7 +8,8 @@ allocator's peak reserved / peak allocated, and for gpupool binned, with
 GPUPOOL_SPLIT and with GPUPOOL_SEGMENTS=expandable the peak bytes it took from the driver (the exit dump's
 totals.peak_managed_bytes, exact: driver calls are counted under a lock)
 over the peak bytes the program asked for (from the trace, by bench_replay:
-exact, where the dump's per-thread peaks would be an upper bound). Also
+exact, where the dump's per-thread peaks would be an upper bound), and
+the pool's waits for the device with the time they took. Also
 whether the runs' losses, parameters and inference outputs (CuPy: the
 checksum) are identical.
 """
@@ -59,9 +60,13 @@ def main():
             if not (r and os.path.exists(stats) and os.path.exists(trace)):
                 cells.append("failed")
                 continue
-            managed = last_dump(stats)["totals"]["peak_managed_bytes"]
+            totals = last_dump(stats)["totals"]
+            managed = totals["peak_managed_bytes"]
             active = peak_active(trace, replay)
-            cells.append(f"{managed / active:.2f} ({managed / 2**20:.0f} / {active / 2**20:.0f} MiB)")
+            cell = f"{managed / active:.2f} ({managed / 2**20:.0f} / {active / 2**20:.0f} MiB"
+            if "fence_wait_ns" in totals:  # what safe reuse's waits stalled the program
+                cell += f"; {totals['fence_waits']} waits, {totals['fence_wait_ns'] / 1e6:.1f} ms"
+            cells.append(cell + ")")
         if all(runs):
             keys = ("losses", "params_sha256", "infer_sha256") if "losses" in runs[0] else ("checksum",)
             same = all(all(r.get(k) == runs[0].get(k) for k in keys) for r in runs[1:])

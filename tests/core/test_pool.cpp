@@ -470,6 +470,9 @@ TEST(Pool, GrowthIsPaidForByTheWaitsItSaves) {
   while (f.dev->waits == 4) pair();
   EXPECT_EQ(f.dev->allocs, 13u);
   EXPECT_EQ(f.arena->stats().held_blocks, 13u);
+  // What the waits took the program: three of 40, two of 1000.
+  EXPECT_EQ(f.arena->stats().fence_waits, 5u);
+  EXPECT_EQ(f.arena->stats().fence_wait_ns, 2120u);
 }
 
 // Each bin keeps its own account: one bin's growth does not stop another's.

@@ -147,6 +147,7 @@ struct Model {
         ++dev.waits;
         dev.completed = dev.issued;
         ++a.s.fence_waits;
+        a.s.fence_wait_ns += wait_cost;
         a.credit[bin] += std::int64_t(wait_cost);
         b = q.back();
         q.pop_back();

@@ -581,6 +581,7 @@ TEST(Ranges, WithoutARangeRequestsTakeBlocksOfTheirBins) {
 TEST(Ranges, APendingBestFitIsWaitedFor) {
   Fixture f({.pending_growth = 64 * MiB});
   f.dev->fences = true;
+  f.dev->wait_cost = 700;
   Block* small = f.alloc(2 * MiB);
   Block* sep = f.alloc(2 * MiB);  // so that the two do not merge
   Block* big = f.alloc(16 * MiB);
@@ -592,6 +593,7 @@ TEST(Ranges, APendingBestFitIsWaitedFor) {
   EXPECT_EQ(s->handle, hsmall);
   EXPECT_EQ(f.dev->waits, 1u);
   EXPECT_EQ(f.stats().fence_waits, 1u);
+  EXPECT_EQ(f.stats().fence_wait_ns, 700u) << "the time the program spent waiting";
   // A ready best fit is taken at once.
   f.pool.free(s);
   f.dev->completed = f.dev->issued;

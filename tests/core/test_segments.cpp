@@ -154,6 +154,7 @@ TEST(Segments, OutOfMemoryReleasesWholeFreeSegmentsAndRetries) {
 TEST(Segments, PendingPiecesAreNotReusedUntilTheirFencePasses) {
   Fixture f;
   f.dev->fences = true;
+  f.dev->wait_cost = 300;
   Block* a = f.alloc(4 * MiB);
   const Handle h = a->handle;
   f.pool.free(a);  // pending; no growth budget: the request waits
@@ -162,6 +163,7 @@ TEST(Segments, PendingPiecesAreNotReusedUntilTheirFencePasses) {
   EXPECT_EQ(r.block->handle, h);
   EXPECT_EQ(f.dev->waits, 1u);
   EXPECT_EQ(f.arena->stats().fence_waits, 1u);
+  EXPECT_EQ(f.arena->stats().fence_wait_ns, 300u);
   f.pool.free(r.block);
 }
 
