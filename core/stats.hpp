@@ -33,7 +33,7 @@ namespace gpupool {
     "held blocks released for the cap, for idleness, or for a process that arrived on the GPU") \
   X(pending_frees, counter, "frees whose block the device might still use (fenced)")            \
   X(fence_waits, counter, "bulk waits because only pending blocks could serve a request")       \
-  X(fence_wait_ns, counter, "time the program spent in those waits, in nanoseconds")            \
+  X(fence_wait_ns, counter, "ns spent in those waits, summed over the threads that waited")     \
   X(stock_growths, counter, "range pieces a thread took instead of waiting (its stock)")
 
 struct Stats {

@@ -553,7 +553,8 @@ void report(const Trace& tr, const Options& o) {
         "\"peak_managed_bytes\":%llu,\"managed_over_active\":%.4f,\"driver_allocs\":%llu,"
         "\"driver_frees\":%llu,\"recorded_hits\":%llu,\"recorded_misses\":%llu,"
         "\"recorded_managed_bytes\":%llu,\"binned_floor_bytes\":%llu,\"floor_over_active\":%.4f,"
-        "\"max_held_bytes\":%llu,\"fence_waits\":%llu,\"maps\":%llu,\"unmaps\":%llu,"
+        "\"max_held_bytes\":%llu,\"fence_waits\":%llu,\"fence_wait_ns\":%llu,\"maps\":%llu,"
+        "\"unmaps\":%llu,"
         "\"granules_mapped\":%llu,\"granules_unmapped\":%llu,\"unmap_waits\":%llu,"
         "\"device_lag_ns\":%llu,\"poll\":%s,\"stalled_ns\":%llu,"
         "\"segments\":\"%s\",\"granule\":%llu,"
@@ -566,10 +567,11 @@ void report(const Trace& tr, const Options& o) {
         (unsigned long long)tr.recorded_hits, (unsigned long long)tr.recorded_misses,
         (unsigned long long)tr.recorded_managed, (unsigned long long)floor, floor_ratio,
         (unsigned long long)max_held, (unsigned long long)s.fence_waits,
-        (unsigned long long)last.during.maps, (unsigned long long)last.during.unmaps,
-        (unsigned long long)last.during.mapped, (unsigned long long)last.during.unmapped,
-        (unsigned long long)last.during.unmap_waits, (unsigned long long)o.device_lag_ns,
-        o.poll ? "true" : "false", (unsigned long long)last.during.stalled_ns,
+        (unsigned long long)s.fence_wait_ns, (unsigned long long)last.during.maps,
+        (unsigned long long)last.during.unmaps, (unsigned long long)last.during.mapped,
+        (unsigned long long)last.during.unmapped, (unsigned long long)last.during.unmap_waits,
+        (unsigned long long)o.device_lag_ns, o.poll ? "true" : "false",
+        (unsigned long long)last.during.stalled_ns,
         o.cfg.segments == config::Segments::expandable ? "expandable" : "driver",
         (unsigned long long)o.granule, o.cfg.leading_bits,
         (unsigned long long)o.cfg.release_after_ns, o.cfg.borrow ? "true" : "false",
@@ -734,6 +736,13 @@ int main(int argc, char** argv) {
   }
   if (o.poll && !o.device_lag_ns) {
     std::fprintf(stderr, "bench_replay: --poll needs --device-lag\n");
+    return 2;
+  }
+  // A device that lags makes waits stall; the program's own synchronizations
+  // (--sync-gap) would stall as well, which the trace's times already hold.
+  if (o.device_lag_ns && (o.sync_gap_ns || !safe_reuse(o))) {
+    std::fprintf(stderr,
+                 "bench_replay: --device-lag needs safe or fenced reuse, without --sync-gap\n");
     return 2;
   }
   if (paths.empty()) {

@@ -213,7 +213,8 @@ elif CHECK == "lag":
     # growth: the pool waits once, and the program stalls until the device,
     # 100 us behind, reaches the free (the first allocation's 40 us delays
     # everything after it). Asked for after the lag: a wait that stalls
-    # nothing, or with --poll none at all.
+    # nothing, or with --poll none at all. The pool's fence_wait_ns is the
+    # stall and the wait's own 1 us (--wait-cost).
     MiB = 1 << 20
     def lag_trace(again_ns):
         return write(f"lag-{again_ns}.trace", GPUPOOL_HEADER +
@@ -223,13 +224,21 @@ elif CHECK == "lag":
     soon, late = lag_trace(30000), lag_trace(200000)
     lag = ("--device-lag", "100000", "--pending-growth", "0")
     r = replay(soon, *lag, defaults=True)
-    check((r["fence_waits"], r["stalled_ns"]) == (1, 90000), f"soon: {r}")
+    check((r["fence_waits"], r["stalled_ns"], r["fence_wait_ns"]) == (1, 90000, 91000),
+          f"soon: {r}")
     r = replay(late, *lag, defaults=True)
-    check((r["fence_waits"], r["stalled_ns"]) == (1, 0), f"late: {r}")
+    check((r["fence_waits"], r["stalled_ns"], r["fence_wait_ns"]) == (1, 0, 1000), f"late: {r}")
     r = replay(late, *lag, "--poll", defaults=True)
     check((r["fence_waits"], r["hits"]) == (0, 1), f"late, polled: {r}")
     r = replay(soon, "--pending-growth", "0", defaults=True)
-    check((r["fence_waits"], r["stalled_ns"]) == (1, 0), f"no lag: {r}")
+    check((r["fence_waits"], r["fence_wait_ns"]) == (1, 1000), f"no lag: {r}")
+    # Immediate reuse never waits, and the program's own synchronizations
+    # would stall too: refused rather than ignored.
+    for bad in ((IMMEDIATE,), ("--sync-gap", "1000")):
+        p = subprocess.run([BENCH, soon, "--device-lag", "100000", *bad], capture_output=True,
+                           text=True, timeout=60)
+        check(p.returncode == 2 and "--device-lag needs" in p.stderr, f"{bad}: {p.returncode} "
+              f"{p.stderr}")
     # A wait for one piece's fence (expandable) makes ready only what the
     # device reached: on the CNN the pool waits more often than a whole
     # wait would have it, and polling saves waits.
