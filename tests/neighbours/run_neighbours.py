@@ -105,9 +105,12 @@ class Holder:
             full = blocks[0] * blocks[1] * MIB
             deadline = time.time() + 10
             reg = {k: v for k, v in extra.items() if k == "GPUPOOL_REGISTRY"}  # its registry
-            while (held_by(shared, self.p.pid, user, **reg) or 0) < full and \
+            while (held := held_by(shared, self.p.pid, user, **reg) or 0) < full and \
                     time.time() < deadline:
                 time.sleep(0.05)
+            if held < full:  # the check that reads it next says what it expected
+                print(f"holder {self.p.pid}: {held} of {full} bytes published after 10 s",
+                      file=sys.stderr)
 
     def finish(self):
         if self.p.poll() is None:
