@@ -25,6 +25,10 @@
 # Needs what scripts/install-deps.sh installs, and PyPI (scikit-build-core,
 # auditwheel).
 set -euo pipefail
+# No `... | grep -q` (nor `| head`): grep -q stops reading at its match,
+# and a writer's next line then dies of SIGPIPE, which pipefail makes the
+# pipeline's failure (bash's printf writes line by line: a check failed so
+# under CI's load). Here-strings instead.
 cd "$(dirname "$0")/.."
 root=$PWD
 [ $# = 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
@@ -58,10 +62,10 @@ step "Debian package: cpack -G DEB in $1"
 deb=$(ls "$out"/deb/gpupool_*.deb)
 echo "$(basename "$deb") ($(stat -c %s "$deb") bytes)"
 dpkg-deb -f "$deb" Package Version Architecture Depends Section
-dpkg-deb -f "$deb" Depends | grep -q 'libc6' || fail "the package names no dependency on libc6"
+grep -q 'libc6' <<<"$(dpkg-deb -f "$deb" Depends)" || fail "the package names no dependency on libc6"
 dpkg-deb -x "$deb" "$out/deb/root"
 [ -x "$out/deb/root/usr/bin/gpupool" ] || fail "the package has no /usr/bin/gpupool"
-find "$out/deb/root" -name libgpupool.so | grep -q . || fail "the package has no libgpupool.so"
+[ -n "$(find "$out/deb/root" -name libgpupool.so)" ] || fail "the package has no libgpupool.so"
 
 step "wheel: pip wheel . from $1, the CUDA Toolkit out of sight"
 python3 -m venv "$out/tools"
@@ -110,7 +114,7 @@ if printf '%s\n' "$used" | grep -v -q '/site-packages/nvidia/cu13/include/cuda\.
   fail "cuda.h came from elsewhere than the nvidia-cuda-runtime wheel: $used"
 fi
 for d in "${toolkits[@]}"; do
-  if printf '%s\n' "$deps" | grep -q -F " $d/"; then
+  if grep -q -F " $d/" <<<"$deps"; then
     fail "$1's objects read files of the CUDA Toolkit ($d): $(printf '%s\n' "$deps" | grep -F " $d/" | sort -u | head -3)"
   fi
 done
@@ -210,13 +214,14 @@ print("active_bytes", t["active_bytes"], "active_blocks", t["active_blocks"])
 EOF
   ) || fail "import gpupool under the wheel's gpupool run failed"
   echo "$got"
-  printf '%s\n' "$got" | head -1 | grep -q "^$out/venv/lib/python3[^/]*/site-packages/gpupool/__init__.py$" ||
-    fail "gpupool was not imported from the wheel's environment: $(printf '%s\n' "$got" | head -1)"
-  printf '%s\n' "$got" | grep -qx 'active_bytes 123456 active_blocks 1' ||
+  first=${got%%$'\n'*}
+  grep -q "^$out/venv/lib/python3[^/]*/site-packages/gpupool/__init__.py$" <<<"$first" ||
+    fail "gpupool was not imported from the wheel's environment: $first"
+  grep -qx 'active_bytes 123456 active_blocks 1' <<<"$got" ||
     fail "gpupool.stats() does not show the buffer the program made"
   ls "$out"/venv/lib/python3*/site-packages/gpupool/py.typed >/dev/null || fail "the wheel has no gpupool/py.typed"
   err=$(python -c 'import gpupool; gpupool.stats()' 2>&1) && fail "gpupool.stats() without the library did not raise"
-  printf '%s\n' "$err" | grep -q 'NotPreloadedError: .*gpupool run' ||
+  grep -q 'NotPreloadedError: .*gpupool run' <<<"$err" ||
     fail "gpupool.stats() without the library: $err"
   echo "without the library: $(printf '%s\n' "$err" | tail -1)"
 )
