@@ -715,6 +715,14 @@ def file_pid(path):
     return int(m.group(1)) if m else None
 
 
+def published(d):
+    """The files of directory d a reader sees: not the temporary ".NAME.tmp*"
+    a writer renames into place (it holds the whole update, pid and all, a
+    moment before the rename: node_exporter once served none of a process
+    the test had found there)."""
+    return sorted(n for n in os.listdir(d) if not n.startswith("."))
+
+
 def with_arenas(path):
     """path holds a process's arenas' series (its first update may come
     before the program's first allocation)."""
@@ -736,8 +744,8 @@ def procs_prometheus(tmp):
     servers = [serving(f, stats) for _ in range(2)]
     a, b = servers[0][1], servers[1][1]
     options = ({"gpupool.prom": a, "gpupool.1.prom": b}, {"gpupool.prom": b, "gpupool.1.prom": a})
-    check(wait_for(lambda: sorted(os.listdir(d)) == ["gpupool.1.prom", "gpupool.prom"] and
-                   all(with_arenas(os.path.join(d, n)) for n in os.listdir(d)), 30),
+    check(wait_for(lambda: published(d) == ["gpupool.1.prom", "gpupool.prom"] and
+                   all(with_arenas(os.path.join(d, n)) for n in published(d)), 30),
           f"files: {sorted(os.listdir(d))}, expected gpupool.prom and gpupool.1.prom with arenas")
     want = options[0] if file_pid(os.path.join(d, "gpupool.prom")) == a else options[1]
     gpu = (r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}" if API == "cuda"
@@ -766,7 +774,8 @@ def procs_prometheus(tmp):
     p, _ = servers[first]
     p.communicate(input="", timeout=120)
     check(p.returncode == 0, f"exit {p.returncode}")
-    check(os.listdir(d) == ["gpupool.1.prom"], f"after {want['gpupool.prom']} exited: {os.listdir(d)}")
+    check(published(d) == ["gpupool.1.prom"],
+          f"after {want['gpupool.prom']} exited: {os.listdir(d)}")
     # The same program again: the free number, so the same series as before
     # (before: a new set, labelled with its pid). Compared without the gpu
     # label: the CUDA stand-in's GPU has a new UUID in every process.
@@ -903,12 +912,12 @@ def procs_node_exporter(tmp):
         a, pa = serving(f, stats)
         b, pb = serving(f, stats)
         procs += [a, b]
-        check(wait_for(lambda: len(os.listdir(d)) == 2 and
-                       all(with_arenas(os.path.join(d, n)) for n in os.listdir(d)), 30),
+        check(wait_for(lambda: len(published(d)) == 2 and
+                       all(with_arenas(os.path.join(d, n)) for n in published(d)), 30),
               f"files: {os.listdir(d)}")
 
         def files_of(pid):
-            return [n for n in os.listdir(d) if file_pid(os.path.join(d, n)) == pid]
+            return [n for n in published(d) if file_pid(os.path.join(d, n)) == pid]
 
         served, text = pids_served()
         check(served == {pa, pb}, f"node_exporter serves pids {served}, expected {pa} and {pb}")
