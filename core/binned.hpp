@@ -203,15 +203,23 @@ struct alignas(64) Shard {
     return out;
   }
   // The newest parked piece that serves `want` and that the device is done
-  // with, out of the park; or nullptr.
+  // with, out of the park; or nullptr. A stock's pieces are one size and
+  // wait for the device in the order they were freed, so for a slot that
+  // stocks `want` (`oldest_first`) the oldest: the newest are the ones
+  // still pending, which a scan from the newest would pass every time.
   [[gnu::always_inline]] Block* take_parked(std::size_t want, std::size_t slack, Backend& backend,
-                                            std::size_t granule) GPUPOOL_REQUIRES(mu) {
-    for (unsigned i = parked_n; i-- > 0;) {
-      const Block* b = parked[i];
-      if (!serves(b, want, slack)) continue;
-      if (b->fence != 0 && !backend.passed(b->fence)) continue;
-      return unpark_at(i, granule);
+                                            std::size_t granule, bool oldest_first)
+      GPUPOOL_REQUIRES(mu) {
+    auto usable = [&](const Block* b) {
+      return serves(b, want, slack) && (b->fence == 0 || backend.passed(b->fence));
+    };
+    if (oldest_first) {
+      for (unsigned i = 0; i < parked_n; ++i)
+        if (usable(parked[i])) return unpark_at(i, granule);
+      return nullptr;
     }
+    for (unsigned i = parked_n; i-- > 0;)
+      if (usable(parked[i])) return unpark_at(i, granule);
     return nullptr;
   }
   Block* unpark_at(unsigned i, std::size_t granule) GPUPOOL_REQUIRES(mu) {

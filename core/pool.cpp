@@ -345,7 +345,8 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
       // A piece this slot parked, whole: the range's lock is not taken.
       LockGuard lock(mine.mu);
       if (!rg.parking()) break;
-      if (Block* p = mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule())) {
+      if (Block* p = mine.take_parked(want, rg.min_rest(), a.backend(), rg.granule(),
+                                      mine.stocking(want, budget))) {
         p->requested = size;
         ++mine.c.hits;
         if (want == mine.streak_size) ++mine.size_hits;

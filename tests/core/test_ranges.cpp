@@ -668,6 +668,27 @@ TEST(Ranges, BackToBackWaitsForOneSizeGrowAStockThatOneWaitReadies) {
   EXPECT_EQ(f.dev->mapped_bytes(), 0u);
 }
 
+// A stock is a queue: its pieces were freed one after another and the
+// device finishes them in that order, so each request takes the oldest
+// ready one, and the loop goes round its pieces in turn (a scan from the
+// newest passed the pending ones at every pair: 87 against 114 ns a pair
+// in bench_pool's model).
+TEST(Ranges, AStockHandsOutItsPiecesInTurn) {
+  Fixture f({.pending_growth = 64 * MiB}, {.shards = 2});  // 8 pieces a slot
+  f.dev->fences = true;
+  f.dev->whole_waits = true;
+  f.dev->wait_cost = 1'000;
+  std::vector<Handle> got;
+  for (int i = 0; i < kPairs; ++i) {
+    Block* b = f.alloc(kLoop);
+    got.push_back(b->handle);
+    f.pool.free(b);
+  }
+  ASSERT_EQ(f.stats().stock_growths, 7u);
+  for (int i = kPairs - 64; i < kPairs; ++i)
+    EXPECT_EQ(got[i], got[i - 8]) << "pair " << i << " did not take the oldest piece";
+}
+
 TEST(Ranges, WaitsWithTheProgramsOwnWorkBetweenThemGrowNoStock) {
   Fixture f({.pending_growth = 64 * MiB}, {.shards = 2});
   f.dev->fences = true;
