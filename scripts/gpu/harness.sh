@@ -8,7 +8,7 @@
 #   threads LIB [LIB ...]          thread scaling of the shim's whole path
 #   memory LIB                     memory overhead: the default, GPUPOOL_SPLIT, the
 #                                  frameworks' own pools (docs/memory.md)
-#   speed LIB [ROUNDS]             step times of the same, interleaved
+#   speed LIB [ROUNDS]             step times of the same, interleaved (MODES, LOOPS)
 #   sites LIB LAUNCHER [ROUNDS]    what recording costs the PyTorch loop; its
 #                                  `gpupool report` and leak report
 #   fork LIB [ROUNDS]              fork() in a PyTorch program (DataLoader workers)
@@ -686,10 +686,11 @@ memory() {
   ls -la "$OUT"
 }
 
-# speed: step times interleaved (interleave.py): PyTorch's caching
-# allocator, gpupool and gpupool split as in memory, ROUNDS rounds (6) of
-# each loop of LOOPS ("cnn:128 mnist:64"); IMMEDIATE='' leaves out split
-# with GPUPOOL_REUSE=immediate. $OUT/speed.log.
+# speed: step times interleaved (interleave.py), ROUNDS rounds (6) of each
+# loop of LOOPS ("cnn:128 mnist:64"), for each of MODES ("caching gpupool
+# expandable split split-imm"): PyTorch's caching allocator; gpupool's
+# default; GPUPOOL_SEGMENTS=expandable; GPUPOOL_SPLIT=on, and with
+# GPUPOOL_REUSE=immediate. $OUT/speed.log.
 speed() {
   (($# >= 1)) || usage
   local lib rounds=${2:-6}
@@ -699,10 +700,18 @@ speed() {
   local t="$PY $W/torch_loop.py" nocache="PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$lib"
   for loop in ${LOOPS:-cnn:128 mnist:64}; do
     set -- ${loop/:/ }
-    local a="--model $1 --batch $2 --steps 30 --infer-iters 5"
+    local a="--model $1 --batch $2 --steps 30 --infer-iters 5" m modes=()
     echo "== $1 batch $2: step_ms_median"
-    local modes=(caching="$t $a" gpupool="$nocache $t $a" split="$nocache GPUPOOL_SPLIT=on $t $a")
-    [ -z "${IMMEDIATE-1}" ] || modes+=(split-imm="$nocache GPUPOOL_SPLIT=on GPUPOOL_REUSE=immediate $t $a")
+    for m in ${MODES:-caching gpupool expandable split split-imm}; do
+      case $m in
+        caching) modes+=("$m=$t $a") ;;
+        gpupool) modes+=("$m=$nocache $t $a") ;;
+        expandable) modes+=("$m=$nocache GPUPOOL_SEGMENTS=expandable $t $a") ;;
+        split) modes+=("$m=$nocache GPUPOOL_SPLIT=on $t $a") ;;
+        split-imm) modes+=("$m=$nocache GPUPOOL_SPLIT=on GPUPOOL_REUSE=immediate $t $a") ;;
+        *) echo "harness: speed: unknown mode '$m'" >&2; exit 2 ;;
+      esac
+    done
     timeout 285 "$PY" "$ROOT/scripts/interleave.py" --rounds "$rounds" \
       --metric 'step_ms_median": ([0-9.]+)' "${modes[@]}"
   done 2>&1 | tee "$OUT/speed.log"
