@@ -238,15 +238,22 @@ std::optional<BackendResult> Pool::grow(Arena& a, unsigned shard, std::size_t bi
   return r;
 }
 
-// One bulk wait; its time is credited to the bin that needed it.
-void Pool::wait_for_pending(Arena& a, unsigned shard, std::size_t bin) {
+template <class Wait>
+std::uint64_t Pool::counted_wait(Shard& s, Wait&& wait) {
   const std::uint64_t t0 = cost_now();
-  a.backend().wait_all();
+  wait();
   const std::uint64_t took = cost_now() - t0;
-  Shard& s = a.binned().shard(shard);
   LockGuard lock(s.mu);
   ++s.c.fence_waits;
   s.c.fence_wait_ns += took;
+  return took;
+}
+
+// One bulk wait; its time is credited to the bin that needed it.
+void Pool::wait_for_pending(Arena& a, unsigned shard, std::size_t bin) {
+  Shard& s = a.binned().shard(shard);
+  const std::uint64_t took = counted_wait(s, [&] { a.backend().wait_all(); });
+  LockGuard lock(s.mu);
   s.growth_of(bin).credit_ns += static_cast<std::int64_t>(took);
 }
 
@@ -278,12 +285,7 @@ AllocResult Pool::allocate_piece(Arena& a, unsigned my, std::size_t size, std::u
     // No growth here (GPUPOOL_PENDING_GROWTH is the binned sizes'): a wait
     // makes every pending piece ready at once, and splitting is for taking
     // less memory.
-    const std::uint64_t t0 = cost_now();
-    a.backend().wait_all();
-    const std::uint64_t took = cost_now() - t0;
-    LockGuard lock(mine.mu);
-    ++mine.c.fence_waits;
-    mine.c.fence_wait_ns += took;
+    counted_wait(mine, [&] { a.backend().wait_all(); });
   }
   const bool hit = cut.size != 0;
   std::size_t got = 0;  // a new segment's bytes
@@ -327,12 +329,7 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   std::uint64_t missed_at = 0;
   bool missed = false;
   auto wait_for = [&](std::uint64_t fence) {
-    const std::uint64_t t0 = cost_now();
-    a.backend().wait_for(fence);
-    const std::uint64_t took = cost_now() - t0;
-    LockGuard lock(mine.mu);
-    ++mine.c.fence_waits;
-    mine.c.fence_wait_ns += took;
+    counted_wait(mine, [&] { a.backend().wait_for(fence); });
   };
   bool stock = false;  // another piece for the slot's stock
   const std::size_t budget = rg.stock_budget();

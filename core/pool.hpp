@@ -421,6 +421,10 @@ class Pool {
   std::optional<BackendResult> grow(Arena& a, unsigned shard, std::size_t bin, std::size_t bytes,
                                     std::size_t pending_blocks, std::uint64_t hint);
   void wait_for_pending(Arena& a, unsigned shard, std::size_t bin);
+  // A wait for the device (`wait()`), counted in shard `s`: fence_waits and
+  // fence_wait_ns; what it took on the cost clock.
+  template <class Wait>
+  std::uint64_t counted_wait(core_detail::Shard& s, Wait&& wait);
   AllocResult allocate_piece(Arena& a, unsigned shard, std::size_t size, std::uint64_t hint);
   AllocResult allocate_range_piece(Arena& a, unsigned shard, std::size_t size, std::uint64_t hint);
   void free_piece(Block* b);
