@@ -288,7 +288,13 @@ class Several(InTmpDir):
             self.assertEqual((r.returncode, r.stdout), (USAGE, ""))
             self.assertIn(f"{t} is being written by process {first.pid}", r.stderr)
             self.assertEqual(sorted(os.listdir(self.tmp)), ["t"])
-            self.assertEqual(read_text(t), before)
+            # Untouched by the refused run: what the first had written is
+            # still there, and the first alone writes on (its arena's line
+            # can come after `before`: a TSan run saw it), no '# run' of
+            # another.
+            after = read_text(t)
+            self.assertTrue(after.startswith(before), after)
+            self.assertNotIn("# run", after[len(before):])
             # The second run's program as `gpupool run` starts it (its own
             # pid as GPUPOOL_RUN_PID), begun before the first took t.
             env = clean_env(LD_PRELOAD=TEST_PRELOAD, GPUPOOL_TRACE_FILE=t)
