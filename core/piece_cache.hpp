@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <iterator>
 
 #include "core/cache.hpp"
 #include "core/fork_wait.hpp"
@@ -39,6 +40,54 @@ class PieceCache : public Cache {
  protected:
   mutable Ranked<R> mu_;
   Stats c_ GPUPOOL_GUARDED_BY(mu_);
+
+  // The piece at `it`, in none of its cache's indexes, merged with each
+  // neighbour that `mergeable` accepts: the neighbour leaves its index
+  // (`unlist(at, piece)`) and the map, and the lower of the two keeps both.
+  // The merged piece, still in no index.
+  template <class Pieces, class Mergeable, class Unlist>
+  typename Pieces::iterator merge_neighbours(Pieces& pieces, typename Pieces::iterator it,
+                                             Mergeable&& mergeable, Unlist&& unlist)
+      GPUPOOL_REQUIRES(mu_) {
+    if (auto next = std::next(it); next != pieces.end() && mergeable(next->second)) {
+      unlist(next->first, next->second);
+      absorb(it->second, next->second);
+      pieces.erase(next);
+    }
+    if (it != pieces.begin())
+      if (auto prev = std::prev(it); mergeable(prev->second)) {
+        unlist(prev->first, prev->second);
+        absorb(prev->second, it->second);
+        pieces.erase(it);
+        it = prev;
+      }
+    return it;
+  }
+
+  // Every two neighbouring free pieces that `joinable(lower, upper)` accepts,
+  // as one, until no two are: both leave the free index (`unlist(at, piece)`),
+  // the lower keeps both and goes back (`relist(at, piece)`). Whether any
+  // were merged.
+  template <class Pieces, class Joinable, class Unlist, class Relist>
+  bool coalesce_free(Pieces& pieces, Joinable&& joinable, Unlist&& unlist, Relist&& relist)
+      GPUPOOL_REQUIRES(mu_) {
+    bool merged = false;
+    for (auto it = pieces.begin(); it != pieces.end();) {
+      auto next = std::next(it);
+      if (next == pieces.end()) break;
+      if (joinable(it->second, next->second)) {
+        unlist(it->first, it->second);
+        unlist(next->first, next->second);
+        absorb(it->second, next->second);
+        pieces.erase(next);
+        relist(it->first, it->second);
+        merged = true;
+        continue;  // the lower may take the next one too
+      }
+      it = next;
+    }
+    return merged;
+  }
 };
 
 }  // namespace gpupool::core_detail

@@ -141,46 +141,25 @@ RangeCache::Pieces::iterator RangeCache::merge(Pieces::iterator it) {
   Piece& p = it->second;
   const State s = p.state;
   const bool is_ready = s == State::unmapped || ready(p);
-  auto mergeable = [&](const Piece& n) {
-    return n.state == s && (s == State::unmapped || ready(n) == is_ready);
-  };
-  if (auto next = std::next(it); next != pieces_.end() && mergeable(next->second)) {
-    detach(next->first, next->second);
-    absorb(p, next->second);
-    pieces_.erase(next);
-  }
-  if (it != pieces_.begin())
-    if (auto prev = std::prev(it); mergeable(prev->second)) {
-      detach(prev->first, prev->second);
-      absorb(prev->second, p);
-      pieces_.erase(it);
-      it = prev;
-    }
+  it = merge_neighbours(
+      pieces_, it,
+      [&](const Piece& n) {
+        return n.state == s && (s == State::unmapped || ready(n) == is_ready);
+      },
+      [&](Handle at, Piece& n) GPUPOOL_REQUIRES(mu_) { detach(at, n); });
   attach(it->first, it->second, s);
   return it;
 }
 
 bool RangeCache::coalesce(bool pending_too) {
-  bool merged = false;
-  for (auto it = pieces_.begin(); it != pieces_.end();) {
-    auto next = std::next(it);
-    if (next == pieces_.end()) break;
-    Piece& p = it->second;
-    Piece& n = next->second;
-    if (p.state == State::free && n.state == State::free &&
-        (pending_too || (ready(p) && ready(n)))) {
-      remove_free(it->first, p);
-      remove_free(next->first, n);
-      absorb(p, n);
-      pieces_.erase(next);
-      add_free(it->first, p);
-      p.state = State::free;
-      merged = true;
-      continue;
-    }
-    it = next;
-  }
-  return merged;
+  return coalesce_free(
+      pieces_,
+      [&](const Piece& p, const Piece& n) {
+        return p.state == State::free && n.state == State::free &&
+               (pending_too || (ready(p) && ready(n)));
+      },
+      [&](Handle at, Piece& p) GPUPOOL_REQUIRES(mu_) { remove_free(at, p); },
+      [&](Handle at, Piece& p) GPUPOOL_REQUIRES(mu_) { add_free(at, p); });
 }
 
 std::size_t RangeCache::whole_granules(Handle at, const Piece& p, Handle* from) const {

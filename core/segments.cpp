@@ -42,44 +42,23 @@ std::map<Handle, SegmentCache::Piece>::iterator SegmentCache::free_piece(Handle 
   p.fence = fence;
   p.freed_at_ns = t_ns;
   const bool is_ready = ready(p);
-  auto mergeable = [&](const Piece& n) {
-    return n.segment == p.segment && n.free && ready(n) == is_ready;
-  };
-  if (auto next = std::next(it); next != pieces_.end() && mergeable(next->second)) {
-    remove_free(next->first, next->second);
-    absorb(p, next->second);
-    pieces_.erase(next);
-  }
-  if (it != pieces_.begin())
-    if (auto prev = std::prev(it); mergeable(prev->second)) {
-      remove_free(prev->first, prev->second);
-      absorb(prev->second, p);
-      pieces_.erase(it);
-      it = prev;
-    }
+  const Handle segment = p.segment;
+  it = merge_neighbours(
+      pieces_, it,
+      [&](const Piece& n) { return n.segment == segment && n.free && ready(n) == is_ready; },
+      [&](Handle at, Piece& n) GPUPOOL_REQUIRES(mu_) { remove_free(at, n); });
   add_free(it->first, it->second);
   return it;
 }
 
 bool SegmentCache::coalesce() {
-  bool merged = false;
-  for (auto it = pieces_.begin(); it != pieces_.end();) {
-    auto next = std::next(it);
-    if (next == pieces_.end()) break;
-    Piece& p = it->second;
-    Piece& n = next->second;
-    if (p.free && n.free && n.segment == p.segment && ready(p) && ready(n)) {
-      remove_free(it->first, p);
-      remove_free(next->first, n);
-      absorb(p, n);
-      pieces_.erase(next);
-      add_free(it->first, p);
-      merged = true;
-      continue;  // p may take the next one too
-    }
-    it = next;
-  }
-  return merged;
+  return coalesce_free(
+      pieces_,
+      [&](const Piece& p, const Piece& n) {
+        return p.free && n.free && n.segment == p.segment && ready(p) && ready(n);
+      },
+      [&](Handle at, Piece& p) GPUPOOL_REQUIRES(mu_) { remove_free(at, p); },
+      [&](Handle at, Piece& p) GPUPOOL_REQUIRES(mu_) { add_free(at, p); });
 }
 
 bool SegmentCache::fits_once_ready(std::size_t want) {
