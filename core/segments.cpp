@@ -46,7 +46,7 @@ std::map<Handle, SegmentCache::Piece>::iterator SegmentCache::free_piece(Handle 
   it = merge_neighbours(
       pieces_, it,
       [&](const Piece& n) { return n.segment == segment && n.free && ready(n) == is_ready; },
-      [&](Handle at, Piece& n) GPUPOOL_REQUIRES(mu_) { remove_free(at, n); });
+      [&](Handle key, Piece& n) GPUPOOL_REQUIRES(mu_) { remove_free(key, n); });
   add_free(it->first, it->second);
   return it;
 }

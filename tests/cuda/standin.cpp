@@ -842,9 +842,9 @@ SI(CUresult, cuCtxGetDevice, (CUdevice * dev)) {
 
 // standin_hold_syncs: synchronizations held on entry, outside g_mu. Unless
 // a test holds them, no lock is taken: g_hold_mu has no fork handlers, and a
-// child forked while another thread of its parent was inside a
-// synchronization got it locked for ever (cuda.*.fork: 4 hangs in about 265
-// runs beside each other, in the child's first cuCtxSynchronize).
+// child forked while another thread of its parent held it (entering a
+// synchronization) got it locked for ever (cuda.*.fork: 4 hangs in about
+// 265 runs beside each other, in the child's first cuCtxSynchronize).
 std::mutex g_hold_mu;
 std::condition_variable g_hold_cv;
 std::atomic<bool> g_hold_syncs{false};
