@@ -20,6 +20,10 @@
 //    capture, and a wait on the legacy stream while another stream captures
 //    (global and relaxed modes): what the driver answers, and whether the
 //    capture still ends.
+// 4. What the driver's own cuMemAlloc and cuMemFree order between two
+//    non-blocking streams (a wait on the legacy stream makes every blocking
+//    stream's later work wait for all their earlier work: what the driver
+//    documents of an allocation, to be compared with what it does).
 // One line per check ("ok"/"FAILED"), then the costs and answers; exit 1 if
 // a check failed.
 #include <cuda.h>
@@ -205,6 +209,32 @@ int main() {
     }
     C(cuStreamDestroy(cap));
   }
+  // ---- 4. what the driver's own calls order -------------------------------------
+  // The programming guide lists a device memory allocation among the implicit
+  // synchronizations of two streams; a free waits for the device. Does a
+  // cuMemAlloc (or cuMemFree) between a slow kernel on one non-blocking stream
+  // and a quick one on another order them? (Reported, not checked.)
+  CUstream nb2;
+  C(cuStreamCreate(&nb2, CU_STREAM_NON_BLOCKING));
+  for (int call = 0; call < 3; ++call) {
+    C(cuMemsetD8(x, 0, kBytes));
+    C(cuCtxSynchronize());
+    CUdeviceptr y = 0;
+    if (call == 2) C(cuMemAlloc(&y, 4 << 20));  // freed below, between the kernels
+    launch(nb, x, 0xEE, g_slow_cycles);
+    const double t = now();
+    if (call == 1) C(cuMemAlloc(&y, 4 << 20));
+    if (call == 2) C(cuMemFree(y));
+    const double took = (now() - t) / 1e6;
+    launch(nb2, x, 0x22, 0);
+    C(cuCtxSynchronize());
+    if (call == 1) C(cuMemFree(y));
+    const char* what[] = {"nothing", "a cuMemAlloc", "a cuMemFree"};
+    std::printf("two non-blocking streams with %s between their kernels: %s (the call took %.1f ms)\n",
+                what[call], ends(x, 0x22) ? "ordered" : "not ordered", took);
+  }
+  C(cuStreamDestroy(nb2));
+
   C(cuCtxSynchronize());
   std::printf("DONE %s\n", g_failed ? "with failures" : "all ok");
   return g_failed;
