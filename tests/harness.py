@@ -38,6 +38,16 @@ def bare_env(*drop):
     return {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_",) + drop)}
 
 
+def quoted(output, last=1500):
+    """What a failure message quotes of a program's output: a sanitizer's
+    report whole (ThreadSanitizer's first stack is what tells a flake's
+    cause, and the last characters alone cut it off), else the last ones."""
+    starts = [output.find(s) for s in ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
+                                       "runtime error:")]
+    at = min((i for i in starts if i >= 0), default=-1)
+    return output[at:at + 12000] if at >= 0 else output[-last:]
+
+
 def sanitizer_runtime(preload):
     """The sanitizer runtimes in a preload list (GPUPOOL_TEST_PRELOAD: in
     sanitizer builds they come before libgpupool): what a program run

@@ -27,7 +27,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpupool_check  # noqa: E402
-from harness import bare_env, check, fail, finish, sanitizer_runtime  # noqa: E402
+from harness import bare_env, check, fail, finish, quoted, sanitizer_runtime  # noqa: E402
 
 PROGRAM, LAUNCHER, API, CHECK, ALLOC_FAILURE, NO_UNSHARE, NO_SOCKET, MALLOC_GUARD = sys.argv[1:9]
 PRELOAD = os.environ["GPUPOOL_TEST_PRELOAD"]
@@ -174,7 +174,7 @@ def fd_lists(args, **kw):
         words = ln.split()
         if words and words[0] in ("fds", "child-fds"):
             out[words[0]] = [re.sub(r":\[\d+\]$", "", w) for w in words[1:]]
-    check(r.returncode == 0 and len(out) == 2, f"fds-list: exit {r.returncode} {r.stdout} {r.stderr[-1500:]}")
+    check(r.returncode == 0 and len(out) == 2, f"fds-list: exit {r.returncode} {r.stdout} {quoted(r.stderr, 1500)}")
     return out
 
 
@@ -228,13 +228,13 @@ def fallback_log_debug(tmp):
     for extra in ({}, {"GPUPOOL_LOG_FILE": log}):
         r = run(["exit"], timeout=60, env=env(True, no_unshare=True, GPUPOOL_LOG="debug", **extra))
         text = r.stderr + (open(log).read() if extra and os.path.exists(log) else "")
-        check(r.returncode == 0, f"{extra}: exit {r.returncode}: {r.stderr[-1500:]}")
+        check(r.returncode == 0, f"{extra}: exit {r.returncode}: {quoted(r.stderr, 1500)}")
         check(text.count("no private descriptor table") == 1,
               f"{extra}: the fallback said {text.count('no private descriptor table')} times: "
               f"{text[-1500:]}")
     r = run(["exit"], timeout=60, env=env(True, GPUPOOL_LOG="debug"))
     check(r.returncode == 0 and "no private descriptor table" not in r.stderr,
-          f"with a private table: exit {r.returncode}: {r.stderr[-1500:]}")
+          f"with a private table: exit {r.returncode}: {quoted(r.stderr, 1500)}")
 
 
 def fds_stdio(tmp):
@@ -269,7 +269,7 @@ def fds_stdio_race(tmp):
         True, GPUPOOL_STATS_INTERVAL="1ms", GPUPOOL_STATS_FILE=os.path.join(tmp, "stats"),
         GPUPOOL_PROMETHEUS_FILE=os.path.join(tmp, "metrics.prom"), GPUPOOL_LOG="info"))
     m = re.search(r"rounds (\d+) wrong (\d+) first (-?\d+) (-?\d+) (-?\d+)", r.stderr)
-    if not check(m, f"no result line: exit {r.returncode} {r.stdout} {r.stderr[-1500:]}"):
+    if not check(m, f"no result line: exit {r.returncode} {r.stdout} {quoted(r.stderr, 1500)}"):
         return
     print(m.group(0))
     check(int(m.group(1)) >= 1000, f"only {m.group(1)} rounds")
@@ -283,7 +283,7 @@ def fds_stdio_race(tmp):
     check(not any("of the Prometheus file could not be written" in d for d in dumps),
           "Prometheus updates failed")
     check(not os.path.exists(os.path.join(tmp, "metrics.prom")), "the Prometheus file was left")
-    check("free_held requested by signal" in r.stderr, f"nothing logged: {r.stderr[-800:]}")
+    check("free_held requested by signal" in r.stderr, f"nothing logged: {quoted(r.stderr, 800)}")
 
 
 # ---- fork -------------------------------------------------------------------
@@ -297,7 +297,7 @@ def fork_busy(tmp):
     for extra in ({"GPUPOOL_STATS_INTERVAL": "1ms", "GPUPOOL_STATS_FILE": os.path.join(tmp, "s.%p")},
                   {"GPUPOOL_RELEASE_AFTER": "40ms"}):
         r = run(["fork-busy", children], timeout=600, env=env(True, **extra))
-        check(r.returncode == 0, f"{extra}: {r.stdout} {r.stderr[-2000:]}")
+        check(r.returncode == 0, f"{extra}: {r.stdout} {quoted(r.stderr, 2000)}")
         print(extra, r.stdout.strip())
 
 
@@ -328,7 +328,7 @@ def fork_signal(tmp):
         e["LD_PRELOAD"] = MALLOC_GUARD + ":" + e["LD_PRELOAD"]
     r = run(["fork-signal", forks], timeout=90, env=e)
     m = re.search(r"forks (\d+)", r.stdout)
-    check(r.returncode == 0 and m and int(m.group(1)) >= int(forks), f"{r.stdout} {r.stderr[-2000:]}")
+    check(r.returncode == 0 and m and int(m.group(1)) >= int(forks), f"{r.stdout} {quoted(r.stderr, 2000)}")
     print(r.stdout.strip())
     # The forks made while the handler had interrupted a hook went without
     # gpupool, and the parent's stats say how many. On PoCL about half of
@@ -352,7 +352,7 @@ def threads_cancel(tmp):
     rounds = "100" if SANITIZER else "300"
     r = run(["cancel", rounds], timeout=300, env=env(True, GPUPOOL_PENDING_GROWTH="0"))
     check(r.returncode == 0 and f"rounds {rounds}" in r.stdout,
-          f"exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}")
+          f"exit {r.returncode}: {r.stdout} {quoted(r.stderr, 2000)}")
     print(r.stdout.strip())
 
 
@@ -367,7 +367,7 @@ def threads_cancel_state(tmp):
     n = "300000" if SANITIZER else "2000000"
     r = run(["cancel-state", n], timeout=300, env=env(True, GPUPOOL_DISABLE="1"))
     check(r.returncode == 0 and f"calls {n}, cancellation left disabled after 0" in r.stdout,
-          f"exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}")
+          f"exit {r.returncode}: {r.stdout} {quoted(r.stderr, 2000)}")
     print(r.stdout.strip())
 
 
@@ -379,16 +379,16 @@ def fork_alloc(tmp):
     report said nothing and passed)."""
     for pooled in (False, True):
         r = run(["fork-alloc"], env=env(pooled))
-        check(r.returncode == 0, f"pooled={pooled}: {r.stdout} {r.stderr[-2000:]}")
+        check(r.returncode == 0, f"pooled={pooled}: {r.stdout} {quoted(r.stderr, 2000)}")
     r = run_gp(["--trace", os.path.join(tmp, "t"), "--", PROGRAM, API, "fork-alloc"])
     m = re.search(r"child (\d+) status 0", r.stdout)
-    if not check(r.returncode == 0 and m, f"traced: {r.stdout} {r.stderr[-2000:]}"):
+    if not check(r.returncode == 0 and m, f"traced: {r.stdout} {quoted(r.stderr, 2000)}"):
         return
     r = subprocess.run([LAUNCHER, "report", "--text", "--fail-on-leak", os.path.join(tmp, "t")],
                        capture_output=True, text=True, timeout=120, env=env(False))
     text = re.sub(r"\n {4,}", " ", r.stdout)
     check(r.returncode == 8 and re.search(rf"5\.0 MiB in 1 block.*pid {m.group(1)}", text, re.S),
-          f"report: exit {r.returncode}: {text[-3000:]} {r.stderr[-1000:]}")
+          f"report: exit {r.returncode}: {text[-3000:]} {quoted(r.stderr, 1000)}")
 
 
 def fork_unseen_context(tmp):
@@ -407,7 +407,7 @@ def fork_unseen_context(tmp):
         r = run(["fork-unseen"], timeout=60, env=env(pooled, **extra))
         m = re.search(r"child (\d+) status (\d+)", r.stdout)
         if not check(r.returncode == 0 and m and m.group(2) == "0" and "parent data ok" in r.stdout,
-                     f"pooled={pooled}: exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}"):
+                     f"pooled={pooled}: exit {r.returncode}: {r.stdout} {quoted(r.stderr, 2000)}"):
             continue
         if not pooled:
             continue
@@ -466,7 +466,7 @@ def fork_own(tmp, parent):
         r = run(["fork-own", parent], timeout=60, env=env(extra is not None, **(extra or {})))
         m = re.search(r"child (\d+) status (\d+)", r.stdout)
         if check(r.returncode == 0 and m and m.group(2) == "0",
-                 f"{mode}: exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}") and extra is not None:
+                 f"{mode}: exit {r.returncode}: {r.stdout} {quoted(r.stderr, 2000)}") and extra is not None:
             seen[mode] = child_allocations(d, int(m.group(1)))
     print(parent, seen)
     return seen
@@ -571,7 +571,7 @@ def exit_quick(tmp):
     def report_of(path):
         r = subprocess.run([LAUNCHER, "report", "--text", path], capture_output=True, text=True,
                            timeout=120, env=env(False))
-        check(r.returncode == 0, f"report {path}: {r.stderr[-1500:]}")
+        check(r.returncode == 0, f"report {path}: {quoted(r.stderr, 1500)}")
         # A line longer than 100 columns goes on, indented, on the next.
         return re.sub(r"\n {4,}", " ", r.stdout)
 
@@ -589,7 +589,7 @@ def exit_quick(tmp):
 
     f = os.path.join(tmp, "c.trace")
     r = run_gp(["--trace", f, "--set", "SITES=all", "--", PROGRAM, API, "quick-exit"])
-    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-1500:]}")
+    check(r.returncode == 0, f"exit {r.returncode}: {quoted(r.stderr, 1500)}")
     whole(f, 21, 20, "_exit")
     if API == "opencl" and subprocess.run([PYTHON_SYSTEM, "-c", "import pyopencl"],
                                           capture_output=True).returncode == 0:
@@ -599,7 +599,7 @@ def exit_quick(tmp):
                   "kept = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 5 << 20)\n"
                   "os._exit(0)\n")
         r = run_gp(["--trace", f, "--set", "SITES=all", "--", PYTHON_SYSTEM, "-c", script])
-        check(r.returncode == 0, f"python exit {r.returncode}: {r.stderr[-1500:]}")
+        check(r.returncode == 0, f"python exit {r.returncode}: {quoted(r.stderr, 1500)}")
         whole(f, 1, 0, "os._exit")
     # Killed: records up to the last flush, no end, and the report says so.
     f = os.path.join(tmp, "killed.trace")
@@ -643,7 +643,7 @@ def procs_trace(tmp):
     os.mkdir(d)
     f = os.path.join(d, "out.gpupool-trace")
     r = run_gp(["--trace", f, "--", PROGRAM, API, "family"])
-    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr[-1500:]}")
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {quoted(r.stderr, 1500)}")
     m = re.search(r"family (\d+) (\d+) (\d+)", r.stdout)
     if not check(m, f"no family line: {r.stdout}"):
         return
@@ -823,7 +823,7 @@ def procs_prometheus_killed(tmp):
                         os.path.join(d, "reaper.prom"), "--", sys.executable, "-c", reaps],
                        capture_output=True, text=True, timeout=60, env=env(False))
     check(r.returncode == 0 and r.stdout.strip() == "no children",
-          f"a subreaper's program: exit {r.returncode}: {r.stdout} {r.stderr[-1000:]}")
+          f"a subreaper's program: exit {r.returncode}: {r.stdout} {quoted(r.stderr, 1000)}")
     # Not under `gpupool run` (its start and its watcher sweep): the
     # library's own sweep.
     def serve(name):
@@ -963,7 +963,7 @@ def stats_nothing(tmp):
     what = "CUDA context or allocation" if API == "cuda" else "OpenCL context or buffer"
     r = run_gp(["--stats", "--", PROGRAM, API, "idle"])
     lines_ = said(r)
-    check(r.returncode == 0 and len(lines_) == 1, f"exit {r.returncode}: {r.stderr[-1500:]}")
+    check(r.returncode == 0 and len(lines_) == 1, f"exit {r.returncode}: {quoted(r.stderr, 1500)}")
     if lines_:
         check(f"(host_program), exit: nothing intercepted" in lines_[0] and
               f"{lib} was loaded, but no {what} reached gpupool" in lines_[0], lines_[0])
@@ -971,7 +971,7 @@ def stats_nothing(tmp):
     # (bash: dash ends with _exit(), which runs no exit handler at all).
     r = run_gp(["--stats", "--", "bash", "-c", f"{PROGRAM} {API} idle; {PROGRAM} {API} idle; :"])
     lines_ = said(r)
-    check(len(lines_) == 1, f"expected the shell's line alone: {r.stderr[-1500:]}")
+    check(len(lines_) == 1, f"expected the shell's line alone: {quoted(r.stderr, 1500)}")
     if lines_:
         check("no CUDA driver (libcuda.so.1) was loaded; no OpenCL loader (libOpenCL.so.1) was "
               "loaded" in lines_[0], lines_[0])
@@ -980,7 +980,7 @@ def stats_nothing(tmp):
         os.mkdir(empty)
         r = run_gp(["--stats", "--", PROGRAM, API, "idle"], OCL_ICD_VENDORS=empty)
         check(any(f"no OpenCL platform is installed (no .icd file in {empty})" in ln
-                  for ln in said(r)), r.stderr[-1500:])
+                  for ln in said(r)), quoted(r.stderr, 1500))
     # JSON: a dump as the schema has it.
     out = os.path.join(tmp, "stats.json")
     r = run_gp(["--stats", "--json", "--stats-file", out, "--", PROGRAM, API, "idle"])
@@ -995,10 +995,10 @@ def stats_nothing(tmp):
     # Set by hand (no gpupool run): nothing, as before; and a program that
     # made GPU calls gets its dump, not the line.
     r = run(["idle"], env=env(True, GPUPOOL_STATS_AT_EXIT=1))
-    check(said(r) == [], r.stderr[-800:])
+    check(said(r) == [], quoted(r.stderr, 800))
     r = run_gp(["--stats", "--", PROGRAM, API, "churn", "5"])
     check(r.returncode == 0 and said(r) == [] and ", exit, holding on" in r.stderr,
-          r.stderr[-1500:])
+          quoted(r.stderr, 1500))
 
 
 # ---- files ------------------------------------------------------------------
@@ -1033,14 +1033,14 @@ def files_prometheus(tmp):
         before = os.lstat(path)
         r = run(["exit"], env=env(True, GPUPOOL_PROMETHEUS_FILE=path, GPUPOOL_STATS_INTERVAL="20ms",
                                   GPUPOOL_STATS_FILE=os.path.join(tmp, "stats")))
-        check(r.returncode == 0, f"{what}: {r.stderr[-1000:]}")
+        check(r.returncode == 0, f"{what}: {quoted(r.stderr, 1000)}")
         after = os.lstat(path)
         check((before.st_mode, before.st_ino, before.st_uid) == (after.st_mode, after.st_ino, after.st_uid),
               f"{what} at {path} was replaced")
         # Said once, not at every interval; the dumps count the rest.
         check(r.stderr.count("Prometheus file not written") == 1,
               f"{what}: the error logged {r.stderr.count('Prometheus file not written')} times, "
-              f"not once: {r.stderr[-500:]}")
+              f"not once: {quoted(r.stderr, 500)}")
         m = re.findall(r"(\d+) updates? of the Prometheus file could not be written",
                        open(os.path.join(tmp, "stats")).read())
         check(m and int(m[-1]) > 1, f"{what}: failed updates not counted in the dumps: {m}")
@@ -1066,11 +1066,11 @@ def files_trace_full(tmp):
     trace = os.path.join(tmp, "trace")
     r = run(["exit"], preexec_fn=limit,
             env=env(True, GPUPOOL_TRACE_FILE=trace, GPUPOOL_STATS_AT_EXIT=1))
-    check(r.returncode == 0, r.stderr[-1000:])
+    check(r.returncode == 0, quoted(r.stderr, 1000))
     check(r.stderr.count("trace records are being dropped") == 1,
-          f"expected one warning: {r.stderr[-1500:]}")
+          f"expected one warning: {quoted(r.stderr, 1500)}")
     m = re.search(r"warning: (\d+) trace records? could not be written", r.stderr)
-    check(m and int(m.group(1)) > 0, f"no count in the exit dump: {r.stderr[-1500:]}")
+    check(m and int(m.group(1)) > 0, f"no count in the exit dump: {quoted(r.stderr, 1500)}")
 
 
 # ---- the control socket -----------------------------------------------------
@@ -1458,7 +1458,7 @@ def memory_contexts(tmp):
     res = {}
     for pooled in (False, True):
         r = run(["contexts", str(n)], timeout=600, env=env(pooled))
-        check(r.returncode == 0, f"pooled={pooled}: {r.stderr[-1000:]}")
+        check(r.returncode == 0, f"pooled={pooled}: {quoted(r.stderr, 1000)}")
         m = re.search(r"rss_kib (\d+) (\d+) heap_kib (\d+) (\d+) dump_bytes (\d+) (\d+)", r.stdout)
         if not check(m, r.stdout):
             return
@@ -1528,12 +1528,12 @@ def failure_host_memory(tmp):
         return
     served = 9 if API == "opencl" else 8  # OpenCL: also a closed context's last buffer
     check(r.returncode == 0 and r.stdout.startswith(f"ok {served} "),
-          f"exit {r.returncode}: {r.stdout} {r.stderr[-1500:]}")
+          f"exit {r.returncode}: {r.stdout} {quoted(r.stderr, 1500)}")
     m = re.search(r"failed-mallocs (\d+) client (\d)", r.stdout)
     check(m and int(m.group(1)) > 0, f"no allocation of gpupool's failed: {r.stdout}")
     check(m and m.group(2) == "1", f"no client reached the control socket: {r.stdout}")
     check(r.stderr.count("failed inside (out of host memory?)") == 1,
-          f"expected the failure said once: {r.stderr[-1500:]}")
+          f"expected the failure said once: {quoted(r.stderr, 1500)}")
     dump = open(stats).read() if os.path.exists(stats) else ""
     check(re.search(r"warning: \d+ calls? failed inside gpupool", dump), f"not in the stats: {dump[-800:]}")
 
