@@ -160,25 +160,22 @@ int main() {
   }
 
   // ---- 2. costs ---------------------------------------------------------------
-  const int n = 20000;
+  // ns a cuStreamWaitEvent(s, mark), over `calls` of them.
+  auto per_wait = [&](CUstream s, int calls) {
+    const double t0 = now();
+    for (int i = 0; i < calls; ++i) C(cuStreamWaitEvent(s, mark, 0));
+    return (now() - t0) / calls;
+  };
   C(cuCtxRecordEvent(ctx, mark));
   C(cuCtxSynchronize());
-  double t0 = now();
-  for (int i = 0; i < n; ++i) C(cuStreamWaitEvent(CU_STREAM_LEGACY, mark, 0));
-  const double legacy_done = (now() - t0) / n;
-  t0 = now();
-  for (int i = 0; i < n; ++i) C(cuStreamWaitEvent(nb, mark, 0));
-  const double nb_done = (now() - t0) / n;
+  const double legacy_done = per_wait(CU_STREAM_LEGACY, 20000);
+  const double nb_done = per_wait(nb, 20000);
   C(cuCtxSynchronize());
   launch(slow_s, x, 0xEE, g_slow_cycles);
   C(cuCtxRecordEvent(ctx, mark));
-  const int m = 2000;  // a pending mark: fewer, each queues a wait
-  t0 = now();
-  for (int i = 0; i < m; ++i) C(cuStreamWaitEvent(CU_STREAM_LEGACY, mark, 0));
-  const double legacy_pending = (now() - t0) / m;
-  t0 = now();
-  for (int i = 0; i < m; ++i) C(cuStreamWaitEvent(nb, mark, 0));
-  const double nb_pending = (now() - t0) / m;
+  // A pending mark: fewer calls, each queues a wait.
+  const double legacy_pending = per_wait(CU_STREAM_LEGACY, 2000);
+  const double nb_pending = per_wait(nb, 2000);
   C(cuCtxSynchronize());
   std::printf(
       "cost: cuStreamWaitEvent on the legacy stream %.0f ns (mark done), %.0f ns (pending); "
