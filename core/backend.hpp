@@ -79,6 +79,20 @@ class Backend {
   // When it returns, `fence` has passed: a backend that can wait for the
   // work before one fence only (not what was queued since) does so.
   virtual void wait_for(std::uint64_t /*fence*/) { wait_all(); }
+  // Instead of a wait for `fence` on the host: all the device work the
+  // program queues from now on is made to wait, on the device, for the work
+  // queued before the fence. True when done; then reusable(fence) is true.
+  // A backend that cannot (host memory, no streams known) says false, and
+  // the caller waits.
+  virtual bool order_after(std::uint64_t /*fence*/) { return false; }
+  // Whether order_after is in use (it may still fail for a fence): a
+  // pending block then costs the host nothing, and is preferred to new
+  // memory.
+  virtual bool orders() { return false; }
+  // Whether a block freed with `fence` may be handed out again: passed, or
+  // ordered after (order_after). Its memory may be given back only once
+  // passed.
+  virtual bool reusable(std::uint64_t fence) { return passed(fence); }
 
   // Out of memory although this pool holds nothing more to release here: ask
   // whoever else holds the same memory (other processes' pools) to release

@@ -211,7 +211,7 @@ struct alignas(64) Shard {
                                             std::size_t granule, bool oldest_first)
       GPUPOOL_REQUIRES(mu) {
     auto usable = [&](const Block* b) {
-      return serves(b, want, slack) && (b->fence == 0 || backend.passed(b->fence));
+      return serves(b, want, slack) && (b->fence == 0 || backend.reusable(b->fence));
     };
     if (oldest_first) {
       for (unsigned i = 0; i < parked_n; ++i)
@@ -263,12 +263,14 @@ struct alignas(64) Shard {
   // *pending_blocks. Fences grow with push order, so the oldest block (front)
   // is the most likely to be ready.
   [[gnu::always_inline]] Block* take(std::size_t bin, Backend& backend, bool* pending,
-                                     std::size_t* pending_blocks) GPUPOOL_REQUIRES(mu) {
+                                     std::size_t* pending_blocks, std::uint64_t* oldest_fence)
+      GPUPOOL_REQUIRES(mu) {
     if (bin >= bins.size() || bins[bin].empty()) return nullptr;
     Block* b = take_ready(bins[bin], backend);
     if (!b) {
       *pending = true;
       *pending_blocks += bins[bin].size();
+      *oldest_fence = std::min(*oldest_fence, bins[bin].front()->fence);
     }
     return b;
   }
@@ -284,9 +286,9 @@ struct alignas(64) Shard {
   // the oldest if that one is, else nullptr (all pending).
   [[gnu::always_inline]] Block* take_ready(BinQueue& v, Backend& backend) GPUPOOL_REQUIRES(mu) {
     Block* b = v.back();
-    if (b->fence == 0 || backend.passed(b->fence)) {
+    if (b->fence == 0 || backend.reusable(b->fence)) {
       v.pop_back();
-    } else if (backend.passed(v.front()->fence)) {
+    } else if (backend.reusable(v.front()->fence)) {
       b = v.front();
       v.pop_front();
     } else {
@@ -305,7 +307,7 @@ inline BinnedCache::Found BinnedCache::take(unsigned my, std::size_t bin, std::s
   Shard& mine = shards_[my];
   {
     LockGuard lock(mine.mu);
-    f.block = mine.take(bin, backend_, &f.pending, &f.pending_blocks);
+    f.block = mine.take(bin, backend_, &f.pending, &f.pending_blocks, &f.oldest_fence);
     if (f.block) {
       f.block->requested = size;
       ++mine.c.hits;
@@ -336,7 +338,7 @@ inline void BinnedCache::take_elsewhere(unsigned my, std::size_t bin, std::size_
   for (unsigned i = 1; i < count_ && !b && !skip_others; ++i) {
     Shard& other = shards_[(my + i) & (count_ - 1)];
     LockGuard lock(other.mu);
-    b = other.take(bin, backend_, &f.pending, &f.pending_blocks);
+    b = other.take(bin, backend_, &f.pending, &f.pending_blocks, &f.oldest_fence);
   }
   // Nothing of this size: a held block of a larger bin serves it rather than
   // a fresh one (sizes a program uses in one phase and not the next would

@@ -144,8 +144,10 @@ AllocResult Pool::allocate_block(Arena& a, unsigned my, std::size_t size, bool p
         return {f.block, BackendStatus::ok, 0, true};
       }
       if (!f.pending) break;
-      // Only blocks the device may still use: grow the bin, or wait for
+      // Only blocks the device may still use: the device made to wait for
+      // the oldest (Backend::order_after), else grow the bin, or wait for
       // them all (see kMaxPendingBlocks).
+      if (attempt == 0 && a.backend().order_after(f.oldest_fence)) continue;
       if (attempt == 0 && (fresh = grow(a, my, bin, want_size(), f.pending_blocks, hint))) break;
       wait_for_pending(a, my, bin);
     }
@@ -328,7 +330,10 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
   // (Shard::missed).
   std::uint64_t missed_at = 0;
   bool missed = false;
+  // The device made to wait for the piece's old work where the backend can
+  // (Backend::order_after), else the program, here.
   auto wait_for = [&](std::uint64_t fence) {
+    if (a.backend().order_after(fence)) return;
     counted_wait(mine, [&] { a.backend().wait_for(fence); });
   };
   bool stock = false;  // another piece for the slot's stock
@@ -354,13 +359,19 @@ AllocResult Pool::allocate_range_piece(Arena& a, unsigned my, std::size_t size,
       }
       if (mine.stocked(want, rg.min_rest(), &oldest) == 0) break;
       if (!missed) missed_at = cost_now(), missed = true;
-      if (waited || !mine.stocking(want, budget)) break;
-      // Back to back (a miss after a pause takes nothing more), with room in
-      // the park for one more once the program frees it, and in the budget.
-      if (mine.back_to_back(missed_at) && mine.parked_n < Shard::kParkSlots &&
-          mine.parked_bytes + want <= budget) {
-        stock = true;
-        break;
+      if (waited) break;
+      // Where the device is made to wait instead (Backend::orders), the
+      // parked piece costs the host nothing: no stock.
+      if (!a.backend().orders()) {
+        if (!mine.stocking(want, budget)) break;
+        // Back to back (a miss after a pause takes nothing more), with room
+        // in the park for one more once the program frees it, and in the
+        // budget.
+        if (mine.back_to_back(missed_at) && mine.parked_n < Shard::kParkSlots &&
+            mine.parked_bytes + want <= budget) {
+          stock = true;
+          break;
+        }
       }
     }
     // The stock's oldest piece waited for, as the range would, and the

@@ -177,6 +177,7 @@ class BinnedCache final : public Cache {
     Block* block = nullptr;
     bool pending = false;
     std::size_t pending_blocks = 0;
+    std::uint64_t oldest_fence = UINT64_MAX;  // of the pending blocks' queues' oldest
   };
   static constexpr std::size_t kNoBorrowing = SIZE_MAX;
   // A held block of `bin` for a request of `size` from shard `my`: its own

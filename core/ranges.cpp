@@ -141,10 +141,14 @@ RangeCache::Pieces::iterator RangeCache::merge(Pieces::iterator it) {
   Piece& p = it->second;
   const State s = p.state;
   const bool is_ready = s == State::unmapped || ready(p);
+  // Where the device is made to wait for pending pieces (Backend::orders),
+  // a pending neighbour costs the host nothing: free pieces merge whatever
+  // their readiness, as they would reusing at once.
+  const bool any = backend_.orders();
   it = merge_neighbours(
       pieces_, it,
       [&](const Piece& n) {
-        return n.state == s && (s == State::unmapped || ready(n) == is_ready);
+        return n.state == s && (s == State::unmapped || any || ready(n) == is_ready);
       },
       [&](Handle at, Piece& n) GPUPOOL_REQUIRES(mu_) { detach(at, n); });
   attach(it->first, it->second, s);
@@ -156,7 +160,7 @@ bool RangeCache::coalesce(bool pending_too) {
       pieces_,
       [&](const Piece& p, const Piece& n) {
         return p.state == State::free && n.state == State::free &&
-               (pending_too || (ready(p) && ready(n)));
+               (pending_too || backend_.orders() || (ready(p) && ready(n)));
       },
       [&](Handle at, Piece& p) GPUPOOL_REQUIRES(mu_) { remove_free(at, p); },
       [&](Handle at, Piece& p) GPUPOOL_REQUIRES(mu_) { add_free(at, p); });
@@ -177,7 +181,7 @@ Held RangeCache::give_back(Pieces::iterator it, bool drop) {
   if (n == 0 || !spares_for(at, p)) return {};
   const std::uint64_t fence = p.fence, freed_at = p.freed_at_ns;
   const std::size_t size = p.size;
-  if (!drop) backend_.unmap(from, n, data_, ready(p) ? 0 : fence);
+  if (!drop) backend_.unmap(from, n, data_, done(p) ? 0 : fence);
   mapped_ -= n;
   remove_free(at, p);
   // Lead and tail stay free (and mapped); the granules between go unmapped.
@@ -275,7 +279,7 @@ void RangeCache::unmap_span(Handle from, Handle to) {
   auto first = std::prev(pieces_.upper_bound(from));
   std::uint64_t fence = 0;
   for (auto q = first; q != pieces_.end() && q->first < to; ++q)
-    if (!ready(q->second)) fence = std::max(fence, q->second.fence);
+    if (!done(q->second)) fence = std::max(fence, q->second.fence);
   if (!retired_.load(std::memory_order_acquire)) backend_.unmap(from, to - from, data_, fence);
   mapped_ -= to - from;
   if (first->first < from) first = split(first, from);
@@ -391,9 +395,11 @@ RangeCache::Cut RangeCache::take(std::size_t want, bool first_attempt, std::uint
     }
   if (best != free_.end()) return serve(best, want);
   // None ready: map more, unless the pending pieces would serve and hold
-  // more than the bound.
+  // more than the bound (none where the device is made to wait for them
+  // instead of the host: Backend::orders).
   if (first_attempt && fits_once_ready(want)) {
-    const std::size_t bound = std::min(pending_growth_, mapped_ / kPendingShare);
+    const std::size_t bound =
+        backend_.orders() ? 0 : std::min(pending_growth_, mapped_ / kPendingShare);
     std::uint64_t last = 0;
     if (pending_bytes(&last) + round_up(want, granule_) > bound) *wait = last;
   }
@@ -581,7 +587,7 @@ bool RangeCache::unpark_shard(Shard& s, std::uint64_t freed_by_ns, std::size_t p
     for (unsigned k = 0; k < s.parked_n;) {
       const Block* b = s.parked[k];
       if (b->freed_at_ns <= freed_by_ns &&
-          (b->size >= pending_from || b->fence == 0 || backend_.passed(b->fence)))
+          (b->size >= pending_from || b->fence == 0 || backend_.reusable(b->fence)))
         out[n++] = s.unpark_at(k, granule_);
       else ++k;
     }

@@ -218,9 +218,14 @@ class RangeCache final : public PieceCache<LockRank::arena_ranges> {
   // Any state: out of its set (in use), or into the set of `s`.
   void detach(Handle at, Piece& p) GPUPOOL_REQUIRES(mu_);
   void attach(Handle at, Piece& p, State s) GPUPOOL_REQUIRES(mu_);
-  bool ready(const Piece& p) const { return p.fence == 0 || backend_.passed(p.fence); }
+  // Ready: may be handed out (its fence passed, or the device's work
+  // ordered after it: Backend::reusable). Done: the device is done with it,
+  // so its granules may be unmapped.
+  bool ready(const Piece& p) const { return p.fence == 0 || backend_.reusable(p.fence); }
+  bool done(const Piece& p) const { return p.fence == 0 || backend_.passed(p.fence); }
   // Merge `it` with its neighbours in the same state (free ones only when
-  // as ready as it is); returns the merged piece. Allocates nothing.
+  // as ready as it is, unless the backend orders: Backend::orders); returns
+  // the merged piece. Allocates nothing.
   Pieces::iterator merge(Pieces::iterator it) GPUPOOL_REQUIRES(mu_);
   // Merge neighbouring free pieces that are both ready (or, pending_too,
   // whatever their fences: the later one covers the merged piece); whether
