@@ -30,7 +30,10 @@ struct SizeSpec {
   std::size_t resolve(std::size_t capacity) const;
 };
 
-enum class Reuse { safe, fenced, immediate };
+enum class Reuse { safe, ordered, fenced, immediate };
+// Whether freed blocks wait for the device's work (on the host, or under
+// ordered, by the device's own order where it can) rather than reuse at once.
+inline bool reuse_waits(Reuse r) { return r != Reuse::immediate; }
 // What GPUPOOL_SPLIT's pieces are cut from (GPUPOOL_SEGMENTS).
 enum class Segments { driver, expandable };
 // GPUPOOL_SPLIT=on: PyTorch's line between its small and large blocks.

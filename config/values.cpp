@@ -409,6 +409,10 @@ bool ReuseKind::parse(std::string_view text, T* out, std::string* reason) {
     *out = Reuse::safe;
     return true;
   }
+  if (v == "ordered") {
+    *out = Reuse::ordered;
+    return true;
+  }
   if (v == "fenced") {
     *out = Reuse::fenced;
     return true;
@@ -422,7 +426,17 @@ bool ReuseKind::parse(std::string_view text, T* out, std::string* reason) {
 }
 
 std::string ReuseKind::show(const T& v) {
-  return v == Reuse::safe ? "safe" : v == Reuse::fenced ? "fenced" : "immediate";
+  switch (v) {
+    case Reuse::safe:
+      return "safe";
+    case Reuse::ordered:
+      return "ordered";
+    case Reuse::fenced:
+      return "fenced";
+    case Reuse::immediate:
+      break;
+  }
+  return "immediate";
 }
 
 bool SegmentsKind::parse(std::string_view text, T* out, std::string* reason) {

@@ -57,7 +57,8 @@ GPUPOOL_KIND(SegmentsKind, Segments, "driver or expandable", "driver or expandab
 // Nanoseconds, 0 = off.
 GPUPOOL_KIND(Duration, std::uint64_t, "duration",
              "a number with unit ns, us, ms, s, m or h (no unit: seconds), or off")
-GPUPOOL_KIND(ReuseKind, Reuse, "safe, fenced or immediate", "safe, fenced or immediate")
+GPUPOOL_KIND(ReuseKind, Reuse, "safe, ordered, fenced or immediate",
+             "safe, ordered, fenced or immediate")
 GPUPOOL_KIND(NeighbourScope, Neighbours, "off, user or all", "off (or 0), user (or 1), all")
 GPUPOOL_KIND(Level, LogLevel, "log level", "off, error, warn, info, debug or trace")
 // Taken as is (file names may hold spaces); empty means unset.

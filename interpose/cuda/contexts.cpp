@@ -159,11 +159,14 @@ CtxState* create_state(const Driver& d, Runtime& rt, State& s, CUcontext ctx, un
   // Device memory maps granules (memory.cpp); pinned memory splits driver
   // allocations (its backend maps none).
   o.expandable = rt.config.segments == config::Segments::expandable;
-  const bool fenced = rt.config.reuse != config::Reuse::immediate;
+  st->ordered = rt.config.reuse == config::Reuse::ordered;
+  const bool fenced = config::reuse_waits(rt.config.reuse);
+  const bool solo = rt.config.reuse == config::Reuse::safe || st->ordered;
   const std::string group = o.group;
+  // Marks where a wait is for one fence (a range's piece) or is replaced
+  // by the device's order (order_fence).
   st->device_arena = rt.pool.add_arena(
-      device_backend(st, fenced, rt.config.reuse == config::Reuse::safe, o.expandable),
-      std::move(o));
+      device_backend(st, fenced, solo, o.expandable || st->ordered), std::move(o));
   if (has_uuid) node::add_device(rt, uuid, group, total);
   s.all.push_back(st);
   s.live.push_back(st);
@@ -359,12 +362,26 @@ void record_mark(CtxState* st) {
 
 }  // namespace
 
+namespace {
+// Ordering on the device (order_fence, GPUPOOL_REUSE=ordered) has not been
+// ended (end_device_order).
+std::atomic<bool> g_device_order{true};
+
+bool ordering(const Runtime* rt) { return rt && rt->config.reuse == config::Reuse::ordered; }
+}  // namespace
+
 std::uint64_t fence_at_free(CtxState* st) {
   const std::uint64_t fence = st->epoch_next.load(std::memory_order_seq_cst);
   const std::uint64_t now = steady_ns();
   std::uint64_t last = st->last_mark_ns.load(std::memory_order_relaxed);
-  if (now - last >= kMarkGapNs &&
-      st->last_mark_ns.compare_exchange_strong(last, now, std::memory_order_relaxed))
+  // While ordering on the device, every free: a piece's own mark lets it be
+  // ordered after (a mark recorded later could cover work that waits for
+  // work the program queues after the ordering, order_fence).
+  if (st->ordered && g_device_order.load(std::memory_order_relaxed)) {
+    st->last_mark_ns.store(now, std::memory_order_relaxed);
+    record_mark(st);
+  } else if (now - last >= kMarkGapNs &&
+             st->last_mark_ns.compare_exchange_strong(last, now, std::memory_order_relaxed))
     record_mark(st);
   return fence;
 }
@@ -401,6 +418,158 @@ void wait_fence(CtxState* st, std::uint64_t fence) {
   if (r != CUDA_SUCCESS) synchronize_context(st, fence);
 }
 
+// ---- ordering on the device --------------------------------------------------
+
+namespace {
+// Serializes end_device_order's callers, so that a second one returns only
+// once the first one's waits are done (as end_solo's).
+Ranked<LockRank::cuda_solo> g_device_order_end_mu;
+
+// The host waits for st's context to pass what its streams were made to
+// wait for: the oldest mark covering it, not the whole context's work.
+void wait_ordered(CtxState* st) {
+  const std::uint64_t ordered = st->epoch_ordered.load(std::memory_order_acquire);
+  if (ordered > st->epoch_done.load(std::memory_order_acquire)) wait_fence(st, ordered);
+}
+}  // namespace
+
+void wait_device_ordered() {
+  Runtime* rt = runtime();
+  if (!ordering(rt) || !rt->cuda) return;
+  // Records are never freed: the list may be walked without the registry's
+  // lock, which no device wait should hold.
+  std::vector<CtxState*> all;
+  {
+    LockGuard l(state(*rt).contexts_mu);
+    try {
+      all = state(*rt).all;
+    } catch (...) {
+      // No memory for the copy: wait under the lock instead.
+      for (CtxState* st : state(*rt).all) wait_ordered(st);
+      return;
+    }
+  }
+  for (CtxState* st : all)
+    if (!st->retired.load(std::memory_order_acquire)) wait_ordered(st);
+}
+
+void end_device_order(const char* why) {
+  if (!ordering(runtime())) return;
+  LockGuard serial(g_device_order_end_mu);
+  if (!g_device_order.load(std::memory_order_acquire)) return;
+  // Off under every context's sync_mu, where order_fence looks at the flag
+  // again: no ordering completes after the waits below have read its epoch.
+  {
+    Runtime* rt = runtime();
+    if (rt && rt->cuda) {
+      LockGuard l(state(*rt).contexts_mu);
+      for (CtxState* st : state(*rt).all) {
+        LockGuard lock(st->sync_mu);
+        g_device_order.store(false, std::memory_order_release);
+      }
+    }
+    g_device_order.store(false, std::memory_order_release);
+  }
+  log().debug("cuda: pending pieces are waited for on the host from now on ({})", why);
+  // Pieces handed out on the device's order may be touched by the streams
+  // to come: their old work is waited for here, before those exist.
+  wait_device_ordered();
+}
+
+bool device_ordering(const CtxState* st) {
+  return st->ordered && g_device_order.load(std::memory_order_acquire);
+}
+
+bool order_fence(CtxState* st, std::uint64_t fence) {
+  if (fence == 0 || st->epoch_ordered.load(std::memory_order_acquire) >= fence) return true;
+  if (!st->ordered || !g_device_order.load(std::memory_order_acquire)) return false;
+  const Driver* d = driver();
+  if (!d || !d->stream_wait_event || !d->ctx_get_current || exiting() ||
+      st->retired.load(std::memory_order_acquire))
+    return false;
+  // The legacy stream is the current context's.
+  CUcontext cur = nullptr;
+  if (d->ctx_get_current(&cur) != CUDA_SUCCESS || cur != st->ctx) return false;
+  // No capture under way: a wait on the legacy stream would end one.
+  if (!capture_lock().try_lock_shared()) return false;
+  SharedLock capture(capture_lock(), std::adopt_lock);
+  if (stream_capturing()) return false;
+  // sync_mu: the stream set (a destroy takes the stream out under it first)
+  // and the marks (not recorded again meanwhile).
+  LockGuard lock(st->sync_mu);
+  if (!g_device_order.load(std::memory_order_acquire)) return false;
+  if (st->epoch_ordered.load(std::memory_order_relaxed) >= fence) return true;
+  const CtxState::Marks* m = st->marks.get();
+  if (st->marks_off || !m) return false;
+  CUevent ev = nullptr;
+  std::uint64_t s = 0;
+  for (unsigned i = 0; i < m->count && !ev; ++i) {
+    const unsigned k = (m->first + i) % CtxState::Marks::kMax;
+    if (m->epochs[k] >= fence) ev = m->events[k], s = m->epochs[k];
+  }
+  if (!ev) return false;  // no mark from a free after it yet
+  if (d->stream_wait_event(CU_STREAM_LEGACY, ev, 0) != CUDA_SUCCESS) return false;
+  for (std::size_t i = 0; i < st->nonblocking.size();) {
+    const CUresult r = d->stream_wait_event(st->nonblocking[i], ev, 0);
+    if (r == CUDA_SUCCESS) {
+      ++i;
+    } else if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+      // Gone unseen (its context destroyed with it): nothing runs there.
+      st->nonblocking.erase(st->nonblocking.begin() + std::ptrdiff_t(i));
+    } else {
+      return false;
+    }
+  }
+  st->epoch_ordered.store(s, std::memory_order_release);
+  return true;
+}
+
+void stream_made(CtxState* st, CUstream s, unsigned flags) {
+  if (!(flags & CU_STREAM_NON_BLOCKING) || !st || !st->ordered) return;
+  const Driver* d = driver();
+  const char* failed = nullptr;
+  {
+    LockGuard lock(st->sync_mu);
+    try {
+      st->nonblocking.push_back(s);
+    } catch (...) {
+      failed = "no memory to remember a stream";
+    }
+    // Work the new stream runs must not overtake what the others were made
+    // to wait for: the oldest mark at or after it covers that.
+    const std::uint64_t ordered = st->epoch_ordered.load(std::memory_order_relaxed);
+    if (!failed && ordered > st->epoch_done.load(std::memory_order_acquire) && st->marks) {
+      const CtxState::Marks& m = *st->marks;
+      CUevent ev = nullptr;
+      for (unsigned i = 0; i < m.count && !ev; ++i) {
+        const unsigned k = (m.first + i) % CtxState::Marks::kMax;
+        if (m.epochs[k] >= ordered) ev = m.events[k];
+      }
+      if (!ev || !d || !d->stream_wait_event || d->stream_wait_event(s, ev, 0) != CUDA_SUCCESS)
+        failed = "a new stream could not be ordered";
+    }
+  }
+  // Outside sync_mu: it waits, and takes the registry's lock.
+  if (failed) end_device_order(failed);
+}
+
+void stream_going(CUstream s) {
+  Runtime* rt = runtime();
+  if (!ordering(rt) || !rt->cuda) return;
+  State& reg = state(*rt);
+  LockGuard l(reg.contexts_mu);
+  for (CtxState* st : reg.all) {
+    LockGuard lock(st->sync_mu);
+    std::erase(st->nonblocking, s);
+  }
+}
+
+void stream_kept() {
+  // The driver refused to destroy a stream taken out of the sets: the
+  // program may use it still, unordered from now on.
+  end_device_order("a stream's destroy failed");
+}
+
 // ---- the solo rule -----------------------------------------------------------
 
 namespace detail {
@@ -413,9 +582,9 @@ void end_solo(const char* why) {
   LockGuard lock(solo_mu());
   if (!detail::g_solo.load(std::memory_order_relaxed)) return;
   detail::g_solo.store(false, std::memory_order_seq_cst);
-  // Only safe reuse frees blocks without a fence under the rule.
+  // Only safe and ordered reuse free blocks without a fence under the rule.
   Runtime* rt = runtime_if_started();
-  if (!rt || rt->config.reuse != config::Reuse::safe) return;
+  if (!rt || (rt->config.reuse != config::Reuse::safe && !ordering(rt))) return;
   log().debug("cuda: freed blocks wait for the device from now on ({})", why);
   State& s = state(*rt);
   std::vector<CtxState*> live;
@@ -577,7 +746,7 @@ Arena* host_arena(CtxState* st, Runtime& rt, unsigned flags) {
   // 256 MiB), so after its first growth a bin grows again only after
   // hundreds of idle-device waits (pool.cpp); the budget is host memory's.
   o.pending_growth = rt.config.pending_growth.resolve(host_total);
-  const bool fenced = rt.config.reuse != config::Reuse::immediate;
+  const bool fenced = config::reuse_waits(rt.config.reuse);
   Arena* a = rt.pool.add_arena(host_backend(st, fenced, key), std::move(o));
   st->host_arenas[key].store(a, std::memory_order_release);
   // Pinned memory is the node's host memory: other gpupool processes may
@@ -623,7 +792,7 @@ Arena* vmm_arena(CtxState* st, Runtime& rt, const CUmemAllocationProp& prop) {
   o.max_held = rt.config.max_held.resolve(st->device_total);
   o.pending_growth = rt.config.pending_growth.resolve(st->device_total);
   // No splitting: a unit is one handle, mapped whole.
-  const bool fenced = rt.config.reuse != config::Reuse::immediate;
+  const bool fenced = config::reuse_waits(rt.config.reuse);
   st->vmm_props[slot] = prop;
   Arena* a = rt.pool.add_arena(vmm::backend(st, prop, fenced), std::move(o));
   st->vmm_arenas[slot].store(a, std::memory_order_release);

@@ -72,7 +72,8 @@ struct CtxState {
   // Written under sync_mu; read without it by a waiter's spin.
   std::atomic<bool> syncing{false};
   // Marks: context events (cuCtxRecordEvent, drivers of CUDA 12.5 on),
-  // recorded at frees at most every kMarkGapNs, oldest first. A mark
+  // recorded at frees at most every kMarkGapNs (at every free while
+  // ordering on the device, order_fence), oldest first. A mark
   // captures the work of every stream of the context queued before it, and
   // nothing queued after: waiting for the first mark after a free waits for
   // the block's old work only, where a synchronization of the context also
@@ -90,6 +91,12 @@ struct CtxState {
   std::unique_ptr<Marks> marks GPUPOOL_GUARDED_BY(sync_mu);
   bool marks_off GPUPOOL_GUARDED_BY(sync_mu) = false;
   std::atomic<std::uint64_t> last_mark_ns{0};
+  // Ordering on the device (order_fence): the context's non-blocking
+  // streams, which a wait on the legacy stream does not order, and the
+  // newest mark's epoch every stream has been made to wait for.
+  std::vector<CUstream> nonblocking GPUPOOL_GUARDED_BY(sync_mu);
+  bool ordered = false;  // GPUPOOL_REUSE=ordered, set when the record is made
+  std::atomic<std::uint64_t> epoch_ordered{0};
 
   // Held shared while a backend call may touch this context's memory,
   // exclusively while the context is torn down, so the pool never frees a
@@ -145,11 +152,44 @@ std::uint64_t fence_at_free(CtxState* st);
 // without one, a synchronization of the context.
 void wait_fence(CtxState* st, std::uint64_t fence);
 
+// Instead of a host wait for `fence`: every stream of st's context made to
+// wait, on the device, for the oldest mark that covers the fence (a mark
+// recorded at a free: the driver's cuMemFree returned only once the work
+// before it was done, so no earlier work can wait for later work). The
+// legacy stream's wait orders the blocking streams (per-thread ones
+// included); each non-blocking stream gets its own. True when done; false
+// where it cannot be (no such mark, a capture under way, peer access or
+// green-context streams in the process, st's context not current), and the
+// caller waits on the host. Only under GPUPOOL_REUSE=ordered: cuMemFree
+// blocks only the thread that frees, while ordering holds back every
+// thread's later work, and work before the free may wait for another
+// thread's (a receive for a send another thread queues): a hang where the
+// host's wait makes none (docs/memory.md).
+bool order_fence(CtxState* st, std::uint64_t fence);
+// Whether st's context orders on the device (GPUPOOL_REUSE=ordered, not
+// ended by end_device_order).
+bool device_ordering(const CtxState* st);
+// A stream was made in st's context with these flags: a non-blocking one is
+// remembered and made to wait for what the streams were ordered after.
+void stream_made(CtxState* st, CUstream s, unsigned flags);
+// Before the driver destroys a stream: no order_fence waits on it after
+// (stream_kept when the driver refused, with no lock held).
+void stream_going(CUstream s);
+void stream_kept();
+// Peer access or a green-context stream: streams the sets above do not
+// hold may touch device memory; no ordering on the device from now on.
+void end_device_order(const char* why);
+// Before memory is reached other than by the program's streams (another
+// process's, through IPC): the old work of every piece handed out on the
+// device's order, waited for on the host.
+void wait_device_ordered();
+
 // A backend whose blocks' fences are its context's epochs (above): the
 // device and pinned arenas' (memory.cpp) and the virtual memory units'
 // (vmm.cpp). fenced: freed blocks wait for the context's work; marks:
 // frees record marks, for the one-fence waits of an expandable range's
-// pieces (the bins' waits are for all their pending blocks).
+// pieces and for ordering on the device (otherwise the bins' waits are for
+// all their pending blocks).
 class ContextFenced : public Backend {
  public:
   ContextFenced(CtxState* st, bool fenced, bool marks) : st_(st), fenced_(fenced), marks_(marks) {}
@@ -163,6 +203,12 @@ class ContextFenced : public Backend {
   }
   void wait_all() override { synchronize_context(st_); }
   void wait_for(std::uint64_t f) override { wait_fence(st_, f); }
+  // Device memory whose frees record marks: the device can be made to wait.
+  bool order_after(std::uint64_t f) override { return marks_ && order_fence(st_, f); }
+  bool orders() override { return marks_ && device_ordering(st_); }
+  bool reusable(std::uint64_t f) override {
+    return passed(f) || (marks_ && st_->epoch_ordered.load(std::memory_order_acquire) >= f);
+  }
 
  protected:
   CtxState* const st_;

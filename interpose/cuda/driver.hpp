@@ -126,7 +126,8 @@ using PFN_ipc_open = CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int);
   X(cuCtxRecordEvent, ctx_record_event, decltype(&::cuCtxRecordEvent))                       \
   X(cuEventCreate, event_create, decltype(&::cuEventCreate))                                 \
   X(cuEventQuery, event_query, decltype(&::cuEventQuery))                                    \
-  X(cuEventSynchronize, event_synchronize, decltype(&::cuEventSynchronize))
+  X(cuEventSynchronize, event_synchronize, decltype(&::cuEventSynchronize))                  \
+  X(cuStreamWaitEvent, stream_wait_event, decltype(&::cuStreamWaitEvent))
 
 // Real driver entry points. Any of them may be null (an older driver).
 struct Driver {

@@ -506,6 +506,8 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuIpcGetMemHandle(CUipcMemHandle* handle,
     log_once_split_ipc(i.in_range);
     return r;
   }
+  // The importer's streams do not wait for this process's marks.
+  if (r == CUDA_SUCCESS) wait_device_ordered();
   // Another process may map this block: it must never be handed out again
   // here, and its free must reach the driver.
   if (r == CUDA_SUCCESS && i.found)
@@ -742,9 +744,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy(CUstream s) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->stream_destroy_v1) return kNoDriver;
-  CaptureChange change;
-  const CUresult r = d->stream_destroy_v1(s);
-  if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
+  stream_going(s);
+  CUresult r = CUDA_SUCCESS;
+  {
+    CaptureChange change;
+    r = d->stream_destroy_v1(s);
+    if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
+  }
+  if (r != CUDA_SUCCESS) stream_kept();
   return r;
 }
 GPUPOOL_FALLBACK(stream_destroy_v1, s)
@@ -753,9 +760,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy_v2(CUstream s) noexcept try
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->stream_destroy) return kNoDriver;
-  CaptureChange change;
-  const CUresult r = d->stream_destroy(s);
-  if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
+  stream_going(s);
+  CUresult r = CUDA_SUCCESS;
+  {
+    CaptureChange change;
+    r = d->stream_destroy(s);
+    if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
+  }
+  if (r != CUDA_SUCCESS) stream_kept();
   return r;
 }
 GPUPOOL_FALLBACK(stream_destroy, s)
@@ -942,7 +954,10 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreate(CUstream* s, unsigned int fl
   const Driver* d = driver();
   if (!d || !d->stream_create) return kNoDriver;
   end_solo("a stream");
-  return d->stream_create(s, flags);
+  const CUresult r = d->stream_create(s, flags);
+  if (r == CUDA_SUCCESS && s)
+    if (Runtime* rt = pooling(false)) stream_made(current_state(*d, *rt, true), *s, flags);
+  return r;
 }
 GPUPOOL_FALLBACK(stream_create, s, flags)
 
@@ -952,7 +967,10 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreateWithPriority(CUstream* s, uns
   const Driver* d = driver();
   if (!d || !d->stream_create_prio) return kNoDriver;
   end_solo("a stream");
-  return d->stream_create_prio(s, flags, priority);
+  const CUresult r = d->stream_create_prio(s, flags, priority);
+  if (r == CUDA_SUCCESS && s)
+    if (Runtime* rt = pooling(false)) stream_made(current_state(*d, *rt, true), *s, flags);
+  return r;
 }
 GPUPOOL_FALLBACK(stream_create_prio, s, flags, priority)
 
@@ -963,6 +981,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGreenCtxStreamCreate(CUstream* s, CUgreen
   const Driver* d = driver();
   if (!d || !d->green_stream_create) return kNoDriver;
   end_solo("a stream");
+  end_device_order("a green context's stream");
   return d->green_stream_create(s, g, flags, priority);
 }
 GPUPOOL_FALLBACK(green_stream_create, s, g, flags, priority)
@@ -973,6 +992,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxEnablePeerAccess(CUcontext peer,
   const Driver* d = driver();
   if (!d || !d->ctx_enable_peer_access) return kNoDriver;
   end_solo("peer access");
+  end_device_order("peer access");
   const CUresult r = d->ctx_enable_peer_access(peer, flags);
   // The peer's range pieces become accessible here, as its cuMemAlloc
   // blocks just did.

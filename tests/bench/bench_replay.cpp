@@ -404,7 +404,11 @@ std::uint64_t max_held_of(const Trace& tr, const Options& o) {  // 0: no cap
   const std::size_t cap = o.cfg.max_held.resolve(o.device_memory);
   return cap == SIZE_MAX ? 0 : cap;
 }
-bool safe_reuse(const Options& o) { return o.cfg.reuse != config::Reuse::immediate; }
+// Reuse that waits on the host for the device (ordered reuse waits on the
+// device, which the replay has at once: an immediate reuse).
+bool safe_reuse(const Options& o) {
+  return o.cfg.reuse == config::Reuse::safe || o.cfg.reuse == config::Reuse::fenced;
+}
 // Whether an arena's freed blocks wait for fences (the shim's choice:
 // safe reuse on one in-order OpenCL queue reuses at once).
 bool fenced(const Trace& tr, std::size_t arena, const Options& o) {
@@ -725,7 +729,7 @@ int main(int argc, char** argv) {
     } else if (a == "--split" && size_arg(val, &v) && v > 0) o.cfg.split = v;
     else if (a == "--sync-gap" && size_arg(val, &v) && v > 0) {
       o.sync_gap_ns = v;
-      if (!safe_reuse(o)) o.cfg.reuse = config::Reuse::safe;
+      if (o.cfg.reuse == config::Reuse::immediate) o.cfg.reuse = config::Reuse::safe;
     } else if (a == "--pending-growth" && size_arg(val, &v)) o.cfg.pending_growth = bytes_spec(v);
     else if (a == "--alloc-cost" && size_arg(val, &v)) o.alloc_cost_ns = v;
     else if (a == "--wait-cost" && size_arg(val, &v)) o.wait_cost_ns = v;

@@ -111,6 +111,9 @@ extern Api api;
 extern std::string g_mode;
 extern bool g_pooled;
 extern bool g_immediate;
+// GPUPOOL_REUSE=ordered, pooled: device blocks the device may still use are
+// handed out at once, the streams made to wait for their old work.
+extern bool g_ordered;
 // Safe reuse may allocate fresh blocks instead of waiting (GPUPOOL_PENDING_GROWTH).
 extern bool g_growth;
 extern bool g_expandable;  // GPUPOOL_SEGMENTS=expandable, pooled

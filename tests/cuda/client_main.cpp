@@ -17,6 +17,7 @@ Api api;
 std::string g_mode;
 bool g_pooled = false;
 bool g_immediate = false;
+bool g_ordered = false;
 bool g_growth = false;
 bool g_expandable = false;
 void* g_handle = nullptr;
@@ -258,6 +259,7 @@ int main(int argc, char** argv) {
   g_pooled = pooled && atoi(pooled) != 0;
   const char* reuse = getenv("GPUPOOL_REUSE");
   g_immediate = reuse && strcmp(reuse, "immediate") == 0;
+  g_ordered = g_pooled && reuse && strcmp(reuse, "ordered") == 0;
   const char* growth = getenv("GPUPOOL_PENDING_GROWTH");
   g_growth = g_pooled && !g_immediate && !(growth && strcmp(growth, "0") == 0);
   const char* segments = getenv("GPUPOOL_SEGMENTS");

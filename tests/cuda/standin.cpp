@@ -127,6 +127,9 @@ struct Stream {
   bool alive = true;
   bool capturing = false;
   bool global_capture = false;  // CU_STREAM_CAPTURE_MODE_GLOBAL
+  // cuStreamWaitEvent: the context's operations up to this one run before
+  // the stream's later work (a non-blocking stream's work then queues).
+  std::uint64_t wait_mark = 0;
 };
 
 Stream* stream_of(CUstream s) {
@@ -1696,6 +1699,23 @@ SI(CUresult, cuEventSynchronize, (CUevent ev)) {
   return CUDA_SUCCESS;
 }
 
+// A stream waits for an event's work: on the legacy, a per-thread or a
+// blocking stream the work is queued behind it anyway (the stand-in queues
+// per context, in order); a non-blocking stream's later work queues too
+// while that work has not run, instead of overtaking it.
+SI(CUresult, cuStreamWaitEvent, (CUstream s, CUevent ev, unsigned int flags)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (flags & ~unsigned(CU_EVENT_WAIT_EXTERNAL)) return CUDA_ERROR_INVALID_VALUE;
+  Event* e = event_of(ev);
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  Stream* st = stream_of(s);
+  if (st && (st->magic != kStreamMagic || !st->alive)) return CUDA_ERROR_INVALID_HANDLE;
+  ++g_counters.stream_waits;
+  if (st && e->mark && st->ctx == e->ctx) st->wait_mark = std::max(st->wait_mark, e->mark);
+  return CUDA_SUCCESS;
+}
+
 SI(CUresult, cuEventDestroy_v2, (CUevent ev)) {
   std::lock_guard lock(g_mu);
   Event* e = event_of(ev);
@@ -1798,7 +1818,7 @@ static CUresult memset_async(CUdeviceptr dst, unsigned char value, size_t n, CUs
     note_dead(dst);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (st && (st->flags & CU_STREAM_NON_BLOCKING)) {
+  if (st && (st->flags & CU_STREAM_NON_BLOCKING) && st->wait_mark <= c->ran()) {
     memset(reinterpret_cast<void*>(dst), value, n);
     ++g_counters.ops_executed;
   } else {
@@ -2255,6 +2275,7 @@ const Export kExports[] = {
     E(cuCtxRecordEvent),
     E(cuEventSynchronize),
     E(cuEventDestroy_v2),
+    E(cuStreamWaitEvent),
     E(cuStreamBeginCapture_v2),
     E(cuStreamBeginCapture_v2_ptsz),
     E(cuStreamEndCapture),
@@ -2368,6 +2389,7 @@ const Version kVersions[] = {
     {"cuCtxRecordEvent", 12050, "cuCtxRecordEvent"},
     {"cuEventSynchronize", 2000, "cuEventSynchronize"},
     {"cuEventDestroy", 4000, "cuEventDestroy_v2"},
+    {"cuStreamWaitEvent", 2000, "cuStreamWaitEvent"},
     {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2"},
     {"cuStreamEndCapture", 10000, "cuStreamEndCapture"},
     {"cuStreamIsCapturing", 10000, "cuStreamIsCapturing"},

@@ -50,6 +50,7 @@ typedef struct StandinCounters {
   uint64_t ctx_events;             /* cuCtxRecordEvent calls that recorded */
   uint64_t ctx_events_in_capture;  /* cuCtxRecordEvent calls while a stream captured (global) */
   uint64_t event_sync;             /* cuEventSynchronize calls on a context's event */
+  uint64_t stream_waits;           /* cuStreamWaitEvent calls that succeeded */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */
