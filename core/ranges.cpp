@@ -395,11 +395,17 @@ RangeCache::Cut RangeCache::take(std::size_t want, bool first_attempt, std::uint
     }
   if (best != free_.end()) return serve(best, want);
   // None ready: map more, unless the pending pieces would serve and hold
-  // more than the bound (none where the device is made to wait for them
-  // instead of the host: Backend::orders).
+  // more than the bound. Where the device is made to wait for them instead
+  // of the host (Backend::orders), no bound: the best fit, ordered after
+  // its own free only (not the newest pending piece's).
   if (first_attempt && fits_once_ready(want)) {
-    const std::size_t bound =
-        backend_.orders() ? 0 : std::min(pending_growth_, mapped_ / kPendingShare);
+    if (backend_.orders()) {
+      if (auto fit = free_.lower_bound({want, 0}); fit != free_.end()) {
+        *wait = pieces_.find(fit->second)->second.fence;
+        return {};
+      }
+    }
+    const std::size_t bound = std::min(pending_growth_, mapped_ / kPendingShare);
     std::uint64_t last = 0;
     if (pending_bytes(&last) + round_up(want, granule_) > bound) *wait = last;
   }

@@ -159,7 +159,13 @@ CtxState* create_state(const Driver& d, Runtime& rt, State& s, CUcontext ctx, un
   // Device memory maps granules (memory.cpp); pinned memory splits driver
   // allocations (its backend maps none).
   o.expandable = rt.config.segments == config::Segments::expandable;
-  st->ordered = rt.config.reuse == config::Reuse::ordered;
+  // Ordering needs context events and stream waits (CUDA 12.5 on).
+  st->ordered = rt.config.reuse == config::Reuse::ordered && d.ctx_record_event && d.event_create &&
+                d.event_query && d.event_synchronize && d.stream_wait_event && d.ctx_get_current;
+  if (rt.config.reuse == config::Reuse::ordered && !st->ordered)
+    log().info(
+        "cuda: GPUPOOL_REUSE=ordered needs cuCtxRecordEvent and cuStreamWaitEvent (CUDA 12.5 "
+        "on), which this driver lacks: freed blocks wait on the host (as GPUPOOL_REUSE=safe)");
   const bool fenced = config::reuse_waits(rt.config.reuse);
   const bool solo = rt.config.reuse == config::Reuse::safe || st->ordered;
   const std::string group = o.group;
@@ -310,6 +316,7 @@ void reap_marks(const Driver& d, CtxState* st, CtxState::Marks& m, unsigned most
 
 void marks_end(CtxState* st, const char* why, int error) GPUPOOL_REQUIRES(st->sync_mu) {
   st->marks_off = true;
+  st->marks_failed.store(true, std::memory_order_release);
   log().debug("cuda: context {}: {} ({}); fences synchronize the context",
               static_cast<void*>(st->ctx), why, error);
 }
@@ -477,7 +484,8 @@ void end_device_order(const char* why) {
 }
 
 bool device_ordering(const CtxState* st) {
-  return st->ordered && g_device_order.load(std::memory_order_acquire);
+  return st->ordered && !st->marks_failed.load(std::memory_order_acquire) &&
+         g_device_order.load(std::memory_order_acquire);
 }
 
 bool order_fence(CtxState* st, std::uint64_t fence) {
@@ -553,20 +561,40 @@ void stream_made(CtxState* st, CUstream s, unsigned flags) {
   if (failed) end_device_order(failed);
 }
 
-void stream_going(CUstream s) {
+void stream_noted(const Driver& d, CUstream s, unsigned flags) noexcept {
+  if (!(flags & CU_STREAM_NON_BLOCKING)) return;
   Runtime* rt = runtime();
-  if (!ordering(rt) || !rt->cuda) return;
-  State& reg = state(*rt);
-  LockGuard l(reg.contexts_mu);
-  for (CtxState* st : reg.all) {
-    LockGuard lock(st->sync_mu);
-    std::erase(st->nonblocking, s);
+  if (!ordering(rt) || !rt->cuda || !rt->config.cuda) return;
+  const char* failed = nullptr;
+  try {
+    if (CtxState* st = current_state(d, *rt, true)) stream_made(st, s, flags);
+    else failed = "a stream in a context without a record";
+  } catch (...) {
+    failed = "no memory to remember a stream";
   }
+  if (failed) end_device_order(failed);
 }
 
-void stream_kept() {
+bool stream_going(CUstream s) {
+  Runtime* rt = runtime_if_started();
+  if (!ordering(rt) || !rt->cuda) return false;
+  State& reg = state(*rt);
+  LockGuard l(reg.contexts_mu);
+  bool known = false;
+  for (CtxState* st : reg.all) {
+    LockGuard lock(st->sync_mu);
+    known |= std::erase(st->nonblocking, s) != 0;
+  }
+  return known;
+}
+
+void stream_kept(CUresult r) {
   // The driver refused to destroy a stream taken out of the sets: the
-  // program may use it still, unordered from now on.
+  // program may use it still, unordered from now on; not where the answer
+  // says it is gone, nor at exit.
+  if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
+      r == CUDA_ERROR_DEINITIALIZED || exiting())
+    return;
   end_device_order("a stream's destroy failed");
 }
 

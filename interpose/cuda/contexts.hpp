@@ -95,7 +95,11 @@ struct CtxState {
   // streams, which a wait on the legacy stream does not order, and the
   // newest mark's epoch every stream has been made to wait for.
   std::vector<CUstream> nonblocking GPUPOOL_GUARDED_BY(sync_mu);
-  bool ordered = false;  // GPUPOOL_REUSE=ordered, set when the record is made
+  // GPUPOOL_REUSE=ordered where the driver has what it takes, set when the
+  // record is made; marks_failed once the driver refused a mark (no
+  // ordering here from then on: marks_off, read without sync_mu).
+  bool ordered = false;
+  std::atomic<bool> marks_failed{false};
   std::atomic<std::uint64_t> epoch_ordered{0};
 
   // Held shared while a backend call may touch this context's memory,
@@ -172,10 +176,14 @@ bool device_ordering(const CtxState* st);
 // A stream was made in st's context with these flags: a non-blocking one is
 // remembered and made to wait for what the streams were ordered after.
 void stream_made(CtxState* st, CUstream s, unsigned flags);
+// cuStreamCreate's hooks, after the driver made `s` in the current context:
+// stream_made where ordering is on; where the stream cannot be remembered,
+// ordering ends. Nothing in other modes.
+void stream_noted(const Driver& d, CUstream s, unsigned flags) noexcept;
 // Before the driver destroys a stream: no order_fence waits on it after
 // (stream_kept when the driver refused, with no lock held).
-void stream_going(CUstream s);
-void stream_kept();
+bool stream_going(CUstream s);  // whether a set held it
+void stream_kept(CUresult r);
 // Peer access or a green-context stream: streams the sets above do not
 // hold may touch device memory; no ordering on the device from now on.
 void end_device_order(const char* why);

@@ -744,14 +744,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy(CUstream s) noexcept try {
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->stream_destroy_v1) return kNoDriver;
-  stream_going(s);
+  const bool known = stream_going(s);
   CUresult r = CUDA_SUCCESS;
   {
     CaptureChange change;
     r = d->stream_destroy_v1(s);
     if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
   }
-  if (r != CUDA_SUCCESS) stream_kept();
+  if (r != CUDA_SUCCESS && known) stream_kept(r);
   return r;
 }
 GPUPOOL_FALLBACK(stream_destroy_v1, s)
@@ -760,14 +760,14 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy_v2(CUstream s) noexcept try
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->stream_destroy) return kNoDriver;
-  stream_going(s);
+  const bool known = stream_going(s);
   CUresult r = CUDA_SUCCESS;
   {
     CaptureChange change;
     r = d->stream_destroy(s);
     if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
   }
-  if (r != CUDA_SUCCESS) stream_kept();
+  if (r != CUDA_SUCCESS && known) stream_kept(r);
   return r;
 }
 GPUPOOL_FALLBACK(stream_destroy, s)
@@ -955,8 +955,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreate(CUstream* s, unsigned int fl
   if (!d || !d->stream_create) return kNoDriver;
   end_solo("a stream");
   const CUresult r = d->stream_create(s, flags);
-  if (r == CUDA_SUCCESS && s)
-    if (Runtime* rt = pooling(false)) stream_made(current_state(*d, *rt, true), *s, flags);
+  if (r == CUDA_SUCCESS && s) stream_noted(*d, *s, flags);
   return r;
 }
 GPUPOOL_FALLBACK(stream_create, s, flags)
@@ -968,8 +967,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamCreateWithPriority(CUstream* s, uns
   if (!d || !d->stream_create_prio) return kNoDriver;
   end_solo("a stream");
   const CUresult r = d->stream_create_prio(s, flags, priority);
-  if (r == CUDA_SUCCESS && s)
-    if (Runtime* rt = pooling(false)) stream_made(current_state(*d, *rt, true), *s, flags);
+  if (r == CUDA_SUCCESS && s) stream_noted(*d, *s, flags);
   return r;
 }
 GPUPOOL_FALLBACK(stream_create_prio, s, flags, priority)

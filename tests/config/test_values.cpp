@@ -290,6 +290,7 @@ TEST(Values, Reuse) {
   EXPECT_EQ(parse_env({"GPUPOOL_REUSE= Immediate "}).config.reuse, Reuse::immediate);
   EXPECT_EQ(parse_env({"GPUPOOL_REUSE=SAFE"}).config.reuse, Reuse::safe);
   EXPECT_EQ(parse_env({"GPUPOOL_REUSE=fenced"}).config.reuse, Reuse::fenced);
+  EXPECT_EQ(parse_env({"GPUPOOL_REUSE=Ordered"}).config.reuse, Reuse::ordered);
   for (const char* b : {"", "fast", "unsafe", "1", "safe immediate"}) bad("GPUPOOL_REUSE", b);
 }
 

@@ -30,7 +30,7 @@
 // scenario_NAME() in the file of its group:
 //   client_alloc.cpp     reuse overlap pitch threads  (blocks served and reused)
 //   client_errors.cpp    errors ptrattr oom           (what the driver answers)
-//   client_fences.cpp    fence solo                   (when a freed block is reused)
+//   client_fences.cpp    fence solo ordered           (when a freed block is reused)
 //   client_contexts.cpp  context lifetime             (blocks of contexts that end)
 //   client_process.cpp   fork exit lookup             (the process around the pool)
 //   client_split.cpp     split ipc peer               (pieces of driver allocations)
@@ -44,6 +44,7 @@
   X(oom)                    \
   X(fence)                  \
   X(solo)                   \
+  X(ordered)                \
   X(context)                \
   X(fork)                   \
   X(lifetime)               \
@@ -93,6 +94,7 @@ struct Api {
   CUresult (*mem_free_async)(CUdeviceptr, CUstream);
   decltype(&cuMemAllocManaged) mem_alloc_managed;
   decltype(&cuStreamCreate) stream_create;
+  decltype(&cuStreamDestroy_v2) stream_destroy;
   decltype(&cuCtxEnablePeerAccess) enable_peer;
   GetProcV2 get_proc;
 

@@ -368,4 +368,44 @@ void scenario_solo() {
   OK(api.ctx_sync());
 }
 
+// Ordering on the device (GPUPOOL_REUSE=ordered) and what ends it: a pending
+// block is handed out with the legacy stream and the program's non-blocking
+// stream made to wait for its old work, no wait on the host; once the driver
+// refused to destroy a stream the pool had stopped ordering (the program
+// may still use it), pending blocks wait on the host instead.
+void scenario_ordered() {
+  setup();
+  CUstream s = nullptr;
+  OK(api.stream_create(&s, CU_STREAM_NON_BLOCKING));
+  // A pending block asked for again: the streams' waits, and the host's.
+  auto reuse = [&](unsigned long long* device_waits, unsigned long long* host_waits) {
+    CUdeviceptr p = 0, q = 0;
+    OK(api.mem_alloc(&p, 4096));
+    OK(api.memset_async(p, 0xEE, 4096, nullptr));  // queued, runs at a synchronization
+    OK(api.mem_free(p));
+    const StandinCounters c0 = snap();
+    OK(api.mem_alloc(&q, 4096));
+    const StandinCounters c1 = snap();
+    CHECK_EQ(q, p);
+    *device_waits = c1.stream_waits - c0.stream_waits;
+    *host_waits = (c1.ctx_sync - c0.ctx_sync) + (c1.event_sync - c0.event_sync);
+    OK(api.mem_free(q));
+    OK(api.ctx_sync());
+  };
+  unsigned long long device_waits = 0, host_waits = 0;
+  reuse(&device_waits, &host_waits);
+  fprintf(stderr, "ordered: stream waits %llu, host waits %llu\n", device_waits, host_waits);
+  CHECK_EQ(device_waits, 2u);  // the legacy stream and `s`
+  CHECK_EQ(host_waits, 0u);
+
+  api.fail_next("cuStreamDestroy_v2", 1, CUDA_ERROR_NOT_PERMITTED);
+  CHECK_EQ(api.stream_destroy(s), CUDA_ERROR_NOT_PERMITTED);
+  reuse(&device_waits, &host_waits);
+  fprintf(stderr, "ordered, a destroy refused: stream waits %llu, host waits %llu\n", device_waits,
+          host_waits);
+  CHECK_EQ(device_waits, 0u);
+  CHECK(host_waits >= 1);
+  OK(api.stream_destroy(s));
+}
+
 }  // namespace client

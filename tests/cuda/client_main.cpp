@@ -70,6 +70,7 @@ void load_api() {
   api.mem_free_async = &cuMemFreeAsync;
   api.mem_alloc_managed = &cuMemAllocManaged;
   api.stream_create = &cuStreamCreate;
+  api.stream_destroy = &cuStreamDestroy_v2;
   api.enable_peer = &cuCtxEnablePeerAccess;
   api.get_proc = &cuGetProcAddress_v2;
   api.counters = &standin_counters;
@@ -154,6 +155,7 @@ void load_api() {
     sym(api.mem_free_async, "cuMemFreeAsync");
     sym(api.mem_alloc_managed, "cuMemAllocManaged");
     sym(api.stream_create, "cuStreamCreate");
+    sym(api.stream_destroy, "cuStreamDestroy_v2");
     sym(api.enable_peer, "cuCtxEnablePeerAccess");
     sym(api.get_proc, "cuGetProcAddress_v2");
     return;
@@ -198,6 +200,7 @@ void load_api() {
   proc(api.mem_free_async, "cuMemFreeAsync", 11020);
   proc(api.mem_alloc_managed, "cuMemAllocManaged", 6000);
   proc(api.stream_create, "cuStreamCreate", 2000);
+  proc(api.stream_destroy, "cuStreamDestroy", 4000);
   proc(api.enable_peer, "cuCtxEnablePeerAccess", 4000);
   api.get_proc = g_gpa;
 }

@@ -1553,6 +1553,7 @@ SI(CUresult, cuStreamCreateWithPriority, (CUstream * s, unsigned int flags, int 
 
 SI(CUresult, cuStreamDestroy_v2, (CUstream s)) {
   std::lock_guard lock(g_mu);
+  if (CUresult e = CUDA_SUCCESS; should_fail("cuStreamDestroy_v2", &e)) return e;
   Stream* st = stream_of(s);
   if (!st || st->magic != kStreamMagic || !st->alive) return CUDA_ERROR_INVALID_HANDLE;
   st->alive = false;
