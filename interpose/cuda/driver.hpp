@@ -94,6 +94,9 @@ using PFN_ipc_open = CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int);
   X(cuStreamCreateWithPriority, stream_create_prio, decltype(&::cuStreamCreateWithPriority))   \
   X(cuGreenCtxStreamCreate, green_stream_create, decltype(&::cuGreenCtxStreamCreate))          \
   X(cuCtxEnablePeerAccess, ctx_enable_peer_access, decltype(&::cuCtxEnablePeerAccess))         \
+  X(cuPointerSetAttribute, pointer_set_attribute, decltype(&::cuPointerSetAttribute))          \
+  X(cuMemGetHandleForAddressRange, mem_get_handle_for_range,                                   \
+    decltype(&::cuMemGetHandleForAddressRange))                                                \
   X(cuCtxSynchronize, ctx_synchronize, decltype(&::cuCtxSynchronize))                          \
   X(cuCtxSynchronize_v2, ctx_synchronize_v2, decltype(&::cuCtxSynchronize_v2))                 \
   X(cuGetProcAddress, get_proc_address_v1, PFN_cuGetProcAddress_v1)                            \

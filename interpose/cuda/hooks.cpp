@@ -984,6 +984,33 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuGreenCtxStreamCreate(CUstream* s, CUgreen
 }
 GPUPOOL_FALLBACK(green_stream_create, s, g, flags, priority)
 
+// Device memory reached outside any stream, which ordering on the device
+// cannot make wait: GPUDirect RDMA (CUDA-aware MPI and UCX set SYNC_MEMOPS
+// on the buffers they register) and dma-buf exports. Ordering ends first,
+// its old work waited for (contexts.hpp, end_device_order).
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuPointerSetAttribute(const void* value,
+                                                           CUpointer_attribute attribute,
+                                                           CUdeviceptr ptr) noexcept try {
+  const HookScope hook_scope;
+  const Driver* d = driver();
+  if (!d || !d->pointer_set_attribute) return kNoDriver;
+  if (attribute == CU_POINTER_ATTRIBUTE_SYNC_MEMOPS)
+    end_device_order("a block set for synchronous memory operations (GPUDirect RDMA)");
+  return d->pointer_set_attribute(value, attribute, ptr);
+}
+GPUPOOL_FALLBACK(pointer_set_attribute, value, attribute, ptr)
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuMemGetHandleForAddressRange(
+    void* handle, CUdeviceptr ptr, size_t size, CUmemRangeHandleType type,
+    unsigned long long flags) noexcept try {
+  const HookScope hook_scope;
+  const Driver* d = driver();
+  if (!d || !d->mem_get_handle_for_range) return kNoDriver;
+  end_device_order("a dma-buf export");
+  return d->mem_get_handle_for_range(handle, ptr, size, type, flags);
+}
+GPUPOOL_FALLBACK(mem_get_handle_for_range, handle, ptr, size, type, flags)
+
 GPUPOOL_HIDDEN CUresult gpupool_hook_cuCtxEnablePeerAccess(CUcontext peer,
                                                            unsigned int flags) noexcept try {
   const HookScope hook_scope;

@@ -95,6 +95,8 @@ struct Api {
   decltype(&cuMemAllocManaged) mem_alloc_managed;
   decltype(&cuStreamCreate) stream_create;
   decltype(&cuStreamDestroy_v2) stream_destroy;
+  decltype(&cuPointerSetAttribute) ptr_set_attr;
+  decltype(&cuMemGetHandleForAddressRange) dma_buf_export;
   decltype(&cuCtxEnablePeerAccess) enable_peer;
   GetProcV2 get_proc;
 

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -368,11 +369,14 @@ void scenario_solo() {
   OK(api.ctx_sync());
 }
 
-// Ordering on the device (GPUPOOL_REUSE=ordered) and what ends it: a pending
-// block is handed out with the legacy stream and the program's non-blocking
-// stream made to wait for its old work, no wait on the host; once the driver
-// refused to destroy a stream the pool had stopped ordering (the program
-// may still use it), pending blocks wait on the host instead.
+// Ordering on the device (GPUPOOL_REUSE=ordered) and what ends it
+// (CLIENT_ORDERED_END): a pending block is handed out with the legacy stream
+// and the program's non-blocking stream made to wait for its old work, no
+// wait on the host; once the driver refused to destroy a stream the pool
+// had stopped ordering (the program may still use it: "destroy"), or the
+// program set a block for GPUDirect RDMA ("sync_memops") or exported one as
+// a dma-buf ("dma_buf"), memory reached outside any stream, pending blocks
+// wait on the host instead.
 void scenario_ordered() {
   setup();
   CUstream s = nullptr;
@@ -398,11 +402,29 @@ void scenario_ordered() {
   CHECK_EQ(device_waits, 2u);  // the legacy stream and `s`
   CHECK_EQ(host_waits, 0u);
 
-  api.fail_next("cuStreamDestroy_v2", 1, CUDA_ERROR_NOT_PERMITTED);
-  CHECK_EQ(api.stream_destroy(s), CUDA_ERROR_NOT_PERMITTED);
+  const char* env = getenv("CLIENT_ORDERED_END");
+  const std::string end = env ? env : "destroy";
+  if (end == "destroy") {
+    api.fail_next("cuStreamDestroy_v2", 1, CUDA_ERROR_NOT_PERMITTED);
+    CHECK_EQ(api.stream_destroy(s), CUDA_ERROR_NOT_PERMITTED);
+  } else {
+    CUdeviceptr b = 0;
+    OK(api.mem_alloc(&b, 8192));
+    if (end == "sync_memops") {
+      const unsigned one = 1;
+      OK(api.ptr_set_attr(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, b));
+    } else {
+      CHECK(end == "dma_buf");
+      int fd = -1;
+      OK(api.dma_buf_export(&fd, b, 8192, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+      CHECK(fd >= 0);
+      close(fd);
+    }
+    OK(api.mem_free(b));
+  }
   reuse(&device_waits, &host_waits);
-  fprintf(stderr, "ordered, a destroy refused: stream waits %llu, host waits %llu\n", device_waits,
-          host_waits);
+  fprintf(stderr, "ordered, then %s: stream waits %llu, host waits %llu\n", end.c_str(),
+          device_waits, host_waits);
   CHECK_EQ(device_waits, 0u);
   CHECK(host_waits >= 1);
   OK(api.stream_destroy(s));

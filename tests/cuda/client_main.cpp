@@ -71,6 +71,8 @@ void load_api() {
   api.mem_alloc_managed = &cuMemAllocManaged;
   api.stream_create = &cuStreamCreate;
   api.stream_destroy = &cuStreamDestroy_v2;
+  api.ptr_set_attr = &cuPointerSetAttribute;
+  api.dma_buf_export = &cuMemGetHandleForAddressRange;
   api.enable_peer = &cuCtxEnablePeerAccess;
   api.get_proc = &cuGetProcAddress_v2;
   api.counters = &standin_counters;
@@ -156,6 +158,8 @@ void load_api() {
     sym(api.mem_alloc_managed, "cuMemAllocManaged");
     sym(api.stream_create, "cuStreamCreate");
     sym(api.stream_destroy, "cuStreamDestroy_v2");
+    sym(api.ptr_set_attr, "cuPointerSetAttribute");
+    sym(api.dma_buf_export, "cuMemGetHandleForAddressRange");
     sym(api.enable_peer, "cuCtxEnablePeerAccess");
     sym(api.get_proc, "cuGetProcAddress_v2");
     return;
@@ -201,6 +205,8 @@ void load_api() {
   proc(api.mem_alloc_managed, "cuMemAllocManaged", 6000);
   proc(api.stream_create, "cuStreamCreate", 2000);
   proc(api.stream_destroy, "cuStreamDestroy", 4000);
+  proc(api.ptr_set_attr, "cuPointerSetAttribute", 6000);
+  proc(api.dma_buf_export, "cuMemGetHandleForAddressRange", 11070);
   proc(api.enable_peer, "cuCtxEnablePeerAccess", 4000);
   api.get_proc = g_gpa;
 }

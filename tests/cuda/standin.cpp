@@ -1476,6 +1476,38 @@ SI(CUresult, cuPointerGetAttribute, (void* data, CUpointer_attribute attr, CUdev
   return attribute(data, attr, *a, p);
 }
 
+// Only SYNC_MEMOPS can be set (as on the driver: CUDA-aware MPI and UCX set
+// it on buffers that GPUDirect RDMA reaches).
+SI(CUresult, cuPointerSetAttribute, (const void* value, CUpointer_attribute attr, CUdeviceptr p)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!value || attr != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+  if (!containing(g_live, p) && !mapped_alloc(p)) {
+    note_dead(p);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  ++g_counters.sync_memops_set;
+  return CUDA_SUCCESS;
+}
+
+// A dma-buf of device memory: a descriptor (of /dev/null here) for a range
+// inside one allocation.
+SI(CUresult, cuMemGetHandleForAddressRange,
+   (void* handle, CUdeviceptr p, size_t n, CUmemRangeHandleType type, unsigned long long flags)) {
+  std::lock_guard lock(g_mu);
+  if (CUresult e = state_error()) return e;
+  if (!handle || n == 0 || flags != 0 || type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
+    return CUDA_ERROR_INVALID_VALUE;
+  const Alloc* a = containing(g_live, p);
+  if (!a) a = mapped_alloc(p);
+  if (!a || a->host || n > a->size - (p - a->base)) return CUDA_ERROR_INVALID_VALUE;
+  const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(handle) = fd;
+  ++g_counters.dma_buf_exports;
+  return CUDA_SUCCESS;
+}
+
 SI(CUresult, cuPointerGetAttributes,
    (unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr p)) {
   std::lock_guard lock(g_mu);
@@ -2259,6 +2291,8 @@ const Export kExports[] = {
     E(cuMemAllocManaged),
     E(cuMemGetAddressRange_v2),
     E(cuPointerGetAttribute),
+    E(cuPointerSetAttribute),
+    E(cuMemGetHandleForAddressRange),
     E(cuPointerGetAttributes),
     E(cuMemHostGetFlags),
     E(cuIpcGetMemHandle),
@@ -2360,6 +2394,8 @@ const Version kVersions[] = {
     {"cuMemGetInfo", 3020, "cuMemGetInfo_v2"},
     {"cuMemGetAddressRange", 3020, "cuMemGetAddressRange_v2"},
     {"cuPointerGetAttribute", 4000, "cuPointerGetAttribute"},
+    {"cuPointerSetAttribute", 6000, "cuPointerSetAttribute"},
+    {"cuMemGetHandleForAddressRange", 11070, "cuMemGetHandleForAddressRange"},
     {"cuPointerGetAttributes", 7000, "cuPointerGetAttributes"},
     {"cuMemHostGetFlags", 2030, "cuMemHostGetFlags"},
     {"cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle"},

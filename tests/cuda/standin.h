@@ -51,6 +51,8 @@ typedef struct StandinCounters {
   uint64_t ctx_events_in_capture;  /* cuCtxRecordEvent calls while a stream captured (global) */
   uint64_t event_sync;             /* cuEventSynchronize calls on a context's event */
   uint64_t stream_waits;           /* cuStreamWaitEvent calls that succeeded */
+  uint64_t sync_memops_set;        /* cuPointerSetAttribute(SYNC_MEMOPS) that succeeded */
+  uint64_t dma_buf_exports;        /* cuMemGetHandleForAddressRange that succeeded */
 } StandinCounters;
 
 /* Live counters (the struct is updated in place). */
