@@ -291,6 +291,19 @@ std::uint64_t steady_ns() {
       .count();
 }
 
+// The oldest mark of an epoch at or after `epoch` (it covers the work queued
+// before that epoch), its epoch in *at; nullptr when none yet.
+CUevent mark_covering(const CtxState::Marks& m, std::uint64_t epoch, std::uint64_t* at) {
+  for (unsigned i = 0; i < m.count; ++i) {
+    const unsigned k = (m.first + i) % CtxState::Marks::kMax;
+    if (m.epochs[k] >= epoch) {
+      *at = m.epochs[k];
+      return m.events[k];
+    }
+  }
+  return nullptr;
+}
+
 void drop_oldest_mark(CtxState::Marks& m) {
   m.first = (m.first + 1) % CtxState::Marks::kMax;
   --m.count;
@@ -403,11 +416,7 @@ void wait_fence(CtxState* st, std::uint64_t fence) {
   {
     UniqueLock lock(st->sync_mu);
     if (await_turn(st, lock, fence)) return;
-    if (const CtxState::Marks* m = st->marks.get())
-      for (unsigned i = 0; i < m->count && !ev; ++i) {
-        const unsigned k = (m->first + i) % CtxState::Marks::kMax;
-        if (m->epochs[k] >= fence) ev = m->events[k], s = m->epochs[k];
-      }
+    if (const CtxState::Marks* m = st->marks.get()) ev = mark_covering(*m, fence, &s);
     if (ev) st->syncing.store(true, std::memory_order_relaxed);
   }
   // No mark after the fence yet: the context's synchronization covers it.
@@ -461,22 +470,20 @@ void wait_device_ordered() {
 }
 
 void end_device_order(const char* why) {
-  if (!ordering(runtime())) return;
+  Runtime* rt = runtime();
+  if (!ordering(rt)) return;
   LockGuard serial(g_device_order_end_mu);
   if (!g_device_order.load(std::memory_order_acquire)) return;
   // Off under every context's sync_mu, where order_fence looks at the flag
   // again: no ordering completes after the waits below have read its epoch.
-  {
-    Runtime* rt = runtime();
-    if (rt && rt->cuda) {
-      LockGuard l(state(*rt).contexts_mu);
-      for (CtxState* st : state(*rt).all) {
-        LockGuard lock(st->sync_mu);
-        g_device_order.store(false, std::memory_order_release);
-      }
+  if (rt->cuda) {
+    LockGuard l(state(*rt).contexts_mu);
+    for (CtxState* st : state(*rt).all) {
+      LockGuard lock(st->sync_mu);
+      g_device_order.store(false, std::memory_order_release);
     }
-    g_device_order.store(false, std::memory_order_release);
   }
+  g_device_order.store(false, std::memory_order_release);
   log().debug("cuda: pending pieces are waited for on the host from now on ({})", why);
   // Pieces handed out on the device's order may be touched by the streams
   // to come: their old work is waited for here, before those exist.
@@ -509,12 +516,8 @@ bool order_fence(CtxState* st, std::uint64_t fence) {
   if (st->epoch_ordered.load(std::memory_order_relaxed) >= fence) return true;
   const CtxState::Marks* m = st->marks.get();
   if (st->marks_off || !m) return false;
-  CUevent ev = nullptr;
   std::uint64_t s = 0;
-  for (unsigned i = 0; i < m->count && !ev; ++i) {
-    const unsigned k = (m->first + i) % CtxState::Marks::kMax;
-    if (m->epochs[k] >= fence) ev = m->events[k], s = m->epochs[k];
-  }
+  const CUevent ev = mark_covering(*m, fence, &s);
   if (!ev) return false;  // no mark from a free after it yet
   if (d->stream_wait_event(CU_STREAM_LEGACY, ev, 0) != CUDA_SUCCESS) return false;
   for (std::size_t i = 0; i < st->nonblocking.size();) {
@@ -547,12 +550,8 @@ void stream_made(CtxState* st, CUstream s, unsigned flags) {
     // to wait for: the oldest mark at or after it covers that.
     const std::uint64_t ordered = st->epoch_ordered.load(std::memory_order_relaxed);
     if (!failed && ordered > st->epoch_done.load(std::memory_order_acquire) && st->marks) {
-      const CtxState::Marks& m = *st->marks;
-      CUevent ev = nullptr;
-      for (unsigned i = 0; i < m.count && !ev; ++i) {
-        const unsigned k = (m.first + i) % CtxState::Marks::kMax;
-        if (m.epochs[k] >= ordered) ev = m.events[k];
-      }
+      std::uint64_t at = 0;
+      const CUevent ev = mark_covering(*st->marks, ordered, &at);
       if (!ev || !d || !d->stream_wait_event || d->stream_wait_event(s, ev, 0) != CUDA_SUCCESS)
         failed = "a new stream could not be ordered";
     }
