@@ -739,20 +739,25 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamEndCapture_ptsz(CUstream s, CUgraph
 }
 GPUPOOL_FALLBACK(end_capture_ptsz, s, g)
 
-// A stream destroyed while it captured captures no more.
-GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy(CUstream s) noexcept try {
-  const HookScope hook_scope;
-  const Driver* d = driver();
-  if (!d || !d->stream_destroy_v1) return kNoDriver;
+// Either cuStreamDestroy: a stream destroyed while it captured captures no
+// more, and one ordering on the device waited on is forgotten first.
+static CUresult destroy_stream(PFN_stream destroy, CUstream s) {
   const bool known = stream_going(s);
   CUresult r = CUDA_SUCCESS;
   {
     CaptureChange change;
-    r = d->stream_destroy_v1(s);
+    r = destroy(s);
     if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
   }
   if (r != CUDA_SUCCESS && known) stream_kept(r);
   return r;
+}
+
+GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy(CUstream s) noexcept try {
+  const HookScope hook_scope;
+  const Driver* d = driver();
+  if (!d || !d->stream_destroy_v1) return kNoDriver;
+  return destroy_stream(d->stream_destroy_v1, s);
 }
 GPUPOOL_FALLBACK(stream_destroy_v1, s)
 
@@ -760,15 +765,7 @@ GPUPOOL_HIDDEN CUresult gpupool_hook_cuStreamDestroy_v2(CUstream s) noexcept try
   const HookScope hook_scope;
   const Driver* d = driver();
   if (!d || !d->stream_destroy) return kNoDriver;
-  const bool known = stream_going(s);
-  CUresult r = CUDA_SUCCESS;
-  {
-    CaptureChange change;
-    r = d->stream_destroy(s);
-    if (r == CUDA_SUCCESS) capture_stream_destroyed(s);
-  }
-  if (r != CUDA_SUCCESS && known) stream_kept(r);
-  return r;
+  return destroy_stream(d->stream_destroy, s);
 }
 GPUPOOL_FALLBACK(stream_destroy, s)
 
