@@ -156,11 +156,12 @@ RangeCache::Pieces::iterator RangeCache::merge(Pieces::iterator it) {
 }
 
 bool RangeCache::coalesce(bool pending_too) {
+  // As in merge(): where the backend orders, readiness does not matter.
+  const bool any = pending_too || backend_.orders();
   return coalesce_free(
       pieces_,
       [&](const Piece& p, const Piece& n) {
-        return p.state == State::free && n.state == State::free &&
-               (pending_too || backend_.orders() || (ready(p) && ready(n)));
+        return p.state == State::free && n.state == State::free && (any || (ready(p) && ready(n)));
       },
       [&](Handle at, Piece& p) GPUPOOL_REQUIRES(mu_) { remove_free(at, p); },
       [&](Handle at, Piece& p) GPUPOOL_REQUIRES(mu_) { add_free(at, p); });
