@@ -55,7 +55,8 @@ struct ThreadCache {
 };
 GPUPOOL_HOT_TLS ThreadCache t_cache;
 
-// end_solo()'s lock: a second caller waits for the first one's wait.
+// end_solo()'s and end_device_order()'s lock: a second caller waits for the
+// first one's wait.
 using SoloLock = Ranked<LockRank::cuda_solo>;
 SoloLock& solo_mu() {
   static NoDestructor<SoloLock> m;
@@ -437,10 +438,6 @@ void wait_fence(CtxState* st, std::uint64_t fence) {
 // ---- ordering on the device --------------------------------------------------
 
 namespace {
-// Serializes end_device_order's callers, so that a second one returns only
-// once the first one's waits are done (as end_solo's).
-Ranked<LockRank::cuda_solo> g_device_order_end_mu;
-
 // The host waits for st's context to pass what its streams were made to
 // wait for: the oldest mark covering it, not the whole context's work.
 void wait_ordered(CtxState* st) {
@@ -472,7 +469,9 @@ void wait_device_ordered() {
 void end_device_order(const char* why) {
   Runtime* rt = runtime();
   if (!ordering(rt)) return;
-  LockGuard serial(g_device_order_end_mu);
+  // The solo rule's lock, for the same reasons: a second caller returns
+  // only once the first one's waits are done, and fork's handlers take it.
+  LockGuard serial(solo_mu());
   if (!g_device_order.load(std::memory_order_acquire)) return;
   // Off under every context's sync_mu, where order_fence looks at the flag
   // again: no ordering completes after the waits below have read its epoch.
